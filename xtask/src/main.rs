@@ -1,0 +1,62 @@
+//! The project's task runner (the rust-analyzer `xtask` pattern): `cargo xtask <task>`.
+//!
+//! ```text
+//! cargo xtask setup          check (and as root, install) the system packages the build needs
+//! cargo xtask test           setup, fmt --check, clippy -D warnings, the whole test suite
+//! cargo xtask demo [ARGS]    setup, release build, run `uccl-perf` (ARGS are passed on)
+//! cargo xtask bench [ARGS]   setup, run the criterion benchmarks (ARGS go to `cargo bench`)
+//! ```
+//!
+//! Only the standard library: the task runner must build before anything else does.
+
+mod run;
+mod setup;
+mod tasks;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [args]
+
+tasks:
+  setup          check the system packages the build needs; install them with apt-get when
+                 run as root, otherwise print the exact command and fail
+  test           setup, cargo fmt --check, cargo clippy -D warnings, the whole test suite
+  demo [ARGS]    setup, build release, run uccl-perf with its defaults (ARGS are passed on)
+  bench [ARGS]   setup, run the criterion benchmarks (ARGS are passed to cargo bench)
+  help           this text
+";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let task = args.next();
+    let rest: Vec<String> = args.collect();
+    let result = match task.as_deref() {
+        Some("setup") => no_args("setup", &rest).and_then(|()| setup::run()),
+        Some("test") => no_args("test", &rest).and_then(|()| tasks::test()),
+        Some("demo") => tasks::demo(&rest),
+        Some("bench") => tasks::bench(&rest),
+        Some("help" | "-h" | "--help") => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown task `{other}`\n\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("xtask: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn no_args(task: &str, rest: &[String]) -> Result<(), String> {
+    match rest.first() {
+        None => Ok(()),
+        Some(arg) => Err(format!(
+            "`{task}` takes no arguments, got `{arg}`\n\n{USAGE}"
+        )),
+    }
+}
