@@ -49,6 +49,7 @@ pub(crate) fn test() -> Result<(), String> {
         &cargo,
         &["test", "--workspace", "--doc", "--locked"],
     ))?;
+    loom(&cargo)?;
     eprintln!("xtask test: all green");
     Ok(())
 }
@@ -75,4 +76,26 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     let mut argv = vec!["bench", "--workspace", "--locked"];
     argv.extend(args.iter().map(String::as_str));
     status(&mut cmd(&cargo(), &argv))
+}
+
+/// The loom models of bufpool's lock-free pool: exhaustive (no preemption bound; they are small),
+/// in a target directory of their own because `--cfg loom` rebuilds everything it touches.
+fn loom(cargo: &str) -> Result<(), String> {
+    let target = workspace_root().join("target/loom");
+    status(
+        cmd(
+            cargo,
+            &[
+                "test",
+                "--package",
+                "bufpool",
+                "--test",
+                "loom",
+                "--release",
+                "--locked",
+            ],
+        )
+        .env("RUSTFLAGS", "--cfg loom")
+        .env("CARGO_TARGET_DIR", target),
+    )
 }
