@@ -1,7 +1,67 @@
 //! softnic: a software RDMA NIC behind the real libibverbs provider ABI.
 //!
-//! Its objects are real `ibverbs_sys` structs (`ibv_context`, `ibv_qp`, `ibv_cq`, ...) embedded
-//! first in softnic's own, and `ibv_context.ops` holds softnic's `post_send`, `post_recv`,
-//! `post_srq_recv`, `poll_cq` and `req_notify_cq`, so code that posts and polls through `ops` (as
-//! rdma-core's static inlines do) cannot tell softnic from hardware. Messages travel as MTU-sized
-//! packets over a simulated fabric with seeded fault injection.
+//! There is no RDMA hardware on most CI machines, nor on most laptops. softnic is a faithful
+//! software RDMA device so that everything above it runs for real: its objects are real
+//! `ibverbs_sys` structs (`ibv_context`, `ibv_pd`, `ibv_mr`, `ibv_cq`, `ibv_srq`, `ibv_qp`,
+//! `ibv_ah`, `ibv_comp_channel`) embedded first in softnic's own, and `ibv_context.ops` holds
+//! softnic's `post_send`, `post_recv`, `post_srq_recv`, `poll_cq` and `req_notify_cq`. A caller
+//! that posts and polls through `ops`, as rdma-core's static inlines do, cannot tell softnic
+//! from hardware. The control path (open a device, create a QP, modify it, register memory...)
+//! is [`CONTROL`], a table of `extern "C"` functions with the libibverbs signatures.
+//!
+//! What it models (see `VERBS-SEMANTICS.md` of the project, from the rdma-core man pages and
+//! the kernel's rxe driver):
+//! - RC, UC and UD queue pairs with the full state machine and the attribute masks of every
+//!   transition; SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ (RC); UD with
+//!   address handles, Q_Keys and the 40-byte GRH; inline data, fences, selective signaling.
+//! - Memory regions with lkey/rkey, bounds and access checks on every access.
+//! - Bounded CQs (overflow raises `IBV_EVENT_CQ_ERR`, never a silent loss), completion
+//!   channels with real file descriptors, SRQs with the one-shot limit event.
+//! - Messages cut into MTU packets with PSNs in the IBTA wire format ([`packet`]), on a network
+//!   with latency, port serialisation and seeded fault injection ([`Faults`]): loss, reordering,
+//!   duplication, corruption (caught by the ICRC), link down. RC recovers (ACK/NAK, go-back-N,
+//!   `timeout`, `retry_cnt`, RNR NAK and `rnr_retry`); UC loses whole messages; UD drops.
+//! - A virtual clock: nothing runs in the background; polling a CQ or calling
+//!   [`Fabric::step`] / [`Fabric::run_until_idle`] makes progress, and the same seed and the
+//!   same calls give the same completions, bit for bit.
+//!
+//! ```
+//! use softnic::{CONTROL, Fabric, FabricConfig};
+//!
+//! let fabric = Fabric::new(FabricConfig { devices: 2, seed: 7, ..Default::default() });
+//! assert_eq!(fabric.device_names(), ["soft0", "soft1"]);
+//! let dev = fabric.device("soft0").unwrap();
+//! // SAFETY: `dev` is a device of a live fabric; every object is destroyed before the end.
+//! unsafe {
+//!     let ctx = (CONTROL.open_device)(dev);
+//!     assert!(!ctx.is_null());
+//!     let cq = (CONTROL.create_cq)(ctx, 16, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+//!     // The hot path goes through the context's ops, as with any libibverbs provider.
+//!     let poll = (*ctx).ops.poll_cq.unwrap();
+//!     let mut wc = [ibverbs_sys::ibv_wc::default(); 4];
+//!     assert_eq!(poll(cq, 4, wc.as_mut_ptr()), 0);
+//!     assert_eq!((CONTROL.destroy_cq)(cq), 0);
+//!     assert_eq!((CONTROL.close_device)(ctx), 0);
+//! }
+//! ```
+
+mod abi;
+mod control;
+mod counters;
+mod cq;
+mod fabric;
+mod faults;
+mod mr;
+mod net;
+mod ops;
+pub mod packet;
+mod qp;
+mod srq;
+mod state;
+
+pub use abi::Wc;
+pub use control::{CONTROL, ControlPath};
+pub use counters::Counters;
+pub use fabric::{Fabric, FabricConfig, ProgressThread, StillBusy, UnknownDevice};
+pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
+pub use qp::check_transition;

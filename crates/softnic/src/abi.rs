@@ -1,0 +1,165 @@
+//! The C ABI surface: the structs callers hold pointers to, the registry that tells softnic's
+//! pointers from foreign ones, `errno`, and a layout-identical mirror of `ibv_wc`.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, LazyLock, RwLock};
+
+use ibverbs_sys::ibv_wc;
+
+use crate::fabric::Shared;
+
+/// A softnic object as callers see it: the libibverbs struct first (so a pointer to the shell
+/// is a valid pointer to the `ibv_*` struct), then softnic's id for it.
+#[repr(C)]
+pub(crate) struct Shell<T> {
+    /// What the caller holds a pointer to.
+    pub(crate) ibv: T,
+    /// softnic's id of the object (the key of its table in the fabric state).
+    pub(crate) id: u32,
+}
+
+impl<T> Shell<T> {
+    pub(crate) fn new(ibv: T, id: u32) -> Box<Self> {
+        Box::new(Shell { ibv, id })
+    }
+
+    /// The pointer handed to callers.
+    pub(crate) fn ptr(self: &mut Box<Self>) -> *mut T {
+        &mut self.ibv
+    }
+}
+
+/// Which kind of object a registered pointer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    Device,
+    Context,
+    Pd,
+    Mr,
+    Cq,
+    Channel,
+    Srq,
+    Qp,
+    Ah,
+}
+
+struct Entry {
+    kind: Kind,
+    fabric: Arc<Shared>,
+    id: u32,
+}
+
+/// Every live softnic object, by the address callers hold. A pointer that is not here (null,
+/// foreign, or already destroyed) is never dereferenced.
+static REGISTRY: LazyLock<RwLock<HashMap<usize, Entry>>> = LazyLock::new(Default::default);
+
+pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id: u32) {
+    let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    reg.insert(
+        ptr as usize,
+        Entry {
+            kind,
+            fabric: Arc::clone(fabric),
+            id,
+        },
+    );
+}
+
+pub(crate) fn unregister(ptr: *const c_void) {
+    let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    reg.remove(&(ptr as usize));
+}
+
+/// The fabric and id of the live object of `kind` at `ptr`, if there is one.
+pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<(Arc<Shared>, u32)> {
+    if ptr.is_null() {
+        return None;
+    }
+    let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
+    reg.get(&(ptr as usize))
+        .filter(|e| e.kind == kind)
+        .map(|e| (Arc::clone(&e.fabric), e.id))
+}
+
+/// The 16 bytes of a GID.
+pub(crate) fn gid_bytes(g: &ibverbs_sys::ibv_gid) -> [u8; 16] {
+    // SAFETY: every variant of the `ibv_gid` union is 16 plain bytes; any bit pattern is a
+    // valid `[u8; 16]`.
+    unsafe { g.raw }
+}
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for writes.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// `ibv_wc` with every field public.
+///
+/// ibverbs-sys keeps `wr_id`, `status`, `opcode`, `vendor_err` and `byte_len` private and has no
+/// constructor; this mirror has the same size, alignment and field offsets (asserted at compile
+/// time), so a `*mut ibv_wc` array may be written, and an `&[ibv_wc]` read, through it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wc {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// `ibv_wc_status`.
+    pub status: u32,
+    /// `ibv_wc_opcode`.
+    pub opcode: u32,
+    /// Vendor error syndrome.
+    pub vendor_err: u32,
+    /// Bytes transferred.
+    pub byte_len: u32,
+    /// Immediate data, big-endian as on the wire.
+    pub imm_data: u32,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The remote QP number (UD receives).
+    pub src_qp: u32,
+    /// `ibv_wc_flags` bits.
+    pub wc_flags: u32,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Source LID (0 on RoCE).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits.
+    pub dlid_path_bits: u8,
+}
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<Wc>() == size_of::<ibv_wc>());
+    assert!(align_of::<Wc>() == align_of::<ibv_wc>());
+    assert!(offset_of!(Wc, imm_data) == offset_of!(ibv_wc, imm_data));
+    assert!(offset_of!(Wc, qp_num) == offset_of!(ibv_wc, qp_num));
+    assert!(offset_of!(Wc, src_qp) == offset_of!(ibv_wc, src_qp));
+    assert!(offset_of!(Wc, wc_flags) == offset_of!(ibv_wc, wc_flags));
+    assert!(offset_of!(Wc, pkey_index) == offset_of!(ibv_wc, pkey_index));
+    assert!(offset_of!(Wc, slid) == offset_of!(ibv_wc, slid));
+    assert!(offset_of!(Wc, sl) == offset_of!(ibv_wc, sl));
+    assert!(offset_of!(Wc, dlid_path_bits) == offset_of!(ibv_wc, dlid_path_bits));
+    // The private fields come first, in declaration order, packed: wr_id (8) at 0, then four
+    // u32s up to the first public field.
+    assert!(offset_of!(ibv_wc, imm_data) == 24);
+};
+
+impl Wc {
+    /// Views an `ibv_wc` through the mirror.
+    pub fn from_ibv(wc: &ibv_wc) -> &Wc {
+        // SAFETY: `Wc` and `ibv_wc` have identical size, alignment and layout (asserted above);
+        // every bit pattern is valid for both (plain integers).
+        unsafe { &*(wc as *const ibv_wc).cast::<Wc>() }
+    }
+
+    /// The same bytes as an `ibv_wc`.
+    pub fn to_ibv(self) -> ibv_wc {
+        // SAFETY: identical size and layout (asserted above); all fields are plain integers, and
+        // ibverbs-sys's `ibv_wc` enums are `u32` type aliases, so any value is valid.
+        unsafe { std::mem::transmute::<Wc, ibv_wc>(self) }
+    }
+}

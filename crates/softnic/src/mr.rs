@@ -1,0 +1,166 @@
+//! Memory regions: keys, bounds and access checks, and the "DMA" into and out of caller memory.
+
+use ibverbs_sys::{ibv_access_flags, ibv_mr, ibv_sge, ibv_wc_status};
+
+use crate::abi::Shell;
+use crate::state::World;
+
+pub(crate) struct Mr {
+    pub(crate) ctx: u32,
+    pub(crate) pd: u32,
+    pub(crate) dev: usize,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: u32,
+    pub(crate) key: u32,
+    pub(crate) shell: Box<Shell<ibv_mr>>,
+}
+
+impl Mr {
+    fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+pub(crate) const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+pub(crate) const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+
+impl World {
+    /// Checks a local SGE of a WR on a QP of `dev` in `pd`: an MR of that device and PD with
+    /// that lkey must hold the whole range, with local write access if `write`. A zero-length
+    /// SGE is not checked (rxe's behaviour; mlx5 would read 0 as 2 GiB).
+    pub(crate) fn check_local(
+        &self,
+        dev: usize,
+        pd: u32,
+        sge: &ibv_sge,
+        write: bool,
+    ) -> Result<(), ibv_wc_status::Type> {
+        if sge.length == 0 {
+            return Ok(());
+        }
+        let mr = self.devices[dev]
+            .keys
+            .get(&sge.lkey)
+            .and_then(|id| self.mrs.get(id))
+            .filter(|mr| mr.pd == pd && mr.contains(sge.addr, u64::from(sge.length)));
+        match mr {
+            Some(mr) if write && mr.access & LOCAL_WRITE == 0 => {
+                Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR)
+            }
+            Some(_) => Ok(()),
+            None => Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR),
+        }
+    }
+
+    /// Checks a remote access through `rkey` of `len` bytes at `va` for a QP of `dev` in `pd`
+    /// needing `access` (`REMOTE_WRITE` or `REMOTE_READ`).
+    pub(crate) fn check_remote(
+        &self,
+        dev: usize,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        access: u32,
+    ) -> bool {
+        self.devices[dev]
+            .keys
+            .get(&rkey)
+            .and_then(|id| self.mrs.get(id))
+            .is_some_and(|mr| mr.pd == pd && mr.access & access != 0 && mr.contains(va, len))
+    }
+
+    /// Appends `len` bytes starting `offset` bytes into the data described by `sges` to `out`,
+    /// checking every SGE it touches.
+    pub(crate) fn gather(
+        &self,
+        dev: usize,
+        pd: u32,
+        sges: &[ibv_sge],
+        mut offset: u64,
+        mut len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ibv_wc_status::Type> {
+        for sge in sges {
+            if len == 0 {
+                break;
+            }
+            let l = u64::from(sge.length);
+            if offset >= l {
+                offset -= l;
+                continue;
+            }
+            self.check_local(dev, pd, sge, false)?;
+            let n = (l - offset).min(len);
+            // SAFETY: the range lies inside a live MR (checked just above); registering that MR
+            // promised the memory stays valid and readable while it is registered.
+            unsafe { read_mem(sge.addr + offset, n as usize, out) };
+            len -= n;
+            offset = 0;
+        }
+        if len == 0 {
+            Ok(())
+        } else {
+            Err(ibv_wc_status::IBV_WC_LOC_LEN_ERR)
+        }
+    }
+
+    /// Writes `data` starting `offset` bytes into the buffer described by `sges`, checking
+    /// every SGE it touches for local write access. `LOC_LEN_ERR` if the buffer is too short.
+    pub(crate) fn scatter(
+        &self,
+        dev: usize,
+        pd: u32,
+        sges: &[ibv_sge],
+        mut offset: u64,
+        mut data: &[u8],
+    ) -> Result<(), ibv_wc_status::Type> {
+        for sge in sges {
+            if data.is_empty() {
+                break;
+            }
+            let l = u64::from(sge.length);
+            if offset >= l {
+                offset -= l;
+                continue;
+            }
+            self.check_local(dev, pd, sge, true)?;
+            let n = ((l - offset) as usize).min(data.len());
+            // SAFETY: inside a live MR with local write access (checked just above).
+            unsafe { write_mem(sge.addr + offset, &data[..n]) };
+            data = &data[n..];
+            offset = 0;
+        }
+        if data.is_empty() {
+            Ok(())
+        } else {
+            Err(ibv_wc_status::IBV_WC_LOC_LEN_ERR)
+        }
+    }
+}
+
+/// Appends `len` bytes at `addr` to `out`.
+///
+/// # Safety
+/// `addr..addr + len` must be readable memory: the NIC's DMA read of a registered region.
+pub(crate) unsafe fn read_mem(addr: u64, len: usize, out: &mut Vec<u8>) {
+    // SAFETY: the caller guarantees the range is readable.
+    let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
+    out.extend_from_slice(src);
+}
+
+/// Copies `data` to `addr`.
+///
+/// # Safety
+/// `addr..addr + data.len()` must be writable memory that no Rust reference aliases: the NIC's
+/// DMA write into a registered region.
+pub(crate) unsafe fn write_mem(addr: u64, data: &[u8]) {
+    // SAFETY: the caller guarantees the range is writable; `data` is softnic's own buffer, so
+    // the two cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) };
+}

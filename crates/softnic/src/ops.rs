@@ -1,0 +1,175 @@
+//! The hot path: the functions in `ibv_context.ops` (post, poll, notify), called by a caller
+//! exactly as rdma-core's static inlines call a hardware provider's.
+
+use std::ffi::c_int;
+
+use ibverbs_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_wc};
+
+use crate::abi::Kind;
+use crate::control::with;
+use crate::cq::{Arm, Reclaim};
+use crate::state::State;
+
+/// Events one `poll_cq` call may move the virtual clock through while its CQ stays empty.
+const POLL_WARP_BUDGET: usize = 1024;
+
+/// The `ops` table of a softnic context.
+pub(crate) fn context_ops() -> ibv_context_ops {
+    ibv_context_ops {
+        post_send: Some(post_send),
+        post_recv: Some(post_recv),
+        post_srq_recv: Some(post_srq_recv),
+        poll_cq: Some(poll_cq),
+        req_notify_cq: Some(req_notify_cq),
+        ..Default::default()
+    }
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    let r = with(qp.cast(), Kind::Qp, Err((libc::EINVAL, wr)), |_, st, id| {
+        let State { qps, w } = st;
+        let q = qps.get_mut(&id).expect("registered QP exists");
+        // SAFETY: the caller's chain is valid per the ibv_post_send contract.
+        let r = unsafe { q.post_send(w, wr) };
+        st.progress();
+        r
+    });
+    match r {
+        Ok(()) => 0,
+        Err((e, bad)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: non-null out-pointer, writable per the contract.
+                unsafe { *bad_wr = bad };
+            }
+            e
+        }
+    }
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let r = with(qp.cast(), Kind::Qp, Err((libc::EINVAL, wr)), |_, st, id| {
+        let State { qps, w } = st;
+        let q = qps.get_mut(&id).expect("registered QP exists");
+        // SAFETY: the caller's chain is valid per the ibv_post_recv contract.
+        let r = unsafe { q.post_recv(w, wr) };
+        st.progress();
+        r
+    });
+    match r {
+        Ok(()) => 0,
+        Err((e, bad)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: non-null out-pointer, writable per the contract.
+                unsafe { *bad_wr = bad };
+            }
+            e
+        }
+    }
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let r = with(
+        srq.cast(),
+        Kind::Srq,
+        Err((libc::EINVAL, wr)),
+        |_, st, id| {
+            // SAFETY: the caller's chain is valid per the ibv_post_srq_recv contract.
+            let r = unsafe { st.w.post_srq_recv(id, wr) };
+            st.progress();
+            r
+        },
+    );
+    match r {
+        Ok(()) => 0,
+        Err((e, bad)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: non-null out-pointer, writable per the contract.
+                unsafe { *bad_wr = bad };
+            }
+            e
+        }
+    }
+}
+
+/// Polls up to `num` completions into `wc`. Progress first (and, with auto-advance, the virtual
+/// clock moves through pending events while the CQ is empty). Returns the number written, or
+/// `-EINVAL`, or `-EOVERFLOW` once a CQ that overflowed has been drained.
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+    with(cq.cast(), Kind::Cq, -libc::EINVAL, |_, st, id| {
+        if num < 0 || (num > 0 && wc.is_null()) {
+            return -libc::EINVAL;
+        }
+        st.progress();
+        if st.w.cfg.auto_advance {
+            let mut budget = POLL_WARP_BUDGET;
+            while budget > 0 && st.w.cqs[&id].entries.is_empty() && st.warp() {
+                budget -= 1;
+            }
+        }
+        let mut n = 0;
+        while n < num as usize {
+            let Some((entry, reclaim)) = st.w.cqs.get_mut(&id).and_then(|c| c.entries.pop_front())
+            else {
+                break;
+            };
+            // SAFETY: `wc` has room for `num` entries per the ibv_poll_cq contract.
+            unsafe { wc.add(n).write(entry.to_ibv()) };
+            n += 1;
+            st.reclaim(reclaim);
+        }
+        if n == 0 && st.w.cqs[&id].overflowed {
+            return -libc::EOVERFLOW;
+        }
+        n as c_int
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    let mut known = false;
+    let r = with(cq.cast(), Kind::Cq, libc::EIO, |_, st, id| {
+        known = true;
+        let c = st.w.cqs.get_mut(&id).expect("registered CQ exists");
+        c.arm = if solicited_only != 0 {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        };
+        0
+    });
+    if known { r } else { libc::EINVAL }
+}
+
+impl State {
+    /// A polled completion frees the work-queue slots it covers.
+    fn reclaim(&mut self, r: Reclaim) {
+        match r {
+            Reclaim::Sq { qp, epoch, n } => {
+                if let Some(q) = self.qps.get_mut(&qp).filter(|q| q.epoch == epoch) {
+                    q.sq.unreclaimed = q.sq.unreclaimed.saturating_sub(n);
+                }
+            }
+            Reclaim::Rq { qp, epoch } => {
+                if let Some(q) = self.qps.get_mut(&qp).filter(|q| q.epoch == epoch) {
+                    q.rq.unreclaimed = q.rq.unreclaimed.saturating_sub(1);
+                }
+            }
+            Reclaim::Srq { srq } => {
+                if let Some(s) = self.w.srqs.get_mut(&srq) {
+                    s.unreclaimed = s.unreclaimed.saturating_sub(1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! The packet layer: InfiniBand transport headers as RoCEv2 puts them on the wire.
+//!
+//! A packet is `BTH [DETH] [RETH] [ImmDt] [AETH] payload pad ICRC`, every field big-endian, as in
+//! the IBTA specification (volume 1, chapter 9). [`Headers::emit`] writes one into a byte
+//! buffer, [`Packet::parse`] checks and reads one back (smoltcp's `new_checked` + `Repr` style:
+//! every malformed input is an error, never a panic). The transport logic in `qp` only ever sees
+//! parsed headers, so a UDP wire (port 4791) can carry these same bytes later.
+//!
+//! The ICRC here is a CRC-32 over the whole packet before it (the real one also covers masked
+//! IP/UDP headers, which this fabric does not have); the receiver drops a packet whose ICRC does
+//! not match, which is how injected corruption is detected.
+
+/// IBTA base transport opcodes (the 8-bit BTH opcode: transport in the top 3 bits).
+pub mod opcode {
+    #![allow(missing_docs)]
+    pub const RC_SEND_FIRST: u8 = 0x00;
+    pub const RC_SEND_MIDDLE: u8 = 0x01;
+    pub const RC_SEND_LAST: u8 = 0x02;
+    pub const RC_SEND_LAST_IMM: u8 = 0x03;
+    pub const RC_SEND_ONLY: u8 = 0x04;
+    pub const RC_SEND_ONLY_IMM: u8 = 0x05;
+    pub const RC_WRITE_FIRST: u8 = 0x06;
+    pub const RC_WRITE_MIDDLE: u8 = 0x07;
+    pub const RC_WRITE_LAST: u8 = 0x08;
+    pub const RC_WRITE_LAST_IMM: u8 = 0x09;
+    pub const RC_WRITE_ONLY: u8 = 0x0a;
+    pub const RC_WRITE_ONLY_IMM: u8 = 0x0b;
+    pub const RC_READ_REQUEST: u8 = 0x0c;
+    pub const RC_READ_RESPONSE_FIRST: u8 = 0x0d;
+    pub const RC_READ_RESPONSE_MIDDLE: u8 = 0x0e;
+    pub const RC_READ_RESPONSE_LAST: u8 = 0x0f;
+    pub const RC_READ_RESPONSE_ONLY: u8 = 0x10;
+    pub const RC_ACKNOWLEDGE: u8 = 0x11;
+    /// UC opcodes are the RC SEND/WRITE ones with this transport prefix.
+    pub const UC: u8 = 0x20;
+    pub const UD_SEND_ONLY: u8 = 0x64;
+    pub const UD_SEND_ONLY_IMM: u8 = 0x65;
+}
+
+/// Bytes of each header.
+pub const BTH_LEN: usize = 12;
+/// RDMA extended transport header length.
+pub const RETH_LEN: usize = 16;
+/// Datagram extended transport header length.
+pub const DETH_LEN: usize = 8;
+/// ACK extended transport header length.
+pub const AETH_LEN: usize = 4;
+/// Immediate data length.
+pub const IMM_LEN: usize = 4;
+/// Invariant CRC length.
+pub const ICRC_LEN: usize = 4;
+/// The PSN space: 24 bits.
+pub const PSN_MASK: u32 = 0x00ff_ffff;
+
+/// AETH syndromes (top 3 bits: type; low 5 bits: credit count, RNR timer or NAK code).
+pub mod syndrome {
+    #![allow(missing_docs)]
+    /// ACK with "unlimited" credits (credits are not modelled).
+    pub const ACK: u8 = 0x1f;
+    pub const TYPE_MASK: u8 = 0xe0;
+    pub const TYPE_ACK: u8 = 0x00;
+    pub const TYPE_RNR_NAK: u8 = 0x20;
+    pub const TYPE_NAK: u8 = 0x60;
+    pub const NAK_PSN_SEQ_ERR: u8 = 0x60;
+    pub const NAK_INVALID_REQUEST: u8 = 0x61;
+    pub const NAK_REMOTE_ACCESS: u8 = 0x62;
+    pub const NAK_REMOTE_OP: u8 = 0x63;
+}
+
+/// Which extension headers an opcode carries and where it sits in a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// DETH present (UD).
+    pub deth: bool,
+    /// RETH present (first/only RDMA WRITE, READ request).
+    pub reth: bool,
+    /// Immediate data present.
+    pub imm: bool,
+    /// AETH present (ACK, read responses first/last/only).
+    pub aeth: bool,
+    /// First packet of a message (or only).
+    pub first: bool,
+    /// Last packet of a message (or only).
+    pub last: bool,
+}
+
+/// The layout of `op`, or `None` for an opcode this device does not implement.
+pub fn layout(op: u8) -> Option<Layout> {
+    use opcode::*;
+    let l = |deth, reth, imm, aeth, first, last| Layout {
+        deth,
+        reth,
+        imm,
+        aeth,
+        first,
+        last,
+    };
+    let base = if op & 0xe0 == UC { op & !UC } else { op };
+    if op & 0xe0 == UC && base > RC_WRITE_ONLY_IMM {
+        return None; // UC has SEND and WRITE only
+    }
+    Some(match base {
+        RC_SEND_FIRST => l(false, false, false, false, true, false),
+        RC_SEND_MIDDLE | RC_WRITE_MIDDLE => l(false, false, false, false, false, false),
+        RC_SEND_LAST | RC_WRITE_LAST => l(false, false, false, false, false, true),
+        RC_SEND_LAST_IMM | RC_WRITE_LAST_IMM => l(false, false, true, false, false, true),
+        RC_SEND_ONLY => l(false, false, false, false, true, true),
+        RC_SEND_ONLY_IMM => l(false, false, true, false, true, true),
+        RC_WRITE_FIRST => l(false, true, false, false, true, false),
+        RC_WRITE_ONLY | RC_READ_REQUEST => l(false, true, false, false, true, true),
+        RC_WRITE_ONLY_IMM => l(false, true, true, false, true, true),
+        RC_READ_RESPONSE_FIRST => l(false, false, false, true, true, false),
+        RC_READ_RESPONSE_MIDDLE => l(false, false, false, false, false, false),
+        RC_READ_RESPONSE_LAST => l(false, false, false, true, false, true),
+        RC_READ_RESPONSE_ONLY | RC_ACKNOWLEDGE => l(false, false, false, true, true, true),
+        UD_SEND_ONLY => l(true, false, false, false, true, true),
+        UD_SEND_ONLY_IMM => l(true, false, true, false, true, true),
+        _ => return None,
+    })
+}
+
+/// The RDMA extended transport header: where an RDMA WRITE or READ goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reth {
+    /// Remote virtual address.
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Length of the whole RDMA operation in bytes.
+    pub len: u32,
+}
+
+/// The datagram extended transport header (UD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deth {
+    /// The Q_Key the receiver checks.
+    pub qkey: u32,
+    /// The sender's QP number (24 bits).
+    pub src_qp: u32,
+}
+
+/// The ACK extended transport header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Aeth {
+    /// ACK, RNR NAK or NAK, with its code ([`syndrome`]).
+    pub syndrome: u8,
+    /// Message sequence number (24 bits).
+    pub msn: u32,
+}
+
+/// Every header field of one packet, parsed or to be emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Headers {
+    /// BTH opcode.
+    pub opcode: u8,
+    /// Solicited event.
+    pub se: bool,
+    /// Partition key.
+    pub pkey: u16,
+    /// Destination QP number (24 bits).
+    pub dest_qp: u32,
+    /// Acknowledge request.
+    pub ack_req: bool,
+    /// Packet sequence number (24 bits).
+    pub psn: u32,
+    /// DETH, for UD.
+    pub deth: Option<Deth>,
+    /// RETH, for RDMA WRITE first/only and READ requests.
+    pub reth: Option<Reth>,
+    /// Immediate data exactly as on the wire (the `__be32` of the API, unchanged).
+    pub imm: Option<u32>,
+    /// AETH, for ACKs and read responses.
+    pub aeth: Option<Aeth>,
+}
+
+/// Why a byte buffer is not a valid packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireError {
+    /// Shorter than its headers and ICRC.
+    Truncated,
+    /// The ICRC does not match (corrupted in flight).
+    BadIcrc,
+    /// An opcode this device does not implement.
+    UnknownOpcode(u8),
+    /// The BTH transport version is not 0.
+    BadVersion,
+    /// Pad count larger than the payload.
+    BadPad,
+    /// The extension headers present do not match the opcode.
+    HeaderMismatch,
+}
+
+impl Headers {
+    /// Appends the packet `self` + `payload` (padded to 4 bytes) + ICRC to `out`.
+    ///
+    /// Returns [`WireError::HeaderMismatch`] if the extension headers do not match the opcode's
+    /// layout, or [`WireError::UnknownOpcode`].
+    pub fn emit(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
+        let l = layout(self.opcode).ok_or(WireError::UnknownOpcode(self.opcode))?;
+        if l.deth != self.deth.is_some()
+            || l.reth != self.reth.is_some()
+            || l.imm != self.imm.is_some()
+            || l.aeth != self.aeth.is_some()
+        {
+            return Err(WireError::HeaderMismatch);
+        }
+        let start = out.len();
+        let pad = (4 - payload.len() % 4) % 4;
+        out.push(self.opcode);
+        out.push((u8::from(self.se) << 7) | ((pad as u8) << 4)); // SE, M=0, pad, TVer=0
+        out.extend_from_slice(&self.pkey.to_be_bytes());
+        out.extend_from_slice(&(self.dest_qp & 0x00ff_ffff).to_be_bytes()); // resv8 = 0
+        out.extend_from_slice(
+            &((u32::from(self.ack_req) << 31) | (self.psn & PSN_MASK)).to_be_bytes(),
+        );
+        if let Some(d) = self.deth {
+            out.extend_from_slice(&d.qkey.to_be_bytes());
+            out.extend_from_slice(&(d.src_qp & 0x00ff_ffff).to_be_bytes());
+        }
+        if let Some(r) = self.reth {
+            out.extend_from_slice(&r.va.to_be_bytes());
+            out.extend_from_slice(&r.rkey.to_be_bytes());
+            out.extend_from_slice(&r.len.to_be_bytes());
+        }
+        if let Some(imm) = self.imm {
+            out.extend_from_slice(&imm.to_ne_bytes()); // already big-endian in memory
+        }
+        if let Some(a) = self.aeth {
+            out.extend_from_slice(
+                &((u32::from(a.syndrome) << 24) | (a.msn & 0x00ff_ffff)).to_be_bytes(),
+            );
+        }
+        out.extend_from_slice(payload);
+        out.extend(std::iter::repeat_n(0, pad));
+        let icrc = crc32fast::hash(&out[start..]);
+        out.extend_from_slice(&icrc.to_le_bytes());
+        Ok(())
+    }
+
+    /// The length on the wire of a packet with these headers and `payload_len` bytes of payload.
+    pub fn wire_len(&self, payload_len: usize) -> usize {
+        BTH_LEN
+            + self.deth.map_or(0, |_| DETH_LEN)
+            + self.reth.map_or(0, |_| RETH_LEN)
+            + self.imm.map_or(0, |_| IMM_LEN)
+            + self.aeth.map_or(0, |_| AETH_LEN)
+            + payload_len.next_multiple_of(4)
+            + ICRC_LEN
+    }
+}
+
+/// A checked, parsed packet: its headers and a view of its payload (pad removed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet<'a> {
+    /// The headers.
+    pub hdr: Headers,
+    /// The payload bytes.
+    pub payload: &'a [u8],
+}
+
+impl<'a> Packet<'a> {
+    /// Checks the ICRC and every length, then reads the headers.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, WireError> {
+        if bytes.len() < BTH_LEN + ICRC_LEN {
+            return Err(WireError::Truncated);
+        }
+        let (body, icrc) = bytes.split_at(bytes.len() - ICRC_LEN);
+        let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+        if crc32fast::hash(body) != icrc {
+            return Err(WireError::BadIcrc);
+        }
+        let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        let op = body[0];
+        let l = layout(op).ok_or(WireError::UnknownOpcode(op))?;
+        if body[1] & 0x0f != 0 {
+            return Err(WireError::BadVersion);
+        }
+        let pad = usize::from((body[1] >> 4) & 0x3);
+        let mut hdr = Headers {
+            opcode: op,
+            se: body[1] & 0x80 != 0,
+            pkey: u16::from_be_bytes([body[2], body[3]]),
+            dest_qp: be32(&body[4..8]) & 0x00ff_ffff,
+            ack_req: body[8] & 0x80 != 0,
+            psn: be32(&body[8..12]) & PSN_MASK,
+            ..Headers::default()
+        };
+        let mut cur = Cursor(&body[BTH_LEN..]);
+        if l.deth {
+            let d = cur.take(DETH_LEN)?;
+            hdr.deth = Some(Deth {
+                qkey: be32(&d[0..4]),
+                src_qp: be32(&d[4..8]) & 0x00ff_ffff,
+            });
+        }
+        if l.reth {
+            let r = cur.take(RETH_LEN)?;
+            hdr.reth = Some(Reth {
+                va: u64::from_be_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]),
+                rkey: be32(&r[8..12]),
+                len: be32(&r[12..16]),
+            });
+        }
+        if l.imm {
+            let i = cur.take(IMM_LEN)?;
+            hdr.imm = Some(u32::from_ne_bytes([i[0], i[1], i[2], i[3]]));
+        }
+        if l.aeth {
+            let w = be32(cur.take(AETH_LEN)?);
+            hdr.aeth = Some(Aeth {
+                syndrome: (w >> 24) as u8,
+                msn: w & 0x00ff_ffff,
+            });
+        }
+        let payload = cur.0;
+        if pad > payload.len() {
+            return Err(WireError::BadPad);
+        }
+        Ok(Packet {
+            hdr,
+            payload: &payload[..payload.len() - pad],
+        })
+    }
+}
+
+/// Reads headers off the front of a byte slice.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.0.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (h, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(h)
+    }
+}
+
+/// `a - b` in the 24-bit PSN space, as a signed distance (positive: `a` is after `b`).
+pub fn psn_diff(a: u32, b: u32) -> i32 {
+    ((a.wrapping_sub(b) & PSN_MASK) << 8) as i32 >> 8
+}
+
+/// `psn + n` in the 24-bit PSN space.
+pub fn psn_add(psn: u32, n: u32) -> u32 {
+    psn.wrapping_add(n) & PSN_MASK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opcode::*;
+
+    fn roundtrip(h: Headers, payload: &[u8]) {
+        let mut buf = Vec::new();
+        h.emit(payload, &mut buf).unwrap();
+        assert_eq!(buf.len(), h.wire_len(payload.len()));
+        assert_eq!(buf.len() % 4, 0);
+        let p = Packet::parse(&buf).unwrap();
+        assert_eq!(p.hdr, h);
+        assert_eq!(p.payload, payload);
+    }
+
+    #[test]
+    fn every_layout_round_trips() {
+        let reth = Some(Reth {
+            va: 0x1122_3344_5566_7788,
+            rkey: 0xdead_beef,
+            len: 70000,
+        });
+        let aeth = Some(Aeth {
+            syndrome: syndrome::NAK_PSN_SEQ_ERR,
+            msn: 0xabcdef,
+        });
+        let base = Headers {
+            se: true,
+            pkey: 0xffff,
+            dest_qp: 0x12_3456,
+            ack_req: true,
+            psn: 0xff_fffe,
+            ..Headers::default()
+        };
+        roundtrip(
+            Headers {
+                opcode: RC_WRITE_ONLY_IMM,
+                reth,
+                imm: Some(0x0403_0201),
+                ..base
+            },
+            b"hello",
+        );
+        roundtrip(
+            Headers {
+                opcode: RC_ACKNOWLEDGE,
+                aeth,
+                ..base
+            },
+            b"",
+        );
+        roundtrip(
+            Headers {
+                opcode: UC | RC_SEND_LAST_IMM,
+                imm: Some(7),
+                ..base
+            },
+            &[1, 2, 3],
+        );
+        roundtrip(
+            Headers {
+                opcode: UD_SEND_ONLY,
+                deth: Some(Deth {
+                    qkey: 0x1111_1111,
+                    src_qp: 0x42,
+                }),
+                ..base
+            },
+            &[9; 33],
+        );
+        roundtrip(
+            Headers {
+                opcode: RC_READ_RESPONSE_MIDDLE,
+                ..base
+            },
+            &[5; 256],
+        );
+        roundtrip(
+            Headers {
+                opcode: RC_SEND_FIRST,
+                ..base
+            },
+            &[5; 256],
+        );
+    }
+
+    #[test]
+    fn mismatched_or_unknown_headers_are_refused() {
+        let mut buf = Vec::new();
+        let h = Headers {
+            opcode: RC_WRITE_ONLY,
+            ..Headers::default()
+        };
+        assert_eq!(h.emit(b"", &mut buf), Err(WireError::HeaderMismatch));
+        let h = Headers {
+            opcode: 0x1f,
+            ..Headers::default()
+        };
+        assert_eq!(h.emit(b"", &mut buf), Err(WireError::UnknownOpcode(0x1f)));
+        assert_eq!(layout(UC | RC_READ_REQUEST), None);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let h = Headers {
+            opcode: RC_WRITE_FIRST,
+            reth: Some(Reth::default()),
+            psn: 5,
+            ..Headers::default()
+        };
+        let mut buf = Vec::new();
+        h.emit(&[0xa5; 64], &mut buf).unwrap();
+        for bit in 0..buf.len() * 8 {
+            let mut b = buf.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                Packet::parse(&b).is_err(),
+                "flip of bit {bit} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn truncated_input_is_an_error_not_a_panic() {
+        let h = Headers {
+            opcode: RC_WRITE_ONLY,
+            reth: Some(Reth::default()),
+            ..Headers::default()
+        };
+        let mut buf = Vec::new();
+        h.emit(b"abcd", &mut buf).unwrap();
+        for n in 0..buf.len() {
+            assert!(Packet::parse(&buf[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn psn_arithmetic_wraps_at_24_bits() {
+        assert_eq!(psn_add(PSN_MASK, 1), 0);
+        assert_eq!(psn_diff(0, PSN_MASK), 1);
+        assert_eq!(psn_diff(PSN_MASK, 0), -1);
+        assert_eq!(psn_diff(10, 3), 7);
+    }
+}

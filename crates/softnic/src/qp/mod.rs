@@ -1,0 +1,565 @@
+//! Queue pairs: the state machine, the send queue and its requester, the receive side and its
+//! responder.
+//!
+//! - `modify`: the attribute masks per transition and transport (the kernel's table).
+//! - `post`: turning posted `ibv_send_wr`/`ibv_recv_wr` chains into queued WQEs.
+//! - `requester`: packets out of the send queue; ACKs, NAKs, read responses and timers back in.
+//! - `responder`: request packets in; writes, receives, read responses and ACKs out.
+
+mod modify;
+mod post;
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+
+use ibverbs_sys::{
+    ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_state, ibv_sge, ibv_wc_opcode, ibv_wc_status,
+    ibv_wr_opcode,
+};
+
+pub use modify::check_transition;
+
+use crate::abi::{Shell, Wc};
+use crate::counters::Counters;
+use crate::cq::Reclaim;
+use crate::net::Frame;
+use crate::packet::{Headers, Packet};
+use crate::srq::RecvWqe;
+use crate::state::{Element, World};
+
+/// The transport of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    Rc,
+    Uc,
+    Ud,
+}
+
+/// Where a send WR's data comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum Payload {
+    /// Gathered from registered memory when each packet is built.
+    Sges(Vec<ibv_sge>),
+    /// Copied at post time (`IBV_SEND_INLINE`).
+    Inline(Vec<u8>),
+}
+
+/// A UD send's destination, from its address handle.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UdDest {
+    pub(crate) dgid: [u8; 16],
+    pub(crate) remote_qpn: u32,
+    pub(crate) qkey: u32,
+}
+
+/// A posted send WR and how far it has got.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub(crate) seq: u64,
+    pub(crate) wr_id: u64,
+    pub(crate) opcode: ibv_wr_opcode::Type,
+    pub(crate) signaled: bool,
+    pub(crate) fence: bool,
+    pub(crate) solicited: bool,
+    pub(crate) payload: Payload,
+    pub(crate) len: u64,
+    pub(crate) imm: Option<u32>,
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) ud: Option<UdDest>,
+    /// PSNs assigned (the first packet was built).
+    pub(crate) started: bool,
+    pub(crate) first_psn: u32,
+    pub(crate) npkts: u32,
+    /// An error found when starting it, to be reported in order.
+    pub(crate) error: Option<ibv_wc_status::Type>,
+}
+
+impl SendWqe {
+    pub(crate) fn is_read(&self) -> bool {
+        self.opcode == ibv_wr_opcode::IBV_WR_RDMA_READ
+    }
+
+    pub(crate) fn last_psn(&self) -> u32 {
+        crate::packet::psn_add(self.first_psn, self.npkts.max(1) - 1)
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SendQueue {
+    /// Posted WRs not yet completed, oldest first.
+    pub(crate) wqes: VecDeque<SendWqe>,
+    pub(crate) next_seq: u64,
+    /// Completed WRs whose slot is still held until a completion covering them is polled.
+    pub(crate) unreclaimed: u32,
+    /// Completed unsignaled WRs since the last completion entry.
+    pub(crate) unsignaled: u32,
+}
+
+impl SendQueue {
+    pub(crate) fn head_seq(&self) -> u64 {
+        self.wqes.front().map_or(self.next_seq, |w| w.seq)
+    }
+
+    pub(crate) fn get_mut(&mut self, seq: u64) -> Option<&mut SendWqe> {
+        let i = seq.checked_sub(self.head_seq())?;
+        self.wqes.get_mut(usize::try_from(i).ok()?)
+    }
+
+    pub(crate) fn occupied(&self) -> usize {
+        self.wqes.len() + self.unreclaimed as usize
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RecvQueue {
+    pub(crate) wqes: VecDeque<RecvWqe>,
+    pub(crate) unreclaimed: u32,
+}
+
+/// Requester (send side) progress.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Next PSN to send.
+    pub(crate) psn: u32,
+    /// One past the highest PSN sent so far (retransmissions are below it).
+    pub(crate) psn_high: u32,
+    /// Seq of the WQE being sent, and the next packet of it.
+    pub(crate) cur: u64,
+    pub(crate) cur_pkt: u32,
+    /// RC: oldest PSN not yet acknowledged.
+    pub(crate) comp_psn: u32,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    /// The armed timer: the retransmission timeout, or the end of an RNR wait.
+    pub(crate) timer: Option<u64>,
+    pub(crate) rnr_wait: Option<u32>,
+    /// The PSN the last go-back-N restarted from, until progress is made past it.
+    pub(crate) retrying_from: Option<u32>,
+    /// RDMA READs started and not yet completed.
+    pub(crate) rd_outstanding: u32,
+    /// Packets sent since the last one that asked for an ACK.
+    pub(crate) noack: u32,
+    pub(crate) sqd_notified: bool,
+}
+
+/// The message a responder is in the middle of.
+#[derive(Debug, Clone)]
+pub(crate) enum InMsg {
+    Idle,
+    Send {
+        wqe: RecvWqe,
+        from_srq: bool,
+        offset: u64,
+    },
+    Write {
+        va: u64,
+        resid: u64,
+        total: u32,
+        rkey: u32,
+    },
+}
+
+/// An RDMA READ the responder executed (kept to answer a retried request).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadRes {
+    pub(crate) first_psn: u32,
+    pub(crate) last_psn: u32,
+    pub(crate) va: u64,
+    pub(crate) rkey: u32,
+    pub(crate) len: u32,
+}
+
+/// READ response packets still to send.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadReply {
+    pub(crate) res_first_psn: u32,
+    pub(crate) psn: u32,
+    pub(crate) last_psn: u32,
+    pub(crate) va: u64,
+    pub(crate) rkey: u32,
+    pub(crate) remaining: u64,
+}
+
+/// Responder (receive side) progress.
+#[derive(Debug)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub(crate) epsn: u32,
+    pub(crate) msn: u32,
+    pub(crate) sent_nak: bool,
+    /// UC: the current message lost a packet; drop until the next first packet.
+    pub(crate) drop_msg: bool,
+    pub(crate) cur: InMsg,
+    pub(crate) reads: VecDeque<ReadRes>,
+    pub(crate) replies: VecDeque<ReadReply>,
+    pub(crate) comm_est: bool,
+}
+
+impl Default for Responder {
+    fn default() -> Self {
+        Responder {
+            epsn: 0,
+            msn: 0,
+            sent_nak: false,
+            drop_msg: false,
+            cur: InMsg::Idle,
+            reads: VecDeque::new(),
+            replies: VecDeque::new(),
+            comm_est: false,
+        }
+    }
+}
+
+pub(crate) struct Qp {
+    pub(crate) id: u32,
+    pub(crate) ctx: u32,
+    pub(crate) dev: usize,
+    pub(crate) pd: u32,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) srq: Option<u32>,
+    pub(crate) qpn: u32,
+    pub(crate) transport: Transport,
+    pub(crate) state: ibv_qp_state::Type,
+    pub(crate) cap: ibv_qp_cap,
+    pub(crate) sq_sig_all: bool,
+    /// Current attributes (what `query_qp` returns).
+    pub(crate) attr: ibv_qp_attr,
+    /// The device the AV of an RC/UC QP points to.
+    pub(crate) dest_dev: Option<usize>,
+    /// Bumped by every reset, so completions polled later do not reclaim slots of the new life.
+    pub(crate) epoch: u32,
+    pub(crate) sq: SendQueue,
+    pub(crate) rq: RecvQueue,
+    pub(crate) req: Requester,
+    pub(crate) resp: Responder,
+    pub(crate) counters: Counters,
+    pub(crate) shell: Box<Shell<ibv_qp>>,
+}
+
+/// Bytes of an `ibv_mtu` value.
+pub(crate) fn mtu_bytes(mtu: u32) -> u32 {
+    match mtu {
+        1..=5 => 128 << mtu,
+        _ => 256,
+    }
+}
+
+/// The work-completion opcode of a send work-request opcode.
+fn wc_opcode(op: ibv_wr_opcode::Type) -> ibv_wc_opcode::Type {
+    match op {
+        ibv_wr_opcode::IBV_WR_RDMA_WRITE | ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM => {
+            ibv_wc_opcode::IBV_WC_RDMA_WRITE
+        }
+        ibv_wr_opcode::IBV_WR_RDMA_READ => ibv_wc_opcode::IBV_WC_RDMA_READ,
+        _ => ibv_wc_opcode::IBV_WC_SEND,
+    }
+}
+
+impl Qp {
+    /// Increments a counter of this QP and of its device.
+    pub(crate) fn count(&mut self, w: &mut World, f: impl Fn(&mut Counters)) {
+        f(&mut self.counters);
+        f(&mut w.devices[self.dev].counters);
+    }
+
+    /// The path MTU in bytes (the port's MTU for UD).
+    pub(crate) fn mtu(&self, w: &World) -> u32 {
+        match self.transport {
+            Transport::Ud => w.cfg.mtu,
+            _ => mtu_bytes(self.attr.path_mtu).min(w.cfg.mtu),
+        }
+    }
+
+    pub(crate) fn is_sending_state(&self) -> bool {
+        matches!(
+            self.state,
+            ibv_qp_state::IBV_QPS_RTS | ibv_qp_state::IBV_QPS_SQD
+        )
+    }
+
+    /// Builds a packet and puts it on the wire towards device `to` (nowhere if `None`: the
+    /// packet is counted as sent and dropped, as when a route does not exist).
+    pub(crate) fn send_packet(
+        &mut self,
+        w: &mut World,
+        to: Option<usize>,
+        hdr: &Headers,
+        payload: &[u8],
+    ) {
+        let mut bytes = Vec::with_capacity(hdr.wire_len(payload.len()));
+        if hdr.emit(payload, &mut bytes).is_err() {
+            debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
+            return;
+        }
+        let len = bytes.len() as u64;
+        self.count(w, |c| {
+            c.packets_sent += 1;
+            c.bytes_sent += len;
+        });
+        let Some(to) = to else {
+            self.count(w, |c| c.packets_dropped += 1);
+            return;
+        };
+        let sgid = w.devices[self.dev].gid;
+        let fate = w.transmit(Frame {
+            from: self.dev,
+            to,
+            sgid,
+            bytes,
+        });
+        self.count(w, |c| {
+            c.packets_dropped += u64::from(fate.dropped);
+            c.packets_corrupted += u64::from(fate.corrupted);
+            c.packets_duplicated += u64::from(fate.duplicated);
+            c.packets_reordered += u64::from(fate.reordered);
+        });
+    }
+
+    /// Completes the oldest send WQE with `status`: a completion entry if it is signaled or
+    /// failed (or the QP signals all), its slot held until that entry is polled. Returns false
+    /// if the send CQ overflowed (the caller moves the QP to ERROR).
+    pub(crate) fn complete_send(&mut self, w: &mut World, status: ibv_wc_status::Type) -> bool {
+        let Some(wqe) = self.sq.wqes.pop_front() else {
+            return true;
+        };
+        if wqe.is_read() && wqe.started {
+            self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
+        }
+        self.sq.unreclaimed += 1;
+        let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
+        if ok && !wqe.signaled && !self.sq_sig_all {
+            self.sq.unsignaled += 1;
+            return true;
+        }
+        let n = std::mem::take(&mut self.sq.unsignaled) + 1;
+        let wc = if ok {
+            Wc {
+                wr_id: wqe.wr_id,
+                status,
+                opcode: wc_opcode(wqe.opcode),
+                byte_len: wqe.len as u32,
+                qp_num: self.qpn,
+                ..Wc::default()
+            }
+        } else {
+            // On error only wr_id, status, qp_num and vendor_err are valid.
+            Wc {
+                wr_id: wqe.wr_id,
+                status,
+                qp_num: self.qpn,
+                ..Wc::default()
+            }
+        };
+        let reclaim = Reclaim::Sq {
+            qp: self.id,
+            epoch: self.epoch,
+            n,
+        };
+        self.count(w, |c| c.cqes += 1);
+        w.push_cqe(self.send_cq, wc, reclaim, false)
+    }
+
+    /// Posts a receive completion for `wqe`. Returns false if the receive CQ overflowed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn complete_recv(
+        &mut self,
+        w: &mut World,
+        wqe: &RecvWqe,
+        from_srq: bool,
+        status: ibv_wc_status::Type,
+        opcode: ibv_wc_opcode::Type,
+        byte_len: u32,
+        imm: Option<u32>,
+        src_qp: u32,
+        extra_flags: u32,
+        solicited: bool,
+    ) -> bool {
+        let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
+        let wc = if ok {
+            let mut flags = extra_flags;
+            if imm.is_some() {
+                flags |= ibverbs_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+            }
+            Wc {
+                wr_id: wqe.wr_id,
+                status,
+                opcode,
+                byte_len,
+                imm_data: imm.unwrap_or(0),
+                qp_num: self.qpn,
+                src_qp,
+                wc_flags: flags,
+                pkey_index: 0,
+                ..Wc::default()
+            }
+        } else {
+            Wc {
+                wr_id: wqe.wr_id,
+                status,
+                qp_num: self.qpn,
+                ..Wc::default()
+            }
+        };
+        let reclaim = match (from_srq, self.srq) {
+            (true, Some(srq)) => Reclaim::Srq { srq },
+            _ => {
+                self.rq.unreclaimed += 1;
+                Reclaim::Rq {
+                    qp: self.id,
+                    epoch: self.epoch,
+                }
+            }
+        };
+        self.count(w, |c| c.cqes += 1);
+        w.push_cqe(self.recv_cq, wc, reclaim, solicited)
+    }
+
+    /// Takes the next receive WQE (from the SRQ if the QP has one).
+    pub(crate) fn take_recv(&mut self, w: &mut World) -> Option<(RecvWqe, bool)> {
+        match self.srq {
+            Some(srq) => w.take_srq_wqe(srq).map(|wqe| (wqe, true)),
+            None => self.rq.wqes.pop_front().map(|wqe| (wqe, false)),
+        }
+    }
+
+    /// Gives back a receive WQE that a message did not use after all.
+    pub(crate) fn untake_recv(&mut self, w: &mut World, wqe: RecvWqe, from_srq: bool) {
+        match (from_srq, self.srq.and_then(|id| w.srqs.get_mut(&id))) {
+            (true, Some(s)) => {
+                s.unreclaimed = s.unreclaimed.saturating_sub(1);
+                s.wqes.push_front(wqe);
+            }
+            _ => self.rq.wqes.push_front(wqe),
+        }
+    }
+
+    /// The QP failed (a transport or protocol error): `IBV_EVENT_QP_FATAL`, then ERROR.
+    pub(crate) fn enter_error(&mut self, w: &mut World) {
+        if self.state != ibv_qp_state::IBV_QPS_ERR {
+            w.async_event(
+                self.ctx,
+                ibverbs_sys::IBV_EVENT_QP_FATAL,
+                Element::Qp(self.id),
+            );
+        }
+        self.move_to_error(w);
+    }
+
+    /// Moves the QP to ERROR: every outstanding WR completes with `WR_FLUSH_ERR`; a QP on an SRQ
+    /// raises `QP_LAST_WQE_REACHED` instead of flushing the shared queue.
+    pub(crate) fn move_to_error(&mut self, w: &mut World) {
+        if self.state == ibv_qp_state::IBV_QPS_ERR {
+            return;
+        }
+        self.state = ibv_qp_state::IBV_QPS_ERR;
+        self.shell.ibv.state = self.state;
+        w.set_timer(self.id, self.req.timer.take(), None);
+        self.req.rnr_wait = None;
+        self.resp.replies.clear();
+        if let InMsg::Send { wqe, from_srq, .. } =
+            std::mem::replace(&mut self.resp.cur, InMsg::Idle)
+        {
+            self.untake_recv(w, wqe, from_srq);
+        }
+        self.flush(w);
+    }
+
+    /// Flushes every queued WR of a QP in ERROR (also used for WRs posted while in ERROR).
+    pub(crate) fn flush(&mut self, w: &mut World) {
+        while !self.sq.wqes.is_empty() {
+            if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
+                // The CQ is full and in error: the rest cannot be reported either; drop them.
+                self.sq.wqes.clear();
+            }
+        }
+        self.req.cur = self.sq.next_seq;
+        self.req.cur_pkt = 0;
+        match self.srq {
+            Some(_) => w.async_event(
+                self.ctx,
+                ibverbs_sys::IBV_EVENT_QP_LAST_WQE_REACHED,
+                Element::Qp(self.id),
+            ),
+            None => {
+                while let Some(wqe) = self.rq.wqes.pop_front() {
+                    let st = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+                    if !self.complete_recv(w, &wqe, false, st, 0, 0, None, 0, 0, false) {
+                        self.rq.wqes.clear();
+                    }
+                }
+            }
+        }
+    }
+
+    /// A send-side error of a UC or UD QP: the QP moves to SQE and the rest of the send queue
+    /// is flushed; the receive side keeps working.
+    pub(crate) fn enter_sqe(&mut self, w: &mut World) {
+        self.state = ibv_qp_state::IBV_QPS_SQE;
+        self.shell.ibv.state = self.state;
+        while !self.sq.wqes.is_empty() {
+            if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
+                self.sq.wqes.clear();
+            }
+        }
+        self.req.cur = self.sq.next_seq;
+        self.req.cur_pkt = 0;
+    }
+
+    /// Completes the oldest send WQE in error, then moves the QP to ERROR (RC) or SQE (UC, UD).
+    pub(crate) fn fail_send(&mut self, w: &mut World, status: ibv_wc_status::Type) {
+        let overflow = !self.complete_send(w, status);
+        if self.transport == Transport::Rc || overflow {
+            self.enter_error(w);
+        } else {
+            self.enter_sqe(w);
+        }
+    }
+
+    /// Back to RESET: everything queued is discarded without completions.
+    pub(crate) fn reset(&mut self, w: &mut World) {
+        w.set_timer(self.id, self.req.timer.take(), None);
+        if let Some(srq) = self.srq.and_then(|id| w.srqs.get_mut(&id))
+            && let InMsg::Send { from_srq: true, .. } = self.resp.cur
+        {
+            srq.unreclaimed = srq.unreclaimed.saturating_sub(1);
+        }
+        self.epoch += 1;
+        self.sq = SendQueue {
+            next_seq: self.sq.next_seq,
+            ..SendQueue::default()
+        };
+        self.rq = RecvQueue::default();
+        self.req = Requester {
+            cur: self.sq.next_seq,
+            ..Requester::default()
+        };
+        self.resp = Responder::default();
+        self.dest_dev = None;
+        self.state = ibv_qp_state::IBV_QPS_RESET;
+        self.shell.ibv.state = self.state;
+    }
+
+    /// Sends the next packet this QP has (read responses first, then requests). Returns false
+    /// if it has nothing to send now.
+    pub(crate) fn next_tx(&mut self, w: &mut World) -> bool {
+        self.send_read_reply(w) || self.send_request(w)
+    }
+
+    /// Receives a packet addressed to this QP.
+    pub(crate) fn receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+        self.count(w, |c| c.packets_received += 1);
+        use crate::packet::opcode::*;
+        match pkt.hdr.opcode {
+            RC_ACKNOWLEDGE | RC_READ_RESPONSE_FIRST..=RC_READ_RESPONSE_ONLY => {
+                if self.transport == Transport::Rc {
+                    self.on_response(w, pkt);
+                }
+            }
+            _ => self.on_request(w, pkt, frame),
+        }
+        w.wake(self.dev, self.id);
+    }
+}

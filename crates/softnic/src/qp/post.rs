@@ -1,0 +1,266 @@
+//! Posting: walking `ibv_send_wr`/`ibv_recv_wr` chains through `next`, checking each WR, and
+//! queueing it, with libibverbs' `bad_wr` semantics (WRs before the failing one are posted).
+
+use ibverbs_sys::{
+    ibv_qp_state, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode,
+};
+
+use super::{Payload, Qp, SendWqe, Transport, UdDest};
+use crate::mr::read_mem;
+use crate::srq::RecvWqe;
+use crate::state::World;
+
+/// A chain longer than this is taken to be a cycle.
+const MAX_CHAIN: usize = 1 << 20;
+
+/// The SGEs of a WR.
+///
+/// # Safety
+/// `list` must point to `n` readable `ibv_sge`s when `n > 0`.
+unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<Vec<ibv_sge>, i32> {
+    match n {
+        0 => Ok(Vec::new()),
+        n if n < 0 || list.is_null() => Err(libc::EINVAL),
+        // SAFETY: the caller guarantees `n` readable SGEs at `list`.
+        n => Ok(unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()),
+    }
+}
+
+impl Qp {
+    /// `ibv_post_send` on this QP.
+    ///
+    /// # Safety
+    /// `wr` is null or the head of a `next`-linked chain of valid `ibv_send_wr`s whose SGE
+    /// lists are valid, and whose inline buffers are readable, for the duration of the call.
+    pub(crate) unsafe fn post_send(
+        &mut self,
+        w: &mut World,
+        wr: *mut ibv_send_wr,
+    ) -> Result<(), (i32, *mut ibv_send_wr)> {
+        self.count(w, |c| c.post_send_calls += 1);
+        // WRs before a failing one are posted: ring for them whatever happens.
+        // SAFETY: the caller's guarantees are passed on unchanged.
+        let r = unsafe { self.queue_sends(w, wr) };
+        w.wake(self.dev, self.id);
+        r
+    }
+
+    /// Queues the WRs of a chain up to the first bad one.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`].
+    unsafe fn queue_sends(
+        &mut self,
+        w: &mut World,
+        mut wr: *mut ibv_send_wr,
+    ) -> Result<(), (i32, *mut ibv_send_wr)> {
+        use ibv_qp_state::*;
+        let mut n = 0;
+        while !wr.is_null() {
+            n += 1;
+            if n > MAX_CHAIN {
+                return Err((libc::EINVAL, wr));
+            }
+            if matches!(self.state, IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR) {
+                return Err((libc::EINVAL, wr));
+            }
+            // SAFETY: the caller guarantees every WR of the chain is valid.
+            let r = unsafe { &*wr };
+            // SAFETY: as above, for the WR's SGE list and inline data.
+            let wqe = unsafe { self.send_wqe(w, r) }.map_err(|e| (e, wr))?;
+            if self.sq.occupied() >= self.cap.max_send_wr as usize {
+                return Err((libc::ENOMEM, wr));
+            }
+            self.sq.next_seq += 1;
+            self.sq.wqes.push_back(wqe);
+            self.count(w, |c| c.send_wrs += 1);
+            if matches!(self.state, IBV_QPS_ERR | IBV_QPS_SQE) {
+                // Posted to a failed send queue: flushed at once.
+                if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
+                    self.sq.wqes.clear();
+                }
+                self.req.cur = self.sq.next_seq;
+            }
+            wr = r.next;
+        }
+        Ok(())
+    }
+
+    /// Checks one send WR and copies what the queue keeps of it.
+    ///
+    /// # Safety
+    /// `r`'s SGE list and (with `IBV_SEND_INLINE`) the memory it names must be readable.
+    unsafe fn send_wqe(&self, w: &World, r: &ibv_send_wr) -> Result<SendWqe, i32> {
+        use ibv_wr_opcode::*;
+        let op = r.opcode;
+        let allowed = match self.transport {
+            Transport::Rc => matches!(
+                op,
+                IBV_WR_SEND
+                    | IBV_WR_SEND_WITH_IMM
+                    | IBV_WR_RDMA_WRITE
+                    | IBV_WR_RDMA_WRITE_WITH_IMM
+                    | IBV_WR_RDMA_READ
+            ),
+            Transport::Uc => matches!(
+                op,
+                IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+            ),
+            Transport::Ud => matches!(op, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM),
+        };
+        if !allowed || r.num_sge < 0 || r.num_sge as u32 > self.cap.max_send_sge {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller guarantees the SGE list.
+        let list = unsafe { sges(r.sg_list, r.num_sge) }?;
+        let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        let flags = r.send_flags;
+        let inline = flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+        let payload = if inline {
+            if op == IBV_WR_RDMA_READ || len > u64::from(self.cap.max_inline_data) {
+                return Err(libc::EINVAL);
+            }
+            let mut data = Vec::with_capacity(len as usize);
+            for s in &list {
+                // SAFETY: an inline WR's buffers must be readable during the post (ibv_post_send
+                // contract); no lkey is involved.
+                unsafe { read_mem(s.addr, s.length as usize, &mut data) };
+            }
+            Payload::Inline(data)
+        } else {
+            Payload::Sges(list)
+        };
+        let imm = matches!(op, IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM)
+            // SAFETY: `imm_data` and `invalidate_rkey` are both a plain u32.
+            .then(|| unsafe { r.__bindgen_anon_1.imm_data });
+        let mut error = None;
+        let (remote_addr, rkey, ud) = if self.transport == Transport::Ud {
+            // SAFETY: for a UD QP the `wr` union holds the `ud` member (plain data).
+            let ud = unsafe { r.wr.ud };
+            let ah = w
+                .ah_by_ptr
+                .get(&(ud.ah as usize))
+                .and_then(|id| w.ahs.get(id));
+            let Some(ah) = ah else {
+                return Err(libc::EINVAL);
+            };
+            if ah.pd != self.pd {
+                error = Some(ibv_wc_status::IBV_WC_LOC_QP_OP_ERR);
+            }
+            let dest = UdDest {
+                dgid: ah.dgid,
+                remote_qpn: ud.remote_qpn & 0x00ff_ffff,
+                qkey: ud.remote_qkey,
+            };
+            (0, 0, Some(dest))
+        } else {
+            // SAFETY: for RC/UC the `wr` union holds the `rdma` member (plain data).
+            let rdma = unsafe { r.wr.rdma };
+            (rdma.remote_addr, rdma.rkey, None)
+        };
+        Ok(SendWqe {
+            seq: self.sq.next_seq,
+            wr_id: r.wr_id,
+            opcode: op,
+            signaled: flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+            fence: flags & ibv_send_flags::IBV_SEND_FENCE.0 != 0,
+            solicited: flags & ibv_send_flags::IBV_SEND_SOLICITED.0 != 0,
+            payload,
+            len,
+            imm,
+            remote_addr,
+            rkey,
+            ud,
+            started: false,
+            first_psn: 0,
+            npkts: 0,
+            error,
+        })
+    }
+
+    /// `ibv_post_recv` on this QP.
+    ///
+    /// # Safety
+    /// `wr` is null or the head of a `next`-linked chain of valid `ibv_recv_wr`s with valid SGE
+    /// lists.
+    pub(crate) unsafe fn post_recv(
+        &mut self,
+        w: &mut World,
+        mut wr: *mut ibv_recv_wr,
+    ) -> Result<(), (i32, *mut ibv_recv_wr)> {
+        self.count(w, |c| c.post_recv_calls += 1);
+        let mut n = 0;
+        while !wr.is_null() {
+            n += 1;
+            if n > MAX_CHAIN || self.state == ibv_qp_state::IBV_QPS_RESET || self.srq.is_some() {
+                return Err((libc::EINVAL, wr));
+            }
+            // SAFETY: the caller guarantees every WR of the chain is valid.
+            let r = unsafe { &*wr };
+            if r.num_sge < 0 || r.num_sge as u32 > self.cap.max_recv_sge {
+                return Err((libc::EINVAL, wr));
+            }
+            // SAFETY: as above, for the SGE list.
+            let sges = unsafe { sges(r.sg_list, r.num_sge) }.map_err(|e| (e, wr))?;
+            if self.rq.wqes.len() + self.rq.unreclaimed as usize >= self.cap.max_recv_wr as usize {
+                return Err((libc::ENOMEM, wr));
+            }
+            let wqe = RecvWqe {
+                wr_id: r.wr_id,
+                sges,
+            };
+            self.count(w, |c| c.recv_wrs += 1);
+            if self.state == ibv_qp_state::IBV_QPS_ERR {
+                let st = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+                self.complete_recv(w, &wqe, false, st, 0, 0, None, 0, 0, false);
+            } else {
+                self.rq.wqes.push_back(wqe);
+            }
+            wr = r.next;
+        }
+        Ok(())
+    }
+}
+
+impl World {
+    /// `ibv_post_srq_recv` on SRQ `srq`.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_recv`].
+    pub(crate) unsafe fn post_srq_recv(
+        &mut self,
+        srq: u32,
+        mut wr: *mut ibv_recv_wr,
+    ) -> Result<(), (i32, *mut ibv_recv_wr)> {
+        let Some(s) = self.srqs.get_mut(&srq) else {
+            return Err((libc::EINVAL, wr));
+        };
+        let dev = self.contexts.get(&s.ctx).map_or(0, |c| c.dev);
+        let counters = &mut self.devices[dev].counters;
+        counters.post_srq_recv_calls += 1;
+        let mut n = 0;
+        while !wr.is_null() {
+            n += 1;
+            if n > MAX_CHAIN {
+                return Err((libc::EINVAL, wr));
+            }
+            // SAFETY: the caller guarantees every WR of the chain is valid.
+            let r = unsafe { &*wr };
+            if r.num_sge < 0 || r.num_sge as u32 > s.max_sge {
+                return Err((libc::EINVAL, wr));
+            }
+            // SAFETY: as above, for the SGE list.
+            let sges = unsafe { sges(r.sg_list, r.num_sge) }.map_err(|e| (e, wr))?;
+            if s.wqes.len() + s.unreclaimed as usize >= s.max_wr as usize {
+                return Err((libc::ENOMEM, wr));
+            }
+            s.wqes.push_back(RecvWqe {
+                wr_id: r.wr_id,
+                sges,
+            });
+            counters.recv_wrs += 1;
+            wr = r.next;
+        }
+        Ok(())
+    }
+}

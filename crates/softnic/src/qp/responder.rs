@@ -1,0 +1,601 @@
+//! The responder: request packets in; RDMA writes into memory, sends into receive WQEs, READ
+//! responses and ACKs/NAKs out.
+//!
+//! Error classes follow rxe (`rxe_resp.c`): an RC protocol or access error NAKs the requester
+//! and moves this QP to ERROR; UC and UD drop the message silently. Two deliberate differences,
+//! both what mlx5 hardware reports: a receive buffer too small for an RC SEND completes with
+//! `LOC_LEN_ERR` (rxe says `REM_INV_REQ_ERR`), and the receive WQE of a UC message abandoned
+//! after a lost packet is put back at the head of its queue for the next message (rxe does this
+//! for a plain RQ and completes it in error for an SRQ).
+
+use ibverbs_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
+
+use super::{InMsg, Qp, ReadReply, ReadRes, Transport};
+use crate::mr::{REMOTE_READ, REMOTE_WRITE, read_mem, write_mem};
+use crate::net::Frame;
+use crate::packet::{self, Aeth, Headers, Layout, Packet, opcode, psn_add, psn_diff, syndrome};
+use crate::srq::RecvWqe;
+use crate::state::{Element, World};
+
+/// The bytes of the GRH a UD receive buffer gets in front of the payload.
+pub(crate) const GRH_LEN: usize = 40;
+
+/// Read requests remembered for answering retried ones.
+const READ_HISTORY: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Send,
+    Write,
+    Read,
+}
+
+fn op_of(opcode: u8) -> Option<Op> {
+    match opcode & 0x1f {
+        0x00..=0x05 => Some(Op::Send),
+        0x06..=0x0b => Some(Op::Write),
+        0x0c => Some(Op::Read),
+        _ => None,
+    }
+}
+
+/// Why a request packet could not be executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Out of order within a message (missing first or last packet).
+    Sequence,
+    /// The QP does not allow this operation (access flags).
+    NotAllowed,
+    /// A packet length inconsistent with its position or the RDMA length.
+    Length,
+    /// No receive WQE is posted.
+    NoWqe,
+    /// The rkey, range or MR access does not allow the remote access.
+    RemoteAccess,
+    /// The receive buffer is too small for the message.
+    RecvTooSmall,
+    /// A receive SGE does not name valid local memory.
+    RecvProtection,
+}
+
+struct Fail {
+    why: Failure,
+    /// The receive WQE the message was using, if it had taken one.
+    wqe: Option<(RecvWqe, bool)>,
+}
+
+/// A message that has arrived whole and completes a receive WQE.
+struct Arrived {
+    wqe: RecvWqe,
+    from_srq: bool,
+    opcode: ibv_wc_opcode::Type,
+    byte_len: u32,
+}
+
+impl Qp {
+    pub(super) fn on_request(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+        use ibv_qp_state::*;
+        if !matches!(
+            self.state,
+            IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_SQD | IBV_QPS_SQE
+        ) {
+            return;
+        }
+        let Some(layout) = packet::layout(pkt.hdr.opcode) else {
+            return;
+        };
+        let transport_ok = match self.transport {
+            Transport::Rc => pkt.hdr.opcode < opcode::UC,
+            Transport::Uc => pkt.hdr.opcode & 0xe0 == opcode::UC,
+            Transport::Ud => layout.deth,
+        };
+        if !transport_ok {
+            return;
+        }
+        if !self.resp.comm_est {
+            self.resp.comm_est = true;
+            if self.state == IBV_QPS_RTR {
+                w.async_event(
+                    self.ctx,
+                    ibverbs_sys::IBV_EVENT_COMM_EST,
+                    Element::Qp(self.id),
+                );
+            }
+        }
+        match (self.transport, op_of(pkt.hdr.opcode)) {
+            (Transport::Ud, _) => self.ud_receive(w, pkt, frame),
+            (Transport::Uc, Some(op)) => self.uc_receive(w, pkt, layout, op),
+            (Transport::Rc, Some(op)) => self.rc_receive(w, pkt, layout, op),
+            _ => {}
+        }
+    }
+
+    fn send_ack(&mut self, w: &mut World, syn: u8, psn: u32) {
+        let hdr = Headers {
+            opcode: opcode::RC_ACKNOWLEDGE,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            psn,
+            aeth: Some(Aeth {
+                syndrome: syn,
+                msn: self.resp.msn,
+            }),
+            ..Headers::default()
+        };
+        self.send_packet(w, self.dest_dev, &hdr, &[]);
+    }
+
+    fn rc_receive(&mut self, w: &mut World, pkt: &Packet<'_>, l: Layout, op: Op) {
+        let psn = pkt.hdr.psn;
+        let d = psn_diff(psn, self.resp.epsn);
+        if d > 0 {
+            // A gap: NAK once, then drop until the requester goes back.
+            if !self.resp.sent_nak {
+                self.resp.sent_nak = true;
+                self.count(w, |c| c.seq_naks_sent += 1);
+                let epsn = self.resp.epsn;
+                self.send_ack(w, syndrome::NAK_PSN_SEQ_ERR, epsn);
+            }
+            return;
+        }
+        if d < 0 {
+            // Already executed: answer again, never execute twice.
+            self.count(w, |c| c.duplicates_received += 1);
+            if op == Op::Read {
+                self.replay_read(w, pkt);
+            } else {
+                let prev = psn_add(self.resp.epsn, packet::PSN_MASK);
+                self.send_ack(w, syndrome::ACK, prev);
+            }
+            return;
+        }
+        self.resp.sent_nak = false;
+        if op == Op::Read {
+            self.start_read(w, pkt);
+            return;
+        }
+        match self.execute(w, pkt, l, op) {
+            Ok(arrived) => {
+                self.resp.epsn = psn_add(psn, 1);
+                if l.last {
+                    self.resp.msn = psn_add(self.resp.msn, 1);
+                }
+                if let Some(a) = arrived
+                    && !self.deliver(w, a, pkt)
+                {
+                    self.enter_error(w);
+                    return;
+                }
+                if pkt.hdr.ack_req {
+                    self.send_ack(w, syndrome::ACK, psn);
+                }
+            }
+            Err(Fail {
+                why: Failure::NoWqe,
+                ..
+            }) => {
+                self.count(w, |c| c.rnr_naks_sent += 1);
+                let syn = syndrome::TYPE_RNR_NAK | (self.attr.min_rnr_timer & 0x1f);
+                self.send_ack(w, syn, psn);
+            }
+            Err(Fail { why, wqe }) => {
+                let (syn, status) = match why {
+                    Failure::RemoteAccess => (
+                        syndrome::NAK_REMOTE_ACCESS,
+                        ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+                    ),
+                    Failure::RecvTooSmall => (
+                        syndrome::NAK_INVALID_REQUEST,
+                        ibv_wc_status::IBV_WC_LOC_LEN_ERR,
+                    ),
+                    Failure::RecvProtection => {
+                        (syndrome::NAK_REMOTE_OP, ibv_wc_status::IBV_WC_LOC_PROT_ERR)
+                    }
+                    _ => (
+                        syndrome::NAK_INVALID_REQUEST,
+                        ibv_wc_status::IBV_WC_REM_INV_REQ_ERR,
+                    ),
+                };
+                self.send_ack(w, syn, psn);
+                if let Some((wqe, from_srq)) = wqe {
+                    self.complete_recv(w, &wqe, from_srq, status, 0, 0, None, 0, 0, true);
+                }
+                self.enter_error(w);
+            }
+        }
+    }
+
+    fn uc_receive(&mut self, w: &mut World, pkt: &Packet<'_>, l: Layout, op: Op) {
+        let psn = pkt.hdr.psn;
+        if op == Op::Read {
+            return;
+        }
+        if self.resp.drop_msg || psn != self.resp.epsn {
+            // A packet of this message was lost: everything up to the next first packet goes.
+            if !l.first {
+                if !self.resp.drop_msg {
+                    self.abandon(w);
+                }
+                self.resp.drop_msg = true;
+                return;
+            }
+            self.abandon(w);
+            self.resp.drop_msg = false;
+        }
+        match self.execute(w, pkt, l, op) {
+            Ok(arrived) => {
+                self.resp.epsn = psn_add(psn, 1);
+                if let Some(a) = arrived
+                    && !self.deliver(w, a, pkt)
+                {
+                    self.enter_error(w);
+                }
+            }
+            Err(Fail { wqe, .. }) => {
+                if let Some((wqe, from_srq)) = wqe {
+                    self.untake_recv(w, wqe, from_srq);
+                }
+                self.resp.cur = InMsg::Idle;
+                self.resp.epsn = psn_add(psn, 1);
+                self.resp.drop_msg = !l.last;
+                self.count(w, |c| c.messages_dropped += 1);
+            }
+        }
+    }
+
+    /// Gives up the UC message in progress: its receive WQE goes back to its queue.
+    fn abandon(&mut self, w: &mut World) {
+        match std::mem::replace(&mut self.resp.cur, InMsg::Idle) {
+            InMsg::Idle => {}
+            InMsg::Send { wqe, from_srq, .. } => {
+                self.untake_recv(w, wqe, from_srq);
+                self.count(w, |c| c.messages_dropped += 1);
+            }
+            InMsg::Write { .. } => self.count(w, |c| c.messages_dropped += 1),
+        }
+    }
+
+    /// Executes one SEND or WRITE packet that is in sequence.
+    fn execute(
+        &mut self,
+        w: &mut World,
+        pkt: &Packet<'_>,
+        l: Layout,
+        op: Op,
+    ) -> Result<Option<Arrived>, Fail> {
+        let fail = |why| Fail { why, wqe: None };
+        let continues = matches!(
+            (&self.resp.cur, op),
+            (InMsg::Send { .. }, Op::Send) | (InMsg::Write { .. }, Op::Write)
+        );
+        let idle = matches!(self.resp.cur, InMsg::Idle);
+        if !((idle && l.first) || (continues && !l.first)) {
+            return Err(self.fail_taking_wqe(Failure::Sequence));
+        }
+        if op == Op::Write && self.attr.qp_access_flags & REMOTE_WRITE == 0 {
+            return Err(fail(Failure::NotAllowed));
+        }
+        let mtu = u64::from(self.mtu(w));
+        let n = pkt.payload.len() as u64;
+        let len_ok = match (l.first, l.last) {
+            (true, true) => n <= mtu,
+            (_, false) => n == mtu,
+            (false, true) => (1..=mtu).contains(&n),
+        };
+        if !len_ok {
+            return Err(self.fail_taking_wqe(Failure::Length));
+        }
+        if op == Op::Write && l.first {
+            let Some(reth) = pkt.hdr.reth else {
+                return Err(fail(Failure::Length));
+            };
+            let total = u64::from(reth.len);
+            if (l.last && n != total) || (!l.last && total <= mtu) {
+                return Err(fail(Failure::Length));
+            }
+            if total > 0
+                && !w.check_remote(self.dev, self.pd, reth.rkey, reth.va, total, REMOTE_WRITE)
+            {
+                return Err(fail(Failure::RemoteAccess));
+            }
+            self.resp.cur = InMsg::Write {
+                va: reth.va,
+                resid: total,
+                total: reth.len,
+                rkey: reth.rkey,
+            };
+        }
+        // A receive WQE: at the first packet of a SEND, at the last packet of a WRITE with
+        // immediate (taken before any data moves, so an RNR retry finds the state unchanged).
+        let mut imm_wqe = None;
+        if op == Op::Send && l.first {
+            let Some((wqe, from_srq)) = self.take_recv(w) else {
+                return Err(fail(Failure::NoWqe));
+            };
+            self.resp.cur = InMsg::Send {
+                wqe,
+                from_srq,
+                offset: 0,
+            };
+        } else if op == Op::Write && l.last && pkt.hdr.imm.is_some() {
+            match self.take_recv(w) {
+                Some(x) => imm_wqe = Some(x),
+                None => {
+                    if l.first {
+                        self.resp.cur = InMsg::Idle;
+                    }
+                    return Err(fail(Failure::NoWqe));
+                }
+            }
+        }
+        let (dev, pd) = (self.dev, self.pd);
+        match &mut self.resp.cur {
+            InMsg::Write {
+                va, resid, rkey, ..
+            } => {
+                if n > *resid || (n > 0 && !w.check_remote(dev, pd, *rkey, *va, n, REMOTE_WRITE)) {
+                    let why = if n > *resid {
+                        Failure::Length
+                    } else {
+                        Failure::RemoteAccess
+                    };
+                    self.resp.cur = InMsg::Idle;
+                    return Err(Fail { why, wqe: imm_wqe });
+                }
+                // SAFETY: `va..va + n` lies in a live MR with remote write access (checked just
+                // above); its registration promised the memory stays valid while registered.
+                unsafe { write_mem(*va, pkt.payload) };
+                *va += n;
+                *resid -= n;
+            }
+            InMsg::Send { wqe, offset, .. } => {
+                if let Err(st) = w.scatter(dev, pd, &wqe.sges, *offset, pkt.payload) {
+                    let why = if st == ibv_wc_status::IBV_WC_LOC_LEN_ERR {
+                        Failure::RecvTooSmall
+                    } else {
+                        Failure::RecvProtection
+                    };
+                    return Err(self.fail_taking_wqe(why));
+                }
+                *offset += n;
+            }
+            InMsg::Idle => return Err(fail(Failure::Sequence)),
+        }
+        if !l.last {
+            return Ok(None);
+        }
+        Ok(match std::mem::replace(&mut self.resp.cur, InMsg::Idle) {
+            InMsg::Send {
+                wqe,
+                from_srq,
+                offset,
+            } => Some(Arrived {
+                wqe,
+                from_srq,
+                opcode: ibv_wc_opcode::IBV_WC_RECV,
+                byte_len: offset as u32,
+            }),
+            InMsg::Write { total, .. } => imm_wqe.map(|(wqe, from_srq)| Arrived {
+                wqe,
+                from_srq,
+                opcode: ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+                byte_len: total,
+            }),
+            InMsg::Idle => None,
+        })
+    }
+
+    /// A failure that ends the message in progress, handing back the WQE it had taken.
+    fn fail_taking_wqe(&mut self, why: Failure) -> Fail {
+        let wqe = match std::mem::replace(&mut self.resp.cur, InMsg::Idle) {
+            InMsg::Send { wqe, from_srq, .. } => Some((wqe, from_srq)),
+            _ => None,
+        };
+        Fail { why, wqe }
+    }
+
+    /// Posts the receive completion of a message that arrived whole.
+    fn deliver(&mut self, w: &mut World, a: Arrived, pkt: &Packet<'_>) -> bool {
+        let ok = ibv_wc_status::IBV_WC_SUCCESS;
+        self.complete_recv(
+            w,
+            &a.wqe,
+            a.from_srq,
+            ok,
+            a.opcode,
+            a.byte_len,
+            pkt.hdr.imm,
+            0,
+            0,
+            pkt.hdr.se,
+        )
+    }
+
+    fn ud_receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+        let Some(deth) = pkt.hdr.deth else {
+            return;
+        };
+        if deth.qkey != self.attr.qkey {
+            self.count(w, |c| c.messages_dropped += 1);
+            return;
+        }
+        let Some((wqe, from_srq)) = self.take_recv(w) else {
+            self.count(w, |c| c.messages_dropped += 1);
+            return;
+        };
+        let needed = (GRH_LEN + pkt.payload.len()) as u64;
+        if wqe.capacity() < needed {
+            self.count(w, |c| c.messages_dropped += 1);
+            if from_srq {
+                let st = ibv_wc_status::IBV_WC_REM_INV_REQ_ERR;
+                if !self.complete_recv(w, &wqe, true, st, 0, 0, None, 0, 0, false) {
+                    self.enter_error(w);
+                }
+            } else {
+                self.untake_recv(w, wqe, false);
+            }
+            return;
+        }
+        let mut grh = [0u8; GRH_LEN];
+        grh[0] = 0x60; // IP version 6
+        grh[4..6].copy_from_slice(&(pkt.payload.len() as u16).to_be_bytes());
+        grh[6] = 0x1b; // next header: IB transport
+        grh[7] = 64; // hop limit
+        grh[8..24].copy_from_slice(&frame.sgid);
+        grh[24..40].copy_from_slice(&w.devices[self.dev].gid);
+        let written = w
+            .scatter(self.dev, self.pd, &wqe.sges, 0, &grh)
+            .and_then(|()| w.scatter(self.dev, self.pd, &wqe.sges, GRH_LEN as u64, pkt.payload));
+        let (status, opcode) = match written {
+            Ok(()) => (ibv_wc_status::IBV_WC_SUCCESS, ibv_wc_opcode::IBV_WC_RECV),
+            Err(st) => (st, 0),
+        };
+        let flags = ibv_wc_flags::IBV_WC_GRH.0;
+        let imm = pkt.hdr.imm;
+        let se = pkt.hdr.se;
+        let ok = self.complete_recv(
+            w,
+            &wqe,
+            from_srq,
+            status,
+            opcode,
+            needed as u32,
+            imm,
+            deth.src_qp,
+            flags,
+            se,
+        );
+        if !ok || written.is_err() {
+            self.enter_error(w);
+        }
+    }
+
+    fn start_read(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(reth) = pkt.hdr.reth else {
+            return;
+        };
+        if self.attr.qp_access_flags & REMOTE_READ == 0 || self.attr.max_dest_rd_atomic == 0 {
+            self.send_ack(w, syndrome::NAK_INVALID_REQUEST, psn);
+            self.enter_error(w);
+            return;
+        }
+        let len = u64::from(reth.len);
+        if len > 0 && !w.check_remote(self.dev, self.pd, reth.rkey, reth.va, len, REMOTE_READ) {
+            self.send_ack(w, syndrome::NAK_REMOTE_ACCESS, psn);
+            self.enter_error(w);
+            return;
+        }
+        let npkts = len.div_ceil(u64::from(self.mtu(w))).max(1) as u32;
+        let last_psn = psn_add(psn, npkts - 1);
+        if self.resp.reads.len() == READ_HISTORY {
+            self.resp.reads.pop_front();
+        }
+        self.resp.reads.push_back(ReadRes {
+            first_psn: psn,
+            last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.len,
+        });
+        self.resp.replies.push_back(ReadReply {
+            res_first_psn: psn,
+            psn,
+            last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: len,
+        });
+        self.resp.epsn = psn_add(last_psn, 1);
+        self.resp.msn = psn_add(self.resp.msn, 1);
+        w.wake(self.dev, self.id);
+    }
+
+    /// A retried READ request for responses already sent: send them again from its PSN, if it
+    /// asks for (a part of) a READ still remembered.
+    fn replay_read(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(reth) = pkt.hdr.reth else {
+            return;
+        };
+        let Some(res) = self
+            .resp
+            .reads
+            .iter()
+            .copied()
+            .find(|r| psn_diff(psn, r.first_psn) >= 0 && psn_diff(psn, r.last_psn) <= 0)
+        else {
+            return;
+        };
+        let inside = reth.rkey == res.rkey
+            && reth.va >= res.va
+            && reth.va + u64::from(reth.len) <= res.va + u64::from(res.len);
+        if !inside {
+            return;
+        }
+        self.resp
+            .replies
+            .retain(|r| r.res_first_psn != res.first_psn);
+        self.resp.replies.push_back(ReadReply {
+            res_first_psn: res.first_psn,
+            psn,
+            last_psn: res.last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: u64::from(reth.len),
+        });
+        w.wake(self.dev, self.id);
+    }
+
+    /// Sends the next READ response packet, if any is queued.
+    pub(super) fn send_read_reply(&mut self, w: &mut World) -> bool {
+        use ibv_qp_state::*;
+        if !matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_SQD) {
+            return false;
+        }
+        let mtu = u64::from(self.mtu(w));
+        let Some(r) = self.resp.replies.front().copied() else {
+            return false;
+        };
+        let chunk = r.remaining.min(mtu);
+        let first = r.psn == r.res_first_psn;
+        let last = r.psn == r.last_psn || r.remaining <= mtu;
+        let op = match (first, last) {
+            (true, true) => opcode::RC_READ_RESPONSE_ONLY,
+            (true, false) => opcode::RC_READ_RESPONSE_FIRST,
+            (false, true) => opcode::RC_READ_RESPONSE_LAST,
+            (false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
+        };
+        let mut payload = Vec::with_capacity(chunk as usize);
+        if chunk > 0 {
+            if !w.check_remote(self.dev, self.pd, r.rkey, r.va, chunk, REMOTE_READ) {
+                // The region was deregistered under an executing READ.
+                self.send_ack(w, syndrome::NAK_REMOTE_ACCESS, r.psn);
+                self.enter_error(w);
+                return true;
+            }
+            // SAFETY: inside a live MR with remote read access (checked just above).
+            unsafe { read_mem(r.va, chunk as usize, &mut payload) };
+        }
+        let hdr = Headers {
+            opcode: op,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            psn: r.psn,
+            aeth: (first || last).then_some(Aeth {
+                syndrome: syndrome::ACK,
+                msn: self.resp.msn,
+            }),
+            ..Headers::default()
+        };
+        self.send_packet(w, self.dest_dev, &hdr, &payload);
+        if last {
+            self.resp.replies.pop_front();
+        } else if let Some(front) = self.resp.replies.front_mut() {
+            front.psn = psn_add(front.psn, 1);
+            front.va += chunk;
+            front.remaining -= chunk;
+        }
+        true
+    }
+}

@@ -1,0 +1,165 @@
+//! The fabric's state behind its one lock: devices, every object table, the network, timers.
+//!
+//! QPs live apart from everything else (`State::qps` and `State::w`), so a QP can be borrowed
+//! mutably together with the rest of the world it acts on (CQs, MRs, SRQs, the network).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ffi::c_void;
+
+use ibverbs_sys::{ibv_ah, ibv_context, ibv_device, ibv_event_type, ibv_pd};
+
+use crate::abi::Shell;
+use crate::counters::Counters;
+use crate::cq::{Channel, Cq};
+use crate::fabric::FabricConfig;
+use crate::faults::{Faults, PacketFilter, Rng};
+use crate::mr::Mr;
+use crate::net::Net;
+use crate::qp::Qp;
+use crate::srq::Srq;
+
+/// One port's device.
+pub(crate) struct Device {
+    pub(crate) name: String,
+    pub(crate) gid: [u8; 16],
+    pub(crate) shell: Box<Shell<ibv_device>>,
+    /// Counters of the device (the QPs' plus what belongs to no QP).
+    pub(crate) counters: Counters,
+    /// Virtual time at which the port can start serialising the next packet.
+    pub(crate) egress_free_at: u64,
+    /// QPs that may have a packet to send.
+    pub(crate) tx_ready: BTreeSet<u32>,
+    /// The QP served last (round-robin among `tx_ready`).
+    pub(crate) tx_last: u32,
+    /// QP number -> QP id.
+    pub(crate) qpns: BTreeMap<u32, u32>,
+    pub(crate) next_qpn: u32,
+    /// lkey/rkey -> MR id.
+    pub(crate) keys: HashMap<u32, u32>,
+    pub(crate) next_key: u32,
+}
+
+/// An async event waiting in a context's queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AsyncEvent {
+    pub(crate) kind: ibv_event_type,
+    pub(crate) element: Element,
+}
+
+/// What an async event is about.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Element {
+    Cq(u32),
+    Qp(u32),
+    Srq(u32),
+}
+
+pub(crate) struct Context {
+    pub(crate) dev: usize,
+    pub(crate) shell: Box<Shell<ibv_context>>,
+    pub(crate) async_fd: i32,
+    pub(crate) events: VecDeque<AsyncEvent>,
+}
+
+pub(crate) struct Pd {
+    pub(crate) ctx: u32,
+    pub(crate) shell: Box<Shell<ibv_pd>>,
+}
+
+pub(crate) struct Ah {
+    pub(crate) ctx: u32,
+    pub(crate) pd: u32,
+    pub(crate) dgid: [u8; 16],
+    pub(crate) shell: Box<Shell<ibv_ah>>,
+}
+
+/// Everything but the QPs.
+pub(crate) struct World {
+    pub(crate) cfg: FabricConfig,
+    /// Virtual time in nanoseconds.
+    pub(crate) now: u64,
+    pub(crate) rng: Rng,
+    pub(crate) devices: Vec<Device>,
+    pub(crate) contexts: BTreeMap<u32, Context>,
+    pub(crate) pds: BTreeMap<u32, Pd>,
+    pub(crate) mrs: BTreeMap<u32, Mr>,
+    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) channels: BTreeMap<u32, Channel>,
+    pub(crate) srqs: BTreeMap<u32, Srq>,
+    pub(crate) ahs: BTreeMap<u32, Ah>,
+    /// Address-handle pointer (as posted in UD WRs) -> AH id.
+    pub(crate) ah_by_ptr: HashMap<usize, u32>,
+    pub(crate) net: Net,
+    /// (deadline, qp id) of every armed QP timer.
+    pub(crate) timers: BTreeSet<(u64, u32)>,
+    pub(crate) faults: BTreeMap<(usize, usize), Faults>,
+    pub(crate) default_faults: Faults,
+    pub(crate) filter: Option<PacketFilter>,
+    pub(crate) next_id: u32,
+}
+
+pub(crate) struct State {
+    pub(crate) qps: BTreeMap<u32, Qp>,
+    pub(crate) w: World,
+}
+
+// SAFETY: the raw pointers inside (the `ibv_*` shells and the caller's opaque context pointers)
+// are addresses only; softnic dereferences its own shells under this state's lock and never
+// dereferences a caller's context pointer, so the state may move between threads.
+unsafe impl Send for State {}
+
+impl World {
+    pub(crate) fn alloc_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// The device whose GID is `gid`.
+    pub(crate) fn device_by_gid(&self, gid: &[u8; 16]) -> Option<usize> {
+        self.devices.iter().position(|d| &d.gid == gid)
+    }
+
+    /// The faults on the direction `from -> to`.
+    pub(crate) fn faults_for(&self, from: usize, to: usize) -> Faults {
+        self.faults
+            .get(&(from, to))
+            .copied()
+            .unwrap_or(self.default_faults)
+    }
+
+    /// Queues an async event on context `ctx` and wakes its file descriptor.
+    pub(crate) fn async_event(&mut self, ctx: u32, kind: ibv_event_type, element: Element) {
+        if let Some(c) = self.contexts.get_mut(&ctx) {
+            c.events.push_back(AsyncEvent { kind, element });
+            crate::cq::signal_fd(c.async_fd);
+        }
+    }
+
+    /// Arms (or moves) the timer of QP `qp` from `old` to `new`.
+    pub(crate) fn set_timer(&mut self, qp: u32, old: Option<u64>, new: Option<u64>) {
+        if old == new {
+            return;
+        }
+        if let Some(t) = old {
+            self.timers.remove(&(t, qp));
+        }
+        if let Some(t) = new {
+            self.timers.insert((t, qp));
+        }
+    }
+
+    /// Marks QP `qp` of device `dev` as possibly having a packet to send.
+    pub(crate) fn wake(&mut self, dev: usize, qp: u32) {
+        self.devices[dev].tx_ready.insert(qp);
+    }
+
+    /// The context pointer of a shell as libibverbs callers see it.
+    pub(crate) fn context_ptr(&mut self, ctx: u32) -> *mut ibv_context {
+        self.contexts
+            .get_mut(&ctx)
+            .map_or(std::ptr::null_mut(), |c| c.shell.ptr())
+    }
+}
+
+/// The opaque user pointer type of libibverbs.
+pub(crate) type UserPtr = *mut c_void;

@@ -1,0 +1,526 @@
+//! A small libibverbs-style harness: everything goes through `softnic::CONTROL` for the control
+//! path and through `ibv_context.ops` for posting and polling, as a C program would.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+pub use ibverbs_sys::*;
+pub use softnic::{CONTROL, Counters, Fabric, FabricConfig, Faults, Wc};
+
+pub const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+pub const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+pub const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+pub const ALL_ACCESS: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ;
+pub const SIGNALED: u32 = ibv_send_flags::IBV_SEND_SIGNALED.0;
+pub const INLINE: u32 = ibv_send_flags::IBV_SEND_INLINE.0;
+pub const FENCE: u32 = ibv_send_flags::IBV_SEND_FENCE.0;
+pub const SOLICITED: u32 = ibv_send_flags::IBV_SEND_SOLICITED.0;
+
+pub fn m(bits: ibv_qp_attr_mask) -> u32 {
+    bits.0
+}
+
+/// One device opened, with a PD and a CQ.
+pub struct Node {
+    pub ctx: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub gid: ibv_gid,
+}
+
+impl Node {
+    pub fn open(fabric: &Fabric, name: &str) -> Node {
+        let dev = fabric.device(name).expect("device exists");
+        // SAFETY: `dev` is a device of a live fabric.
+        let ctx = unsafe { (CONTROL.open_device)(dev) };
+        assert!(!ctx.is_null());
+        // SAFETY: `ctx` was just opened.
+        let pd = unsafe { (CONTROL.alloc_pd)(ctx) };
+        assert!(!pd.is_null());
+        let mut gid = ibv_gid { raw: [0; 16] };
+        // SAFETY: valid context and out-pointer.
+        assert_eq!(unsafe { (CONTROL.query_gid)(ctx, 1, 0, &mut gid) }, 0);
+        let mut n = Node {
+            ctx,
+            pd,
+            cq: null_mut(),
+            gid,
+        };
+        n.cq = n.new_cq(1024, null_mut());
+        n
+    }
+
+    pub fn new_cq(&self, cqe: i32, channel: *mut ibv_comp_channel) -> *mut ibv_cq {
+        // SAFETY: valid context; a null or valid channel.
+        let cq = unsafe { (CONTROL.create_cq)(self.ctx, cqe, 0x5eed as *mut c_void, channel, 0) };
+        assert!(
+            !cq.is_null(),
+            "create_cq failed: {}",
+            std::io::Error::last_os_error()
+        );
+        cq
+    }
+
+    pub fn qp(&self, ty: ibv_qp_type::Type, cap: ibv_qp_cap, sig_all: bool) -> *mut ibv_qp {
+        self.qp_with(ty, cap, sig_all, self.cq, self.cq, null_mut())
+    }
+
+    pub fn qp_with(
+        &self,
+        ty: ibv_qp_type::Type,
+        cap: ibv_qp_cap,
+        sig_all: bool,
+        send_cq: *mut ibv_cq,
+        recv_cq: *mut ibv_cq,
+        srq: *mut ibv_srq,
+    ) -> *mut ibv_qp {
+        let mut init = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type: ty,
+            sq_sig_all: i32::from(sig_all),
+        };
+        // SAFETY: valid PD and init attributes.
+        let qp = unsafe { (CONTROL.create_qp)(self.pd, &mut init) };
+        assert!(
+            !qp.is_null(),
+            "create_qp failed: {}",
+            std::io::Error::last_os_error()
+        );
+        qp
+    }
+
+    /// Registers `buf`, which must outlive the MR.
+    pub fn reg(&self, buf: &mut [u8], access: u32) -> *mut ibv_mr {
+        // SAFETY: the test keeps `buf` alive and untouched by references while registered.
+        let mr =
+            unsafe { (CONTROL.reg_mr)(self.pd, buf.as_mut_ptr().cast(), buf.len(), access as i32) };
+        assert!(
+            !mr.is_null(),
+            "reg_mr failed: {}",
+            std::io::Error::last_os_error()
+        );
+        mr
+    }
+
+    pub fn srq(&self, max_wr: u32, max_sge: u32, limit: u32) -> *mut ibv_srq {
+        let mut init = ibv_srq_init_attr {
+            srq_context: null_mut(),
+            attr: ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: limit,
+            },
+        };
+        // SAFETY: valid PD and init attributes.
+        let srq = unsafe { (CONTROL.create_srq)(self.pd, &mut init) };
+        assert!(!srq.is_null());
+        srq
+    }
+
+    pub fn ah(&self, to: &Node) -> *mut ibv_ah {
+        let mut a = ah_attr(to.gid);
+        // SAFETY: valid PD and attributes.
+        let ah = unsafe { (CONTROL.create_ah)(self.pd, &mut a) };
+        assert!(!ah.is_null());
+        ah
+    }
+}
+
+pub fn cap(send: u32, recv: u32) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+pub fn ah_attr(dgid: ibv_gid) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid,
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+        },
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    }
+}
+
+pub fn modify(qp: *mut ibv_qp, attr: &ibv_qp_attr, mask: u32) -> i32 {
+    let mut a = *attr;
+    // SAFETY: any pointer is checked by softnic; `a` is a valid attribute struct.
+    unsafe { (CONTROL.modify_qp)(qp, &mut a, mask as i32) }
+}
+
+pub fn query(qp: *mut ibv_qp) -> ibv_qp_attr {
+    let mut a = ibv_qp_attr::default();
+    let mut i = ibv_qp_init_attr {
+        qp_context: null_mut(),
+        send_cq: null_mut(),
+        recv_cq: null_mut(),
+        srq: null_mut(),
+        cap: cap(0, 0),
+        qp_type: 0,
+        sq_sig_all: 0,
+    };
+    // SAFETY: valid QP and out-structs.
+    assert_eq!(unsafe { (CONTROL.query_qp)(qp, &mut a, 0, &mut i) }, 0);
+    a
+}
+
+pub fn state(qp: *mut ibv_qp) -> ibv_qp_state::Type {
+    query(qp).qp_state
+}
+
+pub fn qpn(qp: *mut ibv_qp) -> u32 {
+    // SAFETY: a live QP's `ibv_qp` is readable.
+    unsafe { (*qp).qp_num }
+}
+
+pub fn init_attr(ty: ibv_qp_type::Type) -> (ibv_qp_attr, u32) {
+    use ibv_qp_attr_mask as k;
+    let a = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_INIT,
+        pkey_index: 0,
+        port_num: 1,
+        qkey: 0x1111_1111,
+        qp_access_flags: ALL_ACCESS,
+        ..Default::default()
+    };
+    let mask = if ty == ibv_qp_type::IBV_QPT_UD {
+        m(k::IBV_QP_STATE | k::IBV_QP_PKEY_INDEX | k::IBV_QP_PORT | k::IBV_QP_QKEY)
+    } else {
+        m(k::IBV_QP_STATE | k::IBV_QP_PKEY_INDEX | k::IBV_QP_PORT | k::IBV_QP_ACCESS_FLAGS)
+    };
+    (a, mask)
+}
+
+pub fn rtr_attr(
+    ty: ibv_qp_type::Type,
+    dgid: ibv_gid,
+    dest_qpn: u32,
+    rq_psn: u32,
+) -> (ibv_qp_attr, u32) {
+    use ibv_qp_attr_mask as k;
+    let a = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_RTR,
+        path_mtu: IBV_MTU_1024,
+        dest_qp_num: dest_qpn,
+        rq_psn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ah_attr: ah_attr(dgid),
+        ..Default::default()
+    };
+    let mask = match ty {
+        ibv_qp_type::IBV_QPT_UD => m(k::IBV_QP_STATE),
+        ibv_qp_type::IBV_QPT_UC => m(k::IBV_QP_STATE
+            | k::IBV_QP_AV
+            | k::IBV_QP_PATH_MTU
+            | k::IBV_QP_DEST_QPN
+            | k::IBV_QP_RQ_PSN),
+        _ => m(k::IBV_QP_STATE
+            | k::IBV_QP_AV
+            | k::IBV_QP_PATH_MTU
+            | k::IBV_QP_DEST_QPN
+            | k::IBV_QP_RQ_PSN
+            | k::IBV_QP_MAX_DEST_RD_ATOMIC
+            | k::IBV_QP_MIN_RNR_TIMER),
+    };
+    (a, mask)
+}
+
+pub fn rts_attr(ty: ibv_qp_type::Type, sq_psn: u32) -> (ibv_qp_attr, u32) {
+    use ibv_qp_attr_mask as k;
+    let a = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_RTS,
+        sq_psn,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..Default::default()
+    };
+    let mask = if ty == ibv_qp_type::IBV_QPT_RC {
+        m(k::IBV_QP_STATE
+            | k::IBV_QP_SQ_PSN
+            | k::IBV_QP_TIMEOUT
+            | k::IBV_QP_RETRY_CNT
+            | k::IBV_QP_RNR_RETRY
+            | k::IBV_QP_MAX_QP_RD_ATOMIC)
+    } else {
+        m(k::IBV_QP_STATE | k::IBV_QP_SQ_PSN)
+    };
+    (a, mask)
+}
+
+/// Brings `qp` to RTS towards `peer` (`peer_qpn` on the device with `peer_gid`).
+pub fn bring_up(
+    qp: *mut ibv_qp,
+    ty: ibv_qp_type::Type,
+    peer_gid: ibv_gid,
+    peer_qpn: u32,
+    tweak: impl Fn(&mut ibv_qp_attr),
+) {
+    let (a, mk) = init_attr(ty);
+    assert_eq!(modify(qp, &a, mk), 0, "to INIT");
+    let (a, mk) = rtr_attr(ty, peer_gid, peer_qpn, 100);
+    assert_eq!(modify(qp, &a, mk), 0, "to RTR");
+    let (mut a, mk) = rts_attr(ty, 100);
+    tweak(&mut a);
+    assert_eq!(modify(qp, &a, mk), 0, "to RTS");
+}
+
+/// Two connected QPs of type `ty` on two devices; returns (node a, qp a, node b, qp b).
+pub fn pair(
+    fabric: &Fabric,
+    ty: ibv_qp_type::Type,
+    depth: u32,
+) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
+    pair_with(fabric, ty, depth, |_| {})
+}
+
+pub fn pair_with(
+    fabric: &Fabric,
+    ty: ibv_qp_type::Type,
+    depth: u32,
+    tweak: impl Fn(&mut ibv_qp_attr) + Copy,
+) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
+    let a = Node::open(fabric, "soft0");
+    let b = Node::open(fabric, "soft1");
+    let qa = a.qp(ty, cap(depth, depth), true);
+    let qb = b.qp(ty, cap(depth, depth), true);
+    bring_up(qa, ty, b.gid, qpn(qb), tweak);
+    bring_up(qb, ty, a.gid, qpn(qa), tweak);
+    (a, qa, b, qb)
+}
+
+pub fn sge(buf: &[u8], mr: *mut ibv_mr) -> ibv_sge {
+    // SAFETY: a live MR's `ibv_mr` is readable.
+    let lkey = unsafe { (*mr).lkey };
+    ibv_sge {
+        addr: buf.as_ptr() as u64,
+        length: buf.len() as u32,
+        lkey,
+    }
+}
+
+pub fn rkey(mr: *mut ibv_mr) -> u32 {
+    // SAFETY: a live MR's `ibv_mr` is readable.
+    unsafe { (*mr).rkey }
+}
+
+/// A copy of `sges` that lives for the rest of the test, so a WR built now may be posted later.
+fn keep(sges: &[ibv_sge]) -> *mut ibv_sge {
+    if sges.is_empty() {
+        null_mut()
+    } else {
+        Box::leak(sges.to_vec().into_boxed_slice()).as_mut_ptr()
+    }
+}
+
+/// A send WR over a copy of `sges`.
+pub fn send_wr(
+    wr_id: u64,
+    opcode: ibv_wr_opcode::Type,
+    sges: &[ibv_sge],
+    flags: u32,
+) -> ibv_send_wr {
+    ibv_send_wr {
+        wr_id,
+        next: null_mut(),
+        sg_list: keep(sges),
+        num_sge: sges.len() as i32,
+        opcode,
+        send_flags: flags,
+        ..Default::default()
+    }
+}
+
+pub fn with_imm(mut wr: ibv_send_wr, imm_host: u32) -> ibv_send_wr {
+    wr.__bindgen_anon_1.imm_data = imm_host.to_be();
+    wr
+}
+
+pub fn with_rdma(mut wr: ibv_send_wr, remote_addr: u64, rkey: u32) -> ibv_send_wr {
+    wr.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+    wr
+}
+
+pub fn with_ud(mut wr: ibv_send_wr, ah: *mut ibv_ah, remote_qpn: u32, qkey: u32) -> ibv_send_wr {
+    wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+        ah,
+        remote_qpn,
+        remote_qkey: qkey,
+    };
+    wr
+}
+
+pub fn recv_wr(wr_id: u64, sges: &[ibv_sge]) -> ibv_recv_wr {
+    ibv_recv_wr {
+        wr_id,
+        next: null_mut(),
+        sg_list: keep(sges),
+        num_sge: sges.len() as i32,
+    }
+}
+
+fn ops(ctx: *mut ibv_context) -> ibv_context_ops {
+    // SAFETY: a live context's `ibv_context` is readable.
+    unsafe { (*ctx).ops }
+}
+
+fn qp_ctx(qp: *mut ibv_qp) -> *mut ibv_context {
+    // SAFETY: a live QP's `ibv_qp` is readable.
+    unsafe { (*qp).context }
+}
+
+/// Posts `wrs` linked through `next` with one call; on failure, the index of `bad_wr`.
+pub fn post_send(qp: *mut ibv_qp, wrs: &mut [ibv_send_wr]) -> Result<(), (i32, usize)> {
+    for i in 1..wrs.len() {
+        let next: *mut ibv_send_wr = &mut wrs[i];
+        wrs[i - 1].next = next;
+    }
+    if let Some(last) = wrs.last_mut() {
+        last.next = null_mut();
+    }
+    let mut bad: *mut ibv_send_wr = null_mut();
+    let head = wrs
+        .first_mut()
+        .map_or(null_mut(), |w| w as *mut ibv_send_wr);
+    // SAFETY: the chain and its SGE lists are valid for the call.
+    let rc = unsafe { ops(qp_ctx(qp)).post_send.unwrap()(qp, head, &mut bad) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        let idx = (bad as usize - head as usize) / std::mem::size_of::<ibv_send_wr>();
+        Err((rc, idx))
+    }
+}
+
+/// Posts raw, for tests of bad pointers.
+pub fn post_send_raw(ctx: *mut ibv_context, qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> i32 {
+    let mut bad = null_mut();
+    // SAFETY: softnic checks `qp`; `wr` is valid or null.
+    unsafe { ops(ctx).post_send.unwrap()(qp, wr, &mut bad) }
+}
+
+pub fn post_recv(qp: *mut ibv_qp, wrs: &mut [ibv_recv_wr]) -> Result<(), (i32, usize)> {
+    for i in 1..wrs.len() {
+        let next: *mut ibv_recv_wr = &mut wrs[i];
+        wrs[i - 1].next = next;
+    }
+    let mut bad: *mut ibv_recv_wr = null_mut();
+    let head = wrs
+        .first_mut()
+        .map_or(null_mut(), |w| w as *mut ibv_recv_wr);
+    // SAFETY: the chain and its SGE lists are valid for the call.
+    let rc = unsafe { ops(qp_ctx(qp)).post_recv.unwrap()(qp, head, &mut bad) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err((
+            rc,
+            (bad as usize - head as usize) / std::mem::size_of::<ibv_recv_wr>(),
+        ))
+    }
+}
+
+pub fn post_srq_recv(srq: *mut ibv_srq, wrs: &mut [ibv_recv_wr]) -> Result<(), (i32, usize)> {
+    for i in 1..wrs.len() {
+        let next: *mut ibv_recv_wr = &mut wrs[i];
+        wrs[i - 1].next = next;
+    }
+    let mut bad: *mut ibv_recv_wr = null_mut();
+    let head = wrs
+        .first_mut()
+        .map_or(null_mut(), |w| w as *mut ibv_recv_wr);
+    // SAFETY: a live SRQ's `ibv_srq` is readable; the chain is valid for the call.
+    let rc = unsafe { ops((*srq).context).post_srq_recv.unwrap()(srq, head, &mut bad) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err((
+            rc,
+            (bad as usize - head as usize) / std::mem::size_of::<ibv_recv_wr>(),
+        ))
+    }
+}
+
+/// One `poll_cq` call of up to `max` entries; `Err` for a negative return.
+pub fn try_poll(cq: *mut ibv_cq, max: usize) -> Result<Vec<Wc>, i32> {
+    let mut wc = vec![ibv_wc::default(); max];
+    // SAFETY: a live CQ's `ibv_cq` is readable; `wc` has room for `max` entries.
+    let n = unsafe { ops((*cq).context).poll_cq.unwrap()(cq, max as i32, wc.as_mut_ptr()) };
+    if n < 0 {
+        return Err(n);
+    }
+    Ok(wc[..n as usize].iter().map(|w| *Wc::from_ibv(w)).collect())
+}
+
+pub fn poll(cq: *mut ibv_cq, max: usize) -> Vec<Wc> {
+    try_poll(cq, max).expect("poll_cq failed")
+}
+
+/// Polls until `n` completions arrived or nothing more can happen.
+pub fn poll_n(cq: *mut ibv_cq, n: usize) -> Vec<Wc> {
+    let mut out = Vec::new();
+    let mut empty = 0;
+    while out.len() < n && empty < 3 {
+        let got = poll(cq, n - out.len());
+        if got.is_empty() {
+            empty += 1;
+        } else {
+            empty = 0;
+        }
+        out.extend(got);
+    }
+    out
+}
+
+pub fn req_notify(cq: *mut ibv_cq, solicited_only: bool) -> i32 {
+    // SAFETY: a live CQ's `ibv_cq` is readable.
+    unsafe { ops((*cq).context).req_notify_cq.unwrap()(cq, i32::from(solicited_only)) }
+}
+
+/// The next async event of `ctx` without blocking (the fd is made non-blocking).
+pub fn async_event(ctx: *mut ibv_context) -> Option<ibv_async_event> {
+    // SAFETY: a live context's `ibv_context` is readable; fcntl on its fd.
+    unsafe {
+        let fd = (*ctx).async_fd;
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+    let mut ev = ibv_async_event {
+        element: ibv_async_event__bindgen_ty_1 { port_num: 0 },
+        event_type: 0,
+    };
+    // SAFETY: valid context and out-struct.
+    let rc = unsafe { (CONTROL.get_async_event)(ctx, &mut ev) };
+    if rc == 0 {
+        // SAFETY: the event came from get_async_event.
+        unsafe { (CONTROL.ack_async_event)(&mut ev) };
+        Some(ev)
+    } else {
+        None
+    }
+}
+
+pub fn ok(wc: &Wc) -> bool {
+    wc.status == ibv_wc_status::IBV_WC_SUCCESS
+}
+
+pub fn no_ptr<T>() -> *mut T {
+    null::<T>() as *mut T
+}

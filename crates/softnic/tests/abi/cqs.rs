@@ -1,0 +1,190 @@
+//! Point 6: Completion queues: shared by many QPs, bounded (overflow raises CQ_ERR, never a silent
+//! loss), completion channels with a real file descriptor.
+
+use crate::common::*;
+
+#[test]
+fn one_cq_serves_many_qps() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let mut pairs = Vec::new();
+    for _ in 0..4 {
+        let x = a.qp(ty, cap(8, 8), true);
+        let y = b.qp(ty, cap(8, 8), true);
+        bring_up(x, ty, b.gid, qpn(y), |_| {});
+        bring_up(y, ty, a.gid, qpn(x), |_| {});
+        pairs.push((x, y));
+    }
+    for (i, &(x, y)) in pairs.iter().enumerate() {
+        post_recv(y, &mut [recv_wr(i as u64, &[])]).unwrap();
+        post_send(
+            x,
+            &mut [send_wr(i as u64, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+        )
+        .unwrap();
+    }
+    let wcs = poll_n(b.cq, 4);
+    for wc in wcs {
+        assert_eq!(wc.qp_num, qpn(pairs[wc.wr_id as usize].1));
+    }
+    assert_eq!(poll_n(a.cq, 4).len(), 4);
+}
+
+#[test]
+fn overflow_raises_cq_err_and_the_qp_goes_to_error() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let small = a.new_cq(2, std::ptr::null_mut());
+    let qa = a.qp_with(ty, cap(8, 8), true, small, small, std::ptr::null_mut());
+    let qb = b.qp(ty, cap(8, 8), true);
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    let mut buf = vec![0u8; 8];
+    let bmr = b.reg(&mut buf, ALL_ACCESS);
+    let w = |id| {
+        with_rdma(
+            send_wr(id, ibv_wr_opcode::IBV_WR_RDMA_WRITE, &[], SIGNALED),
+            buf.as_ptr() as u64,
+            rkey(bmr),
+        )
+    };
+    post_send(qa, &mut [w(1), w(2), w(3)]).unwrap();
+    f.run_until_idle().unwrap();
+    let ev = async_event(a.ctx).expect("CQ_ERR raised");
+    assert_eq!(ev.event_type, IBV_EVENT_CQ_ERR);
+    // SAFETY: the union holds the CQ for this event type.
+    assert_eq!(unsafe { ev.element.cq }, small);
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    // What fitted is still there; then polling says the CQ is broken.
+    assert_eq!(poll(small, 8).len(), 2);
+    assert_eq!(try_poll(small, 8), Err(-libc::EOVERFLOW));
+}
+
+fn readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
+}
+
+#[test]
+fn completion_channel_fd_wakes_on_an_armed_completion() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    // SAFETY: valid context.
+    let ch = unsafe { (CONTROL.create_comp_channel)(b.ctx) };
+    assert!(!ch.is_null());
+    // SAFETY: a live channel is readable.
+    let fd = unsafe { (*ch).fd };
+    let cq = b.new_cq(16, ch);
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let qa = a.qp(ty, cap(8, 8), true);
+    let qb = b.qp_with(ty, cap(8, 8), true, b.cq, cq, std::ptr::null_mut());
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    post_recv(qb, &mut [recv_wr(1, &[]), recv_wr(2, &[]), recv_wr(3, &[])]).unwrap();
+
+    // Not armed: a completion does not wake the fd.
+    post_send(
+        qa,
+        &mut [send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    assert!(!readable(fd, 0));
+    assert_eq!(poll(cq, 4).len(), 1);
+
+    // Armed for the next completion; the sleeper wakes from another thread's progress.
+    assert_eq!(req_notify(cq, false), 0);
+    let sleeper = std::thread::spawn(move || readable(fd, 5_000));
+    post_send(
+        qa,
+        &mut [send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    assert!(sleeper.join().unwrap(), "the channel fd became readable");
+    let mut got_cq = std::ptr::null_mut();
+    let mut got_ctx = std::ptr::null_mut();
+    assert_eq!(
+        // SAFETY: valid channel and out-pointers; an event is pending, so this does not block.
+        unsafe { (CONTROL.get_cq_event)(ch, &mut got_cq, &mut got_ctx) },
+        0
+    );
+    assert_eq!(got_cq, cq);
+    assert_eq!(got_ctx as usize, 0x5eed);
+    // SAFETY: acknowledging the event just taken.
+    unsafe { (CONTROL.ack_cq_events)(cq, 1) };
+    assert!(!readable(fd, 0), "one event per arming");
+    assert_eq!(poll(cq, 4).len(), 1);
+
+    // Solicited-only: an unsolicited completion does not fire, a solicited one does.
+    assert_eq!(req_notify(cq, true), 0);
+    post_send(
+        qa,
+        &mut [send_wr(3, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    assert!(!readable(fd, 0));
+    post_recv(qb, &mut [recv_wr(4, &[])]).unwrap();
+    post_send(
+        qa,
+        &mut [send_wr(
+            4,
+            ibv_wr_opcode::IBV_WR_SEND,
+            &[],
+            SIGNALED | SOLICITED,
+        )],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    assert!(readable(fd, 0));
+    assert_eq!(
+        // SAFETY: as above.
+        unsafe { (CONTROL.get_cq_event)(ch, &mut got_cq, &mut got_ctx) },
+        0
+    );
+    // SAFETY: as above.
+    unsafe { (CONTROL.ack_cq_events)(cq, 1) };
+    assert_eq!(poll(cq, 4).len(), 2);
+
+    // The channel is busy while the CQ uses it.
+    // SAFETY: live objects; destroy order checked by softnic.
+    unsafe {
+        assert_eq!((CONTROL.destroy_comp_channel)(ch), libc::EBUSY);
+        assert_eq!((CONTROL.destroy_qp)(qb), 0);
+        assert_eq!((CONTROL.destroy_cq)(cq), 0);
+        assert_eq!((CONTROL.destroy_comp_channel)(ch), 0);
+    }
+}
+
+#[test]
+fn get_cq_event_on_a_nonblocking_empty_channel_is_eagain() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    // SAFETY: valid context.
+    let ch = unsafe { (CONTROL.create_comp_channel)(a.ctx) };
+    // SAFETY: making the channel's own fd non-blocking, as rdma-core documents.
+    unsafe {
+        let fd = (*ch).fd;
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
+    }
+    let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid channel and out-pointers.
+    assert_eq!(unsafe { (CONTROL.get_cq_event)(ch, &mut cq, &mut ctx) }, -1);
+    // SAFETY: reading errno.
+    assert_eq!(unsafe { *libc::__errno_location() }, libc::EAGAIN);
+}

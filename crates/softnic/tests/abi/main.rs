@@ -1,0 +1,17 @@
+//! softnic tested through the C ABI, the way a libibverbs program uses it: the control path
+//! through `softnic::CONTROL`, posting and polling through `ibv_context.ops`. One module per
+//! numbered point of the softnic issue.
+
+mod common;
+
+mod bad_input;
+mod counters;
+mod cqs;
+mod determinism;
+mod devices;
+mod faults;
+mod mrs;
+mod opcodes;
+mod props;
+mod qp_state;
+mod srq;
