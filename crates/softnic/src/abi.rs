@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, RwLock, Weak};
 
 use ibverbs_sys::ibv_wc;
 
@@ -46,7 +46,10 @@ pub(crate) enum Kind {
 
 struct Entry {
     kind: Kind,
-    fabric: Arc<Shared>,
+    /// Weak: a fabric lives as long as its `Fabric` handles; once they are gone its objects
+    /// are gone too, and their pointers fail as unknown.
+    fabric: Weak<Shared>,
+    fabric_id: u64,
     id: u32,
 }
 
@@ -60,10 +63,17 @@ pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id:
         ptr as usize,
         Entry {
             kind,
-            fabric: Arc::clone(fabric),
+            fabric: Arc::downgrade(fabric),
+            fabric_id: fabric.id,
             id,
         },
     );
+}
+
+/// Forgets every object of fabric `fabric_id` (the fabric is being dropped).
+pub(crate) fn unregister_fabric(fabric_id: u64) {
+    let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|_, e| e.fabric_id != fabric_id);
 }
 
 pub(crate) fn unregister(ptr: *const c_void) {
@@ -79,7 +89,7 @@ pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<(Arc<Shared>, u32
     let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
     reg.get(&(ptr as usize))
         .filter(|e| e.kind == kind)
-        .map(|e| (Arc::clone(&e.fabric), e.id))
+        .and_then(|e| Some((e.fabric.upgrade()?, e.id)))
 }
 
 /// The 16 bytes of a GID.

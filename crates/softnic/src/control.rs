@@ -16,7 +16,7 @@ use std::sync::Arc;
 use ibverbs_sys::*;
 
 use crate::abi::{self, Kind, Shell, gid_bytes, set_errno};
-use crate::cq::{Arm, Channel, Cq, close_fd, new_fd, wait_fd};
+use crate::cq::{Arm, Channel, Cq, new_fd, wait_fd};
 use crate::fabric::Shared;
 use crate::mr::Mr;
 use crate::qp::{Qp, RecvQueue, Requester, Responder, SendQueue, Transport};
@@ -226,7 +226,6 @@ unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
         }
         if let Some(mut c) = st.w.contexts.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
-            close_fd(c.async_fd);
         }
         0
     })
@@ -492,7 +491,6 @@ unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_i
         }
         if let Some(mut c) = st.w.channels.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
-            close_fd(c.fd);
         }
         0
     })

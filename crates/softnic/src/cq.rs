@@ -79,6 +79,12 @@ pub(crate) fn wait_fd(fd: i32) -> Result<(), i32> {
     }
 }
 
+impl Drop for Channel {
+    fn drop(&mut self) {
+        close_fd(self.fd);
+    }
+}
+
 pub(crate) fn close_fd(fd: i32) {
     if fd >= 0 {
         // SAFETY: closes a descriptor this crate opened and owns.

@@ -73,10 +73,18 @@ impl Default for FabricConfig {
 
 /// What the fabric's lock protects, and whether a bug broke it.
 pub(crate) struct Shared {
+    /// Distinguishes this fabric's registry entries.
+    pub(crate) id: u64,
     state: Mutex<State>,
     /// Set when a call panicked inside softnic: every later call fails with EIO rather than
     /// working on state the panic may have left half-updated.
     broken: AtomicBool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        abi::unregister_fabric(self.id);
+    }
 }
 
 impl Shared {
@@ -95,7 +103,9 @@ impl Shared {
 
 /// A software RDMA fabric: devices, the network between them, the virtual clock.
 ///
-/// Cloning gives another handle to the same fabric. Nothing runs in the background: work
+/// Cloning gives another handle to the same fabric; when the last handle is dropped, the
+/// fabric and every object on it are freed, and pointers to them fail as unknown (verbs-safe
+/// objects hold a handle, so they keep their fabric alive). Nothing runs in the background: work
 /// advances when a CQ is polled (which, with [`FabricConfig::auto_advance`], also moves the
 /// virtual clock to the next event when the CQ is empty) or when [`step`](Self::step),
 /// [`advance`](Self::advance) or [`run_until_idle`](Self::run_until_idle) is called.
@@ -201,7 +211,9 @@ impl Fabric {
             filter: None,
             next_id: 0,
         };
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let shared = Arc::new(Shared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State {
                 qps: BTreeMap::new(),
                 w,

@@ -61,6 +61,12 @@ pub(crate) struct Context {
     pub(crate) events: VecDeque<AsyncEvent>,
 }
 
+impl Drop for Context {
+    fn drop(&mut self) {
+        crate::cq::close_fd(self.async_fd);
+    }
+}
+
 pub(crate) struct Pd {
     pub(crate) ctx: u32,
     pub(crate) shell: Box<Shell<ibv_pd>>,

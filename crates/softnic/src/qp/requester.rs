@@ -323,17 +323,42 @@ impl Qp {
 
     /// Restarts sending at `psn` (go-back-N).
     fn rewind(&mut self, w: &mut World, psn: u32) {
-        let Some(wqe) = self.sq.wqes.iter().find(|q| {
+        if self.seek(psn) {
+            self.req.retrying_from = Some(psn);
+            w.wake(self.dev, self.id);
+        }
+    }
+
+    /// Points the requester at `psn`: inside the started WQE that holds it; else at the next
+    /// started WQE after it; else, everything before having completed, at the first WQE not
+    /// yet started with the next new PSN. False if `psn` was in no WQE still queued.
+    fn seek(&mut self, psn: u32) -> bool {
+        let holds = |q: &super::SendWqe| {
             q.started && psn_diff(psn, q.first_psn) >= 0 && psn_diff(psn, q.last_psn()) <= 0
-        }) else {
-            return;
         };
-        self.req.cur = wqe.seq;
-        self.req.cur_pkt = psn_diff(psn, wqe.first_psn) as u32;
-        self.req.psn = psn;
+        let (cur, pkt, at, found) = if let Some(q) = self.sq.wqes.iter().find(|q| holds(q)) {
+            (q.seq, psn_diff(psn, q.first_psn) as u32, psn, true)
+        } else if let Some(q) = self
+            .sq
+            .wqes
+            .iter()
+            .find(|q| q.started && psn_diff(q.first_psn, psn) > 0)
+        {
+            (q.seq, 0, q.first_psn, false)
+        } else {
+            let next = self
+                .sq
+                .wqes
+                .iter()
+                .find(|q| !q.started)
+                .map_or(self.sq.next_seq, |q| q.seq);
+            (next, 0, self.req.psn_high, false)
+        };
+        self.req.cur = cur;
+        self.req.cur_pkt = pkt;
+        self.req.psn = at;
         self.req.noack = 0;
-        self.req.retrying_from = Some(psn);
-        w.wake(self.dev, self.id);
+        found
     }
 
     /// Completes, in order, the started WQEs whose last PSN is before `psn` (or at it, if
@@ -378,6 +403,13 @@ impl Qp {
             self.req.comp_psn = psn;
             self.req.retrying_from = None;
             self.reset_retries();
+        }
+        // A go-back-N may have gone further back than the responder needed: acknowledgements
+        // past the resend point move it forward (never resend what is acknowledged, and never
+        // point at a WQE that completed).
+        if psn_diff(self.req.comp_psn, self.req.psn) > 0 {
+            let p = self.req.comp_psn;
+            self.seek(p);
         }
     }
 

@@ -267,3 +267,15 @@ fn zero_length_and_oversized_sges() {
     let wc = poll_n(a.cq, 1)[0];
     assert_eq!(wc.status, ibv_wc_status::IBV_WC_LOC_PROT_ERR);
 }
+
+#[test]
+fn objects_of_a_dropped_fabric_are_unknown() {
+    let f = Fabric::default();
+    let n = Node::open(&f, "soft0");
+    drop(f);
+    // SAFETY: softnic must refuse pointers of a fabric that is gone, without touching them.
+    unsafe {
+        assert_eq!((CONTROL.dealloc_pd)(n.pd), libc::EINVAL);
+        assert_eq!((CONTROL.close_device)(n.ctx), libc::EINVAL);
+    }
+}

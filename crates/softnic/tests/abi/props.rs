@@ -22,8 +22,16 @@ fn faults() -> impl Strategy<Value = Faults> {
     )
 }
 
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    // 24 cases per run in CI; `PROPTEST_CASES=5000` for a soak.
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn rc_delivers_exactly_once_in_order_under_faults(

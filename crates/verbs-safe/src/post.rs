@@ -1,0 +1,455 @@
+//! Work requests and batches: WRs linked through `next` and posted with one doorbell.
+//!
+//! Two ways in: [`SendBatch`]/[`RecvBatch`] link caller-owned `ibv_send_wr`/`ibv_recv_wr`s (a
+//! pool of pre-initialised WRs chains without a copy), and [`SendWr`]/[`RecvWr`] build one-off
+//! WRs. Submitting is the only `unsafe` step: every buffer a WR names must stay registered and
+//! alive, and every [`CompletionContext`](crate::CompletionContext) it names must stay alive,
+//! until its completion is polled.
+
+use std::marker::PhantomData;
+use std::ptr::null_mut;
+
+use ibverbs_sys::{
+    ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
+    ibv_send_wr__bindgen_ty_2__bindgen_ty_1 as Rdma, ibv_send_wr__bindgen_ty_2__bindgen_ty_3 as Ud,
+    ibv_sge, ibv_srq, ibv_wr_opcode,
+};
+
+use crate::context::Ah;
+use crate::cq::CompletionContext;
+use crate::error::{Errno, Error, Result};
+
+pub(crate) type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> i32;
+pub(crate) type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32;
+pub(crate) type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32;
+
+/// What a send WR does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// A SEND into the peer's next receive WQE.
+    Send,
+    /// A SEND with immediate data (host order here, big-endian on the wire).
+    SendWithImm(u32),
+    /// An RDMA WRITE to `remote_addr` through `rkey`.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// An RDMA WRITE with immediate data, which also consumes a receive WQE at the peer.
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data, host order.
+        imm: u32,
+    },
+    /// An RDMA READ from `remote_addr` into the local SGEs.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+}
+
+/// A one-off send WR: an `ibv_send_wr` and the SGEs it owns.
+#[derive(Clone)]
+pub struct SendWr {
+    wr: ibv_send_wr,
+    sges: Vec<ibv_sge>,
+}
+
+impl std::fmt::Debug for SendWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendWr")
+            .field("wr_id", &self.wr.wr_id)
+            .field("opcode", &self.wr.opcode)
+            .field("send_flags", &self.wr.send_flags)
+            .field("sges", &self.sges)
+            .finish()
+    }
+}
+
+impl SendWr {
+    /// A WR with id `wr_id` (which must not have [`crate::CONTEXT_TAG`] set) doing `op`.
+    pub fn new(wr_id: u64, op: SendOp) -> SendWr {
+        let mut wr = ibv_send_wr {
+            wr_id,
+            ..Default::default()
+        };
+        let (opcode, imm, rdma) = match op {
+            SendOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None, None),
+            SendOp::SendWithImm(i) => (ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(i), None),
+            SendOp::Write { remote_addr, rkey } => (
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                None,
+                Some((remote_addr, rkey)),
+            ),
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Some(imm),
+                Some((remote_addr, rkey)),
+            ),
+            SendOp::Read { remote_addr, rkey } => (
+                ibv_wr_opcode::IBV_WR_RDMA_READ,
+                None,
+                Some((remote_addr, rkey)),
+            ),
+        };
+        wr.opcode = opcode;
+        if let Some(i) = imm {
+            wr.__bindgen_anon_1.imm_data = i.to_be();
+        }
+        if let Some((remote_addr, rkey)) = rdma {
+            wr.wr.rdma = Rdma { remote_addr, rkey };
+        }
+        SendWr {
+            wr,
+            sges: Vec::new(),
+        }
+    }
+
+    /// Adds a local buffer.
+    pub fn sge(mut self, sge: ibv_sge) -> Self {
+        self.sges.push(sge);
+        self
+    }
+
+    /// Asks for a completion entry (with `sq_sig_all` off).
+    pub fn signaled(mut self) -> Self {
+        self.wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self
+    }
+
+    /// Copies the data into the WR at post time; no lkey needed, buffer reusable at once.
+    pub fn inline(mut self) -> Self {
+        self.wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        self
+    }
+
+    /// Waits for earlier RDMA READs of this QP to complete before starting.
+    pub fn fence(mut self) -> Self {
+        self.wr.send_flags |= ibv_send_flags::IBV_SEND_FENCE.0;
+        self
+    }
+
+    /// Sets the solicited-event bit (wakes a receiver armed for solicited events only).
+    pub fn solicited(mut self) -> Self {
+        self.wr.send_flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+        self
+    }
+
+    /// The UD destination: address handle, remote QP number and Q_Key.
+    pub fn ud(mut self, ah: &Ah, remote_qpn: u32, qkey: u32) -> Self {
+        self.wr.wr.ud = Ud {
+            ah: ah.raw,
+            remote_qpn,
+            remote_qkey: qkey,
+        };
+        self
+    }
+
+    /// Sends this WR's completion to `ctx` instead of returning it to the poller's caller.
+    pub fn context(mut self, ctx: &CompletionContext) -> Self {
+        self.wr.wr_id = ctx.wr_id();
+        self
+    }
+
+    /// The WR's id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr.wr_id
+    }
+
+    pub(crate) fn check(&self, index: usize, max_sge: u32, max_inline: u32) -> Result<()> {
+        let bad = |reason: String| Err(Error::InvalidWr { index, reason });
+        if self.sges.len() > max_sge as usize {
+            return bad(format!("{} SGEs, the QP takes {max_sge}", self.sges.len()));
+        }
+        if self.wr.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+            let len: u64 = self.sges.iter().map(|s| u64::from(s.length)).sum();
+            if len > u64::from(max_inline) {
+                return bad(format!("{len} bytes inline, the QP takes {max_inline}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Points the WR at its SGEs (they may have moved since it was built).
+    pub(crate) fn link(&mut self) -> *mut ibv_send_wr {
+        self.wr.sg_list = if self.sges.is_empty() {
+            null_mut()
+        } else {
+            self.sges.as_mut_ptr()
+        };
+        self.wr.num_sge = self.sges.len() as i32;
+        self.wr.next = null_mut();
+        &mut self.wr
+    }
+}
+
+/// A one-off receive WR.
+#[derive(Debug, Clone)]
+pub struct RecvWr {
+    wr: ibv_recv_wr,
+    sges: Vec<ibv_sge>,
+}
+
+impl RecvWr {
+    /// A receive WR with id `wr_id`.
+    pub fn new(wr_id: u64) -> RecvWr {
+        RecvWr {
+            wr: ibv_recv_wr {
+                wr_id,
+                next: null_mut(),
+                sg_list: null_mut(),
+                num_sge: 0,
+            },
+            sges: Vec::new(),
+        }
+    }
+
+    /// Adds a buffer.
+    pub fn sge(mut self, sge: ibv_sge) -> Self {
+        self.sges.push(sge);
+        self
+    }
+
+    /// Sends this WR's completion to `ctx`.
+    pub fn context(mut self, ctx: &CompletionContext) -> Self {
+        self.wr.wr_id = ctx.wr_id();
+        self
+    }
+
+    pub(crate) fn link(&mut self) -> *mut ibv_recv_wr {
+        self.wr.sg_list = if self.sges.is_empty() {
+            null_mut()
+        } else {
+            self.sges.as_mut_ptr()
+        };
+        self.wr.num_sge = self.sges.len() as i32;
+        self.wr.next = null_mut();
+        &mut self.wr
+    }
+
+    pub(crate) fn num_sge(&self) -> usize {
+        self.sges.len()
+    }
+}
+
+/// Links `wrs` through `next`; returns the head.
+pub(crate) fn chain_send(wrs: &mut [SendWr]) -> *mut ibv_send_wr {
+    let mut head = null_mut();
+    for w in wrs.iter_mut().rev() {
+        let p = w.link();
+        // SAFETY: `p` points into `w`, which outlives this function's caller's post.
+        unsafe { (*p).next = head };
+        head = p;
+    }
+    head
+}
+
+/// Links `wrs` through `next`; returns the head.
+pub(crate) fn chain_recv(wrs: &mut [RecvWr]) -> *mut ibv_recv_wr {
+    let mut head = null_mut();
+    for w in wrs.iter_mut().rev() {
+        let p = w.link();
+        // SAFETY: as in `chain_send`.
+        unsafe { (*p).next = head };
+        head = p;
+    }
+    head
+}
+
+/// The position of `bad` in the chain starting at `head` (the number of WRs posted before it).
+pub(crate) fn index_of<T>(head: *mut T, bad: *mut T, next: impl Fn(*mut T) -> *mut T) -> usize {
+    let mut p = head;
+    let mut i = 0;
+    while !p.is_null() && p != bad {
+        p = next(p);
+        i += 1;
+    }
+    i
+}
+
+pub(crate) fn post_error(queue: &'static str, qpn: u32, index: usize, rc: i32) -> Error {
+    Error::Post {
+        queue,
+        qpn,
+        index,
+        errno: Errno(rc),
+    }
+}
+
+/// Caller-owned send WRs linked through `next`, posted with one doorbell.
+///
+/// Made by `Qp::send_batch`; each [`push`](Self::push) links one more WR (its `next` is
+/// overwritten). The WRs' own fields (SGE list, opcode, flags...) are the caller's.
+pub struct SendBatch<'a> {
+    pub(crate) qp: *mut ibv_qp,
+    pub(crate) qpn: u32,
+    pub(crate) post: PostSendFn,
+    pub(crate) head: *mut ibv_send_wr,
+    pub(crate) tail: *mut ibv_send_wr,
+    pub(crate) len: usize,
+    pub(crate) _wrs: PhantomData<&'a mut ibv_send_wr>,
+}
+
+impl std::fmt::Debug for SendBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBatch").field("len", &self.len).finish()
+    }
+}
+
+impl<'a> SendBatch<'a> {
+    /// Appends `wr` to the chain.
+    pub fn push(&mut self, wr: &'a mut ibv_send_wr) -> &mut Self {
+        wr.next = null_mut();
+        let p: *mut ibv_send_wr = wr;
+        if self.tail.is_null() {
+            self.head = p;
+        } else {
+            // SAFETY: `tail` is a WR borrowed for `'a` by this batch.
+            unsafe { (*self.tail).next = p };
+        }
+        self.tail = p;
+        self.len += 1;
+        self
+    }
+
+    /// WRs in the batch.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Posts the chain with one `post_send`. On failure, the error's `index` is the WR that
+    /// failed; the WRs before it were posted (libibverbs `bad_wr` semantics).
+    ///
+    /// # Safety
+    /// Every SGE of every WR must name registered memory that stays registered and alive (and
+    /// unread/unwritten by the program where the NIC writes/reads it) until the WR's completion
+    /// is polled; a WR's `wr_id` with [`crate::CONTEXT_TAG`] set must come from
+    /// [`CompletionContext::wr_id`] of a context that lives until then; a UD WR's address
+    /// handle must live until then.
+    pub unsafe fn submit(self) -> Result<()> {
+        if self.head.is_null() {
+            return Ok(());
+        }
+        let mut bad = null_mut();
+        // SAFETY: the chain is made of WRs borrowed for `'a`; the caller upholds the rest.
+        let rc = unsafe { (self.post)(self.qp, self.head, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: walking the caller's chain, which is still borrowed.
+        let index = index_of(self.head, bad, |p| unsafe { (*p).next });
+        Err(post_error("post_send", self.qpn, index, rc))
+    }
+}
+
+/// Where a [`RecvBatch`] goes: a QP's receive queue or an SRQ.
+#[derive(Clone, Copy)]
+pub(crate) enum RecvTarget {
+    Qp(*mut ibv_qp, u32, PostRecvFn),
+    Srq(*mut ibv_srq, PostSrqRecvFn),
+}
+
+/// Caller-owned receive WRs linked through `next`, posted with one doorbell (to a QP or SRQ).
+pub struct RecvBatch<'a> {
+    pub(crate) target: RecvTarget,
+    pub(crate) head: *mut ibv_recv_wr,
+    pub(crate) tail: *mut ibv_recv_wr,
+    pub(crate) len: usize,
+    pub(crate) _wrs: PhantomData<&'a mut ibv_recv_wr>,
+}
+
+impl std::fmt::Debug for RecvBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch").field("len", &self.len).finish()
+    }
+}
+
+impl<'a> RecvBatch<'a> {
+    pub(crate) fn new(target: RecvTarget) -> Self {
+        RecvBatch {
+            target,
+            head: null_mut(),
+            tail: null_mut(),
+            len: 0,
+            _wrs: PhantomData,
+        }
+    }
+
+    /// Appends `wr` to the chain.
+    pub fn push(&mut self, wr: &'a mut ibv_recv_wr) -> &mut Self {
+        wr.next = null_mut();
+        let p: *mut ibv_recv_wr = wr;
+        if self.tail.is_null() {
+            self.head = p;
+        } else {
+            // SAFETY: `tail` is a WR borrowed for `'a` by this batch.
+            unsafe { (*self.tail).next = p };
+        }
+        self.tail = p;
+        self.len += 1;
+        self
+    }
+
+    /// WRs in the batch.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Posts the chain with one call.
+    ///
+    /// # Safety
+    /// Every SGE must name registered memory that stays registered and alive, and that the
+    /// program does not access, until the WR's completion is polled; tagged `wr_id`s as for
+    /// [`SendBatch::submit`].
+    pub unsafe fn submit(self) -> Result<()> {
+        if self.head.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller upholds the contract; the chain is borrowed for `'a`.
+        unsafe { post_recv_chain(self.target, self.head) }
+    }
+}
+
+/// Posts a receive chain to its target.
+///
+/// # Safety
+/// As for [`RecvBatch::submit`]; `head` heads a valid chain.
+pub(crate) unsafe fn post_recv_chain(target: RecvTarget, head: *mut ibv_recv_wr) -> Result<()> {
+    let mut bad = null_mut();
+    let (rc, queue, qpn) = match target {
+        // SAFETY: live QP/SRQ (the caller borrows it) and a valid chain.
+        RecvTarget::Qp(qp, qpn, post) => (unsafe { post(qp, head, &mut bad) }, "post_recv", qpn),
+        // SAFETY: as above.
+        RecvTarget::Srq(srq, post) => (unsafe { post(srq, head, &mut bad) }, "post_srq_recv", 0),
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: walking the still-valid chain.
+    let index = index_of(head, bad, |p| unsafe { (*p).next });
+    Err(post_error(queue, qpn, index, rc))
+}

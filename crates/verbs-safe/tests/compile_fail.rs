@@ -1,0 +1,8 @@
+//! The typestate guards, proved with trybuild: posting a send before RTS, posting a receive in
+//! RESET, a transition a state does not have, and another transport's attributes do not compile.
+
+#[test]
+fn typestate_guards_do_not_compile() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/compile-fail/*.rs");
+}

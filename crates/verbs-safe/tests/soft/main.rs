@@ -1,0 +1,10 @@
+//! verbs-safe on softnic: every feature exercised for real, through the same code path a
+//! hardware NIC would take.
+
+mod setup;
+
+mod completions;
+mod drops;
+mod posting;
+mod transports;
+mod typestate;
