@@ -73,7 +73,7 @@ pub use cq::{
 };
 pub use error::{Errno, Error, Result};
 pub use flags::{AccessFlags, Mtu, QpAttrMask};
-pub use post::{RecvBatch, RecvWr, SendBatch, SendOp, SendWr};
+pub use post::{RecvBatch, RecvWr, SendBatch, SendOp, SendWr, WrSlot};
 pub use provider::{Device, Verbs};
 pub use qp::{
     Attrs, CanPostRecv, CanPostSend, ConnInit, Errored, Init, Qp, QpCaps, QpInit, QpState,

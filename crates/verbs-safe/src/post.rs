@@ -246,6 +246,59 @@ impl RecvWr {
     }
 }
 
+/// A send WR with `N` SGEs of its own: the element of a pool of pre-initialised WRs (UCCL's
+/// `wr_ex`). `#[repr(C)]` with the WR first, so a pointer to the slot is a pointer to its WR.
+///
+/// Call [`point_sges`](Self::point_sges) once the slot is at its final address (a pool element
+/// never moves); the WR then points at the slot's own SGEs.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrSlot<const N: usize> {
+    /// The work request.
+    pub wr: ibv_send_wr,
+    /// Its scatter-gather entries.
+    pub sges: [ibv_sge; N],
+}
+
+impl<const N: usize> Default for WrSlot<N> {
+    fn default() -> Self {
+        WrSlot {
+            wr: ibv_send_wr::default(),
+            sges: [ibv_sge::default(); N],
+        }
+    }
+}
+
+// SAFETY: the raw pointers inside are addresses (of the slot's own SGEs, of registered memory,
+// of the next WR in a chain, of an address handle); nothing about them is tied to a thread.
+unsafe impl<const N: usize> Send for WrSlot<N> {}
+// SAFETY: as above; shared access only reads plain data.
+unsafe impl<const N: usize> Sync for WrSlot<N> {}
+
+impl<const N: usize> std::fmt::Debug for WrSlot<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WrSlot")
+            .field("wr_id", &self.wr.wr_id)
+            .field("opcode", &self.wr.opcode)
+            .field("num_sge", &self.wr.num_sge)
+            .field("sges", &self.sges)
+            .finish()
+    }
+}
+
+impl<const N: usize> WrSlot<N> {
+    /// Points the WR at the first `n` of the slot's SGEs (`n` is capped at `N`).
+    pub fn point_sges(&mut self, n: usize) {
+        self.wr.sg_list = self.sges.as_mut_ptr();
+        self.wr.num_sge = n.min(N) as i32;
+    }
+
+    /// The WR's address, for linking it into a chain through another WR's `next`.
+    pub fn wr_ptr(&mut self) -> *mut ibv_send_wr {
+        &mut self.wr
+    }
+}
+
 /// Links `wrs` through `next`; returns the head.
 pub(crate) fn chain_send(wrs: &mut [SendWr]) -> *mut ibv_send_wr {
     let mut head = null_mut();

@@ -73,19 +73,34 @@ proptest! {
             off += len;
         }
         post_send(qa, &mut sw).unwrap();
-        let sent = poll_n(a.cq, sizes.len());
-        prop_assert_eq!(sent.len(), sizes.len(), "seed {}", seed);
-        prop_assert!(sent.iter().all(ok), "seed {} {:?}", seed, sent);
-        let got = poll_n(b.cq, sizes.len());
+        let n = sizes.len();
+        let sent = poll_n(a.cq, n);
+        prop_assert_eq!(sent.len(), n, "seed {}", seed);
+        // RC gives up after retry_cnt (7) retries of the same packet: with this much loss that
+        // can legitimately happen. Then exactly one WR fails with RETRY_EXC_ERR, in order, and
+        // the rest are flushed; at light loss it must not happen at all.
+        let k = sent.iter().position(|w| !ok(w)).unwrap_or(n);
+        if k < n {
+            prop_assert!(faults.loss + faults.corrupt >= 0.07, "retries exhausted at light loss; seed {}", seed);
+            prop_assert_eq!(sent[k].status, ibv_wc_status::IBV_WC_RETRY_EXC_ERR, "seed {}", seed);
+            prop_assert!(sent[k + 1..].iter().all(|w| w.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR));
+        }
+        let got = poll_n(b.cq, n);
         let imms: Vec<u32> = got.iter().map(|w| u32::from_be(w.imm_data)).collect();
-        prop_assert_eq!(imms, (0..sizes.len() as u32).collect::<Vec<_>>(), "in order, once each; seed {}", seed);
+        // Delivered: every message before the failed one, maybe the failed one (if only its
+        // ACKs were lost), nothing after it; in order, once each.
+        let m = imms.len();
+        prop_assert!(m == n || (k < n && (m == k || m == k + 1)), "{} delivered, failure at {}; seed {}", m, k, seed);
+        prop_assert_eq!(imms, (0..m as u32).collect::<Vec<_>>(), "in order, once each; seed {}", seed);
+        let mut off = 0;
         for (w, &len) in got.iter().zip(&sizes) {
             prop_assert!(ok(w));
             prop_assert_eq!(w.byte_len as usize, len);
+            prop_assert!(dst[off..off + len] == src[off..off + len], "bytes differ; seed {}", seed);
+            off += len;
         }
         f.run_until_idle().unwrap();
         prop_assert!(poll(b.cq, 8).is_empty(), "a duplicate completion; seed {}", seed);
-        prop_assert!(dst == src, "bytes differ; seed {}", seed);
     }
 
     #[test]

@@ -13,7 +13,9 @@ mod attrs;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use ibverbs_sys::{ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_state};
+use ibverbs_sys::{
+    self as verbs_sys, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_state,
+};
 
 pub use attrs::{
     Attrs, ConnInit, Rc, RcRtr, RcRts, Remote, SqPsn, Transport, Uc, UcRtr, Ud, UdInit, UdRtr,
@@ -489,6 +491,28 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
             return Ok(());
         }
         // SAFETY: walking the chain in `wrs`.
+        let index = index_of(head, bad, |p| unsafe { (*p).next });
+        Err(post_error("post_send", self.inner.qpn, index, rc))
+    }
+}
+
+impl<T: Transport, S: CanPostSend> Qp<T, S> {
+    /// Posts a chain the caller already linked through `next` (a chain of pool slots).
+    ///
+    /// # Safety
+    /// `head` heads a valid, NULL-terminated chain of WRs, each valid for the call; the rest
+    /// is the contract of [`SendBatch::submit`].
+    pub unsafe fn post_send_chain(&self, head: *mut verbs_sys::ibv_send_wr) -> Result<()> {
+        if head.is_null() {
+            return Ok(());
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the chain; the QP is live.
+        let rc = unsafe { (self.inner.post_send)(self.inner.raw, head, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: walking the caller's chain, valid for the call.
         let index = index_of(head, bad, |p| unsafe { (*p).next });
         Err(post_error("post_send", self.inner.qpn, index, rc))
     }

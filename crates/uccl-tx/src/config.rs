@@ -1,0 +1,103 @@
+//! Configuration of the transmit side.
+
+use crate::error::TxError;
+use crate::wire::MAX_WINDOW;
+
+/// The largest WR pool: a pool index is 15 bits of the `wr_id` (bit 63 is verbs-safe's
+/// completion-context tag and must stay clear).
+pub const MAX_WR_POOL: usize = 1 << 15;
+
+/// How the transmit side behaves. `TxConfig::default()` is a reasonable start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxConfig {
+    /// Bytes per chunk (one RDMA WRITE_WITH_IMM each).
+    pub chunk_size: u32,
+    /// Most chunks of one flow unacknowledged at once (at most [`MAX_WINDOW`]).
+    pub flow_window: u16,
+    /// Most chunks of all flows unacknowledged at once.
+    pub engine_window: u32,
+    /// The smallest retransmission timeout, in microseconds.
+    pub rto_min_us: u64,
+    /// The largest retransmission timeout (and back-off ceiling), in microseconds.
+    pub rto_max_us: u64,
+    /// The timeout before any RTT sample, in microseconds.
+    pub rto_initial_us: u64,
+    /// Retransmissions of one chunk before its message and flow fail.
+    pub max_retransmits: u16,
+    /// How long a flow with chunks in flight may see no ACK progress before it fails.
+    pub max_silence_us: u64,
+    /// Every `signal_every`-th WR of a QP asks for a completion (and every WR once the send
+    /// queue is that close to full).
+    pub signal_every: u32,
+    /// Most WRs in one chain (one doorbell); 1 posts every WR on its own.
+    pub max_chain: u32,
+    /// Work-request extensions in the pool (rounded up to a power of two).
+    pub wr_pool: usize,
+    /// Seed of the path chooser's randomness.
+    pub seed: u64,
+}
+
+impl Default for TxConfig {
+    fn default() -> Self {
+        TxConfig {
+            chunk_size: 16 * 1024,
+            flow_window: 128,
+            engine_window: 4096,
+            rto_min_us: 200,
+            rto_max_us: 50_000,
+            rto_initial_us: 1_000,
+            max_retransmits: 16,
+            max_silence_us: 1_000_000,
+            signal_every: 16,
+            max_chain: 32,
+            wr_pool: 4096,
+            seed: 0,
+        }
+    }
+}
+
+impl TxConfig {
+    /// Checks every value.
+    pub fn validate(&self) -> Result<(), TxError> {
+        let bad = |field, value: u64, reason| {
+            Err(TxError::Config {
+                field,
+                value,
+                reason,
+            })
+        };
+        if self.chunk_size == 0 {
+            return bad("chunk_size", 0, "must be at least 1");
+        }
+        if self.flow_window == 0 || self.flow_window > MAX_WINDOW {
+            return bad(
+                "flow_window",
+                self.flow_window.into(),
+                "must be 1..=256 (the SACK bitmap)",
+            );
+        }
+        if self.engine_window == 0 {
+            return bad("engine_window", 0, "must be at least 1");
+        }
+        if self.rto_min_us == 0 || self.rto_min_us > self.rto_max_us {
+            return bad("rto_min_us", self.rto_min_us, "must be 1..=rto_max_us");
+        }
+        if !(self.rto_min_us..=self.rto_max_us).contains(&self.rto_initial_us) {
+            return bad(
+                "rto_initial_us",
+                self.rto_initial_us,
+                "must be within rto_min_us..=rto_max_us",
+            );
+        }
+        if self.signal_every == 0 {
+            return bad("signal_every", 0, "must be at least 1");
+        }
+        if self.max_chain == 0 {
+            return bad("max_chain", 0, "must be at least 1");
+        }
+        if self.wr_pool == 0 || self.wr_pool > MAX_WR_POOL {
+            return bad("wr_pool", self.wr_pool as u64, "must be 1..=32768");
+        }
+        Ok(())
+    }
+}
