@@ -5,6 +5,7 @@
 //! cargo xtask test           setup, fmt --check, clippy -D warnings, the whole test suite
 //! cargo xtask demo [ARGS]    setup, release build, run `uccl-perf` (ARGS are passed on)
 //! cargo xtask bench [ARGS]   setup, run the criterion benchmarks (ARGS go to `cargo bench`)
+//! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
 //! ```
 //!
 //! Only the standard library: the task runner must build before anything else does.
@@ -24,6 +25,7 @@ tasks:
   test           setup, cargo fmt --check, cargo clippy -D warnings, the whole test suite
   demo [ARGS]    setup, build release, run uccl-perf with its defaults (ARGS are passed on)
   bench [ARGS]   setup, run the criterion benchmarks (ARGS are passed to cargo bench)
+  soak [CASES]   setup, the property tests with CASES cases each (default 20000), release build
   help           this text
 ";
 
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         Some("test") => no_args("test", &rest).and_then(|()| tasks::test()),
         Some("demo") => tasks::demo(&rest),
         Some("bench") => tasks::bench(&rest),
+        Some("soak") => tasks::soak(&rest),
         Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(())

@@ -99,3 +99,36 @@ fn loom(cargo: &str) -> Result<(), String> {
         .env("CARGO_TARGET_DIR", target),
     )
 }
+
+/// The property tests of softnic, uccl-tx and bufpool with many more cases than CI runs.
+pub(crate) fn soak(args: &[String]) -> Result<(), String> {
+    let cases = match args {
+        [] => "20000".to_string(),
+        [n] if n.parse::<u32>().is_ok() => n.clone(),
+        _ => return Err(format!("`soak` takes one number of cases, got {args:?}")),
+    };
+    setup::run()?;
+    let cargo = cargo();
+    for (package, test) in [
+        ("softnic", "abi"),
+        ("uccl-tx", "model"),
+        ("bufpool", "model"),
+    ] {
+        let filter = if package == "softnic" { "props" } else { "" };
+        let mut argv = vec![
+            "test",
+            "--release",
+            "--locked",
+            "--package",
+            package,
+            "--test",
+            test,
+        ];
+        if !filter.is_empty() {
+            argv.push(filter);
+        }
+        status(cmd(&cargo, &argv).env("PROPTEST_CASES", &cases))?;
+    }
+    eprintln!("xtask soak: {cases} cases each, all green");
+    Ok(())
+}

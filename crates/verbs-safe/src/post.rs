@@ -8,6 +8,7 @@
 
 use std::marker::PhantomData;
 use std::ptr::null_mut;
+use std::sync::Arc;
 
 use ibverbs_sys::{
     ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
@@ -15,7 +16,7 @@ use ibverbs_sys::{
     ibv_sge, ibv_srq, ibv_wr_opcode,
 };
 
-use crate::context::Ah;
+use crate::context::{Ah, MrBuf};
 use crate::cq::CompletionContext;
 use crate::error::{Errno, Error, Result};
 
@@ -63,6 +64,64 @@ pub enum SendOp {
 pub struct SendWr {
     wr: ibv_send_wr,
     sges: Vec<ibv_sge>,
+    kept: Kept,
+}
+
+/// The buffers a WR's SGEs name, when they all come from [`MrBuf`]s (see
+/// [`SendWr::buf`]): what lets [`crate::Qp::post_send_bufs`] be safe.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Kept {
+    pub(crate) bufs: Vec<Arc<MrBuf>>,
+    /// An SGE (or address handle) the WR does not own was added: only an `unsafe` post may
+    /// take it.
+    pub(crate) raw: bool,
+    /// A `buf` range outside its buffer.
+    pub(crate) bad: Option<String>,
+}
+
+impl Kept {
+    fn add(&mut self, b: &Arc<MrBuf>, offset: usize, len: u32) -> Option<ibv_sge> {
+        match b.sge(offset, len) {
+            Some(s) => {
+                if !self.bufs.iter().any(|k| Arc::ptr_eq(k, b)) {
+                    self.bufs.push(Arc::clone(b));
+                }
+                Some(s)
+            }
+            None => {
+                self.bad = Some(format!(
+                    "{offset}+{len} is outside a {}-byte buffer",
+                    b.len()
+                ));
+                None
+            }
+        }
+    }
+
+    /// The error for a safe post, if this WR cannot be posted safely.
+    pub(crate) fn check(&self, index: usize, wr_id: u64) -> Result<()> {
+        if wr_id & crate::cq::CONTEXT_TAG != 0 {
+            return Err(Error::InvalidWr {
+                index,
+                reason: format!("wr_id {wr_id:#x} has the completion-context bit (63) set"),
+            });
+        }
+        if let Some(reason) = &self.bad {
+            return Err(Error::InvalidWr {
+                index,
+                reason: reason.clone(),
+            });
+        }
+        if self.raw {
+            return Err(Error::InvalidWr {
+                index,
+                reason:
+                    "a raw SGE, address handle or completion context: post it with the unsafe post"
+                        .into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for SendWr {
@@ -116,12 +175,23 @@ impl SendWr {
         SendWr {
             wr,
             sges: Vec::new(),
+            kept: Kept::default(),
         }
     }
 
-    /// Adds a local buffer.
+    /// Adds a local buffer by address and lkey (only an `unsafe` post can take this WR).
     pub fn sge(mut self, sge: ibv_sge) -> Self {
+        self.kept.raw = true;
         self.sges.push(sge);
+        self
+    }
+
+    /// Adds `len` bytes at `offset` of `buf`. A WR whose buffers all come this way can be
+    /// posted safely: the QP keeps `buf` alive for as long as it may touch it.
+    pub fn buf(mut self, buf: &Arc<MrBuf>, offset: usize, len: u32) -> Self {
+        if let Some(s) = self.kept.add(buf, offset, len) {
+            self.sges.push(s);
+        }
         self
     }
 
@@ -149,8 +219,10 @@ impl SendWr {
         self
     }
 
-    /// The UD destination: address handle, remote QP number and Q_Key.
+    /// The UD destination: address handle, remote QP number and Q_Key (only an `unsafe` post
+    /// can take this WR: the AH must live until the completion).
     pub fn ud(mut self, ah: &Ah, remote_qpn: u32, qkey: u32) -> Self {
+        self.kept.raw = true;
         self.wr.wr.ud = Ud {
             ah: ah.raw,
             remote_qpn,
@@ -159,8 +231,10 @@ impl SendWr {
         self
     }
 
-    /// Sends this WR's completion to `ctx` instead of returning it to the poller's caller.
+    /// Sends this WR's completion to `ctx` instead of returning it to the poller's caller
+    /// (only an `unsafe` post can take this WR: `ctx` must live until the completion).
     pub fn context(mut self, ctx: &CompletionContext) -> Self {
+        self.kept.raw = true;
         self.wr.wr_id = ctx.wr_id();
         self
     }
@@ -184,6 +258,15 @@ impl SendWr {
         Ok(())
     }
 
+    pub(crate) fn kept(&self) -> &Kept {
+        &self.kept
+    }
+
+    /// Checks this WR may be posted safely.
+    pub(crate) fn check_safe(&self, index: usize) -> Result<()> {
+        self.kept.check(index, self.wr.wr_id)
+    }
+
     /// Points the WR at its SGEs (they may have moved since it was built).
     pub(crate) fn link(&mut self) -> *mut ibv_send_wr {
         self.wr.sg_list = if self.sges.is_empty() {
@@ -202,6 +285,7 @@ impl SendWr {
 pub struct RecvWr {
     wr: ibv_recv_wr,
     sges: Vec<ibv_sge>,
+    kept: Kept,
 }
 
 impl RecvWr {
@@ -215,17 +299,28 @@ impl RecvWr {
                 num_sge: 0,
             },
             sges: Vec::new(),
+            kept: Kept::default(),
         }
     }
 
-    /// Adds a buffer.
+    /// Adds a buffer by address and lkey (only an `unsafe` post can take this WR).
     pub fn sge(mut self, sge: ibv_sge) -> Self {
+        self.kept.raw = true;
         self.sges.push(sge);
         self
     }
 
-    /// Sends this WR's completion to `ctx`.
+    /// Adds `len` bytes at `offset` of `buf`; see [`SendWr::buf`].
+    pub fn buf(mut self, buf: &Arc<MrBuf>, offset: usize, len: u32) -> Self {
+        if let Some(s) = self.kept.add(buf, offset, len) {
+            self.sges.push(s);
+        }
+        self
+    }
+
+    /// Sends this WR's completion to `ctx` (only an `unsafe` post can take this WR).
     pub fn context(mut self, ctx: &CompletionContext) -> Self {
+        self.kept.raw = true;
         self.wr.wr_id = ctx.wr_id();
         self
     }
@@ -243,6 +338,15 @@ impl RecvWr {
 
     pub(crate) fn num_sge(&self) -> usize {
         self.sges.len()
+    }
+
+    pub(crate) fn kept(&self) -> &Kept {
+        &self.kept
+    }
+
+    /// Checks this WR may be posted safely.
+    pub(crate) fn check_safe(&self, index: usize) -> Result<()> {
+        self.kept.check(index, self.wr.wr_id)
     }
 }
 

@@ -21,7 +21,7 @@ pub use attrs::{
     Attrs, ConnInit, Rc, RcRtr, RcRts, Remote, SqPsn, Transport, Uc, UcRtr, Ud, UdInit, UdRtr,
 };
 
-use crate::context::{Pd, destroyed};
+use crate::context::{MrBuf, Pd, destroyed};
 use crate::cq::Cq;
 use crate::error::{Errno, Error, Result};
 use crate::flags::QpAttrMask;
@@ -181,6 +181,9 @@ pub struct QpInit<'a> {
 }
 
 struct Inner {
+    /// Buffers safely posted WRs named: kept alive until the QP is destroyed, after which
+    /// nothing can touch them.
+    kept: std::sync::Mutex<Vec<Arc<MrBuf>>>,
     pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
@@ -198,6 +201,19 @@ impl Drop for Inner {
         destroyed("queue pair", unsafe {
             (self.pd.ctx.verbs.ctl.destroy_qp)(self.raw)
         });
+        // Only now may the kept buffers go (the field drops after this body).
+    }
+}
+
+impl Inner {
+    /// Keeps `bufs` alive for the QP's life.
+    fn keep<'a>(&self, bufs: impl Iterator<Item = &'a Arc<MrBuf>>) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        for b in bufs {
+            if !kept.iter().any(|k| Arc::ptr_eq(k, b)) {
+                kept.push(Arc::clone(b));
+            }
+        }
     }
 }
 
@@ -308,6 +324,7 @@ impl<T: Transport> Qp<T, Reset> {
         let c = attr.cap;
         Ok(Qp {
             inner: Inner {
+                kept: std::sync::Mutex::new(Vec::new()),
                 pd: Arc::clone(pd),
                 _send_cq: Arc::clone(init.send_cq),
                 _recv_cq: Arc::clone(init.recv_cq),
@@ -518,7 +535,35 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     }
 }
 
+impl<T: Transport, S: CanPostSend> Qp<T, S> {
+    /// Posts `wrs` safely: every SGE must come from [`SendWr::buf`] (registered memory this
+    /// crate allocated), and the QP keeps those buffers alive until it is destroyed, so no WR
+    /// can outlive its memory. A WR with a raw SGE or address handle is refused.
+    pub fn post_send_bufs(&self, wrs: &mut [SendWr]) -> Result<()> {
+        for (i, w) in wrs.iter().enumerate() {
+            w.check_safe(i)?;
+        }
+        self.inner
+            .keep(wrs.iter().flat_map(|w| w.kept().bufs.iter()));
+        // SAFETY: every SGE names a `MrBuf` the QP now keeps alive for as long as it exists,
+        // which is as long as the NIC may touch it; no WR names an address handle or a
+        // completion context, and no wr_id has the context tag (all checked above).
+        unsafe { self.post_send(wrs) }
+    }
+}
+
 impl<T: Transport, S: CanPostRecv> Qp<T, S> {
+    /// Posts receive `wrs` safely; see [`Qp::post_send_bufs`].
+    pub fn post_recv_bufs(&self, wrs: &mut [RecvWr]) -> Result<()> {
+        for (i, w) in wrs.iter().enumerate() {
+            w.check_safe(i)?;
+        }
+        self.inner
+            .keep(wrs.iter().flat_map(|w| w.kept().bufs.iter()));
+        // SAFETY: as in `post_send_bufs`.
+        unsafe { self.post_recv(wrs) }
+    }
+
     /// A batch of caller-owned receive WRs for this QP.
     pub fn recv_batch<'a>(&self) -> RecvBatch<'a> {
         RecvBatch::new(RecvTarget::Qp(

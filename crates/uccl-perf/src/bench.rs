@@ -1,0 +1,301 @@
+//! The runs: set up a connected QP pair, post RDMA WRITEs, poll their completions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use verbs_safe::{
+    AccessFlags, ConnInit, Context, Cq, Device, Error, MrBuf, Mtu, Poller, Qp, QpCaps, QpInit, Rc,
+    RcRtr, RcRts, Remote, Rts, SendOp, SendWr, SqPsn, Transport, Uc, UcRtr, Verbs,
+};
+
+use crate::args::{Args, Provider, Test, TransportArg};
+
+/// One run's numbers.
+#[derive(Debug, Clone)]
+pub(crate) struct RunResult {
+    pub(crate) name: &'static str,
+    pub(crate) iters: u64,
+    /// WRs per `post_send` call.
+    pub(crate) batch: u32,
+    /// `post_send` calls.
+    pub(crate) posts: u64,
+    pub(crate) wall: Duration,
+    /// softnic's virtual time spent (the simulated link's view).
+    pub(crate) virtual_time: Option<Duration>,
+    /// softnic: packets the RC QP sent again.
+    pub(crate) retransmits: Option<u64>,
+    /// Latency test: per-WRITE wall-clock latencies, sorted.
+    pub(crate) latencies: Vec<Duration>,
+}
+
+/// How a transport is connected (the attributes its transitions take).
+trait Link: Transport<Init = ConnInit> {
+    fn rtr(remote: Remote, mtu: Mtu) -> Self::Rtr;
+    fn rts(psn: u32) -> Self::Rts;
+}
+
+impl Link for Rc {
+    fn rtr(remote: Remote, mtu: Mtu) -> RcRtr {
+        RcRtr {
+            path_mtu: mtu,
+            ..RcRtr::new(remote)
+        }
+    }
+    fn rts(psn: u32) -> RcRts {
+        RcRts::new(psn)
+    }
+}
+
+impl Link for Uc {
+    fn rtr(remote: Remote, mtu: Mtu) -> UcRtr {
+        UcRtr {
+            path_mtu: mtu,
+            ..UcRtr::new(remote)
+        }
+    }
+    fn rts(psn: u32) -> SqPsn {
+        SqPsn(psn)
+    }
+}
+
+struct Pair<T: Transport> {
+    qa: Qp<T, Rts>,
+    _qb: Qp<T, Rts>,
+    cq: Arc<Cq>,
+    src: Arc<MrBuf>,
+    dst: Arc<MrBuf>,
+}
+
+fn connect<T: Link>(
+    verbs: &Verbs,
+    dev_a: &str,
+    dev_b: &str,
+    args: &Args,
+) -> Result<Pair<T>, Error> {
+    let a = Context::open_by_name(verbs, dev_a)?;
+    let b = Context::open_by_name(verbs, dev_b)?;
+    let mtu = a.query_port(1)?.active_mtu.min(b.query_port(1)?.active_mtu);
+    let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+    let (ca, cb) = (Cq::new(&a, args.depth * 2, None)?, Cq::new(&b, 64, None)?);
+    let caps = QpCaps {
+        max_send_wr: args.depth,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    };
+    let qa = Qp::<T, _>::new(
+        &pa,
+        QpInit {
+            send_cq: &ca,
+            recv_cq: &ca,
+            srq: None,
+            caps,
+            sig_all: false,
+        },
+    )?;
+    let qb = Qp::<T, _>::new(
+        &pb,
+        QpInit {
+            send_cq: &cb,
+            recv_cq: &cb,
+            srq: None,
+            caps,
+            sig_all: false,
+        },
+    )?;
+    let ra = Remote {
+        qpn: qa.qpn(),
+        psn: 0x100,
+        gid: a.query_gid(1, 0)?,
+    };
+    let rb = Remote {
+        qpn: qb.qpn(),
+        psn: 0x200,
+        gid: b.query_gid(1, 0)?,
+    };
+    let qa = qa
+        .init(ConnInit::default())?
+        .rtr(T::rtr(rb, mtu))?
+        .rts(T::rts(0x100))?;
+    let qb = qb
+        .init(ConnInit::default())?
+        .rtr(T::rtr(ra, mtu))?
+        .rts(T::rts(0x200))?;
+    let mut src = pa.alloc_mr(args.size, 4096, AccessFlags::LOCAL_WRITE)?;
+    for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let dst = pb.alloc_mr(
+        args.size,
+        4096,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    )?;
+    Ok(Pair {
+        qa,
+        _qb: qb,
+        cq: ca,
+        src: Arc::new(src),
+        dst: Arc::new(dst),
+    })
+}
+
+/// `iters` WRITEs, `batch` per post, a signaled one every `signal` WRs.
+fn write_bw<T: Transport>(
+    p: &Pair<T>,
+    iters: u64,
+    batch: u32,
+    signal: u32,
+    depth: u32,
+) -> Result<(u64, u64), Error> {
+    let mut poller = Poller::new();
+    let (mut posted, mut completed, mut posts) = (0u64, 0u64, 0u64);
+    let len = p.src.len() as u32;
+    let op = SendOp::Write {
+        remote_addr: p.dst.addr(),
+        rkey: p.dst.rkey(),
+    };
+    let mut wrs: Vec<SendWr> = Vec::with_capacity(batch as usize);
+    let mut failure = None;
+    while completed < iters {
+        let n = u64::from(batch).min(iters - posted);
+        if n > 0 && posted + n - completed <= u64::from(depth) {
+            wrs.clear();
+            for i in posted..posted + n {
+                let w = SendWr::new(i, op).buf(&p.src, 0, len);
+                // Signal every `signal`-th WR and the very last one.
+                wrs.push(if (i + 1) % u64::from(signal) == 0 || i + 1 == iters {
+                    w.signaled()
+                } else {
+                    w
+                });
+            }
+            p.qa.post_send_bufs(&mut wrs)?;
+            posted += n;
+            posts += 1;
+            continue;
+        }
+        poller.poll(&p.cq, 64, |c| match c.ok() {
+            Ok(s) => completed = completed.max(s.wr_id() + 1),
+            Err(f) => failure = Some((f.wr_id(), f.status())),
+        })?;
+        if let Some((id, st)) = failure {
+            return Err(Error::InvalidWr {
+                index: id as usize,
+                reason: format!("completed with {st:?}"),
+            });
+        }
+    }
+    Ok((posts, completed))
+}
+
+/// One signaled WRITE at a time; the wall-clock latency of each.
+fn write_lat<T: Transport>(p: &Pair<T>, iters: u64) -> Result<Vec<Duration>, Error> {
+    let mut poller = Poller::new();
+    let len = p.src.len() as u32;
+    let op = SendOp::Write {
+        remote_addr: p.dst.addr(),
+        rkey: p.dst.rkey(),
+    };
+    let mut lat = Vec::with_capacity(iters as usize);
+    for i in 0..iters {
+        let t0 = Instant::now();
+        p.qa.post_send_bufs(&mut [SendWr::new(i, op).buf(&p.src, 0, len).signaled()])?;
+        let mut done = None;
+        while done.is_none() {
+            poller.poll(&p.cq, 1, |c| done = Some(c.is_ok()))?;
+        }
+        if done == Some(false) {
+            return Err(Error::InvalidWr {
+                index: i as usize,
+                reason: "the WRITE failed".into(),
+            });
+        }
+        lat.push(t0.elapsed());
+    }
+    lat.sort();
+    Ok(lat)
+}
+
+fn devices(args: &Args, verbs: &Verbs) -> Result<(String, String), Error> {
+    match args.provider {
+        Provider::Soft => Ok((
+            args.device.clone().unwrap_or_else(|| "soft0".into()),
+            args.peer_device.clone().unwrap_or_else(|| "soft1".into()),
+        )),
+        Provider::System => {
+            let dev = match &args.device {
+                Some(d) => d.clone(),
+                None => Device::list(verbs)?
+                    .first()
+                    .map(|d| d.name().to_string())
+                    .ok_or_else(|| Error::NoSuchDevice {
+                        name: "(any)".into(),
+                        available: Vec::new(),
+                    })?,
+            };
+            let peer = args.peer_device.clone().unwrap_or_else(|| dev.clone());
+            Ok((dev, peer))
+        }
+    }
+}
+
+/// Runs what `args` asks for.
+pub(crate) fn run(args: &Args) -> Result<Vec<RunResult>, Error> {
+    let fabric = (args.provider == Provider::Soft).then(|| {
+        let f = softnic::Fabric::new(softnic::FabricConfig {
+            seed: args.seed,
+            ..Default::default()
+        });
+        f.set_default_faults(softnic::Faults::loss(args.loss));
+        f
+    });
+    let verbs = fabric.as_ref().map_or_else(Verbs::system, Verbs::soft);
+    let (a, b) = devices(args, &verbs)?;
+    match args.transport {
+        TransportArg::Rc => run_on::<Rc>(args, &verbs, fabric.as_ref(), &a, &b),
+        TransportArg::Uc => run_on::<Uc>(args, &verbs, fabric.as_ref(), &a, &b),
+    }
+}
+
+fn run_on<T: Link>(
+    args: &Args,
+    verbs: &Verbs,
+    fabric: Option<&softnic::Fabric>,
+    a: &str,
+    b: &str,
+) -> Result<Vec<RunResult>, Error> {
+    let runs: Vec<(&'static str, u32)> = match args.test {
+        Test::WriteBw => vec![
+            ("write_bw chained", args.batch.max(1)),
+            ("write_bw one-per-post", 1),
+        ],
+        Test::WriteLat => vec![("write_lat", 1)],
+    };
+    let mut out = Vec::new();
+    for (name, batch) in runs {
+        let pair = connect::<T>(verbs, a, b, args)?;
+        let v0 = fabric.map(|f| f.now());
+        let t0 = Instant::now();
+        let (posts, latencies) = match args.test {
+            Test::WriteBw => {
+                let signal = args.batch.clamp(1, args.depth);
+                let (posts, _) = write_bw(&pair, args.iters, batch, signal, args.depth)?;
+                (posts, Vec::new())
+            }
+            Test::WriteLat => (args.iters, write_lat(&pair, args.iters)?),
+        };
+        let wall = t0.elapsed();
+        out.push(RunResult {
+            name,
+            iters: args.iters,
+            batch,
+            posts,
+            wall,
+            virtual_time: fabric.zip(v0).map(|(f, v)| f.now() - v),
+            retransmits: fabric
+                .and_then(|f| f.qp_counters(pair.qa.as_raw()))
+                .map(|c| c.retransmits),
+            latencies,
+        });
+    }
+    Ok(out)
+}
