@@ -38,16 +38,8 @@ unsafe extern "C" fn post_send(
         st.progress();
         r
     });
-    match r {
-        Ok(()) => 0,
-        Err((e, bad)) => {
-            if !bad_wr.is_null() {
-                // SAFETY: non-null out-pointer, writable per the contract.
-                unsafe { *bad_wr = bad };
-            }
-            e
-        }
-    }
+    // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.
+    unsafe { post_result(r, bad_wr) }
 }
 
 unsafe extern "C" fn post_recv(
@@ -63,16 +55,8 @@ unsafe extern "C" fn post_recv(
         st.progress();
         r
     });
-    match r {
-        Ok(()) => 0,
-        Err((e, bad)) => {
-            if !bad_wr.is_null() {
-                // SAFETY: non-null out-pointer, writable per the contract.
-                unsafe { *bad_wr = bad };
-            }
-            e
-        }
-    }
+    // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.
+    unsafe { post_result(r, bad_wr) }
 }
 
 unsafe extern "C" fn post_srq_recv(
@@ -91,11 +75,21 @@ unsafe extern "C" fn post_srq_recv(
             r
         },
     );
+    // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.
+    unsafe { post_result(r, bad_wr) }
+}
+
+/// A post's return value: 0, or the errno with `*bad_wr` set to the WR that failed (when the
+/// caller gave a place for it).
+///
+/// # Safety
+/// `bad_wr` is null or writable.
+unsafe fn post_result<W>(r: Result<(), (c_int, *mut W)>, bad_wr: *mut *mut W) -> c_int {
     match r {
         Ok(()) => 0,
         Err((e, bad)) => {
             if !bad_wr.is_null() {
-                // SAFETY: non-null out-pointer, writable per the contract.
+                // SAFETY: non-null, and writable per this function's contract.
                 unsafe { *bad_wr = bad };
             }
             e

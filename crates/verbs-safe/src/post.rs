@@ -428,14 +428,74 @@ pub(crate) fn chain_recv(wrs: &mut [RecvWr]) -> *mut ibv_recv_wr {
 }
 
 /// The position of `bad` in the chain starting at `head` (the number of WRs posted before it).
-pub(crate) fn index_of<T>(head: *mut T, bad: *mut T, next: impl Fn(*mut T) -> *mut T) -> usize {
+/// A C work request: linked to the next one through its `next` field.
+pub(crate) trait Linked: Sized {
+    /// The next WR of the chain.
+    fn next(&self) -> *mut Self;
+    /// Links `next` after this WR.
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Linked for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Linked for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// The position of `bad` in the chain from `head` (the chain's length if it is not in it).
+///
+/// # Safety
+/// `head` heads a valid chain.
+pub(crate) unsafe fn index_of<W: Linked>(head: *mut W, bad: *mut W) -> usize {
     let mut p = head;
     let mut i = 0;
     while !p.is_null() && p != bad {
-        p = next(p);
+        // SAFETY: `p` is a non-null member of the valid chain.
+        p = unsafe { (*p).next() };
         i += 1;
     }
     i
+}
+
+/// A chain of caller-owned WRs being built: its head, its tail and how many it holds.
+pub(crate) struct Chain<W> {
+    pub(crate) head: *mut W,
+    tail: *mut W,
+    len: usize,
+}
+
+impl<W: Linked> Chain<W> {
+    pub(crate) const EMPTY: Self = Chain {
+        head: null_mut(),
+        tail: null_mut(),
+        len: 0,
+    };
+
+    /// Appends `wr`, which the caller keeps borrowed for as long as the chain.
+    fn push(&mut self, wr: &mut W) {
+        wr.set_next(null_mut());
+        let p: *mut W = wr;
+        if self.tail.is_null() {
+            self.head = p;
+        } else {
+            // SAFETY: `tail` is a WR the chain's owner keeps borrowed.
+            unsafe { (*self.tail).set_next(p) };
+        }
+        self.tail = p;
+        self.len += 1;
+    }
 }
 
 pub(crate) fn post_error(queue: &'static str, qpn: u32, index: usize, rc: i32) -> Error {
@@ -455,42 +515,33 @@ pub struct SendBatch<'a> {
     pub(crate) qp: *mut ibv_qp,
     pub(crate) qpn: u32,
     pub(crate) post: PostSendFn,
-    pub(crate) head: *mut ibv_send_wr,
-    pub(crate) tail: *mut ibv_send_wr,
-    pub(crate) len: usize,
+    pub(crate) chain: Chain<ibv_send_wr>,
     pub(crate) _wrs: PhantomData<&'a mut ibv_send_wr>,
 }
 
 impl std::fmt::Debug for SendBatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendBatch").field("len", &self.len).finish()
+        f.debug_struct("SendBatch")
+            .field("len", &self.len())
+            .finish()
     }
 }
 
 impl<'a> SendBatch<'a> {
     /// Appends `wr` to the chain.
     pub fn push(&mut self, wr: &'a mut ibv_send_wr) -> &mut Self {
-        wr.next = null_mut();
-        let p: *mut ibv_send_wr = wr;
-        if self.tail.is_null() {
-            self.head = p;
-        } else {
-            // SAFETY: `tail` is a WR borrowed for `'a` by this batch.
-            unsafe { (*self.tail).next = p };
-        }
-        self.tail = p;
-        self.len += 1;
+        self.chain.push(wr);
         self
     }
 
     /// WRs in the batch.
     pub fn len(&self) -> usize {
-        self.len
+        self.chain.len
     }
 
     /// Whether the batch is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.chain.len == 0
     }
 
     /// Posts the chain with one `post_send`. On failure, the error's `index` is the WR that
@@ -503,19 +554,34 @@ impl<'a> SendBatch<'a> {
     /// [`CompletionContext::wr_id`] of a context that lives until then; a UD WR's address
     /// handle must live until then.
     pub unsafe fn submit(self) -> Result<()> {
-        if self.head.is_null() {
-            return Ok(());
-        }
-        let mut bad = null_mut();
         // SAFETY: the chain is made of WRs borrowed for `'a`; the caller upholds the rest.
-        let rc = unsafe { (self.post)(self.qp, self.head, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: walking the caller's chain, which is still borrowed.
-        let index = index_of(self.head, bad, |p| unsafe { (*p).next });
-        Err(post_error("post_send", self.qpn, index, rc))
+        unsafe { post_send_chain(self.qp, self.qpn, self.post, self.chain.head) }
     }
+}
+
+/// Posts a send chain to a QP with one doorbell.
+///
+/// # Safety
+/// `qp` is live and `post` is its provider's `post_send`; `head` heads a valid chain (or is
+/// null); the rest as for [`SendBatch::submit`].
+pub(crate) unsafe fn post_send_chain(
+    qp: *mut ibv_qp,
+    qpn: u32,
+    post: PostSendFn,
+    head: *mut ibv_send_wr,
+) -> Result<()> {
+    if head.is_null() {
+        return Ok(());
+    }
+    let mut bad = null_mut();
+    // SAFETY: the caller guarantees the QP and the chain.
+    let rc = unsafe { post(qp, head, &mut bad) };
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: the chain is still valid.
+    let index = unsafe { index_of(head, bad) };
+    Err(post_error("post_send", qpn, index, rc))
 }
 
 /// Where a [`RecvBatch`] goes: a QP's receive queue or an SRQ.
@@ -528,15 +594,15 @@ pub(crate) enum RecvTarget {
 /// Caller-owned receive WRs linked through `next`, posted with one doorbell (to a QP or SRQ).
 pub struct RecvBatch<'a> {
     pub(crate) target: RecvTarget,
-    pub(crate) head: *mut ibv_recv_wr,
-    pub(crate) tail: *mut ibv_recv_wr,
-    pub(crate) len: usize,
+    pub(crate) chain: Chain<ibv_recv_wr>,
     pub(crate) _wrs: PhantomData<&'a mut ibv_recv_wr>,
 }
 
 impl std::fmt::Debug for RecvBatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvBatch").field("len", &self.len).finish()
+        f.debug_struct("RecvBatch")
+            .field("len", &self.len())
+            .finish()
     }
 }
 
@@ -544,36 +610,25 @@ impl<'a> RecvBatch<'a> {
     pub(crate) fn new(target: RecvTarget) -> Self {
         RecvBatch {
             target,
-            head: null_mut(),
-            tail: null_mut(),
-            len: 0,
+            chain: Chain::EMPTY,
             _wrs: PhantomData,
         }
     }
 
     /// Appends `wr` to the chain.
     pub fn push(&mut self, wr: &'a mut ibv_recv_wr) -> &mut Self {
-        wr.next = null_mut();
-        let p: *mut ibv_recv_wr = wr;
-        if self.tail.is_null() {
-            self.head = p;
-        } else {
-            // SAFETY: `tail` is a WR borrowed for `'a` by this batch.
-            unsafe { (*self.tail).next = p };
-        }
-        self.tail = p;
-        self.len += 1;
+        self.chain.push(wr);
         self
     }
 
     /// WRs in the batch.
     pub fn len(&self) -> usize {
-        self.len
+        self.chain.len
     }
 
     /// Whether the batch is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.chain.len == 0
     }
 
     /// Posts the chain with one call.
@@ -583,11 +638,11 @@ impl<'a> RecvBatch<'a> {
     /// program does not access, until the WR's completion is polled; tagged `wr_id`s as for
     /// [`SendBatch::submit`].
     pub unsafe fn submit(self) -> Result<()> {
-        if self.head.is_null() {
+        if self.chain.head.is_null() {
             return Ok(());
         }
         // SAFETY: the caller upholds the contract; the chain is borrowed for `'a`.
-        unsafe { post_recv_chain(self.target, self.head) }
+        unsafe { post_recv_chain(self.target, self.chain.head) }
     }
 }
 
@@ -606,7 +661,7 @@ pub(crate) unsafe fn post_recv_chain(target: RecvTarget, head: *mut ibv_recv_wr)
     if rc == 0 {
         return Ok(());
     }
-    // SAFETY: walking the still-valid chain.
-    let index = index_of(head, bad, |p| unsafe { (*p).next });
+    // SAFETY: the chain is still valid.
+    let index = unsafe { index_of(head, bad) };
     Err(post_error(queue, qpn, index, rc))
 }

@@ -26,8 +26,8 @@ use crate::cq::Cq;
 use crate::error::{Errno, Error, Result};
 use crate::flags::QpAttrMask;
 use crate::post::{
-    PostRecvFn, PostSendFn, RecvBatch, RecvTarget, RecvWr, SendBatch, SendWr, chain_recv,
-    chain_send, index_of, post_error, post_recv_chain,
+    self, Chain, PostRecvFn, PostSendFn, RecvBatch, RecvTarget, RecvWr, SendBatch, SendWr,
+    chain_recv, chain_send, post_recv_chain,
 };
 use crate::srq::Srq;
 
@@ -480,9 +480,7 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
             qp: self.inner.raw,
             qpn: self.inner.qpn,
             post: self.inner.post_send,
-            head: std::ptr::null_mut(),
-            tail: std::ptr::null_mut(),
-            len: 0,
+            chain: Chain::EMPTY,
             _wrs: PhantomData,
         }
     }
@@ -498,18 +496,8 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
             w.check(i, c.max_send_sge, c.max_inline_data)?;
         }
         let head = chain_send(wrs);
-        if head.is_null() {
-            return Ok(());
-        }
-        let mut bad = std::ptr::null_mut();
         // SAFETY: the chain lives in `wrs`; the caller upholds the buffer contract.
-        let rc = unsafe { (self.inner.post_send)(self.inner.raw, head, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: walking the chain in `wrs`.
-        let index = index_of(head, bad, |p| unsafe { (*p).next });
-        Err(post_error("post_send", self.inner.qpn, index, rc))
+        unsafe { self.post_send_chain(head) }
     }
 }
 
@@ -520,18 +508,10 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     /// `head` heads a valid, NULL-terminated chain of WRs, each valid for the call; the rest
     /// is the contract of [`SendBatch::submit`].
     pub unsafe fn post_send_chain(&self, head: *mut verbs_sys::ibv_send_wr) -> Result<()> {
-        if head.is_null() {
-            return Ok(());
-        }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the caller guarantees the chain; the QP is live.
-        let rc = unsafe { (self.inner.post_send)(self.inner.raw, head, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: walking the caller's chain, valid for the call.
-        let index = index_of(head, bad, |p| unsafe { (*p).next });
-        Err(post_error("post_send", self.inner.qpn, index, rc))
+        let i = &self.inner;
+        // SAFETY: the QP is live and `post_send` is its provider's; the caller guarantees
+        // the chain.
+        unsafe { post::post_send_chain(i.raw, i.qpn, i.post_send, head) }
     }
 }
 

@@ -71,32 +71,8 @@ fn arming_then_polling_again_loses_nothing() {
     let ch = CompChannel::new(&b.ctx).unwrap();
     let cq = Cq::new(&b.ctx, 64, Some(&ch)).unwrap();
     let qa = a.qp::<Rc>(QpCaps::default(), true);
-    let qb = Qp::<Rc, _>::new(
-        &b.pd,
-        QpInit {
-            send_cq: &b.cq,
-            recv_cq: &cq,
-            srq: None,
-            caps: QpCaps::default(),
-            sig_all: true,
-        },
-    )
-    .unwrap();
-    let (ra, rb) = (remote(&a, &qa), remote(&b, &qb));
-    let qa = qa
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(rb))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
-    let qb = qb
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(ra))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
+    let qb = b.qp_on::<Rc>(&b.cq, &cq, None);
+    let (qa, qb) = connect_rc(&a, qa, &b, qb);
     let mut p = Poller::new();
     // Nothing yet: poll_and_arm arms and finds the CQ empty: safe to sleep.
     let r = p.poll_and_arm(&cq, 64, |_| {}).unwrap();
@@ -127,32 +103,8 @@ fn a_sleeper_wakes_on_the_channel_while_a_progress_thread_drives_softnic() {
     let ch = CompChannel::new(&b.ctx).unwrap();
     let cq = Cq::new(&b.ctx, 64, Some(&ch)).unwrap();
     let qa = a.qp::<Rc>(QpCaps::default(), true);
-    let qb = Qp::<Rc, _>::new(
-        &b.pd,
-        QpInit {
-            send_cq: &b.cq,
-            recv_cq: &cq,
-            srq: None,
-            caps: QpCaps::default(),
-            sig_all: true,
-        },
-    )
-    .unwrap();
-    let (ra, rb) = (remote(&a, &qa), remote(&b, &qb));
-    let qa = qa
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(rb))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
-    let qb = qb
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(ra))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
+    let qb = b.qp_on::<Rc>(&b.cq, &cq, None);
+    let (qa, qb) = connect_rc(&a, qa, &b, qb);
     let mut p = Poller::new();
     assert_eq!(p.poll_and_arm(&cq, 64, |_| {}).unwrap().count, 0);
     let _driver = f.spawn_progress_thread();
@@ -177,32 +129,8 @@ fn several_cqs_are_polled_round_robin() {
     let mut qps = Vec::new();
     for cq in &cqs {
         let qa = a.qp::<Rc>(QpCaps::default(), true);
-        let qb = Qp::<Rc, _>::new(
-            &b.pd,
-            QpInit {
-                send_cq: &b.cq,
-                recv_cq: cq,
-                srq: None,
-                caps: QpCaps::default(),
-                sig_all: true,
-            },
-        )
-        .unwrap();
-        let (ra, rb) = (remote(&a, &qa), remote(&b, &qb));
-        let qa = qa
-            .init(ConnInit::default())
-            .unwrap()
-            .rtr(RcRtr::new(rb))
-            .unwrap()
-            .rts(RcRts::new(0))
-            .unwrap();
-        let qb = qb
-            .init(ConnInit::default())
-            .unwrap()
-            .rtr(RcRtr::new(ra))
-            .unwrap()
-            .rts(RcRts::new(0))
-            .unwrap();
+        let qb = b.qp_on::<Rc>(&b.cq, cq, None);
+        let (qa, qb) = connect_rc(&a, qa, &b, qb);
         qps.push((qa, qb));
     }
     // A busy CQ (20 completions) and two quiet ones (2 each).
@@ -226,33 +154,9 @@ fn several_cqs_are_polled_round_robin() {
 fn an_overflowed_cq_is_a_poll_error() {
     let (f, _v, a, b) = fabric();
     let small = Cq::new(&a.ctx, 1, None).unwrap();
-    let qa = Qp::<Rc, _>::new(
-        &a.pd,
-        QpInit {
-            send_cq: &small,
-            recv_cq: &small,
-            srq: None,
-            caps: QpCaps::default(),
-            sig_all: true,
-        },
-    )
-    .unwrap();
+    let qa = a.qp_on::<Rc>(&small, &small, None);
     let qb = b.qp::<Rc>(QpCaps::default(), true);
-    let (ra, rb) = (remote(&a, &qa), remote(&b, &qb));
-    let qa = qa
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(rb))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
-    let _qb = qb
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(ra))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
+    let (qa, _qb) = connect_rc(&a, qa, &b, qb);
     let mut w: Vec<SendWr> = (0..3)
         .map(|i| {
             SendWr::new(

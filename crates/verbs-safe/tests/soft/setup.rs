@@ -23,17 +23,33 @@ impl Side {
     }
 
     pub fn qp<T: Transport>(&self, caps: QpCaps, sig_all: bool) -> Qp<T, Reset> {
-        Qp::new(
-            &self.pd,
-            QpInit {
-                send_cq: &self.cq,
-                recv_cq: &self.cq,
-                srq: None,
-                caps,
-                sig_all,
-            },
-        )
-        .unwrap()
+        self.qp_init(QpInit {
+            send_cq: &self.cq,
+            recv_cq: &self.cq,
+            srq: None,
+            caps,
+            sig_all,
+        })
+    }
+
+    /// A signal-all QP with default caps on the given CQs and SRQ.
+    pub fn qp_on<T: Transport>(
+        &self,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        srq: Option<&Arc<Srq>>,
+    ) -> Qp<T, Reset> {
+        self.qp_init(QpInit {
+            send_cq,
+            recv_cq,
+            srq,
+            caps: QpCaps::default(),
+            sig_all: true,
+        })
+    }
+
+    fn qp_init<T: Transport>(&self, init: QpInit<'_>) -> Qp<T, Reset> {
+        Qp::new(&self.pd, init).unwrap()
     }
 }
 
@@ -54,23 +70,26 @@ pub fn remote<T: Transport, S: QpState>(side: &Side, qp: &Qp<T, S>) -> Remote {
 }
 
 pub fn rc_pair(a: &Side, b: &Side, caps: QpCaps, sig_all: bool) -> (Qp<Rc, Rts>, Qp<Rc, Rts>) {
-    let (qa, qb) = (a.qp::<Rc>(caps, sig_all), b.qp::<Rc>(caps, sig_all));
+    connect_rc(a, a.qp::<Rc>(caps, sig_all), b, b.qp::<Rc>(caps, sig_all))
+}
+
+/// Brings `qa` (on `a`) and `qb` (on `b`) to RTS, connected to each other.
+pub fn connect_rc(
+    a: &Side,
+    qa: Qp<Rc, Reset>,
+    b: &Side,
+    qb: Qp<Rc, Reset>,
+) -> (Qp<Rc, Rts>, Qp<Rc, Rts>) {
     let (ra, rb) = (remote(a, &qa), remote(b, &qb));
-    let qa = qa
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(rb))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
-    let qb = qb
-        .init(ConnInit::default())
-        .unwrap()
-        .rtr(RcRtr::new(ra))
-        .unwrap()
-        .rts(RcRts::new(0))
-        .unwrap();
-    (qa, qb)
+    let up = |q: Qp<Rc, Reset>, peer| {
+        q.init(ConnInit::default())
+            .unwrap()
+            .rtr(RcRtr::new(peer))
+            .unwrap()
+            .rts(RcRts::new(0))
+            .unwrap()
+    };
+    (up(qa, rb), up(qb, ra))
 }
 
 pub fn uc_pair(a: &Side, b: &Side) -> (Qp<Uc, Rts>, Qp<Uc, Rts>) {

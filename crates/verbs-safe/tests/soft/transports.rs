@@ -154,33 +154,9 @@ fn an_srq_feeds_many_qps_and_a_shared_cq_tells_them_apart() {
     let mut pairs = Vec::new();
     for _ in 0..3 {
         let qa = a.qp::<Rc>(QpCaps::default(), true);
-        let qb = Qp::<Rc, _>::new(
-            &b.pd,
-            QpInit {
-                send_cq: &b.cq,
-                recv_cq: &b.cq,
-                srq: Some(&srq),
-                caps: QpCaps::default(),
-                sig_all: true,
-            },
-        )
-        .unwrap();
+        let qb = b.qp_on::<Rc>(&b.cq, &b.cq, Some(&srq));
         assert_eq!(qb.caps().max_recv_wr, 0);
-        let (ra, rb) = (remote(&a, &qa), remote(&b, &qb));
-        let qa = qa
-            .init(ConnInit::default())
-            .unwrap()
-            .rtr(RcRtr::new(rb))
-            .unwrap()
-            .rts(RcRts::new(0))
-            .unwrap();
-        let qb = qb
-            .init(ConnInit::default())
-            .unwrap()
-            .rtr(RcRtr::new(ra))
-            .unwrap()
-            .rts(RcRts::new(0))
-            .unwrap();
+        let (qa, qb) = connect_rc(&a, qa, &b, qb);
         pairs.push((qa, qb));
     }
     for (i, (qa, _)) in pairs.iter().enumerate() {
