@@ -2,6 +2,7 @@
 //! tracked until acknowledged, retransmitted when lost.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bufpool::{Handle, LocalPool, ObjectPool, RegionPool};
 use verbs_safe::WrSlot;
@@ -136,7 +137,8 @@ pub struct Message {
 
 #[derive(Debug)]
 struct Flow {
-    paths: Vec<PathId>,
+    /// Shared so the per-chunk path choice can hold it while borrowing the engine mutably.
+    paths: Arc<[PathId]>,
     track: Tracking,
     msgs: VecDeque<Msg>,
     /// Sequence number of `msgs[0]`.
@@ -149,6 +151,14 @@ struct Flow {
     backoff: u32,
     last_progress: u64,
     failed: bool,
+}
+
+/// Flow `fid` if it is open and has not failed.
+fn live_flow(flows: &mut [Option<Flow>], fid: u16) -> Option<&mut Flow> {
+    flows
+        .get_mut(usize::from(fid))
+        .and_then(|f| f.as_mut())
+        .filter(|f| !f.failed)
 }
 
 impl Flow {
@@ -198,6 +208,8 @@ pub struct Tx {
     rng: u64,
     staged: Vec<Vec<Handle>>,
     freed_hdrs: Vec<u32>,
+    /// Scratch for the chunks one ACK finds lost (kept to spare an allocation per ACK).
+    lost: Vec<u16>,
     stats: TxStats,
 }
 
@@ -241,6 +253,7 @@ impl Tx {
             unacked: 0,
             staged: Vec::new(),
             freed_hdrs: Vec::new(),
+            lost: Vec::new(),
             stats: TxStats::default(),
         })
     }
@@ -283,7 +296,7 @@ impl Tx {
             return Err(TxError::FlowExists(fid));
         }
         self.flows[i] = Some(Flow {
-            paths: paths.to_vec(),
+            paths: paths.into(),
             track: Tracking::new(),
             msgs: VecDeque::new(),
             front: 0,
@@ -488,10 +501,7 @@ impl Tx {
     }
 
     fn flow_mut(&mut self, fid: u16) -> Option<&mut Flow> {
-        self.flows
-            .get_mut(usize::from(fid))
-            .and_then(|f| f.as_mut())
-            .filter(|f| !f.failed)
+        live_flow(&mut self.flows, fid)
     }
 
     /// Takes a send-queue slot on `p` for WR extension `h` and stages it.
@@ -515,7 +525,7 @@ impl Tx {
         loop {
             let Some(f) = self.flow_mut(fid) else { return };
             let Some(&csn) = f.retx.front() else { return };
-            let paths = f.paths.clone();
+            let paths = Arc::clone(&f.paths);
             let live = f
                 .track
                 .get_mut(csn)
@@ -590,7 +600,7 @@ impl Tx {
             return false;
         }
         let Some(seq) = f.cutting() else { return false };
-        let paths = f.paths.clone();
+        let paths = Arc::clone(&f.paths);
         let Some(p) = self.pick_path(&paths) else {
             return false;
         };
@@ -723,7 +733,7 @@ impl Tx {
                 }
             }
             f.retx.extend(lost);
-            let flow_paths = f.paths.clone();
+            let flow_paths = Arc::clone(&f.paths);
             let dead = flow_paths
                 .iter()
                 .all(|q| self.paths[usize::from(q.0)].failed);
@@ -738,12 +748,7 @@ impl Tx {
     pub fn on_ack(&mut self, now: u64, ack: &AckRepr) {
         self.stats.acks += 1;
         let fid = ack.fid;
-        let Some(f) = self
-            .flows
-            .get_mut(usize::from(fid))
-            .and_then(|f| f.as_mut())
-            .filter(|f| !f.failed)
-        else {
+        let Some(f) = live_flow(&mut self.flows, fid) else {
             self.stats.bad_acks += 1;
             return;
         };
@@ -758,16 +763,30 @@ impl Tx {
             return;
         }
         let cum = ack.cum_csn();
-        // The chunks this ACK acknowledges for the first time, as they were.
-        let mut freed: Vec<(u16, Track)> = Vec::new();
-        let mut progress = false;
+        // Each chunk this ACK acknowledges for the first time: its WR goes back to the pool,
+        // its path and message learn of it, and it may give an RTT sample.
+        let (mut freed, mut rtt, mut progress) = (0u32, None, false);
+        let mut acknowledge = |f: &mut Flow, csn: u16, t: &Track| {
+            if let Some(h) = t.wr {
+                let _ = self.wrs.free(h);
+            }
+            f.note_delivered(t.path, t.path_seq);
+            // Karn: only a chunk sent once gives an RTT sample.
+            if csn == ack.echo && t.retransmits == 0 {
+                rtt = Some((t.path, now.saturating_sub(t.sent_at)));
+            }
+            if let Some(m) = f.msgs.get_mut((t.msg - f.front) as usize) {
+                m.acked += 1;
+            }
+            freed += 1;
+        };
         while csn_diff(cum, f.track.base) > 0 {
             let Some((csn, t)) = f.track.pop_base() else {
                 break;
             };
             progress = true;
             if !t.sacked {
-                freed.push((csn, t));
+                acknowledge(f, csn, &t);
             }
         }
         for i in 0..SACK_BITS {
@@ -782,36 +801,24 @@ impl Tx {
                 t.sacked = true;
                 let before = *t;
                 t.wr = None;
-                freed.push((csn, before));
+                acknowledge(f, csn, &before);
                 progress = true;
             }
         }
-        let mut rtt = None;
-        for (csn, t) in &freed {
-            if let Some(h) = t.wr {
-                let _ = self.wrs.free(h);
-            }
-            f.note_delivered(t.path, t.path_seq);
-            // Karn: only a chunk sent once gives an RTT sample.
-            if *csn == ack.echo && t.retransmits == 0 {
-                rtt = Some((t.path, now.saturating_sub(t.sent_at)));
-            }
-            if let Some(m) = f.msgs.get_mut((t.msg - f.front) as usize) {
-                m.acked += 1;
-            }
-        }
-        let n = freed.len() as u32;
-        f.unacked -= n;
-        self.unacked -= n;
+        f.unacked -= freed;
+        self.unacked -= freed;
         if progress {
             f.backoff = 0;
             f.last_progress = now;
         }
         // Loss: a QP delivers in order, so a chunk is lost once a chunk sent after it on the
         // same QP was delivered. Chunks on different QPs overtaking each other prove nothing.
-        let mut lost = Vec::new();
-        let delivered = f.delivered.clone();
-        for (csn, t) in f.track.iter_mut() {
+        let mut lost = std::mem::take(&mut self.lost);
+        lost.clear();
+        let Flow {
+            track, delivered, ..
+        } = f;
+        for (csn, t) in track.iter_mut() {
             if t.sacked || t.lost {
                 continue;
             }
@@ -828,17 +835,18 @@ impl Tx {
             self.paths[usize::from(p.0)].rtt.sample(sample);
         }
         self.stats.fast_retransmits += lost.len() as u64;
-        self.queue_retransmits(fid, lost);
+        self.queue_retransmits(fid, &lost);
+        self.lost = lost;
         self.complete_messages(fid);
     }
 
     /// Queues `csns` of flow `fid` for retransmission, failing the flow if one has been
     /// retransmitted too often.
-    fn queue_retransmits(&mut self, fid: u16, csns: Vec<u16>) {
+    fn queue_retransmits(&mut self, fid: u16, csns: &[u16]) {
         let max = self.cfg.max_retransmits;
         let Some(f) = self.flow_mut(fid) else { return };
         let mut over = None;
-        for csn in csns {
+        for &csn in csns {
             if let Some(t) = f.track.get_mut(csn) {
                 t.retransmits += 1;
                 if t.retransmits > max {
@@ -861,22 +869,20 @@ impl Tx {
     }
 
     fn complete_messages(&mut self, fid: u16) {
-        let Some(f) = self.flow_mut(fid) else { return };
-        let mut done = Vec::new();
+        let Some(f) = live_flow(&mut self.flows, fid) else {
+            return;
+        };
         for (i, m) in f.msgs.iter_mut().enumerate() {
             if !m.done && m.cut == m.len && m.chunks > 0 && m.acked == m.chunks {
                 m.done = true;
-                done.push(f.front + i as u64);
+                let msg = f.front + i as u64;
+                self.events.push_back(Event::MessageComplete { fid, msg });
             }
         }
         while f.msgs.front().is_some_and(|m| m.done) {
             f.msgs.pop_front();
             f.front += 1;
         }
-        self.events.extend(
-            done.into_iter()
-                .map(|msg| Event::MessageComplete { fid, msg }),
-        );
     }
 
     fn fail_flow(&mut self, fid: u16, error: TxError, announce: bool) {
@@ -1002,7 +1008,7 @@ impl Tx {
                 }
             }
             f.backoff = (f.backoff + 1).min(20);
-            self.queue_retransmits(fid, expired);
+            self.queue_retransmits(fid, &expired);
         }
     }
 }

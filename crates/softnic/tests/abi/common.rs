@@ -387,26 +387,56 @@ fn qp_ctx(qp: *mut ibv_qp) -> *mut ibv_context {
 }
 
 /// Posts `wrs` linked through `next` with one call; on failure, the index of `bad_wr`.
+/// A C work request: linked to the next one through `next`.
+pub trait Wr: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Wr for ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Wr for ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Links `wrs` into one NULL-terminated chain, calls `post(head, &mut bad)` and turns a failure
+/// into `(errno, index of the bad WR)`.
+fn post_chain<W: Wr>(
+    wrs: &mut [W],
+    post: impl FnOnce(*mut W, &mut *mut W) -> i32,
+) -> Result<(), (i32, usize)> {
+    let base: *mut W = wrs.as_mut_ptr();
+    let n = wrs.len();
+    for (i, w) in wrs.iter_mut().enumerate() {
+        // Every element of `wrs` but the last links to the one after it.
+        let next = if i + 1 < n {
+            base.wrapping_add(i + 1)
+        } else {
+            null_mut()
+        };
+        w.set_next(next);
+    }
+    let head = if n == 0 { null_mut() } else { base };
+    let mut bad = null_mut();
+    match post(head, &mut bad) {
+        0 => Ok(()),
+        rc => Err((
+            rc,
+            (bad as usize - base as usize) / std::mem::size_of::<W>(),
+        )),
+    }
+}
+
 pub fn post_send(qp: *mut ibv_qp, wrs: &mut [ibv_send_wr]) -> Result<(), (i32, usize)> {
-    for i in 1..wrs.len() {
-        let next: *mut ibv_send_wr = &mut wrs[i];
-        wrs[i - 1].next = next;
-    }
-    if let Some(last) = wrs.last_mut() {
-        last.next = null_mut();
-    }
-    let mut bad: *mut ibv_send_wr = null_mut();
-    let head = wrs
-        .first_mut()
-        .map_or(null_mut(), |w| w as *mut ibv_send_wr);
     // SAFETY: the chain and its SGE lists are valid for the call.
-    let rc = unsafe { ops(qp_ctx(qp)).post_send.unwrap()(qp, head, &mut bad) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        let idx = (bad as usize - head as usize) / std::mem::size_of::<ibv_send_wr>();
-        Err((rc, idx))
-    }
+    post_chain(wrs, |head, bad| unsafe {
+        ops(qp_ctx(qp)).post_send.unwrap()(qp, head, bad)
+    })
 }
 
 /// Posts raw, for tests of bad pointers.
@@ -417,45 +447,17 @@ pub fn post_send_raw(ctx: *mut ibv_context, qp: *mut ibv_qp, wr: *mut ibv_send_w
 }
 
 pub fn post_recv(qp: *mut ibv_qp, wrs: &mut [ibv_recv_wr]) -> Result<(), (i32, usize)> {
-    for i in 1..wrs.len() {
-        let next: *mut ibv_recv_wr = &mut wrs[i];
-        wrs[i - 1].next = next;
-    }
-    let mut bad: *mut ibv_recv_wr = null_mut();
-    let head = wrs
-        .first_mut()
-        .map_or(null_mut(), |w| w as *mut ibv_recv_wr);
     // SAFETY: the chain and its SGE lists are valid for the call.
-    let rc = unsafe { ops(qp_ctx(qp)).post_recv.unwrap()(qp, head, &mut bad) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err((
-            rc,
-            (bad as usize - head as usize) / std::mem::size_of::<ibv_recv_wr>(),
-        ))
-    }
+    post_chain(wrs, |head, bad| unsafe {
+        ops(qp_ctx(qp)).post_recv.unwrap()(qp, head, bad)
+    })
 }
 
 pub fn post_srq_recv(srq: *mut ibv_srq, wrs: &mut [ibv_recv_wr]) -> Result<(), (i32, usize)> {
-    for i in 1..wrs.len() {
-        let next: *mut ibv_recv_wr = &mut wrs[i];
-        wrs[i - 1].next = next;
-    }
-    let mut bad: *mut ibv_recv_wr = null_mut();
-    let head = wrs
-        .first_mut()
-        .map_or(null_mut(), |w| w as *mut ibv_recv_wr);
     // SAFETY: a live SRQ's `ibv_srq` is readable; the chain is valid for the call.
-    let rc = unsafe { ops((*srq).context).post_srq_recv.unwrap()(srq, head, &mut bad) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err((
-            rc,
-            (bad as usize - head as usize) / std::mem::size_of::<ibv_recv_wr>(),
-        ))
-    }
+    post_chain(wrs, |head, bad| unsafe {
+        ops((*srq).context).post_srq_recv.unwrap()(srq, head, bad)
+    })
 }
 
 /// One `poll_cq` call of up to `max` entries; `Err` for a negative return.
