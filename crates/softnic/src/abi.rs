@@ -9,24 +9,56 @@ use ibverbs_sys::ibv_wc;
 
 use crate::fabric::Shared;
 
-/// A softnic object as callers see it: the libibverbs struct first (so a pointer to the shell
-/// is a valid pointer to the `ibv_*` struct), then softnic's id for it.
-#[repr(C)]
+/// A softnic object as callers see it: the libibverbs struct, at an address that is never
+/// handed out again.
+///
+/// The struct lives in its own heap allocation that softnic only ever reaches through the raw
+/// pointer it was created with (never through a `Box` or a long-lived reference), so the
+/// pointer a caller holds and softnic's own accesses are all derived from one raw pointer: a
+/// C caller reading `qp->state` while softnic updates it under its lock is no aliasing
+/// violation under Stacked or Tree Borrows. The allocation is deliberately never freed: a
+/// destroyed object's address can then never come back as a new object, so a stale pointer is
+/// always refused (it is no longer in the registry) instead of reaching an unrelated object.
+/// The cost is the size of one `ibv_*` struct (at most a few hundred bytes) per destroyed
+/// object.
 pub(crate) struct Shell<T> {
-    /// What the caller holds a pointer to.
-    pub(crate) ibv: T,
+    ptr: std::ptr::NonNull<T>,
     /// softnic's id of the object (the key of its table in the fabric state).
     pub(crate) id: u32,
 }
 
+// SAFETY: the shell is plain data behind a pointer that softnic only dereferences under its
+// fabric's lock; the pointee is an `ibv_*` struct of plain C fields.
+unsafe impl<T: Send> Send for Shell<T> {}
+
 impl<T> Shell<T> {
-    pub(crate) fn new(ibv: T, id: u32) -> Box<Self> {
-        Box::new(Shell { ibv, id })
+    pub(crate) fn new(ibv: T, id: u32) -> Self {
+        let ptr = std::ptr::NonNull::from(Box::leak(Box::new(ibv)));
+        Shell { ptr, id }
     }
 
     /// The pointer handed to callers.
-    pub(crate) fn ptr(self: &mut Box<Self>) -> *mut T {
-        &mut self.ibv
+    pub(crate) fn ptr(&self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// A copy of the struct as it is now.
+    pub(crate) fn get(&self) -> T
+    where
+        T: Copy,
+    {
+        // SAFETY: the allocation is live forever (never freed) and initialised; softnic reads
+        // it under its fabric's lock, the only place it writes it.
+        unsafe { self.ptr.as_ptr().read() }
+    }
+
+    /// Changes the struct in place (a field callers read, such as `ibv_qp.state`).
+    pub(crate) fn update(&self, f: impl FnOnce(&mut T)) {
+        // SAFETY: the allocation is live forever; softnic holds its fabric's lock, so this is
+        // the only softnic reference, and it ends with this call. Callers only read these
+        // fields (as libibverbs callers read a provider's), through pointers derived from the
+        // same raw pointer, which this short-lived reference does not invalidate.
+        f(unsafe { &mut *self.ptr.as_ptr() })
     }
 }
 

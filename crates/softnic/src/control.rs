@@ -16,7 +16,7 @@ use std::sync::Arc;
 use ibverbs_sys::*;
 
 use crate::abi::{self, Kind, Shell, gid_bytes, set_errno};
-use crate::cq::{Arm, Channel, Cq, new_fd, wait_fd};
+use crate::cq::{Arm, Channel, Cq, EventFd};
 use crate::fabric::Shared;
 use crate::mr::Mr;
 use crate::qp::{Qp, RecvQueue, Requester, Responder, SendQueue, Transport};
@@ -99,46 +99,56 @@ pub static CONTROL: ControlPath = ControlPath {
     ack_async_event,
 };
 
-/// Runs `f` on the fabric state of the live object of `kind` at `ptr`. Unknown pointers give
-/// `fail` with errno EINVAL; a panic inside (a softnic bug) breaks the fabric and gives `fail`
-/// with EIO rather than unwinding into C.
+/// Runs `f` on the fabric state of the live object of `kind` at `ptr`. An unknown pointer
+/// (null, foreign, destroyed) is `Err(EINVAL)` and never dereferenced; a broken fabric is
+/// `Err(EIO)`; a panic inside `f` (a softnic bug) breaks the fabric and is `Err(EIO)` rather
+/// than unwinding into C. errno is set to the error. A sleeping progress thread is woken
+/// afterwards, since `f` may have given it work.
+pub(crate) fn try_with<R>(
+    ptr: *const c_void,
+    kind: Kind,
+    f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> R,
+) -> Result<R, c_int> {
+    let fail = |e| {
+        set_errno(e);
+        Err(e)
+    };
+    let Some((shared, id)) = abi::lookup(ptr, kind) else {
+        return fail(libc::EINVAL);
+    };
+    let Some(mut st) = shared.lock() else {
+        return fail(libc::EIO);
+    };
+    let r = catch_unwind(AssertUnwindSafe(|| f(&shared, &mut st, id)));
+    shared.wake_sleeper();
+    match r {
+        Ok(r) => Ok(r),
+        Err(payload) => {
+            let why = crate::fabric::panic_message(payload.as_ref());
+            shared.mark_broken(format!("a verb panicked: {why}"));
+            fail(libc::EIO)
+        }
+    }
+}
+
+/// [`try_with`] for functions that return a pointer or a count: `fail` on error (errno set).
 pub(crate) fn with<R>(
     ptr: *const c_void,
     kind: Kind,
     fail: R,
     f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> R,
 ) -> R {
-    let Some((shared, id)) = abi::lookup(ptr, kind) else {
-        set_errno(libc::EINVAL);
-        return fail;
-    };
-    let Some(mut st) = shared.lock() else {
-        set_errno(libc::EIO);
-        return fail;
-    };
-    match catch_unwind(AssertUnwindSafe(|| f(&shared, &mut st, id))) {
-        Ok(r) => r,
-        Err(_) => {
-            shared.mark_broken();
-            set_errno(libc::EIO);
-            fail
-        }
-    }
+    try_with(ptr, kind, f).unwrap_or(fail)
 }
 
-/// Like [`with`] for functions that return an errno value: EINVAL for unknown pointers, EIO
-/// after a panic.
+/// [`try_with`] for functions that return an errno value: EINVAL for unknown pointers, EIO on
+/// a broken fabric or after a panic.
 fn with_status(
     ptr: *const c_void,
     kind: Kind,
     f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> c_int,
 ) -> c_int {
-    let mut unknown = true;
-    let r = with(ptr, kind, libc::EIO, |s, st, id| {
-        unknown = false;
-        f(s, st, id)
-    });
-    if unknown { libc::EINVAL } else { r }
+    try_with(ptr, kind, f).unwrap_or_else(|e| e)
 }
 
 /// The `ibv_device` of a device of a fabric.
@@ -169,7 +179,10 @@ unsafe extern "C" fn get_device_name(device: *mut ibv_device) -> *const c_char {
         device.cast(),
         Kind::Device,
         std::ptr::null(),
-        |_, st, idx| st.w.devices[idx as usize].shell.ibv.name.as_ptr(),
+        |_, st, idx| {
+            // SAFETY: the device shell lives forever; its name is a NUL-terminated array.
+            unsafe { (*st.w.devices[idx as usize].shell.ptr()).name.as_ptr() }
+        },
     )
 }
 
@@ -179,22 +192,20 @@ unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
         Kind::Device,
         null_mut(),
         |shared, st, idx| {
-            let fd = new_fd();
-            if fd < 0 {
-                set_errno(libc::EMFILE);
+            let Some(fd) = EventFd::new() else {
                 return null_mut();
-            }
+            };
             let id = st.w.alloc_id();
             let ops = crate::ops::context_ops();
             let ctx = ibv_context {
                 device: st.w.devices[idx as usize].shell.ptr(),
                 ops,
                 cmd_fd: -1,
-                async_fd: fd,
+                async_fd: fd.raw(),
                 num_comp_vectors: 1,
                 ..Default::default()
             };
-            let mut shell = Shell::new(ctx, id);
+            let shell = Shell::new(ctx, id);
             let p = shell.ptr();
             st.w.contexts.insert(
                 id,
@@ -224,8 +235,10 @@ unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
         if busy {
             return libc::EBUSY;
         }
-        if let Some(mut c) = st.w.contexts.remove(&id) {
+        if let Some(c) = st.w.contexts.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
+            // A thread blocked in get_async_event wakes, finds the context gone, and fails.
+            c.async_fd.wake_all();
         }
         0
     })
@@ -257,7 +270,7 @@ unsafe extern "C" fn query_device(context: *mut ibv_context, attr: *mut ibv_devi
             max_qp_rd_atom: c.max_rd_atomic as i32,
             max_res_rd_atom: (c.max_rd_atomic as i32) << 16,
             max_qp_init_rd_atom: c.max_rd_atomic as i32,
-            atomic_cap: ibverbs_sys::IBV_ATOMIC_NONE,
+            atomic_cap: ibverbs_sys::IBV_ATOMIC_HCA,
             max_ah: 1 << 16,
             max_srq: 1 << 16,
             max_srq_wr: c.max_srq_wr as i32,
@@ -349,7 +362,7 @@ unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
                 context,
                 handle: id,
             };
-            let mut shell = Shell::new(pd, id);
+            let shell = Shell::new(pd, id);
             let p = shell.ptr();
             st.w.pds.insert(id, Pd { ctx, shell });
             abi::register(p.cast(), Kind::Pd, shared, id);
@@ -368,7 +381,7 @@ unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if busy {
             return libc::EBUSY;
         }
-        if let Some(mut o) = st.w.pds.remove(&id) {
+        if let Some(o) = st.w.pds.remove(&id) {
             abi::unregister(o.shell.ptr().cast());
         }
         0
@@ -420,7 +433,7 @@ unsafe extern "C" fn reg_mr(
             lkey: key,
             rkey: key,
         };
-        let mut shell = Shell::new(mr, id);
+        let shell = Shell::new(mr, id);
         let p = shell.ptr();
         st.w.mrs.insert(
             id,
@@ -442,7 +455,7 @@ unsafe extern "C" fn reg_mr(
 
 unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     with_status(mr.cast(), Kind::Mr, |_, st, id| {
-        if let Some(mut m) = st.w.mrs.remove(&id) {
+        if let Some(m) = st.w.mrs.remove(&id) {
             st.w.devices[m.dev].keys.remove(&m.key);
             abi::unregister(m.shell.ptr().cast());
         }
@@ -456,18 +469,16 @@ unsafe extern "C" fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_
         Kind::Context,
         null_mut(),
         |shared, st, ctx| {
-            let fd = new_fd();
-            if fd < 0 {
-                set_errno(libc::EMFILE);
+            let Some(fd) = EventFd::new() else {
                 return null_mut();
-            }
+            };
             let id = st.w.alloc_id();
             let ch = ibv_comp_channel {
                 context,
-                fd,
+                fd: fd.raw(),
                 refcnt: 0,
             };
-            let mut shell = Shell::new(ch, id);
+            let shell = Shell::new(ch, id);
             let p = shell.ptr();
             st.w.channels.insert(
                 id,
@@ -489,8 +500,10 @@ unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_i
         if st.w.cqs.values().any(|c| c.channel == Some(id)) {
             return libc::EBUSY;
         }
-        if let Some(mut c) = st.w.channels.remove(&id) {
+        if let Some(c) = st.w.channels.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
+            // A thread blocked in get_cq_event wakes, finds the channel gone, and fails.
+            c.fd.wake_all();
         }
         0
     })
@@ -533,7 +546,7 @@ unsafe extern "C" fn create_cq(
                 cqe,
                 ..Default::default()
             };
-            let mut shell = Shell::new(cq, id);
+            let shell = Shell::new(cq, id);
             let p = shell.ptr();
             st.w.cqs.insert(
                 id,
@@ -558,7 +571,7 @@ unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         if st.qps.values().any(|q| q.send_cq == id || q.recv_cq == id) {
             return libc::EBUSY;
         }
-        if let Some(mut c) = st.w.cqs.remove(&id) {
+        if let Some(c) = st.w.cqs.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
             if let Some(ch) = c.channel.and_then(|ch| st.w.channels.get_mut(&ch)) {
                 ch.events.retain(|&(cq, _)| cq != id);
@@ -577,14 +590,14 @@ unsafe extern "C" fn get_cq_event(
         set_errno(libc::EINVAL);
         return -1;
     }
-    let fd = with(channel.cast(), Kind::Channel, -1, |_, st, id| {
-        st.w.channels[&id].fd
-    });
-    if fd < 0 {
+    let Ok(fd) = try_with(channel.cast(), Kind::Channel, |_, st, id| {
+        Arc::clone(&st.w.channels[&id].fd)
+    }) else {
         return -1;
-    }
-    // Wait without holding the fabric's lock: another thread drives progress meanwhile.
-    if let Err(e) = wait_fd(fd) {
+    };
+    // Wait without holding the fabric's lock: another thread drives progress meanwhile. The
+    // descriptor stays open while this thread holds it, even if the channel is destroyed.
+    if let Err(e) = fd.wait() {
         set_errno(e);
         return -1;
     }
@@ -613,8 +626,9 @@ unsafe extern "C" fn get_cq_event(
 unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
     with(cq.cast(), Kind::Cq, (), |_, st, id| {
         if let Some(c) = st.w.cqs.get_mut(&id) {
-            c.shell.ibv.comp_events_completed =
-                c.shell.ibv.comp_events_completed.wrapping_add(nevents);
+            c.shell.update(|cq| {
+                cq.comp_events_completed = cq.comp_events_completed.wrapping_add(nevents)
+            });
         }
     })
 }
@@ -649,7 +663,7 @@ unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -
             handle: id,
             ..Default::default()
         };
-        let mut shell = Shell::new(srq, id);
+        let shell = Shell::new(srq, id);
         let p = shell.ptr();
         st.w.srqs.insert(
             id,
@@ -723,7 +737,7 @@ unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         if st.qps.values().any(|q| q.srq == Some(id)) {
             return libc::EBUSY;
         }
-        if let Some(mut s) = st.w.srqs.remove(&id) {
+        if let Some(s) = st.w.srqs.remove(&id) {
             abi::unregister(s.shell.ptr().cast());
         }
         0
@@ -808,7 +822,7 @@ unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> 
             qp_type: ia.qp_type,
             ..Default::default()
         };
-        let mut shell = Shell::new(qp, id);
+        let shell = Shell::new(qp, id);
         let p = shell.ptr();
         let attr = ibv_qp_attr {
             qp_state: ibv_qp_state::IBV_QPS_RESET,
@@ -881,11 +895,12 @@ unsafe extern "C" fn query_qp(
         a.cap = q.cap;
         a.sq_draining =
             u8::from(q.state == ibv_qp_state::IBV_QPS_SQD && q.sq.wqes.iter().any(|w| w.started));
+        let shell = q.shell.get();
         let i = ibv_qp_init_attr {
-            qp_context: q.shell.ibv.qp_context,
-            send_cq: q.shell.ibv.send_cq,
-            recv_cq: q.shell.ibv.recv_cq,
-            srq: q.shell.ibv.srq,
+            qp_context: shell.qp_context,
+            send_cq: shell.send_cq,
+            recv_cq: shell.recv_cq,
+            srq: shell.srq,
             cap: q.cap,
             qp_type: q.qp_type(),
             sq_sig_all: c_int::from(q.sq_sig_all),
@@ -927,7 +942,7 @@ unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut 
         let ctx = st.w.pds[&pd_id].ctx;
         let context = st.w.context_ptr(ctx);
         let id = st.w.alloc_id();
-        let mut shell = Shell::new(
+        let shell = Shell::new(
             ibv_ah {
                 context,
                 pd,
@@ -953,7 +968,7 @@ unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut 
 
 unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
     with_status(ah.cast(), Kind::Ah, |_, st, id| {
-        if let Some(mut a) = st.w.ahs.remove(&id) {
+        if let Some(a) = st.w.ahs.remove(&id) {
             let p = a.shell.ptr();
             st.w.ah_by_ptr.remove(&(p as usize));
             abi::unregister(p.cast());
@@ -970,13 +985,13 @@ unsafe extern "C" fn get_async_event(
         set_errno(libc::EINVAL);
         return -1;
     }
-    let fd = with(context.cast(), Kind::Context, -1, |_, st, id| {
-        st.w.contexts[&id].async_fd
-    });
-    if fd < 0 {
+    let Ok(fd) = try_with(context.cast(), Kind::Context, |_, st, id| {
+        Arc::clone(&st.w.contexts[&id].async_fd)
+    }) else {
         return -1;
-    }
-    if let Err(e) = wait_fd(fd) {
+    };
+    // As in get_cq_event: the descriptor outlives a concurrent close_device.
+    if let Err(e) = fd.wait() {
         set_errno(e);
         return -1;
     }
@@ -1024,7 +1039,7 @@ unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
             let p = unsafe { ev.element.cq };
             with(p.cast(), Kind::Cq, (), |_, st, id| {
                 if let Some(c) = st.w.cqs.get_mut(&id) {
-                    c.shell.ibv.async_events_completed += 1;
+                    c.shell.update(|cq| cq.async_events_completed += 1);
                 }
             });
         }
@@ -1033,7 +1048,7 @@ unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
             let p = unsafe { ev.element.srq };
             with(p.cast(), Kind::Srq, (), |_, st, id| {
                 if let Some(s) = st.w.srqs.get_mut(&id) {
-                    s.shell.ibv.events_completed += 1;
+                    s.shell.update(|s| s.events_completed += 1);
                 }
             });
         }
@@ -1050,7 +1065,7 @@ unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
             let p = unsafe { ev.element.qp };
             with(p.cast(), Kind::Qp, (), |_, st, id| {
                 if let Some(q) = st.qps.get_mut(&id) {
-                    q.shell.ibv.events_completed += 1;
+                    q.shell.update(|q| q.events_completed += 1);
                 }
             });
         }

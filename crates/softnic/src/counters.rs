@@ -30,6 +30,9 @@ pub struct Counters {
     pub packets_corrupted: u64,
     /// Packets the receiver dropped because the ICRC did not match.
     pub icrc_errors: u64,
+    /// Packets the receiver dropped as malformed (truncated, unknown opcode, bad version or
+    /// pad) though their ICRC matched (only frames from outside, see [`crate::Fabric::inject`]).
+    pub malformed: u64,
     /// Request packets sent again (RC go-back-N after a timeout or NAK).
     pub retransmits: u64,
     /// RC retransmission timeouts.
@@ -65,6 +68,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.packets_reordered += o.packets_reordered;
         self.packets_corrupted += o.packets_corrupted;
         self.icrc_errors += o.icrc_errors;
+        self.malformed += o.malformed;
         self.retransmits += o.retransmits;
         self.timeouts += o.timeouts;
         self.rnr_naks_sent += o.rnr_naks_sent;

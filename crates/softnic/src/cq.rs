@@ -1,6 +1,7 @@
 //! Completion queues, completion channels and their file descriptors.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use ibverbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc_status};
 
@@ -36,59 +37,78 @@ pub(crate) struct Cq {
     pub(crate) arm: Arm,
     /// A completion did not fit: the CQ is in error (CQ_ERR was raised).
     pub(crate) overflowed: bool,
-    pub(crate) shell: Box<Shell<ibv_cq>>,
+    pub(crate) shell: Shell<ibv_cq>,
 }
 
 pub(crate) struct Channel {
     pub(crate) ctx: u32,
-    pub(crate) fd: i32,
+    pub(crate) fd: Arc<EventFd>,
     /// Completion events not yet taken by `get_cq_event`: the CQ id and its context pointer.
     pub(crate) events: VecDeque<(u32, UserPtr)>,
-    pub(crate) shell: Box<Shell<ibv_comp_channel>>,
+    pub(crate) shell: Shell<ibv_comp_channel>,
 }
 
-/// A new event file descriptor counting events one by one (`EFD_SEMAPHORE`), or -1.
-pub(crate) fn new_fd() -> i32 {
-    // SAFETY: plain syscall wrapper, no pointers.
-    unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) }
-}
+/// An event file descriptor counting events one by one (`EFD_SEMAPHORE`): what a completion
+/// channel's and a context's `fd` are. Shared (`Arc`) so that a thread blocked on it keeps it
+/// open while a concurrent destroy drops the object: the descriptor is closed only when the
+/// last holder lets go, so no thread ever reads a closed (or reused) descriptor number.
+#[derive(Debug)]
+pub(crate) struct EventFd(i32);
 
-/// Adds one event to an event file descriptor, making it readable.
-pub(crate) fn signal_fd(fd: i32) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a valid local; an invalid fd just fails with EBADF.
-    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-}
+impl EventFd {
+    /// A new descriptor, or `None` (errno from `eventfd`).
+    pub(crate) fn new() -> Option<Arc<EventFd>> {
+        // SAFETY: plain syscall wrapper, no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+        (fd >= 0).then(|| Arc::new(EventFd(fd)))
+    }
 
-/// Takes one event from an event file descriptor; blocks unless the caller made it
-/// non-blocking. `Err(errno)` on failure (EAGAIN when non-blocking and empty).
-pub(crate) fn wait_fd(fd: i32) -> Result<(), i32> {
-    let mut v: u64 = 0;
-    loop {
-        // SAFETY: reads 8 bytes into a valid local.
-        let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-        if n == 8 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-        if e != libc::EINTR {
-            return Err(e);
+    /// The descriptor number.
+    pub(crate) fn raw(&self) -> i32 {
+        self.0
+    }
+
+    /// Adds `n` events, making it readable `n` times.
+    fn add(&self, n: u64) {
+        // SAFETY: writes 8 bytes from a valid local to a descriptor this value owns.
+        let _ = unsafe { libc::write(self.0, (&n as *const u64).cast(), 8) };
+    }
+
+    /// Adds one event.
+    pub(crate) fn signal(&self) {
+        self.add(1);
+    }
+
+    /// Wakes every thread blocked in [`wait`](Self::wait) (the object is being destroyed: they
+    /// look it up again and find it gone).
+    pub(crate) fn wake_all(&self) {
+        self.add(1 << 32);
+    }
+
+    /// Takes one event; blocks unless the caller made the descriptor non-blocking.
+    /// `Err(errno)` on failure (EAGAIN when non-blocking and empty).
+    pub(crate) fn wait(&self) -> Result<(), i32> {
+        let mut v: u64 = 0;
+        loop {
+            // SAFETY: reads 8 bytes into a valid local from a descriptor this value owns.
+            let n = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+            if n == 8 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            if e != libc::EINTR {
+                return Err(e);
+            }
         }
     }
 }
 
-impl Drop for Channel {
+impl Drop for EventFd {
     fn drop(&mut self) {
-        close_fd(self.fd);
-    }
-}
-
-pub(crate) fn close_fd(fd: i32) {
-    if fd >= 0 {
-        // SAFETY: closes a descriptor this crate opened and owns.
-        unsafe { libc::close(fd) };
+        // SAFETY: closes the descriptor this value owns, once.
+        unsafe { libc::close(self.0) };
     }
 }
 
@@ -116,10 +136,10 @@ impl World {
         };
         if fire {
             c.arm = Arm::Off;
-            let user = c.shell.ibv.cq_context;
+            let user = c.shell.get().cq_context;
             if let Some(ch) = c.channel.and_then(|id| self.channels.get_mut(&id)) {
                 ch.events.push_back((cq, user));
-                signal_fd(ch.fd);
+                ch.fd.signal();
             }
         }
         true

@@ -2,8 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use ibverbs_sys::{ibv_device, ibv_qp};
 
@@ -11,11 +11,26 @@ use crate::abi::{self, Kind, Shell};
 use crate::counters::Counters;
 use crate::faults::{Faults, PacketFilter, Rng};
 use crate::net::{Frame, Net};
-use crate::packet::{Packet, WireError};
 use crate::state::{Device, State, World};
 
+/// Which clock a fabric runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Clock {
+    /// Virtual time: nothing happens between calls, and time jumps from event to event when
+    /// asked to ([`Fabric::run_until_idle`], [`Fabric::advance`], or a poll of an empty CQ with
+    /// [`FabricConfig::auto_advance`]). The same seed and the same calls give the same run, bit
+    /// for bit. For simulations driven by one thread.
+    #[default]
+    Virtual,
+    /// Real time: the fabric's clock is the time elapsed since it was created, and never runs
+    /// ahead of it, so a retransmission or RNR timer takes as long as it says even when the
+    /// peer is merely slow. For two threads (or a progress thread) driving the two ends. Not
+    /// deterministic.
+    Wall,
+}
+
 /// How a fabric is built. `FabricConfig::default()` gives two 100 Gb/s devices, 1 us latency,
-/// 4096-byte MTU, no faults, seed 0.
+/// 4096-byte MTU, no faults, seed 0, on the virtual clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FabricConfig {
     /// Number of devices: `soft0`, `soft1`, ...
@@ -44,10 +59,13 @@ pub struct FabricConfig {
     /// Largest message in bytes.
     pub max_msg_size: u32,
     /// `poll_cq` on an empty CQ moves the virtual clock to the next pending event (so a
-    /// busy-polling caller always makes progress, retransmission timeouts included).
+    /// busy-polling caller always makes progress, retransmission timeouts included). Ignored
+    /// on the wall clock, which nothing moves but time itself.
     pub auto_advance: bool,
-    /// [`Fabric::run_until_idle`] gives up after this much virtual time.
+    /// [`Fabric::run_until_idle`] gives up after this much (virtual or real) time.
     pub idle_limit: Duration,
+    /// The clock: [`Clock::Virtual`] (deterministic) or [`Clock::Wall`].
+    pub clock: Clock,
 }
 
 impl Default for FabricConfig {
@@ -67,8 +85,52 @@ impl Default for FabricConfig {
             max_msg_size: 1 << 31,
             auto_advance: true,
             idle_limit: Duration::from_secs(60),
+            clock: Clock::Virtual,
         }
     }
+}
+
+/// What can go wrong with a fabric as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// [`Fabric::run_until_idle`] hit [`FabricConfig::idle_limit`] with events still pending
+    /// (an RC QP retrying forever, for instance).
+    StillBusy {
+        /// Fabric time when it gave up.
+        now: Duration,
+    },
+    /// A panic inside softnic (a bug, or a panicking packet filter) left the state possibly
+    /// half-updated: the fabric refuses all further work.
+    Broken {
+        /// What panicked, and where.
+        reason: String,
+    },
+    /// No device of that name is on this fabric.
+    UnknownDevice(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::StillBusy { now } => {
+                write!(f, "fabric still busy after running until {now:?}")
+            }
+            Error::Broken { reason } => write!(f, "fabric broken by an earlier panic: {reason}"),
+            Error::UnknownDevice(name) => write!(f, "no device named {name:?} on this fabric"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }
 
 /// What the fabric's lock protects, and whether a bug broke it.
@@ -79,6 +141,11 @@ pub(crate) struct Shared {
     /// Set when a call panicked inside softnic: every later call fails with EIO rather than
     /// working on state the panic may have left half-updated.
     broken: AtomicBool,
+    why: Mutex<Option<String>>,
+    /// A progress thread waits on this between events; calls that give it work wake it.
+    wakeup: Condvar,
+    /// The progress thread is waiting on `wakeup`.
+    pub(crate) sleeper: AtomicBool,
 }
 
 impl Drop for Shared {
@@ -88,27 +155,76 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// The state, unless a panic broke it.
+    /// The state, unless a panic broke it; on the wall clock, with the clock brought up to date.
     pub(crate) fn lock(&self) -> Option<MutexGuard<'_, State>> {
-        if self.broken.load(Ordering::Relaxed) {
+        if self.broken.load(Ordering::Acquire) {
             return None;
         }
-        Some(self.state.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut st = self.lock_any();
+        st.sync_clock();
+        Some(st)
     }
 
-    pub(crate) fn mark_broken(&self) {
-        self.broken.store(true, Ordering::Relaxed);
+    /// The state even if broken: for reading configuration and counters only.
+    fn lock_any(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn mark_broken(&self, reason: String) {
+        let mut why = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        why.get_or_insert(reason);
+        self.broken.store(true, Ordering::Release);
+    }
+
+    fn broken(&self) -> Option<String> {
+        if !self.broken.load(Ordering::Acquire) {
+            return None;
+        }
+        let why = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        Some(why.clone().unwrap_or_default())
+    }
+
+    fn broken_error(&self) -> Error {
+        Error::Broken {
+            reason: self.broken().unwrap_or_default(),
+        }
+    }
+
+    /// Wakes a sleeping progress thread; the caller holds the state lock (so the wake-up
+    /// cannot fall between the thread's last look and its wait).
+    pub(crate) fn wake_sleeper(&self) {
+        if self.sleeper.load(Ordering::Acquire) {
+            self.wakeup.notify_all();
+        }
+    }
+
+    /// Wakes a sleeping progress thread from outside the lock.
+    pub(crate) fn kick(&self) {
+        let _st = self.lock_any();
+        self.wakeup.notify_all();
+    }
+
+    /// Sleeps up to `d` or until woken, releasing the lock meanwhile.
+    pub(crate) fn nap<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        d: Duration,
+    ) -> MutexGuard<'a, State> {
+        self.wakeup
+            .wait_timeout(st, d)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0)
     }
 }
 
-/// A software RDMA fabric: devices, the network between them, the virtual clock.
+/// A software RDMA fabric: devices, the network between them, the clock.
 ///
 /// Cloning gives another handle to the same fabric; when the last handle is dropped, the
 /// fabric and every object on it are freed, and pointers to them fail as unknown (verbs-safe
-/// objects hold a handle, so they keep their fabric alive). Nothing runs in the background: work
-/// advances when a CQ is polled (which, with [`FabricConfig::auto_advance`], also moves the
-/// virtual clock to the next event when the CQ is empty) or when [`step`](Self::step),
-/// [`advance`](Self::advance) or [`run_until_idle`](Self::run_until_idle) is called.
+/// objects hold a handle, so they keep their fabric alive). Work advances when a CQ is polled
+/// or a verb is called, when [`step`](Self::step), [`advance`](Self::advance) or
+/// [`run_until_idle`](Self::run_until_idle) is called, or in a
+/// [progress thread](Self::spawn_progress_thread); see [`Clock`] for how time moves.
 #[derive(Clone)]
 pub struct Fabric {
     pub(crate) shared: Arc<Shared>,
@@ -119,38 +235,6 @@ impl std::fmt::Debug for Fabric {
         f.debug_struct("Fabric").finish_non_exhaustive()
     }
 }
-
-/// [`Fabric::run_until_idle`] hit its virtual-time limit with events still pending (an RC QP
-/// retrying forever, for instance).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StillBusy {
-    /// Virtual time when it gave up.
-    pub now: Duration,
-}
-
-impl std::fmt::Display for StillBusy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "fabric still busy after running until {:?} of virtual time",
-            self.now
-        )
-    }
-}
-
-impl std::error::Error for StillBusy {}
-
-/// A device name that is not on this fabric.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownDevice(pub String);
-
-impl std::fmt::Display for UnknownDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "no device named {:?} on this fabric", self.0)
-    }
-}
-
-impl std::error::Error for UnknownDevice {}
 
 impl Default for Fabric {
     fn default() -> Self {
@@ -195,6 +279,7 @@ impl Fabric {
             rng: Rng::new(cfg.seed),
             cfg,
             now: 0,
+            started: Instant::now(),
             devices,
             contexts: BTreeMap::new(),
             pds: BTreeMap::new(),
@@ -219,69 +304,85 @@ impl Fabric {
                 w,
             }),
             broken: AtomicBool::new(false),
+            why: Mutex::new(None),
+            wakeup: Condvar::new(),
+            sleeper: AtomicBool::new(false),
         });
         let fabric = Fabric { shared };
-        let mut st = fabric.lock();
-        for d in &mut st.w.devices {
-            let id = d.shell.id;
-            abi::register(d.shell.ptr().cast(), Kind::Device, &fabric.shared, id);
+        let st = fabric.shared.lock_any();
+        for d in &st.w.devices {
+            abi::register(
+                d.shell.ptr().cast(),
+                Kind::Device,
+                &fabric.shared,
+                d.shell.id,
+            );
         }
         drop(st);
         fabric
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The state for work, or [`Error::Broken`].
+    fn live(&self) -> Result<MutexGuard<'_, State>, Error> {
+        self.shared.lock().ok_or_else(|| self.shared.broken_error())
+    }
+
+    /// Why the fabric is broken (a panic inside softnic, reported once on standard error), or
+    /// `None` while it works. Every verb on a broken fabric fails with EIO.
+    pub fn broken(&self) -> Option<String> {
+        self.shared.broken()
     }
 
     /// The configuration (with the MTU as it was rounded).
     pub fn config(&self) -> FabricConfig {
-        self.lock().w.cfg.clone()
+        self.shared.lock_any().w.cfg.clone()
     }
 
     /// Every device, as libibverbs `ibv_device` pointers, valid as long as the fabric lives.
     pub fn devices(&self) -> Vec<*mut ibv_device> {
-        self.lock()
-            .w
-            .devices
-            .iter_mut()
-            .map(|d| d.shell.ptr())
-            .collect()
+        let st = self.shared.lock_any();
+        st.w.devices.iter().map(|d| d.shell.ptr()).collect()
     }
 
     /// The device named `name`.
     pub fn device(&self, name: &str) -> Option<*mut ibv_device> {
-        let mut st = self.lock();
+        let st = self.shared.lock_any();
         st.w.devices
-            .iter_mut()
+            .iter()
             .find(|d| d.name == name)
             .map(|d| d.shell.ptr())
     }
 
     /// The names of the devices, in order.
     pub fn device_names(&self) -> Vec<String> {
-        self.lock()
-            .w
-            .devices
-            .iter()
-            .map(|d| d.name.clone())
-            .collect()
+        let st = self.shared.lock_any();
+        st.w.devices.iter().map(|d| d.name.clone()).collect()
     }
 
-    /// The current virtual time.
+    /// The current fabric time (virtual, or elapsed real time on the wall clock).
     pub fn now(&self) -> Duration {
-        Duration::from_nanos(self.lock().w.now)
+        let mut st = self.shared.lock_any();
+        st.sync_clock();
+        Duration::from_nanos(st.w.now)
     }
 
-    /// Processes everything due at the current virtual time. Returns whether anything happened.
+    /// Processes everything due now. Returns whether anything happened (false on a broken
+    /// fabric).
     pub fn step(&self) -> bool {
-        self.lock().progress()
+        self.live().is_ok_and(|mut st| st.progress())
     }
 
-    /// Moves the virtual clock forward by `d`, processing every event on the way in order.
+    /// Moves time forward by `d`, processing every event on the way in order. On the virtual
+    /// clock this takes no real time; on the wall clock it sleeps between events until `d`
+    /// has passed. Does nothing on a broken fabric.
     pub fn advance(&self, d: Duration) {
-        let mut st = self.lock();
+        let Ok(mut st) = self.live() else { return };
         let end = st.w.now.saturating_add(d.as_nanos() as u64);
+        if st.w.cfg.clock == Clock::Wall {
+            drop(st);
+            let _ = self.run_wall(end, |_| false);
+            return;
+        }
         st.progress();
         while let Some(t) = st.next_event().filter(|&t| t <= end) {
             st.w.now = st.w.now.max(t);
@@ -291,21 +392,26 @@ impl Fabric {
         st.progress();
     }
 
-    /// Runs until nothing is pending (no packet in flight, no timer armed, nothing to send),
-    /// moving the virtual clock from event to event, or until [`FabricConfig::idle_limit`] of
-    /// virtual time has passed.
-    pub fn run_until_idle(&self) -> Result<(), StillBusy> {
-        let mut st = self.lock();
+    /// Runs until nothing is pending (no packet in flight, no timer armed, nothing to send):
+    /// on the virtual clock by moving it from event to event, on the wall clock by sleeping
+    /// until each is due. Gives up with [`Error::StillBusy`] after
+    /// [`FabricConfig::idle_limit`].
+    pub fn run_until_idle(&self) -> Result<(), Error> {
+        let mut st = self.live()?;
         let limit =
             st.w.now
                 .saturating_add(st.w.cfg.idle_limit.as_nanos() as u64);
+        if st.w.cfg.clock == Clock::Wall {
+            drop(st);
+            return self.run_wall(limit, |st| st.next_event().is_none());
+        }
         loop {
             st.progress();
             match st.next_event() {
                 None => return Ok(()),
                 Some(t) if t > limit => {
                     st.w.now = limit;
-                    return Err(StillBusy {
+                    return Err(Error::StillBusy {
                         now: Duration::from_nanos(limit),
                     });
                 }
@@ -314,14 +420,57 @@ impl Fabric {
         }
     }
 
+    /// Wall clock: makes progress, sleeping until each next event, until `done` holds (then
+    /// `Ok`) or time `end` is reached (then `StillBusy`, unless `done` is never asked for).
+    fn run_wall(&self, end: u64, done: impl Fn(&State) -> bool) -> Result<(), Error> {
+        loop {
+            let mut st = self.live()?;
+            st.progress();
+            if done(&st) {
+                return Ok(());
+            }
+            if st.w.now >= end {
+                return Err(Error::StillBusy {
+                    now: Duration::from_nanos(st.w.now),
+                });
+            }
+            let next = st.next_event().unwrap_or(end).min(end);
+            let nap = Duration::from_nanos(next.saturating_sub(st.w.now));
+            drop(st);
+            std::thread::sleep(nap.max(Duration::from_micros(1)));
+        }
+    }
+
+    /// Hands `bytes` to device `to` as a frame that arrived from the wire, sent by GID `sgid`
+    /// (for UD, the source a receiver sees in its GRH). Anything may come from a wire: a frame
+    /// that does not parse is counted (`icrc_errors`, `malformed`) and dropped, and a parsed
+    /// one is checked like any other packet. For fuzzing and for links softnic does not own.
+    pub fn inject(&self, to: &str, sgid: [u8; 16], bytes: &[u8]) -> Result<(), Error> {
+        let mut st = self.live()?;
+        let dev =
+            st.w.devices
+                .iter()
+                .position(|d| d.name == to)
+                .ok_or_else(|| Error::UnknownDevice(to.to_string()))?;
+        let frame = Frame {
+            from: dev,
+            to: dev,
+            sgid,
+            bytes: bytes.to_vec(),
+        };
+        st.deliver(&frame);
+        st.progress();
+        Ok(())
+    }
+
     /// Sets the faults on packets from device `from` to device `to`.
-    pub fn set_faults(&self, from: &str, to: &str, faults: Faults) -> Result<(), UnknownDevice> {
-        let mut st = self.lock();
+    pub fn set_faults(&self, from: &str, to: &str, faults: Faults) -> Result<(), Error> {
+        let mut st = self.shared.lock_any();
         let index = |n: &str| {
             st.w.devices
                 .iter()
                 .position(|d| d.name == n)
-                .ok_or_else(|| UnknownDevice(n.to_string()))
+                .ok_or_else(|| Error::UnknownDevice(n.to_string()))
         };
         let key = (index(from)?, index(to)?);
         st.w.faults.insert(key, faults);
@@ -330,17 +479,17 @@ impl Fabric {
 
     /// Sets the faults of every direction that has none set of its own.
     pub fn set_default_faults(&self, faults: Faults) {
-        self.lock().w.default_faults = faults;
+        self.shared.lock_any().w.default_faults = faults;
     }
 
     /// Installs (or removes) a hook called on every packet sent, before the random faults.
     pub fn set_packet_filter(&self, filter: Option<PacketFilter>) {
-        self.lock().w.filter = filter;
+        self.shared.lock_any().w.filter = filter;
     }
 
     /// The counters of the device named `name`.
     pub fn device_counters(&self, name: &str) -> Option<Counters> {
-        let st = self.lock();
+        let st = self.shared.lock_any();
         st.w.devices
             .iter()
             .find(|d| d.name == name)
@@ -353,173 +502,11 @@ impl Fabric {
         if !Arc::ptr_eq(&shared, &self.shared) {
             return None;
         }
-        self.lock().qps.get(&id).map(|q| q.counters)
+        self.shared.lock_any().qps.get(&id).map(|q| q.counters)
     }
 
     /// Packets in flight now.
     pub fn in_flight(&self) -> usize {
-        self.lock().w.net.len()
-    }
-
-    /// Starts a thread that drives this fabric in real time: whenever something is pending it
-    /// moves the virtual clock to it and processes it, otherwise it sleeps briefly. For callers
-    /// that sleep on a completion channel with nobody else polling. Runs are not deterministic
-    /// while it is on; it stops when the handle is dropped.
-    pub fn spawn_progress_thread(&self) -> ProgressThread {
-        let stop = Arc::new(AtomicBool::new(false));
-        let fabric = self.clone();
-        let flag = Arc::clone(&stop);
-        let handle = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                let busy = {
-                    let mut st = fabric.lock();
-                    let did = st.progress();
-                    did || st.warp()
-                };
-                if !busy {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
-        });
-        ProgressThread {
-            stop,
-            handle: Some(handle),
-        }
-    }
-}
-
-/// The background progress of [`Fabric::spawn_progress_thread`]; stops when dropped.
-#[derive(Debug)]
-pub struct ProgressThread {
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for ProgressThread {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-impl State {
-    /// Processes everything due now: arrivals, timers, transmissions, until nothing is left.
-    pub(crate) fn progress(&mut self) -> bool {
-        let mut any = false;
-        loop {
-            let mut did = self.deliver_due();
-            did |= self.fire_timers();
-            did |= self.transmit_ready();
-            if !did {
-                return any;
-            }
-            any = true;
-        }
-    }
-
-    /// Moves the clock to the next pending event and processes it. False if nothing is pending.
-    pub(crate) fn warp(&mut self) -> bool {
-        match self.next_event() {
-            Some(t) => {
-                self.w.now = self.w.now.max(t);
-                self.progress();
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The time of the next pending event.
-    pub(crate) fn next_event(&self) -> Option<u64> {
-        let w = &self.w;
-        let ports = w
-            .devices
-            .iter()
-            .filter(|d| !d.tx_ready.is_empty())
-            .map(|d| d.egress_free_at.max(w.now));
-        [w.net.next_at(), w.timers.first().map(|&(t, _)| t)]
-            .into_iter()
-            .flatten()
-            .chain(ports)
-            .min()
-    }
-
-    fn deliver_due(&mut self) -> bool {
-        let mut did = false;
-        while let Some(frame) = self.w.net.pop_due(self.w.now) {
-            did = true;
-            self.deliver(&frame);
-        }
-        did
-    }
-
-    fn deliver(&mut self, frame: &Frame) {
-        let dev = frame.to;
-        let pkt = match Packet::parse(&frame.bytes) {
-            Ok(p) => p,
-            Err(e) => {
-                if e == WireError::BadIcrc {
-                    self.w.devices[dev].counters.icrc_errors += 1;
-                }
-                return;
-            }
-        };
-        let Some(&id) = self.w.devices[dev].qpns.get(&pkt.hdr.dest_qp) else {
-            self.w.devices[dev].counters.messages_dropped += 1;
-            return;
-        };
-        if let Some(qp) = self.qps.get_mut(&id) {
-            qp.receive(&mut self.w, &pkt, frame);
-        }
-    }
-
-    fn fire_timers(&mut self) -> bool {
-        let mut did = false;
-        while let Some(&(t, id)) = self.w.timers.first() {
-            if t > self.w.now {
-                break;
-            }
-            self.w.timers.pop_first();
-            did = true;
-            if let Some(qp) = self.qps.get_mut(&id)
-                && qp.req.timer == Some(t)
-            {
-                qp.on_timer(&mut self.w);
-            }
-        }
-        did
-    }
-
-    /// Each port that is free sends one packet of the next ready QP (round-robin).
-    fn transmit_ready(&mut self) -> bool {
-        let mut did = false;
-        for dev in 0..self.w.devices.len() {
-            while self.w.devices[dev].egress_free_at <= self.w.now {
-                let d = &self.w.devices[dev];
-                let Some(id) = d
-                    .tx_ready
-                    .range(d.tx_last.saturating_add(1)..)
-                    .next()
-                    .or_else(|| d.tx_ready.first())
-                    .copied()
-                else {
-                    break;
-                };
-                let sent = self
-                    .qps
-                    .get_mut(&id)
-                    .is_some_and(|qp| qp.next_tx(&mut self.w));
-                let d = &mut self.w.devices[dev];
-                if sent {
-                    d.tx_last = id;
-                    did = true;
-                } else {
-                    d.tx_ready.remove(&id);
-                }
-            }
-        }
-        did
+        self.shared.lock_any().w.net.len()
     }
 }

@@ -10,20 +10,35 @@
 //! is [`CONTROL`], a table of `extern "C"` functions with the libibverbs signatures.
 //!
 //! What it models (see `VERBS-SEMANTICS.md` of the project, from the rdma-core man pages and
-//! the kernel's rxe driver):
+//! the kernel's rxe driver; where hardware varies, softnic does what rxe does and says so):
 //! - RC, UC and UD queue pairs with the full state machine and the attribute masks of every
-//!   transition; SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ (RC); UD with
-//!   address handles, Q_Keys and the 40-byte GRH; inline data, fences, selective signaling.
-//! - Memory regions with lkey/rkey, bounds and access checks on every access.
+//!   transition; SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ and the
+//!   atomics (compare-and-swap, fetch-and-add; `IBV_ATOMIC_HCA`) on RC; UD with address
+//!   handles, Q_Keys and the 40-byte network header; inline data, fences, selective signaling.
+//! - RDMA READ as the IBTA has it: one request reserving a PSN per response, responses in PSN
+//!   order with every later request held back behind them, an ACK past an unfinished READ as
+//!   an implicit NAK, a READ re-issued for what is missing, duplicates answered again (a READ
+//!   re-read, an atomic from its saved result: never executed twice), `max_rd_atomic` honoured.
+//! - Memory regions with lkey/rkey, bounds and access checks on every access; zero bytes touch
+//!   no memory; every address sum from a WR or the wire is checked.
 //! - Bounded CQs (overflow raises `IBV_EVENT_CQ_ERR`, never a silent loss), completion
 //!   channels with real file descriptors, SRQs with the one-shot limit event.
 //! - Messages cut into MTU packets with PSNs in the IBTA wire format ([`packet`]), on a network
 //!   with latency, port serialisation and seeded fault injection ([`Faults`]): loss, reordering,
 //!   duplication, corruption (caught by the ICRC), link down. RC recovers (ACK/NAK, go-back-N,
-//!   `timeout`, `retry_cnt`, RNR NAK and `rnr_retry`); UC loses whole messages; UD drops.
-//! - A virtual clock: nothing runs in the background; polling a CQ or calling
-//!   [`Fabric::step`] / [`Fabric::run_until_idle`] makes progress, and the same seed and the
-//!   same calls give the same completions, bit for bit.
+//!   `timeout`, `retry_cnt`, RNR NAK and `rnr_retry`); UC loses whole messages; UD drops. Frames
+//!   from outside ([`Fabric::inject`]) are parsed and checked like any other.
+//! - Two clocks ([`Clock`]): a virtual one (nothing runs in the background; polling a CQ or
+//!   calling [`Fabric::step`] / [`Fabric::run_until_idle`] makes progress, and the same seed
+//!   and the same calls give the same completions, bit for bit), and the wall clock for two
+//!   threads driving the two ends (timers take real time; a [progress
+//!   thread](Fabric::spawn_progress_thread) sleeps until the next event).
+//!
+//! Robustness: a pointer softnic did not hand out, or one already destroyed, is refused with
+//! EINVAL (object addresses are never reused, at the cost of a few hundred bytes per destroyed
+//! object); a panic inside softnic breaks its fabric loudly (EIO from then on, see
+//! [`Fabric::broken`]) instead of unwinding into C; a thread blocked in `get_cq_event` or
+//! `get_async_event` is woken, with an error, when the object is destroyed.
 //!
 //! ```
 //! use softnic::{CONTROL, Fabric, FabricConfig};
@@ -55,6 +70,7 @@ mod mr;
 mod net;
 mod ops;
 pub mod packet;
+mod progress;
 mod qp;
 mod srq;
 mod state;
@@ -62,6 +78,7 @@ mod state;
 pub use abi::Wc;
 pub use control::{CONTROL, ControlPath};
 pub use counters::Counters;
-pub use fabric::{Fabric, FabricConfig, ProgressThread, StillBusy, UnknownDevice};
+pub use fabric::{Clock, Error, Fabric, FabricConfig};
 pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
+pub use progress::ProgressThread;
 pub use qp::check_transition;

@@ -13,7 +13,7 @@ pub(crate) struct Mr {
     pub(crate) len: u64,
     pub(crate) access: u32,
     pub(crate) key: u32,
-    pub(crate) shell: Box<Shell<ibv_mr>>,
+    pub(crate) shell: Shell<ibv_mr>,
 }
 
 impl Mr {
@@ -28,6 +28,7 @@ impl Mr {
 const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
 pub(crate) const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
 pub(crate) const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+pub(crate) const REMOTE_ATOMIC: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
 
 impl World {
     /// Checks a local SGE of a WR on a QP of `dev` in `pd`: an MR of that device and PD with
@@ -144,23 +145,51 @@ impl World {
     }
 }
 
-/// Appends `len` bytes at `addr` to `out`.
+/// Appends `len` bytes at `addr` to `out`. Zero bytes touch no memory (the address may be
+/// anything then, null included).
 ///
 /// # Safety
-/// `addr..addr + len` must be readable memory: the NIC's DMA read of a registered region.
+/// Unless `len` is 0, `addr..addr + len` must be readable memory: the NIC's DMA read of a
+/// registered region.
 pub(crate) unsafe fn read_mem(addr: u64, len: usize, out: &mut Vec<u8>) {
+    if len == 0 {
+        return;
+    }
     // SAFETY: the caller guarantees the range is readable.
     let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
     out.extend_from_slice(src);
 }
 
-/// Copies `data` to `addr`.
+/// Copies `data` to `addr`. Zero bytes touch no memory.
 ///
 /// # Safety
-/// `addr..addr + data.len()` must be writable memory that no Rust reference aliases: the NIC's
-/// DMA write into a registered region.
+/// Unless `data` is empty, `addr..addr + data.len()` must be writable memory that no Rust
+/// reference aliases: the NIC's DMA write into a registered region.
 pub(crate) unsafe fn write_mem(addr: u64, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
     // SAFETY: the caller guarantees the range is writable; `data` is softnic's own buffer, so
     // the two cannot overlap.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) };
+}
+
+/// Executes an atomic on the 8 bytes at `addr` (host byte order, as rxe does): compare-and-swap
+/// (`swap`: replace with `swap_add` if equal to `compare`) or fetch-and-add (add `swap_add`).
+/// Returns the value before. Atomic with respect to the program's own atomic operations on
+/// those bytes.
+///
+/// # Safety
+/// `addr` must be 8-byte aligned and `addr..addr + 8` valid for reads and writes for the call
+/// (registered memory with remote atomic access).
+pub(crate) unsafe fn atomic_op(addr: u64, swap: bool, swap_add: u64, compare: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    // SAFETY: aligned and valid for the call, per this function's contract.
+    let cell = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+    if swap {
+        cell.compare_exchange(compare, swap_add, SeqCst, SeqCst)
+            .unwrap_or_else(|v| v)
+    } else {
+        cell.fetch_add(swap_add, SeqCst)
+    }
 }

@@ -6,7 +6,7 @@ use std::ffi::c_int;
 use ibverbs_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_wc};
 
 use crate::abi::Kind;
-use crate::control::with;
+use crate::control::try_with;
 use crate::cq::{Arm, Reclaim};
 use crate::state::State;
 
@@ -30,7 +30,7 @@ unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let r = with(qp.cast(), Kind::Qp, Err((libc::EINVAL, wr)), |_, st, id| {
+    let r = try_with(qp.cast(), Kind::Qp, |_, st, id| {
         let State { qps, w } = st;
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_send contract.
@@ -39,7 +39,7 @@ unsafe extern "C" fn post_send(
         r
     });
     // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.
-    unsafe { post_result(r, bad_wr) }
+    unsafe { post_result(r.unwrap_or_else(|e| Err((e, wr))), bad_wr) }
 }
 
 unsafe extern "C" fn post_recv(
@@ -47,7 +47,7 @@ unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let r = with(qp.cast(), Kind::Qp, Err((libc::EINVAL, wr)), |_, st, id| {
+    let r = try_with(qp.cast(), Kind::Qp, |_, st, id| {
         let State { qps, w } = st;
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_recv contract.
@@ -56,7 +56,7 @@ unsafe extern "C" fn post_recv(
         r
     });
     // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.
-    unsafe { post_result(r, bad_wr) }
+    unsafe { post_result(r.unwrap_or_else(|e| Err((e, wr))), bad_wr) }
 }
 
 unsafe extern "C" fn post_srq_recv(
@@ -64,19 +64,14 @@ unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let r = with(
-        srq.cast(),
-        Kind::Srq,
-        Err((libc::EINVAL, wr)),
-        |_, st, id| {
-            // SAFETY: the caller's chain is valid per the ibv_post_srq_recv contract.
-            let r = unsafe { st.w.post_srq_recv(id, wr) };
-            st.progress();
-            r
-        },
-    );
+    let r = try_with(srq.cast(), Kind::Srq, |_, st, id| {
+        // SAFETY: the caller's chain is valid per the ibv_post_srq_recv contract.
+        let r = unsafe { st.w.post_srq_recv(id, wr) };
+        st.progress();
+        r
+    });
     // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.
-    unsafe { post_result(r, bad_wr) }
+    unsafe { post_result(r.unwrap_or_else(|e| Err((e, wr))), bad_wr) }
 }
 
 /// A post's return value: 0, or the errno with `*bad_wr` set to the WR that failed (when the
@@ -97,11 +92,12 @@ unsafe fn post_result<W>(r: Result<(), (c_int, *mut W)>, bad_wr: *mut *mut W) ->
     }
 }
 
-/// Polls up to `num` completions into `wc`. Progress first (and, with auto-advance, the virtual
-/// clock moves through pending events while the CQ is empty). Returns the number written, or
-/// `-EINVAL`, or `-EOVERFLOW` once a CQ that overflowed has been drained.
+/// Polls up to `num` completions into `wc`. Progress first (and, with auto-advance on the
+/// virtual clock, time moves through pending events while the CQ is empty). Returns the number
+/// written, or `-EINVAL` (unknown CQ, bad arguments), `-EIO` (broken fabric), or `-EOVERFLOW`
+/// once a CQ that overflowed has been drained.
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
-    with(cq.cast(), Kind::Cq, -libc::EINVAL, |_, st, id| {
+    let r = try_with(cq.cast(), Kind::Cq, |_, st, id| {
         if num < 0 || (num > 0 && wc.is_null()) {
             return -libc::EINVAL;
         }
@@ -127,22 +123,20 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_
             return -libc::EOVERFLOW;
         }
         n as c_int
-    })
+    });
+    r.unwrap_or_else(|e| -e)
 }
 
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    let mut known = false;
-    let r = with(cq.cast(), Kind::Cq, libc::EIO, |_, st, id| {
-        known = true;
+    let r = try_with(cq.cast(), Kind::Cq, |_, st, id| {
         let c = st.w.cqs.get_mut(&id).expect("registered CQ exists");
         c.arm = if solicited_only != 0 {
             Arm::Solicited
         } else {
             Arm::Next
         };
-        0
     });
-    if known { r } else { libc::EINVAL }
+    r.err().unwrap_or(0)
 }
 
 impl State {

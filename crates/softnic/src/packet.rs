@@ -31,6 +31,9 @@ pub mod opcode {
     pub const RC_READ_RESPONSE_LAST: u8 = 0x0f;
     pub const RC_READ_RESPONSE_ONLY: u8 = 0x10;
     pub const RC_ACKNOWLEDGE: u8 = 0x11;
+    pub const RC_ATOMIC_ACKNOWLEDGE: u8 = 0x12;
+    pub const RC_COMPARE_SWAP: u8 = 0x13;
+    pub const RC_FETCH_ADD: u8 = 0x14;
     /// UC opcodes are the RC SEND/WRITE ones with this transport prefix.
     pub const UC: u8 = 0x20;
     pub const UD_SEND_ONLY: u8 = 0x64;
@@ -47,6 +50,10 @@ pub const DETH_LEN: usize = 8;
 pub const AETH_LEN: usize = 4;
 /// Immediate data length.
 pub const IMM_LEN: usize = 4;
+/// Atomic extended transport header length.
+pub const ATOMIC_ETH_LEN: usize = 28;
+/// Atomic acknowledge extended transport header length.
+pub const ATOMIC_ACK_ETH_LEN: usize = 8;
 /// Invariant CRC length.
 pub const ICRC_LEN: usize = 4;
 /// The PSN space: 24 bits.
@@ -76,8 +83,12 @@ pub struct Layout {
     pub reth: bool,
     /// Immediate data present.
     pub imm: bool,
-    /// AETH present (ACK, read responses first/last/only).
+    /// AETH present (ACK, read responses first/last/only, atomic acknowledge).
     pub aeth: bool,
+    /// AtomicETH present (compare-and-swap, fetch-and-add).
+    pub atomic: bool,
+    /// AtomicAckETH present (atomic acknowledge).
+    pub atomic_ack: bool,
     /// First packet of a message (or only).
     pub first: bool,
     /// Last packet of a message (or only).
@@ -92,6 +103,8 @@ pub fn layout(op: u8) -> Option<Layout> {
         reth,
         imm,
         aeth,
+        atomic: false,
+        atomic_ack: false,
         first,
         last,
     };
@@ -113,6 +126,14 @@ pub fn layout(op: u8) -> Option<Layout> {
         RC_READ_RESPONSE_MIDDLE => l(false, false, false, false, false, false),
         RC_READ_RESPONSE_LAST => l(false, false, false, true, false, true),
         RC_READ_RESPONSE_ONLY | RC_ACKNOWLEDGE => l(false, false, false, true, true, true),
+        RC_ATOMIC_ACKNOWLEDGE => Layout {
+            atomic_ack: true,
+            ..l(false, false, false, true, true, true)
+        },
+        RC_COMPARE_SWAP | RC_FETCH_ADD => Layout {
+            atomic: true,
+            ..l(false, false, false, false, true, true)
+        },
         UD_SEND_ONLY => l(true, false, false, false, true, true),
         UD_SEND_ONLY_IMM => l(true, false, true, false, true, true),
         _ => return None,
@@ -148,6 +169,19 @@ pub struct Aeth {
     pub msn: u32,
 }
 
+/// The atomic extended transport header: what an atomic request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AtomicEth {
+    /// Remote virtual address (8-byte aligned).
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// The value to swap in (compare-and-swap) or to add (fetch-and-add).
+    pub swap_add: u64,
+    /// The value to compare with (compare-and-swap).
+    pub compare: u64,
+}
+
 /// Every header field of one packet, parsed or to be emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Headers {
@@ -169,8 +203,12 @@ pub struct Headers {
     pub reth: Option<Reth>,
     /// Immediate data exactly as on the wire (the `__be32` of the API, unchanged).
     pub imm: Option<u32>,
-    /// AETH, for ACKs and read responses.
+    /// AETH, for ACKs, read responses and atomic acknowledges.
     pub aeth: Option<Aeth>,
+    /// AtomicETH, for atomic requests.
+    pub atomic: Option<AtomicEth>,
+    /// AtomicAckETH: the original value at the remote address, for atomic acknowledges.
+    pub atomic_ack: Option<u64>,
 }
 
 /// Why a byte buffer is not a valid packet.
@@ -201,6 +239,8 @@ impl Headers {
             || l.reth != self.reth.is_some()
             || l.imm != self.imm.is_some()
             || l.aeth != self.aeth.is_some()
+            || l.atomic != self.atomic.is_some()
+            || l.atomic_ack != self.atomic_ack.is_some()
         {
             return Err(WireError::HeaderMismatch);
         }
@@ -222,6 +262,12 @@ impl Headers {
             out.extend_from_slice(&r.rkey.to_be_bytes());
             out.extend_from_slice(&r.len.to_be_bytes());
         }
+        if let Some(a) = self.atomic {
+            out.extend_from_slice(&a.va.to_be_bytes());
+            out.extend_from_slice(&a.rkey.to_be_bytes());
+            out.extend_from_slice(&a.swap_add.to_be_bytes());
+            out.extend_from_slice(&a.compare.to_be_bytes());
+        }
         if let Some(imm) = self.imm {
             out.extend_from_slice(&imm.to_ne_bytes()); // already big-endian in memory
         }
@@ -229,6 +275,9 @@ impl Headers {
             out.extend_from_slice(
                 &((u32::from(a.syndrome) << 24) | (a.msn & 0x00ff_ffff)).to_be_bytes(),
             );
+        }
+        if let Some(orig) = self.atomic_ack {
+            out.extend_from_slice(&orig.to_be_bytes());
         }
         out.extend_from_slice(payload);
         out.extend(std::iter::repeat_n(0, pad));
@@ -244,6 +293,8 @@ impl Headers {
             + self.reth.map_or(0, |_| RETH_LEN)
             + self.imm.map_or(0, |_| IMM_LEN)
             + self.aeth.map_or(0, |_| AETH_LEN)
+            + self.atomic.map_or(0, |_| ATOMIC_ETH_LEN)
+            + self.atomic_ack.map_or(0, |_| ATOMIC_ACK_ETH_LEN)
             + payload_len.next_multiple_of(4)
             + ICRC_LEN
     }
@@ -270,6 +321,7 @@ impl<'a> Packet<'a> {
             return Err(WireError::BadIcrc);
         }
         let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        let be64 = |b: &[u8]| u64::from(be32(&b[..4])) << 32 | u64::from(be32(&b[4..8]));
         let op = body[0];
         let l = layout(op).ok_or(WireError::UnknownOpcode(op))?;
         if body[1] & 0x0f != 0 {
@@ -296,9 +348,18 @@ impl<'a> Packet<'a> {
         if l.reth {
             let r = cur.take(RETH_LEN)?;
             hdr.reth = Some(Reth {
-                va: u64::from_be_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]),
+                va: be64(&r[0..8]),
                 rkey: be32(&r[8..12]),
                 len: be32(&r[12..16]),
+            });
+        }
+        if l.atomic {
+            let a = cur.take(ATOMIC_ETH_LEN)?;
+            hdr.atomic = Some(AtomicEth {
+                va: be64(&a[0..8]),
+                rkey: be32(&a[8..12]),
+                swap_add: be64(&a[12..20]),
+                compare: be64(&a[20..28]),
             });
         }
         if l.imm {
@@ -311,6 +372,9 @@ impl<'a> Packet<'a> {
                 syndrome: (w >> 24) as u8,
                 msn: w & 0x00ff_ffff,
             });
+        }
+        if l.atomic_ack {
+            hdr.atomic_ack = Some(be64(cur.take(ATOMIC_ACK_ETH_LEN)?));
         }
         let payload = cur.0;
         if pad > payload.len() {
@@ -430,6 +494,28 @@ mod tests {
                 ..base
             },
             &[5; 256],
+        );
+        roundtrip(
+            Headers {
+                opcode: RC_COMPARE_SWAP,
+                atomic: Some(AtomicEth {
+                    va: 0x1000_0008,
+                    rkey: 0x55,
+                    swap_add: u64::MAX - 1,
+                    compare: 0x0102_0304_0506_0708,
+                }),
+                ..base
+            },
+            b"",
+        );
+        roundtrip(
+            Headers {
+                opcode: RC_ATOMIC_ACKNOWLEDGE,
+                aeth,
+                atomic_ack: Some(0xfeed_face_cafe_beef),
+                ..base
+            },
+            b"",
         );
     }
 

@@ -30,7 +30,7 @@ pub(crate) struct Srq {
     pub(crate) wqes: VecDeque<RecvWqe>,
     /// WQEs consumed whose completion has not been polled yet (they still hold a slot).
     pub(crate) unreclaimed: u32,
-    pub(crate) shell: Box<Shell<ibv_srq>>,
+    pub(crate) shell: Shell<ibv_srq>,
 }
 
 impl World {

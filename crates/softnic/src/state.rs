@@ -22,7 +22,7 @@ use crate::srq::Srq;
 pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) gid: [u8; 16],
-    pub(crate) shell: Box<Shell<ibv_device>>,
+    pub(crate) shell: Shell<ibv_device>,
     /// Counters of the device (the QPs' plus what belongs to no QP).
     pub(crate) counters: Counters,
     /// Virtual time at which the port can start serialising the next packet.
@@ -56,34 +56,30 @@ pub(crate) enum Element {
 
 pub(crate) struct Context {
     pub(crate) dev: usize,
-    pub(crate) shell: Box<Shell<ibv_context>>,
-    pub(crate) async_fd: i32,
+    pub(crate) shell: Shell<ibv_context>,
+    pub(crate) async_fd: std::sync::Arc<crate::cq::EventFd>,
     pub(crate) events: VecDeque<AsyncEvent>,
-}
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        crate::cq::close_fd(self.async_fd);
-    }
 }
 
 pub(crate) struct Pd {
     pub(crate) ctx: u32,
-    pub(crate) shell: Box<Shell<ibv_pd>>,
+    pub(crate) shell: Shell<ibv_pd>,
 }
 
 pub(crate) struct Ah {
     pub(crate) ctx: u32,
     pub(crate) pd: u32,
     pub(crate) dgid: [u8; 16],
-    pub(crate) shell: Box<Shell<ibv_ah>>,
+    pub(crate) shell: Shell<ibv_ah>,
 }
 
 /// Everything but the QPs.
 pub(crate) struct World {
     pub(crate) cfg: FabricConfig,
-    /// Virtual time in nanoseconds.
+    /// Fabric time in nanoseconds (virtual, or real time since `started` on the wall clock).
     pub(crate) now: u64,
+    /// When the fabric was created (the origin of the wall clock).
+    pub(crate) started: std::time::Instant,
     pub(crate) rng: Rng,
     pub(crate) devices: Vec<Device>,
     pub(crate) contexts: BTreeMap<u32, Context>,
@@ -137,7 +133,7 @@ impl World {
     pub(crate) fn async_event(&mut self, ctx: u32, kind: ibv_event_type, element: Element) {
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.events.push_back(AsyncEvent { kind, element });
-            crate::cq::signal_fd(c.async_fd);
+            c.async_fd.signal();
         }
     }
 

@@ -3,11 +3,16 @@
 //!
 //! - `modify`: the attribute masks per transition and transport (the kernel's table).
 //! - `post`: turning posted `ibv_send_wr`/`ibv_recv_wr` chains into queued WQEs.
-//! - `requester`: packets out of the send queue; ACKs, NAKs, read responses and timers back in.
-//! - `responder`: request packets in; writes, receives, read responses and ACKs out.
+//! - `requester`: packets out of the send queue.
+//! - `completer`: ACKs, NAKs, read responses, atomic acknowledges and timers back in (RC).
+//! - `responder`: request packets in; writes, receives and ACKs out.
+//! - `rd_atomic`: the responder's READ responses and atomics, and the resources that answer
+//!   their duplicates.
 
+mod completer;
 mod modify;
 mod post;
+mod rd_atomic;
 mod requester;
 mod responder;
 
@@ -53,6 +58,15 @@ pub(crate) struct UdDest {
     pub(crate) qkey: u32,
 }
 
+/// The operands of an atomic WR.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AtomicArgs {
+    /// The value to compare with (compare-and-swap) or to add (fetch-and-add).
+    pub(crate) compare_add: u64,
+    /// The value to swap in (compare-and-swap).
+    pub(crate) swap: u64,
+}
+
 /// A posted send WR and how far it has got.
 #[derive(Debug, Clone)]
 pub(crate) struct SendWqe {
@@ -68,6 +82,7 @@ pub(crate) struct SendWqe {
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) ud: Option<UdDest>,
+    pub(crate) atomic: Option<AtomicArgs>,
     /// PSNs assigned (the first packet was built).
     pub(crate) started: bool,
     pub(crate) first_psn: u32,
@@ -79,6 +94,12 @@ pub(crate) struct SendWqe {
 impl SendWqe {
     pub(crate) fn is_read(&self) -> bool {
         self.opcode == ibv_wr_opcode::IBV_WR_RDMA_READ
+    }
+
+    /// A READ or an atomic: answered with data, counted against `max_rd_atomic`, and never
+    /// acknowledged by a plain ACK.
+    pub(crate) fn is_rd_atomic(&self) -> bool {
+        self.is_read() || self.atomic.is_some()
     }
 
     pub(crate) fn last_psn(&self) -> u32 {
@@ -100,6 +121,11 @@ pub(crate) struct SendQueue {
 impl SendQueue {
     pub(crate) fn head_seq(&self) -> u64 {
         self.wqes.front().map_or(self.next_seq, |w| w.seq)
+    }
+
+    pub(crate) fn get(&self, seq: u64) -> Option<&SendWqe> {
+        let i = seq.checked_sub(self.head_seq())?;
+        self.wqes.get(usize::try_from(i).ok()?)
     }
 
     pub(crate) fn get_mut(&mut self, seq: u64) -> Option<&mut SendWqe> {
@@ -161,14 +187,21 @@ pub(crate) enum InMsg {
     },
 }
 
-/// An RDMA READ the responder executed (kept to answer a retried request).
+/// A READ or atomic the responder executed, kept to answer a duplicate request (a READ is
+/// read again; an atomic is answered from its saved result, never executed twice).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ReadRes {
-    pub(crate) first_psn: u32,
-    pub(crate) last_psn: u32,
-    pub(crate) va: u64,
-    pub(crate) rkey: u32,
-    pub(crate) len: u32,
+pub(crate) enum Resource {
+    Read {
+        first_psn: u32,
+        last_psn: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
 }
 
 /// READ response packets still to send.
@@ -180,6 +213,8 @@ pub(crate) struct ReadReply {
     pub(crate) va: u64,
     pub(crate) rkey: u32,
     pub(crate) remaining: u64,
+    /// The MSN the READ's AETHs carry (the responder's MSN once it executed the READ).
+    pub(crate) msn: u32,
 }
 
 /// Responder (receive side) progress.
@@ -187,13 +222,21 @@ pub(crate) struct ReadReply {
 pub(crate) struct Responder {
     /// Expected PSN.
     pub(crate) epsn: u32,
+    /// One past the last SEND, WRITE or atomic executed (not advanced by READs, as in rxe): a
+    /// duplicate SEND/WRITE is acknowledged with `ack_psn - 1`, which never covers a READ.
+    pub(crate) ack_psn: u32,
     pub(crate) msn: u32,
     pub(crate) sent_nak: bool,
     /// UC: the current message lost a packet; drop until the next first packet.
     pub(crate) drop_msg: bool,
     pub(crate) cur: InMsg,
-    pub(crate) reads: VecDeque<ReadRes>,
+    pub(crate) resources: VecDeque<Resource>,
+    /// READ response packets still to send, in PSN order.
     pub(crate) replies: VecDeque<ReadReply>,
+    /// Request packets that arrived while READ responses were still going out: executed, in
+    /// order, only once they are all sent (rxe's request queue), so nothing a later request
+    /// does (its ACK, its write) overtakes the READ.
+    pub(crate) deferred: VecDeque<Frame>,
     pub(crate) comm_est: bool,
 }
 
@@ -201,12 +244,14 @@ impl Default for Responder {
     fn default() -> Self {
         Responder {
             epsn: 0,
+            ack_psn: 0,
             msn: 0,
             sent_nak: false,
             drop_msg: false,
             cur: InMsg::Idle,
-            reads: VecDeque::new(),
+            resources: VecDeque::new(),
             replies: VecDeque::new(),
+            deferred: VecDeque::new(),
             comm_est: false,
         }
     }
@@ -236,7 +281,7 @@ pub(crate) struct Qp {
     pub(crate) req: Requester,
     pub(crate) resp: Responder,
     pub(crate) counters: Counters,
-    pub(crate) shell: Box<Shell<ibv_qp>>,
+    pub(crate) shell: Shell<ibv_qp>,
 }
 
 /// Bytes of an `ibv_mtu` value.
@@ -254,6 +299,8 @@ fn wc_opcode(op: ibv_wr_opcode::Type) -> ibv_wc_opcode::Type {
             ibv_wc_opcode::IBV_WC_RDMA_WRITE
         }
         ibv_wr_opcode::IBV_WR_RDMA_READ => ibv_wc_opcode::IBV_WC_RDMA_READ,
+        ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP => ibv_wc_opcode::IBV_WC_COMP_SWAP,
+        ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD => ibv_wc_opcode::IBV_WC_FETCH_ADD,
         _ => ibv_wc_opcode::IBV_WC_SEND,
     }
 }
@@ -271,6 +318,12 @@ impl Qp {
             Transport::Ud => w.cfg.mtu,
             _ => mtu_bytes(self.attr.path_mtu).min(w.cfg.mtu),
         }
+    }
+
+    /// Mirrors the state into the `ibv_qp` callers read.
+    pub(crate) fn set_shell_state(&self) {
+        let state = self.state;
+        self.shell.update(|q| q.state = state);
     }
 
     pub(crate) fn is_sending_state(&self) -> bool {
@@ -325,7 +378,7 @@ impl Qp {
         let Some(wqe) = self.sq.wqes.pop_front() else {
             return true;
         };
-        if wqe.is_read() && wqe.started {
+        if wqe.is_rd_atomic() && wqe.started {
             self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
         }
         self.sq.unreclaimed += 1;
@@ -455,10 +508,11 @@ impl Qp {
             return;
         }
         self.state = ibv_qp_state::IBV_QPS_ERR;
-        self.shell.ibv.state = self.state;
+        self.set_shell_state();
         w.set_timer(self.id, self.req.timer.take(), None);
         self.req.rnr_wait = None;
         self.resp.replies.clear();
+        self.resp.deferred.clear();
         if let InMsg::Send { wqe, from_srq, .. } =
             std::mem::replace(&mut self.resp.cur, InMsg::Idle)
         {
@@ -498,7 +552,7 @@ impl Qp {
     /// is flushed; the receive side keeps working.
     pub(crate) fn enter_sqe(&mut self, w: &mut World) {
         self.state = ibv_qp_state::IBV_QPS_SQE;
-        self.shell.ibv.state = self.state;
+        self.set_shell_state();
         while !self.sq.wqes.is_empty() {
             if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
                 self.sq.wqes.clear();
@@ -539,7 +593,7 @@ impl Qp {
         self.resp = Responder::default();
         self.dest_dev = None;
         self.state = ibv_qp_state::IBV_QPS_RESET;
-        self.shell.ibv.state = self.state;
+        self.set_shell_state();
     }
 
     /// Sends the next packet this QP has (read responses first, then requests). Returns false
@@ -553,7 +607,9 @@ impl Qp {
         self.count(w, |c| c.packets_received += 1);
         use crate::packet::opcode::*;
         match pkt.hdr.opcode {
-            RC_ACKNOWLEDGE | RC_READ_RESPONSE_FIRST..=RC_READ_RESPONSE_ONLY => {
+            RC_ACKNOWLEDGE
+            | RC_ATOMIC_ACKNOWLEDGE
+            | RC_READ_RESPONSE_FIRST..=RC_READ_RESPONSE_ONLY => {
                 if self.transport == Transport::Rc {
                     self.on_response(w, pkt);
                 }

@@ -209,6 +209,7 @@ impl Qp {
         if has(RQ_PSN) {
             t.rq_psn = a.rq_psn & PSN_MASK;
             self.resp.epsn = t.rq_psn;
+            self.resp.ack_psn = t.rq_psn;
         }
         if has(SQ_PSN) {
             t.sq_psn = a.sq_psn & PSN_MASK;
@@ -236,7 +237,10 @@ impl Qp {
                     w.wake(self.dev, self.id);
                 }
                 self.state = next;
-                self.shell.ibv.state = next;
+                self.set_shell_state();
+                if next == IBV_QPS_SQD {
+                    self.note_drained(w);
+                }
             }
         }
     }

@@ -5,7 +5,7 @@ use ibverbs_sys::{
     ibv_qp_state, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode,
 };
 
-use super::{Payload, Qp, SendWqe, Transport, UdDest};
+use super::{AtomicArgs, Payload, Qp, SendWqe, Transport, UdDest};
 use crate::mr::read_mem;
 use crate::srq::RecvWqe;
 use crate::state::World;
@@ -101,6 +101,8 @@ impl Qp {
                     | IBV_WR_RDMA_WRITE
                     | IBV_WR_RDMA_WRITE_WITH_IMM
                     | IBV_WR_RDMA_READ
+                    | IBV_WR_ATOMIC_CMP_AND_SWP
+                    | IBV_WR_ATOMIC_FETCH_AND_ADD
             ),
             Transport::Uc => matches!(
                 op,
@@ -116,6 +118,25 @@ impl Qp {
         let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
         let flags = r.send_flags;
         let inline = flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+        let is_atomic = matches!(op, IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD);
+        let atomic = if is_atomic {
+            // SAFETY: for an atomic WR the `wr` union holds the `atomic` member (plain data).
+            let a = unsafe { r.wr.atomic };
+            // rxe's validate_send_wr: exactly 8 local bytes and an 8-byte aligned address.
+            if len != 8 || a.remote_addr % 8 != 0 || inline {
+                return Err(libc::EINVAL);
+            }
+            Some((
+                a.remote_addr,
+                a.rkey,
+                AtomicArgs {
+                    compare_add: a.compare_add,
+                    swap: a.swap,
+                },
+            ))
+        } else {
+            None
+        };
         let payload = if inline {
             if op == IBV_WR_RDMA_READ || len > u64::from(self.cap.max_inline_data) {
                 return Err(libc::EINVAL);
@@ -153,6 +174,8 @@ impl Qp {
                 qkey: ud.remote_qkey,
             };
             (0, 0, Some(dest))
+        } else if let Some((remote_addr, rkey, _)) = atomic {
+            (remote_addr, rkey, None)
         } else {
             // SAFETY: for RC/UC the `wr` union holds the `rdma` member (plain data).
             let rdma = unsafe { r.wr.rdma };
@@ -171,6 +194,7 @@ impl Qp {
             remote_addr,
             rkey,
             ud,
+            atomic: atomic.map(|(_, _, args)| args),
             started: false,
             first_psn: 0,
             npkts: 0,

@@ -10,8 +10,8 @@
 
 use ibverbs_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
 
-use super::{InMsg, Qp, ReadReply, ReadRes, Transport};
-use crate::mr::{REMOTE_READ, REMOTE_WRITE, read_mem, write_mem};
+use super::{InMsg, Qp, Transport};
+use crate::mr::{REMOTE_WRITE, write_mem};
 use crate::net::Frame;
 use crate::packet::{self, Aeth, Headers, Layout, Packet, opcode, psn_add, psn_diff, syndrome};
 use crate::srq::RecvWqe;
@@ -20,14 +20,51 @@ use crate::state::{Element, World};
 /// The bytes of the GRH a UD receive buffer gets in front of the payload.
 pub(crate) const GRH_LEN: usize = 40;
 
-/// Read requests remembered for answering retried ones.
-const READ_HISTORY: usize = 16;
+/// What a UD receive buffer gets in its first 40 bytes: the network header of the RoCEv2
+/// frame the datagram came in (rxe's `union rdma_network_hdr`). Between IPv4-mapped GIDs that
+/// is 20 zero bytes then the IPv4 header; otherwise the IPv6 header. `ib_len` is the length of
+/// the InfiniBand part (BTH to ICRC) under the 8-byte UDP header.
+fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_LEN] {
+    let v4 = |g: &[u8; 16]| g[..10].iter().all(|&b| b == 0) && g[10..12] == [0xff, 0xff];
+    let udp_len = 8 + ib_len;
+    let mut grh = [0u8; GRH_LEN];
+    if v4(sgid) && v4(dgid) {
+        let ip = &mut grh[20..];
+        ip[0] = 0x45; // version 4, 5 words
+        ip[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+        ip[6] = 0x40; // don't fragment
+        ip[8] = 64; // TTL
+        ip[9] = 17; // UDP
+        ip[12..16].copy_from_slice(&sgid[12..]);
+        ip[16..20].copy_from_slice(&dgid[12..]);
+        let sum = ip
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum::<u32>();
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let sum = (sum & 0xffff) + (sum >> 16);
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    } else {
+        grh[0] = 0x60; // IP version 6
+        grh[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        grh[6] = 17; // next header: UDP
+        grh[7] = 64; // hop limit
+        grh[8..24].copy_from_slice(sgid);
+        grh[24..40].copy_from_slice(dgid);
+    }
+    grh
+}
+
+/// Request packets held back behind READ responses, at most (more are dropped; the requester
+/// sends them again).
+const MAX_DEFERRED: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Send,
     Write,
     Read,
+    Atomic,
 }
 
 fn op_of(opcode: u8) -> Option<Op> {
@@ -35,6 +72,7 @@ fn op_of(opcode: u8) -> Option<Op> {
         0x00..=0x05 => Some(Op::Send),
         0x06..=0x0b => Some(Op::Write),
         0x0c => Some(Op::Read),
+        0x13 | 0x14 => Some(Op::Atomic),
         _ => None,
     }
 }
@@ -102,6 +140,14 @@ impl Qp {
                 );
             }
         }
+        if self.transport == Transport::Rc && !self.resp.replies.is_empty() {
+            // READ responses are still going out: this request waits its turn (rxe's request
+            // queue), so neither its ACK nor its effect can overtake them.
+            if self.resp.deferred.len() < MAX_DEFERRED {
+                self.resp.deferred.push_back(frame.clone());
+            }
+            return;
+        }
         match (self.transport, op_of(pkt.hdr.opcode)) {
             (Transport::Ud, _) => self.ud_receive(w, pkt, frame),
             (Transport::Uc, Some(op)) => self.uc_receive(w, pkt, layout, op),
@@ -110,7 +156,7 @@ impl Qp {
         }
     }
 
-    fn send_ack(&mut self, w: &mut World, syn: u8, psn: u32) {
+    pub(super) fn send_ack(&mut self, w: &mut World, syn: u8, psn: u32) {
         let hdr = Headers {
             opcode: opcode::RC_ACKNOWLEDGE,
             pkey: 0xffff,
@@ -123,6 +169,12 @@ impl Qp {
             ..Headers::default()
         };
         self.send_packet(w, self.dest_dev, &hdr, &[]);
+    }
+
+    /// A protocol or access error: NAK `psn` and move this QP to ERROR.
+    pub(super) fn fatal_nak(&mut self, w: &mut World, syn: u8, psn: u32) {
+        self.send_ack(w, syn, psn);
+        self.enter_error(w);
     }
 
     fn rc_receive(&mut self, w: &mut World, pkt: &Packet<'_>, l: Layout, op: Op) {
@@ -139,24 +191,29 @@ impl Qp {
             return;
         }
         if d < 0 {
-            // Already executed: answer again, never execute twice.
+            // Already executed: answer again, never execute twice. A duplicate SEND/WRITE is
+            // acknowledged up to the last SEND/WRITE/atomic executed, never past a READ.
             self.count(w, |c| c.duplicates_received += 1);
-            if op == Op::Read {
-                self.replay_read(w, pkt);
-            } else {
-                let prev = psn_add(self.resp.epsn, packet::PSN_MASK);
-                self.send_ack(w, syndrome::ACK, prev);
+            match op {
+                Op::Read => self.replay_read(w, pkt),
+                Op::Atomic => self.replay_atomic(w, pkt),
+                Op::Send | Op::Write => {
+                    let prev = psn_add(self.resp.ack_psn, packet::PSN_MASK);
+                    self.send_ack(w, syndrome::ACK, prev);
+                }
             }
             return;
         }
         self.resp.sent_nak = false;
-        if op == Op::Read {
-            self.start_read(w, pkt);
-            return;
+        match op {
+            Op::Read => return self.start_read(w, pkt),
+            Op::Atomic => return self.start_atomic(w, pkt),
+            Op::Send | Op::Write => {}
         }
         match self.execute(w, pkt, l, op) {
             Ok(arrived) => {
                 self.resp.epsn = psn_add(psn, 1);
+                self.resp.ack_psn = self.resp.epsn;
                 if l.last {
                     self.resp.msn = psn_add(self.resp.msn, 1);
                 }
@@ -207,7 +264,7 @@ impl Qp {
 
     fn uc_receive(&mut self, w: &mut World, pkt: &Packet<'_>, l: Layout, op: Op) {
         let psn = pkt.hdr.psn;
-        if op == Op::Read {
+        if matches!(op, Op::Read | Op::Atomic) {
             return;
         }
         if self.resp.drop_msg || psn != self.resp.epsn {
@@ -342,8 +399,9 @@ impl Qp {
                     self.resp.cur = InMsg::Idle;
                     return Err(Fail { why, wqe: imm_wqe });
                 }
-                // SAFETY: `va..va + n` lies in a live MR with remote write access (checked just
-                // above); its registration promised the memory stays valid while registered.
+                // SAFETY: zero bytes touch nothing; otherwise `va..va + n` lies in a live MR
+                // with remote write access (checked just above), whose registration promised
+                // the memory stays valid while registered.
                 unsafe { write_mem(*va, pkt.payload) };
                 *va += n;
                 *resid -= n;
@@ -436,13 +494,7 @@ impl Qp {
             }
             return;
         }
-        let mut grh = [0u8; GRH_LEN];
-        grh[0] = 0x60; // IP version 6
-        grh[4..6].copy_from_slice(&(pkt.payload.len() as u16).to_be_bytes());
-        grh[6] = 0x1b; // next header: IB transport
-        grh[7] = 64; // hop limit
-        grh[8..24].copy_from_slice(&frame.sgid);
-        grh[24..40].copy_from_slice(&w.devices[self.dev].gid);
+        let grh = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
         let written = w
             .scatter(self.dev, self.pd, &wqe.sges, 0, &grh)
             .and_then(|()| w.scatter(self.dev, self.pd, &wqe.sges, GRH_LEN as u64, pkt.payload));
@@ -468,134 +520,5 @@ impl Qp {
         if !ok || written.is_err() {
             self.enter_error(w);
         }
-    }
-
-    fn start_read(&mut self, w: &mut World, pkt: &Packet<'_>) {
-        let psn = pkt.hdr.psn;
-        let Some(reth) = pkt.hdr.reth else {
-            return;
-        };
-        if self.attr.qp_access_flags & REMOTE_READ == 0 || self.attr.max_dest_rd_atomic == 0 {
-            self.send_ack(w, syndrome::NAK_INVALID_REQUEST, psn);
-            self.enter_error(w);
-            return;
-        }
-        let len = u64::from(reth.len);
-        if len > 0 && !w.check_remote(self.dev, self.pd, reth.rkey, reth.va, len, REMOTE_READ) {
-            self.send_ack(w, syndrome::NAK_REMOTE_ACCESS, psn);
-            self.enter_error(w);
-            return;
-        }
-        let npkts = len.div_ceil(u64::from(self.mtu(w))).max(1) as u32;
-        let last_psn = psn_add(psn, npkts - 1);
-        if self.resp.reads.len() == READ_HISTORY {
-            self.resp.reads.pop_front();
-        }
-        self.resp.reads.push_back(ReadRes {
-            first_psn: psn,
-            last_psn,
-            va: reth.va,
-            rkey: reth.rkey,
-            len: reth.len,
-        });
-        self.resp.replies.push_back(ReadReply {
-            res_first_psn: psn,
-            psn,
-            last_psn,
-            va: reth.va,
-            rkey: reth.rkey,
-            remaining: len,
-        });
-        self.resp.epsn = psn_add(last_psn, 1);
-        self.resp.msn = psn_add(self.resp.msn, 1);
-        w.wake(self.dev, self.id);
-    }
-
-    /// A retried READ request for responses already sent: send them again from its PSN, if it
-    /// asks for (a part of) a READ still remembered.
-    fn replay_read(&mut self, w: &mut World, pkt: &Packet<'_>) {
-        let psn = pkt.hdr.psn;
-        let Some(reth) = pkt.hdr.reth else {
-            return;
-        };
-        let Some(res) = self
-            .resp
-            .reads
-            .iter()
-            .copied()
-            .find(|r| psn_diff(psn, r.first_psn) >= 0 && psn_diff(psn, r.last_psn) <= 0)
-        else {
-            return;
-        };
-        let inside = reth.rkey == res.rkey
-            && reth.va >= res.va
-            && reth.va + u64::from(reth.len) <= res.va + u64::from(res.len);
-        if !inside {
-            return;
-        }
-        self.resp
-            .replies
-            .retain(|r| r.res_first_psn != res.first_psn);
-        self.resp.replies.push_back(ReadReply {
-            res_first_psn: res.first_psn,
-            psn,
-            last_psn: res.last_psn,
-            va: reth.va,
-            rkey: reth.rkey,
-            remaining: u64::from(reth.len),
-        });
-        w.wake(self.dev, self.id);
-    }
-
-    /// Sends the next READ response packet, if any is queued.
-    pub(super) fn send_read_reply(&mut self, w: &mut World) -> bool {
-        use ibv_qp_state::*;
-        if !matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_SQD) {
-            return false;
-        }
-        let mtu = u64::from(self.mtu(w));
-        let Some(r) = self.resp.replies.front().copied() else {
-            return false;
-        };
-        let chunk = r.remaining.min(mtu);
-        let first = r.psn == r.res_first_psn;
-        let last = r.psn == r.last_psn || r.remaining <= mtu;
-        let op = match (first, last) {
-            (true, true) => opcode::RC_READ_RESPONSE_ONLY,
-            (true, false) => opcode::RC_READ_RESPONSE_FIRST,
-            (false, true) => opcode::RC_READ_RESPONSE_LAST,
-            (false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
-        };
-        let mut payload = Vec::with_capacity(chunk as usize);
-        if chunk > 0 {
-            if !w.check_remote(self.dev, self.pd, r.rkey, r.va, chunk, REMOTE_READ) {
-                // The region was deregistered under an executing READ.
-                self.send_ack(w, syndrome::NAK_REMOTE_ACCESS, r.psn);
-                self.enter_error(w);
-                return true;
-            }
-            // SAFETY: inside a live MR with remote read access (checked just above).
-            unsafe { read_mem(r.va, chunk as usize, &mut payload) };
-        }
-        let hdr = Headers {
-            opcode: op,
-            pkey: 0xffff,
-            dest_qp: self.attr.dest_qp_num,
-            psn: r.psn,
-            aeth: (first || last).then_some(Aeth {
-                syndrome: syndrome::ACK,
-                msn: self.resp.msn,
-            }),
-            ..Headers::default()
-        };
-        self.send_packet(w, self.dest_dev, &hdr, &payload);
-        if last {
-            self.resp.replies.pop_front();
-        } else if let Some(front) = self.resp.replies.front_mut() {
-            front.psn = psn_add(front.psn, 1);
-            front.va += chunk;
-            front.remaining -= chunk;
-        }
-        true
     }
 }

@@ -4,7 +4,9 @@
 
 mod common;
 
+mod atomics;
 mod bad_input;
+mod clock;
 mod counters;
 mod cqs;
 mod determinism;
@@ -14,4 +16,7 @@ mod mrs;
 mod opcodes;
 mod props;
 mod qp_state;
+mod reads;
+mod robustness;
 mod srq;
+mod wire;

@@ -229,9 +229,33 @@ fn ud_send_arrives_behind_a_grh() {
     assert_ne!(wc.wc_flags & ibv_wc_flags::IBV_WC_GRH.0, 0);
     assert_eq!(u32::from_be(wc.imm_data), 77);
     assert_eq!(&dst[40..540], &src[..]);
+    // Both GIDs are IPv4-mapped (RoCEv2 over IPv4): 20 zero bytes, then the IPv4 header (rxe's
+    // `union rdma_network_hdr`) with the addresses from the GIDs' last 4 bytes.
+    assert!(dst[..20].iter().all(|&b| b == 0));
+    let ip = &dst[20..40];
+    assert_eq!((ip[0], ip[8], ip[9]), (0x45, 64, 17), "IPv4, TTL 64, UDP");
+    // IPv4 + UDP + BTH + DETH + ImmDt + payload + ICRC.
+    let tot = 20 + 8 + 12 + 8 + 4 + 500 + 4;
+    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), tot);
     // SAFETY: reading raw GID bytes.
-    assert_eq!(&dst[8..24], unsafe { &a.gid.raw }, "GRH source GID");
-    assert_eq!(poll_n(a.cq, 1)[0].opcode, ibv_wc_opcode::IBV_WC_SEND);
+    let (sg, dg) = unsafe { (a.gid.raw, b.gid.raw) };
+    assert_eq!((&ip[12..16], &ip[16..20]), (&sg[12..], &dg[12..]));
+    let sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    assert_eq!(
+        (sum & 0xffff) + (sum >> 16),
+        0xffff,
+        "a valid header checksum"
+    );
+    let wc = poll_n(a.cq, 1)[0];
+    assert_eq!(wc.opcode, ibv_wc_opcode::IBV_WC_SEND);
+    assert_eq!(
+        wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0,
+        0,
+        "IBV_WC_WITH_IMM is a receive-side flag (ibv_poll_cq(3); rxe also sets it on sends)"
+    );
 
     // A wrong Q_Key is dropped silently.
     post_recv(qb, &mut [recv_wr(22, &[sge(&dst, dmr)])]).unwrap();
@@ -258,7 +282,7 @@ fn ud_send_arrives_behind_a_grh() {
 }
 
 #[test]
-fn ud_payload_over_the_mtu_is_a_local_length_error_and_sqe() {
+fn ud_payload_over_the_mtu_is_dropped_without_an_error() {
     let f = Fabric::new(FabricConfig {
         mtu: 1024,
         ..Default::default()
@@ -292,10 +316,34 @@ fn ud_payload_over_the_mtu_is_a_local_length_error_and_sqe() {
         qpn(qb),
         0x1111_1111,
     );
+    post_recv(qb, &mut [recv_wr(3, &[sge(&dst, dmr)])]).unwrap();
     post_send(qa, &mut [big, small]).unwrap();
+    // C10-93.1.1 (rxe): the oversized datagram is not sent, and that is no error.
     let wcs = poll_n(a.cq, 2);
-    assert_eq!(wcs[0].status, ibv_wc_status::IBV_WC_LOC_LEN_ERR);
-    assert_eq!(wcs[1].status, ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
+    assert!(wcs.iter().all(ok), "{wcs:?}");
+    let got = poll_n(b.cq, 1);
+    assert_eq!(
+        (got[0].wr_id, got[0].byte_len),
+        (3, 40 + 10),
+        "only the small one arrived"
+    );
+    f.run_until_idle().unwrap();
+    assert!(poll(b.cq, 4).is_empty());
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_RTS);
+    // A send-side error (a bad lkey) moves a UD QP to SQE.
+    let mut bad = sge(&src[..10], smr);
+    bad.lkey ^= 0x5a5a;
+    let wr = with_ud(
+        send_wr(7, ibv_wr_opcode::IBV_WR_SEND, &[bad], SIGNALED),
+        ah,
+        qpn(qb),
+        0x1111_1111,
+    );
+    post_send(qa, &mut [wr]).unwrap();
+    assert_eq!(
+        poll_n(a.cq, 1)[0].status,
+        ibv_wc_status::IBV_WC_LOC_PROT_ERR
+    );
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_SQE);
     // The receive side of an SQE QP keeps working.
     let mut buf = vec![0u8; 100];

@@ -434,3 +434,26 @@ fn fence_waits_for_earlier_reads() {
         "then the SEND"
     );
 }
+
+/// Moving an idle RTS QP to SQD with `en_sqd_async_notify` raises `IBV_EVENT_SQ_DRAINED` at
+/// once: there is nothing to drain (ibv_modify_qp(3); rxe raises it from the send task).
+#[test]
+fn an_idle_qp_moved_to_sqd_reports_drained_at_once() {
+    let f = Fabric::default();
+    let (a, qa, _b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 4);
+    assert!(async_event(a.ctx).is_none());
+    let sqd = ibv_qp_attr {
+        qp_state: IBV_QPS_SQD,
+        en_sqd_async_notify: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        modify(qa, &sqd, m(k::IBV_QP_STATE | k::IBV_QP_EN_SQD_ASYNC_NOTIFY)),
+        0
+    );
+    let ev = async_event(a.ctx).expect("SQ_DRAINED without any send");
+    assert_eq!(ev.event_type, IBV_EVENT_SQ_DRAINED);
+    // SAFETY: for a QP event the union holds the QP pointer.
+    assert_eq!(unsafe { ev.element.qp }, qa);
+    assert!(async_event(a.ctx).is_none(), "once");
+}

@@ -1,0 +1,231 @@
+//! The responder's READ and atomic side: READ responses sent in PSN order, atomics executed
+//! once, and both remembered (rxe's responder resources) so that a duplicate request is
+//! answered again without being executed twice.
+
+use ibverbs_sys::ibv_qp_state;
+
+use super::{Qp, ReadReply, Resource};
+use crate::mr::{REMOTE_ATOMIC, REMOTE_READ, atomic_op, read_mem};
+use crate::packet::{Aeth, Headers, Packet, opcode, psn_add, psn_diff, syndrome};
+use crate::state::World;
+
+/// READs and atomics remembered for answering duplicates (at least; more if the QP's
+/// `max_dest_rd_atomic` is larger).
+const RESOURCE_HISTORY: usize = 16;
+
+impl Qp {
+    /// Keeps a READ or atomic for answering its duplicates, forgetting the oldest beyond the
+    /// history's size.
+    pub(super) fn remember(&mut self, r: Resource) {
+        let cap = RESOURCE_HISTORY.max(usize::from(self.attr.max_dest_rd_atomic));
+        if self.resp.resources.len() >= cap {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+    }
+
+    pub(super) fn start_read(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(reth) = pkt.hdr.reth else {
+            return;
+        };
+        if self.attr.qp_access_flags & REMOTE_READ == 0 || self.attr.max_dest_rd_atomic == 0 {
+            return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
+        }
+        let len = u64::from(reth.len);
+        // A zero-byte READ names no memory (C9-88): neither address nor rkey is checked.
+        if len > 0 && !w.check_remote(self.dev, self.pd, reth.rkey, reth.va, len, REMOTE_READ) {
+            return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);
+        }
+        let npkts = len.div_ceil(u64::from(self.mtu(w))).max(1) as u32;
+        let last_psn = psn_add(psn, npkts - 1);
+        self.remember(Resource::Read {
+            first_psn: psn,
+            last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.len,
+        });
+        self.resp.epsn = psn_add(last_psn, 1);
+        self.resp.msn = psn_add(self.resp.msn, 1);
+        self.resp.replies.push_back(ReadReply {
+            res_first_psn: psn,
+            psn,
+            last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: len,
+            msn: self.resp.msn,
+        });
+        w.wake(self.dev, self.id);
+    }
+
+    /// A duplicate READ request (its responses, or some of them, were lost): send them again
+    /// from its PSN, if it asks for a part of a READ still remembered, with the same rkey and
+    /// inside the original range. Anything else is dropped (rxe's class D).
+    pub(super) fn replay_read(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(reth) = pkt.hdr.reth else {
+            return;
+        };
+        let found = self.resp.resources.iter().find_map(|r| match *r {
+            Resource::Read {
+                first_psn,
+                last_psn,
+                va,
+                rkey,
+                len,
+            } if psn_diff(psn, first_psn) >= 0 && psn_diff(psn, last_psn) <= 0 => {
+                Some((first_psn, last_psn, va, rkey, len))
+            }
+            _ => None,
+        });
+        let Some((first_psn, last_psn, va, rkey, len)) = found else {
+            return;
+        };
+        // Everything comes from the wire: checked arithmetic, and a bad range is dropped.
+        let end = reth.va.checked_add(u64::from(reth.len));
+        let res_end = va.checked_add(u64::from(len));
+        let inside =
+            reth.rkey == rkey && reth.va >= va && end.zip(res_end).is_some_and(|(e, r)| e <= r);
+        if !inside {
+            return;
+        }
+        self.resp.replies.retain(|r| r.res_first_psn != first_psn);
+        self.resp.replies.push_back(ReadReply {
+            res_first_psn: first_psn,
+            psn,
+            last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: u64::from(reth.len),
+            msn: self.resp.msn,
+        });
+        w.wake(self.dev, self.id);
+    }
+
+    /// Executes a compare-and-swap or fetch-and-add: 8 aligned bytes of an MR with remote
+    /// atomic access, changed atomically; the original value goes back in the acknowledge
+    /// and is kept for answering a duplicate.
+    pub(super) fn start_atomic(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(a) = pkt.hdr.atomic else {
+            return;
+        };
+        // rxe: no remote atomic right on the QP, or a misaligned address, is an invalid
+        // request; a bad rkey or range is a remote access error.
+        if self.attr.qp_access_flags & REMOTE_ATOMIC == 0
+            || self.attr.max_dest_rd_atomic == 0
+            || a.va % 8 != 0
+        {
+            return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
+        }
+        if !w.check_remote(self.dev, self.pd, a.rkey, a.va, 8, REMOTE_ATOMIC) {
+            return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);
+        }
+        let swap = pkt.hdr.opcode == opcode::RC_COMPARE_SWAP;
+        // SAFETY: `va..va + 8` lies in a live MR with remote atomic access and is 8-byte
+        // aligned (both checked just above); registration promised the memory stays valid.
+        let orig = unsafe { atomic_op(a.va, swap, a.swap_add, a.compare) };
+        self.remember(Resource::Atomic { psn, orig });
+        self.resp.epsn = psn_add(psn, 1);
+        self.resp.ack_psn = self.resp.epsn;
+        self.resp.msn = psn_add(self.resp.msn, 1);
+        self.send_atomic_ack(w, psn, orig);
+    }
+
+    /// A duplicate atomic: answered from the saved result, never executed again; dropped if
+    /// it is no longer remembered.
+    pub(super) fn replay_atomic(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let orig = self.resp.resources.iter().find_map(|r| match *r {
+            Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
+            _ => None,
+        });
+        if let Some(orig) = orig {
+            self.send_atomic_ack(w, psn, orig);
+        }
+    }
+
+    fn send_atomic_ack(&mut self, w: &mut World, psn: u32, orig: u64) {
+        let hdr = Headers {
+            opcode: opcode::RC_ATOMIC_ACKNOWLEDGE,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            psn,
+            aeth: Some(Aeth {
+                syndrome: syndrome::ACK,
+                msn: self.resp.msn,
+            }),
+            atomic_ack: Some(orig),
+            ..Headers::default()
+        };
+        self.send_packet(w, self.dest_dev, &hdr, &[]);
+    }
+
+    /// Sends the next READ response packet, if any is queued; once the last one is out, the
+    /// requests that waited behind them are executed.
+    pub(super) fn send_read_reply(&mut self, w: &mut World) -> bool {
+        use ibv_qp_state::*;
+        if !matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_SQD) {
+            return false;
+        }
+        let mtu = u64::from(self.mtu(w));
+        let Some(r) = self.resp.replies.front().copied() else {
+            return false;
+        };
+        let chunk = r.remaining.min(mtu);
+        let first = r.psn == r.res_first_psn;
+        let last = r.psn == r.last_psn || r.remaining <= mtu;
+        let op = match (first, last) {
+            (true, true) => opcode::RC_READ_RESPONSE_ONLY,
+            (true, false) => opcode::RC_READ_RESPONSE_FIRST,
+            (false, true) => opcode::RC_READ_RESPONSE_LAST,
+            (false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
+        };
+        let mut payload = Vec::with_capacity(chunk as usize);
+        if chunk > 0 {
+            if !w.check_remote(self.dev, self.pd, r.rkey, r.va, chunk, REMOTE_READ) {
+                // The region was deregistered under an executing READ.
+                self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, r.psn);
+                return true;
+            }
+            // SAFETY: inside a live MR with remote read access (checked just above).
+            unsafe { read_mem(r.va, chunk as usize, &mut payload) };
+        }
+        let hdr = Headers {
+            opcode: op,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            psn: r.psn,
+            aeth: (first || last).then_some(Aeth {
+                syndrome: syndrome::ACK,
+                msn: r.msn,
+            }),
+            ..Headers::default()
+        };
+        self.send_packet(w, self.dest_dev, &hdr, &payload);
+        if last {
+            self.resp.replies.pop_front();
+            self.run_deferred(w);
+        } else if let Some(front) = self.resp.replies.front_mut() {
+            front.psn = psn_add(front.psn, 1);
+            front.va += chunk;
+            front.remaining -= chunk;
+        }
+        true
+    }
+
+    /// Executes, in order, the requests that arrived while READ responses were going out,
+    /// until one of them is a READ with responses of its own to send.
+    fn run_deferred(&mut self, w: &mut World) {
+        while self.resp.replies.is_empty() {
+            let Some(frame) = self.resp.deferred.pop_front() else {
+                return;
+            };
+            if let Ok(pkt) = Packet::parse(&frame.bytes) {
+                self.on_request(w, &pkt, &frame);
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Robustness: no livelock when a WR fails behind others, no undefined behaviour on zero-length
+//! operations, destroyed pointers refused for good, blocking calls that a destroy wakes, and a
+//! panic in the progress thread that breaks the fabric loudly.
+
+use std::ptr::null_mut;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use softnic::{PacketInfo, Verdict};
+
+use crate::common::*;
+
+/// Runs `f` on a thread and fails the test if it does not return within `secs` seconds (a hung
+/// softnic call holds its fabric's lock forever; the thread is left behind).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no return within {secs} s"))
+}
+
+/// A pointer that may cross to the watchdog thread (softnic objects are thread-safe).
+#[derive(Clone, Copy)]
+struct P(usize);
+
+/// Point 4 of the review: a WR whose memory is deregistered after it started, found bad while
+/// an earlier WR is still unacknowledged, is reported in order; the requester does not spin.
+#[test]
+fn a_gather_error_behind_an_unacked_wr_is_reported_not_spun_on() {
+    let f = Fabric::default();
+    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 16);
+    let mut src1 = vec![1u8; 8192];
+    let mut src2 = vec![2u8; 8192];
+    let mut dst = vec![0u8; 16384];
+    let m1 = a.reg(&mut src1, LOCAL_WRITE);
+    let m2 = a.reg(&mut src2, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, ALL_ACCESS);
+    // Lose the third data packet, and every ACK/NAK until told otherwise: recovery then comes
+    // from the retransmission timeout, after the second WR's memory is gone.
+    let quiet = Arc::new(AtomicBool::new(true));
+    let data = Arc::new(AtomicUsize::new(0));
+    let (q2, d2) = (quiet.clone(), data.clone());
+    f.set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+        if p.from == 1 && q2.load(Ordering::Relaxed) {
+            return Verdict::Drop;
+        }
+        if p.from == 0 && d2.fetch_add(1, Ordering::Relaxed) == 2 {
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    })));
+    let w1 = with_rdma(
+        send_wr(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src1, m1)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64,
+        rkey(dmr),
+    );
+    let w2 = with_rdma(
+        send_wr(
+            2,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src2, m2)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64 + 8192,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [w1, w2]).unwrap();
+    f.advance(Duration::from_micros(50));
+    assert_eq!(data.load(Ordering::Relaxed), 16, "both WRs went out once");
+    // SAFETY: a live MR, deregistered once while a WR naming it is in flight.
+    assert_eq!(unsafe { (CONTROL.dereg_mr)(m2) }, 0);
+    quiet.store(false, Ordering::Relaxed);
+    let cq = P(a.cq as usize);
+    let wcs = within(20, "polling after the go-back-N", move || {
+        poll_n(cq.0 as *mut ibv_cq, 2)
+    });
+    let got: Vec<(u64, u32)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, ibv_wc_status::IBV_WC_SUCCESS),
+            (2, ibv_wc_status::IBV_WC_LOC_PROT_ERR)
+        ]
+    );
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+}
+
+/// Point 5: zero bytes touch no memory, whatever address the WR or the wire names.
+#[test]
+fn zero_length_operations_touch_no_memory() {
+    let f = Fabric::default();
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    // A zero-length WRITE to address 0 with rkey 0 (rxe checks no rkey for zero bytes).
+    let w = with_rdma(
+        send_wr(1, ibv_wr_opcode::IBV_WR_RDMA_WRITE, &[], SIGNALED),
+        0,
+        0,
+    );
+    post_send(qa, &mut [w]).unwrap();
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    // A zero-length inline SGE at address 0.
+    post_recv(qb, &mut [recv_wr(5, &[])]).unwrap();
+    let s = [ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }];
+    post_send(
+        qa,
+        &mut [send_wr(
+            2,
+            ibv_wr_opcode::IBV_WR_SEND,
+            &s,
+            SIGNALED | INLINE,
+        )],
+    )
+    .unwrap();
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    let r = poll_n(b.cq, 1)[0];
+    assert_eq!((r.wr_id, r.byte_len), (5, 0));
+    // A zero-length READ from address 0 into no SGE.
+    let rd = with_rdma(
+        send_wr(3, ibv_wr_opcode::IBV_WR_RDMA_READ, &[], SIGNALED),
+        0,
+        0,
+    );
+    post_send(qa, &mut [rd]).unwrap();
+    let wc = poll_n(a.cq, 1)[0];
+    assert!(ok(&wc), "{wc:?}");
+    assert_eq!(wc.byte_len, 0);
+}
+
+/// Point 8: an address softnic handed out is never handed out again, so a destroyed object's
+/// pointer is refused for good, even after many objects of the same kind came and went.
+#[test]
+fn destroyed_pointers_never_come_back() {
+    let f = Fabric::default();
+    let n = Node::open(&f, "soft0");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut mem = vec![0u8; 64];
+    for _ in 0..64 {
+        let q = n.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+        let cq = n.new_cq(4, null_mut());
+        let mr = n.reg(&mut mem, LOCAL_WRITE);
+        for p in [q as usize, cq as usize, mr as usize] {
+            assert!(seen.insert(p), "address {p:#x} handed out twice");
+        }
+        // SAFETY: live objects, each destroyed once.
+        unsafe {
+            assert_eq!((CONTROL.destroy_qp)(q), 0);
+            assert_eq!((CONTROL.destroy_cq)(cq), 0);
+            assert_eq!((CONTROL.dereg_mr)(mr), 0);
+        }
+    }
+    // A brand-new object of each kind still lands somewhere new, and the old ones stay dead.
+    let q = n.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    assert!(!seen.contains(&(q as usize)));
+    for &p in &seen {
+        // SAFETY: softnic checks every pointer it is given before using it.
+        let rc = unsafe { (CONTROL.destroy_qp)(p as *mut ibv_qp) };
+        assert_eq!(rc, libc::EINVAL);
+    }
+}
+
+/// Point 8: a thread blocked in `get_cq_event` while its channel is destroyed returns an error
+/// promptly (it must not block forever, nor read a descriptor the destroy closed).
+#[test]
+fn destroying_a_channel_wakes_a_blocked_get_cq_event() {
+    let f = Fabric::default();
+    let n = Node::open(&f, "soft0");
+    // SAFETY: a live context.
+    let ch = unsafe { (CONTROL.create_comp_channel)(n.ctx) };
+    assert!(!ch.is_null());
+    let p = P(ch as usize);
+    let waiter = std::thread::spawn(move || {
+        let mut cq = null_mut();
+        let mut ctx = null_mut();
+        // SAFETY: softnic checks the channel; the out-pointers are valid.
+        let rc = unsafe { (CONTROL.get_cq_event)(p.0 as *mut _, &mut cq, &mut ctx) };
+        (rc, std::io::Error::last_os_error().raw_os_error())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: a live channel with no CQ on it, destroyed once.
+    assert_eq!(unsafe { (CONTROL.destroy_comp_channel)(ch) }, 0);
+    let (rc, errno) = within(5, "get_cq_event after the destroy", move || {
+        waiter.join().unwrap()
+    });
+    assert_eq!((rc, errno), (-1, Some(libc::EINVAL)));
+}
+
+/// Point 9: a panic in the progress thread breaks the fabric: every later call fails with EIO
+/// instead of working on state the panic may have left half-updated.
+#[test]
+fn a_panic_in_the_progress_thread_breaks_the_fabric() {
+    let f = Fabric::default();
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    f.set_packet_filter(Some(Box::new(|_: &PacketInfo| {
+        if std::thread::current().name() == Some("softnic-progress") {
+            panic!("a filter bug");
+        }
+        Verdict::Pass
+    })));
+    let _progress = f.spawn_progress_thread();
+    let mut buf = vec![0u8; 64];
+    let bmr = b.reg(&mut buf, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(1, &[sge(&buf, bmr)])]).unwrap();
+    let mut src = vec![7u8; 8192];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    // Packets after the first are sent by whoever makes progress next: the progress thread.
+    let w = send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
+    let _ = post_send(qa, &mut [w]);
+    let (ctx, qp) = (P(a.ctx as usize), P(qa as usize));
+    let rc = within(5, "waiting for the fabric to break", move || {
+        loop {
+            let rc = post_send_raw(ctx.0 as *mut ibv_context, qp.0 as *mut ibv_qp, null_mut());
+            if rc != 0 {
+                return rc;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    assert_eq!(rc, libc::EIO);
+    assert_eq!(try_poll(a.cq, 1), Err(-libc::EIO));
+}
