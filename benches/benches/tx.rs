@@ -105,7 +105,7 @@ struct SoftQp {
     cq: std::sync::Arc<Cq>,
     _peer: Qp<Uc, Rts>,
     src: MrBuf,
-    dst: MrBuf,
+    dst: DmaBuf,
 }
 
 /// A UC QP pair on softnic with a source and a destination region.
@@ -150,16 +150,18 @@ fn soft_qp() -> SoftQp {
     let ra = Remote {
         qpn: qa.qpn(),
         psn: 0,
-        gid: a.query_gid(1, 0).unwrap(),
+        lid: 0,
+        gid: Some(a.query_gid(1, 0).unwrap()),
     };
     let rb = Remote {
         qpn: qb.qpn(),
         psn: 0,
-        gid: b.query_gid(1, 0).unwrap(),
+        lid: 0,
+        gid: Some(b.query_gid(1, 0).unwrap()),
     };
     let rtr = |r| UcRtr {
         path_mtu: Mtu::Mtu4096,
-        ..UcRtr::new(r)
+        ..UcRtr::new(r, LocalPort::new(1, 0))
     };
     let qa = qa
         .init(ConnInit::default())
@@ -169,7 +171,7 @@ fn soft_qp() -> SoftQp {
         .rts(SqPsn(0))
         .unwrap();
     let qb = qb
-        .init(ConnInit::default())
+        .init(ConnInit::with_access(AccessFlags::REMOTE_WRITE))
         .unwrap()
         .rtr(rtr(ra))
         .unwrap()
@@ -178,7 +180,7 @@ fn soft_qp() -> SoftQp {
     let len = (CHUNKS * u64::from(CHUNK)) as usize;
     let src = pa.alloc_mr(len, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = pb
-        .alloc_mr(
+        .alloc_dma(
             len,
             4096,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,

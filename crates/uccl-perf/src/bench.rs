@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verbs_safe::{
-    AccessFlags, ConnInit, Context, Cq, Device, Error, MrBuf, Mtu, Poller, Qp, QpCaps, QpInit, Rc,
-    RcRtr, RcRts, Remote, Rts, SendOp, SendWr, SqPsn, Transport, Uc, UcRtr, Verbs,
+    AccessFlags, ConnInit, Context, Cq, Device, DmaBuf, Error, LocalPort, Mtu, Poller, Qp, QpCaps,
+    QpInit, Rc, RcRtr, RcRts, Remote, Rts, SendOp, SqPsn, Transport, Uc, UcRtr, Verbs, WrSlot,
 };
 
 use crate::args::{Args, Provider, Test, TransportArg};
@@ -38,7 +38,7 @@ impl Link for Rc {
     fn rtr(remote: Remote, mtu: Mtu) -> RcRtr {
         RcRtr {
             path_mtu: mtu,
-            ..RcRtr::new(remote)
+            ..RcRtr::new(remote, LocalPort::new(1, 0))
         }
     }
     fn rts(psn: u32) -> RcRts {
@@ -50,7 +50,7 @@ impl Link for Uc {
     fn rtr(remote: Remote, mtu: Mtu) -> UcRtr {
         UcRtr {
             path_mtu: mtu,
-            ..UcRtr::new(remote)
+            ..UcRtr::new(remote, LocalPort::new(1, 0))
         }
     }
     fn rts(psn: u32) -> SqPsn {
@@ -62,8 +62,8 @@ struct Pair<T: Transport> {
     qa: Qp<T, Rts>,
     _qb: Qp<T, Rts>,
     cq: Arc<Cq>,
-    src: Arc<MrBuf>,
-    dst: Arc<MrBuf>,
+    src: Arc<DmaBuf>,
+    dst: Arc<DmaBuf>,
 }
 
 fn connect<T: Link>(
@@ -105,26 +105,28 @@ fn connect<T: Link>(
     let ra = Remote {
         qpn: qa.qpn(),
         psn: 0x100,
-        gid: a.query_gid(1, 0)?,
+        lid: a.query_port(1)?.lid,
+        gid: Some(a.query_gid(1, 0)?),
     };
     let rb = Remote {
         qpn: qb.qpn(),
         psn: 0x200,
-        gid: b.query_gid(1, 0)?,
+        lid: b.query_port(1)?.lid,
+        gid: Some(b.query_gid(1, 0)?),
     };
     let qa = qa
         .init(ConnInit::default())?
         .rtr(T::rtr(rb, mtu))?
         .rts(T::rts(0x100))?;
     let qb = qb
-        .init(ConnInit::default())?
+        .init(ConnInit::with_access(AccessFlags::REMOTE_WRITE))?
         .rtr(T::rtr(ra, mtu))?
         .rts(T::rts(0x200))?;
-    let mut src = pa.alloc_mr(args.size, 4096, AccessFlags::LOCAL_WRITE)?;
-    for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
-        *b = i as u8;
-    }
-    let dst = pb.alloc_mr(
+    let src = Arc::new(pa.alloc_dma(args.size, 4096, AccessFlags::LOCAL_WRITE)?);
+    let pattern: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
+    src.write_at(0, &pattern)?;
+    qa.pin(&src);
+    let dst = pb.alloc_dma(
         args.size,
         4096,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
@@ -133,9 +135,25 @@ fn connect<T: Link>(
         qa,
         _qb: qb,
         cq: ca,
-        src: Arc::new(src),
+        src,
         dst: Arc::new(dst),
     })
+}
+
+const SIGNALED: u32 = verbs_safe::sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+
+/// A WR slot writing all of `p.src` to `p.dst` with `op`.
+fn write_slot<T: Transport>(p: &Pair<T>, op: SendOp, len: u32) -> WrSlot<1> {
+    let SendOp::Write { remote_addr, rkey } = op else {
+        unreachable!("the benchmark only writes")
+    };
+    let mut s = WrSlot::<1>::default();
+    s.wr.opcode = verbs_safe::sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+    s.wr.wr.rdma.remote_addr = remote_addr;
+    s.wr.wr.rdma.rkey = rkey;
+    s.sges[0] = p.src.sge(0, len).expect("the whole buffer");
+    s.wr.num_sge = 1;
+    s
 }
 
 /// `iters` WRITEs, `batch` per post, a signaled one every `signal` WRs.
@@ -153,22 +171,21 @@ fn write_bw<T: Transport>(
         remote_addr: p.dst.addr(),
         rkey: p.dst.rkey(),
     };
-    let mut wrs: Vec<SendWr> = Vec::with_capacity(batch as usize);
+    // A pool of pre-initialised WRs, one per slot of a batch, posted as a chain.
+    let mut slots: Vec<WrSlot<1>> = (0..batch).map(|_| write_slot(p, op, len)).collect();
+    let order: Vec<u32> = (0..batch).collect();
     let mut failure = None;
     while completed < iters {
         let n = u64::from(batch).min(iters - posted);
         if n > 0 && posted + n - completed <= u64::from(depth) {
-            wrs.clear();
-            for i in posted..posted + n {
-                let w = SendWr::new(i, op).buf(&p.src, 0, len);
+            for (k, i) in (posted..posted + n).enumerate() {
+                let s = &mut slots[k];
+                s.wr.wr_id = i;
                 // Signal every `signal`-th WR and the very last one.
-                wrs.push(if (i + 1) % u64::from(signal) == 0 || i + 1 == iters {
-                    w.signaled()
-                } else {
-                    w
-                });
+                let signaled = (i + 1) % u64::from(signal) == 0 || i + 1 == iters;
+                s.wr.send_flags = if signaled { SIGNALED } else { 0 };
             }
-            p.qa.post_send_bufs(&mut wrs)?;
+            p.qa.post_slots(&mut slots, &order[..n as usize])?;
             posted += n;
             posts += 1;
             continue;
@@ -196,9 +213,12 @@ fn write_lat<T: Transport>(p: &Pair<T>, iters: u64) -> Result<Vec<Duration>, Err
         rkey: p.dst.rkey(),
     };
     let mut lat = Vec::with_capacity(iters as usize);
+    let mut slot = [write_slot(p, op, len)];
+    slot[0].wr.send_flags = SIGNALED;
     for i in 0..iters {
         let t0 = Instant::now();
-        p.qa.post_send_bufs(&mut [SendWr::new(i, op).buf(&p.src, 0, len).signaled()])?;
+        slot[0].wr.wr_id = i;
+        p.qa.post_slots(&mut slot, &[0])?;
         let mut done = None;
         while done.is_none() {
             poller.poll(&p.cq, 1, |c| done = Some(c.is_ok()))?;

@@ -14,6 +14,7 @@ use ibverbs_sys::{
 use crate::error::{Errno, Error, Result};
 use crate::flags::{AccessFlags, Mtu};
 use crate::provider::{Device, Verbs};
+use crate::track::Tracker;
 
 /// Logs a destroy that failed: a drop cannot return an error and must not panic.
 pub(crate) fn destroyed(what: &'static str, rc: i32) {
@@ -27,6 +28,8 @@ pub struct Context {
     pub(crate) verbs: Verbs,
     pub(crate) raw: *mut ibv_context,
     name: String,
+    /// Completion handlers and the buffers of safe posts, by tracked `wr_id`.
+    pub(crate) tracker: Arc<Tracker>,
 }
 
 // SAFETY: libibverbs contexts are thread-safe for every verb; softnic locks internally.
@@ -85,6 +88,7 @@ impl Context {
             verbs: device.verbs.clone(),
             raw,
             name: device.name().to_string(),
+            tracker: Arc::default(),
         }))
     }
 
@@ -106,6 +110,12 @@ impl Context {
     /// The raw context.
     pub fn as_raw(&self) -> *mut ibv_context {
         self.raw
+    }
+
+    /// Safe posts on this context whose completion has not been polled yet (their buffers are
+    /// still held).
+    pub fn posts_in_flight(&self) -> usize {
+        self.tracker.posted()
     }
 
     fn query_err(&self, what: &'static str, rc: i32) -> Error {
@@ -270,14 +280,48 @@ impl Pd {
         })
     }
 
-    /// Allocates `len` zeroed bytes aligned to `align` and registers them: the safe way to get
-    /// registered memory.
+    /// Allocates `len` zeroed bytes aligned to `align` and registers them for local access
+    /// only (`access` may hold `LOCAL_WRITE`): registered memory that safe code may read and
+    /// write through references, lent to one post at a time. Memory a peer may access
+    /// remotely, or that many WRs use at once, is a [`DmaBuf`] ([`alloc_dma`](Self::alloc_dma)).
     pub fn alloc_mr(
         self: &Arc<Self>,
         len: usize,
         align: usize,
         access: AccessFlags,
     ) -> Result<MrBuf> {
+        if access.intersects(AccessFlags::remote()) {
+            return Err(Error::InvalidAttr {
+                name: "access",
+                value: u64::from(access.bits()),
+                reason: "remote access needs alloc_dma: safe code must never hold a \
+                         reference to bytes a peer may write",
+            });
+        }
+        let (mr, mem) = self.alloc_registered(len, align, access)?;
+        Ok(MrBuf { mr, mem, len })
+    }
+
+    /// Allocates `len` zeroed bytes aligned to `align` and registers them with `access`, which
+    /// may grant peers remote access (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`; these
+    /// need `LOCAL_WRITE` too, as libibverbs requires): memory the NIC and peers may access at
+    /// any time, reached by copies (see [`DmaBuf`]).
+    pub fn alloc_dma(
+        self: &Arc<Self>,
+        len: usize,
+        align: usize,
+        access: AccessFlags,
+    ) -> Result<DmaBuf> {
+        let (mr, mem) = self.alloc_registered(len, align, access)?;
+        Ok(DmaBuf { mr, mem, len })
+    }
+
+    fn alloc_registered(
+        self: &Arc<Self>,
+        len: usize,
+        align: usize,
+        access: AccessFlags,
+    ) -> Result<(Mr, Allocation)> {
         let layout =
             Layout::from_size_align(len.max(1), align).map_err(|_| Error::InvalidAttr {
                 name: "align",
@@ -291,9 +335,10 @@ impl Pd {
             reason: "allocation failed",
         })?;
         let mem = Allocation { ptr, layout };
-        // SAFETY: `mem` is owned by the returned `MrBuf`, which drops the MR before the memory.
+        // SAFETY: `mem` is owned by the returned buffer, which drops the MR before the memory;
+        // the buffer's types keep references away from bytes the NIC may be accessing.
         let mr = unsafe { self.register(ptr.as_ptr(), len, access) }?;
-        Ok(MrBuf { mr, mem, len })
+        Ok((mr, mem))
     }
 }
 
@@ -391,7 +436,15 @@ impl Drop for Allocation {
     }
 }
 
-/// Memory this crate allocated and registered: the MR and its bytes live and die together.
+/// Memory this crate allocated and registered for local access only: the MR and its bytes
+/// live and die together.
+///
+/// Safe code reaches its bytes through references ([`as_slice`](Self::as_slice),
+/// [`as_mut_slice`](Self::as_mut_slice)) only while the NIC cannot write them: a safe post
+/// that lets the NIC write into it (a receive, the target of a READ or an atomic) takes the
+/// buffer by value and gives it back with the completion; one that lets the NIC read it (a
+/// send, a WRITE) shares it through an `Arc`, so nobody can write it meanwhile. No peer can
+/// reach it: it has no remote access.
 ///
 /// The field order matters: the MR is deregistered before the memory is freed.
 pub struct MrBuf {
@@ -419,16 +472,106 @@ impl std::ops::Deref for MrBuf {
 }
 
 impl MrBuf {
-    /// The bytes. Reading while the NIC writes them (a receive or an incoming RDMA WRITE still
-    /// in progress) sees partial data, as with any DMA buffer.
+    /// The bytes. The NIC may only be reading them now (a send through a shared `Arc`).
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `mem` holds `len` initialised (zeroed) bytes for as long as `self` lives.
+        // SAFETY: `mem` holds `len` initialised (zeroed) bytes for as long as `self` lives;
+        // nothing writes them while `&self` exists: the NIC writes only buffers moved into a
+        // post, which the caller then no longer has.
         unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.len) }
     }
 
-    /// The bytes, mutably. Do not change bytes a posted, not yet completed WR is sending.
+    /// The bytes, mutably: no WR can be using them (a post that does holds the buffer).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` excludes other Rust references.
+        // SAFETY: as above, and `&mut self` excludes every other reference, a post's included.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Registered memory that the NIC and peers may access at any time while it is registered:
+/// through its rkey (RDMA WRITE, READ, atomics) if its access flags allow, and through any
+/// number of posted WRs at once (a region carved into receive buffers or send chunks, pinned
+/// to a queue pair, see [`Qp::pin`](crate::Qp::pin)).
+///
+/// Because someone may write it whenever they like, safe code never gets a reference to its
+/// bytes: it copies in and out ([`read_at`](Self::read_at), [`write_at`](Self::write_at)),
+/// through raw pointers as the NIC itself does, seeing a torn value if the NIC or a peer writes
+/// the same bytes meanwhile (as with any DMA buffer). A reference is `unsafe`
+/// ([`as_slice`](Self::as_slice)), for a caller whose protocol guarantees that no peer and no
+/// posted WR touches the bytes while it is held. Safe posts share it through an `Arc`.
+pub struct DmaBuf {
+    mr: Mr,
+    mem: Allocation,
+    len: usize,
+}
+
+// SAFETY: owns its allocation; no method hands out a reference without an `unsafe` contract.
+unsafe impl Send for DmaBuf {}
+// SAFETY: as above.
+unsafe impl Sync for DmaBuf {}
+
+impl std::fmt::Debug for DmaBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.mr.fmt(f)
+    }
+}
+
+impl std::ops::Deref for DmaBuf {
+    type Target = Mr;
+    fn deref(&self) -> &Mr {
+        &self.mr
+    }
+}
+
+impl DmaBuf {
+    fn range(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => {
+                // SAFETY: `offset <= len` of the allocation.
+                Ok(unsafe { self.mem.ptr.as_ptr().add(offset) })
+            }
+            _ => Err(Error::InvalidAttr {
+                name: "offset",
+                value: offset as u64,
+                reason: "the range lies outside the buffer",
+            }),
+        }
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let src = self.range(offset, out.len())?;
+        // SAFETY: `src..src + out.len()` lies inside the live allocation (checked); no reference
+        // to it exists (only raw copies touch it), and `out` is the caller's own memory.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let dst = self.range(offset, data.len())?;
+        // SAFETY: as in `read_at`, the other way round.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// While the returned slice lives, no peer may write these bytes (through this region's
+    /// rkey) and no posted WR may write them (a receive, a READ or atomic target); nothing in
+    /// the program may write them either (through `write_at` or another view).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: initialised memory of `len` bytes; the caller guarantees no writer.
+        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    ///
+    /// # Safety
+    /// While the returned slice lives, no peer and no posted WR may read or write these bytes,
+    /// and the program may not reach them otherwise.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` excludes the program's other views.
         unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.len) }
     }
 }
@@ -450,36 +593,64 @@ impl std::fmt::Debug for Ah {
     }
 }
 
-/// The `ibv_ah_attr` of a RoCE destination: GID-routed through port 1, GID index 0.
-pub(crate) fn ah_attr(port: u8, dgid: Gid) -> ibv_ah_attr {
+/// Where a path leaves from: a local port, and the index of that port's GID that packets carry
+/// as their source address. On RoCE the index picks the RoCE version and address family (RoCE v2 over
+/// IPv4 is usually index 1 or 3); on InfiniBand 0 is the port's default GID. There is no
+/// default on purpose: the wrong index silently breaks RoCE v2 connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalPort {
+    /// The port (1-based).
+    pub port: u8,
+    /// The source GID's index in the port's GID table.
+    pub gid_index: u8,
+}
+
+impl LocalPort {
+    /// Port `port`, source GID `gid_index`.
+    pub fn new(port: u8, gid_index: u8) -> LocalPort {
+        LocalPort { port, gid_index }
+    }
+}
+
+/// The `ibv_ah_attr` towards `dlid`/`dgid` from `from`: with a GRH when there is a GID (RoCE,
+/// or between InfiniBand subnets), by LID alone otherwise.
+pub(crate) fn ah_attr(from: LocalPort, dlid: u16, dgid: Option<Gid>) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
-            dgid: dgid.to_ibv(),
+            dgid: dgid.unwrap_or_default().to_ibv(),
             flow_label: 0,
-            sgid_index: 0,
+            sgid_index: from.gid_index,
             hop_limit: 64,
             traffic_class: 0,
         },
-        dlid: 0,
+        dlid,
         sl: 0,
         src_path_bits: 0,
         static_rate: 0,
-        is_global: 1,
-        port_num: port,
+        is_global: u8::from(dgid.is_some()),
+        port_num: from.port,
     }
 }
 
 impl Pd {
-    /// An address handle towards `dgid` through `port`.
-    pub fn create_ah(self: &Arc<Self>, port: u8, dgid: Gid) -> Result<Arc<Ah>> {
-        let mut a = ah_attr(port, dgid);
+    /// An address handle towards the port with LID `dlid` and GID `dgid` (see [`Remote`] for
+    /// which is needed where), from `from`.
+    ///
+    /// [`Remote`]: crate::Remote
+    pub fn create_ah(
+        self: &Arc<Self>,
+        from: LocalPort,
+        dlid: u16,
+        dgid: Option<Gid>,
+    ) -> Result<Arc<Ah>> {
+        let mut a = ah_attr(from, dlid, dgid);
         // SAFETY: live PD; `a` is a valid attribute struct.
         let raw = unsafe { (self.ctx.verbs.ctl.create_ah)(self.raw, &mut a) };
         if raw.is_null() {
             return Err(Error::Create {
                 what: "address handle",
                 device: self.ctx.name.clone(),
-                detail: format!("dgid {:02x?}", dgid.0),
+                detail: format!("lid {dlid}, gid {dgid:02x?}, from {from:?}"),
                 errno: Errno::last(),
             });
         }

@@ -11,15 +11,12 @@ use ibverbs_sys::{
 };
 use softnic::Wc;
 
-use crate::context::{Context, destroyed};
+use crate::context::{Context, MrBuf, destroyed};
 use crate::error::{Errno, Error, Result};
+use crate::track::{Entry, Handler, Resolved, Tracker};
 
 /// How many completions one `poll_cq` call asks for.
 pub const BATCH: usize = 16;
-
-/// The `wr_id` bit that marks a [`CompletionContext`] pointer (user-space pointers never have
-/// it set); plain `wr_id`s must keep it clear.
-pub const CONTEXT_TAG: u64 = 1 << 63;
 
 /// The status of a work completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,147 +123,177 @@ impl TryFrom<u32> for WcOpcode {
 }
 
 /// A completion, successful or failed. Only the fields valid for its kind are reachable: a
-/// failed completion has no opcode, length or immediate data.
-#[derive(Debug, Clone, Copy)]
-pub enum Completion<'a> {
-    /// The WR succeeded.
-    Success(Success<'a>),
-    /// The WR failed (or was flushed).
-    Failure(Failure<'a>),
+/// failed completion has no opcode, length or immediate data. A completion of a safe post
+/// reports the caller's `wr_id` and gives back the buffers the post took
+/// ([`take_bufs`](Self::take_bufs)).
+#[derive(Debug)]
+pub struct Completion<'a> {
+    wc: &'a Wc,
+    wr_id: u64,
+    bufs: Vec<MrBuf>,
 }
 
 /// A successful completion.
 #[derive(Debug, Clone, Copy)]
-pub struct Success<'a>(&'a Wc);
+pub struct Success<'a> {
+    wc: &'a Wc,
+    wr_id: u64,
+}
 
 /// A failed completion: `wr_id`, status, QP number and vendor error only.
 #[derive(Debug, Clone, Copy)]
-pub struct Failure<'a>(&'a Wc);
+pub struct Failure<'a> {
+    wc: &'a Wc,
+    wr_id: u64,
+}
 
 impl<'a> Completion<'a> {
-    /// Views a C work completion.
+    /// Views a C work completion (its `wr_id` as it is).
     pub fn new(wc: &'a ibv_wc) -> Completion<'a> {
-        let w = Wc::from_ibv(wc);
-        if w.status == st::IBV_WC_SUCCESS {
-            Completion::Success(Success(w))
-        } else {
-            Completion::Failure(Failure(w))
+        let wc = Wc::from_ibv(wc);
+        Completion {
+            wc,
+            wr_id: wc.wr_id,
+            bufs: Vec::new(),
         }
     }
 
-    /// The WR's id (for a WR that carried a [`CompletionContext`], the tagged pointer).
+    /// The WR's id: the one the caller gave (for a WR that carried a [`CompletionContext`],
+    /// that context's [`wr_id`](CompletionContext::wr_id)).
     pub fn wr_id(&self) -> u64 {
-        self.raw().wr_id
+        self.wr_id
     }
 
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
-        self.raw().qp_num
+        self.wc.qp_num
     }
 
     /// Whether it succeeded.
     pub fn is_ok(&self) -> bool {
-        matches!(self, Completion::Success(_))
+        self.wc.status == st::IBV_WC_SUCCESS
     }
 
     /// The status.
     pub fn status(&self) -> Result<WcStatus> {
-        WcStatus::try_from(self.raw().status)
+        WcStatus::try_from(self.wc.status)
     }
 
     /// The successful completion, or the failed one as the error.
-    pub fn ok(self) -> std::result::Result<Success<'a>, Failure<'a>> {
-        match self {
-            Completion::Success(s) => Ok(s),
-            Completion::Failure(f) => Err(f),
+    pub fn ok(&self) -> std::result::Result<Success<'a>, Failure<'a>> {
+        let (wc, wr_id) = (self.wc, self.wr_id);
+        if self.is_ok() {
+            Ok(Success { wc, wr_id })
+        } else {
+            Err(Failure { wc, wr_id })
         }
     }
 
-    fn raw(&self) -> &'a Wc {
-        match self {
-            Completion::Success(s) => s.0,
-            Completion::Failure(f) => f.0,
-        }
+    /// The buffers a safe post moved in (receive buffers, READ and atomic targets), given back
+    /// now that the NIC is done with them, in the order the WR named them. Empty for other
+    /// completions, and after the first call.
+    pub fn take_bufs(&mut self) -> Vec<MrBuf> {
+        std::mem::take(&mut self.bufs)
     }
 }
 
 impl Success<'_> {
     /// The WR's id.
     pub fn wr_id(&self) -> u64 {
-        self.0.wr_id
+        self.wr_id
     }
     /// The local QP number (on a shared CQ, which QP this was).
     pub fn qp_num(&self) -> u32 {
-        self.0.qp_num
+        self.wc.qp_num
     }
     /// What completed.
     pub fn opcode(&self) -> Result<WcOpcode> {
-        WcOpcode::try_from(self.0.opcode)
+        WcOpcode::try_from(self.wc.opcode)
     }
     /// Bytes transferred (a UD receive counts the 40-byte GRH).
     pub fn byte_len(&self) -> u32 {
-        self.0.byte_len
+        self.wc.byte_len
     }
     /// The immediate data, in host order, if the message carried one.
     pub fn imm(&self) -> Option<u32> {
-        (self.0.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
-            .then(|| u32::from_be(self.0.imm_data))
+        (self.wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+            .then(|| u32::from_be(self.wc.imm_data))
     }
     /// The sending QP (UD receives).
     pub fn src_qp(&self) -> u32 {
-        self.0.src_qp
+        self.wc.src_qp
     }
     /// Whether a GRH fills the first 40 bytes of the receive buffer (UD).
     pub fn has_grh(&self) -> bool {
-        self.0.wc_flags & ibv_wc_flags::IBV_WC_GRH.0 != 0
+        self.wc.wc_flags & ibv_wc_flags::IBV_WC_GRH.0 != 0
     }
 }
 
 impl Failure<'_> {
     /// The WR's id.
     pub fn wr_id(&self) -> u64 {
-        self.0.wr_id
+        self.wr_id
     }
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
-        self.0.qp_num
+        self.wc.qp_num
     }
     /// Why it failed.
     pub fn status(&self) -> Result<WcStatus> {
-        WcStatus::try_from(self.0.status)
+        WcStatus::try_from(self.wc.status)
     }
     /// The vendor's error syndrome.
     pub fn vendor_err(&self) -> u32 {
-        self.0.vendor_err
+        self.wc.vendor_err
     }
 }
 
-/// A per-WR completion handler, the kernel's `ib_cqe`: put [`wr_id`](Self::wr_id) in a WR and
-/// the [`Poller`] calls `done` with that WR's completion.
+/// A per-WR completion handler, the kernel's `ib_cqe`: put [`wr_id`](Self::wr_id) in WRs on
+/// QPs of the same context and the [`Poller`] calls `done` with each of their completions.
 ///
-/// It must stay alive (and not move) until that completion has been polled: the WR's post is
-/// `unsafe` and says so.
+/// The handler lives in its context's table under a slot index and a generation, and the
+/// `wr_id` names that slot, not an address: no `wr_id` can be forged into a pointer. Once the
+/// handle is dropped, later completions carrying its `wr_id` go to the poller's caller as
+/// plain completions.
 pub struct CompletionContext {
-    done: Box<dyn Fn(Completion<'_>) + Send + Sync>,
+    tracker: Arc<Tracker>,
+    wr_id: u64,
 }
 
 impl std::fmt::Debug for CompletionContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompletionContext").finish_non_exhaustive()
+        f.debug_struct("CompletionContext")
+            .field("wr_id", &format_args!("{:#x}", self.wr_id))
+            .finish()
     }
 }
 
 impl CompletionContext {
-    /// A context whose completions go to `done`.
-    pub fn new(done: impl Fn(Completion<'_>) + Send + Sync + 'static) -> CompletionContext {
-        CompletionContext {
-            done: Box::new(done),
-        }
+    /// A context on `ctx` whose completions go to `done`.
+    pub fn new(
+        ctx: &Arc<Context>,
+        done: impl Fn(Completion<'_>) + Send + Sync + 'static,
+    ) -> CompletionContext {
+        let handler: Handler = Arc::new(done);
+        let tracker = Arc::clone(&ctx.tracker);
+        let wr_id = tracker.insert(Entry::Handler(handler));
+        CompletionContext { tracker, wr_id }
     }
 
-    /// The `wr_id` that names this context: its address with [`CONTEXT_TAG`] set.
+    /// The `wr_id` that names this context (it has [`WR_ID_TAG`](crate::WR_ID_TAG) set).
     pub fn wr_id(&self) -> u64 {
-        self as *const Self as u64 | CONTEXT_TAG
+        self.wr_id
+    }
+
+    /// The table this context lives in (a WR on another device context cannot use it).
+    pub(crate) fn tracker(&self) -> Arc<Tracker> {
+        Arc::clone(&self.tracker)
+    }
+}
+
+impl Drop for CompletionContext {
+    fn drop(&mut self) {
+        self.tracker.remove(self.wr_id);
     }
 }
 
@@ -517,17 +544,23 @@ impl Poller {
         }
     }
 
-    fn dispatch(wc: &ibv_wc, plain: &mut impl FnMut(Completion<'_>)) {
-        let c = Completion::new(wc);
-        let id = c.wr_id();
-        if id & CONTEXT_TAG != 0 {
-            let p = (id & !CONTEXT_TAG) as usize as *const CompletionContext;
-            // SAFETY: a tagged wr_id was put in a WR from `CompletionContext::wr_id`, and the
-            // post's contract keeps that context alive until this completion is polled.
-            let ctx = unsafe { &*p };
-            (ctx.done)(c);
-        } else {
-            plain(c);
+    /// Hands one completion to its handler, or to `plain` (with the buffers of a safe post).
+    /// O(1): a tracked `wr_id` is a slot index and a generation.
+    fn dispatch(tracker: &Tracker, wc: &ibv_wc, plain: &mut impl FnMut(Completion<'_>)) {
+        let mut c = Completion::new(wc);
+        if c.wr_id & crate::track::WR_ID_TAG == 0 {
+            return plain(c);
+        }
+        match tracker.resolve(c.wr_id) {
+            Resolved::Handler(done) => done(c),
+            Resolved::Posted(p) => {
+                c.wr_id = p.wr_id;
+                c.bufs = p.owned;
+                // The shared buffers and handles the post kept alive are released here.
+                drop(p.shared);
+                plain(c);
+            }
+            Resolved::Unknown => plain(c),
         }
     }
 
@@ -552,7 +585,7 @@ impl Poller {
             let want = (budget - out.count).min(BATCH);
             let n = cq.poll_raw(&mut self.wc[..want])?;
             for wc in &self.wc[..n] {
-                Self::dispatch(wc, plain);
+                Self::dispatch(&cq.ctx.tracker, wc, plain);
             }
             out.count += n;
             if n < want {
@@ -666,15 +699,5 @@ mod tests {
         let f = c.ok().unwrap_err();
         assert_eq!((f.wr_id(), f.qp_num(), f.vendor_err()), (5, 7, 3));
         assert_eq!(f.status().unwrap(), WcStatus::WrFlushErr);
-    }
-
-    #[test]
-    fn context_wr_ids_are_tagged() {
-        let ctx = CompletionContext::new(|_| {});
-        assert_ne!(ctx.wr_id() & CONTEXT_TAG, 0);
-        assert_eq!(
-            (ctx.wr_id() & !CONTEXT_TAG) as usize,
-            &ctx as *const _ as usize
-        );
     }
 }

@@ -17,6 +17,15 @@ bitflags::bitflags! {
     }
 }
 
+impl AccessFlags {
+    /// Every flag that lets a peer reach memory: `REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC`.
+    pub const fn remote() -> AccessFlags {
+        AccessFlags::REMOTE_WRITE
+            .union(AccessFlags::REMOTE_READ)
+            .union(AccessFlags::REMOTE_ATOMIC)
+    }
+}
+
 bitflags::bitflags! {
     /// `ibv_modify_qp` attribute mask bits (`IBV_QP_*`), named in errors.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

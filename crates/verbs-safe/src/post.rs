@@ -2,23 +2,27 @@
 //!
 //! Two ways in: [`SendBatch`]/[`RecvBatch`] link caller-owned `ibv_send_wr`/`ibv_recv_wr`s (a
 //! pool of pre-initialised WRs chains without a copy), and [`SendWr`]/[`RecvWr`] build one-off
-//! WRs. Submitting is the only `unsafe` step: every buffer a WR names must stay registered and
-//! alive, and every [`CompletionContext`](crate::CompletionContext) it names must stay alive,
-//! until its completion is polled.
+//! WRs. Posting raw WRs is `unsafe`: every buffer a WR names must stay registered and alive
+//! until its completion is polled. Posting [`SendWr`]/[`RecvWr`]s whose buffers all came
+//! through the builders ([`Qp::post_send_bufs`](crate::Qp::post_send_bufs) and friends) is
+//! safe: the post holds what the NIC may touch until the completion gives it back.
 
+use std::any::Any;
 use std::marker::PhantomData;
 use std::ptr::null_mut;
 use std::sync::Arc;
 
 use ibverbs_sys::{
     ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
-    ibv_send_wr__bindgen_ty_2__bindgen_ty_1 as Rdma, ibv_send_wr__bindgen_ty_2__bindgen_ty_3 as Ud,
-    ibv_sge, ibv_srq, ibv_wr_opcode,
+    ibv_send_wr__bindgen_ty_2__bindgen_ty_1 as Rdma,
+    ibv_send_wr__bindgen_ty_2__bindgen_ty_2 as Atomic,
+    ibv_send_wr__bindgen_ty_2__bindgen_ty_3 as Ud, ibv_sge, ibv_srq, ibv_wr_opcode,
 };
 
-use crate::context::{Ah, MrBuf};
+use crate::context::{Ah, DmaBuf, MrBuf};
 use crate::cq::CompletionContext;
 use crate::error::{Errno, Error, Result};
+use crate::track::{Entry, Owner, Posted, Tracker, WR_ID_TAG};
 
 pub(crate) type PostSendFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> i32;
@@ -57,123 +61,217 @@ pub enum SendOp {
         /// Remote key.
         rkey: u32,
     },
+    /// An atomic compare-and-swap of the 8 bytes at `remote_addr` (8-byte aligned, RC only):
+    /// `swap` is stored if they equal `compare`; the original value lands in the 8-byte SGE.
+    CompareSwap {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key (of a region with remote atomic access).
+        rkey: u32,
+        /// The value expected.
+        compare: u64,
+        /// The value stored if it was found.
+        swap: u64,
+    },
+    /// An atomic fetch-and-add of `add` to the 8 bytes at `remote_addr` (8-byte aligned, RC
+    /// only); the original value lands in the 8-byte SGE.
+    FetchAdd {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key (of a region with remote atomic access).
+        rkey: u32,
+        /// The value added.
+        add: u64,
+    },
 }
 
-/// A one-off send WR: an `ibv_send_wr` and the SGEs it owns.
-#[derive(Clone)]
-pub struct SendWr {
-    wr: ibv_send_wr,
-    sges: Vec<ibv_sge>,
-    kept: Kept,
+impl SendOp {
+    /// Whether the NIC writes the local SGEs (READ and atomics).
+    fn writes_local(self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
 }
 
-/// The buffers a WR's SGEs name, when they all come from [`MrBuf`]s (see
-/// [`SendWr::buf`]): what lets [`crate::Qp::post_send_bufs`] be safe.
-#[derive(Debug, Clone, Default)]
+/// What a WR built for a safe post holds besides its SGEs: what the NIC may touch, kept until
+/// the completion (see [`Qp::post_send_bufs`](crate::Qp::post_send_bufs)).
+#[derive(Default)]
 pub(crate) struct Kept {
-    pub(crate) bufs: Vec<Arc<MrBuf>>,
-    /// An SGE (or address handle) the WR does not own was added: only an `unsafe` post may
+    /// Shared: buffers the NIC only reads, remote buffers, address handles.
+    shared: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Moved in: buffers the NIC writes.
+    owned: Vec<MrBuf>,
+    /// A shared [`MrBuf`] is among the SGEs (the NIC may only read those).
+    shared_local: bool,
+    /// An SGE (or address handle) the WR does not hold was added: only an `unsafe` post may
     /// take it.
-    pub(crate) raw: bool,
-    /// A `buf` range outside its buffer.
-    pub(crate) bad: Option<String>,
+    raw: bool,
+    /// A range outside its buffer.
+    bad: Option<String>,
+    /// The table of the [`CompletionContext`] this WR names.
+    handler_of: Option<Arc<Tracker>>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("shared", &self.shared.len())
+            .field("owned", &self.owned)
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Kept {
-    fn add(&mut self, b: &Arc<MrBuf>, offset: usize, len: u32) -> Option<ibv_sge> {
-        match b.sge(offset, len) {
-            Some(s) => {
-                if !self.bufs.iter().any(|k| Arc::ptr_eq(k, b)) {
-                    self.bufs.push(Arc::clone(b));
-                }
-                Some(s)
-            }
-            None => {
-                self.bad = Some(format!(
-                    "{offset}+{len} is outside a {}-byte buffer",
-                    b.len()
-                ));
-                None
-            }
+    /// The SGE of `offset..offset + len` of `mr`, or a note that it is outside.
+    fn range(&mut self, mr: &crate::Mr, offset: usize, len: u32) -> Option<ibv_sge> {
+        let s = mr.sge(offset, len);
+        if s.is_none() {
+            self.bad = Some(format!(
+                "{offset}+{len} is outside a {}-byte buffer",
+                mr.len()
+            ));
+        }
+        s
+    }
+
+    fn share(&mut self, b: &Arc<impl Any + Send + Sync>) {
+        let b: Arc<dyn Any + Send + Sync> = Arc::clone(b) as _;
+        if !self.shared.iter().any(|k| Arc::ptr_eq(k, &b)) {
+            self.shared.push(b);
         }
     }
 
-    /// The error for a safe post, if this WR cannot be posted safely.
-    pub(crate) fn check(&self, index: usize, wr_id: u64) -> Result<()> {
-        if wr_id & crate::cq::CONTEXT_TAG != 0 {
-            return Err(Error::InvalidWr {
-                index,
-                reason: format!("wr_id {wr_id:#x} has the completion-context bit (63) set"),
-            });
-        }
+    /// The error for a safe post on a QP or SRQ of `tracker`'s context, if this WR cannot be
+    /// posted safely; `writes_local` for a READ or an atomic.
+    fn check(
+        &self,
+        index: usize,
+        wr_id: u64,
+        tracker: &Arc<Tracker>,
+        writes_local: bool,
+    ) -> Result<()> {
+        let bad = |reason: String| Err(Error::InvalidWr { index, reason });
         if let Some(reason) = &self.bad {
-            return Err(Error::InvalidWr {
-                index,
-                reason: reason.clone(),
-            });
+            return bad(reason.clone());
         }
         if self.raw {
-            return Err(Error::InvalidWr {
-                index,
-                reason:
-                    "a raw SGE, address handle or completion context: post it with the unsafe post"
-                        .into(),
-            });
+            return bad(
+                "a raw SGE or address handle: post it with the unsafe post, or use the buffer \
+                 builders"
+                    .into(),
+            );
+        }
+        match &self.handler_of {
+            Some(t) if !Arc::ptr_eq(t, tracker) => {
+                return bad("its completion context belongs to another device context".into());
+            }
+            Some(_) if !self.owned.is_empty() || !self.shared.is_empty() => {
+                return bad("a WR with a completion context cannot also carry buffers".into());
+            }
+            Some(_) => {}
+            None if wr_id & WR_ID_TAG != 0 => {
+                return bad(format!(
+                    "wr_id {wr_id:#x} has bit 63 set, which marks ids this crate issues"
+                ));
+            }
+            None => {}
+        }
+        if writes_local && self.shared_local {
+            return bad(
+                "the NIC writes a READ or atomic target: move the buffer in with \
+                        `target`, not a shared `buf`"
+                    .into(),
+            );
         }
         Ok(())
     }
+}
+
+/// A one-off send WR: an `ibv_send_wr`, the SGEs it owns, and (for a safe post) what it holds.
+pub struct SendWr {
+    wr: ibv_send_wr,
+    op: SendOp,
+    sges: Vec<ibv_sge>,
+    kept: Kept,
 }
 
 impl std::fmt::Debug for SendWr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendWr")
             .field("wr_id", &self.wr.wr_id)
-            .field("opcode", &self.wr.opcode)
+            .field("op", &self.op)
             .field("send_flags", &self.wr.send_flags)
             .field("sges", &self.sges)
+            .field("kept", &self.kept)
             .finish()
     }
 }
 
 impl SendWr {
-    /// A WR with id `wr_id` (which must not have [`crate::CONTEXT_TAG`] set) doing `op`.
+    /// A WR with id `wr_id` doing `op`. (A safe post refuses a plain `wr_id` with bit 63,
+    /// [`WR_ID_TAG`], set.)
     pub fn new(wr_id: u64, op: SendOp) -> SendWr {
         let mut wr = ibv_send_wr {
             wr_id,
             ..Default::default()
         };
-        let (opcode, imm, rdma) = match op {
-            SendOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None, None),
-            SendOp::SendWithImm(i) => (ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(i), None),
-            SendOp::Write { remote_addr, rkey } => (
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                None,
-                Some((remote_addr, rkey)),
-            ),
+        let (opcode, imm) = match op {
+            SendOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None),
+            SendOp::SendWithImm(i) => (ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(i)),
+            SendOp::Write { remote_addr, rkey } => {
+                wr.wr.rdma = Rdma { remote_addr, rkey };
+                (ibv_wr_opcode::IBV_WR_RDMA_WRITE, None)
+            }
             SendOp::WriteWithImm {
                 remote_addr,
                 rkey,
                 imm,
-            } => (
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                Some(imm),
-                Some((remote_addr, rkey)),
-            ),
-            SendOp::Read { remote_addr, rkey } => (
-                ibv_wr_opcode::IBV_WR_RDMA_READ,
-                None,
-                Some((remote_addr, rkey)),
-            ),
+            } => {
+                wr.wr.rdma = Rdma { remote_addr, rkey };
+                (ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(imm))
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                wr.wr.rdma = Rdma { remote_addr, rkey };
+                (ibv_wr_opcode::IBV_WR_RDMA_READ, None)
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                wr.wr.atomic = Atomic {
+                    remote_addr,
+                    compare_add: compare,
+                    swap,
+                    rkey,
+                };
+                (ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, None)
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                wr.wr.atomic = Atomic {
+                    remote_addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey,
+                };
+                (ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, None)
+            }
         };
         wr.opcode = opcode;
         if let Some(i) = imm {
             wr.__bindgen_anon_1.imm_data = i.to_be();
         }
-        if let Some((remote_addr, rkey)) = rdma {
-            wr.wr.rdma = Rdma { remote_addr, rkey };
-        }
         SendWr {
             wr,
+            op,
             sges: Vec::new(),
             kept: Kept::default(),
         }
@@ -186,16 +284,46 @@ impl SendWr {
         self
     }
 
-    /// Adds `len` bytes at `offset` of `buf`. A WR whose buffers all come this way can be
-    /// posted safely: the QP keeps `buf` alive for as long as it may touch it.
+    /// Adds `len` bytes at `offset` of `buf` for the NIC to read (a SEND or WRITE source).
+    /// A safe post shares `buf` until the completion: nobody can write it meanwhile.
     pub fn buf(mut self, buf: &Arc<MrBuf>, offset: usize, len: u32) -> Self {
-        if let Some(s) = self.kept.add(buf, offset, len) {
+        if let Some(s) = self.kept.range(buf, offset, len) {
+            self.kept.share(buf);
+            self.kept.shared_local = true;
             self.sges.push(s);
         }
         self
     }
 
-    /// Asks for a completion entry (with `sq_sig_all` off).
+    /// Adds `len` bytes at `offset` of `buf` for the NIC to write (the target of a READ or an
+    /// atomic). The buffer moves into the WR and comes back with the completion
+    /// ([`Completion::take_bufs`](crate::Completion::take_bufs)), or from
+    /// [`take_bufs`](Self::take_bufs) if it was never posted.
+    pub fn target(mut self, buf: MrBuf, offset: usize, len: u32) -> Self {
+        if let Some(s) = self.kept.range(&buf, offset, len) {
+            self.sges.push(s);
+        }
+        self.kept.owned.push(buf);
+        self
+    }
+
+    /// Adds `len` bytes at `offset` of a remotely accessible buffer (read or written by the
+    /// NIC as the op says); a safe post shares it until the completion.
+    pub fn dma_buf(mut self, buf: &Arc<DmaBuf>, offset: usize, len: u32) -> Self {
+        if let Some(s) = self.kept.range(buf, offset, len) {
+            self.kept.share(buf);
+            self.sges.push(s);
+        }
+        self
+    }
+
+    /// The buffers moved into this WR by [`target`](Self::target), back (after a post that
+    /// did not take it, or instead of posting it).
+    pub fn take_bufs(&mut self) -> Vec<MrBuf> {
+        std::mem::take(&mut self.kept.owned)
+    }
+
+    /// Asks for a completion entry (with `sq_sig_all` off; a safe post always asks).
     pub fn signaled(mut self) -> Self {
         self.wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
         self
@@ -207,7 +335,7 @@ impl SendWr {
         self
     }
 
-    /// Waits for earlier RDMA READs of this QP to complete before starting.
+    /// Waits for earlier RDMA READs and atomics of this QP to complete before starting.
     pub fn fence(mut self) -> Self {
         self.wr.send_flags |= ibv_send_flags::IBV_SEND_FENCE.0;
         self
@@ -219,10 +347,10 @@ impl SendWr {
         self
     }
 
-    /// The UD destination: address handle, remote QP number and Q_Key (only an `unsafe` post
-    /// can take this WR: the AH must live until the completion).
-    pub fn ud(mut self, ah: &Ah, remote_qpn: u32, qkey: u32) -> Self {
-        self.kept.raw = true;
+    /// The UD destination: address handle, remote QP number and Q_Key. A safe post keeps the
+    /// address handle alive until the completion.
+    pub fn ud(mut self, ah: &Arc<Ah>, remote_qpn: u32, qkey: u32) -> Self {
+        self.kept.share(ah);
         self.wr.wr.ud = Ud {
             ah: ah.raw,
             remote_qpn,
@@ -231,11 +359,10 @@ impl SendWr {
         self
     }
 
-    /// Sends this WR's completion to `ctx` instead of returning it to the poller's caller
-    /// (only an `unsafe` post can take this WR: `ctx` must live until the completion).
+    /// Sends this WR's completion to `ctx` instead of returning it to the poller's caller.
     pub fn context(mut self, ctx: &CompletionContext) -> Self {
-        self.kept.raw = true;
         self.wr.wr_id = ctx.wr_id();
+        self.kept.handler_of = Some(ctx.tracker());
         self
     }
 
@@ -258,15 +385,6 @@ impl SendWr {
         Ok(())
     }
 
-    pub(crate) fn kept(&self) -> &Kept {
-        &self.kept
-    }
-
-    /// Checks this WR may be posted safely.
-    pub(crate) fn check_safe(&self, index: usize) -> Result<()> {
-        self.kept.check(index, self.wr.wr_id)
-    }
-
     /// Points the WR at its SGEs (they may have moved since it was built).
     pub(crate) fn link(&mut self) -> *mut ibv_send_wr {
         self.wr.sg_list = if self.sges.is_empty() {
@@ -281,11 +399,20 @@ impl SendWr {
 }
 
 /// A one-off receive WR.
-#[derive(Debug, Clone)]
 pub struct RecvWr {
     wr: ibv_recv_wr,
     sges: Vec<ibv_sge>,
     kept: Kept,
+}
+
+impl std::fmt::Debug for RecvWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvWr")
+            .field("wr_id", &self.wr.wr_id)
+            .field("sges", &self.sges)
+            .field("kept", &self.kept)
+            .finish()
+    }
 }
 
 impl RecvWr {
@@ -310,18 +437,38 @@ impl RecvWr {
         self
     }
 
-    /// Adds `len` bytes at `offset` of `buf`; see [`SendWr::buf`].
-    pub fn buf(mut self, buf: &Arc<MrBuf>, offset: usize, len: u32) -> Self {
-        if let Some(s) = self.kept.add(buf, offset, len) {
+    /// Adds `len` bytes at `offset` of `buf` for the NIC to write. The buffer moves into the
+    /// WR and comes back with the completion
+    /// ([`Completion::take_bufs`](crate::Completion::take_bufs)), or from
+    /// [`take_bufs`](Self::take_bufs) if it was never posted: nobody can read it while the NIC
+    /// may be writing it.
+    pub fn buf(mut self, buf: MrBuf, offset: usize, len: u32) -> Self {
+        if let Some(s) = self.kept.range(&buf, offset, len) {
+            self.sges.push(s);
+        }
+        self.kept.owned.push(buf);
+        self
+    }
+
+    /// Adds `len` bytes at `offset` of a remotely accessible buffer; a safe post shares it
+    /// until the completion.
+    pub fn dma_buf(mut self, buf: &Arc<DmaBuf>, offset: usize, len: u32) -> Self {
+        if let Some(s) = self.kept.range(buf, offset, len) {
+            self.kept.share(buf);
             self.sges.push(s);
         }
         self
     }
 
-    /// Sends this WR's completion to `ctx` (only an `unsafe` post can take this WR).
+    /// The buffers moved into this WR by [`buf`](Self::buf), back.
+    pub fn take_bufs(&mut self) -> Vec<MrBuf> {
+        std::mem::take(&mut self.kept.owned)
+    }
+
+    /// Sends this WR's completion to `ctx` (a context of the same device context).
     pub fn context(mut self, ctx: &CompletionContext) -> Self {
-        self.kept.raw = true;
         self.wr.wr_id = ctx.wr_id();
+        self.kept.handler_of = Some(ctx.tracker());
         self
     }
 
@@ -339,68 +486,96 @@ impl RecvWr {
     pub(crate) fn num_sge(&self) -> usize {
         self.sges.len()
     }
+}
 
-    pub(crate) fn kept(&self) -> &Kept {
-        &self.kept
+/// A WR a safe post can take: its buffers move into the context's table until the completion.
+pub(crate) trait SafeWr {
+    /// Checks it may be posted safely on a QP or SRQ of `tracker`'s context.
+    fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()>;
+    fn kept_mut(&mut self) -> &mut Kept;
+    fn wr_id_mut(&mut self) -> &mut u64;
+    /// Makes sure the WR produces a completion (the only moment its buffers come back).
+    fn force_signaled(&mut self);
+}
+
+impl SafeWr for SendWr {
+    fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()> {
+        let writes = self.op.writes_local();
+        self.kept.check(index, self.wr.wr_id, tracker, writes)
     }
-
-    /// Checks this WR may be posted safely.
-    pub(crate) fn check_safe(&self, index: usize) -> Result<()> {
-        self.kept.check(index, self.wr.wr_id)
+    fn kept_mut(&mut self) -> &mut Kept {
+        &mut self.kept
+    }
+    fn wr_id_mut(&mut self) -> &mut u64 {
+        &mut self.wr.wr_id
+    }
+    fn force_signaled(&mut self) {
+        self.wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
     }
 }
 
-/// A send WR with `N` SGEs of its own: the element of a pool of pre-initialised WRs (UCCL's
-/// `wr_ex`). `#[repr(C)]` with the WR first, so a pointer to the slot is a pointer to its WR.
-///
-/// Call [`point_sges`](Self::point_sges) once the slot is at its final address (a pool element
-/// never moves); the WR then points at the slot's own SGEs.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct WrSlot<const N: usize> {
-    /// The work request.
-    pub wr: ibv_send_wr,
-    /// Its scatter-gather entries.
-    pub sges: [ibv_sge; N],
+impl SafeWr for RecvWr {
+    fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()> {
+        self.kept.check(index, self.wr.wr_id, tracker, true)
+    }
+    fn kept_mut(&mut self) -> &mut Kept {
+        &mut self.kept
+    }
+    fn wr_id_mut(&mut self) -> &mut u64 {
+        &mut self.wr.wr_id
+    }
+    fn force_signaled(&mut self) {}
 }
 
-impl<const N: usize> Default for WrSlot<N> {
-    fn default() -> Self {
-        WrSlot {
-            wr: ibv_send_wr::default(),
-            sges: [ibv_sge::default(); N],
+/// A safe post of `wrs` by `owner` on a QP or SRQ of `tracker`'s context: every WR is checked,
+/// its buffers move into the table under a tracked `wr_id` (the caller's id is restored in the
+/// WR afterwards and reported by the completion), then `post` posts them. WRs that were not
+/// posted (from the failing one on) get their buffers and ids back.
+pub(crate) fn post_tracked<W: SafeWr>(
+    tracker: &Arc<Tracker>,
+    owner: Owner,
+    wrs: &mut [W],
+    post: impl FnOnce(&mut [W]) -> Result<()>,
+) -> Result<()> {
+    for (i, w) in wrs.iter().enumerate() {
+        w.check_safe(i, tracker)?;
+    }
+    let mut ids = Vec::with_capacity(wrs.len());
+    for w in wrs.iter_mut() {
+        w.force_signaled();
+        let user = *w.wr_id_mut();
+        let k = w.kept_mut();
+        if k.handler_of.is_some() {
+            ids.push(None);
+            continue;
+        }
+        let posted = Posted {
+            wr_id: user,
+            owner,
+            shared: std::mem::take(&mut k.shared),
+            owned: std::mem::take(&mut k.owned),
+        };
+        *w.wr_id_mut() = tracker.insert(Entry::Posted(posted));
+        ids.push(Some(user));
+    }
+    let r = post(wrs);
+    let first_unposted = match &r {
+        Ok(()) => wrs.len(),
+        Err(Error::Post { index, .. }) => *index,
+        Err(_) => 0,
+    };
+    for (i, (w, user)) in wrs.iter_mut().zip(ids).enumerate() {
+        let Some(user) = user else { continue };
+        let tracked = std::mem::replace(w.wr_id_mut(), user);
+        if i >= first_unposted
+            && let Some(Entry::Posted(p)) = tracker.remove(tracked)
+        {
+            let k = w.kept_mut();
+            k.shared = p.shared;
+            k.owned = p.owned;
         }
     }
-}
-
-// SAFETY: the raw pointers inside are addresses (of the slot's own SGEs, of registered memory,
-// of the next WR in a chain, of an address handle); nothing about them is tied to a thread.
-unsafe impl<const N: usize> Send for WrSlot<N> {}
-// SAFETY: as above; shared access only reads plain data.
-unsafe impl<const N: usize> Sync for WrSlot<N> {}
-
-impl<const N: usize> std::fmt::Debug for WrSlot<N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WrSlot")
-            .field("wr_id", &self.wr.wr_id)
-            .field("opcode", &self.wr.opcode)
-            .field("num_sge", &self.wr.num_sge)
-            .field("sges", &self.sges)
-            .finish()
-    }
-}
-
-impl<const N: usize> WrSlot<N> {
-    /// Points the WR at the first `n` of the slot's SGEs (`n` is capped at `N`).
-    pub fn point_sges(&mut self, n: usize) {
-        self.wr.sg_list = self.sges.as_mut_ptr();
-        self.wr.num_sge = n.min(N) as i32;
-    }
-
-    /// The WR's address, for linking it into a chain through another WR's `next`.
-    pub fn wr_ptr(&mut self) -> *mut ibv_send_wr {
-        &mut self.wr
-    }
+    r
 }
 
 /// Links `wrs` through `next`; returns the head.
@@ -509,8 +684,10 @@ pub(crate) fn post_error(queue: &'static str, qpn: u32, index: usize, rc: i32) -
 
 /// Caller-owned send WRs linked through `next`, posted with one doorbell.
 ///
-/// Made by `Qp::send_batch`; each [`push`](Self::push) links one more WR (its `next` is
-/// overwritten). The WRs' own fields (SGE list, opcode, flags...) are the caller's.
+/// Made by `Qp::send_batch`, and borrows that QP (it cannot be dropped, reset or moved to
+/// another state before the batch is submitted or dropped); each [`push`](Self::push) links one
+/// more WR (its `next` is overwritten). The WRs' own fields (SGE list, opcode, flags...) are the
+/// caller's.
 pub struct SendBatch<'a> {
     pub(crate) qp: *mut ibv_qp,
     pub(crate) qpn: u32,
@@ -550,9 +727,9 @@ impl<'a> SendBatch<'a> {
     /// # Safety
     /// Every SGE of every WR must name registered memory that stays registered and alive (and
     /// unread/unwritten by the program where the NIC writes/reads it) until the WR's completion
-    /// is polled; a WR's `wr_id` with [`crate::CONTEXT_TAG`] set must come from
-    /// [`CompletionContext::wr_id`] of a context that lives until then; a UD WR's address
-    /// handle must live until then.
+    /// is polled; a WR's `wr_id` with [`WR_ID_TAG`] set must come from
+    /// [`CompletionContext::wr_id`] of this device context; a UD WR's address handle must live
+    /// until then.
     pub unsafe fn submit(self) -> Result<()> {
         // SAFETY: the chain is made of WRs borrowed for `'a`; the caller upholds the rest.
         unsafe { post_send_chain(self.qp, self.qpn, self.post, self.chain.head) }
@@ -591,7 +768,8 @@ pub(crate) enum RecvTarget {
     Srq(*mut ibv_srq, PostSrqRecvFn),
 }
 
-/// Caller-owned receive WRs linked through `next`, posted with one doorbell (to a QP or SRQ).
+/// Caller-owned receive WRs linked through `next`, posted with one doorbell (to a QP or SRQ,
+/// which the batch borrows).
 pub struct RecvBatch<'a> {
     pub(crate) target: RecvTarget,
     pub(crate) chain: Chain<ibv_recv_wr>,

@@ -4,12 +4,18 @@ use std::sync::Arc;
 
 use ibverbs_sys::{ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
-use crate::context::{Pd, destroyed};
+use crate::context::{DmaBuf, Pd, destroyed};
 use crate::error::{Errno, Error, Result};
-use crate::post::{PostSrqRecvFn, RecvBatch, RecvTarget, RecvWr, chain_recv, post_recv_chain};
+use crate::post::{
+    PostSrqRecvFn, RecvBatch, RecvTarget, RecvWr, chain_recv, post_recv_chain, post_tracked,
+};
+use crate::slots::{Pinned, RecvSlot, check_slot, link};
+use crate::track::Owner;
 
 /// A shared receive queue: receive WQEs that many QPs take from.
 pub struct Srq {
+    /// Regions slot posts may name, kept alive with the SRQ.
+    pinned: Pinned,
     pd: Arc<Pd>,
     raw: *mut ibv_srq,
     post: PostSrqRecvFn,
@@ -67,6 +73,7 @@ impl Srq {
             });
         }
         Ok(Arc::new(Srq {
+            pinned: Pinned::default(),
             pd: Arc::clone(pd),
             raw,
             post,
@@ -120,8 +127,8 @@ impl Srq {
         })
     }
 
-    /// A batch of caller-owned receive WRs for this SRQ.
-    pub fn recv_batch<'a>(&self) -> RecvBatch<'a> {
+    /// A batch of caller-owned receive WRs for this SRQ (borrowing it until submitted).
+    pub fn recv_batch<'a>(&'a self) -> RecvBatch<'a> {
         RecvBatch::new(RecvTarget::Srq(self.raw, self.post))
     }
 
@@ -142,6 +149,43 @@ impl Srq {
         // SAFETY: the chain lives in `wrs`; the caller upholds the buffer contract.
         unsafe { post_recv_chain(RecvTarget::Srq(self.raw, self.post), head) }
     }
+
+    /// Pins `buf` to this SRQ: [`post_recv_slots`](Self::post_recv_slots) may name its bytes,
+    /// and it stays alive as long as the SRQ does.
+    pub fn pin(&self, buf: &Arc<DmaBuf>) {
+        self.pinned.pin(buf);
+    }
+
+    /// Posts the receive slots `order` names, linked in that order, with one doorbell and no
+    /// allocation (UCCL's batched SRQ refill); the rules of
+    /// [`Qp::post_slots`](crate::Qp::post_slots) apply, with regions pinned to this SRQ.
+    pub fn post_recv_slots<X: AsMut<RecvSlot<N>>, const N: usize>(
+        &self,
+        slots: &mut [X],
+        order: &[u32],
+    ) -> Result<()> {
+        let head = link(slots, order, |k, s: &RecvSlot<N>| {
+            check_slot(&self.pinned, k, s, self.max_sge)
+        })?;
+        if head.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a chain linked here over borrowed slots whose SGEs lie in regions this SRQ
+        // keeps alive and that safe code only reaches by copies.
+        unsafe { post_recv_chain(RecvTarget::Srq(self.raw, self.post), head.cast()) }
+    }
+
+    /// Posts receive `wrs` safely, with one doorbell: see
+    /// [`Qp::post_recv_bufs`](crate::Qp::post_recv_bufs). A buffer comes back with the
+    /// completion of whichever QP's message filled it.
+    pub fn post_recv_bufs(&self, wrs: &mut [RecvWr]) -> Result<()> {
+        let owner = Owner::Srq(self.raw as usize);
+        post_tracked(&self.pd.ctx.tracker, owner, wrs, |wrs| {
+            // SAFETY: every WR passed the safe checks: its buffers are held by the tracker
+            // until its completion is polled or the SRQ is destroyed.
+            unsafe { self.post_recv(wrs) }
+        })
+    }
 }
 
 impl Drop for Srq {
@@ -150,5 +194,7 @@ impl Drop for Srq {
         destroyed("shared receive queue", unsafe {
             (self.pd.ctx.verbs.ctl.destroy_srq)(self.raw)
         });
+        // With the SRQ gone, the buffers of its uncompleted safe posts may go.
+        self.pd.ctx.tracker.purge(Owner::Srq(self.raw as usize));
     }
 }

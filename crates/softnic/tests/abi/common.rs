@@ -410,16 +410,18 @@ fn post_chain<W: Wr>(
     wrs: &mut [W],
     post: impl FnOnce(*mut W, &mut *mut W) -> i32,
 ) -> Result<(), (i32, usize)> {
+    // One raw pointer for every link (a reference taken later would invalidate it).
     let base: *mut W = wrs.as_mut_ptr();
     let n = wrs.len();
-    for (i, w) in wrs.iter_mut().enumerate() {
+    for i in 0..n {
         // Every element of `wrs` but the last links to the one after it.
         let next = if i + 1 < n {
             base.wrapping_add(i + 1)
         } else {
             null_mut()
         };
-        w.set_next(next);
+        // SAFETY: `i < n`, inside `wrs`, which this function borrows mutably.
+        unsafe { (*base.add(i)).set_next(next) };
     }
     let head = if n == 0 { null_mut() } else { base };
     let mut bad = null_mut();

@@ -8,7 +8,7 @@
 
 use ibverbs_sys::{ibv_qp_attr, ibv_qp_type};
 
-use crate::context::{Gid, ah_attr};
+use crate::context::{Gid, LocalPort, ah_attr};
 use crate::error::{Error, Result};
 use crate::flags::{AccessFlags, Mtu, QpAttrMask};
 
@@ -93,9 +93,13 @@ fn psn(name: &'static str, value: u32) -> Result<u32> {
 }
 
 /// RESET->INIT of a connected QP (RC, UC): what peers may do to its memory.
+///
+/// The default grants peers nothing (least privilege): a QP that is to take RDMA WRITEs,
+/// READs or atomics says so ([`ConnInit::with_access`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnInit {
-    /// Remote access allowed through this QP.
+    /// Remote access allowed through this QP (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`);
+    /// each region's own access flags apply as well.
     pub access: AccessFlags,
     /// The port (1-based).
     pub port: u8,
@@ -104,11 +108,22 @@ pub struct ConnInit {
 }
 
 impl Default for ConnInit {
+    /// No remote access, port 1, P_Key index 0.
     fn default() -> Self {
         ConnInit {
-            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            access: AccessFlags::empty(),
             port: 1,
             pkey_index: 0,
+        }
+    }
+}
+
+impl ConnInit {
+    /// The default, allowing peers `access`.
+    pub fn with_access(access: AccessFlags) -> Self {
+        ConnInit {
+            access,
+            ..ConnInit::default()
         }
     }
 }
@@ -168,11 +183,14 @@ pub struct Remote {
     pub qpn: u32,
     /// The first PSN it will send (our receive PSN).
     pub psn: u32,
-    /// Its GID.
-    pub gid: Gid,
+    /// Its port's LID: how InfiniBand routes inside a subnet (0 on RoCE, which routes by GID).
+    pub lid: u16,
+    /// Its GID: required on RoCE and between InfiniBand subnets; `None` routes by the LID
+    /// alone (no GRH).
+    pub gid: Option<Gid>,
 }
 
-fn path(a: &mut ibv_qp_attr, remote: &Remote, mtu: Mtu, port: u8) -> Result<QpAttrMask> {
+fn path(a: &mut ibv_qp_attr, remote: &Remote, mtu: Mtu, from: LocalPort) -> Result<QpAttrMask> {
     range(
         "dest_qp_num",
         remote.qpn.into(),
@@ -182,7 +200,7 @@ fn path(a: &mut ibv_qp_attr, remote: &Remote, mtu: Mtu, port: u8) -> Result<QpAt
     a.dest_qp_num = remote.qpn;
     a.rq_psn = psn("rq_psn", remote.psn)?;
     a.path_mtu = mtu as u32;
-    a.ah_attr = ah_attr(port, remote.gid);
+    a.ah_attr = ah_attr(from, remote.lid, remote.gid);
     Ok(QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN)
 }
 
@@ -191,25 +209,27 @@ fn path(a: &mut ibv_qp_attr, remote: &Remote, mtu: Mtu, port: u8) -> Result<QpAt
 pub struct RcRtr {
     /// The peer.
     pub remote: Remote,
-    /// Path MTU (at most the port's active MTU).
+    /// LocalPort MTU (at most the port's active MTU).
     pub path_mtu: Mtu,
     /// RDMA READs the peer may have outstanding at this QP.
     pub max_dest_rd_atomic: u8,
     /// The RNR NAK timer code (0-31) sent when no receive is posted.
     pub min_rnr_timer: u8,
-    /// The port the path leaves from.
-    pub port: u8,
+    /// The local port and source GID the path leaves from.
+    pub from: LocalPort,
 }
 
 impl RcRtr {
-    /// Towards `remote`: MTU 1024, 16 outstanding READs, RNR timer 12 (0.64 ms), port 1.
-    pub fn new(remote: Remote) -> Self {
+    /// Towards `remote` from `from` (the local port and GID index: on RoCE v2 the index of
+    /// the port's RoCE v2 GID, often 1 or 3, see `show_gids`): MTU 1024, 16 outstanding READs
+    /// and atomics, RNR timer 12 (0.64 ms).
+    pub fn new(remote: Remote, from: LocalPort) -> Self {
         RcRtr {
             remote,
             path_mtu: Mtu::Mtu1024,
             max_dest_rd_atomic: 16,
             min_rnr_timer: 12,
-            port: 1,
+            from,
         }
     }
 }
@@ -223,7 +243,7 @@ impl Attrs for RcRtr {
             31,
             "the RNR timer code is 5 bits",
         )?;
-        let mask = path(a, &self.remote, self.path_mtu, self.port)?;
+        let mask = path(a, &self.remote, self.path_mtu, self.from)?;
         a.max_dest_rd_atomic = self.max_dest_rd_atomic;
         a.min_rnr_timer = self.min_rnr_timer;
         Ok(mask | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER)
@@ -235,19 +255,19 @@ impl Attrs for RcRtr {
 pub struct UcRtr {
     /// The peer.
     pub remote: Remote,
-    /// Path MTU.
+    /// LocalPort MTU.
     pub path_mtu: Mtu,
-    /// The port the path leaves from.
-    pub port: u8,
+    /// The local port and source GID the path leaves from.
+    pub from: LocalPort,
 }
 
 impl UcRtr {
-    /// Towards `remote`: MTU 1024, port 1.
-    pub fn new(remote: Remote) -> Self {
+    /// Towards `remote` from `from` (see [`RcRtr::new`]): MTU 1024.
+    pub fn new(remote: Remote, from: LocalPort) -> Self {
         UcRtr {
             remote,
             path_mtu: Mtu::Mtu1024,
-            port: 1,
+            from,
         }
     }
 }
@@ -255,7 +275,7 @@ impl UcRtr {
 impl sealed::Sealed for UcRtr {}
 impl Attrs for UcRtr {
     fn apply(&self, a: &mut ibv_qp_attr) -> Result<QpAttrMask> {
-        path(a, &self.remote, self.path_mtu, self.port)
+        path(a, &self.remote, self.path_mtu, self.from)
     }
 }
 
@@ -293,7 +313,7 @@ pub struct RcRts {
     pub retry_cnt: u8,
     /// Retries after an RNR NAK (0-7, 7: forever).
     pub rnr_retry: u8,
-    /// RDMA READs this QP may have outstanding.
+    /// RDMA READs and atomics this QP may have outstanding.
     pub max_rd_atomic: u8,
 }
 

@@ -21,15 +21,17 @@ pub use attrs::{
     Attrs, ConnInit, Rc, RcRtr, RcRts, Remote, SqPsn, Transport, Uc, UcRtr, Ud, UdInit, UdRtr,
 };
 
-use crate::context::{MrBuf, Pd, destroyed};
+use crate::context::{Ah, DmaBuf, Pd, destroyed};
 use crate::cq::Cq;
 use crate::error::{Errno, Error, Result};
 use crate::flags::QpAttrMask;
 use crate::post::{
     self, Chain, PostRecvFn, PostSendFn, RecvBatch, RecvTarget, RecvWr, SendBatch, SendWr,
-    chain_recv, chain_send, post_recv_chain,
+    chain_recv, chain_send, post_recv_chain, post_tracked,
 };
+use crate::slots::{Pinned, RecvSlot, WrSlot, check_slot, link};
 use crate::srq::Srq;
+use crate::track::Owner;
 
 /// A QP state, as libibverbs numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -181,9 +183,8 @@ pub struct QpInit<'a> {
 }
 
 struct Inner {
-    /// Buffers safely posted WRs named: kept alive until the QP is destroyed, after which
-    /// nothing can touch them.
-    kept: std::sync::Mutex<Vec<Arc<MrBuf>>>,
+    /// Regions and address handles slot posts may name, kept alive with the QP.
+    pinned: Pinned,
     pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
@@ -201,19 +202,8 @@ impl Drop for Inner {
         destroyed("queue pair", unsafe {
             (self.pd.ctx.verbs.ctl.destroy_qp)(self.raw)
         });
-        // Only now may the kept buffers go (the field drops after this body).
-    }
-}
-
-impl Inner {
-    /// Keeps `bufs` alive for the QP's life.
-    fn keep<'a>(&self, bufs: impl Iterator<Item = &'a Arc<MrBuf>>) {
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        for b in bufs {
-            if !kept.iter().any(|k| Arc::ptr_eq(k, b)) {
-                kept.push(Arc::clone(b));
-            }
-        }
+        // Only now, with the QP gone, may the buffers of its uncompleted safe posts go.
+        self.pd.ctx.tracker.purge(Owner::Qp(self.raw as usize));
     }
 }
 
@@ -324,7 +314,7 @@ impl<T: Transport> Qp<T, Reset> {
         let c = attr.cap;
         Ok(Qp {
             inner: Inner {
-                kept: std::sync::Mutex::new(Vec::new()),
+                pinned: Pinned::default(),
                 pd: Arc::clone(pd),
                 _send_cq: Arc::clone(init.send_cq),
                 _recv_cq: Arc::clone(init.recv_cq),
@@ -473,9 +463,59 @@ impl<T: Transport, S: QpState> Qp<T, S> {
     }
 }
 
+impl<T: Transport, S: QpState> Qp<T, S> {
+    /// Pins `buf` to this QP: slot posts ([`post_slots`](Self::post_slots),
+    /// [`post_recv_slots`](Self::post_recv_slots)) may name its bytes, and it stays alive as
+    /// long as the QP does (its WRs can never outlive it).
+    pub fn pin(&self, buf: &Arc<DmaBuf>) {
+        self.inner.pinned.pin(buf);
+    }
+
+    /// Pins an address handle to this QP: UD slot posts may name it; it lives as long as the
+    /// QP.
+    pub fn pin_ah(&self, ah: &Arc<Ah>) {
+        self.inner.pinned.pin_ah(ah);
+    }
+}
+
 impl<T: Transport, S: CanPostSend> Qp<T, S> {
-    /// A batch of caller-owned send WRs for this QP.
-    pub fn send_batch<'a>(&self) -> SendBatch<'a> {
+    /// Posts the send slots `order` names, linked in that order, with one doorbell and no
+    /// allocation: the safe way to post chains from a pool of pre-initialised WRs.
+    ///
+    /// Each slot's SGE list is pointed at its own SGEs (`num_sge` of them), every SGE must be
+    /// non-empty and inside a region [pinned](Self::pin) to this QP, a UD WR's address handle
+    /// must be [pinned](Self::pin_ah), `wr_id`s keep bit 63 clear, and no slot may be named
+    /// twice: a slot that breaks a rule is named in [`Error::InvalidWr`] (position in `order`)
+    /// and nothing is posted. A post error names the failing WR's position; the ones before it
+    /// were posted (libibverbs `bad_wr` semantics). Slots may be reused as soon as this returns.
+    pub fn post_slots<X: AsMut<WrSlot<N>>, const N: usize>(
+        &self,
+        slots: &mut [X],
+        order: &[u32],
+    ) -> Result<()> {
+        let i = &self.inner;
+        let ud = T::QP_TYPE == verbs_sys::ibv_qp_type::IBV_QPT_UD;
+        let head = link(slots, order, |k, s: &WrSlot<N>| {
+            check_slot(&i.pinned, k, s, i.caps.max_send_sge)?;
+            // SAFETY: on a UD QP the `wr` union holds the `ud` member (plain data); only the
+            // address is compared, never followed.
+            if ud && !i.pinned.has_ah(unsafe { s.wr.wr.ud }.ah) {
+                return Err(Error::InvalidWr {
+                    index: k,
+                    reason: "its address handle is not pinned to this QP".into(),
+                });
+            }
+            Ok(())
+        })?;
+        // SAFETY: `head` heads a chain this function linked through slots borrowed for the
+        // call, each pointing at its own SGEs; every SGE lies in a region this QP keeps alive
+        // and whose bytes safe code only reaches by copies; every UD address handle is kept
+        // alive by this QP; no wr_id carries the tracker's tag.
+        unsafe { post::post_send_chain(i.raw, i.qpn, i.post_send, head.cast()) }
+    }
+
+    /// A batch of caller-owned send WRs for this QP (borrowing it until submitted).
+    pub fn send_batch<'a>(&'a self) -> SendBatch<'a> {
         SendBatch {
             qp: self.inner.raw,
             qpn: self.inner.qpn,
@@ -516,36 +556,61 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
 }
 
 impl<T: Transport, S: CanPostSend> Qp<T, S> {
-    /// Posts `wrs` safely: every SGE must come from [`SendWr::buf`] (registered memory this
-    /// crate allocated), and the QP keeps those buffers alive until it is destroyed, so no WR
-    /// can outlive its memory. A WR with a raw SGE or address handle is refused.
+    /// Posts `wrs` safely, with one doorbell. Every buffer must come from the builders
+    /// ([`SendWr::buf`] for what the NIC reads, [`SendWr::target`] for what a READ or atomic
+    /// writes, [`SendWr::dma_buf`], [`SendWr::ud`]); the post holds them until the WR's
+    /// completion is polled, which gives the moved-in ones back
+    /// ([`Completion::take_bufs`](crate::Completion::take_bufs)) and reports the WR's own
+    /// `wr_id`. Every WR is signaled (its completion is what releases its buffers). A WR with a
+    /// raw SGE, a range outside its buffer, a shared buffer as a READ/atomic target, or a plain
+    /// `wr_id` with bit 63 set is refused before anything is posted; on a post error the WRs
+    /// from the failing one on get their buffers back ([`SendWr::take_bufs`]).
     pub fn post_send_bufs(&self, wrs: &mut [SendWr]) -> Result<()> {
-        for (i, w) in wrs.iter().enumerate() {
-            w.check_safe(i)?;
-        }
-        self.inner
-            .keep(wrs.iter().flat_map(|w| w.kept().bufs.iter()));
-        // SAFETY: every SGE names a `MrBuf` the QP now keeps alive for as long as it exists,
-        // which is as long as the NIC may touch it; no WR names an address handle or a
-        // completion context, and no wr_id has the context tag (all checked above).
-        unsafe { self.post_send(wrs) }
+        let i = &self.inner;
+        let owner = Owner::Qp(i.raw as usize);
+        post_tracked(&i.pd.ctx.tracker, owner, wrs, |wrs| {
+            // SAFETY: every WR passed the safe checks: its buffers are held by the tracker
+            // until its (forced) completion is polled or the QP is destroyed; the ids it
+            // carries are tracker keys or plain ids with bit 63 clear.
+            unsafe { self.post_send(wrs) }
+        })
     }
 }
 
 impl<T: Transport, S: CanPostRecv> Qp<T, S> {
-    /// Posts receive `wrs` safely; see [`Qp::post_send_bufs`].
+    /// Posts receive `wrs` safely; see [`Qp::post_send_bufs`]. Receive buffers are moved in
+    /// ([`RecvWr::buf`]) and come back with their completion.
     pub fn post_recv_bufs(&self, wrs: &mut [RecvWr]) -> Result<()> {
-        for (i, w) in wrs.iter().enumerate() {
-            w.check_safe(i)?;
-        }
-        self.inner
-            .keep(wrs.iter().flat_map(|w| w.kept().bufs.iter()));
-        // SAFETY: as in `post_send_bufs`.
-        unsafe { self.post_recv(wrs) }
+        let i = &self.inner;
+        let owner = Owner::Qp(i.raw as usize);
+        post_tracked(&i.pd.ctx.tracker, owner, wrs, |wrs| {
+            // SAFETY: as in `post_send_bufs`.
+            unsafe { self.post_recv(wrs) }
+        })
     }
 
-    /// A batch of caller-owned receive WRs for this QP.
-    pub fn recv_batch<'a>(&self) -> RecvBatch<'a> {
+    /// Posts the receive slots `order` names, linked in that order, with one doorbell; the
+    /// rules of [`post_slots`](Self::post_slots) apply (SGEs inside regions pinned to this QP).
+    pub fn post_recv_slots<X: AsMut<RecvSlot<N>>, const N: usize>(
+        &self,
+        slots: &mut [X],
+        order: &[u32],
+    ) -> Result<()> {
+        let i = &self.inner;
+        let head = link(slots, order, |k, s: &RecvSlot<N>| {
+            check_slot(&i.pinned, k, s, i.caps.max_recv_sge)
+        })?;
+        if head.is_null() {
+            return Ok(());
+        }
+        let target = RecvTarget::Qp(i.raw, i.qpn, i.post_recv);
+        // SAFETY: as in `post_slots`: a chain linked here over borrowed slots whose SGEs lie in
+        // regions this QP keeps alive and that safe code only reaches by copies.
+        unsafe { post_recv_chain(target, head.cast()) }
+    }
+
+    /// A batch of caller-owned receive WRs for this QP (borrowing it until submitted).
+    pub fn recv_batch<'a>(&'a self) -> RecvBatch<'a> {
         RecvBatch::new(RecvTarget::Qp(
             self.inner.raw,
             self.inner.qpn,

@@ -39,11 +39,11 @@ fn completion_contexts_receive_their_own_completions() {
     let h = Arc::clone(&hits);
     let seen: Arc<Mutex<Vec<(bool, u32)>>> = Arc::default();
     let s2 = Arc::clone(&seen);
-    let ctx = CompletionContext::new(move |c| {
+    let ctx = CompletionContext::new(&a.ctx, move |c| {
         h.fetch_add(1, Ordering::Relaxed);
         s2.lock().unwrap().push((c.is_ok(), c.qp_num()));
     });
-    // SAFETY: `ctx` lives until the completions are polled below.
+    // SAFETY: no buffers.
     unsafe {
         qb.post_recv(&mut [RecvWr::new(1), RecvWr::new(2)]).unwrap();
         qa.post_send(&mut [

@@ -10,7 +10,7 @@ fn dropping_parents_first_is_fine() {
     let srq = Srq::new(&a.pd, 4, 1).unwrap();
     let ch = CompChannel::new(&a.ctx).unwrap();
     let cq = Cq::new(&a.ctx, 4, Some(&ch)).unwrap();
-    let ah = a.pd.create_ah(1, b.gid).unwrap();
+    let ah = a.pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
     // Drop the context, PD and CQ handles first: the children keep them alive.
     let Side {
         ctx, pd, cq: acq, ..
@@ -42,10 +42,18 @@ fn registering_bad_memory_is_an_error_naming_it() {
     }
     .unwrap_err();
     assert!(matches!(err, Error::RegMr { len: 64, .. }), "{err}");
-    // Remote write without local write is refused.
+    // Remote write without local write is refused by the provider.
     let err =
-        a.pd.alloc_mr(64, 64, AccessFlags::REMOTE_WRITE)
+        a.pd.alloc_dma(64, 64, AccessFlags::REMOTE_WRITE)
             .unwrap_err();
     assert!(err.to_string().contains("errno 22"), "{err}");
+    // Remote access through an `MrBuf` (whose bytes safe code may borrow) is refused.
+    let err =
+        a.pd.alloc_mr(64, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidAttr { name: "access", .. }),
+        "{err}"
+    );
     assert!(a.pd.alloc_mr(64, 3, AccessFlags::LOCAL_WRITE).is_err());
 }

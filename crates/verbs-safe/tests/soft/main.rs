@@ -5,6 +5,8 @@ mod setup;
 
 mod completions;
 mod drops;
+mod memory;
 mod posting;
+mod slots;
 mod transports;
 mod typestate;

@@ -65,8 +65,20 @@ pub fn remote<T: Transport, S: QpState>(side: &Side, qp: &Qp<T, S>) -> Remote {
     Remote {
         qpn: qp.qpn(),
         psn: 0,
-        gid: side.gid,
+        lid: 0,
+        gid: Some(side.gid),
     }
+}
+
+/// softnic's ports have one GID (index 0).
+pub const FROM: LocalPort = LocalPort {
+    port: 1,
+    gid_index: 0,
+};
+
+/// What the test QPs let peers do: everything (each test's regions decide the rest).
+pub fn open_access() -> ConnInit {
+    ConnInit::with_access(AccessFlags::remote())
 }
 
 pub fn rc_pair(a: &Side, b: &Side, caps: QpCaps, sig_all: bool) -> (Qp<Rc, Rts>, Qp<Rc, Rts>) {
@@ -82,9 +94,9 @@ pub fn connect_rc(
 ) -> (Qp<Rc, Rts>, Qp<Rc, Rts>) {
     let (ra, rb) = (remote(a, &qa), remote(b, &qb));
     let up = |q: Qp<Rc, Reset>, peer| {
-        q.init(ConnInit::default())
+        q.init(open_access())
             .unwrap()
-            .rtr(RcRtr::new(peer))
+            .rtr(RcRtr::new(peer, FROM))
             .unwrap()
             .rts(RcRts::new(0))
             .unwrap()
@@ -99,16 +111,16 @@ pub fn uc_pair(a: &Side, b: &Side) -> (Qp<Uc, Rts>, Qp<Uc, Rts>) {
     );
     let (ra, rb) = (remote(a, &qa), remote(b, &qb));
     let qa = qa
-        .init(ConnInit::default())
+        .init(open_access())
         .unwrap()
-        .rtr(UcRtr::new(rb))
+        .rtr(UcRtr::new(rb, FROM))
         .unwrap()
         .rts(SqPsn(0))
         .unwrap();
     let qb = qb
-        .init(ConnInit::default())
+        .init(open_access())
         .unwrap()
-        .rtr(UcRtr::new(ra))
+        .rtr(UcRtr::new(ra, FROM))
         .unwrap()
         .rts(SqPsn(0))
         .unwrap();
@@ -155,8 +167,8 @@ pub struct Done {
 
 impl Done {
     pub fn of(c: &Completion<'_>) -> Done {
-        match c {
-            Completion::Success(s) => Done {
+        match c.ok() {
+            Ok(s) => Done {
                 wr_id: s.wr_id(),
                 qp_num: s.qp_num(),
                 status: WcStatus::Success,
@@ -165,7 +177,7 @@ impl Done {
                 imm: s.imm(),
                 src_qp: s.src_qp(),
             },
-            Completion::Failure(f) => Done {
+            Err(f) => Done {
                 wr_id: f.wr_id(),
                 qp_num: f.qp_num(),
                 status: f.status().unwrap(),

@@ -14,7 +14,7 @@ fn rc_send_write_imm_and_read() {
     let (_f, _v, a, b) = fabric();
     let (qa, qb) = rc_pair(&a, &b, QpCaps::default(), true);
     let mut src = a.pd.alloc_mr(8192, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst = b.pd.alloc_mr(8192, 64, RW).unwrap();
+    let dst = b.pd.alloc_dma(8192, 64, RW).unwrap();
     for (i, x) in src.as_mut_slice().iter_mut().enumerate() {
         *x = (i % 251) as u8;
     }
@@ -50,8 +50,10 @@ fn rc_send_write_imm_and_read() {
         (got[1].wr_id, got[1].byte_len, got[1].imm),
         (2, 4000, Some(7))
     );
-    assert_eq!(&dst.as_slice()[..3000], &src.as_slice()[..3000]);
-    assert_eq!(&dst.as_slice()[4096..8096], &src.as_slice()[100..4100]);
+    let mut got = vec![0u8; 8192];
+    dst.read_at(0, &mut got).unwrap();
+    assert_eq!(&got[..3000], &src.as_slice()[..3000]);
+    assert_eq!(&got[4096..8096], &src.as_slice()[100..4100]);
     let sent = drain(&a.cq, 2);
     assert_eq!(
         sent.iter().map(|d| d.opcode).collect::<Vec<_>>(),
@@ -112,7 +114,7 @@ fn uc_and_ud_paths() {
     let (ua, ub) = uc_pair(&a, &b);
     let mut src = a.pd.alloc_mr(2048, 64, AccessFlags::LOCAL_WRITE).unwrap();
     src.as_mut_slice().fill(9);
-    let dst = b.pd.alloc_mr(4096, 64, RW).unwrap();
+    let dst = b.pd.alloc_dma(4096, 64, RW).unwrap();
     // SAFETY: as above.
     unsafe {
         ub.post_recv(&mut [RecvWr::new(1).sge(dst.sge(0, 2048).unwrap())])
@@ -124,7 +126,7 @@ fn uc_and_ud_paths() {
     drain(&a.cq, 1);
 
     let (da, db) = (ud_qp(&a), ud_qp(&b));
-    let ah = a.pd.create_ah(1, b.gid).unwrap();
+    let ah = a.pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
     // SAFETY: as above; the AH lives until the completion.
     unsafe {
         db.post_recv(&mut [RecvWr::new(5).sge(dst.sge(0, 1024).unwrap())])
@@ -136,14 +138,18 @@ fn uc_and_ud_paths() {
     }
     let r = drain(&b.cq, 1)[0];
     assert_eq!((r.byte_len, r.src_qp, r.imm), (140, da.qpn(), Some(3)));
-    assert_eq!(&dst.as_slice()[40..140], &src.as_slice()[..100]);
+    let mut got = [0u8; 100];
+    dst.read_at(40, &mut got).unwrap();
+    assert_eq!(&got[..], &src.as_slice()[..100]);
 }
 
 #[test]
 fn an_srq_feeds_many_qps_and_a_shared_cq_tells_them_apart() {
     let (_f, _v, a, b) = fabric();
     let srq = Srq::new(&b.pd, 64, 1).unwrap();
-    let buf = b.pd.alloc_mr(64 * 256, 64, RW).unwrap();
+    let buf =
+        b.pd.alloc_mr(64 * 256, 64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
     let mut wrs: Vec<RecvWr> = (0..64)
         .map(|i| RecvWr::new(100 + i).sge(buf.sge(i as usize * 256, 256).unwrap()))
         .collect();
@@ -196,7 +202,7 @@ fn selective_signaling_and_inline() {
         },
         false,
     );
-    let dst = b.pd.alloc_mr(64, 64, RW).unwrap();
+    let dst = b.pd.alloc_dma(64, 64, RW).unwrap();
     let scratch = [7u8; 16];
     let inline = verbs_safe::sys::ibv_sge {
         addr: scratch.as_ptr() as u64,
@@ -228,8 +234,10 @@ fn selective_signaling_and_inline() {
         [3],
         "only the signaled WR completes"
     );
-    assert_eq!(&dst.as_slice()[32..48], &[7; 16]);
-    assert_eq!(&dst.as_slice()[..16], &[7; 16]);
+    let mut got = [0u8; 48];
+    dst.read_at(0, &mut got).unwrap();
+    assert_eq!(&got[32..48], &[7; 16]);
+    assert_eq!(&got[..16], &[7; 16]);
     assert_eq!(drain(&b.cq, 2).len(), 2);
     // An inline payload over the QP's limit is refused before posting, naming the WR.
     let big = verbs_safe::sys::ibv_sge {

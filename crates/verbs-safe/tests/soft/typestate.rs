@@ -22,13 +22,17 @@ fn a_refused_transition_hands_the_qp_back_unchanged() {
         .qp::<Rc>(QpCaps::default(), true)
         .init(ConnInit::default())
         .unwrap();
-    // A path MTU the 4096-byte port has, but an invalid GID index? No: an invalid port.
-    let mut rtr = RcRtr::new(Remote {
-        qpn: 5,
-        psn: 0,
-        gid: b.gid,
-    });
-    rtr.port = 2;
+    // A valid mask with an invalid value: a port the device does not have.
+    let mut rtr = RcRtr::new(
+        Remote {
+            qpn: 5,
+            psn: 0,
+            lid: 0,
+            gid: Some(b.gid),
+        },
+        FROM,
+    );
+    rtr.from.port = 2;
     let err = q.rtr(rtr).unwrap_err();
     assert_eq!(err.qp.current_state().unwrap(), QpStateKind::Init);
     match &err.error {
@@ -59,11 +63,15 @@ fn a_refused_transition_hands_the_qp_back_unchanged() {
     // The QP handed back still works.
     let q = err
         .qp
-        .rtr(RcRtr::new(Remote {
-            qpn: 5,
-            psn: 0,
-            gid: b.gid,
-        }))
+        .rtr(RcRtr::new(
+            Remote {
+                qpn: 5,
+                psn: 0,
+                lid: 0,
+                gid: Some(b.gid),
+            },
+            FROM,
+        ))
         .unwrap();
     assert_eq!(q.current_state().unwrap(), QpStateKind::Rtr);
 }
@@ -75,11 +83,15 @@ fn out_of_range_attributes_are_refused_before_the_provider() {
         .qp::<Rc>(QpCaps::default(), true)
         .init(ConnInit::default())
         .unwrap();
-    let bad = RcRtr::new(Remote {
-        qpn: 1 << 24,
-        psn: 0,
-        gid: b.gid,
-    });
+    let bad = RcRtr::new(
+        Remote {
+            qpn: 1 << 24,
+            psn: 0,
+            lid: 0,
+            gid: Some(b.gid),
+        },
+        FROM,
+    );
     let err = q.rtr(bad).unwrap_err();
     assert!(
         matches!(
@@ -94,11 +106,15 @@ fn out_of_range_attributes_are_refused_before_the_provider() {
     );
     let q = err
         .qp
-        .rtr(RcRtr::new(Remote {
-            qpn: 1,
-            psn: 0,
-            gid: b.gid,
-        }))
+        .rtr(RcRtr::new(
+            Remote {
+                qpn: 1,
+                psn: 0,
+                lid: 0,
+                gid: Some(b.gid),
+            },
+            FROM,
+        ))
         .unwrap();
     let mut rts = RcRts::new(0);
     rts.retry_cnt = 8;

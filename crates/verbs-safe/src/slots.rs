@@ -1,0 +1,301 @@
+//! Safe chained posting from pools of pre-initialised WRs (UCCL's `wr_ex` pool): regions and
+//! address handles are pinned to a queue, and a chain of slots is checked against them, linked
+//! in the caller's order and posted with one doorbell, without an allocation.
+//!
+//! What makes it safe without `unsafe` at the call site: every SGE must lie inside a
+//! [`DmaBuf`] pinned to the queue (which keeps it alive while the queue lives, and whose bytes
+//! safe code only reaches by copies), every UD address handle must be pinned too, each slot's
+//! SGE list is re-pointed at the slot's own SGEs, the chain is linked here (no caller pointer
+//! is followed), and `wr_id`s keep bit 63 ([`WR_ID_TAG`]) clear. The WRs themselves are only
+//! read during the call, as libibverbs specifies.
+
+use std::ptr::{NonNull, null_mut};
+use std::sync::{Arc, RwLock};
+
+use ibverbs_sys::{ibv_ah, ibv_recv_wr, ibv_send_wr, ibv_sge};
+
+use crate::context::{Ah, DmaBuf};
+use crate::error::{Error, Result};
+use crate::post::Linked;
+use crate::track::WR_ID_TAG;
+
+/// A send WR with `N` SGEs of its own: the element of a pool of pre-initialised WRs (UCCL's
+/// `wr_ex`). `#[repr(C)]` with the WR first, so a pointer to the slot is a pointer to its WR.
+///
+/// Posted safely by [`Qp::post_slots`](crate::Qp::post_slots), which points the WR at the
+/// slot's own SGEs; an `unsafe` chain post needs [`point_sges`](Self::point_sges) once the
+/// slot is at its final address.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrSlot<const N: usize> {
+    /// The work request.
+    pub wr: ibv_send_wr,
+    /// Its scatter-gather entries.
+    pub sges: [ibv_sge; N],
+}
+
+/// A receive WR with `N` SGEs of its own (the element of a pool of receive WRs, refilled in
+/// chains: [`Srq::post_recv_slots`](crate::Srq::post_recv_slots)).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RecvSlot<const N: usize> {
+    /// The work request.
+    pub wr: ibv_recv_wr,
+    /// Its scatter-gather entries.
+    pub sges: [ibv_sge; N],
+}
+
+macro_rules! slot_common {
+    ($slot:ident, $wr:ty) => {
+        impl<const N: usize> Default for $slot<N> {
+            fn default() -> Self {
+                $slot {
+                    wr: <$wr>::default(),
+                    sges: [ibv_sge::default(); N],
+                }
+            }
+        }
+
+        // SAFETY: the raw pointers inside are addresses (of the slot's own SGEs, of registered
+        // memory, of the next WR in a chain, of an address handle); nothing about them is tied
+        // to a thread, and only a post (checked, or `unsafe`) follows them.
+        unsafe impl<const N: usize> Send for $slot<N> {}
+        // SAFETY: as above; shared access only reads plain data.
+        unsafe impl<const N: usize> Sync for $slot<N> {}
+
+        impl<const N: usize> std::fmt::Debug for $slot<N> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($slot))
+                    .field("wr_id", &self.wr.wr_id)
+                    .field("num_sge", &self.wr.num_sge)
+                    .field("sges", &self.sges)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl<const N: usize> $slot<N> {
+            /// Points the WR at the first `n` of the slot's SGEs (`n` is capped at `N`).
+            pub fn point_sges(&mut self, n: usize) {
+                self.wr.sg_list = self.sges.as_mut_ptr();
+                self.wr.num_sge = n.min(N) as i32;
+            }
+
+            /// The WR's address, for linking it into a chain through another WR's `next`.
+            pub fn wr_ptr(&mut self) -> *mut $wr {
+                &mut self.wr
+            }
+        }
+
+        impl<const N: usize> AsMut<$slot<N>> for $slot<N> {
+            fn as_mut(&mut self) -> &mut $slot<N> {
+                self
+            }
+        }
+    };
+}
+
+slot_common!(WrSlot, ibv_send_wr);
+slot_common!(RecvSlot, ibv_recv_wr);
+
+/// A region pinned to a queue.
+struct Region {
+    lkey: u32,
+    start: u64,
+    end: u64,
+    _buf: Arc<DmaBuf>,
+}
+
+/// What a queue may name in slot posts: pinned regions and address handles, kept alive for
+/// the queue's life.
+#[derive(Default)]
+pub(crate) struct Pinned {
+    regions: RwLock<Vec<Region>>,
+    ahs: RwLock<Vec<Arc<Ah>>>,
+}
+
+impl std::fmt::Debug for Pinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pinned").finish_non_exhaustive()
+    }
+}
+
+impl Pinned {
+    pub(crate) fn pin(&self, buf: &Arc<DmaBuf>) {
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if r.iter().any(|x| Arc::ptr_eq(&x._buf, buf)) {
+            return;
+        }
+        r.push(Region {
+            lkey: buf.lkey(),
+            start: buf.addr(),
+            end: buf.addr() + buf.len() as u64,
+            _buf: Arc::clone(buf),
+        });
+    }
+
+    pub(crate) fn pin_ah(&self, ah: &Arc<Ah>) {
+        let mut a = self.ahs.write().unwrap_or_else(|e| e.into_inner());
+        if !a.iter().any(|x| Arc::ptr_eq(x, ah)) {
+            a.push(Arc::clone(ah));
+        }
+    }
+
+    /// Whether `ah` is a pinned address handle.
+    pub(crate) fn has_ah(&self, ah: *mut ibv_ah) -> bool {
+        let a = self.ahs.read().unwrap_or_else(|e| e.into_inner());
+        a.iter().any(|x| x.raw == ah)
+    }
+
+    /// Checks the first `n` SGEs of a slot at position `index` of a chain: each non-empty,
+    /// inside a pinned region with that region's lkey.
+    pub(crate) fn check_sges(&self, index: usize, sges: &[ibv_sge], max_sge: u32) -> Result<()> {
+        let bad = |reason: String| Err(Error::InvalidWr { index, reason });
+        if sges.len() > max_sge as usize {
+            return bad(format!("{} SGEs, the queue takes {max_sge}", sges.len()));
+        }
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        for s in sges {
+            // A zero length means 2 GiB to some NICs (mlx5): never let one through.
+            if s.length == 0 {
+                return bad(format!(
+                    "an empty SGE at {:#x} (some NICs read 0 as 2 GiB)",
+                    s.addr
+                ));
+            }
+            let inside = s.addr.checked_add(u64::from(s.length)).is_some_and(|end| {
+                regions
+                    .iter()
+                    .any(|r| r.lkey == s.lkey && s.addr >= r.start && end <= r.end)
+            });
+            if !inside {
+                return bad(format!(
+                    "SGE {:#x}+{} (lkey {:#x}) is not inside a region pinned to this queue",
+                    s.addr, s.length, s.lkey
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A WR of a slot chain: its `next` and its SGE list are set here, never taken from the caller.
+pub(crate) trait Slot: Linked {
+    fn wr_id(&self) -> u64;
+    /// The slot's SGEs in use (`num_sge`, which must fit the slot).
+    fn sges(&self) -> std::result::Result<&[ibv_sge], String>;
+    fn point_own_sges(&mut self);
+}
+
+macro_rules! slot_impl {
+    ($slot:ident) => {
+        impl<const N: usize> Slot for $slot<N> {
+            fn wr_id(&self) -> u64 {
+                self.wr.wr_id
+            }
+            fn sges(&self) -> std::result::Result<&[ibv_sge], String> {
+                usize::try_from(self.wr.num_sge)
+                    .ok()
+                    .filter(|&n| n <= N)
+                    .map(|n| &self.sges[..n])
+                    .ok_or_else(|| format!("num_sge {} for a slot of {N}", self.wr.num_sge))
+            }
+            fn point_own_sges(&mut self) {
+                self.wr.sg_list = if self.wr.num_sge == 0 {
+                    null_mut()
+                } else {
+                    self.sges.as_mut_ptr()
+                };
+            }
+        }
+
+        impl<const N: usize> Linked for $slot<N> {
+            fn next(&self) -> *mut Self {
+                self.wr.next.cast()
+            }
+            fn set_next(&mut self, next: *mut Self) {
+                self.wr.next = next.cast();
+            }
+        }
+    };
+}
+
+slot_impl!(WrSlot);
+slot_impl!(RecvSlot);
+
+/// Checks the slots `order` names (each once, each valid by `check`), then links them in that
+/// order through `next`, pointing each at its own SGEs. Returns the head (null for an empty
+/// order). On an error nothing is linked and no `next` is left changed in a way that matters
+/// (the chain is only ever followed by the post this prepares).
+pub(crate) fn link<S, X: AsMut<S>>(
+    slots: &mut [X],
+    order: &[u32],
+    mut check: impl FnMut(usize, &S) -> Result<()>,
+) -> Result<*mut S>
+where
+    S: Slot,
+{
+    // A marker no real WR address can equal: finds an index named twice (a cycle otherwise).
+    let mark: *mut S = NonNull::<S>::dangling().as_ptr();
+    let mut result = Ok(());
+    let mut marked = 0;
+    for (k, &i) in order.iter().enumerate() {
+        let Some(x) = slots.get_mut(i as usize) else {
+            result = Err(Error::InvalidWr {
+                index: k,
+                reason: format!("no slot {i} in a pool of {}", slots.len()),
+            });
+            break;
+        };
+        let s = x.as_mut();
+        if s.next() == mark {
+            result = Err(Error::InvalidWr {
+                index: k,
+                reason: format!("slot {i} is named twice"),
+            });
+            break;
+        }
+        if let Err(e) = check(k, s) {
+            result = Err(e);
+            break;
+        }
+        s.set_next(mark);
+        marked += 1;
+    }
+    if let Err(e) = result {
+        for &i in &order[..marked] {
+            slots[i as usize].as_mut().set_next(null_mut());
+        }
+        return Err(e);
+    }
+    let mut head: *mut S = null_mut();
+    for &i in order.iter().rev() {
+        let s = slots[i as usize].as_mut();
+        s.point_own_sges();
+        s.set_next(head);
+        head = s;
+    }
+    Ok(head)
+}
+
+/// The common checks of a slot at position `index`: an id this crate does not reserve, and
+/// SGEs inside pinned regions.
+pub(crate) fn check_slot<S: Slot>(
+    pinned: &Pinned,
+    index: usize,
+    s: &S,
+    max_sge: u32,
+) -> Result<()> {
+    if s.wr_id() & WR_ID_TAG != 0 {
+        return Err(Error::InvalidWr {
+            index,
+            reason: format!(
+                "wr_id {:#x} has bit 63 set, which marks ids this crate issues",
+                s.wr_id()
+            ),
+        });
+    }
+    let sges = s
+        .sges()
+        .map_err(|reason| Error::InvalidWr { index, reason })?;
+    pinned.check_sges(index, sges, max_sge)
+}

@@ -1,0 +1,220 @@
+//! What a completion must find again: per-WR handlers and the buffers of safe posts, in a slab
+//! per context, keyed by the `wr_id` the WR carried.
+//!
+//! A tracked `wr_id` is [`WR_ID_TAG`] | generation (31 bits) << 32 | slot index (32 bits). The
+//! slot is found in O(1) and the generation must match, so a `wr_id` can at worst name no
+//! live entry (and is then delivered as a plain completion): it can never be turned into a
+//! pointer, whatever bits a caller puts in it.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+use crate::context::MrBuf;
+use crate::cq::Completion;
+
+/// The `wr_id` bit that marks an id this crate issued for a tracked WR (a
+/// [`CompletionContext`](crate::CompletionContext) or a safe post); plain `wr_id`s keep it
+/// clear (safe posts refuse one that has it).
+pub const WR_ID_TAG: u64 = 1 << 63;
+
+/// A per-WR completion handler.
+pub(crate) type Handler = Arc<dyn Fn(Completion<'_>) + Send + Sync>;
+
+/// Who posted a tracked WR: entries of a destroyed QP or SRQ are dropped with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    Qp(usize),
+    Srq(usize),
+}
+
+/// What a safe post handed over until its completion.
+pub(crate) struct Posted {
+    /// The id the caller gave the WR (its completion reports this one).
+    pub(crate) wr_id: u64,
+    pub(crate) owner: Owner,
+    /// Kept alive, shared: buffers the NIC only reads, address handles, remote buffers.
+    pub(crate) shared: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Owned: buffers the NIC writes, given back with the completion.
+    pub(crate) owned: Vec<MrBuf>,
+}
+
+pub(crate) enum Entry {
+    /// A persistent handler (stays until its context is dropped).
+    Handler(Handler),
+    /// One safe post (taken out by its completion).
+    Posted(Posted),
+}
+
+/// What a tracked `wr_id` resolves to.
+pub(crate) enum Resolved {
+    Handler(Handler),
+    Posted(Posted),
+    /// Not (or no longer) a live entry: a plain completion.
+    Unknown,
+}
+
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+}
+
+/// The slab of one context.
+#[derive(Default)]
+pub(crate) struct Tracker {
+    slots: Mutex<Slots>,
+}
+
+impl std::fmt::Debug for Tracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracker").finish_non_exhaustive()
+    }
+}
+
+fn key(index: u32, generation: u32) -> u64 {
+    WR_ID_TAG | (u64::from(generation & 0x7fff_ffff) << 32) | u64::from(index)
+}
+
+impl Tracker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores `e`; returns the `wr_id` that finds it.
+    pub(crate) fn insert(&self, e: Entry) -> u64 {
+        let mut s = self.lock();
+        match s.free.pop() {
+            Some(i) => {
+                let slot = &mut s.slots[i as usize];
+                slot.entry = Some(e);
+                key(i, slot.generation)
+            }
+            None => {
+                let i = s.slots.len() as u32;
+                s.slots.push(Slot {
+                    generation: 0,
+                    entry: Some(e),
+                });
+                key(i, 0)
+            }
+        }
+    }
+
+    /// The live slot `wr_id` names, if any.
+    fn slot(s: &mut Slots, wr_id: u64) -> Option<&mut Slot> {
+        if wr_id & WR_ID_TAG == 0 {
+            return None;
+        }
+        let generation = ((wr_id >> 32) & 0x7fff_ffff) as u32;
+        s.slots
+            .get_mut((wr_id & 0xffff_ffff) as usize)
+            .filter(|slot| slot.generation & 0x7fff_ffff == generation && slot.entry.is_some())
+    }
+
+    fn free(s: &mut Slots, wr_id: u64) -> Option<Entry> {
+        let slot = Self::slot(s, wr_id)?;
+        let e = slot.entry.take();
+        slot.generation = slot.generation.wrapping_add(1);
+        s.free.push((wr_id & 0xffff_ffff) as u32);
+        e
+    }
+
+    /// Removes the entry `wr_id` names (a dropped handler, or a post that never happened).
+    pub(crate) fn remove(&self, wr_id: u64) -> Option<Entry> {
+        Self::free(&mut self.lock(), wr_id)
+    }
+
+    /// What a completion with `wr_id` goes to: a handler stays, a post is taken out.
+    pub(crate) fn resolve(&self, wr_id: u64) -> Resolved {
+        let mut s = self.lock();
+        match Self::slot(&mut s, wr_id).and_then(|slot| slot.entry.as_ref()) {
+            Some(Entry::Handler(h)) => Resolved::Handler(Arc::clone(h)),
+            Some(Entry::Posted(_)) => match Self::free(&mut s, wr_id) {
+                Some(Entry::Posted(p)) => Resolved::Posted(p),
+                _ => Resolved::Unknown,
+            },
+            None => Resolved::Unknown,
+        }
+    }
+
+    /// Drops every post of `owner` (destroyed: the NIC can no longer touch their buffers).
+    pub(crate) fn purge(&self, owner: Owner) {
+        let mut s = self.lock();
+        let dead: Vec<u64> = s
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| matches!(&slot.entry, Some(Entry::Posted(p)) if p.owner == owner))
+            .map(|(i, slot)| key(i as u32, slot.generation))
+            .collect();
+        for id in dead {
+            Self::free(&mut s, id);
+        }
+    }
+
+    /// Safe posts not yet completed (for tests and leak checks).
+    pub(crate) fn posted(&self) -> usize {
+        self.lock()
+            .slots
+            .iter()
+            .filter(|s| matches!(s.entry, Some(Entry::Posted(_))))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn posted(wr_id: u64) -> Entry {
+        Entry::Posted(Posted {
+            wr_id,
+            owner: Owner::Qp(1),
+            shared: Vec::new(),
+            owned: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_key_is_found_once_and_a_stale_or_forged_one_never() {
+        let t = Tracker::default();
+        let a = t.insert(posted(7));
+        assert_ne!(a & WR_ID_TAG, 0);
+        assert!(matches!(t.resolve(a), Resolved::Posted(p) if p.wr_id == 7));
+        assert!(matches!(t.resolve(a), Resolved::Unknown), "taken once");
+        // The slot is reused with a new generation: the old key stays dead.
+        let b = t.insert(posted(8));
+        assert_eq!(a & 0xffff_ffff, b & 0xffff_ffff);
+        assert_ne!(a, b);
+        assert!(matches!(t.resolve(a), Resolved::Unknown));
+        for forged in [0, 1, u64::MAX, WR_ID_TAG | 5, b ^ (1 << 40), b & !WR_ID_TAG] {
+            assert!(
+                matches!(t.resolve(forged), Resolved::Unknown),
+                "{forged:#x}"
+            );
+        }
+        assert!(matches!(t.resolve(b), Resolved::Posted(p) if p.wr_id == 8));
+    }
+
+    #[test]
+    fn handlers_stay_until_removed_and_purge_drops_an_owners_posts() {
+        let t = Tracker::default();
+        let h = t.insert(Entry::Handler(Arc::new(|_| {})));
+        assert!(matches!(t.resolve(h), Resolved::Handler(_)));
+        assert!(matches!(t.resolve(h), Resolved::Handler(_)));
+        assert!(t.remove(h).is_some());
+        assert!(matches!(t.resolve(h), Resolved::Unknown));
+        let p = t.insert(posted(1));
+        assert_eq!(t.posted(), 1);
+        t.purge(Owner::Qp(2));
+        assert_eq!(t.posted(), 1);
+        t.purge(Owner::Qp(1));
+        assert_eq!(t.posted(), 0);
+        assert!(matches!(t.resolve(p), Resolved::Unknown));
+    }
+}
