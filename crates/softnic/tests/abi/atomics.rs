@@ -57,9 +57,9 @@ fn compare_and_swap_and_fetch_and_add_return_the_original_value() {
     assert_eq!(attr.atomic_cap, IBV_ATOMIC_HCA);
     assert!(attr.max_qp_rd_atom > 0 && attr.max_qp_init_rd_atom > 0);
 
-    let mut remote = vec![0u8; 16];
+    let mut remote = aligned(16);
     remote[..8].copy_from_slice(&10u64.to_ne_bytes());
-    let mut local = vec![0u8; 24];
+    let mut local = aligned(24);
     let rmr = b.reg(&mut remote, LOCAL_WRITE | REMOTE_ATOMIC);
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let at = remote.as_ptr() as u64;
@@ -94,8 +94,8 @@ fn compare_and_swap_and_fetch_and_add_return_the_original_value() {
 fn atomic_misuse_is_refused_at_post_or_by_the_responder() {
     let f = Fabric::default();
     let (a, qa, b, qb) = atomic_pair(&f);
-    let mut remote = vec![0u8; 16];
-    let mut local = vec![0u8; 8];
+    let mut remote = aligned(16);
+    let mut local = aligned(8);
     let rmr = b.reg(&mut remote, LOCAL_WRITE | REMOTE_ATOMIC);
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let at = remote.as_ptr() as u64;
@@ -111,7 +111,7 @@ fn atomic_misuse_is_refused_at_post_or_by_the_responder() {
     assert_eq!(post_send(qc, &mut [uc]), Err((libc::EINVAL, 0)));
 
     // An MR without remote atomic access: a remote access error.
-    let mut plain = vec![0u8; 8];
+    let mut plain = aligned(8);
     let pmr = b.reg(&mut plain, ALL_ACCESS);
     let wr = atomic_wr(
         2,
@@ -135,8 +135,8 @@ fn atomic_misuse_is_refused_at_post_or_by_the_responder() {
     // A responder QP without remote atomic rights: an invalid request.
     let f = Fabric::default();
     let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 4);
-    let mut remote = vec![0u8; 8];
-    let mut local = vec![0u8; 8];
+    let mut remote = aligned(8);
+    let mut local = aligned(8);
     let rmr = b.reg(&mut remote, LOCAL_WRITE | REMOTE_ATOMIC);
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let wr = atomic_wr(
@@ -178,8 +178,8 @@ fn a_duplicated_or_retried_atomic_is_applied_once() {
         }
         _ => Verdict::Pass,
     })));
-    let mut remote = vec![0u8; 8];
-    let mut local = vec![0u8; 8 * 10];
+    let mut remote = aligned(8);
+    let mut local = aligned(8 * 10);
     let rmr = b.reg(&mut remote, LOCAL_WRITE | REMOTE_ATOMIC);
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let at = remote.as_ptr() as u64;
@@ -253,8 +253,8 @@ fn max_rd_atomic_is_honoured() {
         g.1 = g.1.max(g.0);
         Verdict::Pass
     })));
-    let mut remote = vec![0u8; 64];
-    let mut local = vec![0u8; 64];
+    let mut remote = aligned(64);
+    let mut local = aligned(64);
     let rmr = b.reg(&mut remote, ALL_ACCESS | REMOTE_ATOMIC);
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let at = remote.as_ptr() as u64;

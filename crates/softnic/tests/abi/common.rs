@@ -528,3 +528,26 @@ pub fn ok(wc: &Wc) -> bool {
 pub fn no_ptr<T>() -> *mut T {
     null::<T>() as *mut T
 }
+
+/// `n` zero bytes aligned to 8 (atomics need it; a `Vec<u8>` need not be).
+pub fn aligned(n: usize) -> Aligned {
+    Aligned(vec![0u64; n.div_ceil(8)], n)
+}
+
+/// Bytes aligned to 8; derefs to `[u8]`.
+pub struct Aligned(Vec<u64>, usize);
+
+impl std::ops::Deref for Aligned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `u64`s are plain bytes; `self.1 <= 8 * len`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.1) }
+    }
+}
+
+impl std::ops::DerefMut for Aligned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with unique access.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.1) }
+    }
+}

@@ -224,7 +224,7 @@ proptest! {
         let mut rbuf = vec![0u8; n * 5000];
         let mut wbuf = vec![0u8; n * 5000];
         let mut pattern: Vec<u8> = (0..9000).map(|i| (i * 7 + 3) as u8).collect();
-        let mut counters = vec![0u8; 16];
+        let mut counters = aligned(16);
         let smr = a.reg(&mut src, LOCAL_WRITE);
         let rmr = b.reg(&mut rbuf, LOCAL_WRITE);
         let wmr = b.reg(&mut wbuf, ALL_ACCESS);

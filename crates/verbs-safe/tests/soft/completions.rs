@@ -93,8 +93,9 @@ fn arming_then_polling_again_loses_nothing() {
 
 #[test]
 fn a_sleeper_wakes_on_the_channel_while_a_progress_thread_drives_softnic() {
+    // Two threads drive the two ends: the wall clock, so timers take real time.
     let f = softnic::Fabric::new(softnic::FabricConfig {
-        auto_advance: false,
+        clock: softnic::Clock::Wall,
         ..Default::default()
     });
     let v = Verbs::soft(&f);
