@@ -217,9 +217,12 @@ impl Tx {
         Ok(())
     }
 
-    /// Closes flow `fid`: its pending messages fail with [`TxError::Closed`] (each reported
-    /// once no WR naming it is outstanding). The id can be opened again once those WRs have
-    /// completed.
+    /// Closes flow `fid`: its credit and engine-window share return at once; its pending
+    /// messages fail with [`TxError::Closed`], each reported once no WR naming it is
+    /// outstanding. Its WRs already posted stay in use (in [`wrs_in_use`](Self::wrs_in_use)
+    /// and [`hdrs_in_use`](Self::hdrs_in_use)) until the caller feeds back the completions
+    /// that cover them, as for any WR; then the id can be opened again
+    /// ([`TxError::Draining`] before).
     pub fn close_flow(&mut self, fid: u16) -> Result<(), TxError> {
         let status = self.flow(fid).map(|f| f.status);
         match status {
