@@ -4,7 +4,10 @@ use crate::error::TxError;
 use crate::wire::MAX_WINDOW;
 
 /// The largest WR pool: a pool index is 15 bits of the `wr_id` (bit 63 is verbs-safe's
-/// completion-context tag and must stay clear).
+/// completion-context tag and must stay clear; see [`WrId`](crate::WrId)). A WR extension is
+/// held from staging until its completion, so this bounds the WRs in all send queues of one
+/// transmit side: 32768 is 512 MiB in flight at 16 KiB chunks, more than receiver credits let
+/// an engine use, and the pool is a flat array (about 150 bytes an element).
 pub const MAX_WR_POOL: usize = 1 << 15;
 
 /// How the transmit side behaves. `TxConfig::default()` is a reasonable start.
@@ -12,7 +15,9 @@ pub const MAX_WR_POOL: usize = 1 << 15;
 pub struct TxConfig {
     /// Bytes per chunk (one RDMA WRITE_WITH_IMM each).
     pub chunk_size: u32,
-    /// Most chunks of one flow unacknowledged at once (at most [`MAX_WINDOW`]).
+    /// Most chunks of one flow sent and not cumulatively acknowledged at once (the SACK
+    /// window; at most [`MAX_WINDOW`]). The receiver's credit bounds the chunks in flight
+    /// further.
     pub flow_window: u16,
     /// Most chunks of all flows unacknowledged at once.
     pub engine_window: u32,
@@ -26,15 +31,19 @@ pub struct TxConfig {
     pub max_retransmits: u16,
     /// How long a flow with chunks in flight may see no ACK progress before it fails.
     pub max_silence_us: u64,
-    /// Every `signal_every`-th WR of a QP asks for a completion (and every WR once the send
-    /// queue is that close to full).
+    /// Every `signal_every`-th WR of a QP asks for a completion; so do every retransmission
+    /// (to free its header slot soon) and the last WR staged on a QP by each
+    /// `poll_transmit` (so every WR has a completion coming after it).
     pub signal_every: u32,
-    /// Most WRs in one chain (one doorbell); 1 posts every WR on its own.
+    /// Most WRs in one chain (one doorbell); 1 posts every WR on its own ("single" mode).
     pub max_chain: u32,
     /// Work-request extensions in the pool (rounded up to a power of two).
     pub wr_pool: usize,
     /// Seed of the path chooser's randomness.
     pub seed: u64,
+    /// The sequence number of the first WR on every path (0; tests start it just before a
+    /// wrap of the `wr_id`'s 32 bits). At most 2^63.
+    pub first_wr_seq: u64,
 }
 
 impl Default for TxConfig {
@@ -52,6 +61,7 @@ impl Default for TxConfig {
             max_chain: 32,
             wr_pool: 4096,
             seed: 0,
+            first_wr_seq: 0,
         }
     }
 }
@@ -97,6 +107,9 @@ impl TxConfig {
         }
         if self.wr_pool == 0 || self.wr_pool > MAX_WR_POOL {
             return bad("wr_pool", self.wr_pool as u64, "must be 1..=32768");
+        }
+        if self.first_wr_seq > 1 << 63 {
+            return bad("first_wr_seq", self.first_wr_seq, "must be at most 2^63");
         }
         Ok(())
     }

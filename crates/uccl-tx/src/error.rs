@@ -25,6 +25,9 @@ pub enum TxError {
     /// A flow with this id is already open.
     #[error("flow {0} is already open")]
     FlowExists(u16),
+    /// A flow with this id was closed and WRs naming its messages have not completed yet.
+    #[error("flow {0} was closed and still has WRs outstanding")]
+    Draining(u16),
     /// A flow needs at least one path, and only paths that exist.
     #[error("flow {fid}: invalid paths ({reason})")]
     Paths {

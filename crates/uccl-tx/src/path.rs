@@ -1,23 +1,25 @@
-//! Paths (one per data QP): send-queue accounting with selective signaling, the RTT estimate,
-//! and the retransmission headers waiting for their send completion.
+//! Paths (one per data QP): send-queue accounting with the WRs each slot holds, the RTT
+//! estimate, the RTO back-off that ranks a path down after a timeout, and the flows waiting
+//! for room on it.
 
 use std::collections::VecDeque;
 
-/// A path: an index into the transmit side's QPs.
+use bufpool::Handle;
+
+/// A path: an index into the transmit side's QPs (at most 65536 per [`Tx`](crate::Tx)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PathId(pub u8);
+pub struct PathId(pub u16);
 
 /// RFC 6298 smoothing of RTT samples (nanoseconds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RttEstimator {
+pub(crate) struct RttEstimator {
     srtt: Option<u64>,
     rttvar: u64,
-    min: Option<u64>,
 }
 
 impl RttEstimator {
     /// Takes one sample.
-    pub fn sample(&mut self, rtt: u64) {
+    pub(crate) fn sample(&mut self, rtt: u64) {
         match self.srtt {
             None => {
                 self.srtt = Some(rtt);
@@ -28,57 +30,86 @@ impl RttEstimator {
                 self.srtt = Some((7 * s + rtt) / 8);
             }
         }
-        self.min = Some(self.min.map_or(rtt, |m| m.min(rtt)));
     }
 
     /// The smoothed RTT, if there was a sample.
-    pub fn srtt(&self) -> Option<u64> {
+    pub(crate) fn srtt(&self) -> Option<u64> {
         self.srtt
-    }
-
-    /// The smallest sample.
-    pub fn min_rtt(&self) -> Option<u64> {
-        self.min
     }
 
     /// The retransmission timeout: `srtt + 4 * rttvar`, or `initial` before any sample,
     /// clamped to `[min, max]`.
-    pub fn rto(&self, initial: u64, min: u64, max: u64) -> u64 {
+    pub(crate) fn rto(&self, initial: u64, min: u64, max: u64) -> u64 {
         self.srtt
             .map_or(initial, |s| s + 4 * self.rttvar)
             .clamp(min, max)
     }
 }
 
-/// Send-queue accounting of one QP.
+/// WRs staged on a path during one `poll_transmit`, linked through their extensions.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Staged {
+    pub(crate) head: Option<Handle>,
+    pub(crate) tail: Option<Handle>,
+    pub(crate) len: u32,
+}
+
+/// One QP.
 ///
-/// A WR holds its slot from the moment it is handed out until a completion covering it is
-/// seen; completions arrive only for signaled WRs (or failures), and one covers every WR
-/// posted before it on that QP. So `room = depth - (posted - completed)` is never optimistic:
-/// posting more than `room` cannot happen, and ENOMEM from an overfull send queue with it.
+/// Every WR holds its send-queue slot, and its WR extension, from the moment it is staged
+/// until a completion covering it is seen; completions arrive only for signaled WRs (or
+/// failures), and one covers every WR posted before it on that QP. So
+/// `room = depth - (posted - completed)` is never optimistic, and the slots of
+/// `completed..posted` (a ring indexed by sequence number) name exactly the WRs the NIC may
+/// still read.
 #[derive(Debug)]
 pub(crate) struct Path {
-    pub(crate) depth: u32,
-    /// WRs handed out (the next WR's sequence number on this QP).
+    depth: u32,
+    /// The next WR's sequence number on this QP.
     pub(crate) posted: u64,
-    /// WRs covered by a completion.
+    /// WRs before this one are covered by a completion.
     pub(crate) completed: u64,
+    ring: Box<[Option<Handle>]>,
     pub(crate) failed: bool,
     pub(crate) rtt: RttEstimator,
-    /// Retransmission header slots and the sequence number of the WR using each.
-    pub(crate) hdrs: VecDeque<(u64, u32)>,
+    /// Timeouts on this path since a delivery was last credited to it: its RTO is doubled
+    /// this many times, and while it is not 0 the path is "suspect" and carries at most one
+    /// transmission at a time (a probe).
+    pub(crate) backoff: u32,
+    /// When the back-off last grew (one timeout event backs it off once).
+    pub(crate) backoff_at: u64,
+    /// Transmissions on this path whose outcome is unknown (neither acknowledged nor lost).
+    pub(crate) inflight: u32,
+    /// Flows waiting for this path to become usable.
+    pub(crate) waiters: VecDeque<u16>,
+    /// (flow, lane) pairs that send on this path.
+    pub(crate) users: Vec<(u16, u16)>,
+    /// The last WR posted is unsignaled and nothing follows it (a post failed half-way).
+    pub(crate) owe_signal: bool,
+    pub(crate) staged: Staged,
 }
 
 impl Path {
-    pub(crate) fn new(depth: u32) -> Self {
+    pub(crate) fn new(depth: u32, first_seq: u64) -> Self {
         Path {
             depth,
-            posted: 0,
-            completed: 0,
+            posted: first_seq,
+            completed: first_seq,
+            ring: vec![None; depth.next_power_of_two() as usize].into_boxed_slice(),
             failed: false,
             rtt: RttEstimator::default(),
-            hdrs: VecDeque::new(),
+            backoff: 0,
+            backoff_at: 0,
+            inflight: 0,
+            waiters: VecDeque::new(),
+            users: Vec::new(),
+            owe_signal: false,
+            staged: Staged::default(),
         }
+    }
+
+    fn slot(&self, seq: u64) -> usize {
+        (seq & (self.ring.len() as u64 - 1)) as usize
     }
 
     /// Slots free now.
@@ -87,29 +118,65 @@ impl Path {
             .saturating_sub((self.posted - self.completed) as u32)
     }
 
-    /// Takes a slot for the next WR: its sequence number and whether it must be signaled
-    /// (every `every`-th, and every one once fewer than `every` slots would be left, so that
-    /// a full queue always has a completion coming).
-    pub(crate) fn take(&mut self, every: u32, force: bool) -> (u64, bool) {
-        let seq = self.posted;
-        self.posted += 1;
-        let signaled = force || (seq + 1).is_multiple_of(u64::from(every)) || self.room() < every;
-        (seq, signaled)
+    /// Whether a WR may be staged on this path now: not failed, room in its send queue, and
+    /// if it is suspect, no transmission of unknown outcome on it.
+    pub(crate) fn usable(&self) -> bool {
+        !self.failed && self.room() > 0 && (self.backoff == 0 || self.inflight == 0)
     }
 
-    /// A completion of WR `seq`: it and every WR before it are done. Returns the header slots
-    /// that may be freed.
-    pub(crate) fn complete(&mut self, seq: u64, out: &mut Vec<u32>) {
-        if seq >= self.completed && seq < self.posted {
-            self.completed = seq + 1;
+    /// Rank (lower is better): the smoothed RTT, or the initial RTO before any sample, doubled
+    /// per timeout since the last delivery; then the fuller send queue ranks worse.
+    pub(crate) fn rank(&self, initial_rto: u64) -> (u64, u32) {
+        let base = self.rtt.srtt().unwrap_or(initial_rto);
+        (
+            base.saturating_mul(1 << self.backoff.min(20)),
+            u32::MAX - self.room(),
+        )
+    }
+
+    /// Takes the next slot for WR extension `h`; returns its sequence number.
+    pub(crate) fn take(&mut self, h: Handle) -> u64 {
+        debug_assert!(self.room() > 0);
+        let seq = self.posted;
+        let i = self.slot(seq);
+        self.ring[i] = Some(h);
+        self.posted += 1;
+        seq
+    }
+
+    /// The WR in slot `seq`, if it is still outstanding.
+    pub(crate) fn at(&self, seq: u64) -> Option<Handle> {
+        (self.completed..self.posted)
+            .contains(&seq)
+            .then(|| self.ring[self.slot(seq)])
+            .flatten()
+    }
+
+    /// Gives back the slots `seq..posted` (WRs that were staged but not posted).
+    pub(crate) fn untake_from(&mut self, seq: u64) {
+        for s in seq..self.posted {
+            let i = self.slot(s);
+            self.ring[i] = None;
         }
-        while let Some(&(s, slot)) = self.hdrs.front() {
-            if s >= self.completed {
-                break;
-            }
-            self.hdrs.pop_front();
-            out.push(slot);
+        self.posted = seq;
+    }
+
+    /// The full sequence number of an outstanding WR from its low 32 bits (the `wr_id` keeps
+    /// only those): decoded relative to the oldest outstanding WR, as QUIC decodes packet
+    /// numbers, which is exact while fewer than 2^32 WRs are outstanding.
+    pub(crate) fn decode(&self, low: u32) -> Option<u64> {
+        let seq = self.completed + u64::from(low.wrapping_sub(self.completed as u32));
+        (seq < self.posted).then_some(seq)
+    }
+
+    /// Retires the oldest outstanding WR (a completion covered it): its extension.
+    pub(crate) fn retire_next(&mut self) -> Option<Handle> {
+        if self.completed >= self.posted {
+            return None;
         }
+        let i = self.slot(self.completed);
+        self.completed += 1;
+        self.ring[i].take()
     }
 }
 
@@ -127,7 +194,6 @@ mod tests {
         r.sample(200);
         assert_eq!(r.srtt(), Some(112));
         assert_eq!(r.rttvar, 62);
-        assert_eq!(r.min_rtt(), Some(100));
         assert_eq!(r.rto(1000, 500, 50_000), 500, "floor");
         let mut big = RttEstimator::default();
         big.sample(1 << 40);
@@ -135,43 +201,43 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_always_has_a_signaled_wr() {
-        for depth in 1..40u32 {
-            for every in 1..20u32 {
-                let mut p = Path::new(depth);
-                let mut last_signaled = None;
-                while p.room() > 0 {
-                    let (seq, s) = p.take(every, false);
-                    if s {
-                        last_signaled = Some(seq);
-                    }
-                }
-                // The last WR that filled the queue is signaled: its completion frees it all.
-                assert_eq!(
-                    last_signaled,
-                    Some(u64::from(depth) - 1),
-                    "depth {depth} every {every}"
-                );
-                let mut freed = Vec::new();
-                p.complete(last_signaled.unwrap(), &mut freed);
-                assert_eq!(p.room(), depth);
+    fn completions_retire_every_wr_up_to_them_across_the_32_bit_wrap() {
+        for first in [0, (1u64 << 32) - 3, (1u64 << 40) - 2] {
+            let mut p = Path::new(6, first);
+            let pool = bufpool::ObjectPool::<u8>::new(8, |_, _| {}).unwrap();
+            let hs: Vec<Handle> = (0..6).map(|_| pool.alloc().unwrap()).collect();
+            let seqs: Vec<u64> = hs.iter().map(|&x| p.take(x)).collect();
+            assert_eq!(p.room(), 0);
+            assert_eq!(p.decode(seqs[2] as u32), Some(seqs[2]));
+            assert_eq!(p.decode(seqs[5] as u32 + 1), None, "never posted");
+            let mut got = Vec::new();
+            while p.completed <= seqs[2] {
+                got.extend(p.retire_next());
             }
+            assert_eq!(got, hs[..3]);
+            assert_eq!(p.room(), 3);
+            assert_eq!(p.decode(seqs[1] as u32), None, "already completed");
+            assert_eq!(p.at(seqs[3]), Some(hs[3]));
+            p.untake_from(seqs[4]);
+            assert_eq!((p.room(), p.at(seqs[4])), (5, None));
+            got.extend(p.retire_next());
+            assert_eq!(got, hs[..4]);
+            assert_eq!(p.retire_next(), None);
+            assert_eq!(p.room(), 6);
         }
     }
 
     #[test]
-    fn completions_free_header_slots_up_to_them() {
-        let mut p = Path::new(8);
-        for i in 0..4 {
-            let (seq, _) = p.take(4, false);
-            p.hdrs.push_back((seq, 10 + i));
-        }
-        let mut freed = Vec::new();
-        p.complete(1, &mut freed);
-        assert_eq!(freed, [10, 11]);
-        p.complete(0, &mut freed); // older completion: nothing more
-        assert_eq!(freed, [10, 11]);
-        p.complete(99, &mut freed); // a completion for a WR never posted is ignored
-        assert_eq!(p.completed, 2);
+    fn a_suspect_path_carries_one_probe() {
+        let mut p = Path::new(4, 0);
+        assert!(p.usable());
+        p.backoff = 1;
+        assert!(p.usable());
+        p.inflight = 1;
+        assert!(!p.usable());
+        assert!(p.rank(1000) > Path::new(4, 0).rank(1000), "penalised");
+        p.failed = true;
+        p.inflight = 0;
+        assert!(!p.usable());
     }
 }

@@ -1,35 +1,76 @@
 //! TX tracking: every unacknowledged chunk of a flow, in a ring indexed by its sequence number.
 //!
-//! The chunks in flight are the CSNs `base .. next`; the window keeps that span at most
-//! [`MAX_WINDOW`], so `csn % MAX_WINDOW` is a unique slot: insert, look-up by CSN and removal
-//! are O(1), and the in-flight count is a subtraction (UCCL erases from the front of a vector).
+//! The chunks in flight are the CSNs `base .. next`; the window keeps that span at most the
+//! ring's size (a power of two dividing the CSN space), so `csn % size` is a unique slot:
+//! insert, look-up by CSN and removal are O(1) (UCCL erases from the front of a vector).
+//! Which of them a SACK already acknowledged is also kept as a bitmap aligned at `base`, so an
+//! ACK's bitmap is compared with it a word at a time.
 
-use bufpool::Handle;
+use crate::bits::Bits256;
+use crate::wire::{csn_add, csn_diff};
 
-use crate::path::PathId;
-use crate::wire::{MAX_WINDOW, csn_add, csn_diff};
+/// No chunk (end of a lane list).
+pub(crate) const NIL: u16 = u16::MAX;
 
-/// One chunk in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a chunk stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum State {
+    /// No chunk in this slot.
+    #[default]
+    Free,
+    /// In a chain handed out and not yet reported posted.
+    Staged,
+    /// Posted; its latest transmission's outcome is unknown (it holds a credit).
+    InFlight,
+    /// Lost, or handed out and not posted: waiting to be sent (again).
+    Queued,
+    /// Selectively acknowledged, waiting for the cumulative ACK to pass it.
+    Acked,
+}
+
+/// Why a chunk is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Cause {
+    /// Its retransmission timeout expired.
+    #[default]
+    Rto,
+    /// A later transmission on the same path was delivered.
+    Fast,
+    /// Its path failed.
+    Failover,
+}
+
+/// One transmission: the lane (index of the path in the flow's list), its sequence number on
+/// that path (low 32 bits) and when it was handed out (ns).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Sent {
+    pub(crate) lane: u16,
+    pub(crate) seq: u32,
+    pub(crate) at: u64,
+}
+
+/// One chunk.
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Track {
-    /// Its WR extension; `None` once it was selectively acknowledged.
-    pub(crate) wr: Option<Handle>,
-    /// The message (flow-local sequence number).
+    /// Its message (flow-local sequence number), byte offset and length in it.
     pub(crate) msg: u64,
-    /// Byte offset and length in the message.
     pub(crate) offset: u64,
     pub(crate) len: u32,
     /// The immediate it carries.
     pub(crate) imm: u32,
-    /// Where and when it was last sent: path, sequence number on that path, time (ns).
-    pub(crate) path: PathId,
-    pub(crate) path_seq: u64,
-    pub(crate) sent_at: u64,
-    pub(crate) retransmits: u16,
-    /// Arrived (SACK), waiting for the cumulative ACK to pass it.
-    pub(crate) sacked: bool,
-    /// Deemed lost, queued for retransmission.
-    pub(crate) lost: bool,
+    /// Its first and its latest posted transmission (the same while `sends` is 1).
+    pub(crate) first: Sent,
+    pub(crate) last: Sent,
+    /// Transmissions posted.
+    pub(crate) sends: u16,
+    /// A transmission went on another lane than the first.
+    pub(crate) moved: bool,
+    pub(crate) state: State,
+    /// Why it is queued again (meaningful while `state` is `Queued` and `sends` > 0).
+    pub(crate) cause: Cause,
+    /// Neighbours in its lane's list of chunks in flight, in transmission order.
+    pub(crate) prev: u16,
+    pub(crate) next: u16,
 }
 
 /// The ring of one flow.
@@ -42,21 +83,26 @@ pub(crate) struct Tracking {
     pub(crate) acked: u16,
     /// The next CSN to assign.
     pub(crate) next: u16,
-    slots: Box<[Option<Track>]>,
+    /// Bit `i`: CSN `base + i` was selectively acknowledged.
+    pub(crate) sacked: Bits256,
+    slots: Box<[Track]>,
 }
 
 impl Tracking {
-    pub(crate) fn new() -> Self {
+    /// A ring for a window of `window` chunks (at most 256).
+    pub(crate) fn new(window: u16) -> Self {
         Tracking {
             base: 0,
             acked: 0,
             next: 0,
-            slots: vec![None; usize::from(MAX_WINDOW)].into_boxed_slice(),
+            sacked: Bits256::default(),
+            slots: vec![Track::default(); usize::from(window.next_power_of_two())]
+                .into_boxed_slice(),
         }
     }
 
-    fn index(csn: u16) -> usize {
-        usize::from(csn) % usize::from(MAX_WINDOW)
+    fn index(&self, csn: u16) -> usize {
+        usize::from(csn) & (self.slots.len() - 1)
     }
 
     /// CSNs from `base` to `next`.
@@ -64,35 +110,31 @@ impl Tracking {
         csn_diff(self.next, self.base) as u32
     }
 
-    /// Whether `csn` is in flight (in `base .. next`).
-    pub(crate) fn contains(&self, csn: u16) -> bool {
+    /// `csn - base`, if `csn` is in `base .. next`.
+    pub(crate) fn offset(&self, csn: u16) -> Option<u32> {
         let d = csn_diff(csn, self.base);
-        d >= 0 && (d as u32) < self.span()
+        (d >= 0 && (d as u32) < self.span()).then_some(d as u32)
     }
 
-    /// The chunk `csn`, if in flight.
+    /// The chunk `csn`, if tracked.
     pub(crate) fn get(&self, csn: u16) -> Option<&Track> {
-        if self.contains(csn) {
-            self.slots[Self::index(csn)].as_ref()
-        } else {
-            None
-        }
+        self.offset(csn)?;
+        Some(&self.slots[self.index(csn)]).filter(|t| t.state != State::Free)
     }
 
-    /// The chunk `csn`, mutably, if in flight.
+    /// The chunk `csn`, mutably, if tracked.
     pub(crate) fn get_mut(&mut self, csn: u16) -> Option<&mut Track> {
-        if self.contains(csn) {
-            self.slots[Self::index(csn)].as_mut()
-        } else {
-            None
-        }
+        self.offset(csn)?;
+        let i = self.index(csn);
+        Some(&mut self.slots[i]).filter(|t| t.state != State::Free)
     }
 
-    /// Records a new chunk; returns its CSN. The caller keeps the span below [`MAX_WINDOW`].
+    /// Records a new chunk; returns its CSN. The caller keeps the span below the ring's size.
     pub(crate) fn push(&mut self, t: Track) -> u16 {
-        debug_assert!(self.span() < u32::from(MAX_WINDOW));
+        debug_assert!((self.span() as usize) < self.slots.len());
         let csn = self.next;
-        self.slots[Self::index(csn)] = Some(t);
+        let i = self.index(csn);
+        self.slots[i] = t;
         self.next = csn_add(csn, 1);
         csn
     }
@@ -103,23 +145,19 @@ impl Tracking {
             return None;
         }
         let csn = self.base;
-        let t = self.slots[Self::index(csn)].take();
+        let i = self.index(csn);
+        let t = std::mem::take(&mut self.slots[i]);
         self.base = csn_add(csn, 1);
         self.acked = self.acked.wrapping_add(1);
-        t.map(|t| (csn, t))
+        self.sacked = self.sacked.shr(1);
+        Some((csn, t))
     }
 
-    /// Every chunk in flight, oldest first.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u16, &mut Track)> {
-        let (base, span) = (self.base, self.span() as usize);
-        let n = self.slots.len();
-        let start = Self::index(base);
-        let (tail, head) = self.slots.split_at_mut(start);
-        head.iter_mut()
-            .chain(tail.iter_mut())
-            .take(span.min(n))
-            .enumerate()
-            .filter_map(move |(i, s)| s.as_mut().map(|t| (csn_add(base, i as u32), t)))
+    /// Forgets every chunk (the flow failed).
+    pub(crate) fn clear(&mut self) {
+        self.slots.fill(Track::default());
+        self.base = self.next;
+        self.sacked = Bits256::default();
     }
 }
 
@@ -129,38 +167,31 @@ mod tests {
 
     fn track(msg: u64) -> Track {
         Track {
-            wr: None,
             msg,
-            offset: 0,
-            len: 0,
-            imm: 0,
-            path: PathId(0),
-            path_seq: 0,
-            sent_at: 0,
-            retransmits: 0,
-            sacked: false,
-            lost: false,
+            state: State::InFlight,
+            ..Track::default()
         }
     }
 
     #[test]
     fn the_ring_wraps_the_csn_space() {
-        let mut t = Tracking::new();
+        let mut t = Tracking::new(200);
         for round in 0..20u64 {
             for i in 0..200 {
                 t.push(track(round * 1000 + i));
             }
             assert_eq!(t.span(), 200);
-            let csns: Vec<u16> = t.iter_mut().map(|(c, _)| c).collect();
-            assert_eq!(csns.len(), 200);
-            assert_eq!(csns[0], t.base);
             assert!(t.get_mut(t.base).is_some());
             assert!(t.get_mut(t.next).is_none());
+            t.sacked.set(1);
             for i in 0..200 {
+                assert_eq!(t.sacked.get(0), i == 1);
                 let (_, tr) = t.pop_base().unwrap();
                 assert_eq!(tr.msg, round * 1000 + i);
             }
             assert_eq!(t.span(), 0);
+            assert!(t.pop_base().is_none());
         }
+        assert_eq!(t.acked, 4000);
     }
 }

@@ -1,7 +1,19 @@
-//! A model network for driving a `Tx`: per-QP in-order pipes with latency and loss (UC: a
-//! lost WR is gone, the sender completes it anyway), send completions for signaled WRs, a
-//! receiver that tracks a cumulative ACK and a SACK bitmap, and ACKs that may be delayed,
-//! reordered, duplicated or lost.
+//! A model network for driving a `Tx`, deterministic from a seed:
+//!
+//! - per-QP in-order pipes with a latency and a random queueing delay (so RTOs can be
+//!   spurious), WR loss (UC: a lost WR is gone, the sender completes it anyway), duplication,
+//!   and optionally one black-holed QP (everything sent on it is lost);
+//! - send completions for signaled WRs after a random delay, each covering the WRs before it;
+//!   optionally one QP fails at a given time (its outstanding WRs flush with errors);
+//! - posts that fail half-way (the provider accepts a prefix of the chain);
+//! - a receiver that tracks a cumulative ACK and a SACK bitmap and grants a credit window,
+//!   sometimes 0 for a while (a window update follows);
+//! - ACKs that may be delayed (so reordered), duplicated or lost.
+//!
+//! It checks as it goes: chains never overfill a send queue nor mix QPs, WR sequence
+//! numbers are consecutive per QP, a retransmission goes where the original went, a message is
+//! reported complete only once no WR naming its bytes is outstanding and is never named by a
+//! WR after that, and a flow never posts beyond its credit window.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -9,110 +21,41 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use bufpool::{Region, RegionPool};
-use uccl_tx::wire::{AckRepr, Imm, SACK_BITS, csn_diff};
-use uccl_tx::{Chain, Event, Message, PathId, Tx, TxConfig};
+use uccl_tx::wire::{AckRepr, Imm};
+use uccl_tx::{Event, Message, PathId, Tx, TxConfig, WrId};
 use verbs_safe::sys::{ibv_send_flags, ibv_wr_opcode};
 
+mod net;
+
+use net::OnWire;
+pub use net::{NetConfig, Receiver, Rng};
+
+/// The first flow's id.
 pub const FID: u16 = 3;
+
+/// A message: its flow and its id in the flow.
+pub type MsgKey = (u16, u64);
 pub const HDR_LKEY: u32 = 0xbeef;
 
-/// Small, deterministic RNG for the model.
-pub struct Rng(u64);
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct NetConfig {
-    pub seed: u64,
-    /// (send-queue depth, one-way latency ns) per path.
-    pub paths: Vec<(u32, u64)>,
-    pub loss: f64,
-    pub ack_loss: f64,
-    pub ack_dup: f64,
-    pub ack_delay_max: u64,
-    pub hdr_slots: usize,
-}
-
-/// A WR on the wire.
+/// A WR the model's NIC holds until a completion covers it.
 #[derive(Debug, Clone, Copy)]
-struct OnWire {
+struct Outstanding {
+    seq: u64,
+    wr_id: u64,
+    msg: Option<MsgKey>,
+}
+
+/// What the model reads from a WR before posting it.
+#[derive(Debug, Clone, Copy)]
+struct WrSeen {
+    wr_id: u64,
+    send: bool,
+    signaled: bool,
+    fid: u16,
     csn: u16,
-    path: PathId,
-}
-
-/// The receiver: cumulative ACK plus a bitmap of what arrived after it.
-pub struct Receiver {
-    /// Chunks received in order, modulo 2^16 (low 11 bits: the next CSN expected).
-    pub cum: u16,
-    ahead: [bool; SACK_BITS],
-    pub delivered: u64,
-    pub duplicates: u64,
-}
-
-impl Receiver {
-    fn new() -> Receiver {
-        Receiver {
-            cum: 0,
-            ahead: [false; SACK_BITS],
-            delivered: 0,
-            duplicates: 0,
-        }
-    }
-
-    /// A chunk arrived; returns the ACK to send.
-    fn arrive(&mut self, csn: u16, path: PathId) -> AckRepr {
-        let d = csn_diff(csn, self.cum & 2047);
-        assert!(
-            d <= SACK_BITS as i32,
-            "chunk {csn} is {d} past the cumulative ACK: the window outran the bitmap"
-        );
-        if d < 0 || (d > 0 && self.ahead[(d - 1) as usize]) {
-            self.duplicates += 1;
-        } else if d == 0 {
-            self.delivered += 1;
-            loop {
-                // `ahead[0]` is the chunk right after the old cum, the new cum.
-                self.cum = self.cum.wrapping_add(1);
-                let next_arrived = self.ahead[0];
-                self.ahead.rotate_left(1);
-                self.ahead[SACK_BITS - 1] = false;
-                if !next_arrived {
-                    break;
-                }
-            }
-        } else {
-            self.delivered += 1;
-            self.ahead[(d - 1) as usize] = true;
-        }
-        let mut a = AckRepr {
-            path: path.0,
-            fid: FID,
-            cum: self.cum,
-            echo: csn,
-            ..AckRepr::default()
-        };
-        for (i, &b) in self.ahead.iter().enumerate() {
-            if b {
-                a.set_sacked(i);
-            }
-        }
-        a
-    }
+    remote: u64,
+    data: u64,
+    chunk: bool,
 }
 
 pub struct Sim {
@@ -123,21 +66,30 @@ pub struct Sim {
     pub path_ids: Vec<PathId>,
     pipes: Vec<VecDeque<(u64, OnWire)>>,
     comps: Vec<VecDeque<(u64, u64)>>,
-    /// Model send-queue accounting: WRs posted and covered by completions, per path.
+    /// WRs each path's NIC still holds, oldest first.
+    held: Vec<VecDeque<Outstanding>>,
+    /// WRs posted per path (the next sequence number).
     posted: Vec<u64>,
-    completed: Vec<u64>,
+    failed_paths: Vec<bool>,
     acks: BinaryHeap<Reverse<(u64, u64, [u8; uccl_tx::wire::ACK_LEN])>>,
     ack_seq: u64,
-    pub rx: Receiver,
-    /// Remote address each CSN (absolute index) was first sent to, to check headers.
-    remote_of: BTreeMap<u16, u64>,
-    pub done: BTreeMap<u64, u32>,
+    /// The receiver of each flow.
+    pub rx: Vec<Receiver>,
+    /// Remote address each (flow, CSN) was first sent to, to check retransmissions.
+    remote_of: BTreeMap<(u16, u16), u64>,
+    /// Message of each local address range: start -> (end, message).
+    ranges: BTreeMap<u64, (u64, MsgKey)>,
+    next_local: u64,
+    /// WRs naming each message that the NIC still holds.
+    naming: BTreeMap<MsgKey, u32>,
+    pub done: BTreeMap<MsgKey, u32>,
     pub failed: Vec<Event>,
     pub dropped_wrs: u64,
     pub chains_seen: u64,
     pub wrs_seen: u64,
     pub max_chain_seen: u32,
-    pub sends: Vec<u64>,
+    pub post_failures: u64,
+    pub sends: Vec<MsgKey>,
 }
 
 impl Sim {
@@ -148,13 +100,16 @@ impl Sim {
             HDR_LKEY,
         )
         .unwrap();
+        let first = txc.first_wr_seq;
         let mut tx = Tx::new(txc, hdrs).unwrap();
         let path_ids: Vec<PathId> = cfg
             .paths
             .iter()
             .map(|&(d, _)| tx.add_path(d).unwrap())
             .collect();
-        tx.open_flow(FID, &path_ids, 0).unwrap();
+        for f in 0..cfg.flows {
+            tx.open_flow(FID + f, &path_ids, cfg.credit).unwrap();
+        }
         let n = cfg.paths.len();
         Sim {
             tx,
@@ -163,30 +118,45 @@ impl Sim {
             path_ids,
             pipes: vec![VecDeque::new(); n],
             comps: vec![VecDeque::new(); n],
-            posted: vec![0; n],
-            completed: vec![0; n],
+            held: vec![VecDeque::new(); n],
+            posted: vec![first; n],
+            failed_paths: vec![false; n],
             acks: BinaryHeap::new(),
             ack_seq: 0,
-            rx: Receiver::new(),
+            rx: (0..cfg.flows).map(|_| Receiver::new()).collect(),
             remote_of: BTreeMap::new(),
+            ranges: BTreeMap::new(),
+            next_local: 0x10_0000,
+            naming: BTreeMap::new(),
             done: BTreeMap::new(),
             failed: Vec::new(),
             dropped_wrs: 0,
             chains_seen: 0,
             wrs_seen: 0,
             max_chain_seen: 0,
+            post_failures: 0,
             sends: Vec::new(),
             cfg,
         }
     }
 
-    pub fn send(&mut self, len: u64, remote: u64) -> u64 {
+    /// The flows' ids.
+    pub fn fids(&self) -> std::ops::Range<u16> {
+        FID..FID + self.cfg.flows
+    }
+
+    /// Queues a message of `len` bytes (its own local range) to `remote`, on the flows in
+    /// turn.
+    pub fn send(&mut self, len: u64, remote: u64) -> MsgKey {
+        let local = self.next_local;
+        self.next_local += len + 64;
+        let fid = FID + (self.sends.len() % usize::from(self.cfg.flows)) as u16;
         let id = self
             .tx
             .send(
-                FID,
+                fid,
                 Message {
-                    local_addr: 0x10_0000,
+                    local_addr: local,
                     lkey: 7,
                     len,
                     remote_addr: remote,
@@ -194,88 +164,186 @@ impl Sim {
                 },
             )
             .unwrap();
-        self.sends.push(id);
-        id
+        self.ranges.insert(local, (local + len, (fid, id)));
+        self.sends.push((fid, id));
+        (fid, id)
     }
 
-    /// Posts what the transmit side hands out, checking every chain.
-    fn post(&mut self, chains: &[Chain]) {
-        for c in chains {
-            let p = usize::from(c.path.0);
-            self.chains_seen += 1;
-            self.max_chain_seen = self.max_chain_seen.max(c.len);
-            let wrs: Vec<_> = self
-                .tx
-                .chain(c)
-                .map(|(h, e)| (h, e.slot.wr, e.slot.sges))
-                .collect();
-            assert_eq!(wrs.len() as u32, c.len, "chain length");
-            let depth = self.cfg.paths[p].0 as u64;
-            assert!(
-                self.posted[p] + wrs.len() as u64 - self.completed[p] <= depth,
-                "path {p}: {} outstanding + {} > depth {depth}",
-                self.posted[p] - self.completed[p],
-                wrs.len()
-            );
-            let latency = self.cfg.paths[p].1;
-            for (h, wr, sges) in wrs {
-                self.wrs_seen += 1;
-                assert_eq!((wr.wr_id >> 40) as u8, c.path.0, "a chain mixes QPs");
-                assert_eq!(
-                    wr.wr_id & ((1 << 40) - 1),
-                    self.posted[p],
-                    "WR sequence numbers are consecutive"
-                );
-                self.posted[p] += 1;
-                let (csn, remote) = if wr.opcode == ibv_wr_opcode::IBV_WR_SEND {
-                    let hdr = self
-                        .tx
-                        .retransmission_header(h)
-                        .expect("a SEND is a retransmission");
-                    assert_eq!(wr.num_sge, 2);
-                    assert_eq!(sges[0].lkey, HDR_LKEY);
-                    assert_eq!(sges[0].length, 12);
-                    let imm = Imm::decode(hdr.imm);
-                    assert_eq!(imm.fid, FID);
-                    (imm.csn, hdr.remote_addr)
+    fn message_at(&self, addr: u64) -> MsgKey {
+        let (_, &(end, key)) = self.ranges.range(..=addr).next_back().expect("a message");
+        assert!(addr <= end, "WR data at {addr:#x} names no message");
+        key
+    }
+
+    /// Polls the transmit side until it hands out nothing, posting what it hands out (a post
+    /// sometimes failing half-way).
+    fn transmit(&mut self) {
+        while self.transmit_once() {}
+    }
+
+    /// One `poll_transmit`; whether it handed out anything.
+    fn transmit_once(&mut self) -> bool {
+        let mut posted = Vec::new();
+        {
+            let now = self.now;
+            let Sim { tx, rng, cfg, .. } = self;
+            let mut t = tx.poll_transmit(now);
+            while let Some(chain) = t.next_chain() {
+                let p = usize::from(chain.path().0);
+                let seen: Vec<WrSeen> = chain
+                    .wrs()
+                    .map(|w| {
+                        let send = w.wr.opcode == ibv_wr_opcode::IBV_WR_SEND;
+                        let chunk = w.wr.num_sge > 0;
+                        let (fid, csn, remote, data) = if send {
+                            let hdr = chain
+                                .retransmission_header(w)
+                                .expect("a SEND is a retransmission");
+                            assert_eq!(w.wr.num_sge, 2);
+                            assert_eq!((w.sges[0].lkey, w.sges[0].length), (HDR_LKEY, 12));
+                            let imm = Imm::decode(hdr.imm);
+                            (imm.fid, imm.csn, hdr.remote_addr, w.sges[1].addr)
+                        } else if chunk {
+                            assert_eq!(w.wr.opcode, ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
+                            assert_eq!(w.wr.num_sge, 1);
+                            // SAFETY: the imm union member is a plain u32 the transmit side wrote.
+                            let imm = Imm::decode(u32::from_be(unsafe {
+                                w.wr.__bindgen_anon_1.imm_data
+                            }));
+                            // SAFETY: RDMA WRITEs carry the `rdma` member of the union.
+                            let remote = unsafe { w.wr.wr.rdma.remote_addr };
+                            (imm.fid, imm.csn, remote, w.sges[0].addr)
+                        } else {
+                            // A signal WR: a zero-length WRITE that only asks for a completion.
+                            assert_eq!(w.wr.opcode, ibv_wr_opcode::IBV_WR_RDMA_WRITE);
+                            (0, 0, 0, 0)
+                        };
+                        WrSeen {
+                            wr_id: w.wr.wr_id,
+                            send,
+                            signaled: w.wr.send_flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+                            fid,
+                            csn,
+                            remote,
+                            data,
+                            chunk,
+                        }
+                    })
+                    .collect();
+                assert_eq!(seen.len() as u32, chain.len(), "chain length");
+                let n = if rng.chance(cfg.post_fail) {
+                    rng.below(u64::from(chain.len())) as u32
                 } else {
-                    assert_eq!(wr.opcode, ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
-                    assert_eq!(wr.num_sge, 1);
-                    // SAFETY: the imm union member is a plain u32 written by the transmit side.
-                    let imm = Imm::decode(u32::from_be(unsafe { wr.__bindgen_anon_1.imm_data }));
-                    // SAFETY: RDMA WRITEs carry the `rdma` member of the union (plain data).
-                    let remote = unsafe { wr.wr.rdma.remote_addr };
-                    (imm.csn, remote)
+                    chain.len()
                 };
-                // A retransmission goes where the original went (a first send may reuse the CSN
-                // of a chunk acknowledged 2048 chunks ago).
-                if wr.opcode == ibv_wr_opcode::IBV_WR_SEND {
-                    assert_eq!(
-                        self.remote_of.get(&csn),
-                        Some(&remote),
-                        "chunk {csn} retransmitted elsewhere"
-                    );
-                } else {
-                    self.remote_of.insert(csn, remote);
-                }
-                let signaled = wr.send_flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
-                if signaled {
-                    let at = self.comps[p]
-                        .back()
-                        .map_or(0, |&(t, _)| t)
-                        .max(self.now + latency / 2);
-                    self.comps[p].push_back((at, wr.wr_id));
-                }
-                if self.rng.chance(self.cfg.loss) {
-                    self.dropped_wrs += 1;
-                    continue;
-                }
-                let at = self.pipes[p]
-                    .back()
-                    .map_or(0, |&(t, _)| t)
-                    .max(self.now + latency);
-                self.pipes[p].push_back((at, OnWire { csn, path: c.path }));
+                chain.posted(n);
+                posted.push((p, seen, n as usize));
             }
+        }
+        let mut chunks = 0;
+        let any = !posted.is_empty();
+        for (p, seen, n) in posted {
+            self.chains_seen += 1;
+            self.max_chain_seen = self.max_chain_seen.max(seen.len() as u32);
+            if n < seen.len() {
+                self.post_failures += 1;
+            }
+            let depth = u64::from(self.cfg.paths[p].0);
+            let held = self.held[p].len() as u64;
+            assert!(
+                held + seen.len() as u64 <= depth,
+                "path {p}: {held} outstanding + {} > depth {depth}",
+                seen.len()
+            );
+            for w in &seen[..n] {
+                chunks += u32::from(w.chunk);
+                self.post_one(p, *w);
+            }
+        }
+        for fid in self.fids().filter(|_| chunks > 0) {
+            let f = self.tx.flow_info(fid).unwrap();
+            assert!(
+                f.inflight <= f.credit,
+                "flow {fid}: {} chunks in flight with a credit of {}",
+                f.inflight,
+                f.credit
+            );
+        }
+        any
+    }
+
+    fn post_one(&mut self, p: usize, w: WrSeen) {
+        self.wrs_seen += 1;
+        let id = WrId::from_raw(w.wr_id);
+        assert_eq!(usize::from(id.path.0), p, "a chain mixes QPs");
+        assert_eq!(
+            id.seq, self.posted[p] as u32,
+            "WR sequence numbers are consecutive"
+        );
+        let seq = self.posted[p];
+        self.posted[p] += 1;
+        let msg = w.chunk.then(|| self.message_at(w.data));
+        if let Some(m) = msg {
+            assert_eq!(m.0, w.fid, "a WR carries another flow's immediate");
+            assert!(
+                !self.done.contains_key(&m),
+                "a WR names message {m:?} after its completion"
+            );
+            *self.naming.entry(m).or_default() += 1;
+        }
+        self.held[p].push_back(Outstanding {
+            seq,
+            wr_id: w.wr_id,
+            msg,
+        });
+        // A retransmission goes where the original went (a first send may reuse the CSN of a
+        // chunk acknowledged 2048 chunks ago).
+        if w.send {
+            assert_eq!(
+                self.remote_of.get(&(w.fid, w.csn)),
+                Some(&w.remote),
+                "chunk {} retransmitted elsewhere",
+                w.csn
+            );
+        } else if w.chunk {
+            self.remote_of.insert((w.fid, w.csn), w.remote);
+        }
+        let latency = self.cfg.paths[p].1;
+        if self.failed_paths[p] {
+            // A QP in ERROR flushes what is posted to it.
+            self.comps[p].push_back((self.now, w.wr_id | 1 << 63));
+            return;
+        }
+        if w.signaled {
+            let at = self.comps[p]
+                .back()
+                .map_or(0, |&(t, _)| t)
+                .max(self.now + latency / 2 + self.rng.below(self.cfg.comp_delay_max));
+            self.comps[p].push_back((at, w.wr_id));
+        }
+        if !w.chunk {
+            return;
+        }
+        if self.cfg.black_hole == Some(p) || self.rng.chance(self.cfg.loss) {
+            self.dropped_wrs += 1;
+            return;
+        }
+        let copies = if self.rng.chance(self.cfg.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let at = self.pipes[p]
+                .back()
+                .map_or(0, |&(t, _)| t)
+                .max(self.now + latency + self.rng.below(self.cfg.queue_max));
+            let lane = p as u16;
+            self.pipes[p].push_back((
+                at,
+                OnWire {
+                    fid: w.fid,
+                    csn: w.csn,
+                    lane,
+                    retx: w.send,
+                },
+            ));
         }
     }
 
@@ -283,21 +351,55 @@ impl Sim {
         let pipes = self.pipes.iter().filter_map(|q| q.front().map(|&(t, _)| t));
         let comps = self.comps.iter().filter_map(|q| q.front().map(|&(t, _)| t));
         let acks = self.acks.peek().map(|Reverse((t, _, _))| *t);
+        let fail = self
+            .cfg
+            .fail_path
+            .filter(|&(p, _)| !self.failed_paths[p])
+            .map(|(_, t)| t);
         pipes
             .chain(comps)
             .chain(acks)
+            .chain(fail)
             .chain(self.tx.poll_timeout())
             .min()
     }
 
+    fn queue_ack(&mut self, at: u64, ack: AckRepr) {
+        self.ack_seq += 1;
+        self.acks
+            .push(Reverse((at, self.ack_seq, ack.to_bytes().unwrap())));
+    }
+
     fn deliver_due(&mut self) {
+        if let Some((p, t)) = self.cfg.fail_path
+            && t <= self.now
+            && !self.failed_paths[p]
+        {
+            // The QP goes to ERROR: every WR it holds completes with a flush error.
+            self.failed_paths[p] = true;
+            self.comps[p].clear();
+            for o in &self.held[p] {
+                self.comps[p].push_back((self.now, o.wr_id | 1 << 63));
+            }
+        }
         for p in 0..self.pipes.len() {
             while let Some(&(t, w)) = self.pipes[p].front() {
                 if t > self.now {
                     break;
                 }
                 self.pipes[p].pop_front();
-                let ack = self.rx.arrive(w.csn, w.path);
+                let zero = self.rng.chance(self.cfg.credit_zero);
+                let credit = if zero { 0 } else { self.cfg.credit };
+                let ack = self.rx[usize::from(w.fid - FID)].arrive(w, credit);
+                if zero {
+                    // The window opens again a little later (a reliable window update).
+                    let at = self.now + 1 + self.rng.below(4 * self.cfg.ack_delay_max + 1);
+                    let update = AckRepr {
+                        credit: self.cfg.credit,
+                        ..ack
+                    };
+                    self.queue_ack(at, update);
+                }
                 if self.rng.chance(self.cfg.ack_loss) {
                     continue;
                 }
@@ -308,19 +410,27 @@ impl Sim {
                 };
                 for _ in 0..copies {
                     let at = self.now + 1 + self.rng.below(self.cfg.ack_delay_max);
-                    self.ack_seq += 1;
-                    self.acks
-                        .push(Reverse((at, self.ack_seq, ack.to_bytes().unwrap())));
+                    self.queue_ack(at, ack);
                 }
             }
-            while let Some(&(t, id)) = self.comps[p].front() {
+            while let Some(&(t, raw)) = self.comps[p].front() {
                 if t > self.now {
                     break;
                 }
                 self.comps[p].pop_front();
-                let seq = id & ((1 << 40) - 1);
-                self.completed[p] = self.completed[p].max(seq + 1);
-                self.tx.on_send_completion(id, true);
+                let (id, ok) = (raw & !(1 << 63), raw >> 63 == 0);
+                let seq = self.held[p]
+                    .iter()
+                    .find(|o| o.wr_id == id)
+                    .expect("a completion for a WR the NIC holds")
+                    .seq;
+                while self.held[p].front().is_some_and(|o| o.seq <= seq) {
+                    let o = self.held[p].pop_front().unwrap();
+                    if let Some(m) = o.msg {
+                        *self.naming.get_mut(&m).unwrap() -= 1;
+                    }
+                }
+                self.tx.on_send_completion(id, ok);
             }
         }
         while let Some(Reverse((t, _, bytes))) = self.acks.peek().copied() {
@@ -336,35 +446,48 @@ impl Sim {
     fn drain_events(&mut self) {
         while let Some(e) = self.tx.poll_event() {
             match e {
-                Event::MessageComplete { msg, .. } => *self.done.entry(msg).or_default() += 1,
+                Event::MessageComplete { fid, msg } | Event::MessageFailed { fid, msg, .. } => {
+                    let naming = self.naming.get(&(fid, msg)).copied().unwrap_or(0);
+                    assert_eq!(
+                        naming, 0,
+                        "message {msg} of flow {fid} reported while the NIC holds {naming} WRs naming it"
+                    );
+                    if matches!(e, Event::MessageComplete { .. }) {
+                        *self.done.entry((fid, msg)).or_default() += 1;
+                    } else {
+                        self.failed.push(e);
+                    }
+                }
                 other => self.failed.push(other),
             }
         }
     }
 
+    /// Messages reported (complete or failed).
+    pub fn resolved(&self) -> usize {
+        self.done.len()
+            + self
+                .failed
+                .iter()
+                .filter(|e| matches!(e, Event::MessageFailed { .. }))
+                .count()
+    }
+
     /// Runs until every message completed or failed and nothing is left to happen, or
     /// `max_steps` events. Returns whether it finished.
     pub fn run(&mut self, max_steps: u64) -> bool {
-        let mut chains = Vec::new();
         for _ in 0..max_steps {
             self.tx.handle_timeout(self.now);
-            self.tx.poll_transmit(self.now, &mut chains);
-            self.post(&chains);
+            self.transmit();
             self.drain_events();
-            let resolved = self.done.len()
-                + self
-                    .failed
-                    .iter()
-                    .filter(|e| matches!(e, Event::MessageFailed { .. }))
-                    .count();
             let quiet =
                 self.comps.iter().all(|q| q.is_empty()) && self.pipes.iter().all(|q| q.is_empty());
-            if resolved == self.sends.len() && quiet && self.tx.unacked() == 0 {
+            if self.resolved() == self.sends.len() && quiet && self.tx.unacked() == 0 {
                 return true;
             }
             match self.next_event() {
                 Some(t) => self.now = self.now.max(t),
-                None => return resolved == self.sends.len(),
+                None => return false,
             }
             self.deliver_due();
             self.drain_events();

@@ -1,0 +1,82 @@
+//! What the transmit side tells its caller: events and counters.
+
+use crate::error::TxError;
+use crate::path::PathId;
+
+/// Something the caller should know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// Every chunk of the message was acknowledged and every WR naming its bytes completed:
+    /// the NIC will not read its buffer again ("send done, buffer reusable").
+    MessageComplete {
+        /// The flow.
+        fid: u16,
+        /// The message, as [`Tx::send`](crate::Tx::send) returned it.
+        msg: u64,
+    },
+    /// The message cannot complete. Like `MessageComplete`, it comes only once no WR naming
+    /// the message's bytes is outstanding: the buffer is the caller's again.
+    MessageFailed {
+        /// The flow.
+        fid: u16,
+        /// The message.
+        msg: u64,
+        /// Why.
+        error: TxError,
+    },
+    /// The flow failed; each of its messages fails with it (a `MessageFailed` each, as its
+    /// WRs complete).
+    FlowFailed {
+        /// The flow.
+        fid: u16,
+        /// Why.
+        error: TxError,
+    },
+    /// The path failed (an error completion, or [`Tx::fail_path`](crate::Tx::fail_path)): no
+    /// more WRs go to it; its chunks in flight are sent again on the flows' other paths.
+    PathFailed {
+        /// The QP.
+        path: PathId,
+    },
+}
+
+/// Counters of the transmit side (all since [`Tx::new`](crate::Tx::new)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TxStats {
+    /// Chunks posted for the first time.
+    pub chunks: u64,
+    /// WRs posted (chunks, retransmissions and signal WRs).
+    pub wrs: u64,
+    /// Chains posted (doorbells), counting a chain of which only a part was posted.
+    pub chains: u64,
+    /// Retransmissions posted after a retransmission timeout.
+    pub rto_retransmits: u64,
+    /// Retransmissions posted after a later transmission on the same path was delivered.
+    pub fast_retransmits: u64,
+    /// Retransmissions posted after the chunk's path failed.
+    pub failover_retransmits: u64,
+    /// Zero-length signaled WRs posted to collect the completion of WRs left unsignaled by a
+    /// post that failed half-way.
+    pub signals: u64,
+    /// WRs handed out and not posted (taken back: a post that failed, a chain dropped).
+    pub taken_back: u64,
+    /// Retransmission timeouts that declared chunks lost.
+    pub timeouts: u64,
+    /// ACKs taken.
+    pub acks: u64,
+    /// ACKs ignored as impossible (unknown or failed flow, acknowledging chunks never sent).
+    pub bad_acks: u64,
+    /// ACKs ignored as stale (a newer one already moved the cumulative ACK past them; the
+    /// receiver's state only grows, so they carry nothing new).
+    pub stale_acks: u64,
+    /// Completions ignored: for a WR that is not outstanding (unknown path, already covered).
+    pub bad_completions: u64,
+    /// Times a flow with something to send found its credit window full.
+    pub credit_stalls: u64,
+    /// Times staging stopped because the WR pool was empty.
+    pub wr_pool_empty: u64,
+    /// Times staging stopped because the retransmission header pool was empty.
+    pub hdr_pool_empty: u64,
+}

@@ -1,0 +1,262 @@
+//! A flow: its paths (lanes), its chunks in flight, its credit window and its queue of
+//! messages, with the rule for when a message is finished.
+
+use std::collections::VecDeque;
+
+use crate::error::TxError;
+use crate::events::Event;
+use crate::path::PathId;
+use crate::tracking::{NIL, Tracking};
+
+/// `last_progress` of a flow with nothing outstanding.
+pub(crate) const IDLE: u64 = u64::MAX;
+
+/// One of the flow's paths. Its chunks in flight (whose latest transmission went on it) form
+/// a list in transmission order, linked through their tracks: a QP delivers in order, so the
+/// head is the oldest, the first to time out, and every chunk before one known delivered was
+/// lost.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub(crate) path: PathId,
+    pub(crate) head: u16,
+    pub(crate) tail: u16,
+    /// The deadline of this lane's live timer entry.
+    pub(crate) armed: Option<u64>,
+    /// While one ACK is processed: the latest transmission on this lane known delivered.
+    pub(crate) mark: Option<u32>,
+    /// Index of `(fid, lane)` in the path's user list.
+    pub(crate) user: u32,
+}
+
+/// Whether the flow takes messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    Open,
+    /// Failed: messages are refused; the slot stays until the flow is closed.
+    Failed,
+    /// Closed: the slot stays only until the WRs naming its messages have completed.
+    Closed,
+}
+
+/// A message waiting to be sent, acknowledged, or released by the NIC.
+#[derive(Debug)]
+pub(crate) struct Msg {
+    pub(crate) local: u64,
+    pub(crate) lkey: u32,
+    pub(crate) len: u64,
+    pub(crate) remote: u64,
+    pub(crate) rkey: u32,
+    /// Bytes cut into chunks so far, chunks cut, chunks acknowledged.
+    pub(crate) cut: u64,
+    pub(crate) chunks: u32,
+    pub(crate) acked: u32,
+    /// WRs naming its bytes that the NIC may still read (handed out, not yet completed).
+    pub(crate) wrs: u32,
+    pub(crate) failed: bool,
+    reported: bool,
+}
+
+impl Msg {
+    pub(crate) fn new(local: u64, lkey: u32, len: u64, remote: u64, rkey: u32) -> Msg {
+        Msg {
+            local,
+            lkey,
+            len,
+            remote,
+            rkey,
+            cut: 0,
+            chunks: 0,
+            acked: 0,
+            wrs: 0,
+            failed: false,
+            reported: false,
+        }
+    }
+
+    fn cut_whole(&self) -> bool {
+        self.cut == self.len && self.chunks > 0
+    }
+}
+
+/// The messages of a flow, by flow-local sequence number.
+#[derive(Debug, Default)]
+pub(crate) struct Msgs {
+    q: VecDeque<Msg>,
+    /// Sequence number of `q[0]`.
+    front: u64,
+    /// The first message with bytes left to cut.
+    cutting: u64,
+}
+
+impl Msgs {
+    pub(crate) fn push(&mut self, m: Msg) -> u64 {
+        self.q.push_back(m);
+        self.front + self.q.len() as u64 - 1
+    }
+
+    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut Msg> {
+        let i = id.checked_sub(self.front)?;
+        self.q.get_mut(usize::try_from(i).ok()?)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+
+    /// Messages not yet reported.
+    pub(crate) fn len(&self) -> usize {
+        self.q.len()
+    }
+
+    /// The message to cut the next chunk from.
+    pub(crate) fn to_cut(&self) -> Option<u64> {
+        (self.cutting < self.front + self.q.len() as u64).then_some(self.cutting)
+    }
+
+    /// The message being cut got its last chunk.
+    pub(crate) fn cut_done(&mut self) {
+        self.cutting += 1;
+    }
+
+    /// Reports message `id` if it is finished: completed (whole, every chunk acknowledged)
+    /// or failed, and in both cases no WR naming its bytes outstanding, so the NIC will not
+    /// read its buffer again. O(1) amortised.
+    pub(crate) fn settle(
+        &mut self,
+        id: u64,
+        fid: u16,
+        error: Option<&TxError>,
+        events: &mut VecDeque<Event>,
+    ) {
+        let Some(m) = self.get_mut(id) else { return };
+        if m.reported || m.wrs > 0 {
+            return;
+        }
+        let event = if m.failed {
+            Event::MessageFailed {
+                fid,
+                msg: id,
+                error: error.cloned().unwrap_or(TxError::Closed(fid)),
+            }
+        } else if m.cut_whole() && m.acked == m.chunks {
+            Event::MessageComplete { fid, msg: id }
+        } else {
+            return;
+        };
+        m.reported = true;
+        events.push_back(event);
+        while self.q.front().is_some_and(|m| m.reported) {
+            self.q.pop_front();
+            self.front += 1;
+        }
+        self.cutting = self.cutting.max(self.front);
+    }
+
+    /// Every message not yet reported fails (reported once its WRs completed).
+    pub(crate) fn fail_all(&mut self, fid: u16, error: &TxError, events: &mut VecDeque<Event>) {
+        let ids = self.front..self.front + self.q.len() as u64;
+        for m in &mut self.q {
+            m.failed = true;
+        }
+        self.cutting = ids.end;
+        for id in ids {
+            self.settle(id, fid, Some(error), events);
+        }
+    }
+}
+
+/// A flow.
+#[derive(Debug)]
+pub(crate) struct Flow {
+    /// Distinguishes this flow from an earlier one with the same id.
+    pub(crate) epoch: u32,
+    pub(crate) status: Status,
+    pub(crate) error: Option<TxError>,
+    /// One per path given at open, in that order (an ACK names a lane by its index).
+    pub(crate) lanes: Box<[Lane]>,
+    /// Lanes whose path has not failed.
+    pub(crate) live: Vec<u16>,
+    pub(crate) track: Tracking,
+    pub(crate) msgs: Msgs,
+    /// Chunks to send again (lost, or handed out and not posted); stale entries are skipped.
+    pub(crate) retx: VecDeque<u16>,
+    /// The receive window granted, and chunks holding a part of it.
+    pub(crate) credit: u16,
+    pub(crate) inflight: u16,
+    /// The last ACK progress, or [`IDLE`].
+    pub(crate) last_progress: u64,
+    /// The deadline of the silence timer's live entry.
+    pub(crate) silence: Option<u64>,
+    /// In the transmit side's active list.
+    pub(crate) active: bool,
+    /// Waiting for this path to become usable.
+    pub(crate) parked: Option<PathId>,
+    /// Waiting for the engine window.
+    pub(crate) waits_engine: bool,
+}
+
+impl Flow {
+    pub(crate) fn new(
+        epoch: u32,
+        lanes: Box<[Lane]>,
+        live: Vec<u16>,
+        window: u16,
+        credit: u16,
+    ) -> Flow {
+        Flow {
+            epoch,
+            status: Status::Open,
+            error: None,
+            lanes,
+            live,
+            track: Tracking::new(window),
+            msgs: Msgs::default(),
+            retx: VecDeque::with_capacity(2 * usize::from(window)),
+            credit,
+            inflight: 0,
+            last_progress: IDLE,
+            silence: None,
+            active: false,
+            parked: None,
+            waits_engine: false,
+        }
+    }
+
+    /// Appends chunk `csn` to the list of `lane` (its latest transmission went there).
+    pub(crate) fn link(&mut self, lane: u16, csn: u16) {
+        let tail = self.lanes[usize::from(lane)].tail;
+        if let Some(t) = self.track.get_mut(csn) {
+            t.prev = tail;
+            t.next = NIL;
+        }
+        if tail == NIL {
+            self.lanes[usize::from(lane)].head = csn;
+        } else if let Some(t) = self.track.get_mut(tail) {
+            t.next = csn;
+        }
+        self.lanes[usize::from(lane)].tail = csn;
+    }
+
+    /// Takes a chunk with neighbours `prev` and `next` out of the list of `lane`.
+    pub(crate) fn unlink(&mut self, lane: u16, prev: u16, next: u16) {
+        let l = usize::from(lane);
+        if prev == NIL {
+            self.lanes[l].head = next;
+        } else if let Some(t) = self.track.get_mut(prev) {
+            t.next = next;
+        }
+        if next == NIL {
+            self.lanes[l].tail = prev;
+        } else if let Some(t) = self.track.get_mut(next) {
+            t.prev = prev;
+        }
+    }
+}
+
+/// Flow `fid` in `flows` if it is open (a function, so the caller may borrow other fields).
+pub(crate) fn open_mut(flows: &mut [Option<Flow>], fid: u16) -> Option<&mut Flow> {
+    flows
+        .get_mut(usize::from(fid))
+        .and_then(Option::as_mut)
+        .filter(|f| f.status == Status::Open)
+}

@@ -1,0 +1,394 @@
+//! Recovery: ACKs (cumulative and selective), loss detection per path, retransmission
+//! timeouts with back-off, and the failure of paths and flows.
+//!
+//! Loss is detected per lane (a flow's path): a QP delivers in order, so once a transmission
+//! on a lane is known delivered, every earlier transmission still in flight on that lane was
+//! lost. "Known delivered" must name the transmission that really arrived: an ACK's `path`,
+//! `echo` and retransmission flag name it, and a chunk acknowledged without being the echo
+//! counts only if it was sent once. Each lane keeps its chunks in flight in transmission
+//! order, so this walk, like the timeout walk from the lane's oldest chunk, visits only chunks
+//! it declares lost: O(1) amortised per chunk.
+
+use crate::bits::Bits256;
+use crate::error::TxError;
+use crate::events::Event;
+use crate::flow::{IDLE, Status, open_mut};
+use crate::path::PathId;
+use crate::timers::SILENCE;
+use crate::tracking::{Cause, NIL, Sent, State, Track};
+use crate::tx::Tx;
+use crate::wire::{AckRepr, csn_add};
+
+/// `a` was sent before `b` on the same path (sequence numbers modulo 2^32).
+fn before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+impl Tx {
+    /// An ACK from the peer: frees the credit of what it acknowledges (cumulatively and
+    /// selectively), completes messages (once their WRs completed too), samples the RTT of the
+    /// transmission that triggered it, declares lost what its delivery proves lost, and takes
+    /// the receive window it grants (see [`AckRepr::credit`]).
+    pub fn on_ack(&mut self, now: u64, ack: &AckRepr) {
+        self.stats.acks += 1;
+        let fid = ack.fid;
+        let Some(f) = self.open_flow_mut(fid) else {
+            self.stats.bad_acks += 1;
+            return;
+        };
+        let ahead = ack.cum.wrapping_sub(f.track.acked) as i16;
+        if ahead < 0 {
+            self.stats.stale_acks += 1;
+            return;
+        }
+        let ahead = ahead as u32;
+        // Nothing can acknowledge a chunk that was never sent.
+        if ahead > f.track.span() {
+            self.stats.bad_acks += 1;
+            return;
+        }
+        // The transmission that triggered this ACK (before the chunk is forgotten), whether
+        // it is known exactly (for an RTT sample), and whether this ACK is the first to
+        // acknowledge the chunk.
+        let echo = f.track.get(ack.echo).and_then(|t| {
+            let (sent, exact) = match (ack.retx, t.sends) {
+                (_, 0) => return None,
+                (false, _) => (t.first, true),
+                (true, 2) => (t.last, true),
+                // One of several retransmissions: if all went on one lane, the earliest
+                // transmission there is a safe lower bound of the one that arrived.
+                (true, _) => (t.first, false),
+            };
+            (sent.lane == ack.path && (exact || !t.moved))
+                .then_some((sent, exact && t.state != State::Acked))
+        });
+        let mut progress = false;
+        for _ in 0..ahead {
+            let f = self.open_flow_mut(fid).expect("checked");
+            let (_, t) = f.track.pop_base().expect("within the span");
+            progress |= self.acknowledge(fid, &t);
+        }
+        let f = self.open_flow_mut(fid).expect("checked");
+        let (base, span) = (f.track.base, f.track.span());
+        // SACK bit i is CSN cum + 1 + i, i.e. bit i + 1 of the bitmap aligned at base (= cum).
+        let fresh = Bits256::from_lsb_bytes(&ack.sack)
+            .shl(1)
+            .and(Bits256::low(span))
+            .and_not(f.track.sacked);
+        for off in fresh.ones() {
+            let f = self.open_flow_mut(fid).expect("checked");
+            let csn = csn_add(base, off);
+            let Some(t) = f.track.get_mut(csn).filter(|t| t.sends > 0) else {
+                continue;
+            };
+            let before = *t;
+            t.state = State::Acked;
+            f.track.sacked.set(off);
+            progress |= self.acknowledge(fid, &before);
+        }
+        if let Some((sent, sample)) = echo {
+            let p = self.mark(fid, sent);
+            if sample && let Some(p) = p {
+                self.paths[usize::from(p.0)]
+                    .rtt
+                    .sample(now.saturating_sub(sent.at));
+            }
+        }
+        self.detect_losses(fid);
+        let Some(f) = self.open_flow_mut(fid) else {
+            return;
+        };
+        if ahead > 0 {
+            f.credit = ack.credit;
+        } else {
+            f.credit = f.credit.max(ack.credit);
+        }
+        if progress {
+            f.last_progress = if f.track.span() == 0 { IDLE } else { now };
+        }
+        self.activate(fid);
+        self.engine_changed();
+    }
+
+    /// A chunk (`t` as it was before this ACK) was acknowledged; whether that is news.
+    fn acknowledge(&mut self, fid: u16, t: &Track) -> bool {
+        if t.state == State::Acked {
+            return false;
+        }
+        #[cfg(test)]
+        {
+            self.work += 1;
+        }
+        let f = open_mut(&mut self.flows, fid).expect("checked");
+        let lane_path = f.lanes[usize::from(t.last.lane)].path;
+        if t.state == State::InFlight {
+            f.unlink(t.last.lane, t.prev, t.next);
+            f.inflight -= 1;
+        }
+        if let Some(m) = f.msgs.get_mut(t.msg) {
+            m.acked += 1;
+            f.msgs.settle(t.msg, fid, None, &mut self.events);
+        }
+        self.unacked -= 1;
+        if t.state == State::InFlight {
+            self.path_resolved(usize::from(lane_path.0));
+        }
+        // Sent once: that transmission arrived. Sent several times on one lane: one of them
+        // arrived, so at least the first one's place in that lane was passed.
+        if t.sends == 1 || !t.moved {
+            self.mark(fid, t.first);
+        }
+        true
+    }
+
+    /// Transmission `sent` of flow `fid` was delivered: remembers it for the loss walk after
+    /// this ACK; returns its path.
+    fn mark(&mut self, fid: u16, sent: Sent) -> Option<PathId> {
+        let f = open_mut(&mut self.flows, fid)?;
+        let lane = f.lanes.get_mut(usize::from(sent.lane))?;
+        match lane.mark {
+            None => {
+                lane.mark = Some(sent.seq);
+                self.marks.push(sent.lane);
+            }
+            Some(m) if before(m, sent.seq) => lane.mark = Some(sent.seq),
+            Some(_) => {}
+        }
+        Some(lane.path)
+    }
+
+    /// For each lane a delivery was credited to: the path works (its back-off resets), and
+    /// every chunk still in flight that was sent on it before the delivered one was lost.
+    fn detect_losses(&mut self, fid: u16) {
+        while let Some(lane) = self.marks.pop() {
+            let Some(f) = self.open_flow_mut(fid) else {
+                self.marks.clear();
+                return;
+            };
+            let l = &mut f.lanes[usize::from(lane)];
+            let (mark, p) = (l.mark.take().expect("marked"), usize::from(l.path.0));
+            let mut c = l.head;
+            if self.paths[p].backoff > 0 {
+                self.paths[p].backoff = 0;
+                self.path_changed(p);
+            }
+            while c != NIL {
+                let Some(t) = self.flow(fid).and_then(|f| f.track.get(c)) else {
+                    break;
+                };
+                if !before(t.last.seq, mark) {
+                    break;
+                }
+                let next = t.next;
+                if self.declare_lost(fid, c, Cause::Fast) {
+                    self.marks.clear();
+                    return;
+                }
+                c = next;
+            }
+        }
+    }
+
+    /// Chunk `csn` of flow `fid`, in flight, is lost: it frees its credit and waits to be sent
+    /// again. True if that failed the flow (too many retransmissions).
+    fn declare_lost(&mut self, fid: u16, csn: u16, cause: Cause) -> bool {
+        #[cfg(test)]
+        {
+            self.work += 1;
+        }
+        let max = self.cfg.max_retransmits;
+        let f = self.open_flow_mut(fid).expect("checked");
+        let t = f.track.get_mut(csn).expect("in flight");
+        debug_assert_eq!(t.state, State::InFlight);
+        t.state = State::Queued;
+        t.cause = cause;
+        let (lane, prev, next, sends) = (t.last.lane, t.prev, t.next, t.sends);
+        f.unlink(lane, prev, next);
+        f.inflight -= 1;
+        f.retx.push_back(csn);
+        let p = usize::from(f.lanes[usize::from(lane)].path.0);
+        self.path_resolved(p);
+        self.activate(fid);
+        if sends > max {
+            let times = sends - 1;
+            self.fail_flow(fid, TxError::TooManyRetransmits { fid, csn, times }, true);
+            return true;
+        }
+        false
+    }
+
+    /// A transmission on path `p` was resolved (acknowledged or lost).
+    fn path_resolved(&mut self, p: usize) {
+        let path = &mut self.paths[p];
+        path.inflight -= 1;
+        if path.backoff > 0 && path.inflight == 0 {
+            self.path_changed(p);
+        }
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called (ns), if ever. O(1);
+    /// it may be early (then the call finds nothing due), never late.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.timers.next()
+    }
+
+    /// Time passed: on each lane, chunks whose retransmission timeout expired are declared
+    /// lost and wait to be sent again (the path's timeout backs off, and the path ranks worse
+    /// until a delivery on it is seen); a flow with chunks outstanding and no ACK progress for
+    /// `max_silence_us` fails.
+    pub fn handle_timeout(&mut self, now: u64) {
+        while let Some((deadline, fid, lane)) = self.timers.pop_due(now) {
+            #[cfg(test)]
+            {
+                self.work += 1;
+            }
+            if lane == SILENCE {
+                self.silence_due(fid, deadline, now);
+            } else {
+                self.rto_due(fid, lane, deadline, now);
+            }
+        }
+    }
+
+    fn rto_due(&mut self, fid: u16, lane: u16, deadline: u64, now: u64) {
+        let Some(l) = self
+            .open_flow_mut(fid)
+            .and_then(|f| f.lanes.get_mut(usize::from(lane)))
+            .filter(|l| l.armed == Some(deadline))
+        else {
+            return;
+        };
+        l.armed = None;
+        let p = l.path;
+        let rto = self.rto(p);
+        let mut expired = 0;
+        loop {
+            let f = self.flow(fid).expect("open");
+            let c = f.lanes[usize::from(lane)].head;
+            let Some(t) = (c != NIL).then(|| f.track.get(c)).flatten() else {
+                break;
+            };
+            if t.last.at.saturating_add(rto) > now {
+                break;
+            }
+            // One timeout event backs the path off once, not once per chunk or flow.
+            let at = t.last.at;
+            let path = &mut self.paths[usize::from(p.0)];
+            if expired == 0 && at >= path.backoff_at {
+                path.backoff = (path.backoff + 1).min(20);
+                path.backoff_at = now;
+            }
+            expired += 1;
+            if self.declare_lost(fid, c, Cause::Rto) {
+                return;
+            }
+        }
+        if expired > 0 {
+            self.stats.timeouts += 1;
+        }
+        let f = self.flow(fid).expect("open");
+        let c = f.lanes[usize::from(lane)].head;
+        if let Some(t) = (c != NIL).then(|| f.track.get(c)).flatten() {
+            let at = t.last.at.saturating_add(self.rto(p));
+            self.arm_lane(fid, lane, at);
+        }
+    }
+
+    fn silence_due(&mut self, fid: u16, deadline: u64, now: u64) {
+        let silent = self.cfg.max_silence_us * 1000;
+        let Some(f) = self
+            .open_flow_mut(fid)
+            .filter(|f| f.silence == Some(deadline))
+        else {
+            return;
+        };
+        f.silence = None;
+        if f.track.span() == 0 || f.last_progress == IDLE {
+            return;
+        }
+        let due = f.last_progress.saturating_add(silent);
+        if now >= due {
+            let silent_us = (now - f.last_progress) / 1000;
+            self.fail_flow(fid, TxError::PeerSilent { fid, silent_us }, true);
+        } else {
+            f.silence = Some(due);
+            self.timers.arm(due, fid, SILENCE);
+        }
+    }
+
+    /// Path `path` is broken (its QP went to ERROR, or the caller knows it is gone): no WR goes
+    /// to it any more, its chunks in flight are sent again on their flows' other paths, and a
+    /// flow left without a path fails with [`TxError::NoPath`]. Its WRs still outstanding
+    /// stay in use until their completions (flushes) are fed back. An error completion calls
+    /// this itself.
+    pub fn fail_path(&mut self, path: PathId) {
+        let p = usize::from(path.0);
+        match self.paths.get_mut(p) {
+            Some(x) if !x.failed => {
+                x.failed = true;
+                x.owe_signal = false;
+            }
+            _ => return,
+        }
+        self.events.push_back(Event::PathFailed { path });
+        let users = std::mem::take(&mut self.paths[p].users);
+        for &(fid, lane) in &users {
+            let Some(f) = self.open_flow_mut(fid) else {
+                continue;
+            };
+            f.live.retain(|&l| l != lane);
+            if f.live.is_empty() {
+                self.fail_flow(fid, TxError::NoPath(fid), true);
+                continue;
+            }
+            while let Some(c) = self
+                .open_flow_mut(fid)
+                .map(|f| f.lanes[usize::from(lane)].head)
+                .filter(|&c| c != NIL)
+            {
+                if self.declare_lost(fid, c, Cause::Failover) {
+                    break;
+                }
+            }
+        }
+        self.paths[p].users = users;
+        self.path_changed(p);
+    }
+
+    /// Flow `fid` fails with `error`: every chunk's credit and engine-window share return, its
+    /// messages fail (each reported once no WR naming it is outstanding), and if `announce`,
+    /// a [`Event::FlowFailed`] says so. O(window + messages), once.
+    pub(crate) fn fail_flow(&mut self, fid: u16, error: TxError, announce: bool) {
+        let Some(f) = self.open_flow_mut(fid) else {
+            return;
+        };
+        f.status = Status::Failed;
+        let (base, span) = (f.track.base, f.track.span());
+        for off in 0..span {
+            let f = self.flows[usize::from(fid)].as_mut().expect("failing");
+            let Some(t) = f.track.get(csn_add(base, off)).copied() else {
+                continue;
+            };
+            if t.state == State::InFlight {
+                let p = f.lanes[usize::from(t.last.lane)].path;
+                self.path_resolved(usize::from(p.0));
+            }
+            if t.state != State::Acked {
+                self.unacked -= 1;
+            }
+        }
+        let f = self.flows[usize::from(fid)].as_mut().expect("failing");
+        f.track.clear();
+        for l in f.lanes.iter_mut() {
+            (l.head, l.tail) = (NIL, NIL);
+        }
+        f.inflight = 0;
+        f.retx.clear();
+        f.msgs.fail_all(fid, &error, &mut self.events);
+        f.error = Some(error.clone());
+        if announce {
+            self.events.push_back(Event::FlowFailed { fid, error });
+        }
+        self.engine_changed();
+    }
+}

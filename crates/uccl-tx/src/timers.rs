@@ -1,0 +1,60 @@
+//! Deadlines in a binary heap keyed by time: one retransmission timer per lane (a flow's
+//! path) and one silence timer per flow.
+//!
+//! Entries are never removed early. Each lane or flow remembers the deadline of its one live
+//! entry; an entry that fires with another deadline than that is stale and skipped, and a
+//! deadline that only moved later is left in place and re-armed when it fires (so the heap
+//! holds about one entry per busy lane and an ACK costs no heap operation).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// The "lane" of a flow's silence timer.
+pub(crate) const SILENCE: u16 = u16::MAX;
+
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+}
+
+impl Timers {
+    /// A timer at `at` for `lane` of flow `fid` (or its [`SILENCE`] timer).
+    pub(crate) fn arm(&mut self, at: u64, fid: u16, lane: u16) {
+        self.heap
+            .push(Reverse((at, (u32::from(fid) << 16) | u32::from(lane))));
+    }
+
+    /// The earliest deadline (perhaps of a stale entry: an early wake-up, never a late one).
+    pub(crate) fn next(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The next entry due at `now`: (deadline, fid, lane).
+    pub(crate) fn pop_due(&mut self, now: u64) -> Option<(u64, u16, u16)> {
+        let &Reverse((at, key)) = self.heap.peek()?;
+        if at > now {
+            return None;
+        }
+        self.heap.pop();
+        Some((at, (key >> 16) as u16, key as u16))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_come_out_by_deadline() {
+        let mut t = Timers::default();
+        t.arm(30, 1, 2);
+        t.arm(10, 4095, SILENCE);
+        t.arm(20, 0, 0);
+        assert_eq!(t.next(), Some(10));
+        assert_eq!(t.pop_due(5), None);
+        assert_eq!(t.pop_due(25), Some((10, 4095, SILENCE)));
+        assert_eq!(t.pop_due(25), Some((20, 0, 0)));
+        assert_eq!(t.pop_due(25), None);
+        assert_eq!(t.next(), Some(30));
+    }
+}
