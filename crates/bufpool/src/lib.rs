@@ -51,7 +51,7 @@ mod sync;
 pub use error::PoolError;
 pub use local::LocalPool;
 pub use object::{Handle, ObjectPool};
-pub use region::{Buf, Region, RegionPool};
+pub use region::{Buf, Memory, Region, RegionPool};
 pub use shared::SharedPool;
 
 /// The largest capacity of any pool: indices are `u32`, and the lock-free ring compares 32-bit

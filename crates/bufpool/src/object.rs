@@ -127,6 +127,15 @@ impl<T> ObjectPool<T> {
         Ok(self.elems[i].get_mut())
     }
 
+    /// Every element, handed out or free, by index ([`Handle::index`]): for code that addresses
+    /// elements by index, such as a chain of work requests posted in one call.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        let elems: &mut [UnsafeCell<T>] = &mut self.elems;
+        // SAFETY: `UnsafeCell<T>` has the layout of `T` (it is `repr(transparent)`), and
+        // `&mut self` excludes every other access to the elements for the borrow's life.
+        unsafe { &mut *(elems as *mut [UnsafeCell<T>] as *mut [T]) }
+    }
+
     /// A raw pointer to the handed-out element `h`, stable while the pool lives (for linking a
     /// work request inside it into a chain). Dereferencing it is the caller's `unsafe`.
     #[inline]

@@ -68,6 +68,68 @@ impl Region {
     }
 }
 
+/// Memory a [`RegionPool`] carves into slots: an address range that its owner reaches only by
+/// copies, never by references, such as a [`Region`] or memory registered with a NIC (which may
+/// read and write it at any time, so no reference to it may exist). Implementations copy with
+/// raw pointers; writing takes `&mut self`, so two threads never write through one value.
+pub trait Memory {
+    /// The first byte's address.
+    fn addr(&self) -> usize;
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// Copies `src` to `offset` (the pool checked that the range lies inside).
+    fn write(&mut self, offset: usize, src: &[u8]);
+    /// Copies `dst.len()` bytes at `offset` into `dst` (the range lies inside).
+    fn read(&self, offset: usize, dst: &mut [u8]);
+}
+
+impl Memory for Region {
+    fn addr(&self) -> usize {
+        Region::addr(self)
+    }
+    fn len(&self) -> usize {
+        Region::len(self)
+    }
+    fn write(&mut self, offset: usize, src: &[u8]) {
+        assert!(
+            offset
+                .checked_add(src.len())
+                .is_some_and(|e| e <= self.len())
+        );
+        // SAFETY: inside the allocation (asserted); `&mut self` excludes every other access
+        // through this value, and no reference into the region is ever handed out.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(offset), src.len())
+        };
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(dst.len())
+                .is_some_and(|e| e <= self.len())
+        );
+        // SAFETY: inside the allocation (asserted); writes need `&mut self`, so none runs now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+    }
+}
+
+impl<M: Memory + ?Sized> Memory for Box<M> {
+    fn addr(&self) -> usize {
+        (**self).addr()
+    }
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn write(&mut self, offset: usize, src: &[u8]) {
+        (**self).write(offset, src)
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) {
+        (**self).read(offset, dst)
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed once.
@@ -110,17 +172,17 @@ pub struct Buf {
 /// # Ok::<(), bufpool::PoolError>(())
 /// ```
 #[derive(Debug)]
-pub struct RegionPool<K, P: IndexPool = LocalPool> {
-    region: Region,
+pub struct RegionPool<K, P: IndexPool = LocalPool, M: Memory = Region> {
+    region: M,
     slot_size: usize,
     key: K,
     slots: P,
 }
 
-impl<K, P: IndexPool> RegionPool<K, P> {
+impl<K, P: IndexPool, M: Memory> RegionPool<K, P, M> {
     /// Carves `region` into slots of `slot_size` bytes; their number must be a power of two
     /// (what [`Region::for_slots`] builds) and the region must hold nothing else.
-    pub fn new(region: Region, slot_size: usize, key: K) -> Result<Self, PoolError> {
+    pub fn new(region: M, slot_size: usize, key: K) -> Result<Self, PoolError> {
         let len = region.len();
         let fits =
             slot_size > 0 && len.is_multiple_of(slot_size) && (len / slot_size).is_power_of_two();
@@ -196,8 +258,22 @@ impl<K, P: IndexPool> RegionPool<K, P> {
     }
 
     /// The region the slots are carved from.
-    pub fn region(&self) -> &Region {
+    pub fn region(&self) -> &M {
         &self.region
+    }
+
+    /// The same pool over its memory boxed as a trait object (so pools over different kinds of
+    /// memory have one type).
+    pub fn boxed(self) -> RegionPool<K, P, Box<dyn Memory + Send>>
+    where
+        M: Send + 'static,
+    {
+        RegionPool {
+            region: Box::new(self.region),
+            slot_size: self.slot_size,
+            key: self.key,
+            slots: self.slots,
+        }
     }
 
     /// The size of every slot in bytes.
@@ -256,32 +332,18 @@ impl<K, P: IndexPool> RegionPool<K, P> {
     }
 }
 
-impl<K> RegionPool<K, LocalPool> {
+impl<K, M: Memory> RegionPool<K, LocalPool, M> {
     /// Copies `src` into handed-out slot `index` at `offset`.
-    ///
-    /// Only for the single-thread pool: no other thread can write the same slot meanwhile.
-    pub fn write(&self, index: u32, offset: usize, src: &[u8]) -> Result<(), PoolError> {
+    pub fn write(&mut self, index: u32, offset: usize, src: &[u8]) -> Result<(), PoolError> {
         let at = self.range(index, offset, src.len())?;
-        // SAFETY: `at..at + src.len()` lies inside the region (checked by `range`); the pool is
-        // not `Sync`, and no reference into the region is ever handed out, so nothing in this
-        // program aliases these bytes during the copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.region.as_ptr().add(at), src.len());
-        }
+        self.region.write(at, src);
         Ok(())
     }
 
     /// Copies bytes of handed-out slot `index`, from `offset`, into `dst`.
     pub fn read(&self, index: u32, offset: usize, dst: &mut [u8]) -> Result<(), PoolError> {
         let at = self.range(index, offset, dst.len())?;
-        // SAFETY: as in `write`: the range is inside the region and not aliased by a reference.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.region.as_ptr().add(at),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
-        }
+        self.region.read(at, dst);
         Ok(())
     }
 }
@@ -346,7 +408,7 @@ mod tests {
 
     #[test]
     fn byte_access_is_bounded_to_handed_out_slots() {
-        let pool: RegionPool<()> =
+        let mut pool: RegionPool<()> =
             RegionPool::new(Region::for_slots(16, 2, 16).unwrap(), 16, ()).unwrap();
         let b = pool.alloc().unwrap();
         pool.write(b.index, 4, &[1, 2, 3]).unwrap();

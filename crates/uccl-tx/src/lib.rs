@@ -112,4 +112,4 @@ pub use events::{Event, TxStats};
 pub use path::PathId;
 pub use transmit::{Chain, Transmit};
 pub use tx::{FlowInfo, Message, Tx};
-pub use wr::WrId;
+pub use wr::{WrEx, WrId};

@@ -12,7 +12,7 @@ use crate::timers::SILENCE;
 use crate::tracking::{Cause, Sent, State};
 use crate::tx::Tx;
 use crate::wire::{RETR_HDR_LEN, RetrHdr, RetrHdrRepr};
-use crate::wr::{Kind, WrId};
+use crate::wr::{Kind, WrEx, WrId};
 
 /// The WRs [`Tx::poll_transmit`] staged, handed out as chains. It borrows the transmit side:
 /// nothing else happens to it until every chain is resolved, so a chain's WRs cannot change
@@ -202,6 +202,33 @@ impl Chain<'_> {
     /// rest, and the WRs still to come for this path in this [`Transmit`], are taken back.
     pub fn posted(mut self, n: u32) {
         self.resolve(n);
+    }
+
+    /// Posts the chain through `post`, which gets the pool's WR slots and the indices of this
+    /// chain's WRs among them, in chain order (what verbs-safe's safe `Qp::post_slots` takes),
+    /// and reports what was posted: all on success; on `Error::Post { index }`, the WRs before
+    /// `index`; on any other error, none. `order` is a buffer of the caller's, reused to spare
+    /// an allocation per chain.
+    pub fn post(
+        mut self,
+        order: &mut Vec<u32>,
+        post: impl FnOnce(&mut [WrEx], &[u32]) -> Result<(), verbs_safe::Error>,
+    ) -> Result<(), verbs_safe::Error> {
+        order.clear();
+        let mut h = Some(self.first);
+        for _ in 0..self.len {
+            let cur = h.expect("counted");
+            order.push(cur.index());
+            h = self.tx.wrs.get(cur).expect("staged").next;
+        }
+        let r = post(self.tx.wrs.as_mut_slice(), order);
+        let n = match &r {
+            Ok(()) => self.len,
+            Err(verbs_safe::Error::Post { index, .. }) => *index as u32,
+            Err(_) => 0,
+        };
+        self.resolve(n);
+        r
     }
 
     fn resolve(&mut self, n: u32) {

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use bufpool::{Handle, LocalPool, ObjectPool, RegionPool};
+use bufpool::{Handle, LocalPool, Memory, ObjectPool, RegionPool};
 use verbs_safe::sys::ibv_wr_opcode;
 
 use crate::config::TxConfig;
@@ -15,6 +15,9 @@ use crate::timers::{SILENCE, Timers};
 use crate::tracking::NIL;
 use crate::wire::{MAX_FID, RETR_HDR_LEN};
 use crate::wr::{Kind, WrEx, WrId};
+
+/// The retransmission header slots, over whatever memory the caller registered.
+pub(crate) type HdrPool = RegionPool<u32, LocalPool, Box<dyn Memory + Send>>;
 
 /// What [`Tx::send`] takes: a registered local buffer and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +56,7 @@ pub struct FlowInfo {
 pub struct Tx {
     pub(crate) cfg: TxConfig,
     pub(crate) wrs: ObjectPool<WrEx>,
-    pub(crate) hdrs: RegionPool<u32, LocalPool>,
+    pub(crate) hdrs: HdrPool,
     pub(crate) paths: Vec<Path>,
     pub(crate) flows: Vec<Option<Flow>>,
     /// Generations handed to flows so far.
@@ -94,8 +97,13 @@ impl std::fmt::Debug for Tx {
 
 impl Tx {
     /// A transmit side with `cfg`, retransmission headers taken from `hdrs` (slots of at least
-    /// [`RETR_HDR_LEN`] bytes in a region registered with lkey `*hdrs.key()`).
-    pub fn new(cfg: TxConfig, hdrs: RegionPool<u32, LocalPool>) -> Result<Tx, TxError> {
+    /// [`RETR_HDR_LEN`] bytes in a region registered with lkey `*hdrs.key()`: a bufpool
+    /// [`Region`](bufpool::Region), or registered memory through [`bufpool::Memory`]).
+    pub fn new<M: Memory + Send + 'static>(
+        cfg: TxConfig,
+        hdrs: RegionPool<u32, LocalPool, M>,
+    ) -> Result<Tx, TxError> {
+        let hdrs = hdrs.boxed();
         cfg.validate()?;
         if hdrs.slot_size() < RETR_HDR_LEN {
             return Err(TxError::Config {

@@ -20,9 +20,13 @@ pub(crate) enum Kind {
 /// A work-request extension: the WR, its two SGEs (data; or retransmission header and data),
 /// and what the transmit side needs to find its chunk and message again. Pool elements never
 /// move, so the WR's `sg_list` points at its own SGEs for the pool's whole life.
+///
+/// Public only as what [`Chain::post`](crate::Chain::post) hands a poster: the pool's WR slots
+/// ([`AsMut<WrSlot<2>>`](AsMut), what verbs-safe's `Qp::post_slots` takes) and the order of the
+/// chain's WRs among them. Its bookkeeping is private.
 #[repr(C)]
 #[derive(Debug, Default)]
-pub(crate) struct WrEx {
+pub struct WrEx {
     /// The WR and its SGEs (first: a pointer to the `WrEx` is a pointer to its WR).
     pub(crate) slot: WrSlot<2>,
     pub(crate) kind: Kind,
@@ -37,6 +41,12 @@ pub(crate) struct WrEx {
     pub(crate) hdr: Option<u32>,
     /// The next WR staged on the same path.
     pub(crate) next: Option<Handle>,
+}
+
+impl AsMut<WrSlot<2>> for WrEx {
+    fn as_mut(&mut self) -> &mut WrSlot<2> {
+        &mut self.slot
+    }
 }
 
 impl WrEx {

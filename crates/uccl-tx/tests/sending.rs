@@ -350,3 +350,48 @@ fn bad_configs_and_flows_are_refused() {
     assert_eq!(t.close_flow(1), Err(TxError::NoFlow(1)));
     t.open_flow(1, &[p], 8).unwrap();
 }
+
+/// `Chain::post` hands a poster the pool's slots and the chain's order, and reports what the
+/// poster's error says was posted: the WRs before a `bad_wr` index.
+#[test]
+fn chain_post_reports_a_posters_bad_wr_index() {
+    let (mut t, _) = one_path(TxConfig {
+        max_chain: 4,
+        signal_every: 16,
+        ..chunks_of_100()
+    });
+    t.send(1, msg(400)).unwrap();
+    let mut order = Vec::new();
+    let mut seen = Vec::new();
+    {
+        let mut x = t.poll_transmit(0);
+        let chain = x.next_chain().unwrap();
+        let r = chain.post(&mut order, |slots, order| {
+            seen = order
+                .iter()
+                .map(|&i| slots[i as usize].as_mut().wr.wr_id)
+                .collect();
+            Err(verbs_safe::Error::Post {
+                queue: "post_send",
+                qpn: 1,
+                index: 3,
+                errno: verbs_safe::Errno(12), // ENOMEM
+            })
+        });
+        assert!(matches!(r, Err(verbs_safe::Error::Post { index: 3, .. })));
+    }
+    assert_eq!(seen.len(), 4, "the chain's four WRs, in order");
+    let seqs: Vec<u32> = seen.iter().map(|&id| WrId::from_raw(id).seq).collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
+    assert_eq!(
+        (t.stats().taken_back, t.flow_info(1).unwrap().inflight),
+        (1, 3)
+    );
+    // The one taken back goes out in the next chain.
+    let mut x = t.poll_transmit(1);
+    let chain = x.next_chain().unwrap();
+    assert_eq!(chain.len(), 1);
+    chain.post(&mut order, |_, _| Ok(())).unwrap();
+    drop(x);
+    assert_eq!(t.flow_info(1).unwrap().inflight, 4);
+}

@@ -313,7 +313,12 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<DmaBuf> {
         let (mr, mem) = self.alloc_registered(len, align, access)?;
-        Ok(DmaBuf { mr, mem, len })
+        Ok(DmaBuf {
+            mr,
+            mem,
+            len,
+            copying: std::sync::Mutex::new(()),
+        })
     }
 
     fn alloc_registered(
@@ -497,11 +502,16 @@ impl MrBuf {
 /// through raw pointers as the NIC itself does, seeing a torn value if the NIC or a peer writes
 /// the same bytes meanwhile (as with any DMA buffer). A reference is `unsafe`
 /// ([`as_slice`](Self::as_slice)), for a caller whose protocol guarantees that no peer and no
-/// posted WR touches the bytes while it is held. Safe posts share it through an `Arc`.
+/// posted WR touches the bytes while it is held. Safe posts share it through an `Arc`. The
+/// copies of the program's own threads take turns (a lock), so safe code never races with
+/// itself.
 pub struct DmaBuf {
     mr: Mr,
     mem: Allocation,
     len: usize,
+    /// Held during `read_at`/`write_at`: two threads never copy into (or out of and into) the
+    /// bytes at once, which would be a data race between Rust threads.
+    copying: std::sync::Mutex<()>,
 }
 
 // SAFETY: owns its allocation; no method hands out a reference without an `unsafe` contract.
@@ -537,11 +547,17 @@ impl DmaBuf {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.copying.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Copies `out.len()` bytes at `offset` into `out`.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let src = self.range(offset, out.len())?;
+        let _one_at_a_time = self.lock();
         // SAFETY: `src..src + out.len()` lies inside the live allocation (checked); no reference
-        // to it exists (only raw copies touch it), and `out` is the caller's own memory.
+        // to it exists (only raw copies touch it), no other thread of this program copies into
+        // it now (the lock), and `out` is the caller's own memory.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
@@ -549,8 +565,34 @@ impl DmaBuf {
     /// Copies `data` to `offset`.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         let dst = self.range(offset, data.len())?;
+        let _one_at_a_time = self.lock();
         // SAFETY: as in `read_at`, the other way round.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes at `offset` of this buffer to `dst_offset` of `dst` (possibly this
+    /// same buffer; the ranges may overlap), without an intermediate copy.
+    pub fn copy_to(
+        &self,
+        offset: usize,
+        dst: &DmaBuf,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let src = self.range(offset, len)?;
+        let to = dst.range(dst_offset, len)?;
+        // Lock both, always in address order, so that two opposite copies cannot deadlock.
+        let (first, second) = if (self as *const DmaBuf) <= (dst as *const DmaBuf) {
+            (self, dst)
+        } else {
+            (dst, self)
+        };
+        let _a = first.lock();
+        let _b = (!std::ptr::eq(first, second)).then(|| second.lock());
+        // SAFETY: both ranges lie inside live allocations (checked); no reference to either
+        // exists, and no other thread of this program copies into them now (both locks).
+        unsafe { std::ptr::copy(src, to, len) };
         Ok(())
     }
 
