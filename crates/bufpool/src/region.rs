@@ -77,6 +77,10 @@ pub trait Memory {
     fn addr(&self) -> usize;
     /// The length in bytes.
     fn len(&self) -> usize;
+    /// Whether the memory has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Copies `src` to `offset` (the pool checked that the range lies inside).
     fn write(&mut self, offset: usize, src: &[u8]);
     /// Copies `dst.len()` bytes at `offset` into `dst` (the range lies inside).
