@@ -46,6 +46,8 @@ pub(crate) struct Msg {
     pub(crate) len: u64,
     pub(crate) remote: u64,
     pub(crate) rkey: u32,
+    /// The request id its chunks' immediates carry (`None`: the message id's low 8 bits).
+    pub(crate) rid: Option<u8>,
     /// Bytes cut into chunks so far, chunks cut, chunks acknowledged.
     pub(crate) cut: u64,
     pub(crate) chunks: u32,
@@ -64,6 +66,7 @@ impl Msg {
             len,
             remote,
             rkey,
+            rid: None,
             cut: 0,
             chunks: 0,
             acked: 0,
@@ -170,6 +173,8 @@ impl Msgs {
 pub(crate) struct Flow {
     /// Distinguishes this flow from an earlier one with the same id.
     pub(crate) epoch: u32,
+    /// The flow id the immediates carry: the receiver's id of the flow.
+    pub(crate) wire_fid: u16,
     pub(crate) status: Status,
     pub(crate) error: Option<TxError>,
     /// One per path given at open, in that order (an ACK names a lane by its index).
@@ -205,6 +210,7 @@ impl Flow {
     ) -> Flow {
         Flow {
             epoch,
+            wire_fid: 0,
             status: Status::Open,
             error: None,
             lanes,

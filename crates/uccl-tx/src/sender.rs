@@ -225,13 +225,14 @@ impl Tx {
         m.wrs += 1;
         let last = m.cut == m.len;
         let (local, lkey, remote, rkey) = (m.local, m.lkey, m.remote, m.rkey);
+        let rid = m.rid.unwrap_or(id as u8);
         if last {
             f.msgs.cut_done();
         }
         let csn = f.track.next;
         let imm = Imm {
-            fid,
-            rid: id as u8,
+            fid: f.wire_fid,
+            rid,
             csn,
             last,
         }

@@ -157,7 +157,27 @@ impl Tx {
     /// window of `credit` chunks in flight (the grant of the handshake; later ones come in
     /// ACKs or through [`set_credit`](Self::set_credit)).
     pub fn open_flow(&mut self, fid: u16, paths: &[PathId], credit: u16) -> Result<(), TxError> {
+        self.open_flow_to(fid, fid, paths, credit)
+    }
+
+    /// Like [`open_flow`](Self::open_flow), for a flow the receiver knows as `wire_fid`: the
+    /// id its chunks' immediates carry (two ends number their flows independently; ACKs still
+    /// name the flow by `fid`).
+    pub fn open_flow_to(
+        &mut self,
+        fid: u16,
+        wire_fid: u16,
+        paths: &[PathId],
+        credit: u16,
+    ) -> Result<(), TxError> {
         let bad = |reason| Err(TxError::Paths { fid, reason });
+        if wire_fid > MAX_FID {
+            return Err(TxError::Config {
+                field: "wire_fid",
+                value: wire_fid.into(),
+                reason: "flow ids are 12 bits",
+            });
+        }
         if fid > MAX_FID {
             return Err(TxError::Config {
                 field: "fid",
@@ -206,13 +226,14 @@ impl Tx {
             });
         }
         self.epochs = self.epochs.wrapping_add(1);
-        let f = Flow::new(
+        let mut f = Flow::new(
             self.epochs,
             lanes.into(),
             live,
             self.cfg.flow_window,
             credit,
         );
+        f.wire_fid = wire_fid;
         self.flows[i] = Some(f);
         Ok(())
     }
@@ -258,6 +279,17 @@ impl Tx {
 
     /// Queues a message on flow `fid`; returns its id (the flow's message sequence number).
     pub fn send(&mut self, fid: u16, m: Message) -> Result<u64, TxError> {
+        self.queue(fid, m, None)
+    }
+
+    /// Like [`send`](Self::send), with `rid` as the request id in its chunks' immediates (the
+    /// receiver's way to match the message with what it expects; `send` uses the message id's
+    /// low 8 bits).
+    pub fn send_as(&mut self, fid: u16, m: Message, rid: u8) -> Result<u64, TxError> {
+        self.queue(fid, m, Some(rid))
+    }
+
+    fn queue(&mut self, fid: u16, m: Message, rid: Option<u8>) -> Result<u64, TxError> {
         match self.flow(fid).map(|f| f.status) {
             Some(Status::Open) => {}
             Some(Status::Failed) => return Err(TxError::FlowFailed(fid)),
@@ -271,9 +303,9 @@ impl Tx {
             });
         }
         let f = self.open_flow_mut(fid).expect("checked");
-        let id = f
-            .msgs
-            .push(Msg::new(m.local_addr, m.lkey, m.len, m.remote_addr, m.rkey));
+        let mut msg = Msg::new(m.local_addr, m.lkey, m.len, m.remote_addr, m.rkey);
+        msg.rid = rid;
+        let id = f.msgs.push(msg);
         self.activate(fid);
         Ok(id)
     }

@@ -395,3 +395,26 @@ fn chain_post_reports_a_posters_bad_wr_index() {
     drop(x);
     assert_eq!(t.flow_info(1).unwrap().inflight, 4);
 }
+
+/// The immediates carry the receiver's flow id and the caller's request id when asked.
+#[test]
+fn immediates_carry_the_receivers_flow_id_and_a_chosen_request_id() {
+    let mut t = tx(chunks_of_100());
+    let p = t.add_path(64).unwrap();
+    t.open_flow_to(3, 77, &[p], 16).unwrap();
+    t.send_as(3, msg(150), 0x85).unwrap();
+    t.send(3, msg(50)).unwrap();
+    let (wrs, _) = post_all(&mut t, 0);
+    let ids: Vec<(u16, u8, bool)> = wrs
+        .iter()
+        .map(|w| (w.imm.fid, w.imm.rid, w.imm.last))
+        .collect();
+    assert_eq!(ids, [(77, 0x85, false), (77, 0x85, true), (77, 1, true)]);
+    assert!(matches!(
+        t.open_flow_to(4, 4096, &[p], 16),
+        Err(TxError::Config {
+            field: "wire_fid",
+            ..
+        })
+    ));
+}
