@@ -505,6 +505,14 @@ impl Fabric {
         self.shared.lock_any().qps.get(&id).map(|q| q.counters)
     }
 
+    /// When the next pending event (a packet's arrival, a timer, a port free to send) is due,
+    /// on the fabric's clock; `None` when nothing is pending. For drivers that move the
+    /// virtual clock themselves ([`advance`](Self::advance)).
+    pub fn next_event(&self) -> Option<Duration> {
+        let st = self.shared.lock_any();
+        st.next_event().map(Duration::from_nanos)
+    }
+
     /// Packets in flight now.
     pub fn in_flight(&self) -> usize {
         self.shared.lock_any().w.net.len()

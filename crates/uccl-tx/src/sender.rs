@@ -260,7 +260,7 @@ impl Tx {
             length: len as u32,
             lkey,
         };
-        e.slot.point_sges(1);
+        e.slot.point_sges(usize::from(len > 0));
         self.stage_chunk(fid, lane, h, false);
         true
     }
@@ -309,7 +309,8 @@ impl Tx {
                 e.hdr = None;
                 write_imm(&mut e.slot.wr, t.imm, remote, rkey);
                 e.slot.sges[0] = payload;
-                e.slot.point_sges(1);
+                // An empty message carries no SGE (an empty one reads as 2 GiB on some NICs).
+                e.slot.point_sges(usize::from(t.len > 0));
             }
             Some(slot) => {
                 // A SEND whose SGL is [header, payload]: one message, no copy.
@@ -321,7 +322,7 @@ impl Tx {
                     lkey: hkey,
                 };
                 e.slot.sges[1] = payload;
-                e.slot.point_sges(2);
+                e.slot.point_sges(1 + usize::from(t.len > 0));
             }
         }
         self.stage_chunk(fid, lane, h, t.sends > 0);

@@ -187,7 +187,7 @@ impl Chain<'_> {
     /// The retransmission header a WR of this chain carries (its first SGE), read back from
     /// the header region: `None` for a WR that is not a retransmission.
     pub fn retransmission_header(&self, wr: &WrSlot<2>) -> Option<RetrHdrRepr> {
-        if wr.wr.opcode != ibv_wr_opcode::IBV_WR_SEND || wr.wr.num_sge != 2 {
+        if wr.wr.opcode != ibv_wr_opcode::IBV_WR_SEND || wr.wr.num_sge == 0 {
             return None;
         }
         let hdrs = &self.tx.hdrs;

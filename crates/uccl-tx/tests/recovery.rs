@@ -10,6 +10,26 @@ use util::*;
 use verbs_safe::sys::ibv_wr_opcode;
 
 #[test]
+fn a_lost_empty_message_is_resent_as_its_header_alone() {
+    let mut t = tx(chunks_of_100());
+    let p = t.add_path(64).unwrap();
+    t.open_flow(9, &[p], 256).unwrap();
+    t.send(9, msg(0)).unwrap();
+    t.send(9, msg(1)).unwrap();
+    let (first, _) = post_all(&mut t, 0);
+    assert_eq!(first[0].num_sge, 0, "no empty SGE");
+    let mut a = ack(9, 0, 1);
+    a.set_sacked(0);
+    t.on_ack(10_000, &a);
+    let (again, _) = post_all(&mut t, 10_000);
+    assert_eq!(again.len(), 1);
+    let w = again[0];
+    assert_eq!((w.opcode, w.num_sge), (ibv_wr_opcode::IBV_WR_SEND, 1));
+    let imm = Imm::decode(w.hdr.expect("a retransmission header").imm);
+    assert_eq!((imm.csn, imm.last), (0, true));
+}
+
+#[test]
 fn a_lost_chunk_is_resent_as_a_send_of_header_and_payload() {
     let mut t = tx(chunks_of_100());
     let p = t.add_path(64).unwrap();

@@ -194,18 +194,19 @@ impl Sim {
                     .wrs()
                     .map(|w| {
                         let send = w.wr.opcode == ibv_wr_opcode::IBV_WR_SEND;
-                        let chunk = w.wr.num_sge > 0;
+                        let chunk = w.wr.opcode != ibv_wr_opcode::IBV_WR_RDMA_WRITE;
                         let (fid, csn, remote, data) = if send {
                             let hdr = chain
                                 .retransmission_header(w)
                                 .expect("a SEND is a retransmission");
-                            assert_eq!(w.wr.num_sge, 2);
+                            // No empty SGE: an empty chunk's SEND is its header alone.
+                            assert_eq!(w.wr.num_sge, 1 + i32::from(w.sges[1].length > 0));
                             assert_eq!((w.sges[0].lkey, w.sges[0].length), (HDR_LKEY, 12));
                             let imm = Imm::decode(hdr.imm);
                             (imm.fid, imm.csn, hdr.remote_addr, w.sges[1].addr)
                         } else if chunk {
                             assert_eq!(w.wr.opcode, ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
-                            assert_eq!(w.wr.num_sge, 1);
+                            assert_eq!(w.wr.num_sge, i32::from(w.sges[0].length > 0));
                             // SAFETY: the imm union member is a plain u32 the transmit side wrote.
                             let imm = Imm::decode(u32::from_be(unsafe {
                                 w.wr.__bindgen_anon_1.imm_data
@@ -215,7 +216,7 @@ impl Sim {
                             (imm.fid, imm.csn, remote, w.sges[0].addr)
                         } else {
                             // A signal WR: a zero-length WRITE that only asks for a completion.
-                            assert_eq!(w.wr.opcode, ibv_wr_opcode::IBV_WR_RDMA_WRITE);
+                            assert_eq!(w.wr.num_sge, 0);
                             (0, 0, 0, 0)
                         };
                         WrSeen {

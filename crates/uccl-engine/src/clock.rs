@@ -1,0 +1,37 @@
+//! Where an engine reads the time: the wall clock, or a softnic fabric's clock (virtual in
+//! deterministic simulations, so that an engine's timers replay bit for bit with the fabric).
+
+use std::time::Instant;
+
+/// An engine's clock.
+#[derive(Clone)]
+pub enum Clock {
+    /// Real time since the engine started.
+    Wall(Instant),
+    /// The fabric's time (virtual or wall, as the fabric was built).
+    Fabric(softnic::Fabric),
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Clock::Wall(_) => f.write_str("Clock::Wall"),
+            Clock::Fabric(_) => f.write_str("Clock::Fabric"),
+        }
+    }
+}
+
+impl Clock {
+    /// The wall clock, starting now.
+    pub fn wall() -> Clock {
+        Clock::Wall(Instant::now())
+    }
+
+    /// Nanoseconds since the clock's origin.
+    pub fn now(&self) -> u64 {
+        match self {
+            Clock::Wall(t) => t.elapsed().as_nanos() as u64,
+            Clock::Fabric(f) => f.now().as_nanos() as u64,
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! How an engine is built.
+
+use uccl_tx::TxConfig;
+use verbs_safe::Mtu;
+
+use crate::error::{EngineError, Result};
+
+/// Which reliability the data QPs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Unreliable connected QPs with the engine's own reliability: ACKs, SACKs, retransmission,
+    /// receiver credits (UCCL's default).
+    Uc,
+    /// Reliable connected QPs: the NIC recovers losses, so there is no software retransmission;
+    /// receives are zero-SGE SRQ WQEs that only catch the immediate.
+    Rc,
+}
+
+/// How an engine is built. `EngineConfig::default()` is a small, working start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// The data QPs' reliability.
+    pub mode: Mode,
+    /// Data QPs per connection (paths for entropy; at most 256).
+    pub qps_per_conn: u16,
+    /// Connections the engine can hold at once (sizes its shared CQs, which must never
+    /// overflow).
+    pub max_conns: u32,
+    /// Send queue depth of each data QP.
+    pub sq_depth: u32,
+    /// Depth of the shared receive queue.
+    pub srq_depth: u32,
+    /// Receive WQEs owed before the SRQ is refilled (one chained post); at most half the depth.
+    pub srq_refill: u32,
+    /// Chunks a flow receives before it sends an ACK (also sent at the end of every poll round
+    /// that received something).
+    pub ack_every: u32,
+    /// Receive buffers a connection may have advertised to its peer at once (at most 127).
+    pub max_recvs: u32,
+    /// Completions taken from each CQ per poll round.
+    pub poll_budget: usize,
+    /// The port the engine's QPs use.
+    pub port: u8,
+    /// The index of the port's GID the engine's packets carry (on RoCE v2, the index of the
+    /// RoCE v2 GID: often 1 or 3; softnic has one, index 0).
+    pub gid_index: u8,
+    /// The largest path MTU to use (the port's active MTU caps it).
+    pub path_mtu: Mtu,
+    /// The transmit side: chunk size, windows, retransmission timeouts, chaining.
+    pub tx: TxConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            mode: Mode::Uc,
+            qps_per_conn: 4,
+            max_conns: 64,
+            sq_depth: 256,
+            srq_depth: 1024,
+            srq_refill: 64,
+            ack_every: 16,
+            max_recvs: 64,
+            poll_budget: 64,
+            port: 1,
+            gid_index: 0,
+            path_mtu: Mtu::Mtu4096,
+            tx: TxConfig {
+                chunk_size: 16 * 1024,
+                ..TxConfig::default()
+            },
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks every value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, value: u64, reason| {
+            Err(EngineError::Config {
+                field,
+                value,
+                reason,
+            })
+        };
+        if !(1..=256).contains(&self.qps_per_conn) {
+            return bad("qps_per_conn", self.qps_per_conn.into(), "must be 1..=256");
+        }
+        if self.max_conns == 0 || self.max_conns > u32::from(uccl_tx::wire::MAX_FID) + 1 {
+            return bad(
+                "max_conns",
+                self.max_conns.into(),
+                "must be 1..=4096 (12-bit flow ids)",
+            );
+        }
+        if self.sq_depth < 2 {
+            return bad("sq_depth", self.sq_depth.into(), "must be at least 2");
+        }
+        if self.srq_depth < 2 {
+            return bad("srq_depth", self.srq_depth.into(), "must be at least 2");
+        }
+        if self.srq_refill == 0 || self.srq_refill > self.srq_depth / 2 {
+            return bad(
+                "srq_refill",
+                self.srq_refill.into(),
+                "must be 1..=srq_depth/2 (the rest is what senders may be granted)",
+            );
+        }
+        if self.ack_every == 0 {
+            return bad("ack_every", 0, "must be at least 1");
+        }
+        if !(1..=127).contains(&self.max_recvs) {
+            return bad("max_recvs", self.max_recvs.into(), "must be 1..=127");
+        }
+        if self.poll_budget == 0 {
+            return bad("poll_budget", 0, "must be at least 1");
+        }
+        self.tx.validate()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,341 @@
+//! A connection: its data QPs (one per path), its control QP (RC: receive-buffer
+//! advertisements, and ACKs in RC mode), the receive side of its flow, and the requests in
+//! flight on it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use uccl_tx::PathId;
+use verbs_safe::{
+    ConnInit, DmaBuf, Errored, Init, LocalPort, Mtu, Qp, Rc, RcRtr, RcRts, Remote, Reset, Rts,
+    SqPsn, Transport, Uc, UcRtr,
+};
+
+use crate::error::{EngineError, Result};
+use crate::io::{RecvRing, SendRing};
+use crate::proto::{CTL_LEN, Ctl as CtlMsg};
+use crate::request::Request;
+use crate::rx::RxFlow;
+use crate::{BufferId, ConnId};
+
+/// Receive buffers a connection may have advertised at once: request ids `0..128` name them.
+pub(crate) const RECV_IDS: usize = 128;
+/// Request ids from this one on are one-sided writes (no receive buffer is matched).
+pub(crate) const WRITE_RID: u8 = 0x80;
+
+/// A data QP in the connection's mode; kept after a failure until its flushes are polled.
+pub(crate) enum DataQp {
+    Uc(Qp<Uc, Rts>),
+    Rc(Qp<Rc, Rts>),
+    /// Moved to ERROR: its outstanding WRs complete as flushed, then it can go.
+    UcErr(Qp<Uc, Errored>),
+    RcErr(Qp<Rc, Errored>),
+}
+
+impl DataQp {
+    pub(crate) fn qpn(&self) -> u32 {
+        match self {
+            DataQp::Uc(q) => q.qpn(),
+            DataQp::Rc(q) => q.qpn(),
+            DataQp::UcErr(q) => q.qpn(),
+            DataQp::RcErr(q) => q.qpn(),
+        }
+    }
+
+    pub(crate) fn pin(&self, b: &Arc<DmaBuf>) {
+        match self {
+            DataQp::Uc(q) => q.pin(b),
+            DataQp::Rc(q) => q.pin(b),
+            DataQp::UcErr(q) => q.pin(b),
+            DataQp::RcErr(q) => q.pin(b),
+        }
+    }
+
+    /// Posts a chain of slots (see verbs-safe's `Qp::post_slots`); a failed QP refuses.
+    pub(crate) fn post_slots(
+        &self,
+        slots: &mut [uccl_tx::WrEx],
+        order: &[u32],
+    ) -> verbs_safe::Result<()> {
+        match self {
+            DataQp::Uc(q) => q.post_slots(slots, order),
+            DataQp::Rc(q) => q.post_slots(slots, order),
+            DataQp::UcErr(_) | DataQp::RcErr(_) => Err(verbs_safe::Error::Unsupported(
+                "posting on a QP moved to ERROR",
+            )),
+        }
+    }
+
+    /// Moves the QP to ERROR (its outstanding WRs flush). Errors are logged, never fatal: the
+    /// connection is going away anyway.
+    pub(crate) fn fail(self) -> DataQp {
+        let log = |e: &dyn std::fmt::Display| {
+            tracing::warn!(error = %e, "moving a data QP to ERROR failed");
+        };
+        match self {
+            DataQp::Uc(q) => match q.into_error() {
+                Ok(q) => DataQp::UcErr(q),
+                Err(e) => {
+                    log(&e);
+                    DataQp::Uc(e.qp)
+                }
+            },
+            DataQp::Rc(q) => match q.into_error() {
+                Ok(q) => DataQp::RcErr(q),
+                Err(e) => {
+                    log(&e);
+                    DataQp::Rc(e.qp)
+                }
+            },
+            other => other,
+        }
+    }
+}
+
+/// How a path is brought up, per transport.
+pub(crate) trait Path: Transport<Init = ConnInit> {
+    fn rtr(remote: Remote, from: LocalPort, mtu: Mtu) -> Self::Rtr;
+    fn rts(psn: u32) -> Self::Rts;
+}
+
+impl Path for Uc {
+    fn rtr(remote: Remote, from: LocalPort, mtu: Mtu) -> UcRtr {
+        UcRtr {
+            path_mtu: mtu,
+            ..UcRtr::new(remote, from)
+        }
+    }
+    fn rts(psn: u32) -> SqPsn {
+        SqPsn(psn)
+    }
+}
+
+impl Path for Rc {
+    fn rtr(remote: Remote, from: LocalPort, mtu: Mtu) -> RcRtr {
+        RcRtr {
+            path_mtu: mtu,
+            // Receivers post before they advertise: an RNR should never happen; wait little.
+            min_rnr_timer: 1,
+            ..RcRtr::new(remote, from)
+        }
+    }
+    fn rts(psn: u32) -> RcRts {
+        RcRts {
+            // RNR retries forever: a zero-SGE SRQ that runs dry only delays.
+            rnr_retry: 7,
+            ..RcRts::new(psn)
+        }
+    }
+}
+
+/// Brings a QP in INIT to RTS towards `remote`.
+pub(crate) fn bring_up<T: Path>(
+    qp: Qp<T, Init>,
+    remote: Remote,
+    from: LocalPort,
+    mtu: Mtu,
+    psn: u32,
+) -> Result<Qp<T, Rts>> {
+    let verbs = |e: verbs_safe::Error| EngineError::verbs("connecting a QP")(e);
+    let qp = qp
+        .rtr(T::rtr(remote, from, mtu))
+        .map_err(|e| verbs(e.error))?;
+    qp.rts(T::rts(psn)).map_err(|e| verbs(e.error))
+}
+
+/// Moves a new QP to INIT, allowing peers `access`.
+pub(crate) fn init<T: Path>(
+    qp: Qp<T, Reset>,
+    port: u8,
+    access: verbs_safe::AccessFlags,
+) -> Result<Qp<T, Init>> {
+    qp.init(ConnInit {
+        port,
+        ..ConnInit::with_access(access)
+    })
+    .map_err(|e| EngineError::verbs("initialising a QP")(e.error))
+}
+
+/// A connection's control QP and its buffers.
+pub(crate) struct Ctl {
+    pub(crate) qp: CtlQp,
+    pub(crate) recv: RecvRing,
+    pub(crate) send: SendRing,
+    /// Messages waiting for a free send slot.
+    pub(crate) backlog: VecDeque<[u8; CTL_LEN]>,
+    /// The send slot of a Close, once posted: its completion ends the connection.
+    pub(crate) close_slot: Option<u32>,
+}
+
+/// The control QP, live or failed (kept until its flushes are polled).
+pub(crate) enum CtlQp {
+    Live(Qp<Rc, Rts>),
+    /// Moved to ERROR, kept (never read) until its flushes are polled: dropping it would
+    /// destroy it with WRs outstanding.
+    #[allow(dead_code)]
+    Failed(Qp<Rc, Errored>),
+    /// Only while being replaced.
+    Gone,
+}
+
+impl CtlQp {
+    pub(crate) fn live(&self) -> Option<&Qp<Rc, Rts>> {
+        match self {
+            CtlQp::Live(q) => Some(q),
+            _ => None,
+        }
+    }
+}
+
+impl Ctl {
+    /// Moves the control QP to ERROR (its outstanding WRs flush).
+    pub(crate) fn shut(&mut self) {
+        self.qp = match std::mem::replace(&mut self.qp, CtlQp::Gone) {
+            CtlQp::Live(q) => match q.into_error() {
+                Ok(q) => CtlQp::Failed(q),
+                Err(err) => CtlQp::Live(err.qp),
+            },
+            other => other,
+        };
+    }
+
+    /// Posts a Close now, ahead of any backlog (dropped); whether it went.
+    pub(crate) fn post_close(&mut self, conn: u16) -> bool {
+        self.backlog.clear();
+        self.backlog.push_back(CtlMsg::Close.to_bytes());
+        let posted = self.flush(conn).is_ok() && self.close_slot.is_some();
+        self.backlog.clear();
+        posted
+    }
+
+    /// Posts the owed receives and as much of the backlog as there are free send slots.
+    pub(crate) fn flush(&mut self, conn: u16) -> verbs_safe::Result<()> {
+        let Some(qp) = self.qp.live() else {
+            return Ok(());
+        };
+        if !self.recv.owed.is_empty() {
+            qp.post_recv_slots(&mut self.recv.slots, &self.recv.owed)?;
+            self.recv.owed.clear();
+        }
+        let mut order = [0u32; 1];
+        while let Some(msg) = self.backlog.front() {
+            let Some(i) = self.send.take(msg) else { break };
+            if CtlMsg::parse(msg) == Some(CtlMsg::Close) {
+                self.close_slot = Some(i);
+            }
+            self.backlog.pop_front();
+            let s = &mut self.send.slots[i as usize];
+            s.wr.wr_id = crate::wrid::ctl_send(conn, i);
+            order[0] = i;
+            qp.post_slots(&mut self.send.slots, &order)?;
+        }
+        Ok(())
+    }
+}
+
+/// A receive buffer this end advertised.
+pub(crate) struct PostedRecv {
+    pub(crate) seq: u32,
+    pub(crate) buf: BufferId,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) req: Request,
+}
+
+/// A peer's receive buffer, not yet matched with a send.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cts {
+    pub(crate) seq: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) rkey: u32,
+}
+
+/// A send waiting for the peer's next receive buffer.
+pub(crate) struct PendingSend {
+    pub(crate) local: u64,
+    pub(crate) lkey: u32,
+    pub(crate) len: u64,
+    pub(crate) req: Request,
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone)]
+pub(crate) enum State {
+    Open,
+    /// Failed or closed: its QPs are in ERROR and their flushes are being polled.
+    Draining(EngineError),
+}
+
+/// One connection.
+pub(crate) struct Conn {
+    pub(crate) id: ConnId,
+    pub(crate) state: State,
+    /// The peer engine (its control QP, where ACKs go in UC mode).
+    pub(crate) peer: usize,
+    /// The peer's id of this connection (what its ACKs carry, and what ours carry to it).
+    pub(crate) peer_fid: u16,
+    pub(crate) qps: Vec<DataQp>,
+    pub(crate) paths: Vec<PathId>,
+    pub(crate) ctl: Ctl,
+    pub(crate) rx: RxFlow,
+    /// Posted receives by request id (`seq % 128`).
+    pub(crate) recvs: Box<[Option<PostedRecv>]>,
+    pub(crate) recvs_posted: u32,
+    pub(crate) next_seq: u32,
+    pub(crate) cts: VecDeque<Cts>,
+    pub(crate) sends: VecDeque<PendingSend>,
+    /// Messages handed to the transmit side, by message id from `first_msg`: the request and
+    /// its length.
+    pub(crate) inflight: VecDeque<Option<(Request, u64)>>,
+    pub(crate) first_msg: u64,
+    pub(crate) next_write: u8,
+    /// Whether this connection is in the round's lists already.
+    pub(crate) in_ready: bool,
+    pub(crate) in_acks: bool,
+    pub(crate) in_ctl: bool,
+}
+
+impl Conn {
+    /// Whether the connection is open (not offered, failed or closed).
+    pub(crate) fn is_open(&self) -> bool {
+        matches!(self.state, State::Open)
+    }
+
+    /// Records the transmit side's message `msg` as request `req` of `len` bytes.
+    pub(crate) fn track(&mut self, msg: u64, req: Request, len: u64) {
+        if self.inflight.is_empty() {
+            self.first_msg = msg;
+        }
+        let i = (msg - self.first_msg) as usize;
+        while self.inflight.len() <= i {
+            self.inflight.push_back(None);
+        }
+        self.inflight[i] = Some((req, len));
+    }
+
+    /// The request of message `msg`, taken out.
+    pub(crate) fn untrack(&mut self, msg: u64) -> Option<(Request, u64)> {
+        let i = usize::try_from(msg.checked_sub(self.first_msg)?).ok()?;
+        let r = self.inflight.get_mut(i)?.take();
+        while matches!(self.inflight.front(), Some(None)) {
+            self.inflight.pop_front();
+            self.first_msg += 1;
+        }
+        r
+    }
+
+    /// Fails every request of the connection with `e`.
+    pub(crate) fn fail_requests(&mut self, e: &EngineError) {
+        for s in self.sends.drain(..) {
+            s.req.fail(e.clone());
+        }
+        for (req, _) in self.inflight.drain(..).flatten() {
+            req.fail(e.clone());
+        }
+        for r in self.recvs.iter_mut().filter_map(Option::take) {
+            r.req.fail(e.clone());
+        }
+        self.recvs_posted = 0;
+    }
+}

@@ -1,0 +1,534 @@
+//! The engine: its resources, its connections, and the calls applications make.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bufpool::{LocalPool, Memory, RegionPool};
+use uccl_tx::{Message, Tx, TxConfig};
+use verbs_safe::{AccessFlags, Ah, Context, DmaBuf, Gid, Poller};
+
+use crate::clock::Clock;
+use crate::config::{EngineConfig, Mode};
+use crate::conn::{Conn, PendingSend, PostedRecv, RECV_IDS, State, WRITE_RID};
+use crate::credits::Credits;
+use crate::error::{EngineError, Result};
+use crate::io::Io;
+use crate::proto::Ctl;
+use crate::qpn::QpnTable;
+use crate::request::{Done, Request};
+use crate::rx::Delivered;
+use crate::stats::Stats;
+
+/// A connection of an engine (an index and a generation: a stale id never names a newer
+/// connection in the same slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    pub(crate) index: u16,
+    pub(crate) generation: u32,
+}
+
+/// A buffer registered with an engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferId(pub(crate) u32);
+
+/// Memory registered with an engine: what sends read and what receives and one-sided writes
+/// land in. The NIC and peers may access it at any time, so its bytes are reached by copies
+/// ([`read_at`](Self::read_at), [`write_at`](Self::write_at)), never by references.
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    engine: u64,
+    id: BufferId,
+    mem: Arc<DmaBuf>,
+}
+
+impl Buffer {
+    /// Its id.
+    pub fn id(&self) -> BufferId {
+        self.id
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.mem
+            .read_at(offset, out)
+            .map_err(|_| EngineError::BadRange("read outside the buffer"))
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.mem
+            .write_at(offset, data)
+            .map_err(|_| EngineError::BadRange("write outside the buffer"))
+    }
+
+    /// The address and lkey of `offset..offset + len`, if inside.
+    fn range(&self, offset: u64, len: u64) -> Result<(u64, u32)> {
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > self.mem.len() as u64) {
+            return Err(EngineError::BadRange("the range lies outside the buffer"));
+        }
+        Ok((self.mem.addr() + offset, self.mem.lkey()))
+    }
+}
+
+/// What an engine holds at a moment ([`Engine::usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Work-request extensions in use (posted, or queued for retransmission).
+    pub wrs_in_use: usize,
+    /// Retransmission header slots in use.
+    pub hdrs_in_use: usize,
+    /// Chunks sent and not yet acknowledged.
+    pub unacked: u32,
+    /// Connections held (open or draining).
+    pub connections: usize,
+    /// Connections draining after a failure.
+    pub draining: usize,
+    /// SRQ buffers consumed and not yet posted again (below the refill threshold).
+    pub srq_owed: usize,
+}
+
+/// A region exported for one-sided writes: what a peer needs to write into it. Send it out of
+/// band ([`to_bytes`](Self::to_bytes)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The first byte's address at the owner.
+    pub addr: u64,
+    /// The length.
+    pub len: u64,
+    /// The owner's rkey for it.
+    pub rkey: u32,
+}
+
+impl Descriptor {
+    /// 20 bytes, big-endian.
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Reads one back (`None` unless exactly 20 bytes).
+    pub fn from_bytes(b: &[u8]) -> Option<Descriptor> {
+        let b: &[u8; 20] = b.try_into().ok()?;
+        Some(Descriptor {
+            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
+            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[16..].try_into().ok()?),
+        })
+    }
+}
+
+/// The engine's retransmission headers, in a registered region uccl-tx writes through.
+struct HdrMem(Arc<DmaBuf>);
+
+impl Memory for HdrMem {
+    fn addr(&self) -> usize {
+        self.0.addr() as usize
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn write(&mut self, offset: usize, src: &[u8]) {
+        let _ = self.0.write_at(offset, src);
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) {
+        let _ = self.0.read_at(offset, dst);
+    }
+}
+
+/// Another engine this one talks to: where its ACKs go (UC mode).
+pub(crate) struct Peer {
+    pub(crate) gid: Gid,
+    pub(crate) ctrl_qpn: u32,
+    pub(crate) ah: Arc<Ah>,
+    /// ACK headers staged for the next control message to it.
+    pub(crate) acks: Vec<u8>,
+}
+
+/// A region exported for one-sided writes into it.
+pub(crate) struct Export {
+    pub(crate) buf: BufferId,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+}
+
+/// Scratch of a poll round, kept to spare allocations.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// Connections with a CTS or a send to match.
+    pub(crate) ready: Vec<u16>,
+    /// Connections with an ACK to send.
+    pub(crate) acks: Vec<u16>,
+    pub(crate) delivered: Vec<Delivered>,
+    pub(crate) order: Vec<u32>,
+    pub(crate) changed: Vec<u16>,
+    /// Connections draining after a failure.
+    pub(crate) draining: Vec<u16>,
+    /// Connections with control receives or messages to post.
+    pub(crate) ctl: Vec<u16>,
+    /// Peers with ACKs staged.
+    pub(crate) peers: Vec<usize>,
+    /// Connections to fail after a transmission round.
+    pub(crate) failed: Vec<(u16, &'static str)>,
+    pub(crate) cqes: Vec<crate::round::Cqe>,
+    pub(crate) bytes: Vec<u8>,
+}
+
+static ENGINES: AtomicU64 = AtomicU64::new(1);
+
+/// Header slots of retransmissions in flight.
+const HDR_SLOTS: usize = 4096;
+const HDR_SLOT: usize = 16;
+
+/// A UCCL transport engine on one device context. See the [crate documentation](crate).
+pub struct Engine {
+    pub(crate) id: u64,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) clock: Clock,
+    pub(crate) io: Io,
+    pub(crate) tx: Tx,
+    pub(crate) hdrs: Arc<DmaBuf>,
+    pub(crate) conns: Vec<Option<Conn>>,
+    /// Connections offered and not yet completed, by index (a slot is free when it is in
+    /// neither table).
+    pub(crate) offers: Vec<Option<crate::setup::Offer>>,
+    pub(crate) generation: u32,
+    /// Data QP number -> connection index << 8 | lane.
+    pub(crate) data_qpns: QpnTable,
+    /// Transmit path -> (connection index, lane).
+    pub(crate) paths: Vec<(u16, u16)>,
+    pub(crate) peers: Vec<Peer>,
+    pub(crate) buffers: Vec<Arc<DmaBuf>>,
+    pub(crate) exports: Vec<Export>,
+    pub(crate) credits: Credits,
+    pub(crate) scratch: Scratch,
+    pub(crate) stats: Stats,
+    pub(crate) poller: Poller,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("device", &self.io.ctx.name())
+            .field("mode", &self.cfg.mode)
+            .field("conns", &self.conns.iter().flatten().count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine on `ctx` built as `cfg` says, reading time from `clock`.
+    pub fn new(ctx: &Arc<Context>, cfg: EngineConfig, clock: Clock) -> Result<Engine> {
+        cfg.validate()?;
+        let io = Io::new(ctx, &cfg)?;
+        let hdrs = Arc::new(
+            io.pd
+                .alloc_dma(HDR_SLOTS * HDR_SLOT, 64, AccessFlags::LOCAL_WRITE)
+                .map_err(EngineError::verbs("allocating retransmission headers"))?,
+        );
+        let pool =
+            RegionPool::<u32, LocalPool, _>::new(HdrMem(Arc::clone(&hdrs)), HDR_SLOT, hdrs.lkey())
+                .map_err(|e| EngineError::Tx(e.into()))?;
+        let tx = Tx::new(tx_config(&cfg), pool)?;
+        let budget = match cfg.mode {
+            Mode::Uc => cfg.srq_depth - cfg.srq_refill,
+            Mode::Rc => u32::MAX,
+        };
+        let turn = cfg.tx.rto_initial_us * 1000;
+        let credits = Credits::new(budget, cfg.tx.flow_window, turn);
+        Ok(Engine {
+            id: ENGINES.fetch_add(1, Ordering::Relaxed),
+            credits,
+            clock,
+            io,
+            tx,
+            hdrs,
+            conns: Vec::new(),
+            offers: Vec::new(),
+            generation: 0,
+            data_qpns: QpnTable::default(),
+            paths: Vec::new(),
+            peers: Vec::new(),
+            buffers: Vec::new(),
+            exports: Vec::new(),
+            scratch: Scratch::default(),
+            stats: Stats::default(),
+            poller: Poller::new(),
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Counters (the transmit side's are in [`tx_stats`](Self::tx_stats)).
+    pub fn stats(&self) -> Stats {
+        let t = self.tx.stats();
+        Stats {
+            chunks_sent: t.chunks,
+            rto_retransmits: t.rto_retransmits,
+            fast_retransmits: t.fast_retransmits,
+            credit_stalls: t.credit_stalls,
+            ..self.stats
+        }
+    }
+
+    /// The transmit side's counters.
+    pub fn tx_stats(&self) -> uccl_tx::TxStats {
+        self.tx.stats()
+    }
+
+    /// What the engine holds now: after every request completed and the peers went quiet,
+    /// everything but the posted SRQ and control buffers is back.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            wrs_in_use: self.tx.wrs_in_use(),
+            hdrs_in_use: self.tx.hdrs_in_use(),
+            unacked: self.tx.unacked(),
+            connections: self.conns.iter().flatten().count(),
+            draining: self.scratch.draining.len(),
+            srq_owed: self.io.srq_ring.owed.len(),
+        }
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.io.ctx
+    }
+
+    /// Registers `len` bytes: a buffer sends may read and receives and one-sided writes may
+    /// fill (peers holding its rkey may write it: register separate buffers for separate
+    /// trust).
+    pub fn register(&mut self, len: usize) -> Result<Buffer> {
+        if self.buffers.len() >= u32::MAX as usize {
+            return Err(EngineError::Limit {
+                what: "registered buffers",
+                limit: u32::MAX.into(),
+            });
+        }
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mem = Arc::new(
+            self.io
+                .pd
+                .alloc_dma(len, 4096, access)
+                .map_err(EngineError::verbs("registering a buffer"))?,
+        );
+        for q in self.conns.iter().flatten().flat_map(|c| &c.qps) {
+            q.pin(&mem);
+        }
+        let id = BufferId(self.buffers.len() as u32);
+        self.buffers.push(Arc::clone(&mem));
+        Ok(Buffer {
+            engine: self.id,
+            id,
+            mem,
+        })
+    }
+
+    /// Checks `buf` is this engine's.
+    fn mine(&self, buf: &Buffer) -> Result<()> {
+        if buf.engine != self.id {
+            return Err(EngineError::BadRange("a buffer of another engine"));
+        }
+        Ok(())
+    }
+
+    /// Exports `offset..offset + len` of `buf` for one-sided writes by peers.
+    pub fn export(&mut self, buf: &Buffer, offset: u64, len: u64) -> Result<Descriptor> {
+        self.mine(buf)?;
+        let (addr, _) = buf.range(offset, len)?;
+        self.exports.push(Export {
+            buf: buf.id,
+            addr,
+            len,
+        });
+        Ok(Descriptor {
+            addr,
+            len,
+            rkey: buf.mem.rkey(),
+        })
+    }
+
+    /// The open connection `id`.
+    pub(crate) fn open_conn(&mut self, id: ConnId) -> Result<&mut Conn> {
+        self.conns
+            .get_mut(usize::from(id.index))
+            .and_then(Option::as_mut)
+            .filter(|c| c.id == id)
+            .ok_or(EngineError::NoConnection(id))
+            .and_then(|c| match &c.state {
+                State::Open => Ok(c),
+                State::Draining(e) => Err(e.clone()),
+            })
+    }
+
+    /// Sends `len` bytes at `offset` of `buf` on `conn`, into the next receive buffer its peer
+    /// posts. Completes once every byte is acknowledged and no WR reads the buffer any more
+    /// (then the buffer may be changed); fails with [`EngineError::TooLarge`] if the peer's
+    /// buffer is smaller.
+    pub fn send(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        self.mine(buf)?;
+        let (local, lkey) = buf.range(offset, len)?;
+        let req = Request::default();
+        let c = self.open_conn(conn)?;
+        c.sends.push_back(PendingSend {
+            local,
+            lkey,
+            len,
+            req: req.clone(),
+        });
+        self.mark_ready(conn.index);
+        Ok(req)
+    }
+
+    /// Posts `len` bytes at `offset` of `buf` to receive the next message of `conn`, and
+    /// advertises it to the peer. Completes with the message's length once all of it is in
+    /// place; receives complete in the order they were posted.
+    pub fn recv(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        self.mine(buf)?;
+        let (addr, _) = buf.range(offset, len)?;
+        let rkey = buf.mem.rkey();
+        let max = self.cfg.max_recvs;
+        let req = Request::default();
+        let c = self.open_conn(conn)?;
+        if c.recvs_posted >= max {
+            return Err(EngineError::Limit {
+                what: "receives posted on one connection",
+                limit: max.into(),
+            });
+        }
+        let seq = c.next_seq;
+        c.next_seq = c.next_seq.wrapping_add(1);
+        c.recvs_posted += 1;
+        c.recvs[seq as usize % RECV_IDS] = Some(PostedRecv {
+            seq,
+            buf: buf.id,
+            addr,
+            len,
+            req: req.clone(),
+        });
+        let cts = Ctl::Cts {
+            seq,
+            addr,
+            len,
+            rkey,
+        };
+        c.ctl.backlog.push_back(cts.to_bytes());
+        self.mark_ctl(conn.index);
+        Ok(req)
+    }
+
+    /// Writes `len` bytes at `offset` of `buf` into `dst` (a peer's exported region) at
+    /// `dst_offset`, with the same reliability as a send; nothing is matched at the peer.
+    pub fn write(
+        &mut self,
+        conn: ConnId,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        dst: &Descriptor,
+        dst_offset: u64,
+    ) -> Result<Request> {
+        self.mine(buf)?;
+        let (local, lkey) = buf.range(offset, len)?;
+        if dst_offset.checked_add(len).is_none_or(|e| e > dst.len) {
+            return Err(EngineError::BadRange(
+                "the write runs past the exported region",
+            ));
+        }
+        let req = Request::default();
+        let fid = conn.index;
+        let c = self.open_conn(conn)?;
+        let rid = WRITE_RID | (c.next_write & 0x7f);
+        c.next_write = c.next_write.wrapping_add(1);
+        let m = Message {
+            local_addr: local,
+            lkey,
+            len,
+            remote_addr: dst.addr + dst_offset,
+            rkey: dst.rkey,
+        };
+        let msg = self.tx.send_as(fid, m, rid)?;
+        let c = self.open_conn(conn)?;
+        c.track(msg, req.clone(), len);
+        Ok(req)
+    }
+
+    /// Polls the engine until `req` completes; for an embedded engine (a threaded one makes
+    /// progress by itself: [`Request::wait`]).
+    pub fn wait(&mut self, req: &Request) -> Result<Done> {
+        loop {
+            if let Some(r) = req.test() {
+                return r;
+            }
+            self.poll()?;
+        }
+    }
+
+    /// Queues `conn` for matching its sends with its peer's receive buffers this round.
+    pub(crate) fn mark_ready(&mut self, index: u16) {
+        if let Some(c) = self.conns[usize::from(index)].as_mut()
+            && !c.in_ready
+        {
+            c.in_ready = true;
+            self.scratch.ready.push(index);
+        }
+    }
+
+    /// Closes `conn`: tells the peer, then tears the connection down (requests still in
+    /// flight on it fail).
+    pub fn close(&mut self, conn: ConnId) -> Result<()> {
+        let c = self.open_conn(conn)?;
+        c.ctl.backlog.push_back(Ctl::Close.to_bytes());
+        self.mark_ctl(conn.index);
+        Ok(())
+    }
+
+    /// The connection ids open now.
+    pub fn connections(&self) -> Vec<ConnId> {
+        self.conns
+            .iter()
+            .flatten()
+            .filter(|c| c.is_open())
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Whether `conn` is open (not failed, closed or unknown).
+    pub fn is_open(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(usize::from(conn.index))
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.id == conn && c.is_open())
+    }
+}
+
+/// The transmit side's configuration for `cfg`: in RC mode the NIC recovers every loss, so the
+/// transmit side never retransmits (its timers are out of reach).
+fn tx_config(cfg: &EngineConfig) -> TxConfig {
+    let mut t = cfg.tx.clone();
+    if cfg.mode == Mode::Rc {
+        let hour = 3_600_000_000;
+        t.rto_min_us = hour;
+        t.rto_initial_us = hour;
+        t.rto_max_us = hour;
+        t.max_silence_us = u64::MAX / 2000;
+    }
+    t
+}

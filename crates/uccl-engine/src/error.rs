@@ -1,0 +1,91 @@
+//! The crate's error type.
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::ConnId;
+
+/// What went wrong in the engine. Cloneable, so that one failure can fail every request it
+/// affects.
+#[derive(Debug, Clone, Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A verb failed (creating a resource, posting, polling).
+    #[error("{what}: {source}")]
+    Verbs {
+        /// What the engine was doing.
+        what: &'static str,
+        /// The verbs-safe error (it names the object and the errno).
+        source: Arc<verbs_safe::Error>,
+    },
+    /// The transmit side refused something.
+    #[error("transmit side: {0}")]
+    Tx(#[from] uccl_tx::TxError),
+    /// A configuration value out of range.
+    #[error("engine config {field} = {value}: {reason}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// The connection set-up failed: a bad or mismatched peer, or an I/O error on the
+    /// out-of-band channel.
+    #[error("connecting to {peer}: {reason}")]
+    Handshake {
+        /// The peer (an address, or "peer" when exchanged in process).
+        peer: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A limit of the engine was reached (connections, QPs, registered regions).
+    #[error("{what}: at most {limit}")]
+    Limit {
+        /// What ran out.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
+    /// No such connection (never opened, or already torn down).
+    #[error("no connection {0:?}")]
+    NoConnection(ConnId),
+    /// The connection failed (its peer disappeared, a QP failed, retransmissions ran out) and
+    /// was torn down; its requests failed with this.
+    #[error("connection {conn:?} failed: {reason}")]
+    ConnectionFailed {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: Arc<str>,
+    },
+    /// A range outside its buffer, or a buffer of another engine.
+    #[error("bad buffer range: {0}")]
+    BadRange(&'static str),
+    /// A message larger than the receive buffer the peer posted for it.
+    #[error("a {len}-byte message for a {room}-byte receive buffer")]
+    TooLarge {
+        /// The message's bytes.
+        len: u64,
+        /// The receive buffer's.
+        room: u64,
+    },
+    /// The engine (or its thread) has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+impl EngineError {
+    /// A verb failure while doing `what`.
+    pub(crate) fn verbs(what: &'static str) -> impl Fn(verbs_safe::Error) -> EngineError + Copy {
+        move |e| EngineError::Verbs {
+            what,
+            source: Arc::new(e),
+        }
+    }
+}
+
+/// The crate's result.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

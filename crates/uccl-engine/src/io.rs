@@ -1,0 +1,328 @@
+//! The resources one engine shares among all its connections (UCCL's `SharedIOContext`): one
+//! send CQ and one receive CQ for every data QP, one SRQ refilled in chained batches, one UD
+//! control QP for ACKs with its own CQ and buffers. Every CQ counts the completions it may
+//! still have to take, and nothing is created that could overflow one.
+
+use std::sync::Arc;
+use verbs_safe::sys::{ibv_send_flags, ibv_wr_opcode};
+
+use verbs_safe::{
+    AccessFlags, Context, Cq, DmaBuf, LocalPort, Pd, Qp, QpCaps, QpInit, RecvSlot, Rts, SqPsn, Srq,
+    Ud, UdInit, UdRtr, WrSlot,
+};
+
+use crate::config::{EngineConfig, Mode};
+use crate::error::{EngineError, Result};
+
+/// The Q_Key of every engine's control QP.
+pub(crate) const QKEY: u32 = 0x1cc1_0001;
+
+/// The bytes of the GRH a UD receive buffer starts with.
+pub(crate) const GRH: usize = 40;
+
+/// Completions a CQ may still take: every QP attached reserves the most its queues can ever
+/// produce (each posted WR completes once, flushed ones included), so the CQ cannot overflow
+/// whoever polls slowly.
+#[derive(Debug)]
+pub(crate) struct CqCredits {
+    name: &'static str,
+    capacity: u64,
+    reserved: u64,
+}
+
+impl CqCredits {
+    pub(crate) fn new(name: &'static str, capacity: u64) -> Self {
+        CqCredits {
+            name,
+            capacity,
+            reserved: 0,
+        }
+    }
+
+    /// Reserves `n` completions, or refuses (nothing reserved).
+    pub(crate) fn reserve(&mut self, n: u64) -> Result<()> {
+        if self.reserved + n > self.capacity {
+            return Err(EngineError::Limit {
+                what: self.name,
+                limit: self.capacity,
+            });
+        }
+        self.reserved += n;
+        Ok(())
+    }
+
+    pub(crate) fn release(&mut self, n: u64) {
+        self.reserved = self.reserved.saturating_sub(n);
+    }
+}
+
+/// A pool of fixed-size slots in one pinned region, each with its receive WR.
+pub(crate) struct RecvRing {
+    pub(crate) buf: Option<Arc<DmaBuf>>,
+    pub(crate) slot_size: usize,
+    pub(crate) slots: Vec<RecvSlot<1>>,
+    /// Slots consumed whose WR waits to be posted again.
+    pub(crate) owed: Vec<u32>,
+}
+
+impl RecvRing {
+    /// `n` slots of `slot_size` bytes in a new region of `pd` (none for `slot_size` 0: WRs
+    /// that only catch an immediate).
+    pub(crate) fn new(pd: &Arc<Pd>, n: u32, slot_size: usize) -> Result<RecvRing> {
+        let buf = if slot_size == 0 {
+            None
+        } else {
+            let len = slot_size * n as usize;
+            let access = AccessFlags::LOCAL_WRITE;
+            Some(Arc::new(
+                pd.alloc_dma(len, 64, access)
+                    .map_err(EngineError::verbs("allocating receive buffers"))?,
+            ))
+        };
+        let slots = (0..n)
+            .map(|i| {
+                let mut s = RecvSlot::<1>::default();
+                s.wr.wr_id = u64::from(i);
+                if let Some(b) = &buf {
+                    s.sges[0] = b
+                        .sge(i as usize * slot_size, slot_size as u32)
+                        .expect("inside the region");
+                    s.wr.num_sge = 1;
+                }
+                s
+            })
+            .collect();
+        Ok(RecvRing {
+            buf,
+            slot_size,
+            slots,
+            owed: (0..n).collect(),
+        })
+    }
+
+    /// Reads `out.len()` bytes at `offset` of slot `i`.
+    pub(crate) fn read(&self, i: u32, offset: usize, out: &mut [u8]) -> bool {
+        match &self.buf {
+            Some(b) if (i as usize) < self.slots.len() && offset + out.len() <= self.slot_size => {
+                b.read_at(i as usize * self.slot_size + offset, out).is_ok()
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Send slots of one pinned region, with their free list.
+pub(crate) struct SendRing {
+    pub(crate) buf: Arc<DmaBuf>,
+    pub(crate) slot_size: usize,
+    pub(crate) slots: Vec<WrSlot<1>>,
+    pub(crate) free: Vec<u32>,
+    /// Whether each slot is taken (so a repeated give-back cannot free it twice).
+    busy: Vec<bool>,
+}
+
+impl SendRing {
+    pub(crate) fn new(pd: &Arc<Pd>, n: u32, slot_size: usize) -> Result<SendRing> {
+        let buf = Arc::new(
+            pd.alloc_dma(slot_size * n as usize, 64, AccessFlags::LOCAL_WRITE)
+                .map_err(EngineError::verbs("allocating control send buffers"))?,
+        );
+        let slots = (0..n)
+            .map(|i| {
+                let mut s = WrSlot::<1>::default();
+                s.wr.wr_id = u64::from(i);
+                s.sges[0] = buf
+                    .sge(i as usize * slot_size, slot_size as u32)
+                    .expect("inside the region");
+                s.wr.num_sge = 1;
+                s.wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+                s.wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+                s
+            })
+            .collect();
+        Ok(SendRing {
+            buf,
+            slot_size,
+            slots,
+            free: (0..n).rev().collect(),
+            busy: vec![false; n as usize],
+        })
+    }
+
+    /// Takes a free slot and fills it with `data` (at most `slot_size` bytes).
+    pub(crate) fn take(&mut self, data: &[u8]) -> Option<u32> {
+        let i = self.free.pop()?;
+        let at = i as usize * self.slot_size;
+        if data.len() > self.slot_size || self.buf.write_at(at, data).is_err() {
+            self.free.push(i);
+            return None;
+        }
+        self.slots[i as usize].sges[0].length = data.len() as u32;
+        self.busy[i as usize] = true;
+        Some(i)
+    }
+
+    /// Gives slot `i` back (its send completed).
+    pub(crate) fn give_back(&mut self, i: u32) {
+        if let Some(b) = self.busy.get_mut(i as usize).filter(|b| **b) {
+            *b = false;
+            self.free.push(i);
+        }
+    }
+}
+
+/// The shared resources of an engine.
+pub(crate) struct Io {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) pd: Arc<Pd>,
+    pub(crate) from: LocalPort,
+    /// Send completions of every data QP.
+    pub(crate) send_cq: Arc<Cq>,
+    pub(crate) send_credits: CqCredits,
+    /// Receive completions of every data QP (through the SRQ).
+    pub(crate) recv_cq: Arc<Cq>,
+    /// Completions of the control QPs (the UD one and every connection's RC one).
+    pub(crate) ctrl_cq: Arc<Cq>,
+    pub(crate) ctrl_credits: CqCredits,
+    pub(crate) srq: Arc<Srq>,
+    pub(crate) srq_ring: RecvRing,
+    /// The UD control QP: ACKs in and out.
+    pub(crate) ctrl_qp: Qp<Ud, Rts>,
+    pub(crate) ctrl_recv: RecvRing,
+    pub(crate) ctrl_send: SendRing,
+    /// Bytes of ACK payload one UD message may carry.
+    pub(crate) ack_payload: usize,
+}
+
+/// The depth of the UD control QP's queues.
+const CTRL_DEPTH: u32 = 256;
+
+impl Io {
+    pub(crate) fn new(ctx: &Arc<Context>, cfg: &EngineConfig) -> Result<Io> {
+        let pd = ctx
+            .alloc_pd()
+            .map_err(EngineError::verbs("allocating a PD"))?;
+        let port = ctx
+            .query_port(cfg.port)
+            .map_err(EngineError::verbs("querying the port"))?;
+        let mtu = port.active_mtu.bytes().min(cfg.path_mtu.bytes());
+        let from = LocalPort::new(cfg.port, cfg.gid_index);
+        // The data CQs: every WR of every data QP may complete (flushes included); every SRQ
+        // WQE completes once.
+        let send_cap =
+            u64::from(cfg.max_conns) * u64::from(cfg.qps_per_conn) * u64::from(cfg.sq_depth);
+        let cq = |n: u64, what| {
+            let n = u32::try_from(n).map_err(|_| EngineError::Config {
+                field: what,
+                value: n,
+                reason: "needs a CQ larger than 2^32 entries",
+            })?;
+            Cq::new(ctx, n, None).map_err(EngineError::verbs(what))
+        };
+        let send_cq = cq(send_cap, "creating the send CQ")?;
+        let recv_cq = cq(u64::from(cfg.srq_depth), "creating the receive CQ")?;
+        // The control CQ: the UD control QP's two queues and each connection's control QP.
+        let conn_ctrl = 2 * u64::from(conn_ctrl_depth(cfg));
+        let ctrl_cap = 2 * u64::from(CTRL_DEPTH) + u64::from(cfg.max_conns) * conn_ctrl;
+        let ctrl_cq = cq(ctrl_cap, "creating the control CQ")?;
+        let mut ctrl_credits = CqCredits::new("control CQ", ctrl_cap);
+        ctrl_credits.reserve(2 * u64::from(CTRL_DEPTH))?;
+        let srq =
+            Srq::new(&pd, cfg.srq_depth, 1).map_err(EngineError::verbs("creating the SRQ"))?;
+        // UC: a retransmission arrives as a SEND of [header | chunk] into an SRQ buffer. RC:
+        // nothing but immediates arrives, so the WQEs have no buffer.
+        let srq_slot = match cfg.mode {
+            Mode::Uc => cfg.tx.chunk_size as usize + uccl_tx::wire::RETR_HDR_LEN,
+            Mode::Rc => 0,
+        };
+        let srq_ring = RecvRing::new(&pd, cfg.srq_depth, srq_slot)?;
+        if let Some(b) = &srq_ring.buf {
+            srq.pin(b);
+        }
+        let caps = QpCaps {
+            max_send_wr: CTRL_DEPTH,
+            max_recv_wr: CTRL_DEPTH,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let ctrl_qp = Qp::<Ud, _>::new(
+            &pd,
+            QpInit {
+                send_cq: &ctrl_cq,
+                recv_cq: &ctrl_cq,
+                srq: None,
+                caps,
+                sig_all: true,
+            },
+        )
+        .map_err(EngineError::verbs("creating the control QP"))?;
+        let up = EngineError::verbs("bringing up the control QP");
+        let ctrl_qp = ctrl_qp
+            .init(UdInit {
+                port: cfg.port,
+                ..UdInit::new(QKEY)
+            })
+            .map_err(|e| up(e.error))?
+            .rtr(UdRtr)
+            .map_err(|e| up(e.error))?
+            .rts(SqPsn(0))
+            .map_err(|e| up(e.error))?;
+        let mut ctrl_recv = RecvRing::new(&pd, CTRL_DEPTH, GRH + mtu as usize)?;
+        for (i, s) in ctrl_recv.slots.iter_mut().enumerate() {
+            s.wr.wr_id = crate::wrid::ud_recv(i as u32);
+        }
+        let ctrl_send = SendRing::new(&pd, CTRL_DEPTH, mtu as usize)?;
+        ctrl_qp.pin(ctrl_recv.buf.as_ref().expect("control buffers"));
+        ctrl_qp.pin(&ctrl_send.buf);
+        let ack = uccl_tx::wire::ACK_LEN;
+        Ok(Io {
+            ctx: Arc::clone(ctx),
+            pd,
+            from,
+            send_cq,
+            send_credits: CqCredits::new("send CQ", send_cap),
+            recv_cq,
+            ctrl_cq,
+            ctrl_credits,
+            srq,
+            srq_ring,
+            ctrl_qp,
+            ctrl_recv,
+            ctrl_send,
+            ack_payload: (mtu as usize / ack) * ack,
+        })
+    }
+
+    /// Posts every owed SRQ WQE with one chained post, once at least `threshold` are owed.
+    /// Returns the number posted.
+    pub(crate) fn refill_srq(&mut self, threshold: usize) -> Result<usize> {
+        let n = self.srq_ring.owed.len();
+        if n == 0 || n < threshold {
+            return Ok(0);
+        }
+        self.srq
+            .post_recv_slots(&mut self.srq_ring.slots, &self.srq_ring.owed)
+            .map_err(EngineError::verbs("refilling the SRQ"))?;
+        self.srq_ring.owed.clear();
+        Ok(n)
+    }
+
+    /// Posts every owed control receive with one chained post.
+    pub(crate) fn refill_ctrl(&mut self) -> Result<()> {
+        if self.ctrl_recv.owed.is_empty() {
+            return Ok(());
+        }
+        self.ctrl_qp
+            .post_recv_slots(&mut self.ctrl_recv.slots, &self.ctrl_recv.owed)
+            .map_err(EngineError::verbs("refilling the control QP"))?;
+        self.ctrl_recv.owed.clear();
+        Ok(())
+    }
+}
+
+/// The depth of each queue of a connection's control QP: every receive buffer it may advertise
+/// and a close.
+pub(crate) fn conn_ctrl_depth(cfg: &EngineConfig) -> u32 {
+    cfg.max_recvs + 2
+}

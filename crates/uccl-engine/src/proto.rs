@@ -1,0 +1,318 @@
+//! The engine's own wire formats: the connection handshake exchanged out of band, and the
+//! messages of a connection's control QP. Big-endian, fixed layouts, checked parsing: any
+//! input is an error or a value, never a panic.
+
+use verbs_safe::Gid;
+
+/// The handshake's magic and version: `b"UCCLRS"` then the version.
+const MAGIC: &[u8; 6] = b"UCCLRS";
+/// Bumped on any change of the handshake or of the data-path formats.
+pub(crate) const VERSION: u16 = 1;
+
+/// Feature bits both ends must agree on.
+pub(crate) mod feature {
+    /// The data QPs are RC (else UC with software reliability).
+    pub(crate) const RC: u32 = 1;
+}
+
+/// Fixed part of a handshake, in bytes.
+const HELLO_FIXED: usize = 6 + 2 + 4 + 4 + 16 + 2 + 4 + 4 + 2 + 2 + 4 + 4 + 2;
+/// Bytes per data QP in a handshake.
+const HELLO_PER_QP: usize = 8;
+
+/// One end of a connection, as its peer needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hello {
+    /// Feature bits ([`feature`]).
+    pub(crate) features: u32,
+    /// The largest chunk the sender may send (the receiver's SRQ buffers hold it).
+    pub(crate) max_chunk: u32,
+    /// The engine's GID and LID.
+    pub(crate) gid: Gid,
+    pub(crate) lid: u16,
+    /// The engine's UD control QP (ACKs go there) and its Q_Key.
+    pub(crate) ctrl_qpn: u32,
+    pub(crate) qkey: u32,
+    /// The flow id this end gave the connection: what the peer puts in its immediates and
+    /// expects in ACKs.
+    pub(crate) fid: u16,
+    /// The initial receive window granted (WRs in flight).
+    pub(crate) credit: u16,
+    /// The connection's control QP (RC) and its first PSN.
+    pub(crate) conn_qpn: u32,
+    pub(crate) conn_psn: u32,
+    /// The data QPs and their first PSNs, in path order.
+    pub(crate) qps: Vec<(u32, u32)>,
+}
+
+/// Why a handshake was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HelloError {
+    Truncated,
+    NotUccl,
+    Version(u16),
+    TooManyQps(u16),
+}
+
+impl std::fmt::Display for HelloError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelloError::Truncated => write!(f, "the handshake is truncated"),
+            HelloError::NotUccl => write!(f, "the peer is not a uccl-rs engine"),
+            HelloError::Version(v) => {
+                write!(f, "the peer speaks version {v}, this engine {VERSION}")
+            }
+            HelloError::TooManyQps(n) => write!(f, "the peer offers {n} data QPs (at most 256)"),
+        }
+    }
+}
+
+impl Hello {
+    /// The encoded handshake.
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HELLO_FIXED + self.qps.len() * HELLO_PER_QP);
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&VERSION.to_be_bytes());
+        b.extend_from_slice(&self.features.to_be_bytes());
+        b.extend_from_slice(&self.max_chunk.to_be_bytes());
+        b.extend_from_slice(&self.gid.0);
+        b.extend_from_slice(&self.lid.to_be_bytes());
+        b.extend_from_slice(&self.ctrl_qpn.to_be_bytes());
+        b.extend_from_slice(&self.qkey.to_be_bytes());
+        b.extend_from_slice(&self.fid.to_be_bytes());
+        b.extend_from_slice(&self.credit.to_be_bytes());
+        b.extend_from_slice(&self.conn_qpn.to_be_bytes());
+        b.extend_from_slice(&self.conn_psn.to_be_bytes());
+        b.extend_from_slice(&(self.qps.len() as u16).to_be_bytes());
+        for &(qpn, psn) in &self.qps {
+            b.extend_from_slice(&qpn.to_be_bytes());
+            b.extend_from_slice(&psn.to_be_bytes());
+        }
+        b
+    }
+
+    /// The length of a handshake whose fixed part is `fixed` (to read the rest of it).
+    pub(crate) fn total_len(fixed: &[u8; HELLO_FIXED_LEN]) -> Result<usize, HelloError> {
+        let n = u16::from_be_bytes([fixed[HELLO_FIXED - 2], fixed[HELLO_FIXED - 1]]);
+        if n > 256 {
+            return Err(HelloError::TooManyQps(n));
+        }
+        Ok(HELLO_FIXED + usize::from(n) * HELLO_PER_QP)
+    }
+
+    /// Reads a handshake.
+    pub(crate) fn parse(b: &[u8]) -> Result<Hello, HelloError> {
+        let mut r = Reader(b);
+        if r.take(6)? != MAGIC {
+            return Err(HelloError::NotUccl);
+        }
+        let version = r.u16()?;
+        if version != VERSION {
+            return Err(HelloError::Version(version));
+        }
+        let features = r.u32()?;
+        let max_chunk = r.u32()?;
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(r.take(16)?);
+        let lid = r.u16()?;
+        let ctrl_qpn = r.u32()?;
+        let qkey = r.u32()?;
+        let fid = r.u16()?;
+        let credit = r.u16()?;
+        let conn_qpn = r.u32()?;
+        let conn_psn = r.u32()?;
+        let n = r.u16()?;
+        if n > 256 {
+            return Err(HelloError::TooManyQps(n));
+        }
+        let qps = (0..n)
+            .map(|_| Ok((r.u32()?, r.u32()?)))
+            .collect::<Result<Vec<_>, HelloError>>()?;
+        Ok(Hello {
+            features,
+            max_chunk,
+            gid: Gid(gid),
+            lid,
+            ctrl_qpn,
+            qkey,
+            fid,
+            credit,
+            conn_qpn,
+            conn_psn,
+            qps,
+        })
+    }
+}
+
+/// Bytes of a handshake's fixed part (read first, to learn the whole length).
+pub(crate) const HELLO_FIXED_LEN: usize = HELLO_FIXED;
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], HelloError> {
+        if self.0.len() < n {
+            return Err(HelloError::Truncated);
+        }
+        let (h, t) = self.0.split_at(n);
+        self.0 = t;
+        Ok(h)
+    }
+    fn u16(&mut self) -> Result<u16, HelloError> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, HelloError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, HelloError> {
+        Ok(u64::from(self.u32()?) << 32 | u64::from(self.u32()?))
+    }
+}
+
+use uccl_tx::wire::{ACK_LEN, AckRepr};
+
+/// Bytes of a control message (each one SEND on the connection's control QP).
+pub(crate) const CTL_LEN: usize = 64;
+
+/// A message on a connection's control QP (reliable and ordered: RC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ctl {
+    /// Clear to send: a receive buffer, the `seq`-th this end posted on the connection.
+    Cts {
+        seq: u32,
+        addr: u64,
+        len: u64,
+        rkey: u32,
+    },
+    /// The peer closes the connection.
+    Close,
+    /// The peer's message for receive buffer `seq` does not fit it: that receive fails.
+    Refuse { seq: u32 },
+    /// An ACK (RC mode, where the control QP is reliable and nothing is retransmitted).
+    Ack(AckRepr),
+}
+
+impl Ctl {
+    /// The encoded message.
+    pub(crate) fn to_bytes(self) -> [u8; CTL_LEN] {
+        let mut b = [0u8; CTL_LEN];
+        match self {
+            Ctl::Cts {
+                seq,
+                addr,
+                len,
+                rkey,
+            } => {
+                b[0] = 1;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+                b[8..16].copy_from_slice(&addr.to_be_bytes());
+                b[16..24].copy_from_slice(&len.to_be_bytes());
+                b[24..28].copy_from_slice(&rkey.to_be_bytes());
+            }
+            Ctl::Close => b[0] = 2,
+            Ctl::Refuse { seq } => {
+                b[0] = 3;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+            }
+            Ctl::Ack(a) => {
+                b[0] = 4;
+                // An AckRepr always encodes (its fields are within range by construction).
+                if let Ok(ack) = a.to_bytes() {
+                    b[4..4 + ACK_LEN].copy_from_slice(&ack);
+                }
+            }
+        }
+        b
+    }
+
+    /// Reads a message; `None` for anything malformed.
+    pub(crate) fn parse(b: &[u8]) -> Option<Ctl> {
+        if b.len() != CTL_LEN {
+            return None;
+        }
+        let mut r = Reader(&b[4..]);
+        match b[0] {
+            1 => Some(Ctl::Cts {
+                seq: r.u32().ok()?,
+                addr: r.u64().ok()?,
+                len: r.u64().ok()?,
+                rkey: r.u32().ok()?,
+            }),
+            2 => Some(Ctl::Close),
+            3 => Some(Ctl::Refuse { seq: r.u32().ok()? }),
+            4 => AckRepr::from_bytes(&b[4..4 + ACK_LEN]).ok().map(Ctl::Ack),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            features: feature::RC,
+            max_chunk: 65536,
+            gid: Gid([7; 16]),
+            lid: 3,
+            ctrl_qpn: 0x1234,
+            qkey: 0x1111,
+            fid: 42,
+            credit: 100,
+            conn_qpn: 0x77,
+            conn_psn: 5,
+            qps: vec![(0x20, 1), (0x21, 2)],
+        }
+    }
+
+    #[test]
+    fn a_handshake_round_trips_and_garbage_is_refused() {
+        let h = hello();
+        let b = h.to_bytes();
+        assert_eq!(Hello::parse(&b), Ok(h));
+        let fixed: [u8; HELLO_FIXED_LEN] = b[..HELLO_FIXED_LEN].try_into().unwrap();
+        assert_eq!(Hello::total_len(&fixed), Ok(b.len()));
+        for n in 0..b.len() {
+            assert_eq!(Hello::parse(&b[..n]), Err(HelloError::Truncated), "{n}");
+        }
+        let mut other = b.clone();
+        other[0] = b'X';
+        assert_eq!(Hello::parse(&other), Err(HelloError::NotUccl));
+        let mut newer = b.clone();
+        newer[7] = 9;
+        assert_eq!(Hello::parse(&newer), Err(HelloError::Version(9)));
+        let mut many = b;
+        many[HELLO_FIXED_LEN - 2] = 0xff;
+        assert!(matches!(
+            Hello::parse(&many),
+            Err(HelloError::TooManyQps(_))
+        ));
+    }
+
+    #[test]
+    fn control_messages_round_trip_and_garbage_is_none() {
+        for c in [
+            Ctl::Cts {
+                seq: 9,
+                addr: u64::MAX - 3,
+                len: 1 << 40,
+                rkey: 0xdead,
+            },
+            Ctl::Close,
+            Ctl::Refuse { seq: 77 },
+            Ctl::Ack(AckRepr {
+                fid: 3,
+                cum: 9,
+                credit: 4,
+                ..AckRepr::default()
+            }),
+        ] {
+            assert_eq!(Ctl::parse(&c.to_bytes()), Some(c));
+        }
+        assert_eq!(Ctl::parse(&[0; CTL_LEN]), None);
+        assert_eq!(Ctl::parse(&[1; 5]), None);
+    }
+}

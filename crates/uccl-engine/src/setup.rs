@@ -1,0 +1,485 @@
+//! Connection set-up: each end creates its QPs and describes them in a handshake ([`Hello`]),
+//! the two handshakes are exchanged out of band (TCP, as rdma-core's pingpongs and perftest
+//! do, or in process), and each end connects its QPs to the other's.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use verbs_safe::{AccessFlags, Init, Mtu, Qp, QpCaps, QpInit, Rc, Remote, Uc};
+
+use crate::config::Mode;
+use crate::conn::{self, Conn, Ctl, CtlQp, DataQp, RECV_IDS, State};
+use crate::engine::{ConnId, Engine, Peer};
+use crate::error::{EngineError, Result};
+use crate::io::{self, QKEY};
+use crate::proto::{CTL_LEN, HELLO_FIXED_LEN, Hello, feature};
+use crate::rx::RxFlow;
+
+/// The QPs of a connection offered and not yet connected.
+pub(crate) struct Offer {
+    id: ConnId,
+    hello: Hello,
+    data: Vec<InitQp>,
+    ctl: Qp<Rc, Init>,
+}
+
+enum InitQp {
+    Uc(Qp<Uc, Init>),
+    Rc(Qp<Rc, Init>),
+}
+
+/// How long the TCP exchange may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn psn(generation: u32, lane: u32) -> u32 {
+    (generation.wrapping_mul(0x9e37_79b9) ^ lane.wrapping_mul(0x85eb_ca6b)) & 0x00ff_ffff
+}
+
+impl Engine {
+    /// Creates the QPs of a new connection and returns its id and the handshake to send to the
+    /// peer; [`complete`](Self::complete) it with the peer's. (For an exchange the caller runs
+    /// itself; [`connect`](Self::connect) and [`accept`](Self::accept) do it over TCP.)
+    pub fn offer(&mut self) -> Result<(ConnId, Vec<u8>)> {
+        let free =
+            (0..self.conns.len()).find(|&i| self.conns[i].is_none() && self.offers[i].is_none());
+        let index = match free {
+            Some(i) => i,
+            None if (self.conns.len() as u32) < self.cfg.max_conns => {
+                self.conns.push(None);
+                self.offers.push(None);
+                self.conns.len() - 1
+            }
+            None => {
+                return Err(EngineError::Limit {
+                    what: "connections",
+                    limit: self.cfg.max_conns.into(),
+                });
+            }
+        };
+        let (send_need, ctl_need) = self.cq_needs();
+        self.io.send_credits.reserve(send_need)?;
+        if let Err(e) = self.io.ctrl_credits.reserve(ctl_need) {
+            self.io.send_credits.release(send_need);
+            return Err(e);
+        }
+        match self.create_qps(index as u16) {
+            Ok(offer) => {
+                let hello = offer.hello.to_bytes();
+                let id = offer.id;
+                self.offers[index] = Some(offer);
+                Ok((id, hello))
+            }
+            Err(e) => {
+                self.io.send_credits.release(send_need);
+                self.io.ctrl_credits.release(ctl_need);
+                Err(e)
+            }
+        }
+    }
+
+    /// The completions a connection reserves on the send CQ and the control CQ: every WR its
+    /// queues can hold may complete (flushes included).
+    pub(crate) fn cq_needs(&self) -> (u64, u64) {
+        let send = u64::from(self.cfg.qps_per_conn) * u64::from(self.cfg.sq_depth);
+        (send, 2 * u64::from(io::conn_ctrl_depth(&self.cfg)))
+    }
+
+    fn create_qps(&mut self, index: u16) -> Result<Offer> {
+        self.generation = self.generation.wrapping_add(1);
+        let id = ConnId {
+            index,
+            generation: self.generation,
+        };
+        let cfg = &self.cfg;
+        let io = &self.io;
+        let caps = QpCaps {
+            max_send_wr: cfg.sq_depth,
+            max_recv_wr: 0,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let init = QpInit {
+            send_cq: &io.send_cq,
+            recv_cq: &io.recv_cq,
+            srq: Some(&io.srq),
+            caps,
+            sig_all: false,
+        };
+        let verbs = EngineError::verbs("creating a data QP");
+        let access = AccessFlags::REMOTE_WRITE;
+        let mut data = Vec::with_capacity(usize::from(cfg.qps_per_conn));
+        let mut qps = Vec::with_capacity(data.capacity());
+        for lane in 0..u32::from(cfg.qps_per_conn) {
+            let q = match cfg.mode {
+                Mode::Uc => {
+                    let q = Qp::<Uc, _>::new(&io.pd, init.clone()).map_err(verbs)?;
+                    InitQp::Uc(conn::init(q, cfg.port, access)?)
+                }
+                Mode::Rc => {
+                    let q = Qp::<Rc, _>::new(&io.pd, init.clone()).map_err(verbs)?;
+                    InitQp::Rc(conn::init(q, cfg.port, access)?)
+                }
+            };
+            let qpn = match &q {
+                InitQp::Uc(q) => q.qpn(),
+                InitQp::Rc(q) => q.qpn(),
+            };
+            qps.push((qpn, psn(self.generation, lane)));
+            data.push(q);
+        }
+        let depth = io::conn_ctrl_depth(cfg);
+        let ctl = Qp::<Rc, _>::new(
+            &io.pd,
+            QpInit {
+                send_cq: &io.ctrl_cq,
+                recv_cq: &io.ctrl_cq,
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: depth,
+                    max_recv_wr: depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sig_all: true,
+            },
+        )
+        .map_err(EngineError::verbs("creating a connection's control QP"))?;
+        let ctl = conn::init(ctl, cfg.port, AccessFlags::empty())?;
+        let gid = io
+            .ctx
+            .query_gid(cfg.port, cfg.gid_index.into())
+            .map_err(EngineError::verbs("reading the GID"))?;
+        let lid = io
+            .ctx
+            .query_port(cfg.port)
+            .map_err(EngineError::verbs("querying the port"))?
+            .lid;
+        let now = self.clock.now();
+        let hello = Hello {
+            features: if cfg.mode == Mode::Rc { feature::RC } else { 0 },
+            max_chunk: cfg.tx.chunk_size,
+            gid,
+            lid,
+            ctrl_qpn: io.ctrl_qp.qpn(),
+            qkey: QKEY,
+            fid: index,
+            credit: self.credits.open(index, now),
+            conn_qpn: ctl.qpn(),
+            conn_psn: psn(self.generation, 0xffff),
+            qps,
+        };
+        Ok(Offer {
+            id,
+            hello,
+            data,
+            ctl,
+        })
+    }
+
+    /// Connects offered connection `conn` to the peer whose handshake is `peer`. On an error
+    /// the offer is withdrawn (its QPs destroyed).
+    pub fn complete(&mut self, conn: ConnId, peer: &[u8]) -> Result<()> {
+        let offer = self
+            .offers
+            .get_mut(usize::from(conn.index))
+            .and_then(|o| o.take_if(|o| o.id == conn))
+            .ok_or(EngineError::NoConnection(conn))?;
+        let r = self.connect_offer(offer, peer);
+        if r.is_err() {
+            let (send, ctl) = self.cq_needs();
+            self.io.send_credits.release(send);
+            self.io.ctrl_credits.release(ctl);
+            self.credits.close(conn.index, self.clock.now());
+        }
+        r
+    }
+
+    fn connect_offer(&mut self, offer: Offer, peer: &[u8]) -> Result<()> {
+        let bad = |reason: String| EngineError::Handshake {
+            peer: "peer".into(),
+            reason,
+        };
+        let h = Hello::parse(peer).map_err(|e| bad(e.to_string()))?;
+        let mine = &offer.hello;
+        if h.features != mine.features {
+            return Err(bad(format!(
+                "the peer's data QPs are {}, this engine's {}",
+                if h.features & feature::RC != 0 {
+                    "RC"
+                } else {
+                    "UC"
+                },
+                if mine.features & feature::RC != 0 {
+                    "RC"
+                } else {
+                    "UC"
+                },
+            )));
+        }
+        if h.qps.len() != offer.data.len() {
+            return Err(bad(format!(
+                "the peer offers {} data QPs, this engine {}",
+                h.qps.len(),
+                offer.data.len()
+            )));
+        }
+        if self.cfg.mode == Mode::Uc && self.cfg.tx.chunk_size > h.max_chunk {
+            return Err(bad(format!(
+                "chunks of {} bytes do not fit the peer's {}-byte receive buffers",
+                self.cfg.tx.chunk_size, h.max_chunk
+            )));
+        }
+        if h.qkey != QKEY {
+            return Err(bad(format!("the peer's control Q_Key is {:#x}", h.qkey)));
+        }
+        let index = offer.id.index;
+        let from = self.io.from;
+        let mtu = self.path_mtu()?;
+        let remote = |qpn, psn| Remote {
+            qpn,
+            psn,
+            lid: h.lid,
+            gid: Some(h.gid),
+        };
+        let mut qps = Vec::with_capacity(offer.data.len());
+        for (lane, (q, &(qpn, their))) in offer.data.into_iter().zip(&h.qps).enumerate() {
+            let ours = mine.qps[lane].1;
+            qps.push(match q {
+                InitQp::Uc(q) => {
+                    DataQp::Uc(conn::bring_up(q, remote(qpn, their), from, mtu, ours)?)
+                }
+                InitQp::Rc(q) => {
+                    DataQp::Rc(conn::bring_up(q, remote(qpn, their), from, mtu, ours)?)
+                }
+            });
+        }
+        let ctl = conn::bring_up(
+            offer.ctl,
+            remote(h.conn_qpn, h.conn_psn),
+            from,
+            mtu,
+            mine.conn_psn,
+        )?;
+        let peer = self.peer(h.gid, h.lid, h.ctrl_qpn)?;
+        for q in &qps {
+            q.pin(&self.hdrs);
+            for b in &self.buffers {
+                q.pin(b);
+            }
+        }
+        let mut paths = Vec::with_capacity(qps.len());
+        for (lane, q) in qps.iter().enumerate() {
+            let p = self.tx.add_path(self.cfg.sq_depth)?;
+            debug_assert_eq!(usize::from(p.0), self.paths.len());
+            self.paths.push((index, lane as u16));
+            self.data_qpns
+                .insert(q.qpn(), u32::from(index) << 8 | lane as u32);
+            paths.push(p);
+        }
+        self.tx.open_flow_to(index, h.fid, &paths, h.credit)?;
+        let depth = io::conn_ctrl_depth(&self.cfg);
+        let mut recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN)?;
+        let send = io::SendRing::new(&self.io.pd, depth, CTL_LEN)?;
+        for (i, s) in recv.slots.iter_mut().enumerate() {
+            s.wr.wr_id = crate::wrid::ctl_recv(index, i as u32);
+        }
+        ctl.pin(recv.buf.as_ref().expect("control buffers"));
+        ctl.pin(&send.buf);
+        let mut c = Conn {
+            id: offer.id,
+            state: State::Open,
+            peer,
+            peer_fid: h.fid,
+            qps,
+            paths,
+            ctl: Ctl {
+                qp: CtlQp::Live(ctl),
+                recv,
+                send,
+                backlog: VecDeque::new(),
+                close_slot: None,
+            },
+            rx: RxFlow::default(),
+            recvs: (0..RECV_IDS).map(|_| None).collect(),
+            recvs_posted: 0,
+            next_seq: 0,
+            cts: VecDeque::new(),
+            sends: VecDeque::new(),
+            inflight: VecDeque::new(),
+            first_msg: 0,
+            next_write: 0,
+            in_ready: false,
+            in_acks: false,
+            in_ctl: false,
+        };
+        c.ctl.flush(index).map_err(EngineError::verbs(
+            "posting a connection's control receives",
+        ))?;
+        self.conns[usize::from(index)] = Some(c);
+        tracing::debug!(
+            conn = index,
+            peer_fid = h.fid,
+            qps = h.qps.len(),
+            "connection open"
+        );
+        Ok(())
+    }
+
+    /// The path MTU the engine's QPs use: the configured one, capped by the port's.
+    fn path_mtu(&self) -> Result<Mtu> {
+        let port = self
+            .io
+            .ctx
+            .query_port(self.cfg.port)
+            .map_err(EngineError::verbs("querying the port"))?;
+        Ok(port.active_mtu.min(self.cfg.path_mtu))
+    }
+
+    /// The peer engine at `gid`/`lid` with control QP `ctrl_qpn`, added if new.
+    fn peer(&mut self, gid: verbs_safe::Gid, lid: u16, ctrl_qpn: u32) -> Result<usize> {
+        if let Some(i) = self
+            .peers
+            .iter()
+            .position(|p| p.gid == gid && p.ctrl_qpn == ctrl_qpn)
+        {
+            return Ok(i);
+        }
+        let ah = self
+            .io
+            .pd
+            .create_ah(self.io.from, lid, Some(gid))
+            .map_err(EngineError::verbs("creating an address handle for a peer"))?;
+        self.io.ctrl_qp.pin_ah(&ah);
+        self.peers.push(Peer {
+            gid,
+            ctrl_qpn,
+            ah,
+            acks: Vec::new(),
+        });
+        Ok(self.peers.len() - 1)
+    }
+
+    /// Connects to the engine listening at `addr` (see [`accept`](Self::accept)): the
+    /// handshakes go over a TCP connection, which is closed afterwards.
+    pub fn connect(&mut self, addr: impl ToSocketAddrs) -> Result<ConnId> {
+        let io = |what: &str, e: std::io::Error| EngineError::Handshake {
+            peer: "the listener".into(),
+            reason: format!("{what}: {e}"),
+        };
+        let addrs: Vec<_> = addr
+            .to_socket_addrs()
+            .map_err(|e| io("resolving the address", e))?
+            .collect();
+        let mut last = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, HANDSHAKE_TIMEOUT) {
+                Ok(s) => return self.handshake(s, true, a.to_string()),
+                Err(e) => last = Some(io(&format!("connecting to {a}"), e)),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| io("resolving the address", std::io::ErrorKind::NotFound.into())))
+    }
+
+    /// Accepts one connection on `listener` from an engine calling [`connect`](Self::connect).
+    pub fn accept(&mut self, listener: &TcpListener) -> Result<ConnId> {
+        let (s, peer) = listener.accept().map_err(|e| EngineError::Handshake {
+            peer: "a connecting engine".into(),
+            reason: format!("accepting: {e}"),
+        })?;
+        self.handshake(s, false, peer.to_string())
+    }
+
+    /// Exchanges handshakes on `s` (the connector speaks first), connects, then exchanges a
+    /// byte so that neither end sends before the other's QPs are ready to receive.
+    fn handshake(&mut self, mut s: TcpStream, first: bool, peer: String) -> Result<ConnId> {
+        let err = |reason: String| EngineError::Handshake {
+            peer: peer.clone(),
+            reason,
+        };
+        let io = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
+        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(|e| err(io("socket")(e)))?;
+        s.set_nodelay(true).map_err(|e| err(io("socket")(e)))?;
+        let read_hello = |s: &mut TcpStream| -> std::result::Result<Vec<u8>, String> {
+            let mut fixed = [0u8; HELLO_FIXED_LEN];
+            s.read_exact(&mut fixed)
+                .map_err(io("reading the handshake"))?;
+            let n = Hello::total_len(&fixed).map_err(|e| e.to_string())?;
+            let mut all = fixed.to_vec();
+            all.resize(n, 0);
+            s.read_exact(&mut all[HELLO_FIXED_LEN..])
+                .map_err(io("reading the handshake"))?;
+            Ok(all)
+        };
+        let theirs = if first {
+            None
+        } else {
+            Some(read_hello(&mut s).map_err(err)?)
+        };
+        let (id, mine) = self.offer()?;
+        let exchange = |s: &mut TcpStream, theirs: Option<Vec<u8>>| {
+            s.write_all(&mine).map_err(io("sending the handshake"))?;
+            match theirs {
+                Some(t) => Ok(t),
+                None => read_hello(s),
+            }
+        };
+        let theirs = match exchange(&mut s, theirs) {
+            Ok(t) => t,
+            Err(reason) => {
+                self.withdraw(id);
+                return Err(err(reason));
+            }
+        };
+        self.complete(id, &theirs).map_err(|e| match e {
+            EngineError::Handshake { reason, .. } => err(reason),
+            other => other,
+        })?;
+        let mut ready = [1u8];
+        let sync = s
+            .write_all(&ready)
+            .and_then(|()| s.read_exact(&mut ready))
+            .map_err(io("waiting for the peer to be ready"));
+        if let Err(reason) = sync {
+            self.close(id)?;
+            return Err(err(reason));
+        }
+        Ok(id)
+    }
+
+    /// Withdraws an offer that will not complete.
+    fn withdraw(&mut self, id: ConnId) {
+        if let Some(slot) = self.offers.get_mut(usize::from(id.index))
+            && slot.take_if(|o| o.id == id).is_some()
+        {
+            let (send, ctl) = self.cq_needs();
+            self.io.send_credits.release(send);
+            self.io.ctrl_credits.release(ctl);
+            self.credits.close(id.index, self.clock.now());
+        }
+    }
+}
+
+/// Connects `a` and `b`, two engines of one process, without TCP; returns each one's id of
+/// the connection.
+pub fn connect_pair(a: &mut Engine, b: &mut Engine) -> Result<(ConnId, ConnId)> {
+    let (ca, ha) = a.offer()?;
+    let (cb, hb) = match b.offer() {
+        Ok(x) => x,
+        Err(e) => {
+            a.withdraw(ca);
+            return Err(e);
+        }
+    };
+    if let Err(e) = a.complete(ca, &hb) {
+        b.withdraw(cb);
+        return Err(e);
+    }
+    b.complete(cb, &ha)?;
+    Ok((ca, cb))
+}

@@ -1,0 +1,50 @@
+//! What an engine counts.
+
+/// Counters of an engine (a snapshot: [`Engine::stats`](crate::Engine::stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Chunks sent for the first time.
+    pub chunks_sent: u64,
+    /// `post_send` calls on the data QPs (doorbells) and the WRs they carried.
+    pub post_send_calls: u64,
+    /// WRs posted on the data QPs.
+    pub send_wrs: u64,
+    /// SRQ refills (each one chained `post_srq_recv`) and the WQEs they posted.
+    pub srq_posts: u64,
+    /// WQEs posted to the SRQ.
+    pub srq_wqes: u64,
+    /// Retransmissions after a timeout.
+    pub rto_retransmits: u64,
+    /// Retransmissions after a loss proven by a later delivery on the same QP.
+    pub fast_retransmits: u64,
+    /// ACK headers sent, and the control messages that carried them.
+    pub acks_sent: u64,
+    /// Control messages (UD SENDs, or control-QP SENDs in RC mode) that carried ACKs.
+    pub ack_packets: u64,
+    /// ACK headers received.
+    pub acks_received: u64,
+    /// Completions polled from the engine's CQs.
+    pub cqes: u64,
+    /// CQ polls (`poll_cq` calls).
+    pub polls: u64,
+    /// Chunks received the first time.
+    pub chunks_received: u64,
+    /// Times a flow had data but no credit (its receiver granted nothing more yet).
+    pub credit_stalls: u64,
+    /// Chunks received again (duplicates and retransmissions of what had arrived).
+    pub dropped_duplicate: u64,
+    /// Chunks or control messages dropped as malformed or not matching their connection
+    /// (unknown QP, flow id, request id, range outside the target buffer).
+    pub dropped_invalid: u64,
+    /// Chunks beyond the receive window (a broken sender).
+    pub dropped_out_of_window: u64,
+    /// Messages completed (sends, writes) and received.
+    pub messages_sent: u64,
+    /// Receives completed.
+    pub messages_received: u64,
+    /// Bytes received in completed receives.
+    pub bytes_received: u64,
+    /// One-sided writes received whole (the peer's requests; nothing completes here).
+    pub writes_received: u64,
+}

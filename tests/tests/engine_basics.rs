@@ -1,0 +1,220 @@
+//! uccl-engine end to end on softnic: two-sided messages of every size, one-sided writes,
+//! in-order completion, refusals, closing; UC and RC.
+
+use std::time::Duration;
+
+use softnic::Faults;
+use uccl_engine::{EngineConfig, EngineError, Mode, connect_pair};
+use uccl_integration::{Sim, pattern};
+
+fn cfg(mode: Mode) -> EngineConfig {
+    EngineConfig {
+        mode,
+        qps_per_conn: 2,
+        max_conns: 8,
+        ..EngineConfig::default()
+    }
+}
+
+/// Sends each size in turn from engine 0 to engine 1 and checks every byte.
+fn sizes(mode: Mode, sizes: &[usize]) {
+    let mut sim = Sim::new(1, 2, Faults::NONE, &cfg(mode));
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let max = *sizes.iter().max().unwrap();
+    let src = a.register(max.max(1)).unwrap();
+    let dst = b.register(max.max(1)).unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = pattern(1, 0, i as u64, len);
+        src.write_at(0, &data).unwrap();
+        let [a, b] = &mut sim.engines[..] else {
+            unreachable!()
+        };
+        let recv = b.recv(cb, &dst, 0, max as u64).unwrap();
+        let send = a.send(ca, &src, 0, len as u64).unwrap();
+        sim.run(Duration::from_secs(10), |_| {
+            recv.test().is_some() && send.test().is_some()
+        })
+        .unwrap();
+        assert_eq!(
+            recv.test().unwrap().unwrap().len,
+            len as u64,
+            "{mode:?} {len}"
+        );
+        assert_eq!(send.test().unwrap().unwrap().len, len as u64);
+        let mut got = vec![0u8; len];
+        dst.read_at(0, &mut got).unwrap();
+        assert!(got == data, "{mode:?}: {len} bytes differ");
+    }
+    let u = sim.engines[0].usage();
+    assert_eq!((u.wrs_in_use, u.hdrs_in_use, u.unacked), (0, 0, 0), "{u:?}");
+}
+
+const SIZES: &[usize] = &[
+    0,
+    1,
+    100,
+    16 * 1024 - 1,
+    16 * 1024,
+    16 * 1024 + 1,
+    1 << 20,
+    8 << 20,
+];
+
+#[test]
+fn uc_messages_of_every_size_arrive_byte_exact() {
+    sizes(Mode::Uc, SIZES);
+}
+
+#[test]
+fn rc_messages_of_every_size_arrive_byte_exact() {
+    sizes(Mode::Rc, SIZES);
+}
+
+#[test]
+fn receives_complete_in_order_and_one_sided_writes_land() {
+    for mode in [Mode::Uc, Mode::Rc] {
+        let mut sim = Sim::new(2, 2, Faults::NONE, &cfg(mode));
+        let [a, b] = &mut sim.engines[..] else {
+            unreachable!()
+        };
+        let (ca, cb) = connect_pair(a, b).unwrap();
+        let src = a.register(64 * 1024).unwrap();
+        let dst = b.register(64 * 1024).unwrap();
+        src.write_at(0, &pattern(2, 0, 0, 64 * 1024)).unwrap();
+        // Ten receives of 4 KiB, ten sends of 1..10 KiB? No: of 1..=10 hundred bytes.
+        let recvs: Vec<_> = (0..10)
+            .map(|i| b.recv(cb, &dst, i * 4096, 4096).unwrap())
+            .collect();
+        let sends: Vec<_> = (0..10)
+            .map(|i| a.send(ca, &src, i * 100, (i + 1) * 100).unwrap())
+            .collect();
+        // A one-sided write into an exported region, between them.
+        let target = b.register(8192).unwrap();
+        let desc = b.export(&target, 4096, 4096).unwrap();
+        let a = &mut sim.engines[0];
+        let w = a.write(ca, &src, 1000, 3000, &desc, 1000).unwrap();
+        sim.run(Duration::from_secs(10), |_| {
+            recvs.iter().chain(&sends).all(|r| r.test().is_some()) && w.test().is_some()
+        })
+        .unwrap();
+        for (i, r) in recvs.iter().enumerate() {
+            assert_eq!(r.test().unwrap().unwrap().len, (i as u64 + 1) * 100);
+            let mut got = vec![0u8; (i + 1) * 100];
+            dst.read_at(i * 4096, &mut got).unwrap();
+            let mut want = vec![0u8; 64 * 1024];
+            src.read_at(0, &mut want).unwrap();
+            assert!(
+                got[..] == want[i * 100..i * 100 + (i + 1) * 100],
+                "{mode:?} message {i}"
+            );
+        }
+        let mut got = vec![0u8; 3000];
+        target.read_at(5096, &mut got).unwrap();
+        let mut want = vec![0u8; 3000];
+        src.read_at(1000, &mut want).unwrap();
+        assert_eq!(got, want, "{mode:?}: the write landed at its offset");
+        assert_eq!(sim.engines[1].stats().writes_received, 1);
+        // A write past the exported region is refused at once.
+        let a = &mut sim.engines[0];
+        assert!(matches!(
+            a.write(ca, &src, 0, 10, &desc, 4090),
+            Err(EngineError::BadRange(_))
+        ));
+    }
+}
+
+#[test]
+fn a_message_larger_than_the_receive_buffer_fails_both_ends() {
+    let mut sim = Sim::new(3, 2, Faults::NONE, &cfg(Mode::Uc));
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let src = a.register(8192).unwrap();
+    let dst = b.register(8192).unwrap();
+    let recv = b.recv(cb, &dst, 0, 100).unwrap();
+    let send = a.send(ca, &src, 0, 101).unwrap();
+    // The next pair still matches.
+    let recv2 = b.recv(cb, &dst, 0, 8192).unwrap();
+    let send2 = a.send(ca, &src, 0, 8000).unwrap();
+    sim.run(Duration::from_secs(10), |_| {
+        [&recv, &send, &recv2, &send2]
+            .iter()
+            .all(|r| r.test().is_some())
+    })
+    .unwrap();
+    assert!(matches!(
+        send.test().unwrap(),
+        Err(EngineError::TooLarge {
+            len: 101,
+            room: 100
+        })
+    ));
+    assert!(recv.test().unwrap().is_err());
+    assert_eq!(recv2.test().unwrap().unwrap().len, 8000);
+    assert!(send2.test().unwrap().is_ok());
+}
+
+#[test]
+fn misuse_is_an_error_not_a_panic() {
+    let mut sim = Sim::new(4, 3, Faults::NONE, &cfg(Mode::Uc));
+    let [a, b, c] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, _cb) = connect_pair(a, b).unwrap();
+    let mine = a.register(100).unwrap();
+    let theirs = c.register(100).unwrap();
+    assert!(matches!(
+        a.send(ca, &mine, 50, 51),
+        Err(EngineError::BadRange(_))
+    ));
+    assert!(matches!(
+        a.send(ca, &mine, u64::MAX, 2),
+        Err(EngineError::BadRange(_))
+    ));
+    assert!(matches!(
+        a.send(ca, &theirs, 0, 1),
+        Err(EngineError::BadRange(_))
+    ));
+    assert!(matches!(
+        a.recv(ca, &mine, 0, 101),
+        Err(EngineError::BadRange(_))
+    ));
+    // A handshake that is garbage, or from an engine of the other mode, is refused.
+    let (pending, _) = a.offer().unwrap();
+    assert!(matches!(
+        a.complete(pending, b"nonsense"),
+        Err(EngineError::Handshake { .. })
+    ));
+    let mut rc = Sim::new(5, 1, Faults::NONE, &cfg(Mode::Rc));
+    let (_, rc_hello) = rc.engines[0].offer().unwrap();
+    let (pending, _) = a.offer().unwrap();
+    let e = a.complete(pending, &rc_hello).unwrap_err();
+    assert!(e.to_string().contains("RC"), "{e}");
+    // The refused offers released their slots: a connection still fits.
+    assert!(connect_pair(a, c).is_ok());
+}
+
+#[test]
+fn closing_fails_what_is_in_flight_and_tells_the_peer() {
+    let mut sim = Sim::new(6, 2, Faults::NONE, &cfg(Mode::Uc));
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let dst = b.register(100).unwrap();
+    let pending = b.recv(cb, &dst, 0, 100).unwrap();
+    a.close(ca).unwrap();
+    sim.run(Duration::from_secs(5), |s| {
+        pending.test().is_some() && s.engines.iter().all(|e| e.usage().connections == 0)
+    })
+    .unwrap();
+    assert!(matches!(
+        pending.test().unwrap(),
+        Err(EngineError::ConnectionFailed { .. })
+    ));
+    assert!(!sim.engines[0].is_open(ca));
+}
