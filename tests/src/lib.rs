@@ -1,12 +1,17 @@
 //! Cross-crate integration tests of the workspace; the tests themselves live in `tests/tests/`.
 //!
 //! This library holds what those tests share: [`Sim`], a deterministic simulation of engines
-//! on one softnic fabric (virtual clock, seeded faults), and the data patterns messages carry.
+//! on one softnic fabric (virtual clock, seeded faults), and the data patterns messages carry;
+//! and [`workload`]: workloads of messages over many connections, run with every invariant of
+//! delivery checked (exactly once, in order, byte-exact, guard bytes untouched), and the
+//! checks that pools, credits and CQ reservations come back afterwards.
+
+pub mod workload;
 
 use std::time::Duration;
 
 use softnic::{Fabric, FabricConfig, Faults};
-use uccl_engine::{Clock, Engine, EngineConfig};
+use uccl_engine::{Clock, Engine, EngineConfig, Usage, connect_pair};
 use verbs_safe::{Context, Verbs};
 
 /// Engines on one softnic fabric, driven round by round on the fabric's virtual clock: the
@@ -18,6 +23,9 @@ pub struct Sim {
     pub engines: Vec<Engine>,
     /// The seed (printed by [`Sim::run`] when it gives up).
     pub seed: u64,
+    /// Each engine's [`Usage`] when it was built, before any connection: what it holds again
+    /// once every connection is gone.
+    pub baseline: Vec<Usage>,
 }
 
 impl Sim {
@@ -37,12 +45,39 @@ impl Sim {
                 let ctx = Context::open_by_name(&verbs, &format!("soft{i}")).expect("device");
                 Engine::new(&ctx, cfg.clone(), Clock::Fabric(fabric.clone())).expect("engine")
             })
-            .collect();
+            .collect::<Vec<Engine>>();
+        let baseline = engines.iter().map(Engine::usage).collect();
         Sim {
             fabric,
             engines,
             seed,
+            baseline,
         }
+    }
+
+    /// Connects engine `i` to engine `j` (`i != j`) in process: a [`workload::Link`].
+    pub fn connect(&mut self, i: usize, j: usize) -> Result<workload::Link, String> {
+        let (ca, cb) = {
+            let (a, b) = pair_mut(&mut self.engines, i, j);
+            connect_pair(a, b)
+                .map_err(|e| format!("seed {}: connecting {i} to {j}: {e}", self.seed))?
+        };
+        Ok(workload::Link { a: i, ca, b: j, cb })
+    }
+
+    /// Connects every pair of engines `per_pair` times: links in the order (0,1), (0,2), ...,
+    /// (1,2), ..., each pair's `per_pair` links together.
+    pub fn connect_all(&mut self, per_pair: usize) -> Result<Vec<workload::Link>, String> {
+        let n = self.engines.len();
+        let mut links = Vec::new();
+        for i in 0..n {
+            for j in i + 1..n {
+                for _ in 0..per_pair {
+                    links.push(self.connect(i, j)?);
+                }
+            }
+        }
+        Ok(links)
     }
 
     /// Runs rounds until `done` holds, moving the virtual clock to the next event (a packet,
@@ -90,6 +125,18 @@ impl Sim {
                 }
             }
         }
+    }
+}
+
+/// Mutable references to two different elements of `v`.
+pub fn pair_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
+    assert_ne!(i, j, "two different elements");
+    if i < j {
+        let (l, r) = v.split_at_mut(j);
+        (&mut l[i], &mut r[0])
+    } else {
+        let (l, r) = v.split_at_mut(i);
+        (&mut r[0], &mut l[j])
     }
 }
 

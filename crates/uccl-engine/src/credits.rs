@@ -51,6 +51,11 @@ impl Credits {
         self.grant.get(usize::from(c)).copied().unwrap_or(0)
     }
 
+    /// The grants of every connection together.
+    pub(crate) fn granted(&self) -> u32 {
+        self.grant.iter().map(|&g| u32::from(g)).sum()
+    }
+
     fn set(&mut self, c: u16, g: u16) {
         let slot = &mut self.grant[usize::from(c)];
         if *slot != g {

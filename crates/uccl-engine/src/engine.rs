@@ -36,7 +36,7 @@ pub struct BufferId(pub(crate) u32);
 /// ([`read_at`](Self::read_at), [`write_at`](Self::write_at)), never by references.
 #[derive(Debug, Clone)]
 pub struct Buffer {
-    engine: u64,
+    pub(crate) engine: u64,
     id: BufferId,
     mem: Arc<DmaBuf>,
 }
@@ -72,7 +72,7 @@ impl Buffer {
     }
 
     /// The address and lkey of `offset..offset + len`, if inside.
-    fn range(&self, offset: u64, len: u64) -> Result<(u64, u32)> {
+    pub(crate) fn range(&self, offset: u64, len: u64) -> Result<(u64, u32)> {
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > self.mem.len() as u64) {
             return Err(EngineError::BadRange("the range lies outside the buffer"));
@@ -97,6 +97,15 @@ pub struct Usage {
     pub draining: usize,
     /// SRQ buffers consumed and not yet posted again (below the refill threshold).
     pub srq_owed: usize,
+    /// Completions reserved on the shared send CQ (by the data QPs of the connections held):
+    /// what the QPs could have outstanding at most, so the CQ can never overflow.
+    pub send_cq_reserved: u64,
+    /// Completions reserved on the control CQ (by the connections' control QPs).
+    pub ctrl_cq_reserved: u64,
+    /// Receive credits granted to the peers' senders together (never more than the SRQ holds).
+    pub credits_granted: u32,
+    /// Control send slots in use (ACK packets and control messages being sent).
+    pub ctrl_sends_in_use: usize,
 }
 
 /// A region exported for one-sided writes: what a peer needs to write into it. Send it out of
@@ -169,6 +178,8 @@ pub(crate) struct Export {
 /// Scratch of a poll round, kept to spare allocations.
 #[derive(Default)]
 pub(crate) struct Scratch {
+    /// Rounds run (wrapping).
+    pub(crate) rounds: u32,
     /// Connections with a CTS or a send to match.
     pub(crate) ready: Vec<u16>,
     /// Connections with an ACK to send.
@@ -227,6 +238,16 @@ impl std::fmt::Debug for Engine {
             .field("mode", &self.cfg.mode)
             .field("conns", &self.conns.iter().flatten().count())
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Engine {
+    /// Fails every request still in flight with [`EngineError::Stopped`] (nobody will complete
+    /// them); the QPs, CQs and memory go with the engine.
+    fn drop(&mut self) {
+        for c in self.conns.iter_mut().flatten() {
+            c.fail_requests(&EngineError::Stopped);
+        }
     }
 }
 
@@ -304,6 +325,16 @@ impl Engine {
             connections: self.conns.iter().flatten().count(),
             draining: self.scratch.draining.len(),
             srq_owed: self.io.srq_ring.owed.len(),
+            send_cq_reserved: self.io.send_credits.reserved(),
+            ctrl_cq_reserved: self.io.ctrl_credits.reserved(),
+            credits_granted: self.credits.granted(),
+            ctrl_sends_in_use: self.io.ctrl_send.in_use()
+                + self
+                    .conns
+                    .iter()
+                    .flatten()
+                    .map(|c| c.ctl.send.in_use())
+                    .sum::<usize>(),
         }
     }
 
@@ -383,9 +414,22 @@ impl Engine {
     /// (then the buffer may be changed); fails with [`EngineError::TooLarge`] if the peer's
     /// buffer is smaller.
     pub fn send(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        let req = Request::default();
+        self.send_with(conn, buf, offset, len, &req)?;
+        Ok(req)
+    }
+
+    /// [`send`](Self::send), completing `req`.
+    pub(crate) fn send_with(
+        &mut self,
+        conn: ConnId,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        req: &Request,
+    ) -> Result<()> {
         self.mine(buf)?;
         let (local, lkey) = buf.range(offset, len)?;
-        let req = Request::default();
         let c = self.open_conn(conn)?;
         c.sends.push_back(PendingSend {
             local,
@@ -394,18 +438,31 @@ impl Engine {
             req: req.clone(),
         });
         self.mark_ready(conn.index);
-        Ok(req)
+        Ok(())
     }
 
     /// Posts `len` bytes at `offset` of `buf` to receive the next message of `conn`, and
     /// advertises it to the peer. Completes with the message's length once all of it is in
     /// place; receives complete in the order they were posted.
     pub fn recv(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        let req = Request::default();
+        self.recv_with(conn, buf, offset, len, &req)?;
+        Ok(req)
+    }
+
+    /// [`recv`](Self::recv), completing `req`.
+    pub(crate) fn recv_with(
+        &mut self,
+        conn: ConnId,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        req: &Request,
+    ) -> Result<()> {
         self.mine(buf)?;
         let (addr, _) = buf.range(offset, len)?;
         let rkey = buf.mem.rkey();
         let max = self.cfg.max_recvs;
-        let req = Request::default();
         let c = self.open_conn(conn)?;
         if c.recvs_posted >= max {
             return Err(EngineError::Limit {
@@ -431,7 +488,7 @@ impl Engine {
         };
         c.ctl.backlog.push_back(cts.to_bytes());
         self.mark_ctl(conn.index);
-        Ok(req)
+        Ok(())
     }
 
     /// Writes `len` bytes at `offset` of `buf` into `dst` (a peer's exported region) at
@@ -445,6 +502,21 @@ impl Engine {
         dst: &Descriptor,
         dst_offset: u64,
     ) -> Result<Request> {
+        let req = Request::default();
+        self.write_with(conn, buf, (offset, len), dst, dst_offset, &req)?;
+        Ok(req)
+    }
+
+    /// [`write`](Self::write) of `(offset, len)`, completing `req`.
+    pub(crate) fn write_with(
+        &mut self,
+        conn: ConnId,
+        buf: &Buffer,
+        (offset, len): (u64, u64),
+        dst: &Descriptor,
+        dst_offset: u64,
+        req: &Request,
+    ) -> Result<()> {
         self.mine(buf)?;
         let (local, lkey) = buf.range(offset, len)?;
         if dst_offset.checked_add(len).is_none_or(|e| e > dst.len) {
@@ -452,7 +524,6 @@ impl Engine {
                 "the write runs past the exported region",
             ));
         }
-        let req = Request::default();
         let fid = conn.index;
         let c = self.open_conn(conn)?;
         let rid = WRITE_RID | (c.next_write & 0x7f);
@@ -467,7 +538,7 @@ impl Engine {
         let msg = self.tx.send_as(fid, m, rid)?;
         let c = self.open_conn(conn)?;
         c.track(msg, req.clone(), len);
-        Ok(req)
+        Ok(())
     }
 
     /// Polls the engine until `req` completes; for an embedded engine (a threaded one makes

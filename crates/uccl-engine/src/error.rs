@@ -72,6 +72,9 @@ pub enum EngineError {
         /// The receive buffer's.
         room: u64,
     },
+    /// The engine thread could not be started.
+    #[error("spawning the engine thread: {0}")]
+    Spawn(Arc<std::io::Error>),
     /// The engine (or its thread) has stopped.
     #[error("the engine has stopped")]
     Stopped,

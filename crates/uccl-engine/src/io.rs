@@ -54,6 +54,11 @@ impl CqCredits {
     pub(crate) fn release(&mut self, n: u64) {
         self.reserved = self.reserved.saturating_sub(n);
     }
+
+    /// Completions reserved now.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.reserved
+    }
 }
 
 /// A pool of fixed-size slots in one pinned region, each with its receive WR.
@@ -162,6 +167,11 @@ impl SendRing {
         Some(i)
     }
 
+    /// Slots taken and not given back.
+    pub(crate) fn in_use(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
     /// Gives slot `i` back (its send completed).
     pub(crate) fn give_back(&mut self, i: u32) {
         if let Some(b) = self.busy.get_mut(i as usize).filter(|b| **b) {
@@ -186,6 +196,11 @@ pub(crate) struct Io {
     pub(crate) ctrl_credits: CqCredits,
     pub(crate) srq: Arc<Srq>,
     pub(crate) srq_ring: RecvRing,
+    /// The SRQ's low-water mark: below it the device raises `IBV_EVENT_SRQ_LIMIT_REACHED`
+    /// and the engine refills at once whatever is owed.
+    pub(crate) srq_limit: u32,
+    /// Whether the limit is armed (it disarms when it fires).
+    pub(crate) srq_armed: bool,
     /// The UD control QP: ACKs in and out.
     pub(crate) ctrl_qp: Qp<Ud, Rts>,
     pub(crate) ctrl_recv: RecvRing,
@@ -287,6 +302,8 @@ impl Io {
             ctrl_credits,
             srq,
             srq_ring,
+            srq_limit: ((cfg.srq_depth - cfg.srq_refill) / 2).max(1),
+            srq_armed: false,
             ctrl_qp,
             ctrl_recv,
             ctrl_send,
@@ -305,6 +322,12 @@ impl Io {
             .post_recv_slots(&mut self.srq_ring.slots, &self.srq_ring.owed)
             .map_err(EngineError::verbs("refilling the SRQ"))?;
         self.srq_ring.owed.clear();
+        if !self.srq_armed {
+            self.srq
+                .arm_limit(self.srq_limit)
+                .map_err(EngineError::verbs("arming the SRQ limit"))?;
+            self.srq_armed = true;
+        }
         Ok(n)
     }
 

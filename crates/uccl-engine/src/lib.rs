@@ -72,6 +72,7 @@ mod round;
 mod rx;
 mod setup;
 mod stats;
+mod threaded;
 mod wrid;
 
 pub use clock::Clock;
@@ -81,3 +82,4 @@ pub use error::{EngineError, Result};
 pub use request::{Done, Request};
 pub use setup::connect_pair;
 pub use stats::Stats;
+pub use threaded::{EngineHandle, MAX_NAP, QUEUE_DEPTH};

@@ -6,7 +6,7 @@
 
 use uccl_tx::wire::{ACK_LEN, AckRepr, Imm, RETR_HDR_LEN, RetrHdr, RetrHdrRepr};
 use uccl_tx::{Event, Message};
-use verbs_safe::{Cq, Poller, WcOpcode};
+use verbs_safe::{AsyncElement, Cq, Poller, WcOpcode};
 
 use crate::config::Mode;
 use crate::conn::{Cts, State, WRITE_RID};
@@ -64,6 +64,10 @@ fn drain(poller: &mut Poller, cq: &Cq, budget: usize, out: &mut Vec<Cqe>) -> Res
     Ok(polled.count)
 }
 
+/// Rounds between two reads of the device's asynchronous events (a system call on a real
+/// device, so not every round).
+const ASYNC_EVERY: u32 = 32;
+
 impl Engine {
     /// Runs one round; returns whether anything happened. Embed it in a loop of your own, or
     /// let [`Engine::spawn`](crate::Engine::spawn) run it on a thread.
@@ -80,6 +84,10 @@ impl Engine {
         self.credits.tick(now);
         busy |= self.transmit(now);
         busy |= self.events();
+        self.scratch.rounds = self.scratch.rounds.wrapping_add(1);
+        if self.scratch.rounds.is_multiple_of(ASYNC_EVERY) {
+            self.async_events()?;
+        }
         self.refill()?;
         self.send_acks()?;
         self.flush_ctl();
@@ -551,6 +559,49 @@ impl Engine {
 
     fn conn_mut(&mut self, ci: u16) -> Option<&mut crate::conn::Conn> {
         self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut)
+    }
+
+    /// The device's asynchronous events: an SRQ below its limit is refilled at once; a data
+    /// QP that failed fails its connection.
+    fn async_events(&mut self) -> Result<()> {
+        use verbs_safe::sys;
+        while let Some(ev) = self
+            .io
+            .ctx
+            .next_async_event()
+            .map_err(EngineError::verbs("reading asynchronous events"))?
+        {
+            match (ev.kind, ev.element) {
+                (sys::IBV_EVENT_SRQ_LIMIT_REACHED, AsyncElement::Srq(s))
+                    if s == self.io.srq.as_raw() as usize =>
+                {
+                    self.stats.srq_limit_events += 1;
+                    self.io.srq_armed = false;
+                    let n = self.io.refill_srq(1)?;
+                    if n > 0 {
+                        self.stats.srq_posts += 1;
+                        self.stats.srq_wqes += n as u64;
+                    }
+                }
+                (
+                    sys::IBV_EVENT_QP_FATAL
+                    | sys::IBV_EVENT_QP_REQ_ERR
+                    | sys::IBV_EVENT_QP_ACCESS_ERR,
+                    AsyncElement::Qp(qpn),
+                ) => {
+                    if let Some(v) = self.data_qpns.get(qpn) {
+                        self.stats.qp_fatal_events += 1;
+                        self.fail_conn(
+                            (v >> 8) as u16,
+                            "a data QP failed (asynchronous event)",
+                            true,
+                        );
+                    }
+                }
+                _ => tracing::debug!(kind = ev.kind, element = ?ev.element, "asynchronous event"),
+            }
+        }
+        Ok(())
     }
 
     fn refill(&mut self) -> Result<()> {

@@ -14,6 +14,11 @@ pub struct Stats {
     pub srq_posts: u64,
     /// WQEs posted to the SRQ.
     pub srq_wqes: u64,
+    /// Times the SRQ fell below its limit (`IBV_EVENT_SRQ_LIMIT_REACHED`) and was refilled at
+    /// once.
+    pub srq_limit_events: u64,
+    /// Asynchronous events that failed a connection (a fatal QP error).
+    pub qp_fatal_events: u64,
     /// Retransmissions after a timeout.
     pub rto_retransmits: u64,
     /// Retransmissions after a loss proven by a later delivery on the same QP.

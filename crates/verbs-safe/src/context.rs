@@ -5,6 +5,7 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use ibverbs_sys::{
     ibv_ah, ibv_ah_attr, ibv_context, ibv_device_attr, ibv_gid, ibv_global_route, ibv_mr, ibv_pd,
@@ -30,6 +31,8 @@ pub struct Context {
     name: String,
     /// Completion handlers and the buffers of safe posts, by tracked `wr_id`.
     pub(crate) tracker: Arc<Tracker>,
+    /// Whether the asynchronous event descriptor was made non-blocking.
+    pub(crate) async_nonblocking: AtomicBool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe for every verb; softnic locks internally.
@@ -89,6 +92,7 @@ impl Context {
             raw,
             name: device.name().to_string(),
             tracker: Arc::default(),
+            async_nonblocking: AtomicBool::new(false),
         }))
     }
 

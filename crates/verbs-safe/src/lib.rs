@@ -83,6 +83,7 @@
 mod context;
 mod cq;
 mod error;
+mod events;
 mod flags;
 mod post;
 mod provider;
@@ -97,6 +98,7 @@ pub use cq::{
     WcOpcode, WcStatus,
 };
 pub use error::{Errno, Error, Result};
+pub use events::{AsyncElement, AsyncEvent};
 pub use flags::{AccessFlags, Mtu, QpAttrMask};
 pub use post::{RecvBatch, RecvWr, SendBatch, SendOp, SendWr};
 pub use provider::{Device, Verbs};

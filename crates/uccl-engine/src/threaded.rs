@@ -1,0 +1,346 @@
+//! The threaded engine: [`Engine::spawn`] moves an engine onto a thread of its own, which
+//! polls it round after round. Application threads hand it requests through a bounded
+//! lock-free queue (crossbeam's `ArrayQueue`) and learn of completions through their
+//! [`Request`] handles (test, wait, or await: the engine thread wakes them).
+//!
+//! When nothing happens for a while the engine thread backs off (spinning, then yielding,
+//! then sleeping up to [`MAX_NAP`]); a new request wakes it at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle, Thread};
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::engine::{Buffer, ConnId, Descriptor, Engine};
+use crate::error::{EngineError, Result};
+use crate::request::Request;
+
+/// Requests the queue towards the engine thread holds at most; beyond that
+/// [`EngineHandle`]'s calls fail with [`EngineError::Limit`].
+pub const QUEUE_DEPTH: usize = 4096;
+
+/// The longest the engine thread sleeps while idle.
+pub const MAX_NAP: Duration = Duration::from_millis(1);
+
+/// Idle rounds spent spinning, then yielding, before the engine thread starts to sleep.
+const SPINS: u32 = 64;
+const YIELDS: u32 = 256;
+
+/// A request on its way to the engine thread.
+enum Command {
+    Send {
+        conn: ConnId,
+        buf: Buffer,
+        range: (u64, u64),
+        req: Request,
+    },
+    Recv {
+        conn: ConnId,
+        buf: Buffer,
+        range: (u64, u64),
+        req: Request,
+    },
+    Write {
+        conn: ConnId,
+        buf: Buffer,
+        range: (u64, u64),
+        dst: Descriptor,
+        dst_offset: u64,
+        req: Request,
+    },
+    /// A control-path call ([`EngineHandle::call`]).
+    Call(Box<dyn FnOnce(&mut Engine) + Send>),
+}
+
+impl Command {
+    /// Runs the command on the engine; a request that cannot start fails with the reason.
+    fn apply(self, e: &mut Engine) {
+        let (req, r) = match self {
+            Command::Send {
+                conn,
+                buf,
+                range: (off, len),
+                req,
+            } => {
+                let r = e.send_with(conn, &buf, off, len, &req);
+                (req, r)
+            }
+            Command::Recv {
+                conn,
+                buf,
+                range: (off, len),
+                req,
+            } => {
+                let r = e.recv_with(conn, &buf, off, len, &req);
+                (req, r)
+            }
+            Command::Write {
+                conn,
+                buf,
+                range,
+                dst,
+                dst_offset,
+                req,
+            } => {
+                let r = e.write_with(conn, &buf, range, &dst, dst_offset, &req);
+                (req, r)
+            }
+            Command::Call(f) => return f(e),
+        };
+        if let Err(err) = r {
+            req.fail(err);
+        }
+    }
+
+    /// Fails the command's request: the engine is gone.
+    fn cancel(self) {
+        match self {
+            Command::Send { req, .. } | Command::Recv { req, .. } | Command::Write { req, .. } => {
+                req.fail(EngineError::Stopped)
+            }
+            // Dropping the closure drops its reply channel: the caller sees `Stopped`.
+            Command::Call(_) => {}
+        }
+    }
+}
+
+struct Shared {
+    queue: ArrayQueue<Command>,
+    stop: AtomicBool,
+    /// Set while the engine thread may be about to sleep: a producer that sees it wakes it.
+    sleepy: AtomicBool,
+    /// Set once the engine thread has exited.
+    gone: AtomicBool,
+}
+
+/// An engine running on its own thread ([`Engine::spawn`]). Share it between application
+/// threads (it is `Sync`); every call returns at once with a [`Request`], except
+/// [`call`](Self::call) and what is built on it, which wait for the engine thread.
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    engine_id: u64,
+    thread: Thread,
+    join: Option<JoinHandle<Engine>>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("queued", &self.shared.queue.len())
+            .field("running", &!self.shared.gone.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Moves the engine onto a thread of its own (named `uccl-engine-<device>`), which runs
+    /// [`poll`](Self::poll) until the handle is shut down or dropped.
+    pub fn spawn(self) -> Result<EngineHandle> {
+        let shared = Arc::new(Shared {
+            queue: ArrayQueue::new(QUEUE_DEPTH),
+            stop: AtomicBool::new(false),
+            sleepy: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+        });
+        let engine_id = self.id;
+        let name = format!("uccl-engine-{}", self.io.ctx.name());
+        let s = Arc::clone(&shared);
+        let join = thread::Builder::new()
+            .name(name)
+            .spawn(move || run(self, &s))
+            .map_err(|e| EngineError::Spawn(Arc::new(e)))?;
+        Ok(EngineHandle {
+            shared,
+            engine_id,
+            thread: join.thread().clone(),
+            join: Some(join),
+        })
+    }
+}
+
+/// The engine thread: commands, a round, and a nap when idle for long.
+fn run(mut engine: Engine, shared: &Shared) -> Engine {
+    let _span = tracing::info_span!("engine", device = %engine.io.ctx.name()).entered();
+    let mut idle = 0u32;
+    loop {
+        let mut busy = false;
+        // At most one queue's worth per round, so a flood of requests cannot starve polling.
+        for _ in 0..QUEUE_DEPTH {
+            let Some(cmd) = shared.queue.pop() else { break };
+            cmd.apply(&mut engine);
+            busy = true;
+        }
+        match engine.poll() {
+            Ok(b) => busy |= b,
+            Err(e) => {
+                tracing::error!(error = %e, "the engine failed; its thread stops");
+                break;
+            }
+        }
+        if shared.stop.load(Ordering::Acquire) && shared.queue.is_empty() {
+            break;
+        }
+        if busy {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle < SPINS {
+            std::hint::spin_loop();
+        } else if idle < SPINS + YIELDS {
+            thread::yield_now();
+        } else {
+            shared.sleepy.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if shared.queue.is_empty() && !shared.stop.load(Ordering::SeqCst) {
+                let nap = Duration::from_micros(10) * (idle - SPINS - YIELDS + 1).min(100);
+                thread::park_timeout(nap.min(MAX_NAP));
+            }
+            shared.sleepy.store(false, Ordering::Relaxed);
+        }
+    }
+    shared.gone.store(true, Ordering::SeqCst);
+    // Whatever arrived after the last round fails: nothing will run it.
+    while let Some(cmd) = shared.queue.pop() {
+        cmd.cancel();
+    }
+    engine
+}
+
+impl EngineHandle {
+    /// Queues `cmd` and wakes the engine thread if it may be asleep.
+    fn push(&self, cmd: Command) -> Result<()> {
+        if self.shared.gone.load(Ordering::Acquire) || self.shared.stop.load(Ordering::Acquire) {
+            return Err(EngineError::Stopped);
+        }
+        if self.shared.queue.push(cmd).is_err() {
+            return Err(EngineError::Limit {
+                what: "requests queued to the engine thread",
+                limit: QUEUE_DEPTH as u64,
+            });
+        }
+        fence(Ordering::SeqCst);
+        if self.shared.sleepy.load(Ordering::SeqCst) {
+            self.thread.unpark();
+        }
+        // The thread may have exited between the check and the push: it drains the queue
+        // after exiting, but a push that lost that race would wait forever.
+        if self.shared.gone.load(Ordering::SeqCst) {
+            while let Some(cmd) = self.shared.queue.pop() {
+                cmd.cancel();
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `buf` belongs to this engine and `offset..offset + len` lies inside it.
+    fn check(&self, buf: &Buffer, offset: u64, len: u64) -> Result<()> {
+        if buf.engine != self.engine_id {
+            return Err(EngineError::BadRange("a buffer of another engine"));
+        }
+        buf.range(offset, len).map(|_| ())
+    }
+
+    /// [`Engine::send`] on the engine thread.
+    pub fn send(&self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        self.check(buf, offset, len)?;
+        let req = Request::default();
+        self.push(Command::Send {
+            conn,
+            buf: buf.clone(),
+            range: (offset, len),
+            req: req.clone(),
+        })?;
+        Ok(req)
+    }
+
+    /// [`Engine::recv`] on the engine thread.
+    pub fn recv(&self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        self.check(buf, offset, len)?;
+        let req = Request::default();
+        self.push(Command::Recv {
+            conn,
+            buf: buf.clone(),
+            range: (offset, len),
+            req: req.clone(),
+        })?;
+        Ok(req)
+    }
+
+    /// [`Engine::write`] on the engine thread.
+    pub fn write(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        (offset, len): (u64, u64),
+        dst: &Descriptor,
+        dst_offset: u64,
+    ) -> Result<Request> {
+        self.check(buf, offset, len)?;
+        let req = Request::default();
+        self.push(Command::Write {
+            conn,
+            buf: buf.clone(),
+            range: (offset, len),
+            dst: *dst,
+            dst_offset,
+            req: req.clone(),
+        })?;
+        Ok(req)
+    }
+
+    /// Runs `f` on the engine thread between two rounds and returns what it returns: for the
+    /// control path (registering memory, exporting, connecting, closing, statistics). While
+    /// `f` runs the engine makes no progress, so keep it short (a TCP handshake in `f` stalls
+    /// every connection of the engine until it ends).
+    pub fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Engine) -> R + Send + 'static,
+    ) -> Result<R> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.push(Command::Call(Box::new(move |e| {
+            let _ = tx.send(f(e));
+        })))?;
+        rx.recv().map_err(|_| EngineError::Stopped)
+    }
+
+    /// [`Engine::register`] on the engine thread.
+    pub fn register(&self, len: usize) -> Result<Buffer> {
+        self.call(move |e| e.register(len))?
+    }
+
+    /// [`Engine::close`] on the engine thread.
+    pub fn close(&self, conn: ConnId) -> Result<()> {
+        self.call(move |e| e.close(conn))?
+    }
+
+    /// Stops the engine thread once it has taken every request queued so far, and gives the
+    /// engine back (requests still in flight stay with it: poll it, or drop it to fail them).
+    pub fn shutdown(mut self) -> Result<Engine> {
+        self.stop_thread().ok_or(EngineError::Stopped)
+    }
+
+    fn stop_thread(&mut self) -> Option<Engine> {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+        let join = self.join.take()?;
+        match join.join() {
+            Ok(e) => Some(e),
+            Err(_) => {
+                tracing::error!("the engine thread panicked");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    /// Stops the engine thread and drops the engine: requests still in flight fail with
+    /// [`EngineError::Stopped`].
+    fn drop(&mut self) {
+        drop(self.stop_thread());
+    }
+}
