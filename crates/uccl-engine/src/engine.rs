@@ -168,13 +168,6 @@ pub(crate) struct Peer {
     pub(crate) acks: Vec<u8>,
 }
 
-/// A region exported for one-sided writes into it.
-pub(crate) struct Export {
-    pub(crate) buf: BufferId,
-    pub(crate) addr: u64,
-    pub(crate) len: u64,
-}
-
 /// Scratch of a poll round, kept to spare allocations.
 #[derive(Default)]
 pub(crate) struct Scratch {
@@ -224,7 +217,7 @@ pub struct Engine {
     pub(crate) paths: Vec<(u16, u16)>,
     pub(crate) peers: Vec<Peer>,
     pub(crate) buffers: Vec<Arc<DmaBuf>>,
-    pub(crate) exports: Vec<Export>,
+    pub(crate) exports: crate::exports::Exports,
     pub(crate) credits: Credits,
     pub(crate) scratch: Scratch,
     pub(crate) stats: Stats,
@@ -285,7 +278,7 @@ impl Engine {
             paths: Vec::new(),
             peers: Vec::new(),
             buffers: Vec::new(),
-            exports: Vec::new(),
+            exports: crate::exports::Exports::default(),
             scratch: Scratch::default(),
             stats: Stats::default(),
             poller: Poller::new(),
@@ -384,11 +377,7 @@ impl Engine {
     pub fn export(&mut self, buf: &Buffer, offset: u64, len: u64) -> Result<Descriptor> {
         self.mine(buf)?;
         let (addr, _) = buf.range(offset, len)?;
-        self.exports.push(Export {
-            buf: buf.id,
-            addr,
-            len,
-        });
+        self.exports.add(buf.id, addr, addr + len);
         Ok(Descriptor {
             addr,
             len,

@@ -64,6 +64,7 @@ mod conn;
 mod credits;
 mod engine;
 mod error;
+mod exports;
 mod io;
 mod proto;
 mod qpn;

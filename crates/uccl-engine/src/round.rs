@@ -78,7 +78,12 @@ impl Engine {
         busy |= self.poll_send()?;
         self.match_sends();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
+            let before = self.tx.stats().rto_retransmits;
             self.tx.handle_timeout(now);
+            let n = self.tx.stats().rto_retransmits - before;
+            if n > 0 {
+                tracing::debug!(chunks = n, "retransmission timeout");
+            }
             busy = true;
         }
         self.credits.tick(now);
@@ -236,11 +241,8 @@ impl Engine {
             let r = c.recvs[usize::from(rid)].as_ref()?;
             (r.buf, r.addr, r.len)
         } else {
-            let x = self
-                .exports
-                .iter()
-                .find(|x| remote >= x.addr && end <= x.addr + x.len)?;
-            (x.buf, x.addr, x.len)
+            let (a, e, b) = self.exports.find(remote, end)?;
+            (b, a, e - a)
         };
         let inside = remote >= addr && end <= addr.checked_add(blen)?;
         let b = usize::try_from(buf.0).ok()?;

@@ -199,6 +199,7 @@ impl Engine {
     }
 
     fn connect_offer(&mut self, offer: Offer, peer: &[u8]) -> Result<()> {
+        let _span = tracing::info_span!("connect", conn = offer.id.index).entered();
         let bad = |reason: String| EngineError::Handshake {
             peer: "peer".into(),
             reason,
@@ -397,6 +398,7 @@ impl Engine {
     /// Exchanges handshakes on `s` (the connector speaks first), connects, then exchanges a
     /// byte so that neither end sends before the other's QPs are ready to receive.
     fn handshake(&mut self, mut s: TcpStream, first: bool, peer: String) -> Result<ConnId> {
+        let _span = tracing::info_span!("handshake", %peer, connector = first).entered();
         let err = |reason: String| EngineError::Handshake {
             peer: peer.clone(),
             reason,
