@@ -58,9 +58,11 @@
 
 #![deny(unsafe_code)]
 
+mod acks;
 mod clock;
 mod config;
 mod conn;
+mod control;
 mod credits;
 mod engine;
 mod error;
@@ -68,6 +70,7 @@ mod exports;
 mod io;
 mod proto;
 mod qpn;
+mod receive;
 mod request;
 mod round;
 mod rx;

@@ -1,0 +1,153 @@
+//! ACKs: built per flow from its receive state, coalesced per round, packed several to a
+//! UD message per peer (UC) or sent over the connection's control QP (RC); and ACKs arriving
+//! from peers, checked to come from the connection's peer before the transmit side sees them.
+
+use uccl_tx::wire::{ACK_LEN, AckRepr};
+
+use crate::config::Mode;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::io::{GRH, QKEY};
+use crate::proto::Ctl;
+use crate::round::Cqe;
+use crate::wrid;
+
+impl Engine {
+    /// A UD message of packed ACK headers arrived (UC mode).
+    pub(crate) fn on_ack_packet(&mut self, slot: u32, e: Cqe, now: u64) {
+        self.io.ctrl_recv.owed.push(slot);
+        if !e.ok || (e.byte_len as usize) < GRH {
+            return;
+        }
+        let len = e.byte_len as usize - GRH;
+        let mut bytes = std::mem::take(&mut self.scratch.bytes);
+        bytes.resize(len, 0);
+        if !self.io.ctrl_recv.read(slot, GRH, &mut bytes) {
+            self.stats.dropped_invalid += 1;
+        } else {
+            for a in bytes.chunks_exact(ACK_LEN) {
+                match AckRepr::from_bytes(a) {
+                    Ok(ack) => self.on_ack(ack, Some(e.src_qp), now),
+                    Err(_) => self.stats.dropped_invalid += 1,
+                }
+            }
+        }
+        self.scratch.bytes = bytes;
+    }
+
+    /// An ACK for flow `ack.fid`, from the control QP `from` (UD), or over the connection's
+    /// own control QP (`None`: RC mode). An ACK that does not come from the connection's peer
+    /// is dropped.
+    pub(crate) fn on_ack(&mut self, ack: AckRepr, from: Option<u32>, now: u64) {
+        let ok = self
+            .conns
+            .get(usize::from(ack.fid))
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.is_open() && from.is_none_or(|q| self.peers[c.peer].ctrl_qpn == q));
+        if !ok {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        self.stats.acks_received += 1;
+        self.tx.on_ack(now, &ack);
+    }
+
+    /// Builds the ACK of connection `ci` now and stages it for its peer.
+    pub(crate) fn stage_ack(&mut self, ci: u16) {
+        let grant = self.credits.grant(ci);
+        let mode = self.cfg.mode;
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        if !c.is_open() {
+            return;
+        }
+        let ack = c.rx.ack(c.peer_fid, grant);
+        self.stats.acks_sent += 1;
+        match mode {
+            Mode::Uc => {
+                let peer = c.peer;
+                let Ok(bytes) = ack.to_bytes() else { return };
+                let p = &mut self.peers[peer];
+                if p.acks.is_empty() {
+                    self.scratch.peers.push(peer);
+                }
+                p.acks.extend_from_slice(&bytes);
+                if p.acks.len() + ACK_LEN > self.io.ack_payload {
+                    self.send_ack_packet(peer);
+                }
+            }
+            Mode::Rc => {
+                c.ctl.backlog.push_back(Ctl::Ack(ack).to_bytes());
+                self.stats.ack_packets += 1;
+                self.mark_ctl(ci);
+            }
+        }
+    }
+
+    /// ACKs for every connection that received something this round, and window updates for
+    /// those whose grant changed; then the staged ACK packets go out.
+    pub(crate) fn send_acks(&mut self) -> Result<()> {
+        let mut changed = std::mem::take(&mut self.scratch.changed);
+        self.credits.take_changed(&mut changed);
+        for &ci in &changed {
+            let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+                continue;
+            };
+            if !c.in_acks {
+                c.in_acks = true;
+                self.scratch.acks.push(ci);
+            }
+        }
+        changed.clear();
+        self.scratch.changed = changed;
+        let acks = std::mem::take(&mut self.scratch.acks);
+        for &ci in &acks {
+            if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+                c.in_acks = false;
+                self.stage_ack(ci);
+            }
+        }
+        let mut acks = acks;
+        acks.clear();
+        self.scratch.acks = acks;
+        let peers = std::mem::take(&mut self.scratch.peers);
+        for &p in &peers {
+            self.send_ack_packet(p);
+        }
+        let mut peers = peers;
+        peers.retain(|&p| !self.peers[p].acks.is_empty());
+        self.scratch.peers = peers;
+        Ok(())
+    }
+
+    /// Sends the ACKs staged for peer `p` as one UD message (if a send slot is free; else they
+    /// wait for the next round).
+    pub(crate) fn send_ack_packet(&mut self, p: usize) {
+        let peer = &mut self.peers[p];
+        if peer.acks.is_empty() {
+            return;
+        }
+        let Some(i) = self.io.ctrl_send.take(&peer.acks) else {
+            return;
+        };
+        peer.acks.clear();
+        let s = &mut self.io.ctrl_send.slots[i as usize];
+        s.wr.wr_id = wrid::ud_send(i);
+        s.wr.wr.ud.ah = peer.ah.as_raw();
+        s.wr.wr.ud.remote_qpn = peer.ctrl_qpn;
+        s.wr.wr.ud.remote_qkey = QKEY;
+        match self
+            .io
+            .ctrl_qp
+            .post_slots(&mut self.io.ctrl_send.slots, &[i])
+        {
+            Ok(()) => self.stats.ack_packets += 1,
+            Err(e) => {
+                // ACKs are repeated by the next ones: losing a batch only delays.
+                tracing::warn!(error = %e, "sending ACKs failed");
+                self.io.ctrl_send.give_back(i);
+            }
+        }
+    }
+}

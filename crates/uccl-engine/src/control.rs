@@ -1,0 +1,194 @@
+//! The connections' control QPs (receive-buffer advertisements, refusals, closes, RC ACKs)
+//! and teardown: failing a connection, telling its peer, and freeing it once its flushes are
+//! polled.
+
+use crate::config::Mode;
+use crate::conn::{Cts, State};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::proto::{CTL_LEN, Ctl};
+use crate::round::Cqe;
+
+impl Engine {
+    /// A message on connection `ci`'s control QP.
+    pub(crate) fn on_ctl(&mut self, ci: u16, slot: u32, e: Cqe, now: u64) {
+        let Some(c) = self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut) else {
+            return;
+        };
+        c.ctl.recv.owed.push(slot);
+        self.mark_ctl(ci);
+        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+        if !e.ok {
+            if c.is_open() {
+                let why = format!("a receive of its control QP failed ({:?})", e.status);
+                self.fail_conn(ci, why, false);
+            }
+            return;
+        }
+        let mut b = [0u8; CTL_LEN];
+        let msg = (e.byte_len as usize == CTL_LEN && c.ctl.recv.read(slot, 0, &mut b))
+            .then(|| Ctl::parse(&b))
+            .flatten();
+        match msg {
+            Some(Ctl::Cts {
+                seq,
+                addr,
+                len,
+                rkey,
+            }) => {
+                c.cts.push_back(Cts {
+                    seq,
+                    addr,
+                    len,
+                    rkey,
+                });
+                self.mark_ready(ci);
+            }
+            Some(Ctl::Refuse { seq }) => {
+                let i = seq as usize % crate::conn::RECV_IDS;
+                match c.recvs[i].take_if(|r| r.seq == seq) {
+                    Some(r) => {
+                        c.recvs_posted -= 1;
+                        r.req.fail(EngineError::BadRange(
+                            "the peer's message is larger than this receive buffer",
+                        ));
+                    }
+                    None => self.stats.dropped_invalid += 1,
+                }
+            }
+            Some(Ctl::Ack(ack)) if self.cfg.mode == Mode::Rc => self.on_ack(ack, None, now),
+            Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
+            _ => self.stats.dropped_invalid += 1,
+        }
+    }
+
+    /// A send of connection `ci`'s control QP completed.
+    pub(crate) fn on_ctl_sent(&mut self, ci: u16, slot: u32, e: Cqe) {
+        let Some(c) = self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut) else {
+            return;
+        };
+        c.ctl.send.give_back(slot);
+        let closing = c.ctl.close_slot == Some(slot);
+        if closing && !c.is_open() {
+            // The peer has been told (or could not be): the control QP can go now.
+            c.ctl.shut();
+        } else if !e.ok && c.is_open() {
+            let why = format!(
+                "a send of its control QP failed ({:?}: the peer is gone?)",
+                e.status
+            );
+            self.fail_conn(ci, why, false);
+        } else if closing && c.is_open() {
+            self.fail_conn(ci, "closed by this end", false);
+        } else {
+            self.mark_ctl(ci);
+        }
+    }
+
+    /// Queues connection `ci` for posting its control receives and backlog this round.
+    pub(crate) fn mark_ctl(&mut self, ci: u16) {
+        if let Some(c) = self.conns[usize::from(ci)].as_mut()
+            && !c.in_ctl
+        {
+            c.in_ctl = true;
+            self.scratch.ctl.push(ci);
+        }
+    }
+
+    /// Posts the control receives and messages of the connections marked this round.
+    pub(crate) fn flush_ctl(&mut self) {
+        let ctl = std::mem::take(&mut self.scratch.ctl);
+        for &ci in &ctl {
+            let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+                continue;
+            };
+            c.in_ctl = false;
+            if let Err(e) = c.ctl.flush(ci) {
+                tracing::warn!(conn = ci, error = %e, "posting on a control QP failed");
+                if c.is_open() {
+                    self.fail_conn(ci, "posting on its control QP failed", false);
+                }
+            }
+        }
+        let mut ctl = ctl;
+        ctl.clear();
+        if self.scratch.ctl.is_empty() {
+            self.scratch.ctl = ctl;
+        }
+    }
+
+    /// Fails connection `ci`: see [`fail_conn_with`](Self::fail_conn_with).
+    pub(crate) fn fail_conn(&mut self, ci: u16, why: impl Into<std::sync::Arc<str>>, tell: bool) {
+        let id = match self.conns[usize::from(ci)].as_ref() {
+            Some(c) => c.id,
+            None => return,
+        };
+        self.fail_conn_with(
+            ci,
+            EngineError::ConnectionFailed {
+                conn: id,
+                reason: why.into(),
+            },
+            tell,
+        );
+    }
+
+    /// Tears connection `ci` down: every request on it fails with `e`, its flow closes, its
+    /// QPs move to ERROR (their outstanding WRs flush; the flushes return every WR, header
+    /// slot and credit), and once those are polled it goes. With `tell` (a failure the peer
+    /// cannot see) a Close goes to the peer first, and the control QP follows the data QPs
+    /// into ERROR once that send completes.
+    pub(crate) fn fail_conn_with(&mut self, ci: u16, e: EngineError, tell: bool) {
+        let now = self.clock.now();
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        if !c.is_open() {
+            return;
+        }
+        tracing::warn!(conn = ci, error = %e, "connection torn down");
+        c.state = State::Draining(e.clone());
+        c.fail_requests(&e);
+        c.cts.clear();
+        c.ctl.backlog.clear();
+        for q in std::mem::take(&mut c.qps) {
+            c.qps.push(q.fail());
+        }
+        if !(tell && c.ctl.post_close(ci)) {
+            c.ctl.shut();
+        }
+        let _ = self.tx.close_flow(ci);
+        self.credits.close(ci, now);
+        self.scratch.draining.push(ci);
+    }
+
+    /// Frees the connections whose flushes have all been polled.
+    pub(crate) fn reap(&mut self) {
+        if self.scratch.draining.is_empty() {
+            return;
+        }
+        let depth = crate::io::conn_ctrl_depth(&self.cfg) as usize;
+        let sq = self.cfg.sq_depth;
+        let mut draining = std::mem::take(&mut self.scratch.draining);
+        draining.retain(|&ci| {
+            let Some(c) = self.conns[usize::from(ci)].as_ref() else {
+                return false;
+            };
+            let data_done = c.paths.iter().all(|&p| self.tx.path_room(p) == sq);
+            let ctl_done = c.ctl.send.free.len() == depth && c.ctl.recv.owed.len() == depth;
+            if !(data_done && ctl_done) {
+                return true;
+            }
+            let c = self.conns[usize::from(ci)].take().expect("checked");
+            for q in &c.qps {
+                self.data_qpns.remove(q.qpn());
+            }
+            let (send, ctl) = self.cq_needs();
+            self.io.send_credits.release(send);
+            self.io.ctrl_credits.release(ctl);
+            tracing::debug!(conn = ci, "connection freed");
+            false
+        });
+        self.scratch.draining = draining;
+    }
+}

@@ -1,0 +1,181 @@
+//! The receive path of a round: chunks written by peers (WRITE_WITH_IMM into the posted
+//! buffer) or retransmitted into SRQ buffers (checked, then copied into place), tracked per
+//! flow, and the messages they complete.
+
+use uccl_tx::wire::{Imm, RETR_HDR_LEN, RetrHdr, RetrHdrRepr};
+use verbs_safe::WcOpcode;
+
+use crate::config::Mode;
+use crate::conn::WRITE_RID;
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+use crate::request::Done;
+use crate::round::{Cqe, drain};
+use crate::rx::{Arrival, Delivered};
+
+impl Engine {
+    pub(crate) fn poll_recv(&mut self, now: u64) -> Result<bool> {
+        let mut cqes = std::mem::take(&mut self.scratch.cqes);
+        let n = drain(
+            &mut self.poller,
+            &self.io.recv_cq,
+            self.cfg.poll_budget,
+            &mut cqes,
+        )?;
+        self.stats.polls += 1;
+        self.stats.cqes += n as u64;
+        for &e in &cqes {
+            self.on_data_recv(e, now);
+        }
+        self.scratch.cqes = cqes;
+        Ok(n > 0)
+    }
+
+    /// A receive completion of a data QP: a chunk written (WRITE_WITH_IMM), or a retransmitted
+    /// chunk sent into an SRQ buffer (SEND of header and payload).
+    pub(crate) fn on_data_recv(&mut self, e: Cqe, now: u64) {
+        let slot = e.wr_id as u32;
+        if e.wr_id >= u64::from(self.cfg.srq_depth) {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        self.io.srq_ring.owed.push(slot);
+        if !e.ok {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        let Some(v) = self.data_qpns.get(e.qpn) else {
+            self.stats.dropped_invalid += 1;
+            return;
+        };
+        let (ci, lane) = ((v >> 8) as u16, (v & 0xff) as u16);
+        match (e.opcode, e.imm, self.cfg.mode) {
+            (Some(WcOpcode::RecvRdmaWithImm), Some(imm), _) => {
+                self.chunk(ci, lane, Imm::decode(imm), e.byte_len, None, now);
+            }
+            (Some(WcOpcode::Recv), None, Mode::Uc) => {
+                let mut h = [0u8; RETR_HDR_LEN];
+                let hdr = (e.byte_len as usize >= RETR_HDR_LEN)
+                    .then(|| self.io.srq_ring.read(slot, 0, &mut h))
+                    .filter(|&read| read)
+                    .and_then(|_| RetrHdr::new_checked(&h[..]).ok())
+                    .map(|v| RetrHdrRepr::parse(&v));
+                match hdr {
+                    Some(h) => {
+                        let len = e.byte_len - RETR_HDR_LEN as u32;
+                        let copy = Some((slot, h.remote_addr));
+                        self.chunk(ci, lane, Imm::decode(h.imm), len, copy, now);
+                    }
+                    None => self.stats.dropped_invalid += 1,
+                }
+            }
+            _ => self.stats.dropped_invalid += 1,
+        }
+    }
+
+    /// One chunk of connection `ci` arrived on lane `lane`. A retransmission (`copy`: its SRQ
+    /// slot and target address) is copied to its place first, once the target is checked to
+    /// lie inside the receive buffer or exported region it belongs to.
+    pub(crate) fn chunk(
+        &mut self,
+        ci: u16,
+        lane: u16,
+        imm: Imm,
+        len: u32,
+        copy: Option<(u32, u64)>,
+        now: u64,
+    ) {
+        let Some(c) = self.conns[usize::from(ci)]
+            .as_ref()
+            .filter(|c| c.is_open() && imm.fid == ci)
+        else {
+            self.stats.dropped_invalid += 1;
+            return;
+        };
+        if let Some((slot, remote)) = copy
+            && c.rx.expects(imm.csn)
+        {
+            let Some((b, off)) = self.target(ci, imm.rid, remote, len) else {
+                self.stats.dropped_invalid += 1;
+                return;
+            };
+            let ring = &self.io.srq_ring;
+            let at = slot as usize * ring.slot_size + RETR_HDR_LEN;
+            let src = ring.buf.as_ref().expect("UC SRQ buffers");
+            if src
+                .copy_to(at, &self.buffers[b], off, len as usize)
+                .is_err()
+            {
+                self.stats.dropped_invalid += 1;
+                return;
+            }
+        }
+        let mut delivered = std::mem::take(&mut self.scratch.delivered);
+        delivered.clear();
+        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+        let a =
+            c.rx.on_chunk(imm, len, lane, copy.is_some(), |d| delivered.push(d));
+        match a {
+            Arrival::New => {
+                self.stats.chunks_received += 1;
+                self.credits.arrived(ci, now);
+            }
+            Arrival::Duplicate => self.stats.dropped_duplicate += 1,
+            Arrival::OutOfWindow => self.stats.dropped_out_of_window += 1,
+        }
+        if !c.in_acks {
+            c.in_acks = true;
+            self.scratch.acks.push(ci);
+        }
+        if c.rx.since_ack() >= self.cfg.ack_every {
+            self.stage_ack(ci);
+        }
+        for &d in &delivered {
+            self.deliver(ci, d);
+        }
+        self.scratch.delivered = delivered;
+    }
+
+    /// Where `len` bytes for `remote` of message `rid` go: inside the receive buffer posted for
+    /// it, or inside a region this engine exported. `(buffer index, offset)`, or `None` for a
+    /// target a sender may not write.
+    pub(crate) fn target(&self, ci: u16, rid: u8, remote: u64, len: u32) -> Option<(usize, usize)> {
+        let end = remote.checked_add(u64::from(len))?;
+        let (buf, addr, blen) = if rid < WRITE_RID {
+            let c = self.conns[usize::from(ci)].as_ref()?;
+            let r = c.recvs[usize::from(rid)].as_ref()?;
+            (r.buf, r.addr, r.len)
+        } else {
+            let (a, e, b) = self.exports.find(remote, end)?;
+            (b, a, e - a)
+        };
+        let inside = remote >= addr && end <= addr.checked_add(blen)?;
+        let b = usize::try_from(buf.0).ok()?;
+        let base = self.buffers.get(b)?.addr();
+        inside.then(|| (b, (remote - base) as usize))
+    }
+
+    /// A message of connection `ci` arrived whole.
+    pub(crate) fn deliver(&mut self, ci: u16, d: Delivered) {
+        if d.rid >= WRITE_RID {
+            self.stats.writes_received += 1;
+            return;
+        }
+        let c = self.conns[usize::from(ci)].as_mut().expect("open");
+        let Some(r) = c.recvs[usize::from(d.rid)].take() else {
+            self.stats.dropped_invalid += 1;
+            return;
+        };
+        c.recvs_posted -= 1;
+        if d.bytes > r.len {
+            r.req.fail(EngineError::TooLarge {
+                len: d.bytes,
+                room: r.len,
+            });
+            return;
+        }
+        self.stats.messages_received += 1;
+        self.stats.bytes_received += d.bytes;
+        r.req.complete(Ok(Done { len: d.bytes }));
+    }
+}
