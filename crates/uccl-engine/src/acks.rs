@@ -52,10 +52,11 @@ impl Engine {
         self.tx.on_ack(now, &ack);
     }
 
-    /// Builds the ACK of connection `ci` now and stages it for its peer.
+    /// Builds the ACK of connection `ci` now and stages it for its peer, in place of one staged
+    /// earlier and not sent yet (an ACK supersedes the ones before it), so what waits for a
+    /// send slot is bounded by the connections, never by the chunks.
     pub(crate) fn stage_ack(&mut self, ci: u16) {
         let grant = self.credits.grant(ci);
-        let mode = self.cfg.mode;
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
@@ -64,25 +65,59 @@ impl Engine {
         }
         let ack = c.rx.ack(c.peer_fid, grant);
         self.stats.acks_sent += 1;
-        match mode {
-            Mode::Uc => {
-                let peer = c.peer;
-                let Ok(bytes) = ack.to_bytes() else { return };
-                let p = &mut self.peers[peer];
-                if p.acks.is_empty() {
-                    self.scratch.peers.push(peer);
-                }
-                p.acks.extend_from_slice(&bytes);
-                if p.acks.len() + ACK_LEN > self.io.ack_payload {
-                    self.send_ack_packet(peer);
-                }
-            }
-            Mode::Rc => {
-                c.ctl.backlog.push_back(Ctl::Ack(ack).to_bytes());
-                self.stats.ack_packets += 1;
-                self.mark_ctl(ci);
+        if self.cfg.mode == Mode::Rc {
+            c.ctl.ack = Some(Ctl::Ack(ack).to_bytes());
+            self.mark_ctl(ci);
+            return;
+        }
+        let Ok(bytes) = ack.to_bytes() else { return };
+        let (peer, slot) = (c.peer, c.ack_slot);
+        if let Some(i) = slot {
+            let at = usize::from(i) * ACK_LEN;
+            self.peers[peer].acks[at..at + ACK_LEN].copy_from_slice(&bytes);
+            return;
+        }
+        if self.peers[peer].acks.len() + ACK_LEN > self.io.ack_payload {
+            self.send_ack_packet(peer);
+            if !self.peers[peer].acks.is_empty() {
+                // No send slot free: this ACK is built again next round.
+                self.mark_ack(ci);
+                return;
             }
         }
+        let p = &mut self.peers[peer];
+        if p.acks.is_empty() {
+            self.scratch.peers.push(peer);
+        }
+        let i = (p.acks.len() / ACK_LEN) as u16;
+        p.acks.extend_from_slice(&bytes);
+        p.staged.push(ci);
+        if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+            c.ack_slot = Some(i);
+        }
+    }
+
+    /// Queues connection `ci` for an ACK at the end of the round.
+    pub(crate) fn mark_ack(&mut self, ci: u16) {
+        if let Some(c) = self.conns[usize::from(ci)].as_mut()
+            && !c.in_acks
+        {
+            c.in_acks = true;
+            self.scratch.acks.push(ci);
+        }
+    }
+
+    /// Takes connection `ci`'s staged ACK back (it is going away): the bytes become an ACK of
+    /// no version, which the peer counts and drops.
+    pub(crate) fn unstage_ack(&mut self, ci: u16) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        if let Some(i) = c.ack_slot.take() {
+            let at = usize::from(i) * ACK_LEN;
+            self.peers[c.peer].acks[at..at + ACK_LEN].fill(0);
+        }
+        c.ctl.ack = None;
     }
 
     /// ACKs for every connection that received something this round, and window updates for
@@ -91,13 +126,7 @@ impl Engine {
         let mut changed = std::mem::take(&mut self.scratch.changed);
         self.credits.take_changed(&mut changed);
         for &ci in &changed {
-            let Some(c) = self.conns[usize::from(ci)].as_mut() else {
-                continue;
-            };
-            if !c.in_acks {
-                c.in_acks = true;
-                self.scratch.acks.push(ci);
-            }
+            self.mark_ack(ci);
         }
         changed.clear();
         self.scratch.changed = changed;
@@ -132,6 +161,12 @@ impl Engine {
             return;
         };
         peer.acks.clear();
+        for &ci in &peer.staged {
+            if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+                c.ack_slot = None;
+            }
+        }
+        peer.staged.clear();
         let s = &mut self.io.ctrl_send.slots[i as usize];
         s.wr.wr_id = wrid::ud_send(i);
         s.wr.wr.ud.ah = peer.ah.as_raw();

@@ -163,6 +163,8 @@ pub(crate) struct Ctl {
     pub(crate) send: SendRing,
     /// Messages waiting for a free send slot.
     pub(crate) backlog: VecDeque<[u8; CTL_LEN]>,
+    /// The latest ACK not sent yet (RC mode): sent after the backlog, replaced by a newer one.
+    pub(crate) ack: Option<[u8; CTL_LEN]>,
     /// The send slot of a Close, once posted: its completion ends the connection.
     pub(crate) close_slot: Option<u32>,
 }
@@ -202,16 +204,18 @@ impl Ctl {
     /// Posts a Close now, ahead of any backlog (dropped); whether it went.
     pub(crate) fn post_close(&mut self, conn: u16) -> bool {
         self.backlog.clear();
+        self.ack = None;
         self.backlog.push_back(CtlMsg::Close.to_bytes());
         let posted = self.flush(conn).is_ok() && self.close_slot.is_some();
         self.backlog.clear();
         posted
     }
 
-    /// Posts the owed receives and as much of the backlog as there are free send slots.
-    pub(crate) fn flush(&mut self, conn: u16) -> verbs_safe::Result<()> {
+    /// Posts the owed receives, as much of the backlog as there are free send slots, then the
+    /// pending ACK; whether the ACK went.
+    pub(crate) fn flush(&mut self, conn: u16) -> verbs_safe::Result<bool> {
         let Some(qp) = self.qp.live() else {
-            return Ok(());
+            return Ok(false);
         };
         if !self.recv.owed.is_empty() {
             qp.post_recv_slots(&mut self.recv.slots, &self.recv.owed)?;
@@ -229,7 +233,17 @@ impl Ctl {
             order[0] = i;
             qp.post_slots(&mut self.send.slots, &order)?;
         }
-        Ok(())
+        if self.backlog.is_empty()
+            && let Some(ack) = self.ack
+            && let Some(i) = self.send.take(&ack)
+        {
+            self.ack = None;
+            self.send.slots[i as usize].wr.wr_id = crate::wrid::ctl_send(conn, i);
+            order[0] = i;
+            qp.post_slots(&mut self.send.slots, &order)?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }
 
@@ -294,6 +308,8 @@ pub(crate) struct Conn {
     pub(crate) in_ready: bool,
     pub(crate) in_acks: bool,
     pub(crate) in_ctl: bool,
+    /// Where this connection's ACK sits among its peer's staged ACKs (UC), if one does.
+    pub(crate) ack_slot: Option<u16>,
 }
 
 impl Conn {

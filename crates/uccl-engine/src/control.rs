@@ -103,7 +103,11 @@ impl Engine {
                 continue;
             };
             c.in_ctl = false;
-            if let Err(e) = c.ctl.flush(ci) {
+            let r = c.ctl.flush(ci);
+            if let Ok(true) = r {
+                self.stats.ack_packets += 1;
+            }
+            if let Err(e) = r {
                 tracing::warn!(conn = ci, error = %e, "posting on a control QP failed");
                 if c.is_open() {
                     self.fail_conn(ci, "posting on its control QP failed", false);
@@ -151,6 +155,8 @@ impl Engine {
         c.fail_requests(&e);
         c.cts.clear();
         c.ctl.backlog.clear();
+        self.unstage_ack(ci);
+        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         for q in std::mem::take(&mut c.qps) {
             c.qps.push(q.fail());
         }

@@ -166,6 +166,8 @@ pub(crate) struct Peer {
     pub(crate) ah: Arc<Ah>,
     /// ACK headers staged for the next control message to it.
     pub(crate) acks: Vec<u8>,
+    /// The connections whose ACK is in `acks`.
+    pub(crate) staged: Vec<u16>,
 }
 
 /// Scratch of a poll round, kept to spare allocations.

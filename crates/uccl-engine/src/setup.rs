@@ -302,6 +302,7 @@ impl Engine {
                 recv,
                 send,
                 backlog: VecDeque::new(),
+                ack: None,
                 close_slot: None,
             },
             rx: RxFlow::default(),
@@ -316,6 +317,7 @@ impl Engine {
             in_ready: false,
             in_acks: false,
             in_ctl: false,
+            ack_slot: None,
         };
         c.ctl.flush(index).map_err(EngineError::verbs(
             "posting a connection's control receives",
@@ -360,6 +362,7 @@ impl Engine {
             ctrl_qpn,
             ah,
             acks: Vec::new(),
+            staged: Vec::new(),
         });
         Ok(self.peers.len() - 1)
     }
