@@ -6,6 +6,7 @@
 //! delivery checked (exactly once, in order, byte-exact, guard bytes untouched), and the
 //! checks that pools, credits and CQ reservations come back afterwards.
 
+mod settle;
 pub mod workload;
 
 use std::time::Duration;

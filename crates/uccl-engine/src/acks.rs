@@ -49,6 +49,9 @@ impl Engine {
             return;
         }
         self.stats.acks_received += 1;
+        if let Some(c) = self.conns[usize::from(ack.fid)].as_mut() {
+            c.heard = now;
+        }
         self.tx.on_ack(now, &ack);
     }
 

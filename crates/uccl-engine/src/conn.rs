@@ -310,6 +310,10 @@ pub(crate) struct Conn {
     pub(crate) in_ctl: bool,
     /// Where this connection's ACK sits among its peer's staged ACKs (UC), if one does.
     pub(crate) ack_slot: Option<u16>,
+    /// When something last arrived from the peer (a chunk, an ACK, a control message).
+    pub(crate) heard: u64,
+    /// Whether its keep-alive timer is armed.
+    pub(crate) in_keepalive: bool,
 }
 
 impl Conn {

@@ -25,6 +25,7 @@ impl Engine {
             }
             return;
         }
+        c.heard = now;
         let mut b = [0u8; CTL_LEN];
         let msg = (e.byte_len as usize == CTL_LEN && c.ctl.recv.read(slot, 0, &mut b))
             .then(|| Ctl::parse(&b))
@@ -58,6 +59,7 @@ impl Engine {
             }
             Some(Ctl::Ack(ack)) if self.cfg.mode == Mode::Rc => self.on_ack(ack, None, now),
             Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
+            Some(Ctl::Ping) => {}
             _ => self.stats.dropped_invalid += 1,
         }
     }
@@ -192,6 +194,7 @@ impl Engine {
             let (send, ctl) = self.cq_needs();
             self.io.send_credits.release(send);
             self.io.ctrl_credits.release(ctl);
+            self.spare_paths.extend_from_slice(&c.paths);
             tracing::debug!(conn = ci, "connection freed");
             false
         });

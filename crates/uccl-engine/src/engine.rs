@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bufpool::{LocalPool, Memory, RegionPool};
-use uccl_tx::{Message, Tx, TxConfig};
+use uccl_tx::{Message, PathId, Tx, TxConfig};
 use verbs_safe::{AccessFlags, Ah, Context, DmaBuf, Gid, Poller};
 
 use crate::clock::Clock;
@@ -100,7 +100,7 @@ pub struct Usage {
     /// Completions reserved on the shared send CQ (by the data QPs of the connections held):
     /// what the QPs could have outstanding at most, so the CQ can never overflow.
     pub send_cq_reserved: u64,
-    /// Completions reserved on the control CQ (by the connections' control QPs).
+X
     pub ctrl_cq_reserved: u64,
     /// Receive credits granted to the peers' senders together (never more than the SRQ holds).
     pub credits_granted: u32,
@@ -217,6 +217,10 @@ pub struct Engine {
     pub(crate) data_qpns: QpnTable,
     /// Transmit path -> (connection index, lane).
     pub(crate) paths: Vec<(u16, u16)>,
+    /// Keep-alive timers of connections waiting for their peer.
+    pub(crate) keepalive: crate::keepalive::Timers,
+    /// Paths of connections that went, drained, for the next connections to reuse.
+    pub(crate) spare_paths: Vec<PathId>,
     pub(crate) peers: Vec<Peer>,
     pub(crate) buffers: Vec<Arc<DmaBuf>>,
     pub(crate) exports: crate::exports::Exports,
@@ -278,6 +282,8 @@ impl Engine {
             generation: 0,
             data_qpns: QpnTable::default(),
             paths: Vec::new(),
+            spare_paths: Vec::new(),
+            keepalive: Default::default(),
             peers: Vec::new(),
             buffers: Vec::new(),
             exports: crate::exports::Exports::default(),
@@ -429,6 +435,8 @@ impl Engine {
             req: req.clone(),
         });
         self.mark_ready(conn.index);
+        let now = self.clock.now();
+        self.arm_keepalive(conn.index, now);
         Ok(())
     }
 
@@ -479,6 +487,8 @@ impl Engine {
         };
         c.ctl.backlog.push_back(cts.to_bytes());
         self.mark_ctl(conn.index);
+        let now = self.clock.now();
+        self.arm_keepalive(conn.index, now);
         Ok(())
     }
 

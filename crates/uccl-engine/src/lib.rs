@@ -68,6 +68,7 @@ mod engine;
 mod error;
 mod exports;
 mod io;
+mod keepalive;
 mod proto;
 mod qpn;
 mod receive;

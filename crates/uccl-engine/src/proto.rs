@@ -192,6 +192,10 @@ pub(crate) enum Ctl {
     Refuse { seq: u32 },
     /// An ACK (RC mode, where the control QP is reliable and nothing is retransmitted).
     Ack(AckRepr),
+    /// Nothing: sent when a connection waits for its peer and has heard nothing for a while.
+    /// Its delivery is acknowledged by the peer's NIC; a peer that is gone fails it (the RC
+    /// retries run out), and with it the connection.
+    Ping,
 }
 
 impl Ctl {
@@ -212,6 +216,7 @@ impl Ctl {
                 b[24..28].copy_from_slice(&rkey.to_be_bytes());
             }
             Ctl::Close => b[0] = 2,
+            Ctl::Ping => b[0] = 5,
             Ctl::Refuse { seq } => {
                 b[0] = 3;
                 b[4..8].copy_from_slice(&seq.to_be_bytes());
@@ -243,6 +248,7 @@ impl Ctl {
             2 => Some(Ctl::Close),
             3 => Some(Ctl::Refuse { seq: r.u32().ok()? }),
             4 => AckRepr::from_bytes(&b[4..4 + ACK_LEN]).ok().map(Ctl::Ack),
+            5 => Some(Ctl::Ping),
             _ => None,
         }
     }
@@ -302,6 +308,7 @@ mod tests {
                 rkey: 0xdead,
             },
             Ctl::Close,
+            Ctl::Ping,
             Ctl::Refuse { seq: 77 },
             Ctl::Ack(AckRepr {
                 fid: 3,

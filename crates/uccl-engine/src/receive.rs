@@ -113,6 +113,7 @@ impl Engine {
         let mut delivered = std::mem::take(&mut self.scratch.delivered);
         delivered.clear();
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+        c.heard = now;
         let a =
             c.rx.on_chunk(imm, len, lane, copy.is_some(), |d| delivered.push(d));
         match a {

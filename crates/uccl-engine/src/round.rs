@@ -87,6 +87,7 @@ impl Engine {
             busy = true;
         }
         self.credits.tick(now);
+        self.keepalive(now);
         busy |= self.transmit(now);
         busy |= self.events();
         self.scratch.rounds = self.scratch.rounds.wrapping_add(1);
@@ -103,10 +104,14 @@ impl Engine {
     /// The time (on the engine's clock) at which the engine has work to do even if nothing
     /// arrives: a retransmission timer, or a receive credit changing hands.
     pub fn next_deadline(&self) -> Option<u64> {
-        [self.tx.poll_timeout(), self.credits.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.tx.poll_timeout(),
+            self.credits.next_deadline(),
+            self.keepalive_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn poll_send(&mut self) -> Result<bool> {
@@ -285,7 +290,7 @@ impl Engine {
             .map_err(EngineError::verbs("reading asynchronous events"))?
         {
             match (ev.kind, ev.element) {
-                (sys::IBV_EVENT_SRQ_LIMIT_REACHED, AsyncElement::Srq(s))
+                (sys::IBV_EVENT_SRQ_LIMIT_REACHED, AsyncElement::SrqAddr(s))
                     if s == self.io.srq.as_raw() as usize =>
                 {
                     self.stats.srq_limit_events += 1;
@@ -300,7 +305,7 @@ impl Engine {
                     sys::IBV_EVENT_QP_FATAL
                     | sys::IBV_EVENT_QP_REQ_ERR
                     | sys::IBV_EVENT_QP_ACCESS_ERR,
-                    AsyncElement::Qp(qpn),
+                    AsyncElement::QpNum(qpn),
                 ) => {
                     if let Some(v) = self.data_qpns.get(qpn) {
                         self.stats.qp_fatal_events += 1;

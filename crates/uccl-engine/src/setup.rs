@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
+use uccl_tx::PathId;
 use verbs_safe::{AccessFlags, Init, Mtu, Qp, QpCaps, QpInit, Rc, Remote, Uc};
 
 use crate::config::Mode;
@@ -272,16 +273,6 @@ impl Engine {
                 q.pin(b);
             }
         }
-        let mut paths = Vec::with_capacity(qps.len());
-        for (lane, q) in qps.iter().enumerate() {
-            let p = self.tx.add_path(self.cfg.sq_depth)?;
-            debug_assert_eq!(usize::from(p.0), self.paths.len());
-            self.paths.push((index, lane as u16));
-            self.data_qpns
-                .insert(q.qpn(), u32::from(index) << 8 | lane as u32);
-            paths.push(p);
-        }
-        self.tx.open_flow_to(index, h.fid, &paths, h.credit)?;
         let depth = io::conn_ctrl_depth(&self.cfg);
         let mut recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN)?;
         let send = io::SendRing::new(&self.io.pd, depth, CTL_LEN)?;
@@ -290,6 +281,15 @@ impl Engine {
         }
         ctl.pin(recv.buf.as_ref().expect("control buffers"));
         ctl.pin(&send.buf);
+        let paths = self.take_paths(index, qps.len())?;
+        if let Err(e) = self.tx.open_flow_to(index, h.fid, &paths, h.credit) {
+            self.spare_paths.extend_from_slice(&paths);
+            return Err(e.into());
+        }
+        for (lane, q) in qps.iter().enumerate() {
+            self.data_qpns
+                .insert(q.qpn(), u32::from(index) << 8 | lane as u32);
+        }
         let mut c = Conn {
             id: offer.id,
             state: State::Open,
@@ -318,11 +318,18 @@ impl Engine {
             in_acks: false,
             in_ctl: false,
             ack_slot: None,
+            heard: self.clock.now(),
+            in_keepalive: false,
         };
-        c.ctl.flush(index).map_err(EngineError::verbs(
-            "posting a connection's control receives",
-        ))?;
+        let posted = c.ctl.flush(index);
         self.conns[usize::from(index)] = Some(c);
+        if let Err(e) = posted {
+            // Torn down as any connection: its QPs flush, then it goes.
+            self.fail_conn(index, "posting its control receives failed", false);
+            return Err(EngineError::verbs(
+                "posting a connection's control receives",
+            )(e));
+        }
         tracing::debug!(
             conn = index,
             peer_fid = h.fid,
@@ -330,6 +337,32 @@ impl Engine {
             "connection open"
         );
         Ok(())
+    }
+
+    /// `n` paths for connection `index` (its lanes in order): the paths of connections that
+    /// went first, new ones after. On an error none is taken.
+    fn take_paths(&mut self, index: u16, n: usize) -> Result<Vec<PathId>> {
+        let mut paths = Vec::with_capacity(n);
+        for lane in 0..n {
+            let p = match self.spare_paths.pop() {
+                Some(p) => self.tx.reuse_path(p, self.cfg.sq_depth).map(|()| p),
+                None => self.tx.add_path(self.cfg.sq_depth).inspect(|p| {
+                    debug_assert_eq!(usize::from(p.0), self.paths.len());
+                    self.paths.push((index, lane as u16));
+                }),
+            };
+            match p {
+                Ok(p) => {
+                    self.paths[usize::from(p.0)] = (index, lane as u16);
+                    paths.push(p);
+                }
+                Err(e) => {
+                    self.spare_paths.extend_from_slice(&paths);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(paths)
     }
 
     /// The path MTU the engine's QPs use: the configured one, capped by the port's.

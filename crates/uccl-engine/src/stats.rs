@@ -17,6 +17,8 @@ pub struct Stats {
     /// Times the SRQ fell below its limit (`IBV_EVENT_SRQ_LIMIT_REACHED`) and was refilled at
     /// once.
     pub srq_limit_events: u64,
+    /// Keep-alive pings sent by connections that waited for a silent peer.
+    pub pings_sent: u64,
     /// Asynchronous events that failed a connection (a fatal QP error).
     pub qp_fatal_events: u64,
     /// Retransmissions after a timeout.

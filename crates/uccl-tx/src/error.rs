@@ -25,6 +25,15 @@ pub enum TxError {
     /// A flow with this id is already open.
     #[error("flow {0} is already open")]
     FlowExists(u16),
+    /// A path cannot be reused (it is unknown, a flow still uses it, or WRs posted on it have
+    /// not completed).
+    #[error("path {path} cannot be reused: {reason}")]
+    PathBusy {
+        /// The path.
+        path: u16,
+        /// Why.
+        reason: &'static str,
+    },
     /// A flow with this id was closed and WRs naming its messages have not completed yet.
     #[error("flow {0} was closed and still has WRs outstanding")]
     Draining(u16),

@@ -113,6 +113,10 @@ impl Path {
     }
 
     /// Slots free now.
+    pub(crate) fn depth(&self) -> u32 {
+        self.depth
+    }
+
     pub(crate) fn room(&self) -> u32 {
         self.depth
             .saturating_sub((self.posted - self.completed) as u32)

@@ -152,6 +152,34 @@ impl Tx {
         Ok(PathId((self.paths.len() - 1) as u16))
     }
 
+    /// Makes `path` new for another QP with a send queue of `sq_depth` WRs: its WR sequence,
+    /// RTT estimate, back-off and failure start over. Only a path that no flow uses and that
+    /// has no WR outstanding (every completion fed back, as after a flow closed and drained)
+    /// can be reused; so a long-lived engine recycles the paths of the connections that went
+    /// instead of adding new ones.
+    pub fn reuse_path(&mut self, path: PathId, sq_depth: u32) -> Result<(), TxError> {
+        let busy = |reason| TxError::PathBusy {
+            path: path.0,
+            reason,
+        };
+        if sq_depth == 0 || sq_depth > 1 << 20 {
+            return Err(busy("a send queue must hold 1..=2^20 WRs"));
+        }
+        let first = self.cfg.first_wr_seq;
+        let p = self
+            .paths
+            .get_mut(usize::from(path.0))
+            .ok_or(busy("no such path"))?;
+        if !p.users.is_empty() {
+            return Err(busy("a flow still uses it"));
+        }
+        if p.room() != p.depth() || p.staged.len > 0 {
+            return Err(busy("WRs posted on it have not completed"));
+        }
+        *p = Path::new(sq_depth, first);
+        Ok(())
+    }
+
     /// Opens flow `fid` over `paths` (the QPs connected to the flow's peer, in the order both
     /// ends agreed on: an ACK names a path by its index in this list) with an initial receive
     /// window of `credit` chunks in flight (the grant of the handshake; later ones come in

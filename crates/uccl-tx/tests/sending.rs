@@ -353,6 +353,42 @@ fn bad_configs_and_flows_are_refused() {
     t.open_flow(1, &[p], 8).unwrap();
 }
 
+/// A path is reused for a new QP only once no flow uses it and every WR on it completed; it
+/// then starts over (its WR sequence included).
+#[test]
+fn a_drained_path_is_reused_and_a_busy_one_is_refused() {
+    let (mut t, _) = one_path(chunks_of_100());
+    let p = PathId(0);
+    t.send(1, msg(250)).unwrap();
+    let (wrs, _) = post_all(&mut t, 0);
+    assert!(matches!(
+        t.reuse_path(p, 64),
+        Err(TxError::PathBusy { path: 0, .. })
+    ));
+    t.close_flow(1).unwrap();
+    assert!(
+        matches!(t.reuse_path(p, 64), Err(TxError::PathBusy { .. })),
+        "WRs still outstanding"
+    );
+    complete(&mut t, &wrs);
+    while t.poll_event().is_some() {}
+    t.reuse_path(p, 64).unwrap();
+    assert_eq!(t.path_room(p), 64);
+    assert!(matches!(
+        t.reuse_path(PathId(9), 64),
+        Err(TxError::PathBusy { path: 9, .. })
+    ));
+    t.open_flow(2, &[p], 8).unwrap();
+    t.send(2, msg(1)).unwrap();
+    let (again, _) = post_all(&mut t, 10);
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        WrId::from_raw(again[0].wr_id).seq,
+        WrId::from_raw(wrs[0].wr_id).seq,
+        "the WR sequence started over"
+    );
+}
+
 /// `Chain::post` hands a poster the pool's slots and the chain's order, and reports what the
 /// poster's error says was posted: the WRs before a `bad_wr` index.
 #[test]

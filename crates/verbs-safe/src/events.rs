@@ -15,11 +15,11 @@ use crate::error::{Errno, Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsyncElement {
     /// A QP, by number.
-    Qp(u32),
+    QpNum(u32),
     /// A CQ, by address.
-    Cq(usize),
+    CqAddr(usize),
     /// An SRQ, by address.
-    Srq(usize),
+    SrqAddr(usize),
     /// A port.
     Port(u8),
     /// The device itself.
@@ -110,13 +110,13 @@ fn element_of(ev: &ibv_async_event) -> AsyncElement {
                 // destroyed (`ibv_destroy_qp` waits for the acknowledgement): it is readable.
                 unsafe { (*qp).qp_num }
             };
-            AsyncElement::Qp(qpn)
+            AsyncElement::QpNum(qpn)
         }
         // SAFETY: CQ events carry the CQ pointer (only its address is kept).
-        sys::IBV_EVENT_CQ_ERR => AsyncElement::Cq(unsafe { ev.element.cq } as usize),
+        sys::IBV_EVENT_CQ_ERR => AsyncElement::CqAddr(unsafe { ev.element.cq } as usize),
         sys::IBV_EVENT_SRQ_ERR | sys::IBV_EVENT_SRQ_LIMIT_REACHED => {
             // SAFETY: SRQ events carry the SRQ pointer (only its address is kept).
-            AsyncElement::Srq(unsafe { ev.element.srq } as usize)
+            AsyncElement::SrqAddr(unsafe { ev.element.srq } as usize)
         }
         sys::IBV_EVENT_PORT_ACTIVE
         | sys::IBV_EVENT_PORT_ERR

@@ -9,6 +9,7 @@
 //! is followed), and `wr_id`s keep bit 63 ([`WR_ID_TAG`]) clear. The WRs themselves are only
 //! read during the call, as libibverbs specifies.
 
+use std::collections::BTreeMap;
 use std::ptr::{NonNull, null_mut};
 use std::sync::{Arc, RwLock};
 
@@ -100,17 +101,17 @@ slot_common!(RecvSlot, ibv_recv_wr);
 /// A region pinned to a queue.
 struct Region {
     lkey: u32,
-    start: u64,
     end: u64,
     _buf: Arc<DmaBuf>,
 }
 
-/// What a queue may name in slot posts: pinned regions and address handles, kept alive for
-/// the queue's life.
+/// What a queue may name in slot posts: pinned regions (by start address: regions are
+/// distinct allocations, so they never overlap) and address handles (by address), kept alive
+/// for the queue's life. Both are found in logarithmic time, whatever a queue pins.
 #[derive(Default)]
 pub(crate) struct Pinned {
-    regions: RwLock<Vec<Region>>,
-    ahs: RwLock<Vec<Arc<Ah>>>,
+    regions: RwLock<BTreeMap<u64, Region>>,
+    ahs: RwLock<BTreeMap<usize, Arc<Ah>>>,
 }
 
 impl std::fmt::Debug for Pinned {
@@ -121,13 +122,13 @@ impl std::fmt::Debug for Pinned {
 
 impl Pinned {
     pub(crate) fn pin(&self, buf: &Arc<DmaBuf>) {
-        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        if r.iter().any(|x| Arc::ptr_eq(&x._buf, buf)) {
+        if buf.is_empty() {
+            // No SGE (never empty) can lie inside an empty region.
             return;
         }
-        r.push(Region {
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        r.entry(buf.addr()).or_insert_with(|| Region {
             lkey: buf.lkey(),
-            start: buf.addr(),
             end: buf.addr() + buf.len() as u64,
             _buf: Arc::clone(buf),
         });
@@ -135,15 +136,13 @@ impl Pinned {
 
     pub(crate) fn pin_ah(&self, ah: &Arc<Ah>) {
         let mut a = self.ahs.write().unwrap_or_else(|e| e.into_inner());
-        if !a.iter().any(|x| Arc::ptr_eq(x, ah)) {
-            a.push(Arc::clone(ah));
-        }
+        a.entry(ah.raw as usize).or_insert_with(|| Arc::clone(ah));
     }
 
     /// Whether `ah` is a pinned address handle.
     pub(crate) fn has_ah(&self, ah: *mut ibv_ah) -> bool {
         let a = self.ahs.read().unwrap_or_else(|e| e.into_inner());
-        a.iter().any(|x| x.raw == ah)
+        a.contains_key(&(ah as usize))
     }
 
     /// Checks the first `n` SGEs of a slot at position `index` of a chain: each non-empty,
@@ -164,8 +163,9 @@ impl Pinned {
             }
             let inside = s.addr.checked_add(u64::from(s.length)).is_some_and(|end| {
                 regions
-                    .iter()
-                    .any(|r| r.lkey == s.lkey && s.addr >= r.start && end <= r.end)
+                    .range(..=s.addr)
+                    .next_back()
+                    .is_some_and(|(_, r)| r.lkey == s.lkey && end <= r.end)
             });
             if !inside {
                 return bad(format!(
