@@ -25,7 +25,8 @@ tasks:
   test           setup, cargo fmt --check, cargo clippy -D warnings, the whole test suite
   demo [ARGS]    setup, build release, run uccl-perf with its defaults (ARGS are passed on)
   bench [ARGS]   setup, run the criterion benchmarks (ARGS are passed to cargo bench)
-  soak [CASES]   setup, the property tests with CASES cases each (default 20000), release build
+  soak [CASES]   setup, the property tests with CASES cases each (default 20000; the engine's
+                 whole-workload property a fiftieth of that), release build
   help           this text
 ";
 

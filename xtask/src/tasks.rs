@@ -129,6 +129,23 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
         }
         status(cmd(&cargo, &argv).env("PROPTEST_CASES", &cases))?;
     }
-    eprintln!("xtask soak: {cases} cases each, all green");
+    // Each engine case runs several engines through a whole workload: a fiftieth as many.
+    let engine_cases = (cases.parse::<u32>().unwrap_or(20_000) / 50).max(16).to_string();
+    status(
+        cmd(
+            &cargo,
+            &[
+                "test",
+                "--release",
+                "--locked",
+                "--package",
+                "uccl-integration",
+                "--test",
+                "engine_props",
+            ],
+        )
+        .env("PROPTEST_CASES", &engine_cases),
+    )?;
+    eprintln!("xtask soak: {cases} cases each ({engine_cases} for the engine), all green");
     Ok(())
 }
