@@ -100,7 +100,8 @@ pub struct Usage {
     /// Completions reserved on the shared send CQ (by the data QPs of the connections held):
     /// what the QPs could have outstanding at most, so the CQ can never overflow.
     pub send_cq_reserved: u64,
-X
+    /// Completions reserved on the control CQ: the engine's own UD control QP's share (for its
+    /// life) and the connections' control QPs'.
     pub ctrl_cq_reserved: u64,
     /// Receive credits granted to the peers' senders together (never more than the SRQ holds).
     pub credits_granted: u32,

@@ -1,0 +1,130 @@
+//! Connection set-up over TCP (`Engine::accept` / `Engine::connect`), as two processes do it:
+//! the handshake carries QP numbers, PSNs, GIDs, the control QP and a version/feature word;
+//! a mismatched or absent peer fails cleanly on both ends.
+
+use std::net::TcpListener;
+use std::thread;
+use std::time::Duration;
+
+use softnic::{Clock as FabricClock, Fabric, FabricConfig};
+use uccl_engine::{Clock, Engine, EngineConfig, EngineError, Mode};
+use uccl_integration::pattern;
+use verbs_safe::{Context, Verbs};
+
+fn engines(modes: [Mode; 2]) -> (Fabric, Engine, Engine) {
+    let fabric = Fabric::new(FabricConfig {
+        devices: 2,
+        clock: FabricClock::Wall,
+        ..Default::default()
+    });
+    let verbs = Verbs::soft(&fabric);
+    let engine = |i: usize| {
+        let ctx = Context::open_by_name(&verbs, &format!("soft{i}")).unwrap();
+        let cfg = EngineConfig {
+            mode: modes[i],
+            qps_per_conn: 2,
+            max_conns: 4,
+            ..EngineConfig::default()
+        };
+        Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
+    };
+    let (a, b) = (engine(0), engine(1));
+    (fabric, a, b)
+}
+
+/// Runs `accept` on a thread and `connect` here; returns both results and both engines.
+#[allow(clippy::type_complexity)]
+fn handshake(
+    mut a: Engine,
+    mut b: Engine,
+) -> (
+    Result<uccl_engine::ConnId, EngineError>,
+    Result<uccl_engine::ConnId, EngineError>,
+    Engine,
+    Engine,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let r = a.accept(&listener);
+        (r, a)
+    });
+    let rb = b.connect(addr);
+    let (ra, a) = server.join().unwrap();
+    (ra, rb, a, b)
+}
+
+#[test]
+fn engines_connected_over_tcp_move_messages_both_ways() {
+    for mode in [Mode::Uc, Mode::Rc] {
+        let (_fabric, a, b) = engines([mode, mode]);
+        let (ra, rb, a, b) = handshake(a, b);
+        let (ca, cb) = (ra.unwrap(), rb.unwrap());
+        let (a, b) = (a.spawn().unwrap(), b.spawn().unwrap());
+        let len = 300_000;
+        let (sa, da) = (a.register(len).unwrap(), a.register(len).unwrap());
+        let (sb, db) = (b.register(len).unwrap(), b.register(len).unwrap());
+        sa.write_at(0, &pattern(5, 0, 0, len)).unwrap();
+        sb.write_at(0, &pattern(5, 1, 0, len)).unwrap();
+        let r1 = b.recv(cb, &db, 0, len as u64).unwrap();
+        let r2 = a.recv(ca, &da, 0, len as u64).unwrap();
+        let s1 = a.send(ca, &sa, 0, len as u64).unwrap();
+        let s2 = b.send(cb, &sb, 0, len as u64).unwrap();
+        for r in [&r1, &r2, &s1, &s2] {
+            let done = r.wait_timeout(Duration::from_secs(20));
+            assert_eq!(done.unwrap().unwrap().len, len as u64, "{mode:?}");
+        }
+        let mut got = vec![0u8; len];
+        db.read_at(0, &mut got).unwrap();
+        assert!(got == pattern(5, 0, 0, len), "{mode:?}: a to b");
+        da.read_at(0, &mut got).unwrap();
+        assert!(got == pattern(5, 1, 0, len), "{mode:?}: b to a");
+    }
+}
+
+#[test]
+fn a_peer_of_the_other_mode_is_refused_on_both_ends() {
+    let (_fabric, a, b) = engines([Mode::Uc, Mode::Rc]);
+    let (ra, rb, a, b) = handshake(a, b);
+    for r in [ra, rb] {
+        match r {
+            Err(EngineError::Handshake { reason, .. }) => {
+                assert!(
+                    reason.contains("RC") || reason.contains("ready"),
+                    "says why: {reason}"
+                )
+            }
+            other => panic!("expected a handshake error, got {other:?}"),
+        }
+    }
+    // Nothing is left behind: no connection, no reservation.
+    for e in [&a, &b] {
+        let u = e.usage();
+        assert_eq!((u.connections, u.send_cq_reserved), (0, 0), "{u:?}");
+    }
+}
+
+#[test]
+fn connecting_to_nobody_is_an_error_that_names_the_address() {
+    let (_fabric, _a, mut b) = engines([Mode::Uc, Mode::Uc]);
+    // A port that was just free: nothing listens there.
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    match b.connect(addr) {
+        Err(EngineError::Handshake { reason, .. }) => {
+            assert!(reason.contains(&addr.to_string()), "{reason}")
+        }
+        other => panic!("expected a handshake error, got {other:?}"),
+    }
+    // Garbage from the other end is refused too.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let junk = thread::spawn(move || {
+        use std::io::Write;
+        let (mut s, _) = listener.accept().unwrap();
+        let _ = s.write_all(&[0xab; 200]);
+        thread::sleep(Duration::from_millis(100));
+    });
+    assert!(matches!(b.connect(addr), Err(EngineError::Handshake { .. })));
+    junk.join().unwrap();
+    assert_eq!(b.usage().connections, 0);
+}
