@@ -66,6 +66,15 @@ pub struct FabricConfig {
     pub idle_limit: Duration,
     /// The clock: [`Clock::Virtual`] (deterministic) or [`Clock::Wall`].
     pub clock: Clock,
+    /// Whether the data of one-sided operations moves (true, the default). False makes the
+    /// NIC skip its payload copies, to measure what the software around it costs: the data
+    /// of RDMA WRITEs (with immediate or not) and READ responses is neither read from the
+    /// source memory (packets carry zeros of the right length) nor written to the
+    /// destination memory, which keeps whatever it held. Everything else stays real: headers,
+    /// immediates, keys, access and bounds checks on every SGE and remote range, lengths,
+    /// PSNs, ACKs, faults and completions. SENDs (and atomics) still move their bytes, as the
+    /// software that receives them reads them (control messages, retransmission headers).
+    pub copy_payload: bool,
 }
 
 impl Default for FabricConfig {
@@ -86,6 +95,7 @@ impl Default for FabricConfig {
             auto_advance: true,
             idle_limit: Duration::from_secs(60),
             clock: Clock::Virtual,
+            copy_payload: true,
         }
     }
 }

@@ -77,14 +77,15 @@ impl World {
     }
 
     /// Appends `len` bytes starting `offset` bytes into the data described by `sges` to `out`,
-    /// checking every SGE it touches.
+    /// checking every SGE it touches. Unless `copy`, appends zeros instead of reading the
+    /// memory ([`FabricConfig::copy_payload`](crate::FabricConfig::copy_payload)).
     pub(crate) fn gather(
         &self,
         dev: usize,
         pd: u32,
         sges: &[ibv_sge],
-        mut offset: u64,
-        mut len: u64,
+        (mut offset, mut len): (u64, u64),
+        copy: bool,
         out: &mut Vec<u8>,
     ) -> Result<(), ibv_wc_status::Type> {
         for sge in sges {
@@ -98,9 +99,13 @@ impl World {
             }
             self.check_local(dev, pd, sge, false)?;
             let n = (l - offset).min(len);
-            // SAFETY: the range lies inside a live MR (checked just above); registering that MR
-            // promised the memory stays valid and readable while it is registered.
-            unsafe { read_mem(sge.addr + offset, n as usize, out) };
+            if copy {
+                // SAFETY: the range lies inside a live MR (checked just above); registering that
+                // MR promised the memory stays valid and readable while it is registered.
+                unsafe { read_mem(sge.addr + offset, n as usize, out) };
+            } else {
+                out.resize(out.len() + n as usize, 0);
+            }
             len -= n;
             offset = 0;
         }
@@ -113,6 +118,8 @@ impl World {
 
     /// Writes `data` starting `offset` bytes into the buffer described by `sges`, checking
     /// every SGE it touches for local write access. `LOC_LEN_ERR` if the buffer is too short.
+    /// Unless `copy`, checks the same and writes nothing
+    /// ([`FabricConfig::copy_payload`](crate::FabricConfig::copy_payload)).
     pub(crate) fn scatter(
         &self,
         dev: usize,
@@ -120,6 +127,7 @@ impl World {
         sges: &[ibv_sge],
         mut offset: u64,
         mut data: &[u8],
+        copy: bool,
     ) -> Result<(), ibv_wc_status::Type> {
         for sge in sges {
             if data.is_empty() {
@@ -132,8 +140,10 @@ impl World {
             }
             self.check_local(dev, pd, sge, true)?;
             let n = ((l - offset) as usize).min(data.len());
-            // SAFETY: inside a live MR with local write access (checked just above).
-            unsafe { write_mem(sge.addr + offset, &data[..n]) };
+            if copy {
+                // SAFETY: inside a live MR with local write access (checked just above).
+                unsafe { write_mem(sge.addr + offset, &data[..n]) };
+            }
             data = &data[n..];
             offset = 0;
         }

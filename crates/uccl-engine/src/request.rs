@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -25,6 +26,8 @@ struct State {
 
 #[derive(Default)]
 struct Inner {
+    /// Set once `state.result` is (so an unfinished request is tested without the lock).
+    done: AtomicBool,
     state: Mutex<State>,
     ready: Condvar,
 }
@@ -38,7 +41,7 @@ pub struct Request {
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
-            .field("done", &self.test().is_some())
+            .field("done", &self.is_done())
             .finish()
     }
 }
@@ -48,9 +51,17 @@ impl Request {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The result, once the request has completed.
+    /// The result, once the request has completed. Cheap while it has not (one atomic load).
     pub fn test(&self) -> Option<Result<Done>> {
+        if !self.inner.done.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().result.clone()
+    }
+
+    /// Whether the request has completed (one atomic load).
+    pub fn is_done(&self) -> bool {
+        self.inner.done.load(Ordering::Acquire)
     }
 
     /// Blocks until the request completes. Only for requests of a threaded engine
@@ -85,6 +96,7 @@ impl Request {
                 return;
             }
             s.result = Some(r);
+            self.inner.done.store(true, Ordering::Release);
             s.waker.take()
         };
         self.inner.ready.notify_all();

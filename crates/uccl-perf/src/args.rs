@@ -1,72 +1,380 @@
-//! Command-line arguments.
+//! Command-line arguments, and the checks that turn a bad one into one line saying what is
+//! wrong.
+
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-/// Which libibverbs implementation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Provider {
-    /// softnic, the built-in software NIC (two devices, soft0 and soft1).
-    Soft,
-    /// The system libibverbs: a real RDMA NIC (or rxe/siw), in loopback.
-    System,
-}
-
 /// Which test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum Test {
-    /// RDMA WRITE bandwidth, chained posts against one post per WR.
-    WriteBw,
-    /// RDMA WRITE latency: one signaled WRITE at a time.
-    WriteLat,
+    /// Messages between uccl engines, every byte verified (the transport).
+    Engine,
+    /// Raw verbs: RDMA WRITE bandwidth, chained posts against one post per WR.
+    VerbsWriteBw,
+    /// Raw verbs: RDMA WRITE latency, one signaled WRITE at a time.
+    VerbsWriteLat,
 }
 
-/// Which QP transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// Which reliability the data QPs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum TransportArg {
-    /// Reliable connected.
-    Rc,
-    /// Unreliable connected.
+    /// Unreliable connected, with the engine's software reliability (UCCL's).
     Uc,
+    /// Reliable connected: the NIC recovers losses.
+    Rc,
 }
 
-/// perftest-style RDMA benchmark on softnic or a real NIC.
+/// Two-sided messages or one-sided writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum OpArg {
+    /// `send` matched with the receiver's posted `recv`.
+    Send,
+    /// `write` into a region the receiver exported.
+    Write,
+}
+
+/// How the transmit side posts its work requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TxMode {
+    /// Up to 32 WRs per `ibv_post_send` (one doorbell per chain).
+    Chained,
+    /// One WR per `ibv_post_send`, as UCCL does.
+    Single,
+}
+
+/// perftest-style benchmark of the UCCL transport: messages between engines, every byte
+/// verified, on softnic (the built-in software NIC) or a real RDMA NIC.
 #[derive(Debug, Parser)]
-#[command(name = "uccl-perf", version, about)]
+#[command(name = "uccl-perf", version, about, max_term_width = 100)]
 pub(crate) struct Args {
-    /// Which libibverbs to use.
-    #[arg(long, value_enum, default_value = "soft")]
-    pub(crate) provider: Provider,
-    /// The sending device (softnic: soft0).
-    #[arg(long)]
-    pub(crate) device: Option<String>,
-    /// The receiving device (softnic: soft1; system: the same device, loopback).
-    #[arg(long)]
-    pub(crate) peer_device: Option<String>,
-    /// The test.
-    #[arg(long, value_enum, default_value = "write-bw")]
+    /// `soft` (the built-in software NIC, both ends in this process, on its virtual clock)
+    /// or the name of an RDMA device (e.g. mlx5_0).
+    #[arg(long, default_value = "soft", value_parser = nonempty)]
+    pub(crate) device: String,
+    /// Run the receiving side and wait for a `--client` (give both sides the same options).
+    #[arg(long, conflicts_with = "client")]
+    pub(crate) server: bool,
+    /// Run the sending side against the `--server` on HOST.
+    #[arg(long, value_name = "HOST")]
+    pub(crate) client: Option<String>,
+    /// The TCP port of the connection set-up (`--server`/`--client`).
+    #[arg(long, default_value_t = 18515)]
+    pub(crate) port: u16,
+    /// What to run.
+    #[arg(long, value_enum, default_value = "engine")]
     pub(crate) test: Test,
-    /// The QP transport.
-    #[arg(long, value_enum, default_value = "rc")]
+    /// The data QPs: uc (software reliability) or rc (the NIC's).
+    #[arg(long, value_enum, default_value = "uc")]
     pub(crate) transport: TransportArg,
-    /// Bytes per WRITE.
-    #[arg(long, default_value_t = 4096)]
-    pub(crate) size: usize,
-    /// WRITEs per run.
-    #[arg(long, default_value_t = 20_000)]
-    pub(crate) iters: u64,
-    /// WRs per post in the chained run (bandwidth test).
-    #[arg(long, default_value_t = 32)]
-    pub(crate) batch: u32,
-    /// Send-queue depth.
-    #[arg(long, default_value_t = 256)]
-    pub(crate) depth: u32,
-    /// softnic only: packet loss probability on every link.
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) loss: f64,
-    /// softnic only: the fault-injection seed.
+    /// Connections (flows) from the senders to the receivers.
+    #[arg(long, default_value = "4", value_parser = count::<u16>)]
+    pub(crate) flows: u16,
+    /// Data QPs (paths) per flow.
+    #[arg(long, default_value = "8", value_parser = count::<u16>)]
+    pub(crate) qps_per_flow: u16,
+    /// Engine pairs (one sender and one receiver engine each); flows are spread over them.
+    #[arg(long, default_value = "1", value_parser = count::<u16>)]
+    pub(crate) engines: u16,
+    /// Bytes per message (suffixes K, KiB, M, MiB, G, GiB; binary). Default 1 MiB; 4 KiB for
+    /// the raw verbs tests.
+    #[arg(long, value_parser = size, value_name = "SIZE")]
+    pub(crate) msg_size: Option<u64>,
+    /// Bytes per chunk (one RDMA WRITE_WITH_IMM each).
+    #[arg(long, default_value = "64KiB", value_parser = size, value_name = "SIZE")]
+    pub(crate) chunk_size: u64,
+    /// Messages per flow (default 64; 20000 WRITEs for the raw verbs tests).
+    #[arg(long, value_parser = count::<u64>, conflicts_with = "duration", value_name = "N")]
+    pub(crate) messages: Option<u64>,
+    /// Send for this many seconds (wall clock) instead of a number of messages.
+    #[arg(long, value_parser = seconds, value_name = "SECS")]
+    pub(crate) duration: Option<Duration>,
+    /// Messages in flight per flow (default: as many as fit in 4 MiB, 2 to 32).
+    #[arg(long, value_parser = count::<u32>, value_name = "N")]
+    pub(crate) inflight: Option<u32>,
+    /// Two-sided (send/recv) or one-sided (write into an exported region).
+    #[arg(long, value_enum, default_value = "send")]
+    pub(crate) op: OpArg,
+    /// softnic: probability that a packet is lost [default: 0.01 for the engine test, 0 for
+    /// the raw verbs tests].
+    #[arg(long, value_parser = probability, value_name = "P", allow_negative_numbers = true)]
+    pub(crate) loss: Option<f64>,
+    /// softnic: probability that a packet is delayed so that later ones overtake it.
+    #[arg(long, default_value = "0", value_parser = probability, value_name = "P", allow_negative_numbers = true)]
+    pub(crate) reorder: f64,
+    /// softnic: probability that a packet is delivered twice.
+    #[arg(long, default_value = "0", value_parser = probability, value_name = "P", allow_negative_numbers = true)]
+    pub(crate) duplicate: f64,
+    /// softnic: probability that a packet has a bit flipped (its ICRC then drops it).
+    #[arg(long, default_value = "0", value_parser = probability, value_name = "P", allow_negative_numbers = true)]
+    pub(crate) corrupt: f64,
+    /// The seed of the data patterns, the faults and the path choice: one seed, one run.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// Print one JSON object per run instead of the table.
+    /// Chained posts (up to 32 WRs per doorbell) or one WR per post, as UCCL does.
+    #[arg(long, value_enum, default_value = "chained")]
+    pub(crate) tx_mode: TxMode,
+    /// softnic: skip the NIC's payload copies (nothing is verified), to measure the stack's
+    /// own cost per chunk.
+    #[arg(long)]
+    pub(crate) no_payload: bool,
+    /// Print one JSON object instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Self-test of the checker: flip the byte at FLOW:MESSAGE:OFFSET after it arrives (the
+    /// run must then fail naming it).
+    #[arg(long, hide = true, value_parser = tamper, value_name = "FLOW:MESSAGE:OFFSET")]
+    pub(crate) tamper: Option<(u64, u64, u64)>,
+    /// Raw verbs tests: WRs per post in the chained run.
+    #[arg(long, default_value = "32", value_parser = count::<u32>, help_heading = "Raw verbs tests")]
+    pub(crate) batch: u32,
+    /// Raw verbs tests: send-queue depth.
+    #[arg(long, default_value = "256", value_parser = count::<u32>, help_heading = "Raw verbs tests")]
+    pub(crate) depth: u32,
+    /// Raw verbs tests: the receiving device (default: soft1 on softnic, else the same
+    /// device, in loopback).
+    #[arg(long, help_heading = "Raw verbs tests")]
+    pub(crate) peer_device: Option<String>,
+}
+
+impl Args {
+    /// Whether the run is on softnic.
+    pub(crate) fn soft(&self) -> bool {
+        self.device == "soft"
+    }
+
+    /// The message size in bytes.
+    pub(crate) fn msg_size(&self) -> u64 {
+        self.msg_size.unwrap_or(match self.test {
+            Test::Engine => 1 << 20,
+            _ => 4096,
+        })
+    }
+
+    /// The softnic faults asked for.
+    pub(crate) fn faults(&self) -> softnic::Faults {
+        softnic::Faults {
+            link_down: false,
+            loss: self.loss(),
+            corrupt: self.corrupt,
+            duplicate: self.duplicate,
+            reorder: self.reorder,
+            reorder_delay_ns: 20_000,
+        }
+    }
+
+    /// Checks what the parser could not check alone: combinations. One line on error.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if (self.server || self.client.is_some()) && self.soft() {
+            return Err(
+                "--server/--client need a real RDMA device (--device <name>): softnic \
+                        has no link between processes yet; without them both ends run in \
+                        this process"
+                    .into(),
+            );
+        }
+        if (self.server || self.client.is_some()) && self.op == OpArg::Write {
+            return Err(
+                "--op write runs in one process only (the receiver could not tell when \
+                        a write landed); use --op send with --server/--client"
+                    .into(),
+            );
+        }
+        if self.no_payload && !self.soft() {
+            return Err(
+                "--no-payload switches softnic's payload copies off; a real NIC \
+                        always moves the bytes"
+                    .into(),
+            );
+        }
+        let faults = self.loss.unwrap_or(0.0) + self.reorder + self.duplicate + self.corrupt;
+        if faults > 0.0 && !self.soft() {
+            return Err(
+                "--loss/--reorder/--duplicate/--corrupt inject faults on softnic only \
+                        (--device soft)"
+                    .into(),
+            );
+        }
+        if self.test == Test::Engine {
+            if self.chunk_size > u64::from(u32::MAX) {
+                return Err(format!(
+                    "--chunk-size {} is too large (at most 4 GiB - 1)",
+                    self.chunk_size
+                ));
+            }
+            if self.msg_size() > 1 << 30 {
+                return Err(format!(
+                    "--msg-size {} is too large (at most 1 GiB)",
+                    self.msg_size()
+                ));
+            }
+            if self.engines > self.flows {
+                return Err(format!(
+                    "--engines {} is more than --flows {}: every engine pair needs a flow",
+                    self.engines, self.flows
+                ));
+            }
+            if self.flows > 4096 {
+                return Err(format!("--flows {} is more than 4096", self.flows));
+            }
+            if self.qps_per_flow > 256 {
+                return Err(format!(
+                    "--qps-per-flow {} is more than 256",
+                    self.qps_per_flow
+                ));
+            }
+            if self.inflight.is_some_and(|n| n > 127) {
+                return Err("--inflight is at most 127 (receives advertised per flow)".into());
+            }
+        } else {
+            if self.duration.is_some() {
+                return Err(
+                    "--duration is for the engine test; the raw verbs tests take \
+                            --messages"
+                        .into(),
+                );
+            }
+            if self.msg_size() > u64::from(u32::MAX) {
+                return Err("--msg-size is at most 4 GiB - 1 for the raw verbs tests".into());
+            }
+            if self.server || self.client.is_some() {
+                return Err("the raw verbs tests run in one process (loopback)".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The loss that applies: 1% by default for the engine test on softnic, else none.
+    pub(crate) fn loss(&self) -> f64 {
+        self.loss
+            .unwrap_or(if self.soft() && self.test == Test::Engine {
+                0.01
+            } else {
+                0.0
+            })
+    }
+}
+
+fn tamper(s: &str) -> Result<(u64, u64, u64), String> {
+    let v: Vec<u64> = s
+        .split(':')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{s:?} is not FLOW:MESSAGE:OFFSET"))?;
+    match v[..] {
+        [f, m, o] => Ok((f, m, o)),
+        _ => Err(format!("{s:?} is not FLOW:MESSAGE:OFFSET")),
+    }
+}
+
+fn nonempty(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("must name a device (or soft)".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
+fn count<T: std::str::FromStr + Default + PartialEq>(s: &str) -> Result<T, String> {
+    match s.parse::<T>() {
+        Ok(v) if v == T::default() => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("{s:?} is not a positive whole number")),
+    }
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        Ok(_) => Err("a probability must lie in 0..=1".into()),
+        Err(_) => Err(format!("{s:?} is not a number")),
+    }
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() && x <= 1e6 => Ok(Duration::from_secs_f64(x)),
+        Ok(_) => Err("must be more than 0 seconds (and at most 1e6)".into()),
+        Err(_) => Err(format!("{s:?} is not a number of seconds")),
+    }
+}
+
+/// A byte count: digits, then an optional binary suffix (K/KiB/KB, M/MiB/MB, G/GiB/GB, B), in
+/// any case; never zero.
+pub(crate) fn size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let bad = || {
+        format!("{s:?} is not a size (a whole number with an optional suffix: 4096, 64KiB, 1MiB)")
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(bad()),
+    };
+    let v = n
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))?;
+    if v == 0 {
+        return Err("must be at least 1 byte".into());
+    }
+    Ok(v)
+}
+
+/// `1.5 MiB`, `64 KiB`, `100 B`: a size as people read it.
+pub(crate) fn human_size(n: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (u, name) in UNITS {
+        if n >= u {
+            let x = n as f64 / u as f64;
+            return if n.is_multiple_of(u) {
+                format!("{} {name}", n / u)
+            } else {
+                format!("{x:.1} {name}")
+            };
+        }
+    }
+    format!("{n} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(size("4096"), Ok(4096));
+        assert_eq!(size("64KiB"), Ok(64 << 10));
+        assert_eq!(size("64k"), Ok(64 << 10));
+        assert_eq!(size("1MiB"), Ok(1 << 20));
+        assert_eq!(size("2 GiB"), Ok(2 << 30));
+        assert!(size("0").is_err());
+        assert!(size("0KiB").is_err());
+        assert!(size("many").is_err());
+        assert!(size("1.5MiB").is_err());
+        assert!(size("1TiB").is_err());
+        assert!(size("99999999999999999999G").is_err());
+        assert_eq!(human_size(1 << 20), "1 MiB");
+        assert_eq!(human_size(1536), "1.5 KiB");
+        assert_eq!(human_size(100), "100 B");
+    }
+
+    #[test]
+    fn probabilities_and_counts_are_checked() {
+        assert!(probability("1.5").is_err());
+        assert!(probability("-0.1").is_err());
+        assert!(probability("NaN").is_err());
+        assert_eq!(probability("0.25"), Ok(0.25));
+        assert!(count::<u16>("0").is_err());
+        assert!(count::<u16>("70000").is_err());
+        assert_eq!(count::<u16>("7"), Ok(7));
+    }
 }

@@ -1,9 +1,12 @@
-//! Printing results: a perftest-like table, or one JSON object per run.
+//! Printing results: a short table for people, or one JSON object.
 
 use std::time::Duration;
 
-use crate::args::{Args, Provider, TransportArg};
-use crate::bench::RunResult;
+use serde::Serialize;
+
+use crate::args::{Args, OpArg, Test, TransportArg, TxMode, human_size};
+use crate::transport::{Measured, Role};
+use crate::verbs::RunResult;
 
 fn gbps(bytes: u64, d: Duration) -> f64 {
     if d.is_zero() {
@@ -13,11 +16,347 @@ fn gbps(bytes: u64, d: Duration) -> f64 {
     }
 }
 
-fn mops(n: u64, d: Duration) -> f64 {
+fn per_s(n: u64, d: Duration) -> f64 {
     if d.is_zero() {
         0.0
     } else {
-        n as f64 / d.as_secs_f64() / 1e6
+        n as f64 / d.as_secs_f64()
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+fn transport(t: TransportArg) -> &'static str {
+    match t {
+        TransportArg::Uc => "uc",
+        TransportArg::Rc => "rc",
+    }
+}
+
+/// The configuration a run used, as the JSON reports it.
+#[derive(Debug, Serialize)]
+struct Config<'a> {
+    test: Test,
+    device: &'a str,
+    role: Role,
+    transport: TransportArg,
+    op: OpArg,
+    flows: u16,
+    qps_per_flow: u16,
+    engines: u16,
+    msg_size: u64,
+    chunk_size: u64,
+    messages: Option<u64>,
+    duration_s: Option<f64>,
+    inflight: u32,
+    loss: f64,
+    reorder: f64,
+    duplicate: f64,
+    corrupt: f64,
+    seed: u64,
+    tx_mode: TxMode,
+    max_chain: u32,
+    no_payload: bool,
+    clock: &'static str,
+}
+
+/// What `--json` prints for the engine test.
+#[derive(Debug, Serialize)]
+struct EngineJson<'a> {
+    messages_sent: u64,
+    messages_received: u64,
+    bytes_received: u64,
+    verified: bool,
+    elapsed_s: f64,
+    goodput_gbps: f64,
+    messages_per_s: f64,
+    virtual_s: Option<f64>,
+    virtual_goodput_gbps: Option<f64>,
+    chunks_sent: u64,
+    chunks_received: u64,
+    post_send_calls: u64,
+    send_wrs_posted: u64,
+    wrs_per_post: f64,
+    post_send_calls_per_chunk: f64,
+    srq_post_calls: u64,
+    srq_wrs_posted: u64,
+    retransmits: u64,
+    rto_retransmits: u64,
+    fast_retransmits: u64,
+    acks_sent: u64,
+    ack_packets: u64,
+    cqes_polled: u64,
+    cq_polls: u64,
+    packets_sent: Option<u64>,
+    packets_dropped: Option<u64>,
+    packets_corrupted: Option<u64>,
+    packets_duplicated: Option<u64>,
+    packets_reordered: Option<u64>,
+    nic_retransmits: Option<u64>,
+    credit_stalls: u64,
+    duplicates_dropped: u64,
+    cpu_s: Option<f64>,
+    cpu_ns_per_chunk: Option<f64>,
+    check_cpu_s: f64,
+    memcpy_gbps: f64,
+    goodput_vs_memcpy: f64,
+    config: Config<'a>,
+}
+
+fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
+    let faults = args.faults();
+    Config {
+        test: args.test,
+        device: &args.device,
+        role: m.role,
+        transport: args.transport,
+        op: args.op,
+        flows: args.flows,
+        qps_per_flow: args.qps_per_flow,
+        engines: args.engines,
+        msg_size: args.msg_size(),
+        chunk_size: args.chunk_size,
+        messages: match args.duration {
+            Some(_) => None,
+            None => Some(args.messages.unwrap_or(64)),
+        },
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        inflight: m.inflight,
+        loss: faults.loss,
+        reorder: faults.reorder,
+        duplicate: faults.duplicate,
+        corrupt: faults.corrupt,
+        seed: args.seed,
+        tx_mode: args.tx_mode,
+        max_chain: crate::transport::engine_config(args, 1).tx.max_chain,
+        no_payload: args.no_payload,
+        clock: if args.soft() { "virtual" } else { "wall" },
+    }
+}
+
+/// The engine test's report.
+pub(crate) fn engine(args: &Args, m: &Measured) {
+    let s = &m.stats;
+    let retransmits = s.rto_retransmits + s.fast_retransmits + m.failover_retransmits;
+    let goodput = gbps(m.bytes_received, m.elapsed);
+    let cpu_per_chunk = m
+        .cpu
+        .filter(|_| s.chunks_sent > 0)
+        .map(|c| c.as_nanos() as f64 / s.chunks_sent as f64);
+    let vs_memcpy = if m.memcpy_gbps > 0.0 {
+        goodput / m.memcpy_gbps
+    } else {
+        0.0
+    };
+    if args.json {
+        let j = EngineJson {
+            messages_sent: m.messages_sent,
+            messages_received: m.messages_received,
+            bytes_received: m.bytes_received,
+            verified: m.verified,
+            elapsed_s: m.elapsed.as_secs_f64(),
+            goodput_gbps: goodput,
+            messages_per_s: per_s(m.messages_received.max(m.messages_sent), m.elapsed),
+            virtual_s: m.virtual_time.map(|v| v.as_secs_f64()),
+            virtual_goodput_gbps: m.virtual_time.map(|v| gbps(m.bytes_received, v)),
+            chunks_sent: s.chunks_sent,
+            chunks_received: s.chunks_received,
+            post_send_calls: s.post_send_calls,
+            send_wrs_posted: s.send_wrs,
+            wrs_per_post: ratio(s.send_wrs, s.post_send_calls),
+            post_send_calls_per_chunk: ratio(s.post_send_calls, s.chunks_sent),
+            srq_post_calls: s.srq_posts,
+            srq_wrs_posted: s.srq_wqes,
+            retransmits,
+            rto_retransmits: s.rto_retransmits,
+            fast_retransmits: s.fast_retransmits,
+            acks_sent: s.acks_sent,
+            ack_packets: s.ack_packets,
+            cqes_polled: s.cqes,
+            cq_polls: s.polls,
+            packets_sent: m.nic.map(|c| c.packets_sent),
+            packets_dropped: m.nic.map(|c| c.packets_dropped),
+            packets_corrupted: m.nic.map(|c| c.packets_corrupted),
+            packets_duplicated: m.nic.map(|c| c.packets_duplicated),
+            packets_reordered: m.nic.map(|c| c.packets_reordered),
+            nic_retransmits: m.nic.map(|c| c.retransmits),
+            credit_stalls: s.credit_stalls,
+            duplicates_dropped: s.dropped_duplicate,
+            cpu_s: m.cpu.map(|c| c.as_secs_f64()),
+            cpu_ns_per_chunk: cpu_per_chunk,
+            check_cpu_s: m.check.as_secs_f64(),
+            memcpy_gbps: m.memcpy_gbps,
+            goodput_vs_memcpy: vs_memcpy,
+            config: config(args, m),
+        };
+        match serde_json::to_string(&j) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("uccl-perf: writing JSON: {e}"),
+        }
+        return;
+    }
+    let faults = args.faults();
+    let mut fault_text = Vec::new();
+    for (name, p) in [
+        ("loss", faults.loss),
+        ("reorder", faults.reorder),
+        ("duplicate", faults.duplicate),
+        ("corrupt", faults.corrupt),
+    ] {
+        if p > 0.0 {
+            fault_text.push(format!("{}% {name}", p * 100.0));
+        }
+    }
+    let role = match m.role {
+        Role::Both => "",
+        Role::Server => ", receiving side",
+        Role::Client => ", sending side",
+    };
+    println!(
+        "uccl-perf: {} {} on {}{role}, seed {}",
+        transport(args.transport).to_uppercase(),
+        match args.op {
+            OpArg::Send => "send/recv",
+            OpArg::Write => "one-sided write",
+        },
+        if args.soft() {
+            "softnic (virtual clock)".to_string()
+        } else {
+            format!("{} (wall clock)", args.device)
+        },
+        args.seed,
+    );
+    println!(
+        "  {} flow{} x {} QPs, {} engine pair{}, {} messages in {} chunks, {} in flight per \
+         flow, {} posts, {}",
+        args.flows,
+        if args.flows == 1 { "" } else { "s" },
+        args.qps_per_flow,
+        args.engines,
+        if args.engines == 1 { "" } else { "s" },
+        human_size(args.msg_size()),
+        human_size(args.chunk_size),
+        m.inflight,
+        match args.tx_mode {
+            TxMode::Chained => "chained",
+            TxMode::Single => "single",
+        },
+        if fault_text.is_empty() {
+            "no faults".to_string()
+        } else {
+            fault_text.join(", ")
+        },
+    );
+    println!();
+    let mut rows: Vec<(&str, String)> = vec![
+        (
+            "messages",
+            format!(
+                "{} sent, {} received, {}",
+                m.messages_sent,
+                m.messages_received,
+                if m.verified {
+                    format!("every byte verified ({})", human_size(m.bytes_received))
+                } else {
+                    "not verified (--no-payload: softnic moved no data)".into()
+                }
+            ),
+        ),
+        (
+            "time",
+            format!(
+                "{:.2} s{}",
+                m.elapsed.as_secs_f64(),
+                m.virtual_time.map_or(String::new(), |v| format!(
+                    " ({:.2} ms of virtual time)",
+                    v.as_secs_f64() * 1e3
+                ))
+            ),
+        ),
+        (
+            "goodput",
+            format!(
+                "{goodput:.2} Gb/s, {:.0} messages/s (a memcpy in this run: {:.1} Gb/s; \
+                 {vs_memcpy:.2}x)",
+                per_s(m.messages_received.max(m.messages_sent), m.elapsed),
+                m.memcpy_gbps,
+            ),
+        ),
+    ];
+    if let Some(v) = m.virtual_time {
+        rows.push((
+            "simulated",
+            format!(
+                "{:.1} Gb/s on the simulated 100 Gb/s links",
+                gbps(m.bytes_received, v)
+            ),
+        ));
+    }
+    if let Some(c) = cpu_per_chunk {
+        rows.push((
+            "CPU",
+            format!(
+                "{:.2} us per chunk ({:.2} s in all; {:.2} s of it writing and checking the \
+                 data)",
+                c / 1e3,
+                m.cpu.unwrap_or_default().as_secs_f64(),
+                m.check.as_secs_f64()
+            ),
+        ));
+    }
+    rows.extend([
+        (
+            "chunks",
+            format!("{} sent, {} received", s.chunks_sent, s.chunks_received),
+        ),
+        (
+            "post_send",
+            format!(
+                "{} WRs in {} calls: {:.1} WRs per doorbell, {:.2} calls per chunk",
+                s.send_wrs,
+                s.post_send_calls,
+                ratio(s.send_wrs, s.post_send_calls),
+                ratio(s.post_send_calls, s.chunks_sent),
+            ),
+        ),
+        (
+            "SRQ",
+            format!("{} WQEs in {} posts", s.srq_wqes, s.srq_posts),
+        ),
+        (
+            "retransmit",
+            format!(
+                "{retransmits} chunks ({} fast, {} after a timeout), {} duplicates dropped",
+                s.fast_retransmits, s.rto_retransmits, s.dropped_duplicate,
+            ),
+        ),
+    ]);
+    if let Some(c) = m.nic {
+        rows.push((
+            "softnic",
+            format!(
+                "{} packets sent, {} dropped, {} corrupted, {} duplicated, {} reordered; RC \
+                 QPs resent {}",
+                c.packets_sent,
+                c.packets_dropped,
+                c.packets_corrupted,
+                c.packets_duplicated,
+                c.packets_reordered,
+                c.retransmits
+            ),
+        ));
+    }
+    rows.push((
+        "ACKs",
+        format!(
+            "{} in {} packets; {} completions polled; {} credit stalls",
+            s.acks_sent, s.ack_packets, s.cqes, s.credit_stalls
+        ),
+    ));
+    for (k, v) in rows {
+        println!("  {k:<12}{v}");
     }
 }
 
@@ -27,45 +366,82 @@ fn pct(lat: &[Duration], p: f64) -> Duration {
         .unwrap_or_default()
 }
 
-pub(crate) fn print(args: &Args, results: &[RunResult]) {
-    let provider = match args.provider {
-        Provider::Soft => "soft",
-        Provider::System => "system",
-    };
-    let transport = match args.transport {
-        TransportArg::Rc => "rc",
-        TransportArg::Uc => "uc",
-    };
+/// One raw verbs run, as JSON.
+#[derive(Debug, Serialize)]
+struct VerbsRunJson {
+    run: &'static str,
+    iters: u64,
+    batch: u32,
+    posts: u64,
+    wall_s: f64,
+    msg_rate_mops: f64,
+    wall_gbps: f64,
+    virtual_gbps: Option<f64>,
+    retransmits: Option<u64>,
+    lat_p50_us: Option<f64>,
+    lat_p99_us: Option<f64>,
+}
+
+/// What `--json` prints for a raw verbs test: one object, its runs inside.
+#[derive(Debug, Serialize)]
+struct VerbsJson<'a> {
+    test: Test,
+    device: &'a str,
+    transport: TransportArg,
+    size: u64,
+    loss: f64,
+    seed: u64,
+    runs: Vec<VerbsRunJson>,
+}
+
+/// A raw verbs test's report.
+pub(crate) fn verbs(args: &Args, results: &[RunResult]) {
+    let size = args.msg_size();
     if args.json {
-        for r in results {
-            let bytes = r.iters * args.size as u64;
-            let virt = r
-                .virtual_time
-                .map_or("null".to_string(), |v| format!("{:.3}", gbps(bytes, v)));
-            let retx = r.retransmits.map_or("null".to_string(), |n| n.to_string());
-            println!(
-                "{{\"test\":\"{}\",\"provider\":\"{provider}\",\"transport\":\"{transport}\",\"size\":{},\"iters\":{},\"batch\":{},\"posts\":{},\"wall_s\":{:.6},\"msg_rate_mops\":{:.4},\"wall_gbps\":{:.3},\"virtual_gbps\":{virt},\"retransmits\":{retx},\"lat_p50_us\":{:.3},\"lat_p99_us\":{:.3}}}",
-                r.name,
-                args.size,
-                r.iters,
-                r.batch,
-                r.posts,
-                r.wall.as_secs_f64(),
-                mops(r.iters, r.wall),
-                gbps(bytes, r.wall),
-                pct(&r.latencies, 0.5).as_secs_f64() * 1e6,
-                pct(&r.latencies, 0.99).as_secs_f64() * 1e6,
-            );
+        let j = VerbsJson {
+            test: args.test,
+            device: &args.device,
+            transport: args.transport,
+            size,
+            loss: args.loss(),
+            seed: args.seed,
+            runs: results
+                .iter()
+                .map(|r| {
+                    let bytes = r.iters * size;
+                    let lat = !r.latencies.is_empty();
+                    VerbsRunJson {
+                        run: r.name,
+                        iters: r.iters,
+                        batch: r.batch,
+                        posts: r.posts,
+                        wall_s: r.wall.as_secs_f64(),
+                        msg_rate_mops: per_s(r.iters, r.wall) / 1e6,
+                        wall_gbps: gbps(bytes, r.wall),
+                        virtual_gbps: r.virtual_time.map(|v| gbps(bytes, v)),
+                        retransmits: r.retransmits,
+                        lat_p50_us: lat.then(|| pct(&r.latencies, 0.5).as_secs_f64() * 1e6),
+                        lat_p99_us: lat.then(|| pct(&r.latencies, 0.99).as_secs_f64() * 1e6),
+                    }
+                })
+                .collect(),
+        };
+        match serde_json::to_string(&j) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("uccl-perf: writing JSON: {e}"),
         }
         return;
     }
+    let iters = results.first().map_or(0, |r| r.iters);
     println!(
-        "uccl-perf: {provider} provider, {transport}, {} bytes x {} WRITEs",
-        args.size, args.iters
+        "uccl-perf raw verbs: {}, {}, {size} bytes x {iters} WRITEs",
+        args.device,
+        transport(args.transport)
     );
-    if args.provider == Provider::Soft {
+    if args.soft() {
         println!(
-            "(softnic: 'wall' is the CPU cost of the whole software NIC; 'virtual' is the simulated 100 Gb/s link)"
+            "(softnic: 'wall' is the CPU cost of the whole software NIC; 'virtual' is the \
+             simulated 100 Gb/s link)"
         );
     }
     println!(
@@ -73,13 +449,13 @@ pub(crate) fn print(args: &Args, results: &[RunResult]) {
         "run", "batch", "posts", "Mmsg/s", "wall Gb/s", "virtual Gb/s", "retx"
     );
     for r in results {
-        let bytes = r.iters * args.size as u64;
+        let bytes = r.iters * size;
         println!(
             "{:<24} {:>6} {:>8} {:>10.3} {:>10.3} {:>12} {:>9}",
             r.name,
             r.batch,
             r.posts,
-            mops(r.iters, r.wall),
+            per_s(r.iters, r.wall) / 1e6,
             gbps(bytes, r.wall),
             r.virtual_time
                 .map_or("-".into(), |v| format!("{:.2}", gbps(bytes, v))),

@@ -1,14 +1,15 @@
-//! The runs: set up a connected QP pair, post RDMA WRITEs, poll their completions.
+//! The raw verbs tests (`--test verbs-write-bw`, `verbs-write-lat`): a connected QP pair, RDMA
+//! WRITEs posted straight through verbs-safe, their completions polled; no engine.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verbs_safe::{
-    AccessFlags, ConnInit, Context, Cq, Device, DmaBuf, Error, LocalPort, Mtu, Poller, Qp, QpCaps,
-    QpInit, Rc, RcRtr, RcRts, Remote, Rts, SendOp, SqPsn, Transport, Uc, UcRtr, Verbs, WrSlot,
+    AccessFlags, ConnInit, Context, Cq, DmaBuf, Error, LocalPort, Mtu, Poller, Qp, QpCaps, QpInit,
+    Rc, RcRtr, RcRts, Remote, Rts, SendOp, SqPsn, Transport, Uc, UcRtr, Verbs, WrSlot,
 };
 
-use crate::args::{Args, Provider, Test, TransportArg};
+use crate::args::{Args, Test, TransportArg};
 
 /// One run's numbers.
 #[derive(Debug, Clone)]
@@ -122,12 +123,13 @@ fn connect<T: Link>(
         .init(ConnInit::with_access(AccessFlags::REMOTE_WRITE))?
         .rtr(T::rtr(ra, mtu))?
         .rts(T::rts(0x200))?;
-    let src = Arc::new(pa.alloc_dma(args.size, 4096, AccessFlags::LOCAL_WRITE)?);
-    let pattern: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
+    let size = args.msg_size() as usize;
+    let src = Arc::new(pa.alloc_dma(size, 4096, AccessFlags::LOCAL_WRITE)?);
+    let pattern: Vec<u8> = (0..size).map(|i| i as u8).collect();
     src.write_at(0, &pattern)?;
     qa.pin(&src);
     let dst = pb.alloc_dma(
-        args.size,
+        size,
         4096,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
     )?;
@@ -235,41 +237,34 @@ fn write_lat<T: Transport>(p: &Pair<T>, iters: u64) -> Result<Vec<Duration>, Err
     Ok(lat)
 }
 
-fn devices(args: &Args, verbs: &Verbs) -> Result<(String, String), Error> {
-    match args.provider {
-        Provider::Soft => Ok((
-            args.device.clone().unwrap_or_else(|| "soft0".into()),
+fn devices(args: &Args) -> (String, String) {
+    if args.soft() {
+        (
+            "soft0".into(),
             args.peer_device.clone().unwrap_or_else(|| "soft1".into()),
-        )),
-        Provider::System => {
-            let dev = match &args.device {
-                Some(d) => d.clone(),
-                None => Device::list(verbs)?
-                    .first()
-                    .map(|d| d.name().to_string())
-                    .ok_or_else(|| Error::NoSuchDevice {
-                        name: "(any)".into(),
-                        available: Vec::new(),
-                    })?,
-            };
-            let peer = args.peer_device.clone().unwrap_or_else(|| dev.clone());
-            Ok((dev, peer))
-        }
+        )
+    } else {
+        let peer = args
+            .peer_device
+            .clone()
+            .unwrap_or_else(|| args.device.clone());
+        (args.device.clone(), peer)
     }
 }
 
 /// Runs what `args` asks for.
 pub(crate) fn run(args: &Args) -> Result<Vec<RunResult>, Error> {
-    let fabric = (args.provider == Provider::Soft).then(|| {
+    let fabric = args.soft().then(|| {
         let f = softnic::Fabric::new(softnic::FabricConfig {
             seed: args.seed,
+            copy_payload: !args.no_payload,
             ..Default::default()
         });
-        f.set_default_faults(softnic::Faults::loss(args.loss));
+        f.set_default_faults(args.faults());
         f
     });
     let verbs = fabric.as_ref().map_or_else(Verbs::system, Verbs::soft);
-    let (a, b) = devices(args, &verbs)?;
+    let (a, b) = devices(args);
     match args.transport {
         TransportArg::Rc => run_on::<Rc>(args, &verbs, fabric.as_ref(), &a, &b),
         TransportArg::Uc => run_on::<Uc>(args, &verbs, fabric.as_ref(), &a, &b),
@@ -284,29 +279,30 @@ fn run_on<T: Link>(
     b: &str,
 ) -> Result<Vec<RunResult>, Error> {
     let runs: Vec<(&'static str, u32)> = match args.test {
-        Test::WriteBw => vec![
+        Test::VerbsWriteBw => vec![
             ("write_bw chained", args.batch.max(1)),
             ("write_bw one-per-post", 1),
         ],
-        Test::WriteLat => vec![("write_lat", 1)],
+        _ => vec![("write_lat", 1)],
     };
+    let iters = args.messages.unwrap_or(20_000);
     let mut out = Vec::new();
     for (name, batch) in runs {
         let pair = connect::<T>(verbs, a, b, args)?;
         let v0 = fabric.map(|f| f.now());
         let t0 = Instant::now();
         let (posts, latencies) = match args.test {
-            Test::WriteBw => {
+            Test::VerbsWriteBw => {
                 let signal = args.batch.clamp(1, args.depth);
-                let (posts, _) = write_bw(&pair, args.iters, batch, signal, args.depth)?;
+                let (posts, _) = write_bw(&pair, iters, batch, signal, args.depth)?;
                 (posts, Vec::new())
             }
-            Test::WriteLat => (args.iters, write_lat(&pair, args.iters)?),
+            _ => (iters, write_lat(&pair, iters)?),
         };
         let wall = t0.elapsed();
         out.push(RunResult {
             name,
-            iters: args.iters,
+            iters,
             batch,
             posts,
             wall,

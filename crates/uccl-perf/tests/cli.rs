@@ -1,88 +1,186 @@
-//! The command line: the demo runs, JSON is one object per run, errors are clear.
+//! The command line, through the built binary: a run verifies every byte and says so in one
+//! JSON object; the table; `--no-payload`; the checker catches a flipped byte; bad arguments
+//! get one line each; the raw verbs tests still run.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
-fn perf(args: &[&str]) -> std::process::Output {
+/// Runs uccl-perf with `args` (split at spaces).
+fn perf(args: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_uccl-perf"))
-        .args(args)
+        .args(args.split_whitespace())
         .output()
         .expect("uccl-perf runs")
 }
 
-#[test]
-fn the_demo_compares_chained_and_single_posts() {
-    let out = perf(&["--iters", "300"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("write_bw chained"), "{text}");
-    assert!(text.contains("write_bw one-per-post"));
-    assert!(text.contains("10 doorbells instead of 300"), "{text}");
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The one JSON object a `--json` run prints.
+fn json(args: &str) -> serde_json::Value {
+    let out = perf(&format!("--json {args}"));
+    assert!(out.status.success(), "{args}: {}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "one line: {text}");
+    serde_json::from_str(&text).expect("one JSON object")
+}
+
+/// Small, but with the defaults' shape: 4 flows x 8 QPs, 1% loss, UC.
+const SMALL: &str = "--msg-size 256KiB --chunk-size 16KiB --messages 6";
+
 #[test]
-fn json_is_one_object_per_run() {
-    for transport in ["rc", "uc"] {
-        let out = perf(&[
-            "--json",
-            "--iters",
-            "100",
-            "--size",
-            "1000",
-            "--transport",
-            transport,
-            "--batch",
-            "10",
-        ]);
-        assert!(out.status.success());
-        let text = String::from_utf8(out.stdout).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2, "{text}");
-        assert!(lines[0].starts_with('{') && lines[0].ends_with('}'));
-        assert!(lines[0].contains(&format!("\"transport\":\"{transport}\"")));
-        assert!(lines[0].contains("\"posts\":10,"), "{}", lines[0]);
-        assert!(lines[1].contains("\"posts\":100,"), "{}", lines[1]);
+fn a_default_shaped_run_verifies_every_byte() {
+    let j = json(SMALL);
+    assert_eq!(j["verified"], true);
+    assert_eq!(j["messages_sent"], 24);
+    assert_eq!(j["messages_received"], 24);
+    assert_eq!(j["bytes_received"], 24 * 256 * 1024);
+    assert_eq!(j["chunks_sent"], 24 * 16);
+    for k in [
+        "elapsed_s",
+        "goodput_gbps",
+        "messages_per_s",
+        "post_send_calls",
+        "send_wrs_posted",
+        "srq_post_calls",
+        "srq_wrs_posted",
+        "retransmits",
+        "rto_retransmits",
+        "fast_retransmits",
+        "acks_sent",
+        "ack_packets",
+        "cqes_polled",
+        "packets_dropped",
+        "credit_stalls",
+        "cpu_ns_per_chunk",
+        "memcpy_gbps",
+    ] {
+        assert!(j[k].is_number(), "{k}: {j}");
+    }
+    assert!(
+        j["packets_dropped"].as_u64().unwrap() > 0,
+        "1% loss by default"
+    );
+    assert!(
+        j["retransmits"].as_u64().unwrap() > 0,
+        "and it is recovered"
+    );
+    let c = &j["config"];
+    assert_eq!(
+        (&c["transport"], &c["flows"], &c["qps_per_flow"], &c["loss"]),
+        (&"uc".into(), &4.into(), &8.into(), &0.01.into())
+    );
+    // The same seed, the same run.
+    let again = json(SMALL);
+    for k in ["retransmits", "acks_sent", "packets_dropped", "virtual_s"] {
+        assert_eq!(j[k], again[k], "{k}");
     }
 }
 
 #[test]
-fn latency_and_loss_runs_work() {
-    let out = perf(&["--test", "write-lat", "--iters", "50", "--size", "8"]);
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("latency (virtual)"));
-    let out = perf(&["--loss", "0.02", "--iters", "500", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+fn every_mode_runs_and_the_table_shows_it() {
+    let j = json(
+        "--transport rc --op write --tx-mode single --engines 2 --flows 3 --qps-per-flow 2 \
+         --msg-size 100000 --chunk-size 8KiB --messages 5 --reorder 0.02 --duplicate 0.02 \
+         --corrupt 0.02",
     );
-    assert!(
-        !String::from_utf8_lossy(&out.stdout).contains("\"retransmits\":0,"),
-        "loss shows as retransmissions"
+    assert_eq!(j["messages_received"], 15);
+    assert_eq!(j["verified"], true);
+    assert_eq!(
+        j["post_send_calls"], j["send_wrs_posted"],
+        "one WR per post"
     );
+    let out = perf("--flows 2 --messages 3 --msg-size 64KiB");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for row in [
+        "messages",
+        "goodput",
+        "CPU",
+        "chunks",
+        "post_send",
+        "retransmit",
+        "softnic",
+        "ACKs",
+    ] {
+        assert!(text.contains(&format!("\n  {row} ")), "{row}: {text}");
+    }
+    assert!(text.contains("every byte verified"), "{text}");
+    assert!(!text.contains('\r'), "no progress bar off a terminal");
+    let j = json("--duration 0.2 --flows 1 --msg-size 64KiB");
+    assert!(j["messages_received"].as_u64().unwrap() > 0);
+    assert_eq!(j["messages_received"], j["messages_sent"]);
 }
 
 #[test]
-fn errors_are_clear() {
-    let out = perf(&["--device", "nope0"]);
+fn no_payload_moves_nothing_and_verifies_nothing() {
+    let j = json("--no-payload --msg-size 4KiB --chunk-size 4KiB --messages 50");
+    assert_eq!(j["verified"], false);
+    assert_eq!(j["messages_received"], 200);
+    assert_eq!(j["config"]["no_payload"], true);
+}
+
+#[test]
+fn a_flipped_byte_is_named() {
+    let out = perf("--flows 2 --messages 4 --msg-size 64KiB --tamper 1:2:100");
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(
-        err.contains("no RDMA device named \"nope0\"") && err.contains("soft0"),
+        err.contains("flow 1 message 2: byte 100 of 65536 differs"),
         "{err}"
     );
-    let out = perf(&["--size", "many"]);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "bad arguments are clap's usage error"
-    );
-    // No hardware here: the system provider says so (or, on a machine with a NIC, runs).
-    let out = perf(&["--provider", "system", "--iters", "10"]);
-    if !out.status.success() {
-        assert!(String::from_utf8_lossy(&out.stderr).contains("no RDMA device"));
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn bad_arguments_get_one_line() {
+    for (args, says) in [
+        ("--loss 1.5", "0..=1"),
+        ("--reorder -0.1", "--reorder"),
+        ("--flows 0", "at least 1"),
+        ("--messages 0", "at least 1"),
+        ("--msg-size 0", "at least 1 byte"),
+        ("--chunk-size lots", "not a size"),
+        ("--transport tcp", "possible values: uc, rc"),
+        ("--device nope0", "no RDMA device named \"nope0\""),
+        ("--server", "softnic has no link between processes"),
+        (
+            "--client localhost",
+            "softnic has no link between processes",
+        ),
+        ("--engines 5", "every engine pair needs a flow"),
+        ("--duration x", "not a number"),
+    ] {
+        let out = perf(args);
+        assert!(!out.status.success(), "{args}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{args}: {err}");
+        assert!(
+            err.starts_with("uccl-perf: ") && err.contains(says),
+            "{args}: {err}"
+        );
+        assert!(
+            !err.contains("panicked") && stdout(&out).is_empty(),
+            "{args}"
+        );
     }
+}
+
+#[test]
+fn the_raw_verbs_tests_still_run() {
+    let out = perf("--test verbs-write-bw --messages 300");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("write_bw chained"), "{text}");
+    assert!(text.contains("10 doorbells instead of 300"), "{text}");
+    let out =
+        perf("--test verbs-write-lat --messages 50 --msg-size 8 --transport rc --loss 0.02 --json");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["runs"][0]["run"], "write_lat");
+    assert!(j["runs"][0]["lat_p50_us"].is_number());
 }

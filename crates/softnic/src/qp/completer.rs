@@ -296,7 +296,11 @@ impl Qp {
             return;
         }
         let written = match &front.payload {
-            Payload::Sges(sges) => w.scatter(dev, pd, sges, offset, data),
+            // READ data lands only if payloads are copied; an atomic's original value always.
+            Payload::Sges(sges) => {
+                let copy = w.cfg.copy_payload || atomic_ack;
+                w.scatter(dev, pd, sges, offset, data, copy)
+            }
             Payload::Inline(_) => Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR),
         };
         if let Err(status) = written {

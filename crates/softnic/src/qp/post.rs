@@ -142,10 +142,14 @@ impl Qp {
                 return Err(libc::EINVAL);
             }
             let mut data = Vec::with_capacity(len as usize);
-            for s in &list {
-                // SAFETY: an inline WR's buffers must be readable during the post (ibv_post_send
-                // contract); no lkey is involved.
-                unsafe { read_mem(s.addr, s.length as usize, &mut data) };
+            if w.cfg.copy_payload || !matches!(op, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM) {
+                for s in &list {
+                    // SAFETY: an inline WR's buffers must be readable during the post
+                    // (ibv_post_send contract); no lkey is involved.
+                    unsafe { read_mem(s.addr, s.length as usize, &mut data) };
+                }
+            } else {
+                data.resize(len as usize, 0);
             }
             Payload::Inline(data)
         } else {

@@ -190,8 +190,12 @@ impl Qp {
                 self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, r.psn);
                 return true;
             }
-            // SAFETY: inside a live MR with remote read access (checked just above).
-            unsafe { read_mem(r.va, chunk as usize, &mut payload) };
+            if w.cfg.copy_payload {
+                // SAFETY: inside a live MR with remote read access (checked just above).
+                unsafe { read_mem(r.va, chunk as usize, &mut payload) };
+            } else {
+                payload.resize(chunk as usize, 0);
+            }
         }
         let hdr = Headers {
             opcode: op,

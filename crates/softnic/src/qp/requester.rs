@@ -264,7 +264,10 @@ impl Qp {
                 payload.extend_from_slice(&data[offset as usize..(offset + chunk) as usize]);
                 Ok(())
             }
-            Payload::Sges(sges) => w.gather(self.dev, self.pd, sges, offset, chunk, &mut payload),
+            Payload::Sges(sges) => {
+                let copy = w.cfg.copy_payload || !write;
+                w.gather(self.dev, self.pd, sges, (offset, chunk), copy, &mut payload)
+            }
         };
         if let Err(status) = gathered {
             // The memory went away since the WR started (an MR deregistered under it).

@@ -399,15 +399,17 @@ impl Qp {
                     self.resp.cur = InMsg::Idle;
                     return Err(Fail { why, wqe: imm_wqe });
                 }
-                // SAFETY: zero bytes touch nothing; otherwise `va..va + n` lies in a live MR
-                // with remote write access (checked just above), whose registration promised
-                // the memory stays valid while registered.
-                unsafe { write_mem(*va, pkt.payload) };
+                if w.cfg.copy_payload {
+                    // SAFETY: zero bytes touch nothing; otherwise `va..va + n` lies in a live
+                    // MR with remote write access (checked just above), whose registration
+                    // promised the memory stays valid while registered.
+                    unsafe { write_mem(*va, pkt.payload) };
+                }
                 *va += n;
                 *resid -= n;
             }
             InMsg::Send { wqe, offset, .. } => {
-                if let Err(st) = w.scatter(dev, pd, &wqe.sges, *offset, pkt.payload) {
+                if let Err(st) = w.scatter(dev, pd, &wqe.sges, *offset, pkt.payload, true) {
                     let why = if st == ibv_wc_status::IBV_WC_LOC_LEN_ERR {
                         Failure::RecvTooSmall
                     } else {
@@ -496,8 +498,17 @@ impl Qp {
         }
         let grh = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
         let written = w
-            .scatter(self.dev, self.pd, &wqe.sges, 0, &grh)
-            .and_then(|()| w.scatter(self.dev, self.pd, &wqe.sges, GRH_LEN as u64, pkt.payload));
+            .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
+            .and_then(|()| {
+                w.scatter(
+                    self.dev,
+                    self.pd,
+                    &wqe.sges,
+                    GRH_LEN as u64,
+                    pkt.payload,
+                    true,
+                )
+            });
         let (status, opcode) = match written {
             Ok(()) => (ibv_wc_status::IBV_WC_SUCCESS, ibv_wc_opcode::IBV_WC_RECV),
             Err(st) => (st, 0),

@@ -180,6 +180,113 @@ fn rdma_read_fetches_remote_memory() {
 }
 
 #[test]
+fn without_payload_copies_one_sided_data_stays_put_and_the_rest_is_real() {
+    let f = Fabric::new(FabricConfig {
+        copy_payload: false,
+        ..Default::default()
+    });
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    let mut src = pattern(5000, 6);
+    let mut dst = vec![0xaau8; 6000];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, ALL_ACCESS);
+    // An RDMA WRITE over several packets completes with its length; nothing lands.
+    let wr = with_rdma(
+        send_wr(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src, smr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64 + 1000,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [wr]).unwrap();
+    let wc = poll_n(a.cq, 1)[0];
+    assert!(ok(&wc), "{wc:?}");
+    assert_eq!(
+        (wc.opcode, wc.byte_len),
+        (ibv_wc_opcode::IBV_WC_RDMA_WRITE, 5000)
+    );
+    // A WRITE_WITH_IMM: the receive completes with the length and the immediate.
+    post_recv(qb, &mut [recv_wr(2, &[])]).unwrap();
+    let wr = with_rdma(
+        send_wr(
+            3,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+            &[sge(&src[..3000], smr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [with_imm(wr, 77)]).unwrap();
+    let wc = poll_n(b.cq, 1)[0];
+    assert!(ok(&wc), "{wc:?}");
+    assert_eq!(
+        (wc.opcode, wc.byte_len, wc.wr_id, u32::from_be(wc.imm_data)),
+        (ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM, 3000, 2, 77)
+    );
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    // A READ completes with its length and writes nothing locally.
+    let mut local = vec![0x55u8; 4000];
+    let lmr = a.reg(&mut local, LOCAL_WRITE);
+    let wr = with_rdma(
+        send_wr(
+            4,
+            ibv_wr_opcode::IBV_WR_RDMA_READ,
+            &[sge(&local, lmr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [wr]).unwrap();
+    let wc = poll_n(a.cq, 1)[0];
+    assert!(ok(&wc), "{wc:?}");
+    assert_eq!(
+        (wc.opcode, wc.byte_len),
+        (ibv_wc_opcode::IBV_WC_RDMA_READ, 4000)
+    );
+    f.run_until_idle().unwrap();
+    assert!(dst.iter().all(|&x| x == 0xaa), "no WRITE byte landed");
+    assert!(local.iter().all(|&x| x == 0x55), "no READ byte landed");
+    // SENDs still carry their bytes (software reads them: control messages, headers).
+    let mut inbox = vec![0u8; 100];
+    let imr = b.reg(&mut inbox, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(5, &[sge(&inbox, imr)])]).unwrap();
+    post_send(
+        qa,
+        &mut [send_wr(
+            6,
+            ibv_wr_opcode::IBV_WR_SEND,
+            &[sge(&src[..100], smr)],
+            SIGNALED,
+        )],
+    )
+    .unwrap();
+    let wc = poll_n(b.cq, 1)[0];
+    assert!(ok(&wc), "{wc:?}");
+    assert_eq!((wc.opcode, wc.byte_len), (ibv_wc_opcode::IBV_WC_RECV, 100));
+    assert_eq!(inbox[..], src[..100]);
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    // Keys and bounds are still checked: a WRITE one byte past the region fails.
+    let wr = with_rdma(
+        send_wr(
+            7,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src[..10], smr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64 + 5991,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [wr]).unwrap();
+    let wc = poll_n(a.cq, 1)[0];
+    assert_eq!(wc.status, ibv_wc_status::IBV_WC_REM_ACCESS_ERR, "{wc:?}");
+}
+
+#[test]
 fn zero_length_send_completes() {
     let f = Fabric::default();
     let (_a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
