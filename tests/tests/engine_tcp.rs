@@ -108,7 +108,10 @@ fn a_peer_of_the_other_mode_is_refused_on_both_ends() {
 fn connecting_to_nobody_is_an_error_that_names_the_address() {
     let (_fabric, _a, mut b) = engines([Mode::Uc, Mode::Uc]);
     // A port that was just free: nothing listens there.
-    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     match b.connect(addr) {
         Err(EngineError::Handshake { reason, .. }) => {
             assert!(reason.contains(&addr.to_string()), "{reason}")
@@ -124,7 +127,10 @@ fn connecting_to_nobody_is_an_error_that_names_the_address() {
         let _ = s.write_all(&[0xab; 200]);
         thread::sleep(Duration::from_millis(100));
     });
-    assert!(matches!(b.connect(addr), Err(EngineError::Handshake { .. })));
+    assert!(matches!(
+        b.connect(addr),
+        Err(EngineError::Handshake { .. })
+    ));
     junk.join().unwrap();
     assert_eq!(b.usage().connections, 0);
 }

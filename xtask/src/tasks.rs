@@ -130,7 +130,9 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
         status(cmd(&cargo, &argv).env("PROPTEST_CASES", &cases))?;
     }
     // Each engine case runs several engines through a whole workload: a fiftieth as many.
-    let engine_cases = (cases.parse::<u32>().unwrap_or(20_000) / 50).max(16).to_string();
+    let engine_cases = (cases.parse::<u32>().unwrap_or(20_000) / 50)
+        .max(16)
+        .to_string();
     status(
         cmd(
             &cargo,

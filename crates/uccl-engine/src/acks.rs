@@ -4,6 +4,8 @@
 
 use uccl_tx::wire::{ACK_LEN, AckRepr};
 
+use verbs_safe::Gid;
+
 use crate::config::Mode;
 use crate::engine::Engine;
 use crate::error::Result;
@@ -19,6 +21,15 @@ impl Engine {
         if !e.ok || (e.byte_len as usize) < GRH {
             return;
         }
+        let mut grh = [0u8; GRH];
+        if !self.io.ctrl_recv.read(slot, 0, &mut grh) {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        let from = AckSource::Ud {
+            qpn: e.src_qp,
+            gid: source_gid(&grh),
+        };
         let len = e.byte_len as usize - GRH;
         let mut bytes = std::mem::take(&mut self.scratch.bytes);
         bytes.resize(len, 0);
@@ -27,7 +38,7 @@ impl Engine {
         } else {
             for a in bytes.chunks_exact(ACK_LEN) {
                 match AckRepr::from_bytes(a) {
-                    Ok(ack) => self.on_ack(ack, Some(e.src_qp), now),
+                    Ok(ack) => self.on_ack(ack, from, now),
                     Err(_) => self.stats.dropped_invalid += 1,
                 }
             }
@@ -35,15 +46,22 @@ impl Engine {
         self.scratch.bytes = bytes;
     }
 
-    /// An ACK for flow `ack.fid`, from the control QP `from` (UD), or over the connection's
-    /// own control QP (`None`: RC mode). An ACK that does not come from the connection's peer
-    /// is dropped.
-    pub(crate) fn on_ack(&mut self, ack: AckRepr, from: Option<u32>, now: u64) {
+    /// An ACK for flow `ack.fid`, arrived `from`. An ACK that does not come from the flow's
+    /// peer (its control QP and GID, or the connection's own control QP) is counted and
+    /// dropped: a peer can only acknowledge its own connections.
+    pub(crate) fn on_ack(&mut self, ack: AckRepr, from: AckSource, now: u64) {
         let ok = self
             .conns
             .get(usize::from(ack.fid))
             .and_then(Option::as_ref)
-            .is_some_and(|c| c.is_open() && from.is_none_or(|q| self.peers[c.peer].ctrl_qpn == q));
+            .is_some_and(|c| {
+                let p = &self.peers[c.peer];
+                c.is_open()
+                    && match from {
+                        AckSource::Ud { qpn, gid } => p.ctrl_qpn == qpn && p.gid == gid,
+                        AckSource::Conn(ci) => ci == ack.fid,
+                    }
+            });
         if !ok {
             self.stats.dropped_invalid += 1;
             return;
@@ -187,5 +205,49 @@ impl Engine {
                 self.io.ctrl_send.give_back(i);
             }
         }
+    }
+}
+
+/// Where an ACK came from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AckSource {
+    /// A UD message from control QP `qpn` at `gid` (UC mode).
+    Ud { qpn: u32, gid: Gid },
+    /// Connection `ci`'s own control QP (RC mode).
+    Conn(u16),
+}
+
+/// The source GID of a UD message, from the 40 bytes before its payload: a GRH (IPv6: the
+/// source at bytes 8..24), or on RoCEv2 over IPv4 20 unused bytes then the IPv4 header (the
+/// source address at bytes 32..36, as the IPv4-mapped GID `::ffff:a.b.c.d`).
+pub(crate) fn source_gid(grh: &[u8; GRH]) -> Gid {
+    let mut g = [0u8; 16];
+    if grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 {
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&grh[32..36]);
+    } else {
+        g.copy_from_slice(&grh[8..24]);
+    }
+    Gid(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_gid_is_read_from_a_grh_or_an_ipv4_header() {
+        let mut v6 = [0u8; GRH];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(source_gid(&v6).0[..2], [0xfe, 0x80]);
+        assert_eq!(source_gid(&v6).0[15], 8);
+        let mut v4 = [0u8; GRH];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[10, 0, 0, 7]);
+        let g = source_gid(&v4).0;
+        assert_eq!(g[..12], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(g[12..], [10, 0, 0, 7]);
     }
 }

@@ -37,6 +37,11 @@ impl Engine {
                 len,
                 rkey,
             }) => {
+                if c.cts.len() >= crate::conn::RECV_IDS {
+                    // More advertisements than a peer can have outstanding: a broken peer.
+                    self.stats.dropped_invalid += 1;
+                    return;
+                }
                 c.cts.push_back(Cts {
                     seq,
                     addr,
@@ -57,7 +62,9 @@ impl Engine {
                     None => self.stats.dropped_invalid += 1,
                 }
             }
-            Some(Ctl::Ack(ack)) if self.cfg.mode == Mode::Rc => self.on_ack(ack, None, now),
+            Some(Ctl::Ack(ack)) if self.cfg.mode == Mode::Rc => {
+                self.on_ack(ack, crate::acks::AckSource::Conn(ci), now)
+            }
             Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
             Some(Ctl::Ping) => {}
             _ => self.stats.dropped_invalid += 1,
