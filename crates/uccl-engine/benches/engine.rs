@@ -5,15 +5,19 @@
 //!   per chunk and WRs per post of a 64 MiB transfer (1 MiB messages, 1 connection of 4 QPs),
 //!   chained versus one WR per post (`tx.max_chain = 1`); and the receive-buffer memory of the
 //!   engine's SRQ versus per-QP receive queues at 1024 QPs, computed from the configuration.
-//! - `engine/e2e`: CPU time per chunk of a two-sided message moved end to end (both engines'
-//!   poll rounds and softnic's work, which includes copying every payload byte into packets
-//!   and out again), UC versus RC, 16 KiB and 4 KiB chunks.
+//! - `engine/e2e`: CPU time per chunk of a two-sided message moved end to end: both engines'
+//!   poll rounds and all of softnic's work (packets, ICRC, and, with `copy`, the payload
+//!   copied into packets and out again; `nocopy` is `FabricConfig::copy_payload = false`). UC
+//!   versus RC, 16 KiB and 4 KiB chunks, and two ways of taking turns (`Drive`): `step` (the
+//!   tests' `Sim::run`: about one packet per round) and `batch` (the fabric runs until idle
+//!   between rounds).
 //! - `engine/poll`: the receiver's CPU time per completion with 1 data QP versus 1024 on its one
 //!   receive CQ: the sender writes one-chunk messages round-robin over the connections and the
 //!   fabric delivers them all before the receiver polls; only the receiver's poll rounds that
-//!   drain those completions are timed.
+//!   drain those completions are timed (`iter_custom`).
 //!
-//! `cargo xtask bench -- engine/` (results and what they include: `benches/RESULTS.md`)
+//! `cargo bench -p uccl-engine` (or `cargo xtask bench -- engine/`); the numbers and what they
+//! include: `benches/RESULTS.md`.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -39,11 +43,14 @@ struct Pair {
 }
 
 impl Pair {
-    /// Two engines built as `cfg` with `conns` connections between them, idle.
-    fn new(cfg: &EngineConfig, conns: usize) -> Pair {
+    /// Two engines built as `cfg` with `conns` connections between them, idle; softnic moves
+    /// the payload of RDMA WRITEs if `copy` (else its packets carry zeros and nothing is
+    /// written: [`FabricConfig::copy_payload`]).
+    fn new(cfg: &EngineConfig, conns: usize, copy: bool) -> Pair {
         let fabric = Fabric::new(FabricConfig {
             devices: 2,
             auto_advance: false,
+            copy_payload: copy,
             ..FabricConfig::default()
         });
         let verbs = Verbs::soft(&fabric);
@@ -156,7 +163,7 @@ fn mode_name(m: Mode) -> &'static str {
 /// Moves 64 MiB from `a` to `b` as 1 MiB two-sided messages (all 64 receives and sends posted
 /// at once) on one connection; the two engines' counters afterwards.
 fn transfer_64mib(cfg: &EngineConfig, drive: Drive) -> (Stats, Stats) {
-    let mut p = Pair::new(cfg, 1);
+    let mut p = Pair::new(cfg, 1, true);
     let (ca, cb) = p.conns[0];
     let src = p.a.register(MIB as usize).expect("register");
     let dst = p.b.register(64 * MIB as usize).expect("register");
@@ -167,7 +174,7 @@ fn transfer_64mib(cfg: &EngineConfig, drive: Drive) -> (Stats, Stats) {
     for _ in 0..64 {
         reqs.push(p.a.send(ca, &src, 0, MIB).expect("send"));
     }
-    p.run(drive, || reqs.iter().all(|r| r.test().is_some()));
+    p.run(drive, || reqs.iter().all(Request::is_done));
     all_ok(&reqs);
     (p.a.stats(), p.b.stats())
 }
@@ -320,14 +327,14 @@ struct E2e {
 }
 
 impl E2e {
-    fn new(drive: Drive, mode: Mode, chunk: u32) -> E2e {
+    fn new(drive: Drive, mode: Mode, chunk: u32, copy: bool) -> E2e {
         let mut cfg = EngineConfig {
             mode,
             qps_per_conn: 4,
             ..EngineConfig::default()
         };
         cfg.tx.chunk_size = chunk;
-        let mut p = Pair::new(&cfg, 1);
+        let mut p = Pair::new(&cfg, 1, copy);
         let len = E2E_CHUNKS * u64::from(chunk);
         let src = p.a.register(len as usize).expect("register");
         let dst = p.b.register(len as usize).expect("register");
@@ -346,8 +353,7 @@ impl E2e {
         let (ca, cb) = self.p.conns[0];
         let r = self.p.b.recv(cb, &self.dst, 0, self.len).expect("recv");
         let t = self.p.a.send(ca, &self.src, 0, self.len).expect("send");
-        self.p
-            .run(self.drive, || r.test().is_some() && t.test().is_some());
+        self.p.run(self.drive, || r.is_done() && t.is_done());
         t.test().expect("done").expect("sent");
         r.test().expect("done").expect("received").len
     }
@@ -357,38 +363,46 @@ fn e2e(c: &mut Criterion) {
     let mut g = c.benchmark_group("engine/e2e");
     g.throughput(Throughput::Elements(E2E_CHUNKS))
         .sample_size(20)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-    for drive in [Drive::Step, Drive::Batch] {
-        for mode in [Mode::Uc, Mode::Rc] {
-            for chunk in [16 * KIB as u32, 4 * KIB as u32] {
-                // Built on first use, so that a filtered-out benchmark costs nothing.
-                let mut state = None;
-                let id = format!("{}/{}/{}KiB", drive.name(), mode_name(mode), chunk / 1024);
-                g.bench_function(BenchmarkId::from_parameter(&id), |bench| {
-                    let s = state.get_or_insert_with(|| {
-                        let mut s = E2e::new(drive, mode, chunk);
-                        // One message untimed (first touches), and what a chunk costs in counts.
-                        let (a0, b0) = (s.p.a.stats(), s.p.b.stats());
-                        s.message();
-                        let (a1, b1) = (s.p.a.stats(), s.p.b.stats());
-                        let per = |x: u64| x as f64 / E2E_CHUNKS as f64;
-                        eprintln!(
-                            "engine/e2e/{id}: per chunk: {:.2} poll rounds of each engine, \
-                             {:.3} post calls, {:.3} ACK headers, {} retransmissions in all",
-                            per((a1.polls - a0.polls) / 3),
-                            per(a1.post_send_calls - a0.post_send_calls),
-                            per(b1.acks_sent - b0.acks_sent),
-                            a1.rto_retransmits + a1.fast_retransmits
-                                - a0.rto_retransmits
-                                - a0.fast_retransmits,
-                        );
-                        s
-                    });
-                    bench.iter(|| black_box(s.message()))
-                });
-            }
-        }
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
+    let runs = [Drive::Step, Drive::Batch].into_iter().flat_map(|d| {
+        [Mode::Uc, Mode::Rc].into_iter().flat_map(move |m| {
+            [16 * KIB as u32, 4 * KIB as u32]
+                .into_iter()
+                .flat_map(move |c| [true, false].map(|copy| (d, m, c, copy)))
+        })
+    });
+    for (drive, mode, chunk, copy) in runs {
+        // Built on first use, so that a filtered-out benchmark costs nothing.
+        let mut state = None;
+        let id = format!(
+            "{}/{}/{}KiB/{}",
+            drive.name(),
+            mode_name(mode),
+            chunk / 1024,
+            if copy { "copy" } else { "nocopy" }
+        );
+        g.bench_function(BenchmarkId::from_parameter(&id), |bench| {
+            let s = state.get_or_insert_with(|| {
+                let mut s = E2e::new(drive, mode, chunk, copy);
+                // One message untimed (first touches), and what a message costs in counts.
+                let (a0, b0) = (s.p.a.stats(), s.p.b.stats());
+                s.message();
+                let (a1, b1) = (s.p.a.stats(), s.p.b.stats());
+                eprintln!(
+                    "engine/e2e/{id}: per message of {E2E_CHUNKS} chunks: {} poll rounds of \
+                     each engine, {} post calls, {} ACK headers, {} retransmissions",
+                    (a1.polls - a0.polls) / 3,
+                    a1.post_send_calls - a0.post_send_calls,
+                    b1.acks_sent - b0.acks_sent,
+                    a1.rto_retransmits + a1.fast_retransmits
+                        - a0.rto_retransmits
+                        - a0.fast_retransmits,
+                );
+                s
+            });
+            bench.iter(|| black_box(s.message()))
+        });
     }
     g.finish();
 }
@@ -437,7 +451,7 @@ impl Drain {
             .min(u64::from(cfg.tx.flow_window));
         assert!(batch <= grant * conns as u64, "a batch fits the credits");
         assert_eq!(POLL_CQES % batch, 0);
-        let mut p = Pair::new(&cfg, conns);
+        let mut p = Pair::new(&cfg, conns, true);
         let src = p.a.register(POLL_CHUNK as usize).expect("register");
         let buf =
             p.b.register((batch * u64::from(POLL_CHUNK)) as usize)
@@ -487,14 +501,21 @@ impl Drain {
             self.batch,
             "the drain took every chunk of the batch, and only those"
         );
-        p.run(Drive::Step, || reqs.iter().all(|r| r.test().is_some()));
+        let mut done = 0;
+        p.run(Drive::Step, || {
+            // Writes complete in order, mostly.
+            while reqs.get(done).is_some_and(Request::is_done) {
+                done += 1;
+            }
+            done == reqs.len()
+        });
         all_ok(&reqs);
         (took, before, after)
     }
 }
 
 /// `rounds` poll rounds of `e` (a function of its own, so that a profile can pick out the
-/// timed rounds: `perf report --parent drain_rounds`).
+/// timed rounds: the samples with `drain_rounds` in their call chain).
 #[inline(never)]
 fn drain_rounds(e: &mut Engine, rounds: u64) {
     for _ in 0..rounds {
@@ -507,7 +528,7 @@ fn poll(c: &mut Criterion) {
     g.throughput(Throughput::Elements(POLL_CQES))
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1));
+        .measurement_time(Duration::from_secs(2));
     // A batch is what crosses the fabric before the receiver polls: one connection's window
     // holds at most 256 chunks; the 1024-QP runs also take 1024 at once (a chunk on every QP).
     let runs = [
