@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::ptr::{NonNull, null_mut};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use ibverbs_sys::{ibv_ah, ibv_recv_wr, ibv_send_wr, ibv_sge};
 
@@ -139,10 +139,26 @@ impl Pinned {
         a.entry(ah.raw as usize).or_insert_with(|| Arc::clone(ah));
     }
 
+    /// A view of what is pinned for checking one chain: the locks are taken once per post,
+    /// not once per WR.
+    pub(crate) fn checker(&self) -> Checker<'_> {
+        Checker {
+            regions: self.regions.read().unwrap_or_else(|e| e.into_inner()),
+            ahs: self.ahs.read().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+}
+
+/// What is pinned to a queue, read-locked while one chain is checked.
+pub(crate) struct Checker<'a> {
+    regions: RwLockReadGuard<'a, BTreeMap<u64, Region>>,
+    ahs: RwLockReadGuard<'a, BTreeMap<usize, Arc<Ah>>>,
+}
+
+impl Checker<'_> {
     /// Whether `ah` is a pinned address handle.
     pub(crate) fn has_ah(&self, ah: *mut ibv_ah) -> bool {
-        let a = self.ahs.read().unwrap_or_else(|e| e.into_inner());
-        a.contains_key(&(ah as usize))
+        self.ahs.contains_key(&(ah as usize))
     }
 
     /// Checks the first `n` SGEs of a slot at position `index` of a chain: each non-empty,
@@ -152,7 +168,6 @@ impl Pinned {
         if sges.len() > max_sge as usize {
             return bad(format!("{} SGEs, the queue takes {max_sge}", sges.len()));
         }
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
         for s in sges {
             // A zero length means 2 GiB to some NICs (mlx5): never let one through.
             if s.length == 0 {
@@ -162,7 +177,7 @@ impl Pinned {
                 ));
             }
             let inside = s.addr.checked_add(u64::from(s.length)).is_some_and(|end| {
-                regions
+                self.regions
                     .range(..=s.addr)
                     .next_back()
                     .is_some_and(|(_, r)| r.lkey == s.lkey && end <= r.end)
@@ -280,7 +295,7 @@ where
 /// The common checks of a slot at position `index`: an id this crate does not reserve, and
 /// SGEs inside pinned regions.
 pub(crate) fn check_slot<S: Slot>(
-    pinned: &Pinned,
+    pinned: &Checker<'_>,
     index: usize,
     s: &S,
     max_sge: u32,

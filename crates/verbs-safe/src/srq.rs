@@ -164,8 +164,9 @@ impl Srq {
         slots: &mut [X],
         order: &[u32],
     ) -> Result<()> {
+        let pins = self.pinned.checker();
         let head = link(slots, order, |k, s: &RecvSlot<N>| {
-            check_slot(&self.pinned, k, s, self.max_sge)
+            check_slot(&pins, k, s, self.max_sge)
         })?;
         if head.is_null() {
             return Ok(());

@@ -495,11 +495,12 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     ) -> Result<()> {
         let i = &self.inner;
         let ud = T::QP_TYPE == verbs_sys::ibv_qp_type::IBV_QPT_UD;
+        let pins = i.pinned.checker();
         let head = link(slots, order, |k, s: &WrSlot<N>| {
-            check_slot(&i.pinned, k, s, i.caps.max_send_sge)?;
+            check_slot(&pins, k, s, i.caps.max_send_sge)?;
             // SAFETY: on a UD QP the `wr` union holds the `ud` member (plain data); only the
             // address is compared, never followed.
-            if ud && !i.pinned.has_ah(unsafe { s.wr.wr.ud }.ah) {
+            if ud && !pins.has_ah(unsafe { s.wr.wr.ud }.ah) {
                 return Err(Error::InvalidWr {
                     index: k,
                     reason: "its address handle is not pinned to this QP".into(),
@@ -597,8 +598,9 @@ impl<T: Transport, S: CanPostRecv> Qp<T, S> {
         order: &[u32],
     ) -> Result<()> {
         let i = &self.inner;
+        let pins = i.pinned.checker();
         let head = link(slots, order, |k, s: &RecvSlot<N>| {
-            check_slot(&i.pinned, k, s, i.caps.max_recv_sge)
+            check_slot(&pins, k, s, i.caps.max_recv_sge)
         })?;
         if head.is_null() {
             return Ok(());
