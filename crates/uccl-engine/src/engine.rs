@@ -412,8 +412,13 @@ impl Engine {
     /// (then the buffer may be changed); fails with [`EngineError::TooLarge`] if the peer's
     /// buffer is smaller.
     pub fn send(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
+        self.start(|e, req| e.send_with(conn, buf, offset, len, req))
+    }
+
+    /// A new request, started by `f`.
+    fn start(&mut self, f: impl FnOnce(&mut Self, &Request) -> Result<()>) -> Result<Request> {
         let req = Request::default();
-        self.send_with(conn, buf, offset, len, &req)?;
+        f(self, &req)?;
         Ok(req)
     }
 
@@ -445,9 +450,7 @@ impl Engine {
     /// advertises it to the peer. Completes with the message's length once all of it is in
     /// place; receives complete in the order they were posted.
     pub fn recv(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        let req = Request::default();
-        self.recv_with(conn, buf, offset, len, &req)?;
-        Ok(req)
+        self.start(|e, req| e.recv_with(conn, buf, offset, len, req))
     }
 
     /// [`recv`](Self::recv), completing `req`.
@@ -504,9 +507,7 @@ impl Engine {
         dst: &Descriptor,
         dst_offset: u64,
     ) -> Result<Request> {
-        let req = Request::default();
-        self.write_with(conn, buf, (offset, len), dst, dst_offset, &req)?;
-        Ok(req)
+        self.start(|e, req| e.write_with(conn, buf, (offset, len), dst, dst_offset, req))
     }
 
     /// [`write`](Self::write) of `(offset, len)`, completing `req`.

@@ -10,25 +10,12 @@ use crate::conn::WRITE_RID;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::request::Done;
-use crate::round::{Cqe, drain};
+use crate::round::{Cqe, Queue};
 use crate::rx::{Arrival, Delivered};
 
 impl Engine {
     pub(crate) fn poll_recv(&mut self, now: u64) -> Result<bool> {
-        let mut cqes = std::mem::take(&mut self.scratch.cqes);
-        let n = drain(
-            &mut self.poller,
-            &self.io.recv_cq,
-            self.cfg.poll_budget,
-            &mut cqes,
-        )?;
-        self.stats.polls += 1;
-        self.stats.cqes += n as u64;
-        for &e in &cqes {
-            self.on_data_recv(e, now);
-        }
-        self.scratch.cqes = cqes;
-        Ok(n > 0)
+        self.poll_cq(Queue::Recv, |s, e| s.on_data_recv(e, now))
     }
 
     /// A receive completion of a data QP: a chunk written (WRITE_WITH_IMM), or a retransmitted

@@ -13,6 +13,17 @@ use crate::proto::Ctl;
 use crate::request::Done;
 use crate::wrid::{self, Ctrl};
 
+/// The engine's three shared CQs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Queue {
+    /// Send completions of every data QP.
+    Send,
+    /// Receive completions of every data QP (through the SRQ).
+    Recv,
+    /// Completions of the UD control QP and of every connection's control QP.
+    Ctrl,
+}
+
 /// What the round needs of a completion, copied out of the CQ's batch.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Cqe {
@@ -27,7 +38,7 @@ pub(crate) struct Cqe {
 }
 
 /// Polls up to `budget` completions of `cq` into `out` (cleared first).
-pub(crate) fn drain(
+fn drain(
     poller: &mut Poller,
     cq: &Cq,
     budget: usize,
@@ -114,44 +125,40 @@ impl Engine {
         .min()
     }
 
-    fn poll_send(&mut self) -> Result<bool> {
+    /// Polls up to a budget of completions of queue `q`'s CQ and hands each to `each`.
+    pub(crate) fn poll_cq(
+        &mut self,
+        q: Queue,
+        mut each: impl FnMut(&mut Self, Cqe),
+    ) -> Result<bool> {
         let mut cqes = std::mem::take(&mut self.scratch.cqes);
-        let n = drain(
-            &mut self.poller,
-            &self.io.send_cq,
-            self.cfg.poll_budget,
-            &mut cqes,
-        )?;
+        let cq = match q {
+            Queue::Send => &self.io.send_cq,
+            Queue::Recv => &self.io.recv_cq,
+            Queue::Ctrl => &self.io.ctrl_cq,
+        };
+        let n = drain(&mut self.poller, cq, self.cfg.poll_budget, &mut cqes)?;
         self.stats.polls += 1;
         self.stats.cqes += n as u64;
-        for e in &cqes {
-            self.tx.on_send_completion(e.wr_id, e.ok);
+        for &e in &cqes {
+            each(self, e);
         }
         self.scratch.cqes = cqes;
         Ok(n > 0)
     }
 
+    fn poll_send(&mut self) -> Result<bool> {
+        self.poll_cq(Queue::Send, |s, e| s.tx.on_send_completion(e.wr_id, e.ok))
+    }
+
     fn poll_ctrl(&mut self, now: u64) -> Result<bool> {
-        let mut cqes = std::mem::take(&mut self.scratch.cqes);
-        let n = drain(
-            &mut self.poller,
-            &self.io.ctrl_cq,
-            self.cfg.poll_budget,
-            &mut cqes,
-        )?;
-        self.stats.polls += 1;
-        self.stats.cqes += n as u64;
-        for &e in &cqes {
-            match wrid::decode(e.wr_id) {
-                Some(Ctrl::UdRecv(slot)) => self.on_ack_packet(slot, e, now),
-                Some(Ctrl::UdSend(slot)) => self.io.ctrl_send.give_back(slot),
-                Some(Ctrl::CtlRecv(ci, slot)) => self.on_ctl(ci, slot, e, now),
-                Some(Ctrl::CtlSend(ci, slot)) => self.on_ctl_sent(ci, slot, e),
-                None => self.stats.dropped_invalid += 1,
-            }
-        }
-        self.scratch.cqes = cqes;
-        Ok(n > 0)
+        self.poll_cq(Queue::Ctrl, |s, e| match wrid::decode(e.wr_id) {
+            Some(Ctrl::UdRecv(slot)) => s.on_ack_packet(slot, e, now),
+            Some(Ctrl::UdSend(slot)) => s.io.ctrl_send.give_back(slot),
+            Some(Ctrl::CtlRecv(ci, slot)) => s.on_ctl(ci, slot, e, now),
+            Some(Ctrl::CtlSend(ci, slot)) => s.on_ctl_sent(ci, slot, e),
+            None => s.stats.dropped_invalid += 1,
+        })
     }
 
     /// Matches queued sends with the peer's receive buffers, in order, and hands them to the

@@ -31,76 +31,55 @@ const YIELDS: u32 = 256;
 
 /// A request on its way to the engine thread.
 enum Command {
-    Send {
+    /// A send, receive or write of `range` of `buf` on `conn`.
+    Io {
         conn: ConnId,
         buf: Buffer,
         range: (u64, u64),
-        req: Request,
-    },
-    Recv {
-        conn: ConnId,
-        buf: Buffer,
-        range: (u64, u64),
-        req: Request,
-    },
-    Write {
-        conn: ConnId,
-        buf: Buffer,
-        range: (u64, u64),
-        dst: Descriptor,
-        dst_offset: u64,
+        op: Op,
         req: Request,
     },
     /// A control-path call ([`EngineHandle::call`]).
     Call(Box<dyn FnOnce(&mut Engine) + Send>),
 }
 
+/// What an [`Command::Io`] does.
+enum Op {
+    Send,
+    Recv,
+    Write { dst: Descriptor, dst_offset: u64 },
+}
+
 impl Command {
     /// Runs the command on the engine; a request that cannot start fails with the reason.
     fn apply(self, e: &mut Engine) {
-        let (req, r) = match self {
-            Command::Send {
+        match self {
+            Command::Call(f) => f(e),
+            Command::Io {
                 conn,
                 buf,
                 range: (off, len),
+                op,
                 req,
             } => {
-                let r = e.send_with(conn, &buf, off, len, &req);
-                (req, r)
+                let started = match op {
+                    Op::Send => e.send_with(conn, &buf, off, len, &req),
+                    Op::Recv => e.recv_with(conn, &buf, off, len, &req),
+                    Op::Write { dst, dst_offset } => {
+                        e.write_with(conn, &buf, (off, len), &dst, dst_offset, &req)
+                    }
+                };
+                if let Err(err) = started {
+                    req.fail(err);
+                }
             }
-            Command::Recv {
-                conn,
-                buf,
-                range: (off, len),
-                req,
-            } => {
-                let r = e.recv_with(conn, &buf, off, len, &req);
-                (req, r)
-            }
-            Command::Write {
-                conn,
-                buf,
-                range,
-                dst,
-                dst_offset,
-                req,
-            } => {
-                let r = e.write_with(conn, &buf, range, &dst, dst_offset, &req);
-                (req, r)
-            }
-            Command::Call(f) => return f(e),
-        };
-        if let Err(err) = r {
-            req.fail(err);
         }
     }
 
     /// Fails the command's request: the engine is gone.
     fn cancel(self) {
         match self {
-            Command::Send { req, .. } | Command::Recv { req, .. } | Command::Write { req, .. } => {
-                req.fail(EngineError::Stopped)
-            }
+            Command::Io { req, .. } => req.fail(EngineError::Stopped),
             // Dropping the closure drops its reply channel: the caller sees `Stopped`.
             Command::Call(_) => {}
         }
@@ -236,38 +215,31 @@ impl EngineHandle {
         Ok(())
     }
 
-    /// Checks `buf` belongs to this engine and `offset..offset + len` lies inside it.
-    fn check(&self, buf: &Buffer, offset: u64, len: u64) -> Result<()> {
+    /// Queues `op` of `offset..offset + len` of `buf` on `conn`.
+    fn io(&self, conn: ConnId, buf: &Buffer, (offset, len): (u64, u64), op: Op) -> Result<Request> {
         if buf.engine != self.engine_id {
             return Err(EngineError::BadRange("a buffer of another engine"));
         }
-        buf.range(offset, len).map(|_| ())
+        buf.range(offset, len)?;
+        let req = Request::default();
+        self.push(Command::Io {
+            conn,
+            buf: buf.clone(),
+            range: (offset, len),
+            op,
+            req: req.clone(),
+        })?;
+        Ok(req)
     }
 
     /// [`Engine::send`] on the engine thread.
     pub fn send(&self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        self.check(buf, offset, len)?;
-        let req = Request::default();
-        self.push(Command::Send {
-            conn,
-            buf: buf.clone(),
-            range: (offset, len),
-            req: req.clone(),
-        })?;
-        Ok(req)
+        self.io(conn, buf, (offset, len), Op::Send)
     }
 
     /// [`Engine::recv`] on the engine thread.
     pub fn recv(&self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        self.check(buf, offset, len)?;
-        let req = Request::default();
-        self.push(Command::Recv {
-            conn,
-            buf: buf.clone(),
-            range: (offset, len),
-            req: req.clone(),
-        })?;
-        Ok(req)
+        self.io(conn, buf, (offset, len), Op::Recv)
     }
 
     /// [`Engine::write`] on the engine thread.
@@ -275,21 +247,12 @@ impl EngineHandle {
         &self,
         conn: ConnId,
         buf: &Buffer,
-        (offset, len): (u64, u64),
+        range: (u64, u64),
         dst: &Descriptor,
         dst_offset: u64,
     ) -> Result<Request> {
-        self.check(buf, offset, len)?;
-        let req = Request::default();
-        self.push(Command::Write {
-            conn,
-            buf: buf.clone(),
-            range: (offset, len),
-            dst: *dst,
-            dst_offset,
-            req: req.clone(),
-        })?;
-        Ok(req)
+        let dst = *dst;
+        self.io(conn, buf, range, Op::Write { dst, dst_offset })
     }
 
     /// Runs `f` on the engine thread between two rounds and returns what it returns: for the
