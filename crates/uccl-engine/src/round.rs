@@ -38,12 +38,7 @@ pub(crate) struct Cqe {
 }
 
 /// Polls up to `budget` completions of `cq` into `out` (cleared first).
-fn drain(
-    poller: &mut Poller,
-    cq: &Cq,
-    budget: usize,
-    out: &mut Vec<Cqe>,
-) -> Result<usize> {
+fn drain(poller: &mut Poller, cq: &Cq, budget: usize, out: &mut Vec<Cqe>) -> Result<usize> {
     out.clear();
     let polled = poller
         .poll(cq, budget, |c| {

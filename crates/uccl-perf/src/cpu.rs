@@ -15,13 +15,18 @@ pub(crate) fn process_time() -> Option<Duration> {
 mod tests {
     #[test]
     fn cpu_time_grows_with_work() {
+        // No timing threshold (the machine may be busy): only that spinning is counted.
         let a = super::process_time().unwrap();
+        let start = std::time::Instant::now();
         let mut x = 0u64;
-        let t = std::time::Instant::now();
-        while t.elapsed() < std::time::Duration::from_millis(5) {
-            x = std::hint::black_box(x.wrapping_add(1));
+        while super::process_time().unwrap() <= a {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            assert!(
+                start.elapsed().as_secs() < 10,
+                "CPU time never moved from {a:?}"
+            );
         }
-        let b = super::process_time().unwrap();
-        assert!(b >= a + std::time::Duration::from_millis(4), "{a:?} {b:?}");
     }
 }

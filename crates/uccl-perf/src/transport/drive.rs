@@ -1,0 +1,119 @@
+//! The driver: rounds of stepping every flow and polling every engine until every flow is
+//! done. On softnic, when nothing has work, the fabric's virtual clock jumps to the next event
+//! (a packet, or an engine's timer), so the same seed gives the same run.
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use uccl_engine::Engine;
+
+use super::run::Run;
+use crate::args::Args;
+
+impl Run<'_> {
+    /// Runs until every flow is done; returns the elapsed wall time.
+    pub(super) fn drive(&mut self) -> Result<Duration, String> {
+        let start = Instant::now();
+        let stop_at = self.args.duration.map(|d| start + d);
+        let mut shown = false;
+        let mut quiet_since = (start, self.fabric.as_ref().map(|f| f.now()));
+        let mut rounds = 0u64;
+        // Requests complete only inside a poll: after a round with nothing done, there is
+        // nothing new to look at.
+        let mut look = true;
+        loop {
+            let progress = look && self.step()?;
+            if self.done() {
+                return Ok(start.elapsed());
+            }
+            let mut kick = false;
+            rounds += 1;
+            if rounds.is_multiple_of(64) {
+                let now = Instant::now();
+                if let Some(t) = stop_at
+                    && self.limit == u64::MAX
+                    && now >= t
+                {
+                    self.stop();
+                    kick = true;
+                }
+                if !shown && now - start >= Duration::from_secs(1) {
+                    shown = true;
+                    if show_progress(self.args) {
+                        self.bar.set_draw_target(ProgressDrawTarget::stdout());
+                    }
+                }
+            }
+            let mut busy = false;
+            for (k, e) in self.engines.iter_mut().enumerate() {
+                busy |= e
+                    .poll()
+                    .map_err(|e| format!("engine on {}: {e}", self.names[k]))?;
+            }
+            look = busy || kick;
+            if progress {
+                quiet_since = (Instant::now(), self.fabric.as_ref().map(|f| f.now()));
+            }
+            if busy || progress {
+                continue;
+            }
+            match &self.fabric {
+                Some(f) => {
+                    let now = f.now();
+                    if quiet_since
+                        .1
+                        .is_some_and(|q| now - q > Duration::from_secs(30))
+                    {
+                        return Err(format!(
+                            "{} (no progress in 30 s of virtual time)",
+                            self.missing()
+                        ));
+                    }
+                    let next = self
+                        .engines
+                        .iter()
+                        .filter_map(Engine::next_deadline)
+                        .map(Duration::from_nanos)
+                        .chain(f.next_event())
+                        .min();
+                    match next {
+                        Some(t) if t > now => f.advance(t - now),
+                        Some(_) => f.advance(Duration::from_nanos(1)),
+                        None => {
+                            return Err(format!(
+                                "{} (nothing left to happen at {now:?} of virtual time)",
+                                self.missing()
+                            ));
+                        }
+                    }
+                }
+                None => {
+                    if quiet_since.0.elapsed() > Duration::from_secs(30) {
+                        return Err(format!("{} (no progress in 30 s)", self.missing()));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// Whether a progress bar may show: on a terminal, without `--json`.
+fn show_progress(args: &Args) -> bool {
+    use std::io::IsTerminal;
+    !args.json && std::io::stdout().is_terminal()
+}
+
+/// A progress bar of `total` messages (a spinner with `--duration`), hidden at first.
+pub(super) fn new_bar(args: &Args, total: u64) -> ProgressBar {
+    // Hidden until the run has lasted a second (`Run::drive` shows it then).
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+    let style = ProgressStyle::with_template(if args.duration.is_some() {
+        "{spinner} {elapsed} {pos} messages ({per_sec})"
+    } else {
+        "{bar:40} {pos}/{len} messages {elapsed}/{eta} ({per_sec})"
+    })
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}

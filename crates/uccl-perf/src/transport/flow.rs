@@ -1,0 +1,157 @@
+//! A flow's two ends, and its payload: each message's pattern written into the sender's slot
+//! and checked in the receiver's.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use uccl_engine::{Buffer, ConnId, Descriptor, Request};
+
+use crate::args::Args;
+use crate::pattern;
+
+/// The sending end of a flow.
+pub(super) struct TxSide {
+    /// The engine (an index into the run's) that holds the connection.
+    pub(super) engine: usize,
+    pub(super) conn: ConnId,
+    pub(super) src: Buffer,
+    /// Sends (or writes) in flight: (message, request); the end marker is `u64::MAX`.
+    pub(super) reqs: VecDeque<(u64, Request)>,
+    /// The next message to send.
+    pub(super) next: u64,
+    /// Messages whose send completed.
+    pub(super) completed: u64,
+    /// The end marker (a 0-byte message; two processes only) is posted.
+    pub(super) marker_sent: bool,
+    /// The end marker's send completed.
+    pub(super) marker_done: bool,
+}
+
+impl TxSide {
+    /// A sending end on `conn` of engine `engine`, sending from `src`, nothing sent yet.
+    pub(super) fn new(engine: usize, conn: ConnId, src: Buffer) -> Self {
+        TxSide {
+            engine,
+            conn,
+            src,
+            reqs: VecDeque::new(),
+            next: 0,
+            completed: 0,
+            marker_sent: false,
+            marker_done: false,
+        }
+    }
+}
+
+/// The receiving end of a flow.
+pub(super) struct RxSide {
+    /// The engine (an index into the run's) that holds the connection.
+    pub(super) engine: usize,
+    pub(super) conn: ConnId,
+    pub(super) dst: Buffer,
+    /// The region exported for `--op write`.
+    pub(super) desc: Option<Descriptor>,
+    /// Receives posted: (message, request).
+    pub(super) reqs: VecDeque<(u64, Request)>,
+    /// The next message to post a receive for.
+    pub(super) next_post: u64,
+    /// Messages that arrived (and were checked).
+    pub(super) received: u64,
+    /// The end marker arrived (two processes only).
+    pub(super) ended: bool,
+}
+
+impl RxSide {
+    /// A receiving end on `conn` of engine `engine`, receiving into `dst` (`desc`: exported
+    /// for `--op write`), nothing received yet.
+    pub(super) fn new(engine: usize, conn: ConnId, dst: Buffer, desc: Option<Descriptor>) -> Self {
+        RxSide {
+            engine,
+            conn,
+            dst,
+            desc,
+            reqs: VecDeque::new(),
+            next_post: 0,
+            received: 0,
+            ended: false,
+        }
+    }
+}
+
+/// A flow: the ends of it that this process runs.
+pub(super) struct Flow {
+    /// Its number (`0..--flows`), which picks its patterns.
+    pub(super) id: u64,
+    pub(super) tx: Option<TxSide>,
+    pub(super) rx: Option<RxSide>,
+}
+
+/// Writes each message's pattern into its slot of the sender's buffer and checks it in the
+/// receiver's (nothing with `--no-payload`), timing both.
+pub(super) struct Payload<'a> {
+    args: &'a Args,
+    /// The message size.
+    msg: u64,
+    /// Messages per flow in flight: the slots of each buffer.
+    window: u64,
+    /// One message's bytes.
+    scratch: Vec<u8>,
+    /// The time spent writing and checking.
+    pub(super) time: Duration,
+}
+
+impl<'a> Payload<'a> {
+    /// The payload of `args`' flows: `msg`-byte messages in `window` slots.
+    pub(super) fn new(args: &'a Args, msg: u64, window: u64) -> Self {
+        Payload {
+            args,
+            msg,
+            window,
+            scratch: vec![0u8; msg as usize],
+            time: Duration::ZERO,
+        }
+    }
+
+    /// Writes message `m` of flow `f` into its slot of the source buffer.
+    pub(super) fn fill(&mut self, f: &Flow, m: u64) -> Result<(), String> {
+        if self.args.no_payload {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let tx = f.tx.as_ref().expect("a sending end");
+        pattern::fill(self.args.seed, f.id, m, &mut self.scratch);
+        tx.src
+            .write_at(((m % self.window) * self.msg) as usize, &self.scratch)
+            .map_err(|e| format!("flow {}: writing message {m}: {e}", f.id))?;
+        self.time += t.elapsed();
+        Ok(())
+    }
+
+    /// Checks message `m` of flow `f` in its slot of the destination buffer.
+    pub(super) fn verify(&mut self, f: &Flow, m: u64) -> Result<(), String> {
+        if self.args.no_payload {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let rx = f.rx.as_ref().expect("a receiving end");
+        let off = ((m % self.window) * self.msg) as usize;
+        rx.dst
+            .read_at(off, &mut self.scratch)
+            .map_err(|e| format!("flow {}: reading message {m}: {e}", f.id))?;
+        if let Some((tf, tm, at)) = self.args.tamper
+            && (tf, tm) == (f.id, m)
+            && let Some(b) = self.scratch.get_mut(at as usize)
+        {
+            *b ^= 0x40;
+        }
+        let bad = pattern::first_mismatch(self.args.seed, f.id, m, &self.scratch);
+        self.time += t.elapsed();
+        match bad {
+            None => Ok(()),
+            Some(at) => Err(format!(
+                "flow {} message {m}: byte {at} of {} differs from the pattern (seed {})",
+                f.id, self.msg, self.args.seed
+            )),
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Driving a run to the end and measuring it: messages, bytes, time (wall, virtual and CPU),
+//! the engines' and the NIC's counters, and a memcpy of the same bytes to compare with.
+
+use std::time::Instant;
+
+use uccl_engine::Engine;
+
+use super::drive::new_bar;
+use super::flow::{Flow, Payload};
+use super::run::Run;
+use super::{Measured, Role, inflight};
+use crate::args::Args;
+
+/// Drives `flows` to the end and measures.
+pub(super) fn execute(
+    args: &Args,
+    role: Role,
+    engines: Vec<Engine>,
+    names: Vec<String>,
+    fabric: Option<softnic::Fabric>,
+    flows: Vec<Flow>,
+    marker: bool,
+) -> Result<Measured, String> {
+    let msg = args.msg_size();
+    let window = u64::from(inflight(args));
+    let limit = match args.duration {
+        Some(_) => u64::MAX,
+        None => args.messages.unwrap_or(64),
+    };
+    let total = limit.saturating_mul(flows.len() as u64);
+    let mut run = Run {
+        args,
+        msg,
+        window,
+        limit,
+        marker,
+        bar: new_bar(args, if args.duration.is_some() { 0 } else { total }),
+        flows,
+        engines,
+        names,
+        fabric,
+        payload: Payload::new(args, msg, window),
+        received: 0,
+        sent: 0,
+    };
+    let cpu0 = crate::cpu::process_time();
+    let v0 = run.fabric.as_ref().map(|f| f.now());
+    let result = run.drive();
+    run.bar.finish_and_clear();
+    let elapsed = result?;
+    if marker && args.duration.is_none() {
+        // Two processes: each flow ended by its sender must hold every message.
+        for f in &run.flows {
+            if let Some(r) = &f.rx
+                && r.received != run.limit
+            {
+                return Err(format!(
+                    "flow {}: {} messages arrived, {} were to be sent (same --messages on both \
+                     sides?)",
+                    f.id, r.received, run.limit
+                ));
+            }
+        }
+    }
+    let cpu = crate::cpu::process_time()
+        .zip(cpu0)
+        .map(|(b, a)| b.saturating_sub(a));
+    let virtual_time = run.fabric.as_ref().zip(v0).map(|(f, v)| f.now() - v);
+    let mut stats = uccl_engine::Stats::default();
+    let mut failover = 0;
+    for e in &run.engines {
+        stats = add(stats, e.stats());
+        failover += e.tx_stats().failover_retransmits;
+    }
+    let nic = run.fabric.as_ref().map(|f| {
+        let mut c = softnic::Counters::default();
+        for n in &run.names {
+            if let Some(d) = f.device_counters(n) {
+                c += &d;
+            }
+        }
+        c
+    });
+    let bytes = run.received * msg;
+    let working = (run.flows.len() as u64 * window * msg).clamp(msg, 64 << 20);
+    Ok(Measured {
+        role,
+        inflight: window as u32,
+        messages_sent: run.sent,
+        messages_received: run.received,
+        bytes_received: bytes,
+        verified: !args.no_payload,
+        elapsed,
+        virtual_time,
+        stats,
+        failover_retransmits: failover,
+        nic,
+        cpu,
+        check: run.payload.time,
+        memcpy_gbps: memcpy_gbps(bytes.max(msg), msg, working),
+    })
+}
+
+/// The sum of two engines' counters.
+fn add(a: uccl_engine::Stats, b: uccl_engine::Stats) -> uccl_engine::Stats {
+    let mut s = a;
+    s.chunks_sent += b.chunks_sent;
+    s.post_send_calls += b.post_send_calls;
+    s.send_wrs += b.send_wrs;
+    s.srq_posts += b.srq_posts;
+    s.srq_wqes += b.srq_wqes;
+    s.srq_limit_events += b.srq_limit_events;
+    s.qp_fatal_events += b.qp_fatal_events;
+    s.rto_retransmits += b.rto_retransmits;
+    s.fast_retransmits += b.fast_retransmits;
+    s.acks_sent += b.acks_sent;
+    s.ack_packets += b.ack_packets;
+    s.acks_received += b.acks_received;
+    s.cqes += b.cqes;
+    s.polls += b.polls;
+    s.chunks_received += b.chunks_received;
+    s.credit_stalls += b.credit_stalls;
+    s.dropped_duplicate += b.dropped_duplicate;
+    s.dropped_invalid += b.dropped_invalid;
+    s.dropped_out_of_window += b.dropped_out_of_window;
+    s.messages_sent += b.messages_sent;
+    s.messages_received += b.messages_received;
+    s.bytes_received += b.bytes_received;
+    s.writes_received += b.writes_received;
+    s
+}
+
+/// Copies `bytes` (at most 1 GiB of them) in `msg`-byte pieces round a `working`-byte set of
+/// buffers, single-threaded: the software limit of a NIC that copies every byte.
+fn memcpy_gbps(bytes: u64, msg: u64, working: u64) -> f64 {
+    let bytes = bytes.min(1 << 30);
+    let piece = msg.min(working) as usize;
+    let slots = (working as usize / piece).max(1);
+    let src = vec![0x5au8; piece * slots];
+    let mut dst = vec![0u8; piece * slots];
+    // Touch the destination once so that page faults are not timed.
+    dst.iter_mut().step_by(4096).for_each(|b| *b = 1);
+    let n = bytes.div_ceil(piece as u64);
+    let t = Instant::now();
+    for i in 0..n {
+        let k = (i as usize % slots) * piece;
+        dst[k..k + piece].copy_from_slice(&src[k..k + piece]);
+        std::hint::black_box(&mut dst);
+    }
+    let s = t.elapsed().as_secs_f64();
+    if s == 0.0 {
+        0.0
+    } else {
+        (n * piece as u64) as f64 * 8.0 / s / 1e9
+    }
+}

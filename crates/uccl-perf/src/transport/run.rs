@@ -1,0 +1,238 @@
+//! A run in progress: every flow's requests completed and posted, round by round, and
+//! whether (and where) the run is done.
+
+use indicatif::ProgressBar;
+use uccl_engine::Engine;
+
+use super::flow::{Flow, Payload};
+use crate::args::Args;
+
+/// A run in progress.
+pub(super) struct Run<'a> {
+    pub(super) args: &'a Args,
+    /// The message size.
+    pub(super) msg: u64,
+    /// Messages per flow in flight.
+    pub(super) window: u64,
+    /// Messages per flow (`u64::MAX` until `--duration` runs out).
+    pub(super) limit: u64,
+    /// Two processes: a 0-byte message ends each flow.
+    pub(super) marker: bool,
+    pub(super) flows: Vec<Flow>,
+    pub(super) engines: Vec<Engine>,
+    /// The device of each engine, for messages and counters.
+    pub(super) names: Vec<String>,
+    /// The fabric whose virtual clock this run moves (softnic).
+    pub(super) fabric: Option<softnic::Fabric>,
+    /// The payload written and checked.
+    pub(super) payload: Payload<'a>,
+    /// Messages received, over every flow.
+    pub(super) received: u64,
+    /// Messages whose send completed, over every flow.
+    pub(super) sent: u64,
+    /// The progress bar (shown after a second, on a terminal).
+    pub(super) bar: ProgressBar,
+}
+
+impl Run<'_> {
+    /// Completes and posts what it can on every flow; whether anything changed.
+    pub(super) fn step(&mut self) -> Result<bool, String> {
+        let mut progress = false;
+        for i in 0..self.flows.len() {
+            progress |= self.step_rx(i)?;
+            progress |= self.step_tx(i)?;
+        }
+        if progress {
+            self.bar.set_position(match self.limit {
+                u64::MAX => self.received,
+                _ => self.received.max(self.sent),
+            });
+        }
+        Ok(progress)
+    }
+
+    /// Completes the receives of flow `i` that are done, checking each message, and posts
+    /// receives up to the window; whether anything changed.
+    fn step_rx(&mut self, i: usize) -> Result<bool, String> {
+        let mut progress = false;
+        let (msg, window, limit, marker) = (self.msg, self.window, self.limit, self.marker);
+        let Some(rx) = self.flows[i].rx.as_mut() else {
+            return Ok(false);
+        };
+        if rx.desc.is_some() {
+            // One-sided: nothing completes at the receiver; the writer's completion says the
+            // bytes are in place (in process).
+            return Ok(false);
+        }
+        let id = self.flows[i].id;
+        while let Some((m, r)) = self.flows[i].rx.as_ref().and_then(|rx| rx.reqs.front()) {
+            let m = *m;
+            let Some(res) = r.test() else { break };
+            let done =
+                res.map_err(|e| format!("flow {id} message {m}: the receive failed: {e}"))?;
+            self.flows[i].rx.as_mut().expect("rx").reqs.pop_front();
+            progress = true;
+            if marker && done.len == 0 {
+                self.flows[i].rx.as_mut().expect("rx").ended = true;
+                break;
+            }
+            if done.len != msg {
+                return Err(format!(
+                    "flow {id} message {m}: {} bytes arrived, {msg} were sent",
+                    done.len
+                ));
+            }
+            self.payload.verify(&self.flows[i], m)?;
+            self.flows[i].rx.as_mut().expect("rx").received += 1;
+            self.received += 1;
+        }
+        let rx = self.flows[i].rx.as_mut().expect("rx");
+        while !rx.ended && rx.next_post < rx.received + window && (marker || rx.next_post < limit) {
+            let m = rx.next_post;
+            let off = (m % window) * msg;
+            let r = self.engines[rx.engine]
+                .recv(rx.conn, &rx.dst, off, msg)
+                .map_err(|e| format!("flow {id} message {m}: posting the receive: {e}"))?;
+            rx.reqs.push_back((m, r));
+            rx.next_post += 1;
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Completes the sends (or writes) of flow `i` that are done, posts more up to the window,
+    /// then the end marker once every message is sent; whether anything changed.
+    fn step_tx(&mut self, i: usize) -> Result<bool, String> {
+        let mut progress = false;
+        let (msg, window, limit, marker) = (self.msg, self.window, self.limit, self.marker);
+        let id = self.flows[i].id;
+        if self.flows[i].tx.is_none() {
+            return Ok(false);
+        }
+        while let Some((m, r)) = self.flows[i].tx.as_ref().and_then(|t| t.reqs.front()) {
+            let m = *m;
+            let Some(res) = r.test() else { break };
+            let what = if self.flows[i].rx.as_ref().is_some_and(|r| r.desc.is_some()) {
+                "write"
+            } else {
+                "send"
+            };
+            let done = res.map_err(|e| match m {
+                u64::MAX => format!("flow {id}: the end-of-flow message failed: {e}"),
+                _ => format!("flow {id} message {m}: the {what} failed: {e}"),
+            })?;
+            self.flows[i].tx.as_mut().expect("tx").reqs.pop_front();
+            progress = true;
+            if m == u64::MAX {
+                self.flows[i].tx.as_mut().expect("tx").marker_done = true;
+                continue;
+            }
+            if done.len != msg {
+                return Err(format!(
+                    "flow {id} message {m}: the {what} moved {} bytes of {msg}",
+                    done.len
+                ));
+            }
+            if what == "write" {
+                // In process: the write is acknowledged, so every byte is in place.
+                self.payload.verify(&self.flows[i], m)?;
+                self.flows[i].rx.as_mut().expect("rx").received += 1;
+                self.received += 1;
+            }
+            self.flows[i].tx.as_mut().expect("tx").completed += 1;
+            self.sent += 1;
+        }
+        loop {
+            let tx = self.flows[i].tx.as_ref().expect("tx");
+            let m = tx.next;
+            if m >= limit || m >= tx.completed + window {
+                break;
+            }
+            self.payload.fill(&self.flows[i], m)?;
+            let off = (m % window) * msg;
+            let f = &mut self.flows[i];
+            let tx = f.tx.as_mut().expect("tx");
+            let e = &mut self.engines[tx.engine];
+            let r = match f.rx.as_ref().and_then(|r| r.desc.as_ref()) {
+                Some(desc) => e.write(tx.conn, &tx.src, off, msg, desc, off),
+                None => e.send(tx.conn, &tx.src, off, msg),
+            }
+            .map_err(|e| format!("flow {id} message {m}: posting: {e}"))?;
+            tx.reqs.push_back((m, r));
+            tx.next += 1;
+            progress = true;
+        }
+        let tx = self.flows[i].tx.as_mut().expect("tx");
+        if marker && !tx.marker_sent && tx.next == limit && tx.completed == limit {
+            let r = self.engines[tx.engine]
+                .send(tx.conn, &tx.src, 0, 0)
+                .map_err(|e| format!("flow {id}: posting the end-of-flow message: {e}"))?;
+            tx.reqs.push_back((u64::MAX, r));
+            tx.marker_sent = true;
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Whether every flow is done at this end.
+    pub(super) fn done(&self) -> bool {
+        self.flows.iter().all(|f| {
+            let tx_done =
+                f.tx.as_ref()
+                    .is_none_or(|t| t.completed == self.limit && (!self.marker || t.marker_done));
+            let rx_done = f.rx.as_ref().is_none_or(|r| {
+                if self.marker {
+                    r.ended
+                } else {
+                    r.received == self.limit
+                }
+            });
+            tx_done && rx_done
+        })
+    }
+
+    /// The first message not in yet, for a report of what is missing.
+    pub(super) fn missing(&self) -> String {
+        for f in &self.flows {
+            if let Some(r) = &f.rx
+                && !self.marker
+                && r.received < self.limit
+            {
+                return format!(
+                    "flow {}: message {} of {} never arrived",
+                    f.id, r.received, self.limit
+                );
+            }
+            if let Some(t) = &f.tx
+                && t.completed < self.limit
+            {
+                return format!(
+                    "flow {}: message {} of {} was never acknowledged",
+                    f.id, t.completed, self.limit
+                );
+            }
+            if let Some(r) = &f.rx
+                && self.marker
+                && !r.ended
+            {
+                return format!(
+                    "flow {}: the sender never ended the flow ({} messages in)",
+                    f.id, r.received
+                );
+            }
+        }
+        "nothing is missing".into()
+    }
+
+    /// Stops sending new messages (`--duration` ran out): each flow ends after what it has
+    /// posted; every flow sends as many as the one furthest ahead, so they stay equal.
+    pub(super) fn stop(&mut self) {
+        let most = self
+            .flows
+            .iter()
+            .filter_map(|f| f.tx.as_ref().map(|t| t.next))
+            .max()
+            .unwrap_or(0);
+        self.limit = most;
+    }
+}
