@@ -4,7 +4,8 @@
 //! cargo xtask setup          check (and as root, install) the system packages the build needs
 //! cargo xtask test           setup, fmt --check, clippy -D warnings, the whole test suite
 //! cargo xtask demo [ARGS]    setup, release build, run `uccl-perf` (ARGS are passed on)
-//! cargo xtask bench [ARGS]   setup, run the criterion benchmarks (ARGS go to `cargo bench`)
+//! cargo xtask bench          setup, release build, the side-by-side benchmark table
+//! cargo xtask bench criterion [ARGS]  the criterion benchmarks (ARGS go to `cargo bench`)
 //! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
 //! ```
 //!
@@ -24,7 +25,15 @@ tasks:
                  run as root, otherwise print the exact command and fail
   test           setup, cargo fmt --check, cargo clippy -D warnings, the whole test suite
   demo [ARGS]    setup, build release, run uccl-perf with its defaults (ARGS are passed on)
-  bench [ARGS]   setup, run the criterion benchmarks (ARGS are passed to cargo bench)
+  bench          setup, build release, print the side-by-side benchmark table (markdown:
+                 chained vs single posts, shared vs per-QP CQs, SRQ vs per-QP RQs, bufpool
+                 vs ArrayQueue, goodput under loss, softnic vs memcpy; ~15 s once built);
+                 `bench table --only 2,4` prints only those rows
+  bench criterion [ARGS]
+                 setup, the criterion benchmarks (ARGS are passed to cargo bench, e.g.
+                 `criterion -- tx`); `bench -- ARGS` does the same
+  bench all [ARGS]
+                 the table, then the criterion benchmarks
   soak [CASES]   setup, the property tests with CASES cases each (default 20000; the engine's
                  whole-workload property a fiftieth of that), release build
   help           this text

@@ -62,17 +62,63 @@ pub(crate) fn demo(args: &[String]) -> Result<(), String> {
         &cargo,
         &["build", "--release", "--locked", "--package", "uccl-perf"],
     ))?;
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    status(&mut cmd(&release_bin("uccl-perf"), &argv))
+}
+
+/// A binary of the release build.
+fn release_bin(name: &str) -> String {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("release/uccl-perf");
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    status(&mut cmd(&bin.to_string_lossy(), &argv))
+    target
+        .join("release")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
 }
 
-/// Runs the criterion benchmarks of the workspace; extra arguments go to `cargo bench`.
+/// The benchmarks. No arguments, or `table [ARGS]` (ARGS go to `bench-table`, e.g.
+/// `--only 2`): the side-by-side table of uccl-benches' `bench-table`, markdown on stdout.
+/// `criterion [ARGS]`: the criterion benchmarks of the workspace, ARGS going to `cargo bench`
+/// (`criterion -- tx` for one); arguments that name no mode go to `cargo bench` too (`cargo
+/// xtask bench -- tx`). `all [ARGS]`: the table, then the criterion benchmarks.
 pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     setup::run()?;
+    match args.first().map(String::as_str) {
+        None => bench_table(&[]),
+        Some("table") => bench_table(&args[1..]),
+        Some("criterion") => criterion(&args[1..]),
+        Some("all") => {
+            bench_table(&[])?;
+            criterion(&args[1..])
+        }
+        Some(_) => criterion(args),
+    }
+}
+
+/// Builds release and runs `bench-table`, which runs the release `uccl-perf` for three rows.
+fn bench_table(args: &[String]) -> Result<(), String> {
+    status(&mut cmd(
+        &cargo(),
+        &[
+            "build",
+            "--release",
+            "--locked",
+            "--package",
+            "uccl-perf",
+            "--package",
+            "uccl-benches",
+        ],
+    ))?;
+    let perf = release_bin("uccl-perf");
+    let mut argv = vec!["--perf", &perf];
+    argv.extend(args.iter().map(String::as_str));
+    status(&mut cmd(&release_bin("bench-table"), &argv))
+}
+
+/// The criterion benchmarks of the workspace; `args` go to `cargo bench`.
+fn criterion(args: &[String]) -> Result<(), String> {
     let mut argv = vec!["bench", "--workspace", "--locked"];
     argv.extend(args.iter().map(String::as_str));
     status(&mut cmd(&cargo(), &argv))

@@ -1,0 +1,580 @@
+//! `bench-table`: the side-by-side table of issue 12, printed as markdown (`cargo xtask bench`).
+//!
+//! Every row compares two things measured in this one run, and the table shows their ratio;
+//! nothing is asserted. The rows:
+//!
+//! 1. chained vs single posts (`uccl-perf --tx-mode`, softnic payload copies off): post calls
+//!    per chunk and CPU ns per chunk;
+//! 2. one shared CQ vs one CQ per QP: poll cost per completion at 1, 16, 256, 1024 QPs
+//!    (verbs-safe on softnic, [`cq`]);
+//! 3. SRQ vs per-QP receive queues: receive-buffer memory at 1, 16, 256, 1024 QPs, computed
+//!    from the engine's default configuration;
+//! 4. bufpool vs crossbeam's `ArrayQueue`: alloc+free pairs;
+//! 5. goodput at 0, 1 and 5 % loss relative to lossless (`uccl-perf` default runs);
+//! 6. softnic goodput relative to a memcpy of the same bytes.
+//!
+//! Rows 1, 5 and 6 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
+//! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
+//! to stderr, the table to stdout.
+
+mod cq;
+mod perf;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bufpool::{IndexPool, LocalPool, SharedPool};
+use uccl_benches::pools::{self, ArrayQueuePool, CAP};
+use uccl_engine::EngineConfig;
+
+const USAGE: &str = "\
+usage: bench-table [--perf PATH] [--only ROWS]
+
+Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
+  --perf PATH   the uccl-perf binary (default: the one next to this program)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-6; the whole table by default)
+";
+
+/// What the command line asks for.
+struct Opts {
+    perf: PathBuf,
+    rows: [bool; 7],
+}
+
+impl Opts {
+    fn parse() -> Result<Opts, String> {
+        let mut args = std::env::args().skip(1);
+        let mut perf = None;
+        let mut rows = [true; 7];
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
+                "--only" => {
+                    let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
+                    rows = [false; 7];
+                    for r in list.split(',') {
+                        match r.trim().parse::<usize>() {
+                            Ok(n @ 1..=6) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-6)")),
+                        }
+                    }
+                }
+                "-h" | "--help" => {
+                    print!("{USAGE}");
+                    std::process::exit(0);
+                }
+                _ => return Err(format!("unknown argument `{a}`\n{USAGE}")),
+            }
+        }
+        let perf = match perf {
+            Some(p) => p,
+            None => std::env::current_exe()
+                .map_err(|e| format!("where is this program? {e}"))?
+                .with_file_name("uccl-perf"),
+        };
+        if !perf.is_file() && rows[1] | rows[5] | rows[6] {
+            return Err(format!(
+                "no uccl-perf at {} (build it: cargo build --release -p uccl-perf, or pass \
+                 --perf)",
+                perf.display()
+            ));
+        }
+        Ok(Opts { perf, rows })
+    }
+}
+
+/// Row 6's raw verbs runs: (WRITE size, WRITEs).
+const VERBS_RUNS: [(u64, u64); 2] = [(4096, 100_000), (65_536, 10_000)];
+
+/// One line of the table.
+struct Row {
+    n: &'static str,
+    measure: String,
+    case: String,
+    baseline: String,
+    ours: String,
+    ratio: f64,
+    target: String,
+}
+
+impl Row {
+    fn new(
+        n: &'static str,
+        measure: impl Into<String>,
+        case: impl Into<String>,
+        baseline: impl Into<String>,
+        ours: impl Into<String>,
+        ratio: f64,
+        target: impl Into<String>,
+    ) -> Row {
+        Row {
+            n,
+            measure: measure.into(),
+            case: case.into(),
+            baseline: baseline.into(),
+            ours: ours.into(),
+            ratio,
+            target: target.into(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-table: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What the rows found: table lines and the notes saying how.
+#[derive(Default)]
+struct Out {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+fn run() -> Result<(), String> {
+    let opts = Opts::parse()?;
+    let t0 = Instant::now();
+    let load0 = loadavg();
+    let mut out = Out::default();
+    let want = |n: usize| opts.rows[n];
+    if want(1) {
+        eprintln!("[1/6] chained vs single posts (uccl-perf, no payload)");
+        post_rows(&opts.perf, &mut out)?;
+    }
+    if want(2) {
+        eprintln!("[2/6] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
+        cq_rows(&mut out)?;
+    }
+    if want(3) {
+        eprintln!("[3/6] SRQ vs per-QP receive queues (computed)");
+        srq_rows(&mut out);
+    }
+    if want(4) {
+        eprintln!("[4/6] bufpool vs ArrayQueue");
+        pool_rows(&mut out)?;
+    }
+    // Row 6's engine line reads the default runs of row 5.
+    let losses = if want(5) || want(6) {
+        eprintln!("[5/6] goodput under loss (uccl-perf default runs)");
+        Some(perf::loss(&opts.perf, LOSS_SEEDS)?)
+    } else {
+        None
+    };
+    if let Some(l) = losses.as_deref().filter(|_| want(5)) {
+        loss_rows(l, &mut out);
+    }
+    if let Some(l) = losses.as_deref().filter(|_| want(6)) {
+        eprintln!("[6/6] softnic vs memcpy");
+        memcpy_rows(&opts.perf, &l[1], &mut out)?;
+    }
+    let load1 = loadavg();
+    println!("{}", header(load0, load1, t0.elapsed()));
+    println!();
+    print_table(&out.rows);
+    println!();
+    for n in out.notes {
+        println!("- {n}");
+    }
+    Ok(())
+}
+
+/// Row 1: chained vs single posts.
+fn post_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
+    let ab = perf::post_ab(perf, 7)?;
+    let case = "4 flows x 8 QPs, 1 MiB messages, 4 KiB chunks, UC, no payload, no loss";
+    out.rows.push(Row::new(
+        "1",
+        "post calls per chunk: single vs **chained**",
+        case,
+        format!("{:.3}", ab.posts_per_chunk[1]),
+        format!(
+            "{:.3} ({:.2} WRs/post)",
+            ab.posts_per_chunk[0], ab.wrs_per_post[0]
+        ),
+        ab.posts_per_chunk[0] / ab.posts_per_chunk[1],
+        "chained <= 1/16 = 0.063",
+    ));
+    out.rows.push(Row::new(
+        "1",
+        "CPU ns per chunk: single vs **chained**",
+        case,
+        format!("{:.0}", ab.cpu_ns[1]),
+        format!("{:.0}", ab.cpu_ns[0]),
+        ab.cpu_ns[0] / ab.cpu_ns[1],
+        "chained <= 200 ns (tx+rx+ACK)",
+    ));
+    out.notes.push(format!(
+        "Row 1: `uccl-perf {} --tx-mode chained|single`, {} chunks per run, {} runs of each \
+         alternating; CPU = the median run's process CPU time / chunks sent (both engines, \
+         softnic and the driver on one thread, on the virtual clock).",
+        ab.args, ab.chunks, ab.reps
+    ));
+    Ok(())
+}
+
+/// Row 2: one shared CQ vs a CQ per QP.
+fn cq_rows(out: &mut Out) -> Result<(), String> {
+    let mut rounds = Vec::new();
+    for n in [1, 16, 256, 1024] {
+        eprintln!("  {n} QPs");
+        let c = cq::measure(n, 65_536)?;
+        out.rows.push(Row::new(
+            "2",
+            "poll ns per completion: a CQ per QP vs **one shared CQ**",
+            format!(
+                "{n} QP{}, one completion each",
+                if n == 1 { "" } else { "s" }
+            ),
+            format!("{:.1}", c.per_qp_ns),
+            format!("{:.1}", c.shared_ns),
+            c.shared_ns / c.per_qp_ns,
+            "",
+        ));
+        rounds.push(format!("{}: {}", c.qps, c.rounds));
+    }
+    out.notes.push(format!(
+        "Row 2: N RC QP pairs soft0 -> soft1, one signaled 64-byte WRITE per QP per round, \
+         `run_until_idle`, then only the drain is timed (shared: `Poller::poll` budget 64 until \
+         empty; per QP: every CQ polled once, budget 16); per round (drain time - the cost of \
+         reading the clock) / N, the slowest {}% of rounds dropped (preemptions), the rest \
+         averaged (rounds per N: {}); the two sets live on one fabric, rounds alternate.",
+        cq::TRIM_PERCENT,
+        rounds.join(", ")
+    ));
+    Ok(())
+}
+
+/// Row 3: SRQ vs per-QP receive queues, computed.
+fn srq_rows(out: &mut Out) {
+    let cfg = EngineConfig::default();
+    let slot = u64::from(cfg.tx.chunk_size) + uccl_tx::wire::RETR_HDR_LEN as u64;
+    let srq = u64::from(cfg.srq_depth) * slot;
+    let rq_depth = u64::from(cfg.tx.flow_window);
+    for n in [1u64, 16, 256, 1024] {
+        let per_qp = n * rq_depth * slot;
+        out.rows.push(Row::new(
+            "3",
+            "receive-buffer memory: per-QP RQs vs **SRQ**",
+            format!("{n} QP{}", if n == 1 { "" } else { "s" }),
+            mib(per_qp),
+            mib(srq),
+            srq as f64 / per_qp as f64,
+            "",
+        ));
+    }
+    out.notes.push(format!(
+        "Row 3 (computed, not measured): `EngineConfig::default()`, {:?}, chunk {} B: a receive \
+         buffer holds a retransmitted chunk, `[{}-byte header | chunk]` = {slot} B. SRQ: \
+         `srq_depth` = {} buffers for the whole engine, whatever the number of QPs. Per-QP RQs: \
+         each QP must absorb what its peer may put on it, and the path chooser may put a \
+         connection's whole window on one QP: `flow_window` = {rq_depth} buffers per QP. (RC \
+         posts zero-SGE WQEs: no buffers either way.)",
+        cfg.mode,
+        cfg.tx.chunk_size,
+        uccl_tx::wire::RETR_HDR_LEN,
+        cfg.srq_depth,
+    ));
+}
+
+/// Seeds of each loss rate in row 5.
+const LOSS_SEEDS: u64 = 5;
+
+/// Row 5: goodput under loss relative to lossless.
+fn loss_rows(losses: &[perf::Loss], out: &mut Out) {
+    let base = &losses[0];
+    out.rows.push(Row::new(
+        "5",
+        "goodput: lossless (reference)",
+        format!(
+            "uccl-perf defaults, 0% loss (simulated {:.1} Gb/s, wall {:.2} Gb/s)",
+            base.virtual_gbps, base.wall_gbps
+        ),
+        "-",
+        "-",
+        1.0,
+        "",
+    ));
+    for l in &losses[1..] {
+        let target = if l.loss < 0.02 { ">= 0.9" } else { ">= 0.7" };
+        let retx = format!(
+            "{:.0} retransmits, {:.0} after a timeout",
+            l.retransmits, l.rto_retransmits
+        );
+        out.rows.push(Row::new(
+            "5",
+            "goodput, simulated (virtual clock): lossless vs **lossy**",
+            format!("{}% loss; {retx}", l.loss * 100.0),
+            format!("{:.1} Gb/s", base.virtual_gbps),
+            format!("{:.1} Gb/s", l.virtual_gbps),
+            l.virtual_gbps / base.virtual_gbps,
+            target,
+        ));
+        out.rows.push(Row::new(
+            "5",
+            "goodput, wall clock: lossless vs **lossy**",
+            format!("{}% loss", l.loss * 100.0),
+            format!("{:.2} Gb/s", base.wall_gbps),
+            format!("{:.2} Gb/s", l.wall_gbps),
+            l.wall_gbps / base.wall_gbps,
+            "",
+        ));
+    }
+    out.notes.push(format!(
+        "Row 5: `uccl-perf --loss P --seed S` (defaults otherwise: UC, 4 flows x 8 QPs, 1 MiB \
+         messages, 64 KiB chunks, 64 messages per flow, send/recv, chained), mean over seeds \
+         1..={LOSS_SEEDS}; simulated = `virtual_goodput_gbps` (the 100 Gb/s simulated links), \
+         wall = `goodput_gbps` (real time, including writing and checking every byte); \
+         retransmits per run."
+    ));
+}
+
+/// Repetitions of each raw verbs run in row 6.
+const VERBS_REPS: usize = 5;
+
+/// Row 6: softnic goodput relative to memcpy; `dflt` is the default engine run (1% loss).
+fn memcpy_rows(perf: &Path, dflt: &perf::Loss, out: &mut Out) -> Result<(), String> {
+    for (size, iters) in VERBS_RUNS {
+        let v = perf::verbs(perf, "rc", size, iters, VERBS_REPS)?;
+        let what = format!(
+            "raw verbs, {} WRITE {}, chained",
+            v.transport.to_uppercase(),
+            human(v.size)
+        );
+        let sets = [
+            format!("memcpy of {} hot in cache", human(v.size)),
+            format!(
+                "memcpy round {} (the engine run's working set)",
+                human(perf::WORKING_SET)
+            ),
+        ];
+        for (k, set) in sets.into_iter().enumerate() {
+            out.rows.push(Row::new(
+                "6",
+                "goodput: memcpy vs **softnic**",
+                format!("{what}; {set}"),
+                format!("{:.1} Gb/s", v.memcpy_gbps[k]),
+                format!("{:.1} Gb/s", v.softnic_gbps),
+                v.ratio[k],
+                ">= 0.5",
+            ));
+        }
+    }
+    out.rows.push(Row::new(
+        "6",
+        "goodput: memcpy vs **softnic**",
+        "engine, uccl-perf default run (1% loss, every byte verified)",
+        format!("{:.1} Gb/s", dflt.memcpy_gbps),
+        format!("{:.2} Gb/s", dflt.wall_gbps),
+        dflt.vs_memcpy,
+        ">= 0.5",
+    ));
+    out.notes.push(format!(
+        "Row 6: raw verbs = `uccl-perf --test verbs-write-bw --transport rc --msg-size SIZE \
+         --messages N` (N = {} at 4 KiB, {} at 64 KiB), wall Gb/s of the chained run, against \
+         a memcpy in this program of the same number of bytes in SIZE pieces, either from one \
+         SIZE buffer to another (as the test writes one source to one destination: hot in \
+         cache) or round a {} working set; median of {VERBS_REPS}; engine = the row-5 runs at \
+         1% loss (the default run): `goodput_gbps` / `memcpy_gbps` (uccl-perf's own memcpy of \
+         the same bytes round its in-flight working set, 4 flows x 4 messages x 1 MiB), mean \
+         over the seeds.",
+        VERBS_RUNS[0].1,
+        VERBS_RUNS[1].1,
+        human(perf::WORKING_SET)
+    ));
+    Ok(())
+}
+
+/// Row 4: alloc+free pairs, each pool timed in turn, rounds alternating; medians.
+fn pool_rows(out: &mut Out) -> Result<(), String> {
+    const ITERS: u64 = 2_000_000;
+    const ITERS_2T: u64 = 500_000;
+    const REPS: usize = 5;
+    let e = |e: bufpool::PoolError| e.to_string();
+    let local = LocalPool::with_capacity(CAP).map_err(e)?;
+    let shared = SharedPool::with_capacity(CAP).map_err(e)?;
+    let checked = ArrayQueuePool::new(CAP);
+    let bare = pools::bare_array_queue();
+    let shared2 = Arc::new(SharedPool::with_capacity(CAP).map_err(e)?);
+    let checked2 = Arc::new(ArrayQueuePool::new(CAP));
+    let bare2 = Arc::new(pools::bare_array_queue());
+    let ns = |d: Duration, iters: u64| d.as_nanos() as f64 / iters as f64;
+    let mut t: [Vec<f64>; 7] = Default::default();
+    for _ in 0..REPS {
+        t[0].push(ns(pools::time_local(&local, ITERS), ITERS));
+        t[1].push(ns(pools::time_single(&shared, ITERS), ITERS));
+        t[2].push(ns(pools::time_single(&checked, ITERS), ITERS));
+        t[3].push(ns(pools::time_single(&bare, ITERS), ITERS));
+        t[4].push(ns(pools::time_contended(&shared2, ITERS_2T), ITERS_2T));
+        t[5].push(ns(pools::time_contended(&checked2, ITERS_2T), ITERS_2T));
+        t[6].push(ns(pools::time_contended(&bare2, ITERS_2T), ITERS_2T));
+    }
+    let m: Vec<f64> = t.iter().map(|v| perf::median(v)).collect();
+    // Under contention the rounds spread widely on this VM: show the range.
+    let range = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        format!("{lo:.0}-{hi:.0}")
+    };
+    let row = |case: String, base: &str, b: f64, ours: &str, o: f64| {
+        Row::new(
+            "4",
+            format!("alloc+free ns: {base} vs **{ours}**"),
+            case,
+            format!("{b:.1}"),
+            format!("{o:.1}"),
+            o / b,
+            "",
+        )
+    };
+    let checked = "ArrayQueue + double-free check";
+    let two = |base: usize| {
+        format!(
+            "2 threads, one pool (rounds ranged {} vs {})",
+            range(&t[base]),
+            range(&t[4])
+        )
+    };
+    out.rows.extend([
+        row("1 thread".into(), checked, m[2], "bufpool SharedPool", m[1]),
+        row(
+            "1 thread".into(),
+            "bare ArrayQueue",
+            m[3],
+            "bufpool SharedPool",
+            m[1],
+        ),
+        row("1 thread".into(), checked, m[2], "bufpool LocalPool", m[0]),
+        row(two(5), checked, m[5], "bufpool SharedPool", m[4]),
+        row(two(6), "bare ArrayQueue", m[6], "bufpool SharedPool", m[4]),
+    ]);
+    out.notes.push(format!(
+        "Row 4: the pools of the `pools` criterion bench (`uccl_benches::pools`), {CAP} slots, \
+         {} held in flight (freed FIFO); one pair = one alloc + one free; 1 thread: {ITERS} \
+         pairs per timing, 2 threads: {ITERS_2T} pairs on each thread, time until both are done \
+         / pairs per thread; median of {REPS} rounds, the pools alternating.",
+        pools::HELD
+    ));
+    Ok(())
+}
+
+fn print_table(rows: &[Row]) {
+    println!("| # | measure | case | baseline | ours | ours / baseline | target |");
+    println!("|---|---------|------|---------:|-----:|----------------:|--------|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.n,
+            r.measure,
+            r.case,
+            r.baseline,
+            r.ours,
+            if r.baseline == "-" {
+                "1".to_string()
+            } else {
+                format!("{:.3}", r.ratio)
+            },
+            if r.target.is_empty() { "-" } else { &r.target },
+        );
+    }
+}
+
+fn header(load0: String, load1: String, took: Duration) -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::OS.into());
+    let commit = git(&["rev-parse", "--short", "HEAD"]).map_or_else(
+        || "unknown commit".to_string(),
+        |c| {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            format!("commit {c}{}", if dirty { " + local changes" } else { "" })
+        },
+    );
+    format!(
+        "uccl-rs side-by-side benchmarks: {cpus} CPUs ({model}), {os}, softnic (in-process \
+         software NIC, no RDMA hardware), {commit}; load average {load0} before, {load1} after; \
+         {:.0} s.",
+        took.as_secs_f64()
+    )
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn mib(bytes: u64) -> String {
+    let m = bytes as f64 / f64::from(1 << 20);
+    if m >= 1024.0 {
+        format!("{:.2} GiB", m / 1024.0)
+    } else {
+        format!("{m:.1} MiB")
+    }
+}
+
+fn human(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes.is_multiple_of(1 << 10) {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_as_people_read_them() {
+        assert_eq!(mib(16 << 20), "16.0 MiB");
+        assert_eq!(mib(2 << 30), "2.00 GiB");
+        assert_eq!(human(4096), "4 KiB");
+        assert_eq!(human(16 << 20), "16 MiB");
+        assert_eq!(human(100), "100 B");
+    }
+
+    #[test]
+    fn the_srq_rows_follow_the_engine_defaults() {
+        let mut out = Out::default();
+        srq_rows(&mut out);
+        assert_eq!(out.rows.len(), 4);
+        // The SRQ's memory does not depend on the QPs; per-QP RQs grow linearly.
+        assert!(out.rows.iter().all(|r| r.ours == out.rows[0].ours));
+        let r = |i: usize| out.rows[i].ratio;
+        assert!((r(0) / r(1) - 16.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,248 @@
+//! Rows 1, 5 and 6: runs of the `uccl-perf` binary (`--json`), side by side.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::Value;
+
+/// One `uccl-perf --json` run: its JSON object.
+pub(crate) fn run(bin: &Path, args: &[&str]) -> Result<Value, String> {
+    let line = format!("{} --json {}", bin.display(), args.join(" "));
+    eprintln!("  $ {line}");
+    let out = Command::new(bin)
+        .arg("--json")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `{line}`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{line}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("`{line}` printed no JSON object: {e}"))
+}
+
+/// A number field of a JSON object.
+pub(crate) fn num(v: &Value, key: &str) -> Result<f64, String> {
+    v.get(key)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| format!("the JSON has no number `{key}`: {v}"))
+}
+
+/// The median of `v` (not empty).
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+/// The mean of `v` (not empty).
+pub(crate) fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Row 1: chained vs single posts, softnic payload copies off, no loss.
+pub(crate) struct PostAb {
+    pub(crate) args: String,
+    pub(crate) chunks: f64,
+    /// `post_send_calls_per_chunk`, chained and single.
+    pub(crate) posts_per_chunk: [f64; 2],
+    /// `wrs_per_post`, chained and single.
+    pub(crate) wrs_per_post: [f64; 2],
+    /// Median `cpu_ns_per_chunk`, chained and single.
+    pub(crate) cpu_ns: [f64; 2],
+    pub(crate) reps: usize,
+}
+
+pub(crate) const POST_AB_ARGS: [&str; 9] = [
+    "--no-payload",
+    "--loss",
+    "0",
+    "--msg-size",
+    "1MiB",
+    "--chunk-size",
+    "4KiB",
+    "--messages",
+    "32",
+];
+
+pub(crate) fn post_ab(bin: &Path, reps: usize) -> Result<PostAb, String> {
+    let modes = ["chained", "single"];
+    let mut cpu = [Vec::new(), Vec::new()];
+    let mut ppc = [0.0; 2];
+    let mut wpp = [0.0; 2];
+    let mut chunks = 0.0;
+    for r in 0..reps {
+        for k in [r % 2, 1 - r % 2] {
+            let mut args = POST_AB_ARGS.to_vec();
+            args.extend(["--tx-mode", modes[k]]);
+            let j = run(bin, &args)?;
+            cpu[k].push(num(&j, "cpu_ns_per_chunk")?);
+            ppc[k] = num(&j, "post_send_calls_per_chunk")?;
+            wpp[k] = num(&j, "wrs_per_post")?;
+            chunks = num(&j, "chunks_sent")?;
+        }
+    }
+    Ok(PostAb {
+        args: POST_AB_ARGS.join(" "),
+        chunks,
+        posts_per_chunk: ppc,
+        wrs_per_post: wpp,
+        cpu_ns: [median(&cpu[0]), median(&cpu[1])],
+        reps,
+    })
+}
+
+/// Row 5 (and the engine half of row 6): the default run at 0, 1 and 5 % loss, several seeds.
+pub(crate) struct Loss {
+    pub(crate) loss: f64,
+    /// Means over the seeds.
+    pub(crate) virtual_gbps: f64,
+    pub(crate) wall_gbps: f64,
+    pub(crate) retransmits: f64,
+    pub(crate) rto_retransmits: f64,
+    /// Mean of the runs' `goodput_vs_memcpy`, and of their `memcpy_gbps`.
+    pub(crate) vs_memcpy: f64,
+    pub(crate) memcpy_gbps: f64,
+}
+
+pub(crate) const LOSSES: [f64; 3] = [0.0, 0.01, 0.05];
+
+pub(crate) fn loss(bin: &Path, seeds: u64) -> Result<Vec<Loss>, String> {
+    let mut runs: Vec<Vec<Value>> = vec![Vec::new(); LOSSES.len()];
+    for seed in 1..=seeds {
+        for (i, l) in LOSSES.iter().enumerate() {
+            let (l, s) = (l.to_string(), seed.to_string());
+            runs[i].push(run(bin, &["--loss", &l, "--seed", &s])?);
+        }
+    }
+    LOSSES
+        .iter()
+        .zip(runs)
+        .map(|(&loss, js)| {
+            let field = |k: &str| -> Result<f64, String> {
+                Ok(mean(
+                    &js.iter()
+                        .map(|j| num(j, k))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ))
+            };
+            Ok(Loss {
+                loss,
+                virtual_gbps: field("virtual_goodput_gbps")?,
+                wall_gbps: field("goodput_gbps")?,
+                retransmits: field("retransmits")?,
+                rto_retransmits: field("rto_retransmits")?,
+                vs_memcpy: field("goodput_vs_memcpy")?,
+                memcpy_gbps: field("memcpy_gbps")?,
+            })
+        })
+        .collect()
+}
+
+/// Row 6, raw verbs: chained RDMA WRITEs on softnic against a memcpy of the same bytes.
+pub(crate) struct VerbsVsMemcpy {
+    pub(crate) transport: &'static str,
+    pub(crate) size: u64,
+    /// Medians over the repetitions: softnic, then per memcpy working set (the test's own
+    /// buffers, then [`WORKING_SET`]) the memcpy and the ratio.
+    pub(crate) softnic_gbps: f64,
+    pub(crate) memcpy_gbps: [f64; 2],
+    pub(crate) ratio: [f64; 2],
+}
+
+/// The working set of the second memcpy of row 6: that of uccl-perf's default engine run
+/// (4 flows x 4 messages in flight x 1 MiB), which its own `memcpy_gbps` copies round.
+pub(crate) const WORKING_SET: u64 = 16 << 20;
+
+pub(crate) fn verbs(
+    bin: &Path,
+    transport: &'static str,
+    size: u64,
+    iters: u64,
+    reps: usize,
+) -> Result<VerbsVsMemcpy, String> {
+    let mut soft = Vec::new();
+    let (mut mem, mut ratio) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    for _ in 0..reps {
+        let (s, n) = (size.to_string(), iters.to_string());
+        let j = run(
+            bin,
+            &[
+                "--test",
+                "verbs-write-bw",
+                "--transport",
+                transport,
+                "--msg-size",
+                &s,
+                "--messages",
+                &n,
+            ],
+        )?;
+        let chained = j
+            .get("runs")
+            .and_then(Value::as_array)
+            .and_then(|r| r.first())
+            .ok_or_else(|| format!("no runs in {j}"))?;
+        let g = num(chained, "wall_gbps")?;
+        soft.push(g);
+        // The test writes one `size`-byte source into one `size`-byte destination, again and
+        // again: the first memcpy copies the same bytes the same way (hot in cache); the
+        // second round a working set as large as the engine run's.
+        for (k, working) in [size, WORKING_SET.max(size)].into_iter().enumerate() {
+            let m = memcpy_gbps(size * iters, size, working);
+            mem[k].push(m);
+            ratio[k].push(g / m);
+        }
+    }
+    Ok(VerbsVsMemcpy {
+        transport,
+        size,
+        softnic_gbps: median(&soft),
+        memcpy_gbps: [median(&mem[0]), median(&mem[1])],
+        ratio: [median(&ratio[0]), median(&ratio[1])],
+    })
+}
+
+/// Copies `bytes` (at most 1 GiB of them) in `piece`-byte pieces round a `working`-byte set of
+/// buffers, single-threaded (uccl-perf's measure, `memcpy_gbps` in its JSON).
+pub(crate) fn memcpy_gbps(bytes: u64, piece: u64, working: u64) -> f64 {
+    let bytes = bytes.min(1 << 30);
+    let piece = piece.min(working) as usize;
+    let slots = (working as usize / piece).max(1);
+    let src = vec![0x5au8; piece * slots];
+    let mut dst = vec![0u8; piece * slots];
+    dst.iter_mut().step_by(4096).for_each(|b| *b = 1);
+    let n = bytes.div_ceil(piece as u64);
+    let t = Instant::now();
+    for i in 0..n {
+        let k = (i as usize % slots) * piece;
+        dst[k..k + piece].copy_from_slice(&src[k..k + piece]);
+        std::hint::black_box(&mut dst);
+    }
+    let s = t.elapsed().as_secs_f64();
+    if s == 0.0 {
+        0.0
+    } else {
+        (n * piece as u64) as f64 * 8.0 / s / 1e9
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_and_memcpy() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(mean(&[1.0, 2.0, 3.0]), 2.0);
+        assert!(memcpy_gbps(1 << 20, 4096, 4096) > 0.0);
+        assert!(memcpy_gbps(1 << 20, 4096, 1 << 20) > 0.0);
+        let j: Value = serde_json::from_str(r#"{"a": 1.5, "b": "x"}"#).unwrap();
+        assert_eq!(num(&j, "a"), Ok(1.5));
+        assert!(num(&j, "b").is_err());
+    }
+}
