@@ -167,7 +167,7 @@ pub struct Buf {
 ///
 /// let region = Region::for_slots(64, 16, 4096)?;
 /// let lkey = 0x1234_u32; // what registering `region.as_ptr()`, `region.len()` returned
-/// let pool: RegionPool<u32> = RegionPool::new(region, 64, lkey)?;
+/// let mut pool: RegionPool<u32> = RegionPool::new(region, 64, lkey)?;
 /// let buf = pool.alloc().unwrap();
 /// pool.write(buf.index, 0, b"retransmission header")?;
 /// assert_eq!(pool.slot_of(buf.addr)?, buf.index);
