@@ -61,6 +61,7 @@
 //! ```
 
 mod abi;
+pub mod baseline;
 mod control;
 mod counters;
 mod cq;

@@ -2,7 +2,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
 use serde_json::Value;
 
@@ -193,7 +192,7 @@ pub(crate) fn verbs(
         // again: the first memcpy copies the same bytes the same way (hot in cache); the
         // second round a working set as large as the engine run's.
         for (k, working) in [size, WORKING_SET.max(size)].into_iter().enumerate() {
-            let m = memcpy_gbps(size * iters, size, working);
+            let m = softnic::baseline::memcpy_gbps(size * iters, size, working);
             mem[k].push(m);
             ratio[k].push(g / m);
         }
@@ -207,40 +206,14 @@ pub(crate) fn verbs(
     })
 }
 
-/// Copies `bytes` (at most 1 GiB of them) in `piece`-byte pieces round a `working`-byte set of
-/// buffers, single-threaded (uccl-perf's measure, `memcpy_gbps` in its JSON).
-pub(crate) fn memcpy_gbps(bytes: u64, piece: u64, working: u64) -> f64 {
-    let bytes = bytes.min(1 << 30);
-    let piece = piece.min(working) as usize;
-    let slots = (working as usize / piece).max(1);
-    let src = vec![0x5au8; piece * slots];
-    let mut dst = vec![0u8; piece * slots];
-    dst.iter_mut().step_by(4096).for_each(|b| *b = 1);
-    let n = bytes.div_ceil(piece as u64);
-    let t = Instant::now();
-    for i in 0..n {
-        let k = (i as usize % slots) * piece;
-        dst[k..k + piece].copy_from_slice(&src[k..k + piece]);
-        std::hint::black_box(&mut dst);
-    }
-    let s = t.elapsed().as_secs_f64();
-    if s == 0.0 {
-        0.0
-    } else {
-        (n * piece as u64) as f64 * 8.0 / s / 1e9
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn statistics_and_memcpy() {
+    fn statistics() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(mean(&[1.0, 2.0, 3.0]), 2.0);
-        assert!(memcpy_gbps(1 << 20, 4096, 4096) > 0.0);
-        assert!(memcpy_gbps(1 << 20, 4096, 1 << 20) > 0.0);
         let j: Value = serde_json::from_str(r#"{"a": 1.5, "b": "x"}"#).unwrap();
         assert_eq!(num(&j, "a"), Ok(1.5));
         assert!(num(&j, "b").is_err());

@@ -1,8 +1,6 @@
 //! Driving a run to the end and measuring it: messages, bytes, time (wall, virtual and CPU),
 //! the engines' and the NIC's counters, and a memcpy of the same bytes to compare with.
 
-use std::time::Instant;
-
 use uccl_engine::Engine;
 
 use super::drive::new_bar;
@@ -97,7 +95,7 @@ pub(super) fn execute(
         nic,
         cpu,
         check: run.payload.time,
-        memcpy_gbps: memcpy_gbps(bytes.max(msg), msg, working),
+        memcpy_gbps: softnic::baseline::memcpy_gbps(bytes.max(msg), msg, working),
     })
 }
 
@@ -128,29 +126,4 @@ fn add(a: uccl_engine::Stats, b: uccl_engine::Stats) -> uccl_engine::Stats {
     s.bytes_received += b.bytes_received;
     s.writes_received += b.writes_received;
     s
-}
-
-/// Copies `bytes` (at most 1 GiB of them) in `msg`-byte pieces round a `working`-byte set of
-/// buffers, single-threaded: the software limit of a NIC that copies every byte.
-fn memcpy_gbps(bytes: u64, msg: u64, working: u64) -> f64 {
-    let bytes = bytes.min(1 << 30);
-    let piece = msg.min(working) as usize;
-    let slots = (working as usize / piece).max(1);
-    let src = vec![0x5au8; piece * slots];
-    let mut dst = vec![0u8; piece * slots];
-    // Touch the destination once so that page faults are not timed.
-    dst.iter_mut().step_by(4096).for_each(|b| *b = 1);
-    let n = bytes.div_ceil(piece as u64);
-    let t = Instant::now();
-    for i in 0..n {
-        let k = (i as usize % slots) * piece;
-        dst[k..k + piece].copy_from_slice(&src[k..k + piece]);
-        std::hint::black_box(&mut dst);
-    }
-    let s = t.elapsed().as_secs_f64();
-    if s == 0.0 {
-        0.0
-    } else {
-        (n * piece as u64) as f64 * 8.0 / s / 1e9
-    }
 }
