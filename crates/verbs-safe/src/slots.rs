@@ -241,6 +241,10 @@ slot_impl!(RecvSlot);
 /// order through `next`, pointing each at its own SGEs. Returns the head (null for an empty
 /// order). On an error nothing is linked and no `next` is left changed in a way that matters
 /// (the chain is only ever followed by the post this prepares).
+///
+/// `as_mut` is the caller's code: it may hand out another slot, or change one, from one call
+/// to the next. So what is checked is what the last call hands out, the one that is linked
+/// and posted; and that slot must be one the first pass marked (named once).
 pub(crate) fn link<S, X: AsMut<S>>(
     slots: &mut [X],
     order: &[u32],
@@ -251,7 +255,7 @@ where
 {
     // A marker no real WR address can equal: finds an index named twice (a cycle otherwise).
     let mark: *mut S = NonNull::<S>::dangling().as_ptr();
-    let mut result = Ok(());
+    let mut result = Ok(null_mut());
     let mut marked = 0;
     for (k, &i) in order.iter().enumerate() {
         let Some(x) = slots.get_mut(i as usize) else {
@@ -269,27 +273,68 @@ where
             });
             break;
         }
-        if let Err(e) = check(k, s) {
-            result = Err(e);
-            break;
-        }
         s.set_next(mark);
         marked += 1;
     }
-    if let Err(e) = result {
-        for &i in &order[..marked] {
-            slots[i as usize].as_mut().set_next(null_mut());
+    if result.is_ok() {
+        let mut head: *mut S = null_mut();
+        for (k, &i) in order.iter().enumerate().rev() {
+            let s = slots[i as usize].as_mut();
+            if s.next() != mark {
+                result = Err(Error::InvalidWr {
+                    index: k,
+                    reason: format!("slot {i} is not the one checked (its AsMut changed it)"),
+                });
+                break;
+            }
+            if let Err(e) = check(k, s) {
+                result = Err(e);
+                break;
+            }
+            s.point_own_sges();
+            s.set_next(head);
+            head = s;
         }
-        return Err(e);
+        if result.is_ok() {
+            return Ok(head);
+        }
     }
-    let mut head: *mut S = null_mut();
-    for &i in order.iter().rev() {
-        let s = slots[i as usize].as_mut();
-        s.point_own_sges();
-        s.set_next(head);
-        head = s;
+    for &i in &order[..marked] {
+        slots[i as usize].as_mut().set_next(null_mut());
     }
-    Ok(head)
+    result
+}
+
+/// The operations a slot post may carry: the data operations whose every pointer is an SGE
+/// checked against the pinned regions (no memory-window binds, no TSO headers, no
+/// invalidations), and never inline.
+pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>) -> Result<()> {
+    use ibverbs_sys::ibv_wr_opcode as op;
+    let ok = matches!(
+        s.wr.opcode,
+        op::IBV_WR_SEND
+            | op::IBV_WR_SEND_WITH_IMM
+            | op::IBV_WR_RDMA_WRITE
+            | op::IBV_WR_RDMA_WRITE_WITH_IMM
+            | op::IBV_WR_RDMA_READ
+            | op::IBV_WR_ATOMIC_CMP_AND_SWP
+            | op::IBV_WR_ATOMIC_FETCH_AND_ADD
+    );
+    if !ok {
+        return Err(Error::InvalidWr {
+            index,
+            reason: format!("opcode {} is not a data operation", s.wr.opcode),
+        });
+    }
+    if s.wr.send_flags & ibverbs_sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+        return Err(Error::InvalidWr {
+            index,
+            reason: "inline data is copied by the driver at post time, racing the region's \
+                     writers: post it from a pinned region instead"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// The common checks of a slot at position `index`: an id this crate does not reserve, and

@@ -29,7 +29,7 @@ use crate::post::{
     self, Chain, PostRecvFn, PostSendFn, RecvBatch, RecvTarget, RecvWr, SendBatch, SendWr,
     chain_recv, chain_send, post_recv_chain, post_tracked,
 };
-use crate::slots::{Pinned, RecvSlot, WrSlot, check_slot, link};
+use crate::slots::{Pinned, RecvSlot, WrSlot, check_send_op, check_slot, link};
 use crate::srq::Srq;
 use crate::track::Owner;
 
@@ -485,8 +485,10 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     /// Each slot's SGE list is pointed at its own SGEs (`num_sge` of them), every SGE must be
     /// non-empty and inside a region [pinned](Self::pin) to this QP, a UD WR's address handle
     /// must be [pinned](Self::pin_ah), `wr_id`s keep bit 63 clear, and no slot may be named
-    /// twice: a slot that breaks a rule is named in [`Error::InvalidWr`] (position in `order`)
-    /// and nothing is posted. A post error names the failing WR's position; the ones before it
+    /// twice. Only data operations may be posted (SEND, WRITE, READ and atomics, with or
+    /// without immediate), never inline (the NIC driver would copy the bytes on this thread,
+    /// racing whoever writes the region). A slot that breaks a rule is named in
+    /// [`Error::InvalidWr`] (position in `order`) and nothing is posted. A post error names the failing WR's position; the ones before it
     /// were posted (libibverbs `bad_wr` semantics). Slots may be reused as soon as this returns.
     pub fn post_slots<X: AsMut<WrSlot<N>>, const N: usize>(
         &self,
@@ -498,6 +500,7 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
         let pins = i.pinned.checker();
         let head = link(slots, order, |k, s: &WrSlot<N>| {
             check_slot(&pins, k, s, i.caps.max_send_sge)?;
+            check_send_op(k, s)?;
             // SAFETY: on a UD QP the `wr` union holds the `ud` member (plain data); only the
             // address is compared, never followed.
             if ud && !pins.has_ah(unsafe { s.wr.wr.ud }.ah) {

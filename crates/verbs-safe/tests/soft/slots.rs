@@ -101,6 +101,85 @@ fn a_slot_breaking_a_rule_is_named_and_nothing_is_posted() {
     assert_eq!(drain(&a.cq, 2).len(), 2);
 }
 
+/// A holder whose `AsMut` hands out a checked slot on its first call and another on the next:
+/// what is posted must be what was checked.
+struct Fickle {
+    good: WrSlot<2>,
+    bad: WrSlot<2>,
+    calls: u32,
+}
+
+impl AsMut<WrSlot<2>> for Fickle {
+    fn as_mut(&mut self) -> &mut WrSlot<2> {
+        self.calls += 1;
+        if self.calls % 2 == 1 {
+            &mut self.good
+        } else {
+            &mut self.bad
+        }
+    }
+}
+
+#[test]
+fn a_holder_that_changes_its_slot_between_calls_posts_nothing_unchecked() {
+    let (f, _v, a, b) = fabric();
+    let (qa, _qb) = rc_pair(&a, &b, QpCaps::default(), true);
+    let src = Arc::new(a.pd.alloc_dma(1024, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let unpinned = Arc::new(a.pd.alloc_dma(64, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let dst = Arc::new(b.pd.alloc_dma(1024, 64, AccessFlags::all()).unwrap());
+    qa.pin(&src);
+    let base = write_slots(&src, &dst);
+    let mut bad = base[1].clone();
+    bad.sges[0] = unpinned.sge(0, 64).unwrap();
+    let mut holders = [Fickle {
+        good: base[0].clone(),
+        bad,
+        calls: 0,
+    }];
+    let e = qa.post_slots(&mut holders, &[0]).unwrap_err();
+    assert!(matches!(e, Error::InvalidWr { index: 0, .. }), "{e}");
+    f.run_until_idle().unwrap();
+    assert_eq!(
+        f.qp_counters(qa.as_raw()).unwrap().send_wrs,
+        0,
+        "nothing posted"
+    );
+}
+
+#[test]
+fn only_data_operations_are_posted_and_never_inline() {
+    let (f, _v, a, b) = fabric();
+    let (qa, _qb) = rc_pair(&a, &b, QpCaps::default(), true);
+    let src = Arc::new(a.pd.alloc_dma(1024, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let dst = Arc::new(b.pd.alloc_dma(1024, 64, AccessFlags::all()).unwrap());
+    qa.pin(&src);
+    let mut s = write_slots(&src, &dst);
+    // A memory-window bind would have the driver follow pointers no check covers.
+    s[0].wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+    let e = qa.post_slots(&mut s, &[0]).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidWr { index: 0, reason } if reason.contains("opcode")),
+        "{e}"
+    );
+    s[0].wr.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+    assert!(qa.post_slots(&mut s, &[0]).is_err());
+    // Inline data would be copied on this thread while another may write the region.
+    s[1].wr.send_flags = verbs_safe::sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    let e = qa.post_slots(&mut s, &[2, 1]).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidWr { index: 1, reason } if reason.contains("inline")),
+        "{e}"
+    );
+    f.run_until_idle().unwrap();
+    assert_eq!(
+        f.qp_counters(qa.as_raw()).unwrap().send_wrs,
+        0,
+        "nothing posted"
+    );
+    s[1].wr.send_flags = 0;
+    qa.post_slots(&mut s, &[2, 1]).unwrap();
+}
+
 #[test]
 fn a_full_send_queue_names_the_first_wr_not_posted() {
     let (_f, _v, a, b) = fabric();
