@@ -38,7 +38,7 @@ pub struct BufferId(pub(crate) u32);
 pub struct Buffer {
     pub(crate) engine: u64,
     id: BufferId,
-    mem: Arc<DmaBuf>,
+    pub(crate) mem: Arc<DmaBuf>,
 }
 
 impl Buffer {

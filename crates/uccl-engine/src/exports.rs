@@ -14,11 +14,15 @@ impl Exports {
     /// Adds `addr..end` of `buf` (merging it with the exported ranges it meets; ranges of
     /// different buffers never meet: they are different memory).
     pub(crate) fn add(&mut self, buf: BufferId, mut addr: u64, mut end: u64) {
-        while let Some((&a, &(e, _))) = self
+        // The ranges that meet `addr..end`, latest start first (they never overlap one
+        // another); a neighbour of another buffer may touch it and stays apart.
+        while let Some((a, e)) = self
             .0
             .range(..=end)
-            .next_back()
-            .filter(|(_, (e, _))| *e >= addr)
+            .rev()
+            .take_while(|(_, (e, _))| *e >= addr)
+            .find(|(_, (_, b))| *b == buf)
+            .map(|(&a, &(e, _))| (a, e))
         {
             self.0.remove(&a);
             addr = addr.min(a);
@@ -59,5 +63,10 @@ mod tests {
         assert_eq!(x.0.len(), 1);
         x.add(BufferId(4), 5000, 6000);
         assert_eq!(x.find(5500, 5600), Some((5000, 6000, BufferId(4))));
+        // Another buffer right after this one touches it but is not merged into it.
+        x.add(BufferId(5), 6000, 7000);
+        assert_eq!(x.find(5500, 5600), Some((5000, 6000, BufferId(4))));
+        assert_eq!(x.find(6500, 6600), Some((6000, 7000, BufferId(5))));
+        assert_eq!(x.find(5900, 6100), None, "no range spans two buffers");
     }
 }

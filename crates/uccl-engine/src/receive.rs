@@ -50,7 +50,11 @@ impl Engine {
                 match hdr {
                     Some(h) => {
                         let len = e.byte_len - RETR_HDR_LEN as u32;
-                        let copy = Some((slot, h.remote_addr));
+                        let copy = Some(Retransmitted {
+                            slot,
+                            remote: h.remote_addr,
+                            rkey: h.rkey,
+                        });
                         self.chunk(ci, lane, Imm::decode(h.imm), len, copy, now);
                     }
                     None => self.stats.dropped_invalid += 1,
@@ -69,7 +73,7 @@ impl Engine {
         lane: u16,
         imm: Imm,
         len: u32,
-        copy: Option<(u32, u64)>,
+        copy: Option<Retransmitted>,
         now: u64,
     ) {
         let Some(c) = self.conns[usize::from(ci)]
@@ -79,10 +83,10 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         };
-        if let Some((slot, remote)) = copy
+        if let Some(Retransmitted { slot, remote, rkey }) = copy
             && c.rx.expects(imm.csn)
         {
-            let Some((b, off)) = self.target(ci, imm.rid, remote, len) else {
+            let Some((b, off)) = self.target(ci, imm.rid, (remote, len), rkey) else {
                 self.stats.dropped_invalid += 1;
                 return;
             };
@@ -125,9 +129,16 @@ impl Engine {
     }
 
     /// Where `len` bytes for `remote` of message `rid` go: inside the receive buffer posted for
-    /// it, or inside a region this engine exported. `(buffer index, offset)`, or `None` for a
-    /// target a sender may not write.
-    pub(crate) fn target(&self, ci: u16, rid: u8, remote: u64, len: u32) -> Option<(usize, usize)> {
+    /// it, or inside a region this engine exported, and only with that buffer's rkey (as the
+    /// NIC checked the original WRITE). `(buffer index, offset)`, or `None` for a target the
+    /// sender may not write.
+    pub(crate) fn target(
+        &self,
+        ci: u16,
+        rid: u8,
+        (remote, len): (u64, u32),
+        rkey: u32,
+    ) -> Option<(usize, usize)> {
         let end = remote.checked_add(u64::from(len))?;
         let (buf, addr, blen) = if rid < WRITE_RID {
             let c = self.conns[usize::from(ci)].as_ref()?;
@@ -139,8 +150,9 @@ impl Engine {
         };
         let inside = remote >= addr && end <= addr.checked_add(blen)?;
         let b = usize::try_from(buf.0).ok()?;
-        let base = self.buffers.get(b)?.addr();
-        inside.then(|| (b, (remote - base) as usize))
+        let mem = self.buffers.get(b)?;
+        let off = remote.checked_sub(mem.addr())?;
+        (inside && mem.rkey() == rkey).then_some((b, usize::try_from(off).ok()?))
     }
 
     /// A message of connection `ci` arrived whole.
@@ -165,5 +177,55 @@ impl Engine {
         self.stats.messages_received += 1;
         self.stats.bytes_received += d.bytes;
         r.req.complete(Ok(Done { len: d.bytes }));
+    }
+}
+
+/// A retransmitted chunk waiting in an SRQ buffer: its slot, and where its header says it goes
+/// (address and the rkey its original WRITE carried).
+#[derive(Debug, Clone)]
+pub(crate) struct Retransmitted {
+    slot: u32,
+    remote: u64,
+    rkey: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Clock, Engine, EngineConfig, connect_pair};
+    use verbs_safe::{Context, Verbs};
+
+    /// A retransmitted chunk is copied only where its original WRITE could have gone: inside
+    /// the receive buffer or exported range, and with that buffer's rkey.
+    #[test]
+    fn a_retransmission_needs_the_rkey_of_its_target() {
+        let fabric = softnic::Fabric::default();
+        let verbs = Verbs::soft(&fabric);
+        let engine = |name: &str| {
+            let ctx = Context::open_by_name(&verbs, name).unwrap();
+            let cfg = EngineConfig::default();
+            Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
+        };
+        let (mut a, mut b) = (engine("soft0"), engine("soft1"));
+        let (_ca, cb) = connect_pair(&mut a, &mut b).unwrap();
+        let (exported, posted) = (b.register(8192).unwrap(), b.register(8192).unwrap());
+        let d = b.export(&exported, 4096, 4096).unwrap();
+        let _r = b.recv(cb, &posted, 0, 8192).unwrap();
+        let ci = cb.index;
+        let w = super::WRITE_RID;
+        // One-sided: inside the export with its rkey; not with another buffer's rkey.
+        assert!(b.target(ci, w, (d.addr + 10, 100), d.rkey).is_some());
+        let other = posted.mem.rkey();
+        assert_eq!(b.target(ci, w, (d.addr + 10, 100), other), None);
+        assert_eq!(b.target(ci, w, (d.addr - 10, 100), d.rkey), None, "outside");
+        // Two-sided: receive 0 of the connection, with the posted buffer's rkey only.
+        let addr = posted.mem.addr();
+        assert!(b.target(ci, 0, (addr, 8192), other).is_some());
+        assert_eq!(b.target(ci, 0, (addr, 8192), d.rkey), None);
+        assert_eq!(
+            b.target(ci, 0, (addr, 8193), other),
+            None,
+            "past the buffer"
+        );
+        assert_eq!(b.target(ci, 1, (addr, 10), other), None, "no receive 1");
     }
 }

@@ -282,6 +282,7 @@ impl Tx {
             let bytes = RetrHdrRepr {
                 remote_addr: remote,
                 imm: t.imm,
+                rkey,
             }
             .to_bytes();
             self.hdrs

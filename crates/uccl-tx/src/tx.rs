@@ -109,7 +109,7 @@ impl Tx {
             return Err(TxError::Config {
                 field: "hdrs.slot_size",
                 value: hdrs.slot_size() as u64,
-                reason: "must hold a 12-byte retransmission header",
+                reason: "must hold a 16-byte retransmission header",
             });
         }
         let wrs = ObjectPool::new(cfg.wr_pool, |_, e: &mut WrEx| {

@@ -3,18 +3,20 @@
 use super::WireError;
 
 /// Bytes of a retransmission header.
-pub const RETR_HDR_LEN: usize = 12;
+pub const RETR_HDR_LEN: usize = 16;
 
 /// The header in front of a retransmitted chunk's payload (a SEND to the receiver's SRQ):
 ///
 /// ```text
-/// 0               8       12
-/// +---------------+-------+-----------
-/// | remote_addr   |  imm  | payload...
-/// +---------------+-------+-----------
+/// 0               8       12      16
+/// +---------------+-------+-------+-----------
+/// | remote_addr   |  imm  | rkey  | payload...
+/// +---------------+-------+-------+-----------
 /// ```
 ///
-/// both big-endian: where the chunk belongs and the immediate it first carried.
+/// all big-endian: where the chunk belongs, the immediate it first carried, and the rkey its
+/// first transmission wrote with (so a receiver that copies a retransmission into place can
+/// check it as the NIC checked the original).
 #[derive(Debug, Clone, Copy)]
 pub struct RetrHdr<T: AsRef<[u8]>> {
     buf: T,
@@ -45,6 +47,12 @@ impl<T: AsRef<[u8]>> RetrHdr<T> {
         u32::from_be_bytes([b[8], b[9], b[10], b[11]])
     }
 
+    /// The rkey of the chunk's original WRITE.
+    pub fn rkey(&self) -> u32 {
+        let b = self.buf.as_ref();
+        u32::from_be_bytes([b[12], b[13], b[14], b[15]])
+    }
+
     /// The bytes after the header.
     pub fn payload(&self) -> &[u8] {
         &self.buf.as_ref()[RETR_HDR_LEN..]
@@ -61,6 +69,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RetrHdr<T> {
     pub fn set_imm(&mut self, v: u32) {
         self.buf.as_mut()[8..12].copy_from_slice(&v.to_be_bytes());
     }
+
+    /// Sets the rkey.
+    pub fn set_rkey(&mut self, v: u32) {
+        self.buf.as_mut()[12..16].copy_from_slice(&v.to_be_bytes());
+    }
 }
 
 /// A retransmission header, parsed.
@@ -70,6 +83,8 @@ pub struct RetrHdrRepr {
     pub remote_addr: u64,
     /// Its immediate data (host order).
     pub imm: u32,
+    /// The rkey of its original WRITE.
+    pub rkey: u32,
 }
 
 impl RetrHdrRepr {
@@ -78,15 +93,17 @@ impl RetrHdrRepr {
         RetrHdrRepr {
             remote_addr: h.remote_addr(),
             imm: h.imm(),
+            rkey: h.rkey(),
         }
     }
 
-    /// The 12 bytes.
+    /// The 16 bytes.
     pub fn to_bytes(&self) -> [u8; RETR_HDR_LEN] {
         let mut b = [0u8; RETR_HDR_LEN];
         let mut h = RetrHdr { buf: &mut b[..] };
         h.set_remote_addr(self.remote_addr);
         h.set_imm(self.imm);
+        h.set_rkey(self.rkey);
         b
     }
 }
@@ -98,12 +115,18 @@ mod tests {
 
     #[test]
     fn short_headers_are_errors() {
-        assert!(RetrHdr::new_checked(&[0u8; 11][..]).is_err());
+        assert!(RetrHdr::new_checked(&[0u8; 15][..]).is_err());
         let h = RetrHdrRepr {
             remote_addr: 0x0102_0304_0506_0708,
             imm: 0x0a0b_0c0d,
+            rkey: 0x1112_1314,
         };
-        assert_eq!(h.to_bytes(), [1, 2, 3, 4, 5, 6, 7, 8, 0xa, 0xb, 0xc, 0xd]);
+        assert_eq!(
+            h.to_bytes(),
+            [
+                1, 2, 3, 4, 5, 6, 7, 8, 0xa, 0xb, 0xc, 0xd, 0x11, 0x12, 0x13, 0x14
+            ]
+        );
     }
 
     proptest! {

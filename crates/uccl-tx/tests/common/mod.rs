@@ -201,7 +201,7 @@ impl Sim {
                                 .expect("a SEND is a retransmission");
                             // No empty SGE: an empty chunk's SEND is its header alone.
                             assert_eq!(w.wr.num_sge, 1 + i32::from(w.sges[1].length > 0));
-                            assert_eq!((w.sges[0].lkey, w.sges[0].length), (HDR_LKEY, 12));
+                            assert_eq!((w.sges[0].lkey, w.sges[0].length), (HDR_LKEY, 16));
                             let imm = Imm::decode(hdr.imm);
                             (imm.fid, imm.csn, hdr.remote_addr, w.sges[1].addr)
                         } else if chunk {

@@ -129,10 +129,10 @@ fn a_holder_that_changes_its_slot_between_calls_posts_nothing_unchecked() {
     let dst = Arc::new(b.pd.alloc_dma(1024, 64, AccessFlags::all()).unwrap());
     qa.pin(&src);
     let base = write_slots(&src, &dst);
-    let mut bad = base[1].clone();
+    let mut bad = base[1];
     bad.sges[0] = unpinned.sge(0, 64).unwrap();
     let mut holders = [Fickle {
-        good: base[0].clone(),
+        good: base[0],
         bad,
         calls: 0,
     }];
