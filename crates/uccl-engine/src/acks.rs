@@ -135,8 +135,10 @@ impl Engine {
             return;
         };
         if let Some(i) = c.ack_slot.take() {
+            let p = &mut self.peers[c.peer];
             let at = usize::from(i) * ACK_LEN;
-            self.peers[c.peer].acks[at..at + ACK_LEN].fill(0);
+            p.acks[at..at + ACK_LEN].fill(0);
+            p.staged.retain(|&x| x != ci);
         }
         c.ctl.ack = None;
     }
@@ -160,7 +162,10 @@ impl Engine {
         }
         let mut acks = acks;
         acks.clear();
-        self.scratch.acks = acks;
+        // ACKs that found no send slot were queued again for the next round: keep them.
+        if self.scratch.acks.is_empty() {
+            self.scratch.acks = acks;
+        }
         let peers = std::mem::take(&mut self.scratch.peers);
         for &p in &peers {
             self.send_ack_packet(p);

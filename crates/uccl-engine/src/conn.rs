@@ -218,32 +218,40 @@ impl Ctl {
             return Ok(false);
         };
         if !self.recv.owed.is_empty() {
-            qp.post_recv_slots(&mut self.recv.slots, &self.recv.owed)?;
-            self.recv.owed.clear();
+            let r = qp.post_recv_slots(&mut self.recv.slots, &self.recv.owed);
+            crate::io::settle(&mut self.recv.owed, r)?;
         }
-        let mut order = [0u32; 1];
-        while let Some(msg) = self.backlog.front() {
-            let Some(i) = self.send.take(msg) else { break };
-            if CtlMsg::parse(msg) == Some(CtlMsg::Close) {
+        while let Some(&msg) = self.backlog.front() {
+            let Some(i) = self.send.take(&msg) else { break };
+            self.backlog.pop_front();
+            self.post(conn, i)?;
+            if CtlMsg::parse(&msg) == Some(CtlMsg::Close) {
                 self.close_slot = Some(i);
             }
-            self.backlog.pop_front();
-            let s = &mut self.send.slots[i as usize];
-            s.wr.wr_id = crate::wrid::ctl_send(conn, i);
-            order[0] = i;
-            qp.post_slots(&mut self.send.slots, &order)?;
         }
         if self.backlog.is_empty()
             && let Some(ack) = self.ack
             && let Some(i) = self.send.take(&ack)
         {
             self.ack = None;
-            self.send.slots[i as usize].wr.wr_id = crate::wrid::ctl_send(conn, i);
-            order[0] = i;
-            qp.post_slots(&mut self.send.slots, &order)?;
+            self.post(conn, i)?;
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// Posts send slot `i` (filled); on an error the slot is free again (it will not complete).
+    fn post(&mut self, conn: u16, i: u32) -> verbs_safe::Result<()> {
+        let Some(qp) = self.qp.live() else {
+            self.send.give_back(i);
+            return Ok(());
+        };
+        self.send.slots[i as usize].wr.wr_id = crate::wrid::ctl_send(conn, i);
+        let r = qp.post_slots(&mut self.send.slots, &[i]);
+        if r.is_err() {
+            self.send.give_back(i);
+        }
+        r
     }
 }
 

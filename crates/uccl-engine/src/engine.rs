@@ -245,13 +245,18 @@ impl Drop for Engine {
     /// Fails every request still in flight with [`EngineError::Stopped`] (nobody will complete
     /// them); the QPs, CQs and memory go with the engine.
     fn drop(&mut self) {
-        for c in self.conns.iter_mut().flatten() {
-            c.fail_requests(&EngineError::Stopped);
-        }
+        self.fail_all(&EngineError::Stopped);
     }
 }
 
 impl Engine {
+    /// Fails every request of every connection with `e` (the engine cannot go on).
+    pub(crate) fn fail_all(&mut self, e: &EngineError) {
+        for c in self.conns.iter_mut().flatten() {
+            c.fail_requests(e);
+        }
+    }
+
     /// An engine on `ctx` built as `cfg` says, reading time from `clock`.
     pub fn new(ctx: &Arc<Context>, cfg: EngineConfig, clock: Clock) -> Result<Engine> {
         cfg.validate()?;
@@ -474,6 +479,14 @@ impl Engine {
             });
         }
         let seq = c.next_seq;
+        if c.recvs[seq as usize % RECV_IDS].is_some() {
+            // The receive posted 128 ago is still waiting (its peer completed later ones
+            // first): refuse rather than lose it.
+            return Err(EngineError::Limit {
+                what: "receives outstanding on one connection (the oldest is still waiting)",
+                limit: RECV_IDS as u64,
+            });
+        }
         c.next_seq = c.next_seq.wrapping_add(1);
         c.recvs_posted += 1;
         c.recvs[seq as usize % RECV_IDS] = Some(PostedRecv {
@@ -535,12 +548,19 @@ impl Engine {
             local_addr: local,
             lkey,
             len,
-            remote_addr: dst.addr + dst_offset,
+            remote_addr: dst
+                .addr
+                .checked_add(dst_offset)
+                .ok_or(EngineError::BadRange(
+                    "the write runs past the address space",
+                ))?,
             rkey: dst.rkey,
         };
         let msg = self.tx.send_as(fid, m, rid)?;
         let c = self.open_conn(conn)?;
         c.track(msg, req.clone(), len);
+        let now = self.clock.now();
+        self.arm_keepalive(conn.index, now);
         Ok(())
     }
 

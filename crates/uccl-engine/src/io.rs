@@ -318,10 +318,10 @@ impl Io {
         if n == 0 || n < threshold {
             return Ok(0);
         }
-        self.srq
-            .post_recv_slots(&mut self.srq_ring.slots, &self.srq_ring.owed)
-            .map_err(EngineError::verbs("refilling the SRQ"))?;
-        self.srq_ring.owed.clear();
+        let r = self
+            .srq
+            .post_recv_slots(&mut self.srq_ring.slots, &self.srq_ring.owed);
+        settle(&mut self.srq_ring.owed, r).map_err(EngineError::verbs("refilling the SRQ"))?;
         if !self.srq_armed {
             self.srq
                 .arm_limit(self.srq_limit)
@@ -336,12 +336,25 @@ impl Io {
         if self.ctrl_recv.owed.is_empty() {
             return Ok(());
         }
-        self.ctrl_qp
-            .post_recv_slots(&mut self.ctrl_recv.slots, &self.ctrl_recv.owed)
-            .map_err(EngineError::verbs("refilling the control QP"))?;
-        self.ctrl_recv.owed.clear();
-        Ok(())
+        let r = self
+            .ctrl_qp
+            .post_recv_slots(&mut self.ctrl_recv.slots, &self.ctrl_recv.owed);
+        settle(&mut self.ctrl_recv.owed, r).map_err(EngineError::verbs("refilling the control QP"))
     }
+}
+
+/// Takes what a chained receive post `r` of `owed` posted out of `owed`: all of it, or on a
+/// post error the WRs before the failing one (libibverbs `bad_wr`), so that no slot is ever
+/// posted twice.
+pub(crate) fn settle(owed: &mut Vec<u32>, r: verbs_safe::Result<()>) -> verbs_safe::Result<()> {
+    match &r {
+        Ok(()) => owed.clear(),
+        Err(verbs_safe::Error::Post { index, .. }) => {
+            owed.drain(..(*index).min(owed.len()));
+        }
+        Err(_) => {}
+    }
+    r
 }
 
 /// The depth of each queue of a connection's control QP: every receive buffer it may advertise

@@ -1,6 +1,7 @@
-//! Liveness of connections that wait for their peer. A receive waiting for a message, or a send
-//! waiting for the peer's receive buffer, fails nothing on its own when the peer is gone (on UC
-//! nothing this end sends can fail). So a connection with such a request that has heard nothing
+//! Liveness of connections that wait for their peer. A receive waiting for a message, a send
+//! waiting for the peer's receive buffer, or a message whose bytes the peer's NIC took but whose
+//! ACK never came (RC), fails nothing on its own when the peer is gone (on UC nothing this end
+//! sends can fail). So a connection with such a request that has heard nothing
 //! from its peer for a keep-alive interval sends a [`Ctl::Ping`] over its RC control QP: a live
 //! peer's NIC acknowledges it, a peer that is gone fails it when the RC retries run out, and that
 //! failure tears the connection down like any other.
@@ -45,7 +46,7 @@ impl Engine {
                 continue;
             };
             c.in_keepalive = false;
-            if c.recvs_posted == 0 && c.sends.is_empty() {
+            if c.recvs_posted == 0 && c.sends.is_empty() && c.inflight.is_empty() {
                 continue;
             }
             if now.saturating_sub(c.heard) >= interval {

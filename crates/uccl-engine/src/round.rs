@@ -316,12 +316,43 @@ impl Engine {
                             "a data QP failed (asynchronous event)",
                             true,
                         );
+                    } else if let Some(ci) = self.conn_of_ctl_qp(qpn) {
+                        self.stats.qp_fatal_events += 1;
+                        let why = "its control QP failed (asynchronous event)";
+                        self.fail_conn(ci, why, false);
+                    }
+                }
+                (
+                    sys::IBV_EVENT_DEVICE_FATAL | sys::IBV_EVENT_CQ_ERR | sys::IBV_EVENT_SRQ_ERR,
+                    _,
+                ) => {
+                    // A shared resource is gone: no connection can make progress any more.
+                    tracing::error!(kind = ev.kind, element = ?ev.element, "fatal device event");
+                    for ci in 0..self.conns.len() as u16 {
+                        if self.conns[usize::from(ci)]
+                            .as_ref()
+                            .is_some_and(|c| c.is_open())
+                        {
+                            self.fail_conn(ci, "the device reported a fatal error", false);
+                        }
                     }
                 }
                 _ => tracing::debug!(kind = ev.kind, element = ?ev.element, "asynchronous event"),
             }
         }
         Ok(())
+    }
+
+    /// The connection whose control QP is `qpn` (a scan: for rare events only).
+    fn conn_of_ctl_qp(&self, qpn: u32) -> Option<u16> {
+        self.conns
+            .iter()
+            .position(|c| {
+                c.as_ref()
+                    .and_then(|c| c.ctl.qp.live())
+                    .is_some_and(|q| q.qpn() == qpn)
+            })
+            .map(|i| i as u16)
     }
 
     fn refill(&mut self) -> Result<()> {

@@ -190,7 +190,12 @@ impl Engine {
             .and_then(|o| o.take_if(|o| o.id == conn))
             .ok_or(EngineError::NoConnection(conn))?;
         let r = self.connect_offer(offer, peer);
-        if r.is_err() {
+        // A connection that was built and then failed is torn down (and its reservations
+        // returned) like any other; one that was never built returns them here.
+        let built = self.conns[usize::from(conn.index)]
+            .as_ref()
+            .is_some_and(|c| c.id == conn);
+        if r.is_err() && !built {
             let (send, ctl) = self.cq_needs();
             self.io.send_credits.release(send);
             self.io.ctrl_credits.release(ctl);
@@ -441,6 +446,7 @@ impl Engine {
         };
         let io = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
         s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .and_then(|()| s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
             .map_err(|e| err(io("socket")(e)))?;
         s.set_nodelay(true).map_err(|e| err(io("socket")(e)))?;
         let read_hello = |s: &mut TcpStream| -> std::result::Result<Vec<u8>, String> {
@@ -490,8 +496,10 @@ impl Engine {
         Ok(id)
     }
 
-    /// Withdraws an offer that will not complete.
-    fn withdraw(&mut self, id: ConnId) {
+    /// Withdraws an offer that will not complete (its peer is gone, or the out-of-band
+    /// exchange failed): its QPs and reservations are returned. Nothing happens to an id that
+    /// is not an outstanding offer.
+    pub fn withdraw(&mut self, id: ConnId) {
         if let Some(slot) = self.offers.get_mut(usize::from(id.index))
             && slot.take_if(|o| o.id == id).is_some()
         {
@@ -518,6 +526,13 @@ pub fn connect_pair(a: &mut Engine, b: &mut Engine) -> Result<(ConnId, ConnId)> 
         b.withdraw(cb);
         return Err(e);
     }
-    b.complete(cb, &ha)?;
+    if let Err(e) = b.complete(cb, &ha) {
+        a.fail_conn(
+            ca.index,
+            "the other end of the connection failed to connect",
+            false,
+        );
+        return Err(e);
+    }
     Ok((ca, cb))
 }

@@ -143,6 +143,9 @@ impl Engine {
 /// The engine thread: commands, a round, and a nap when idle for long.
 fn run(mut engine: Engine, shared: &Shared) -> Engine {
     let _span = tracing::info_span!("engine", device = %engine.io.ctx.name()).entered();
+    // However the loop ends (a panic included: then the engine is dropped after this, failing
+    // what it held), the handle learns the thread is gone and nothing queued waits forever.
+    let _exit = Exit(shared);
     let mut idle = 0u32;
     loop {
         let mut busy = false;
@@ -156,6 +159,7 @@ fn run(mut engine: Engine, shared: &Shared) -> Engine {
             Ok(b) => busy |= b,
             Err(e) => {
                 tracing::error!(error = %e, "the engine failed; its thread stops");
+                engine.fail_all(&e);
                 break;
             }
         }
@@ -181,12 +185,19 @@ fn run(mut engine: Engine, shared: &Shared) -> Engine {
             shared.sleepy.store(false, Ordering::Relaxed);
         }
     }
-    shared.gone.store(true, Ordering::SeqCst);
-    // Whatever arrived after the last round fails: nothing will run it.
-    while let Some(cmd) = shared.queue.pop() {
-        cmd.cancel();
-    }
     engine
+}
+
+/// Marks the engine thread gone and fails whatever is still queued for it, when dropped.
+struct Exit<'a>(&'a Shared);
+
+impl Drop for Exit<'_> {
+    fn drop(&mut self) {
+        self.0.gone.store(true, Ordering::SeqCst);
+        while let Some(cmd) = self.0.queue.pop() {
+            cmd.cancel();
+        }
+    }
 }
 
 impl EngineHandle {
