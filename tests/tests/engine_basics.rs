@@ -195,7 +195,14 @@ fn misuse_is_an_error_not_a_panic() {
     let e = a.complete(pending, &rc_hello).unwrap_err();
     assert!(e.to_string().contains("RC"), "{e}");
     // The refused offers released their slots: a connection still fits.
-    assert!(connect_pair(a, c).is_ok());
+    let (_, cc) = connect_pair(a, c).unwrap();
+    // An id of one engine never names a connection of another (even in the same slot).
+    let theirs_buf = c.register(100).unwrap();
+    assert!(matches!(
+        c.send(ca, &theirs_buf, 0, 1),
+        Err(EngineError::NoConnection(_))
+    ));
+    assert!(matches!(a.close(cc), Err(EngineError::NoConnection(_))));
 }
 
 #[test]

@@ -19,8 +19,12 @@ pub(crate) struct Credits {
     turn_ns: u64,
     grant: Vec<u16>,
     open: Vec<bool>,
-    /// Token rotation (used while there are more connections than WQEs).
+    /// Token rotation (used while there are more connections than WQEs): the holders in the
+    /// order they got their token, with when (an entry whose time is not the holder's
+    /// `held` any more is stale and skipped: tokens move on in O(1)).
     holders: VecDeque<(u16, u64)>,
+    /// Since when each connection holds its token (`u64::MAX`: it holds none).
+    held: Vec<u64>,
     waiting: VecDeque<u16>,
     /// Connections whose grant changed since the last call to `take_changed`.
     changed: Vec<u16>,
@@ -36,6 +40,7 @@ impl Credits {
             grant: Vec::new(),
             open: Vec::new(),
             holders: VecDeque::new(),
+            held: Vec::new(),
             waiting: VecDeque::new(),
             changed: Vec::new(),
             conns: 0,
@@ -82,9 +87,11 @@ impl Credits {
         for (k, c) in open.into_iter().enumerate() {
             if (k as u32) < self.budget {
                 self.set(c, 1);
+                self.held[usize::from(c)] = now;
                 self.holders.push_back((c, now));
             } else {
                 self.set(c, 0);
+                self.held[usize::from(c)] = u64::MAX;
                 self.waiting.push_back(c);
             }
         }
@@ -96,6 +103,7 @@ impl Credits {
         if self.grant.len() <= i {
             self.grant.resize(i + 1, 0);
             self.open.resize(i + 1, false);
+            self.held.resize(i + 1, u64::MAX);
         }
         self.open[i] = true;
         self.conns += 1;
@@ -118,10 +126,8 @@ impl Credits {
         if self.share() >= 1 || self.grant(c) == 0 {
             return;
         }
-        if let Some(i) = self.holders.iter().position(|&(h, _)| h == c) {
-            self.holders.remove(i);
-            self.pass(c, now);
-        }
+        // Its entry in `holders` goes stale and is skipped when it comes up.
+        self.pass(c, now);
     }
 
     /// Moves tokens held too long without use (token rotation only).
@@ -130,6 +136,10 @@ impl Credits {
             return;
         }
         while let Some(&(c, since)) = self.holders.front() {
+            if self.held[usize::from(c)] != since {
+                self.holders.pop_front();
+                continue;
+            }
             if now.saturating_sub(since) < self.turn_ns {
                 break;
             }
@@ -141,9 +151,11 @@ impl Credits {
     /// `c` gives its token to the next connection waiting, and waits for another.
     fn pass(&mut self, c: u16, now: u64) {
         self.set(c, 0);
+        self.held[usize::from(c)] = u64::MAX;
         self.waiting.push_back(c);
         if let Some(next) = self.waiting.pop_front() {
             self.set(next, 1);
+            self.held[usize::from(next)] = now;
             self.holders.push_back((next, now));
         }
     }

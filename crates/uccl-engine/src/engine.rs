@@ -19,10 +19,11 @@ use crate::request::{Done, Request};
 use crate::rx::Delivered;
 use crate::stats::Stats;
 
-/// A connection of an engine (an index and a generation: a stale id never names a newer
-/// connection in the same slot).
+/// A connection of an engine (the engine, an index and a generation: a stale id never names
+/// a newer connection in the same slot, nor an id of one engine a connection of another).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnId {
+    pub(crate) engine: u64,
     pub(crate) index: u16,
     pub(crate) generation: u32,
 }

@@ -90,6 +90,7 @@ impl Engine {
     fn create_qps(&mut self, index: u16) -> Result<Offer> {
         self.generation = self.generation.wrapping_add(1);
         let id = ConnId {
+            engine: self.id,
             index,
             generation: self.generation,
         };
