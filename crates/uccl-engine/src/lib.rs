@@ -26,6 +26,20 @@
 //! - **Demultiplexing in O(1)**: send completions by their `wr_id`, receive completions by the
 //!   QP number (a two-level table) and the immediate's flow id.
 //! - **Requests** ([`Request`]) can be tested, waited on, or awaited as futures.
+//! - **Running it**: [`Engine::poll`] runs one round (completions, matching, timers,
+//!   transmission, SRQ refill, ACKs) in the caller's loop; [`Engine::spawn`] runs it on a
+//!   thread of its own behind a lock-free queue ([`EngineHandle`]).
+//! - **Failure**: retransmissions exhausted, a silent peer (UC), an RC retry error, a fatal
+//!   asynchronous event, or a keep-alive ping over the control QP that no one answers (a
+//!   connection waiting for a peer that is gone) fails every request of the connection with
+//!   the reason, tells the peer when it cannot know, and returns every slot, credit, CQ
+//!   reservation and path once the QPs' flushes are polled ([`Usage`] shows it).
+//!
+//! What is trusted: a peer can write the memory of the buffers it was given (a receive's
+//! buffer, an exported region's) with their rkey, as RDMA allows; everything else it sends
+//! (immediates, retransmission headers, ACKs, control messages) is checked before use, and a
+//! retransmitted chunk is copied only inside the range and with the rkey its original WRITE
+//! had. Register separate buffers for peers that must not reach each other's data.
 //!
 //! Two engines on one softnic fabric, a message from one to the other:
 //!

@@ -198,7 +198,13 @@ pub(crate) trait Slot: Linked {
     fn wr_id(&self) -> u64;
     /// The slot's SGEs in use (`num_sge`, which must fit the slot).
     fn sges(&self) -> std::result::Result<&[ibv_sge], String>;
-    fn point_own_sges(&mut self);
+    /// Points the slot at `p`'s own SGEs and its `next` at `next`, through `p` alone: no
+    /// reference to the slot is made, so the pointers the chain keeps (to this slot and its
+    /// SGEs) all derive from `p` and stay valid while the post reads them.
+    ///
+    /// # Safety
+    /// `p` points to a live slot that nothing else reads or writes during the call.
+    unsafe fn link_raw(p: *mut Self, next: *mut Self);
 }
 
 macro_rules! slot_impl {
@@ -214,12 +220,17 @@ macro_rules! slot_impl {
                     .map(|n| &self.sges[..n])
                     .ok_or_else(|| format!("num_sge {} for a slot of {N}", self.wr.num_sge))
             }
-            fn point_own_sges(&mut self) {
-                self.wr.sg_list = if self.wr.num_sge == 0 {
-                    null_mut()
-                } else {
-                    self.sges.as_mut_ptr()
-                };
+            unsafe fn link_raw(p: *mut Self, next: *mut Self) {
+                // SAFETY: the caller guarantees `p` is live and unshared; only place
+                // expressions through `p` are used (no intermediate references).
+                unsafe {
+                    (*p).wr.sg_list = if (*p).wr.num_sge == 0 {
+                        null_mut()
+                    } else {
+                        std::ptr::addr_of_mut!((*p).sges).cast()
+                    };
+                    (*p).wr.next = next.cast();
+                }
             }
         }
 
@@ -277,9 +288,15 @@ where
         marked += 1;
     }
     if result.is_ok() {
+        // Elements are reached through one base pointer from here on: indexing the slice
+        // would re-borrow all of it and invalidate the pointers the chain already holds.
+        let base = slots.as_mut_ptr();
         let mut head: *mut S = null_mut();
         for (k, &i) in order.iter().enumerate().rev() {
-            let s = slots[i as usize].as_mut();
+            // SAFETY: `i` is in bounds (checked in the first pass) and named once in `order`,
+            // so this is the only reference to element `i`; `base` comes from `slots`, which
+            // is borrowed mutably for this call.
+            let s = unsafe { &mut *base.add(i as usize) }.as_mut();
             if s.next() != mark {
                 result = Err(Error::InvalidWr {
                     index: k,
@@ -291,9 +308,10 @@ where
                 result = Err(e);
                 break;
             }
-            s.point_own_sges();
-            s.set_next(head);
-            head = s;
+            let p: *mut S = s;
+            // SAFETY: `p` comes from the only reference to this slot, no longer used.
+            unsafe { S::link_raw(p, head) };
+            head = p;
         }
         if result.is_ok() {
             return Ok(head);
