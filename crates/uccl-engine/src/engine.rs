@@ -200,7 +200,7 @@ static ENGINES: AtomicU64 = AtomicU64::new(1);
 
 /// Header slots of retransmissions in flight.
 const HDR_SLOTS: usize = 4096;
-const HDR_SLOT: usize = 16;
+const HDR_SLOT: usize = uccl_tx::wire::RETR_HDR_LEN;
 
 /// A UCCL transport engine on one device context. See the [crate documentation](crate).
 pub struct Engine {
