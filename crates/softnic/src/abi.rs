@@ -1,9 +1,10 @@
 //! The C ABI surface: the structs callers hold pointers to, the registry that tells softnic's
 //! pointers from foreign ones, `errno`, and a layout-identical mirror of `ibv_wc`.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, LazyLock, RwLock, Weak};
+
+use crate::hash::FastMap;
 
 use ibverbs_sys::ibv_wc;
 
@@ -87,7 +88,7 @@ struct Entry {
 
 /// Every live softnic object, by the address callers hold. A pointer that is not here (null,
 /// foreign, or already destroyed) is never dereferenced.
-static REGISTRY: LazyLock<RwLock<HashMap<usize, Entry>>> = LazyLock::new(Default::default);
+static REGISTRY: LazyLock<RwLock<FastMap<usize, Entry>>> = LazyLock::new(Default::default);
 
 pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id: u32) {
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());

@@ -1,6 +1,6 @@
 //! The fabric: devices on one simulated network, the virtual clock, and progress.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -280,7 +280,7 @@ impl Fabric {
                     tx_last: 0,
                     qpns: BTreeMap::new(),
                     next_qpn: 0x11,
-                    keys: HashMap::new(),
+                    keys: Default::default(),
                     next_key: 0,
                 }
             })
@@ -298,7 +298,7 @@ impl Fabric {
             channels: BTreeMap::new(),
             srqs: BTreeMap::new(),
             ahs: BTreeMap::new(),
-            ah_by_ptr: HashMap::new(),
+            ah_by_ptr: Default::default(),
             net: Net::default(),
             timers: BTreeSet::new(),
             faults: BTreeMap::new(),
@@ -467,6 +467,7 @@ impl Fabric {
             to: dev,
             sgid,
             bytes: bytes.to_vec(),
+            sealed: true,
         };
         st.deliver(&frame);
         st.progress();

@@ -67,6 +67,7 @@ mod counters;
 mod cq;
 mod fabric;
 mod faults;
+mod hash;
 mod mr;
 mod net;
 mod ops;

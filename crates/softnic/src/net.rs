@@ -18,6 +18,10 @@ pub(crate) struct Frame {
     /// The sending device's GID (the source address a UD receiver sees in its GRH).
     pub(crate) sgid: [u8; 16],
     pub(crate) bytes: Vec<u8>,
+    /// Whether `bytes` end in a real ICRC (a frame from outside, or one the fabric corrupted:
+    /// the receiver checks it). A frame softnic built and nothing changed is valid by
+    /// construction and carries a zero ICRC: the CRC of every byte would only be overhead.
+    pub(crate) sealed: bool,
 }
 
 #[derive(Debug)]
@@ -121,6 +125,10 @@ impl World {
             return fate;
         }
         if verdict == Verdict::Corrupt || (pass && self.rng.chance(faults.corrupt)) {
+            if !frame.sealed {
+                crate::packet::seal(&mut frame.bytes);
+                frame.sealed = true;
+            }
             let bit = self.rng.below(frame.bytes.len() as u64 * 8) as usize;
             frame.bytes[bit / 8] ^= 1 << (bit % 8);
             fate.corrupted = true;

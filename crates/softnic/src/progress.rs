@@ -85,7 +85,7 @@ impl State {
     /// parse (bad ICRC, truncated, unknown opcode) or names no QP is counted and dropped.
     pub(crate) fn deliver(&mut self, frame: &Frame) {
         let dev = frame.to;
-        let pkt = match Packet::parse(&frame.bytes) {
+        let pkt = match Packet::parse_with(&frame.bytes, frame.sealed) {
             Ok(p) => p,
             Err(e) => {
                 let c = &mut self.w.devices[dev].counters;

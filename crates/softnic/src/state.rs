@@ -3,7 +3,7 @@
 //! QPs live apart from everything else (`State::qps` and `State::w`), so a QP can be borrowed
 //! mutably together with the rest of the world it acts on (CQs, MRs, SRQs, the network).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::c_void;
 
 use ibverbs_sys::{ibv_ah, ibv_context, ibv_device, ibv_event_type, ibv_pd};
@@ -35,7 +35,7 @@ pub(crate) struct Device {
     pub(crate) qpns: BTreeMap<u32, u32>,
     pub(crate) next_qpn: u32,
     /// lkey/rkey -> MR id.
-    pub(crate) keys: HashMap<u32, u32>,
+    pub(crate) keys: crate::hash::FastMap<u32, u32>,
     pub(crate) next_key: u32,
 }
 
@@ -90,7 +90,7 @@ pub(crate) struct World {
     pub(crate) srqs: BTreeMap<u32, Srq>,
     pub(crate) ahs: BTreeMap<u32, Ah>,
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
-    pub(crate) ah_by_ptr: HashMap<usize, u32>,
+    pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
     pub(crate) net: Net,
     /// (deadline, qp id) of every armed QP timer.
     pub(crate) timers: BTreeSet<(u64, u32)>,

@@ -343,7 +343,7 @@ impl Qp {
         payload: &[u8],
     ) {
         let mut bytes = Vec::with_capacity(hdr.wire_len(payload.len()));
-        if hdr.emit(payload, &mut bytes).is_err() {
+        if hdr.emit_unsealed(payload, &mut bytes).is_err() {
             debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
             return;
         }
@@ -362,6 +362,7 @@ impl Qp {
             to,
             sgid,
             bytes,
+            sealed: false,
         });
         self.count(w, |c| {
             c.packets_dropped += u64::from(fate.dropped);

@@ -227,7 +227,8 @@ impl Qp {
             let Some(frame) = self.resp.deferred.pop_front() else {
                 return;
             };
-            if let Ok(pkt) = Packet::parse(&frame.bytes) {
+            // Checked when it arrived.
+            if let Ok(pkt) = Packet::parse_with(&frame.bytes, false) {
                 self.on_request(w, &pkt, &frame);
             }
         }
