@@ -6,11 +6,13 @@
 //! cargo xtask demo [ARGS]    setup, release build, run `uccl-perf` (ARGS are passed on)
 //! cargo xtask bench          setup, release build, the side-by-side benchmark table
 //! cargo xtask bench criterion [ARGS]  the criterion benchmarks (ARGS go to `cargo bench`)
+//! cargo xtask capture       two softnic processes under tshark: RoCEv2 decoded, ICRCs right
 //! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
 //! ```
 //!
 //! Only the standard library: the task runner must build before anything else does.
 
+mod capture;
 mod run;
 mod setup;
 mod tasks;
@@ -34,6 +36,9 @@ tasks:
                  `criterion -- tx`); `bench -- ARGS` does the same
   bench all [ARGS]
                  the table, then the criterion benchmarks
+  capture        two uccl-perf processes on softnic's UDP link under tshark (lo, udp port
+                 4791): every frame must decode as InfiniBand, none malformed, every ICRC
+                 right (part of `test`)
   soak [CASES]   setup, the property tests with CASES cases each (default 20000; the engine's
                  whole-workload property a fiftieth of that), release build
   help           this text
@@ -49,6 +54,9 @@ fn main() -> ExitCode {
         Some("demo") => tasks::demo(&rest),
         Some("bench") => tasks::bench(&rest),
         Some("soak") => tasks::soak(&rest),
+        Some("capture") => no_args("capture", &rest)
+            .and_then(|()| setup::run())
+            .and_then(|()| capture::capture()),
         Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(())

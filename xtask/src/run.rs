@@ -51,6 +51,14 @@ pub(crate) fn workspace_root() -> PathBuf {
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
+/// A binary built into `target/<dir>` (`CARGO_TARGET_DIR` honoured), e.g. `release`.
+pub(crate) fn target_bin(dir: &str, name: &str) -> String {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join(dir).join(name).to_string_lossy().into_owned()
+}
+
 fn describe(c: &Command) -> String {
     let mut line = String::new();
     for (k, v) in c.get_envs() {

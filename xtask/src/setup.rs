@@ -13,6 +13,8 @@ const PACKAGES: &[&str] = &[
     "libclang1-14",
     "libclang-common-14-dev",
     "python3",
+    // `cargo xtask capture` (part of `test`): decodes softnic's RoCEv2 frames.
+    "tshark",
 ];
 
 /// Toolchain components `cargo xtask test` uses.

@@ -1,6 +1,6 @@
 //! `test`, `demo` and `bench`.
 
-use crate::run::{cargo, cmd, status, succeeds, workspace_root};
+use crate::run::{cargo, cmd, status, succeeds, target_bin, workspace_root};
 use crate::setup;
 
 /// The test command of the README: everything CI checks.
@@ -50,6 +50,7 @@ pub(crate) fn test() -> Result<(), String> {
         &["test", "--workspace", "--doc", "--locked"],
     ))?;
     loom(&cargo)?;
+    crate::capture::capture()?;
     eprintln!("xtask test: all green");
     Ok(())
 }
@@ -68,14 +69,7 @@ pub(crate) fn demo(args: &[String]) -> Result<(), String> {
 
 /// A binary of the release build.
 fn release_bin(name: &str) -> String {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    target
-        .join("release")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
+    target_bin("release", name)
 }
 
 /// The benchmarks. No arguments, or `table [ARGS]` (ARGS go to `bench-table`, e.g.

@@ -69,6 +69,21 @@ impl EventFd {
         (fd >= 0).then(|| Arc::new(EventFd(fd)))
     }
 
+    /// A non-blocking counter (not a semaphore) for waking a thread that polls it:
+    /// [`signal`](Self::signal) makes it readable, [`drain`](Self::drain) clears it.
+    pub(crate) fn new_waker() -> Option<Arc<EventFd>> {
+        // SAFETY: plain syscall wrapper, no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        (fd >= 0).then(|| Arc::new(EventFd(fd)))
+    }
+
+    /// Clears a waker's count (never blocks on one made by [`new_waker`](Self::new_waker)).
+    pub(crate) fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid local from a descriptor this value owns.
+        let _ = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+    }
+
     /// The descriptor number.
     pub(crate) fn raw(&self) -> i32 {
         self.0

@@ -1,6 +1,8 @@
 //! The fabric: devices on one simulated network, the virtual clock, and progress.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -9,8 +11,10 @@ use ibverbs_sys::{ibv_device, ibv_qp};
 
 use crate::abi::{self, Kind, Shell};
 use crate::counters::Counters;
+use crate::cq::EventFd;
 use crate::faults::{Faults, PacketFilter, Rng};
-use crate::net::{Frame, Net};
+use crate::link::udp::UdpPort;
+use crate::link::{Dest, Frame, Net};
 use crate::state::{Device, State, World};
 
 /// Which clock a fabric runs on.
@@ -27,6 +31,27 @@ pub enum Clock {
     /// peer is merely slow. For two threads (or a progress thread) driving the two ends. Not
     /// deterministic.
     Wall,
+}
+
+/// The network a fabric's devices are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Link {
+    /// The in-process simulated network (latency, port speed, seeded faults; on the virtual
+    /// clock, replayed bit for bit). Devices are `::ffff:10.0.0.<index + 1>`.
+    #[default]
+    Simulated,
+    /// A real network: each device binds a UDP socket on its own IPv4 address, port 4791,
+    /// its GID is that address IPv4-mapped, and it reaches any other RoCEv2 port (another
+    /// process's softnic device, on this host or another) by sending it real RoCEv2
+    /// datagrams, the ICRC included (see [`roce`](crate::roce)). Devices of the same fabric
+    /// still talk in-process. The fabric runs on the wall clock with its own progress thread
+    /// (timers, retransmissions and arrivals move while nobody polls; it sleeps in `ppoll`
+    /// when there is nothing to do). The seeded faults apply to what is sent.
+    Udp {
+        /// The first device's address (the next ones take the following addresses); `None`
+        /// takes free ones in 127.0.0.2 to 127.0.0.254 (see [`Fabric::udp_addr`] for which).
+        addr: Option<Ipv4Addr>,
+    },
 }
 
 /// How a fabric is built. `FabricConfig::default()` gives two 100 Gb/s devices, 1 us latency,
@@ -75,6 +100,9 @@ pub struct FabricConfig {
     /// PSNs, ACKs, faults and completions. SENDs (and atomics) still move their bytes, as the
     /// software that receives them reads them (control messages, retransmission headers).
     pub copy_payload: bool,
+    /// The network: the in-process [simulation](Link::Simulated) (the default) or
+    /// [UDP](Link::Udp) between processes.
+    pub link: Link,
 }
 
 impl Default for FabricConfig {
@@ -96,6 +124,7 @@ impl Default for FabricConfig {
             idle_limit: Duration::from_secs(60),
             clock: Clock::Virtual,
             copy_payload: true,
+            link: Link::Simulated,
         }
     }
 }
@@ -118,6 +147,14 @@ pub enum Error {
     },
     /// No device of that name is on this fabric.
     UnknownDevice(String),
+    /// A device's UDP socket could not be bound ([`Link::Udp`]): the address is in use (by
+    /// another fabric or process), not local, or none of 127.0.0.2-254 was free.
+    Bind {
+        /// The address asked for (`None`: any free one).
+        addr: Option<Ipv4Addr>,
+        /// The system's reason, with its errno.
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -128,6 +165,14 @@ impl std::fmt::Display for Error {
             }
             Error::Broken { reason } => write!(f, "fabric broken by an earlier panic: {reason}"),
             Error::UnknownDevice(name) => write!(f, "no device named {name:?} on this fabric"),
+            Error::Bind {
+                addr: Some(a),
+                reason,
+            } => write!(f, "binding softnic's RoCEv2 port {a}:4791: {reason}"),
+            Error::Bind { addr: None, reason } => write!(
+                f,
+                "no free address for softnic's RoCEv2 port in 127.0.0.2-254 (port 4791): {reason}"
+            ),
         }
     }
 }
@@ -154,13 +199,21 @@ pub(crate) struct Shared {
     why: Mutex<Option<String>>,
     /// A progress thread waits on this between events; calls that give it work wake it.
     wakeup: Condvar,
-    /// The progress thread is waiting on `wakeup`.
+    /// The progress thread is waiting on `wakeup` (or on `poll_fds`).
     pub(crate) sleeper: AtomicBool,
+    /// On the UDP link: what wakes a progress thread polling `poll_fds` (its last entry).
+    pub(crate) waker: Option<Arc<EventFd>>,
+    /// On the UDP link: the devices' receiving sockets and the waker, which a sleeping
+    /// progress thread polls instead of waiting on `wakeup`.
+    pub(crate) poll_fds: Vec<RawFd>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         abi::unregister_fabric(self.id);
+        if let Some(w) = &self.waker {
+            w.signal();
+        }
     }
 }
 
@@ -204,22 +257,36 @@ impl Shared {
     /// cannot fall between the thread's last look and its wait).
     pub(crate) fn wake_sleeper(&self) {
         if self.sleeper.load(Ordering::Acquire) {
-            self.wakeup.notify_all();
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        self.wakeup.notify_all();
+        if let Some(w) = &self.waker {
+            w.signal();
         }
     }
 
     /// Wakes a sleeping progress thread from outside the lock.
     pub(crate) fn kick(&self) {
         let _st = self.lock_any();
-        self.wakeup.notify_all();
+        self.wake();
     }
 
-    /// Sleeps up to `d` or until woken, releasing the lock meanwhile.
+    /// Sleeps up to `d` or until woken (on the UDP link, also until a datagram arrives),
+    /// releasing the lock meanwhile.
     pub(crate) fn nap<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
         d: Duration,
     ) -> MutexGuard<'a, State> {
+        if let Some(w) = &self.waker {
+            drop(st);
+            crate::link::udp::wait_readable(&self.poll_fds, d);
+            w.drain();
+            return self.lock_any();
+        }
         self.wakeup
             .wait_timeout(st, d)
             .map(|(g, _)| g)
@@ -256,20 +323,62 @@ impl Fabric {
     /// A fabric of `cfg.devices` devices named `soft0`, `soft1`, ...
     ///
     /// Each has one port (number 1) and one GID, `::ffff:10.0.0.<index + 1>` (IPv4-mapped, as
-    /// a RoCEv2 port has); an unsupported MTU is rounded down to the nearest IB MTU.
+    /// a RoCEv2 port has) on the simulated link, its address on the [UDP link](Link::Udp);
+    /// an unsupported MTU is rounded down to the nearest IB MTU.
+    ///
+    /// # Panics
+    ///
+    /// If a device of a [`Link::Udp`] fabric cannot bind its socket: use
+    /// [`try_new`](Self::try_new) there. A simulated fabric never fails.
     pub fn new(cfg: FabricConfig) -> Fabric {
+        Fabric::try_new(cfg).unwrap_or_else(|e| panic!("softnic: {e}"))
+    }
+
+    /// Like [`new`](Self::new), with [`Error::Bind`] when a device on the UDP link cannot
+    /// bind its address.
+    pub fn try_new(cfg: FabricConfig) -> Result<Fabric, Error> {
         let mut cfg = cfg;
         cfg.mtu = [4096, 2048, 1024, 512, 256]
             .into_iter()
             .find(|&m| m <= cfg.mtu)
             .unwrap_or(256);
+        let mut ports = Vec::with_capacity(cfg.devices);
+        if let Link::Udp { addr } = cfg.link {
+            cfg.clock = Clock::Wall;
+            for i in 0..cfg.devices {
+                let port = match addr {
+                    Some(a) => {
+                        let a = Ipv4Addr::from(u32::from(a).wrapping_add(i as u32));
+                        UdpPort::bind(a).map_err(|e| Error::Bind {
+                            addr: Some(a),
+                            reason: e.to_string(),
+                        })?
+                    }
+                    None => {
+                        let taken = ports.iter().map(|p: &UdpPort| p.ip).collect::<Vec<_>>();
+                        UdpPort::bind_free(&taken).map_err(|e| Error::Bind {
+                            addr: None,
+                            reason: e.to_string(),
+                        })?
+                    }
+                };
+                ports.push(port);
+            }
+        }
+        let mut ports = ports.into_iter();
         let devices = (0..cfg.devices)
             .map(|i| {
                 let name = format!("soft{i}");
-                let mut gid = [0u8; 16];
-                gid[10] = 0xff;
-                gid[11] = 0xff;
-                gid[12..16].copy_from_slice(&[10, 0, (i >> 8) as u8, (i & 0xff) as u8 + 1]);
+                let udp = ports.next();
+                let gid = match &udp {
+                    Some(p) => crate::roce::ipv4_gid(p.ip),
+                    None => crate::roce::ipv4_gid(Ipv4Addr::new(
+                        10,
+                        0,
+                        (i >> 8) as u8,
+                        (i & 0xff) as u8 + 1,
+                    )),
+                };
                 Device {
                     shell: Shell::new(crate::control::device_struct(&name), i as u32),
                     name,
@@ -282,9 +391,24 @@ impl Fabric {
                     next_qpn: 0x11,
                     keys: Default::default(),
                     next_key: 0,
+                    udp,
                 }
             })
             .collect::<Vec<_>>();
+        let mut poll_fds = devices
+            .iter()
+            .filter_map(|d| d.udp.as_ref().map(UdpPort::rx_fd))
+            .collect::<Vec<_>>();
+        let waker = if poll_fds.is_empty() {
+            None
+        } else {
+            let w = EventFd::new_waker().ok_or_else(|| Error::Bind {
+                addr: None,
+                reason: std::io::Error::last_os_error().to_string(),
+            })?;
+            poll_fds.push(w.raw());
+            Some(w)
+        };
         let w = World {
             rng: Rng::new(cfg.seed),
             cfg,
@@ -300,6 +424,8 @@ impl Fabric {
             ahs: BTreeMap::new(),
             ah_by_ptr: Default::default(),
             net: Net::default(),
+            udp_in: Vec::new(),
+            last_poll: None,
             timers: BTreeSet::new(),
             faults: BTreeMap::new(),
             default_faults: Faults::NONE,
@@ -317,6 +443,8 @@ impl Fabric {
             why: Mutex::new(None),
             wakeup: Condvar::new(),
             sleeper: AtomicBool::new(false),
+            waker,
+            poll_fds,
         });
         let fabric = Fabric { shared };
         let st = fabric.shared.lock_any();
@@ -328,8 +456,12 @@ impl Fabric {
                 d.shell.id,
             );
         }
+        let udp = st.w.devices.iter().any(|d| d.udp.is_some());
         drop(st);
-        fabric
+        if udp {
+            crate::progress::spawn_udp_progress(&fabric.shared);
+        }
+        Ok(fabric)
     }
 
     /// The state for work, or [`Error::Broken`].
@@ -361,6 +493,20 @@ impl Fabric {
             .iter()
             .find(|d| d.name == name)
             .map(|d| d.shell.ptr())
+    }
+
+    /// The IPv4 address of device `name`'s port on the [UDP link](Link::Udp) (`None` on the
+    /// simulated link, or for no such device).
+    pub fn udp_addr(&self, name: &str) -> Option<Ipv4Addr> {
+        let st = self.shared.lock_any();
+        let d = st.w.devices.iter().find(|d| d.name == name)?;
+        d.udp.as_ref().map(|p| p.ip)
+    }
+
+    /// The GID of device `name` (index 0 of its GID table).
+    pub fn gid(&self, name: &str) -> Option<[u8; 16]> {
+        let st = self.shared.lock_any();
+        st.w.devices.iter().find(|d| d.name == name).map(|d| d.gid)
     }
 
     /// The names of the devices, in order.
@@ -464,7 +610,8 @@ impl Fabric {
                 .ok_or_else(|| Error::UnknownDevice(to.to_string()))?;
         let frame = Frame {
             from: dev,
-            to: dev,
+            to: Dest::Local(dev),
+            sport: 0,
             sgid,
             bytes: bytes.to_vec(),
             sealed: true,

@@ -28,11 +28,23 @@
 //!   duplication, corruption (caught by the ICRC), link down. RC recovers (ACK/NAK, go-back-N,
 //!   `timeout`, `retry_cnt`, RNR NAK and `rnr_retry`); UC loses whole messages; UD drops. Frames
 //!   from outside ([`Fabric::inject`]) are parsed and checked like any other.
+//! - Two links ([`Link`]): the in-process simulated network above, and UDP between processes
+//!   or hosts: each device binds `127.0.0.x:4791` (or any address), its GID is that address
+//!   IPv4-mapped, and its packets travel as real RoCEv2 datagrams with the IBTA ICRC over the
+//!   IP and UDP headers ([`roce`]; `tshark` decodes them), sent and taken in in batches
+//!   (`sendmmsg`/`recvmmsg`) by the callers' polls and by a progress thread that sleeps in
+//!   `ppoll` when there is nothing to do. The seeded faults apply to both.
 //! - Two clocks ([`Clock`]): a virtual one (nothing runs in the background; polling a CQ or
 //!   calling [`Fabric::step`] / [`Fabric::run_until_idle`] makes progress, and the same seed
 //!   and the same calls give the same completions, bit for bit), and the wall clock for two
 //!   threads driving the two ends (timers take real time; a [progress
 //!   thread](Fabric::spawn_progress_thread) sleeps until the next event).
+//!
+//! Layout: the wire formats ([`packet`], [`roce`]); the transport state machines (`qp`:
+//! requester, responder, completer, READ/atomic responses); the links (`link`: faults, the
+//! simulated wire, UDP); the object tables behind the one fabric lock (`state`, `mr`, `cq`,
+//! `srq`) and progress (`progress`); the C ABI (`abi`: shells and the pointer registry,
+//! `control`: the control verbs, `ops`: the hot path).
 //!
 //! Robustness: a pointer softnic did not hand out, or one already destroyed, is refused with
 //! EINVAL (object addresses are never reused, at the cost of a few hundred bytes per destroyed
@@ -68,19 +80,20 @@ mod cq;
 mod fabric;
 mod faults;
 mod hash;
+mod link;
 mod mr;
-mod net;
 mod ops;
 pub mod packet;
 mod progress;
 mod qp;
+pub mod roce;
 mod srq;
 mod state;
 
 pub use abi::Wc;
 pub use control::{CONTROL, ControlPath};
 pub use counters::Counters;
-pub use fabric::{Clock, Error, Fabric, FabricConfig};
+pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
 pub use progress::ProgressThread;
 pub use qp::check_transition;

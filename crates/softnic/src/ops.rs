@@ -102,6 +102,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_
             return -libc::EINVAL;
         }
         st.progress();
+        st.w.last_poll = Some(st.w.now);
         if st.w.cfg.auto_advance {
             let mut budget = POLL_WARP_BUDGET;
             while budget > 0 && st.w.cqs[&id].entries.is_empty() && st.warp() {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::fabric::{Clock, Fabric, Shared};
-use crate::net::Frame;
-use crate::packet::{Packet, WireError};
+use crate::link::{Dest, Frame};
+use crate::packet::{BTH_LEN, ICRC_LEN, Packet, WireError};
 use crate::state::State;
 
 /// How long the progress thread of a virtual-clock fabric naps when nothing is pending.
@@ -16,19 +16,89 @@ const VIRTUAL_NAP: Duration = Duration::from_micros(50);
 /// The longest a wall-clock progress thread sleeps before looking again (it is woken earlier
 /// by any call that gives it work).
 const WALL_NAP: Duration = Duration::from_millis(100);
+/// How long after a CQ poll the UDP progress thread leaves the sockets to the pollers.
+const POLLED_RECENTLY: Duration = Duration::from_micros(200);
+/// How long a device's socket, found empty, is left alone (ns of wall time).
+const RX_IDLE_NS: u64 = 2_000;
+/// Batches of datagrams a device takes in per round of progress, at most.
+const RX_BATCHES: usize = 8;
 
 impl State {
     /// Processes everything due now: arrivals, timers, transmissions, until nothing is left.
     pub(crate) fn progress(&mut self) -> bool {
-        let mut any = false;
+        let mut any = self.receive_udp();
         loop {
             let mut did = self.deliver_due();
             did |= self.fire_timers();
             did |= self.transmit_ready();
             if !did {
-                return any;
+                break;
             }
             any = true;
+        }
+        self.flush_udp();
+        any
+    }
+
+    /// Takes in one batch of datagrams per device on the UDP link and delivers them: the
+    /// RoCEv2 ICRC is checked against the addresses they came from and to.
+    fn receive_udp(&mut self) -> bool {
+        let mut any = false;
+        let mut incoming = std::mem::take(&mut self.w.udp_in);
+        for dev in 0..self.w.devices.len() {
+            let Some(port) = self.w.devices[dev].udp.as_mut() else {
+                continue;
+            };
+            let ip = port.ip;
+            // A socket found empty is not asked again for a moment: a caller polling a CQ in
+            // a loop would otherwise make a system call per poll.
+            if self.w.now < port.idle_until {
+                continue;
+            }
+            // Up to a few batches: what came while nobody looked, without starving the rest.
+            let mut got = 0;
+            for _ in 0..RX_BATCHES {
+                match port.receive(&mut incoming) {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            if got == 0 {
+                port.idle_until = self.w.now + RX_IDLE_NS;
+                continue;
+            }
+            any = true;
+            for d in incoming.drain(..) {
+                let c = &mut self.w.devices[dev].counters;
+                if d.truncated || d.bytes.len() < BTH_LEN + ICRC_LEN {
+                    c.malformed += 1;
+                    continue;
+                }
+                if !crate::roce::check_v4(*d.src.ip(), d.src.port(), ip, &d.bytes) {
+                    c.icrc_errors += 1;
+                    continue;
+                }
+                self.deliver(&Frame {
+                    from: dev,
+                    to: Dest::Local(dev),
+                    sport: d.src.port(),
+                    sgid: crate::roce::ipv4_gid(*d.src.ip()),
+                    bytes: d.bytes,
+                    sealed: false,
+                });
+            }
+        }
+        self.w.udp_in = incoming;
+        any
+    }
+
+    /// Sends what the devices on the UDP link have queued; what the kernel refuses counts
+    /// as dropped.
+    fn flush_udp(&mut self) {
+        for d in &mut self.w.devices {
+            if let Some(port) = d.udp.as_mut().filter(|p| p.has_outgoing()) {
+                d.counters.packets_dropped += port.flush();
+            }
         }
     }
 
@@ -76,7 +146,14 @@ impl State {
         let mut did = false;
         while let Some(frame) = self.w.net.pop_due(self.w.now) {
             did = true;
-            self.deliver(&frame);
+            match frame.to {
+                Dest::Local(_) => self.deliver(&frame),
+                Dest::Udp(dst) => {
+                    if let Some(port) = self.w.devices[frame.from].udp.as_mut() {
+                        port.queue(frame.sport, dst, frame.bytes, frame.sealed);
+                    }
+                }
+            }
         }
         did
     }
@@ -84,7 +161,9 @@ impl State {
     /// Hands a frame that arrived at its device to the QP it names. A frame that does not
     /// parse (bad ICRC, truncated, unknown opcode) or names no QP is counted and dropped.
     pub(crate) fn deliver(&mut self, frame: &Frame) {
-        let dev = frame.to;
+        let Dest::Local(dev) = frame.to else {
+            return;
+        };
         let pkt = match Packet::parse_with(&frame.bytes, frame.sealed) {
             Ok(p) => p,
             Err(e) => {
@@ -156,6 +235,87 @@ impl State {
     }
 }
 
+impl State {
+    /// How long a progress thread with nothing to do may sleep.
+    fn nap(&self) -> Duration {
+        match self.w.cfg.clock {
+            Clock::Virtual => VIRTUAL_NAP,
+            Clock::Wall => self
+                .next_event()
+                .map_or(WALL_NAP, |t| {
+                    Duration::from_nanos(t.saturating_sub(self.w.now))
+                })
+                .min(WALL_NAP),
+        }
+    }
+}
+
+/// Marks the fabric broken by a panic in a progress thread, and says so on standard error.
+fn report_panic(shared: &Shared, payload: &(dyn std::any::Any + Send)) {
+    let why = crate::fabric::panic_message(payload);
+    shared.mark_broken(format!("progress thread panicked: {why}"));
+    eprintln!(
+        "softnic: the progress thread panicked ({why}); the fabric is broken and every call now fails with EIO"
+    );
+}
+
+/// Starts the progress thread (named `softnic-udp`) of a fabric on the UDP link. It holds the
+/// fabric only while it works and a weak handle while it sleeps in `ppoll` on the devices'
+/// sockets and the fabric's waker, so the fabric is freed when its last handle goes (which
+/// wakes the thread, and it ends).
+pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    let Some(waker) = shared.waker.clone() else {
+        return;
+    };
+    let fds = shared.poll_fds.clone();
+    let spawned = std::thread::Builder::new()
+        .name("softnic-udp".into())
+        .spawn(move || {
+            loop {
+                let Some(shared) = weak.upgrade() else { return };
+                let round = catch_unwind(AssertUnwindSafe(|| {
+                    let mut st = shared.lock()?;
+                    shared.sleeper.store(false, Ordering::Release);
+                    if st.progress() {
+                        return Some((Duration::ZERO, false));
+                    }
+                    // While somebody polls a CQ, their polls take in what arrives: sleep
+                    // on the timers alone, unwoken by datagrams and verbs (each wake-up
+                    // would cost a context switch per packet).
+                    let since = st.w.last_poll.map(|t| st.w.now.saturating_sub(t));
+                    if let Some(since) = since.filter(|&s| s < POLLED_RECENTLY.as_nanos() as u64) {
+                        let left = POLLED_RECENTLY - Duration::from_nanos(since);
+                        return Some((st.nap().min(left), false));
+                    }
+                    shared.sleeper.store(true, Ordering::Release);
+                    Some((st.nap(), true))
+                }));
+                let (nap, on_sockets) = match round {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return,
+                    Err(payload) => {
+                        report_panic(&shared, payload.as_ref());
+                        return;
+                    }
+                };
+                drop(shared);
+                if nap.is_zero() {
+                    continue;
+                }
+                if on_sockets {
+                    crate::link::udp::wait_readable(&fds, nap);
+                    waker.drain();
+                } else {
+                    std::thread::sleep(nap);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        shared.mark_broken(format!("spawning the UDP progress thread: {e}"));
+    }
+}
+
 impl Fabric {
     /// Starts a thread (named `softnic-progress`) that drives this fabric for callers that
     /// sleep on a completion channel with nobody else polling; it stops when the handle is
@@ -181,11 +341,7 @@ impl Fabric {
                         Ok(true) => {}
                         Ok(false) => return,
                         Err(payload) => {
-                            let why = crate::fabric::panic_message(payload.as_ref());
-                            fabric.shared.mark_broken(format!("progress thread panicked: {why}"));
-                            eprintln!(
-                                "softnic: the progress thread panicked ({why}); the fabric is broken and every call now fails with EIO"
-                            );
+                            report_panic(&fabric.shared, payload.as_ref());
                             return;
                         }
                     }
@@ -209,15 +365,7 @@ impl Fabric {
         if busy {
             return true;
         }
-        let nap = match st.w.cfg.clock {
-            Clock::Virtual => VIRTUAL_NAP,
-            Clock::Wall => st
-                .next_event()
-                .map_or(WALL_NAP, |t| {
-                    Duration::from_nanos(t.saturating_sub(st.w.now))
-                })
-                .min(WALL_NAP),
-        };
+        let nap = st.nap();
         if stop.load(Ordering::Acquire) {
             return true;
         }

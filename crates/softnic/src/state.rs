@@ -13,8 +13,8 @@ use crate::counters::Counters;
 use crate::cq::{Channel, Cq};
 use crate::fabric::FabricConfig;
 use crate::faults::{Faults, PacketFilter, Rng};
+use crate::link::{Dest, Net};
 use crate::mr::Mr;
-use crate::net::Net;
 use crate::qp::Qp;
 use crate::srq::Srq;
 
@@ -37,6 +37,8 @@ pub(crate) struct Device {
     /// lkey/rkey -> MR id.
     pub(crate) keys: crate::hash::FastMap<u32, u32>,
     pub(crate) next_key: u32,
+    /// The device's port on the UDP link (`None` on the in-process network only).
+    pub(crate) udp: Option<crate::link::udp::UdpPort>,
 }
 
 /// An async event waiting in a context's queue.
@@ -92,6 +94,11 @@ pub(crate) struct World {
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
     pub(crate) net: Net,
+    /// When a CQ was last polled (a polling caller also drives the UDP link, so the progress
+    /// thread need not wake for every datagram).
+    pub(crate) last_poll: Option<u64>,
+    /// Scratch for datagrams taken in from the UDP link (kept to reuse its allocation).
+    pub(crate) udp_in: Vec<crate::link::udp::Incoming>,
     /// (deadline, qp id) of every armed QP timer.
     pub(crate) timers: BTreeSet<(u64, u32)>,
     pub(crate) faults: BTreeMap<(usize, usize), Faults>,
@@ -116,9 +123,27 @@ impl World {
         self.next_id
     }
 
-    /// The device whose GID is `gid`.
-    pub(crate) fn device_by_gid(&self, gid: &[u8; 16]) -> Option<usize> {
-        self.devices.iter().position(|d| &d.gid == gid)
+    /// Where packets of device `from` to GID `gid` go: the device of this fabric with that
+    /// GID, else (if `from` is on the UDP link and `gid` is IPv4-mapped) that address's
+    /// RoCEv2 port; `None` if nowhere.
+    pub(crate) fn route(&self, from: usize, gid: &[u8; 16]) -> Option<Dest> {
+        if let Some(d) = self.devices.iter().position(|d| &d.gid == gid) {
+            return Some(Dest::Local(d));
+        }
+        self.devices[from].udp.as_ref()?;
+        let ip = crate::roce::gid_ipv4(gid)?;
+        Some(Dest::Udp(std::net::SocketAddrV4::new(
+            ip,
+            crate::roce::UDP_PORT,
+        )))
+    }
+
+    /// The UDP source port of QP number `qpn` of device `dev` (its flow entropy).
+    pub(crate) fn sport(&self, dev: usize, qpn: u32) -> u16 {
+        match &self.devices[dev].udp {
+            Some(p) => p.sport(qpn),
+            None => 0xc000 | (qpn & 0x3fff) as u16,
+        }
     }
 
     /// The faults on the direction `from -> to`.

@@ -147,6 +147,16 @@ impl Args {
         self.device == "soft"
     }
 
+    /// Whether this process is one of two (`--server` or `--client`).
+    pub(crate) fn remote(&self) -> bool {
+        self.server || self.client.is_some()
+    }
+
+    /// Whether the run is on softnic's virtual clock (both ends in this process).
+    pub(crate) fn virtual_clock(&self) -> bool {
+        self.soft() && !self.remote()
+    }
+
     /// The message size in bytes.
     pub(crate) fn msg_size(&self) -> u64 {
         self.msg_size.unwrap_or(match self.test {
@@ -169,14 +179,6 @@ impl Args {
 
     /// Checks what the parser could not check alone: combinations. One line on error.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if (self.server || self.client.is_some()) && self.soft() {
-            return Err(
-                "--server/--client need a real RDMA device (--device <name>): softnic \
-                        has no link between processes yet; without them both ends run in \
-                        this process"
-                    .into(),
-            );
-        }
         if (self.server || self.client.is_some()) && self.op == OpArg::Write {
             return Err(
                 "--op write runs in one process only (the receiver could not tell when \

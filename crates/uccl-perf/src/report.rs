@@ -132,7 +132,11 @@ fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
         tx_mode: args.tx_mode,
         max_chain: crate::transport::engine_config(args, 1).tx.max_chain,
         no_payload: args.no_payload,
-        clock: if args.soft() { "virtual" } else { "wall" },
+        clock: if args.virtual_clock() {
+            "virtual"
+        } else {
+            "wall"
+        },
     }
 }
 
@@ -221,8 +225,10 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             OpArg::Send => "send/recv",
             OpArg::Write => "one-sided write",
         },
-        if args.soft() {
+        if args.virtual_clock() {
             "softnic (virtual clock)".to_string()
+        } else if args.soft() {
+            "softnic, RoCEv2 over UDP (wall clock)".to_string()
         } else {
             format!("{} (wall clock)", args.device)
         },

@@ -28,7 +28,7 @@ pub use modify::check_transition;
 use crate::abi::{Shell, Wc};
 use crate::counters::Counters;
 use crate::cq::Reclaim;
-use crate::net::Frame;
+use crate::link::{Dest, Frame};
 use crate::packet::{Headers, Packet};
 use crate::srq::RecvWqe;
 use crate::state::{Element, World};
@@ -273,7 +273,7 @@ pub(crate) struct Qp {
     /// Current attributes (what `query_qp` returns).
     pub(crate) attr: ibv_qp_attr,
     /// The device the AV of an RC/UC QP points to.
-    pub(crate) dest_dev: Option<usize>,
+    pub(crate) dest_dev: Option<Dest>,
     /// Bumped by every reset, so completions polled later do not reclaim slots of the new life.
     pub(crate) epoch: u32,
     pub(crate) sq: SendQueue,
@@ -338,7 +338,7 @@ impl Qp {
     pub(crate) fn send_packet(
         &mut self,
         w: &mut World,
-        to: Option<usize>,
+        to: Option<Dest>,
         hdr: &Headers,
         payload: &[u8],
     ) {
@@ -357,9 +357,11 @@ impl Qp {
             return;
         };
         let sgid = w.devices[self.dev].gid;
+        let sport = w.sport(self.dev, self.qpn);
         let fate = w.transmit(Frame {
             from: self.dev,
             to,
+            sport,
             sgid,
             bytes,
             sealed: false,

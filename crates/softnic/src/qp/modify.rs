@@ -219,7 +219,7 @@ impl Qp {
         }
         if has(AV) {
             let dgid = crate::abi::gid_bytes(&self.attr.ah_attr.grh.dgid);
-            self.dest_dev = w.device_by_gid(&dgid);
+            self.dest_dev = w.route(self.dev, &dgid);
         }
         if has(RETRY_CNT) || has(RNR_RETRY) {
             self.req.retry_cnt = self.attr.retry_cnt;

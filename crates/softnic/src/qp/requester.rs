@@ -305,7 +305,7 @@ impl Qp {
                     qkey,
                     src_qp: self.qpn,
                 };
-                (w.device_by_gid(&dgid), remote_qpn, Some(deth))
+                (w.route(self.dev, &dgid), remote_qpn, Some(deth))
             }
             _ => (self.dest_dev, self.attr.dest_qp_num, None),
         };

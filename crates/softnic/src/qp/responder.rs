@@ -11,9 +11,10 @@
 use ibverbs_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
 
 use super::{InMsg, Qp, Transport};
+use crate::link::Frame;
 use crate::mr::{REMOTE_WRITE, write_mem};
-use crate::net::Frame;
 use crate::packet::{self, Aeth, Headers, Layout, Packet, opcode, psn_add, psn_diff, syndrome};
+use crate::roce;
 use crate::srq::RecvWqe;
 use crate::state::{Element, World};
 
@@ -25,25 +26,11 @@ pub(crate) const GRH_LEN: usize = 40;
 /// is 20 zero bytes then the IPv4 header; otherwise the IPv6 header. `ib_len` is the length of
 /// the InfiniBand part (BTH to ICRC) under the 8-byte UDP header.
 fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_LEN] {
-    let v4 = |g: &[u8; 16]| g[..10].iter().all(|&b| b == 0) && g[10..12] == [0xff, 0xff];
     let udp_len = 8 + ib_len;
     let mut grh = [0u8; GRH_LEN];
-    if v4(sgid) && v4(dgid) {
-        let ip = &mut grh[20..];
-        ip[0] = 0x45; // version 4, 5 words
-        ip[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
-        ip[6] = 0x40; // don't fragment
-        ip[8] = 64; // TTL
-        ip[9] = 17; // UDP
-        ip[12..16].copy_from_slice(&sgid[12..]);
-        ip[16..20].copy_from_slice(&dgid[12..]);
-        let sum = ip
-            .chunks(2)
-            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-            .sum::<u32>();
-        let sum = (sum & 0xffff) + (sum >> 16);
-        let sum = (sum & 0xffff) + (sum >> 16);
-        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    if let (Some(src), Some(dst)) = (roce::gid_ipv4(sgid), roce::gid_ipv4(dgid)) {
+        let head = roce::ipv4_udp_header(src, 0, dst, roce::UDP_PORT, ib_len);
+        grh[20..].copy_from_slice(&head[..roce::IPV4_LEN]);
     } else {
         grh[0] = 0x60; // IP version 6
         grh[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());

@@ -19,4 +19,5 @@ mod qp_state;
 mod reads;
 mod robustness;
 mod srq;
+mod udp;
 mod wire;

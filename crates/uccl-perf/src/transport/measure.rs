@@ -42,7 +42,11 @@ pub(super) fn execute(
         sent: 0,
     };
     let cpu0 = crate::cpu::process_time();
-    let v0 = run.fabric.as_ref().map(|f| f.now());
+    let v0 = run
+        .fabric
+        .as_ref()
+        .filter(|_| args.virtual_clock())
+        .map(|f| f.now());
     let result = run.drive();
     run.bar.finish_and_clear();
     let elapsed = result?;

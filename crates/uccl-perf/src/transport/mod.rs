@@ -208,8 +208,8 @@ mod tests {
         std::thread::scope(|s| {
             let a = &a;
             let n = names.clone();
-            let server = s.spawn(move || run_side(a, srv, n, Side::Server(&listener)));
-            let c = run_side(a, cli, names, Side::Client(&addr)).unwrap();
+            let server = s.spawn(move || run_side(a, srv, n, None, Side::Server(&listener)));
+            let c = run_side(a, cli, names, None, Side::Client(&addr)).unwrap();
             let sv = server.join().unwrap().unwrap();
             assert_eq!((c.role, c.messages_sent), (Role::Client, 12));
             assert_eq!((sv.role, sv.messages_received), (Role::Server, 12));

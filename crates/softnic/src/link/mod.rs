@@ -1,0 +1,137 @@
+//! Links: where the transport's packets go once built, in the shape of smoltcp's
+//! `phy::Device`. The QPs (`crate::qp`) hand a [`Frame`] to [`World::transmit`] and are handed
+//! arrived frames by `State::deliver`; they know nothing else of the network.
+//!
+//! Every frame first passes the faults of its direction (seeded loss, corruption, duplication,
+//! reordering, link down, a packet filter), then goes onto one of two links:
+//! - [`sim`]: the in-process simulated network, packets in flight ordered by arrival time
+//!   (each device's port serialises a packet for `bytes * 8 / gbps` and it arrives
+//!   `latency_ns` after it left); on the virtual clock, replayed bit for bit;
+//! - [`udp`]: a device's UDP socket, RoCEv2 to another process or host.
+//!
+//! A frame for the UDP link waits in the same queue (so reordering faults delay it) and leaves
+//! when due, without the simulated serialisation and latency.
+
+pub(crate) mod sim;
+pub(crate) mod udp;
+
+use std::net::SocketAddrV4;
+
+pub(crate) use sim::Net;
+
+use crate::faults::{PacketInfo, Verdict};
+use crate::packet::PSN_MASK;
+use crate::state::World;
+
+/// Where a packet goes: a device of this fabric, or an address on the UDP link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dest {
+    /// The device of that index.
+    Local(usize),
+    /// A RoCEv2 port elsewhere (another process or host), reached through the sending
+    /// device's [UDP port](crate::udp::UdpPort).
+    Udp(SocketAddrV4),
+}
+
+/// A packet on the wire: its bytes and where it goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Frame {
+    pub(crate) from: usize,
+    pub(crate) to: Dest,
+    /// The UDP source port (the sending QP's flow entropy; covered by a RoCEv2 ICRC).
+    pub(crate) sport: u16,
+    /// The sending device's GID (the source address a UD receiver sees in its GRH).
+    pub(crate) sgid: [u8; 16],
+    pub(crate) bytes: Vec<u8>,
+    /// Whether `bytes` end in a real ICRC (a frame from outside, or one the fabric corrupted:
+    /// the receiver checks it). A frame softnic built and nothing changed is valid by
+    /// construction and carries a zero ICRC until it leaves on the UDP link: the CRC of every
+    /// byte of an in-process frame would only be overhead.
+    pub(crate) sealed: bool,
+}
+
+/// How the faults treated one packet, for the sender's counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Fate {
+    pub(crate) dropped: bool,
+    pub(crate) corrupted: bool,
+    pub(crate) duplicated: bool,
+    pub(crate) reordered: bool,
+}
+
+impl World {
+    /// Sends `frame` from its device's port: serialisation, faults, then into flight.
+    pub(crate) fn transmit(&mut self, mut frame: Frame) -> Fate {
+        let mut fate = Fate::default();
+        let seq = self.net.sent;
+        self.net.sent += 1;
+        let b = &frame.bytes;
+        let to = match frame.to {
+            Dest::Local(d) => d,
+            Dest::Udp(_) => usize::MAX,
+        };
+        let info = PacketInfo {
+            seq,
+            from: frame.from,
+            to,
+            opcode: b[0],
+            psn: u32::from_be_bytes([b[8], b[9], b[10], b[11]]) & PSN_MASK,
+            dest_qp: u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0x00ff_ffff,
+            len: b.len(),
+        };
+        let verdict = self.filter.as_mut().map_or(Verdict::Pass, |f| f(&info));
+        let faults = self.faults_for(frame.from, to);
+        // A frame for the UDP link leaves at once: the real network between here and there
+        // has its own speed and latency.
+        let (wire_ns, latency) = match frame.to {
+            Dest::Local(_) => (
+                (frame.bytes.len() as u64 * 8).div_ceil(self.cfg.gbps.max(1)),
+                self.cfg.latency_ns,
+            ),
+            Dest::Udp(_) => (0, 0),
+        };
+        let port = &mut self.devices[frame.from];
+        port.egress_free_at = port.egress_free_at.max(self.now) + wire_ns;
+        let mut at = port.egress_free_at + latency;
+
+        let pass = verdict == Verdict::Pass;
+        if faults.link_down || verdict == Verdict::Drop || (pass && self.rng.chance(faults.loss)) {
+            fate.dropped = true;
+            return fate;
+        }
+        if verdict == Verdict::Corrupt || (pass && self.rng.chance(faults.corrupt)) {
+            self.seal(&mut frame);
+            let bit = self.rng.below(frame.bytes.len() as u64 * 8) as usize;
+            frame.bytes[bit / 8] ^= 1 << (bit % 8);
+            fate.corrupted = true;
+        }
+        if let Verdict::Delay(d) = verdict {
+            at += d;
+            fate.reordered = true;
+        } else if pass && self.rng.chance(faults.reorder) {
+            at += 1 + self.rng.below(faults.reorder_delay_ns.max(1));
+            fate.reordered = true;
+        }
+        if verdict == Verdict::Duplicate || (pass && self.rng.chance(faults.duplicate)) {
+            self.net.push(at + 1, frame.clone());
+            fate.duplicated = true;
+        }
+        self.net.push(at, frame);
+        fate
+    }
+
+    /// Writes the ICRC a receiver will check: the RoCEv2 one for the UDP link, softnic's
+    /// in-process one (a CRC-32 of the packet) otherwise.
+    fn seal(&self, frame: &mut Frame) {
+        if frame.sealed {
+            return;
+        }
+        match (frame.to, &self.devices[frame.from].udp) {
+            (Dest::Udp(dst), Some(port)) => {
+                crate::roce::seal_v4(port.ip, frame.sport, *dst.ip(), &mut frame.bytes);
+            }
+            _ => crate::packet::seal(&mut frame.bytes),
+        }
+        frame.sealed = true;
+    }
+}

@@ -1,0 +1,212 @@
+//! RoCEv2 encapsulation: the IP and UDP headers an InfiniBand packet travels under, and the
+//! invariant CRC computed over them as IBTA Annex A17 (and the kernel's `rxe_icrc.c`) has it.
+//!
+//! On the wire a RoCEv2 packet is `IP | UDP (destination port 4791) | BTH ... payload pad |
+//! ICRC`. The ICRC is a CRC-32 (the Ethernet polynomial, seeded with all ones, inverted at the
+//! end, stored little-endian) over 8 bytes of ones (the masked LRH of native InfiniBand), the
+//! IP header with the fields routers may change masked to ones (IPv4: type of service, TTL,
+//! header checksum; IPv6: traffic class, flow label, hop limit), the UDP header with its
+//! checksum masked, the BTH with its reserved byte `resv8a` masked, and everything after the
+//! BTH up to the ICRC.
+//!
+//! ```
+//! use softnic::roce;
+//! // A CNP captured from a ConnectX-4 Lx: IPv4 and UDP headers, BTH, 16 bytes of padding.
+//! let ip_udp = [
+//!     0x45, 0xc2, 0x00, 0x3c, 0x71, 0x8c, 0x40, 0x00, 0x40, 0x11, 0x91, 0x61,
+//!     0x0a, 0x00, 0x11, 0x01, 0x0a, 0x00, 0x12, 0x01,
+//!     0x00, 0x00, 0x12, 0xb7, 0x00, 0x28, 0x00, 0x00,
+//! ];
+//! let mut ib = vec![0x81, 0x00, 0xff, 0xff, 0x40, 0x00, 0x01, 0x18, 0, 0, 0, 0];
+//! ib.extend_from_slice(&[0; 16]);
+//! assert_eq!(roce::icrc(&ip_udp, &ib).to_le_bytes(), [0x82, 0xfd, 0x00, 0x2a]);
+//! ```
+
+use std::net::Ipv4Addr;
+
+/// The UDP destination port of RoCEv2.
+pub const UDP_PORT: u16 = 4791;
+/// IPv4 header length (no options).
+pub const IPV4_LEN: usize = 20;
+/// IPv6 header length.
+pub const IPV6_LEN: usize = 40;
+/// UDP header length.
+pub const UDP_LEN: usize = 8;
+
+/// The ICRC of a RoCEv2 packet: `ip_udp` is its IP header (IPv4 without options, or IPv6)
+/// followed by its UDP header, exactly as on the wire; `ib` is the InfiniBand part from the
+/// BTH up to, not including, the ICRC. Store the result with `to_le_bytes`.
+///
+/// An `ip_udp` of the wrong length for its IP version, or an `ib` shorter than a BTH, gives
+/// the CRC of what is there (which no correct packet carries): never a panic.
+pub fn icrc(ip_udp: &[u8], ib: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
+    let mut head = [0u8; IPV6_LEN + UDP_LEN];
+    let n = ip_udp.len().min(head.len());
+    head[..n].copy_from_slice(&ip_udp[..n]);
+    let ip_len = match head[0] >> 4 {
+        4 => {
+            head[1] = 0xff; // type of service
+            head[8] = 0xff; // TTL
+            head[10..12].copy_from_slice(&[0xff, 0xff]); // header checksum
+            IPV4_LEN
+        }
+        _ => {
+            head[0] |= 0x0f; // traffic class (high half)
+            head[1] = 0xff; // traffic class (low half) and flow label
+            head[2..4].copy_from_slice(&[0xff, 0xff]); // flow label
+            head[7] = 0xff; // hop limit
+            IPV6_LEN
+        }
+    };
+    if n >= ip_len + UDP_LEN {
+        head[ip_len + 6..ip_len + 8].copy_from_slice(&[0xff, 0xff]); // UDP checksum
+    }
+    h.update(&head[..n]);
+    let bth = ib.len().min(crate::packet::BTH_LEN);
+    let mut first = [0u8; crate::packet::BTH_LEN];
+    first[..bth].copy_from_slice(&ib[..bth]);
+    if bth > 4 {
+        first[4] = 0xff; // resv8a
+    }
+    h.update(&first[..bth]);
+    h.update(&ib[bth..]);
+    h.finalize()
+}
+
+/// The IPv4 and UDP headers softnic's UDP link sends an `ib_len`-byte InfiniBand packet
+/// under, as the kernel builds them for an unconnected socket with the don't-fragment bit
+/// set: identification 0, TTL 64, type of service 0, UDP checksum 0 (the fields the ICRC
+/// masks do not matter; the others must be exactly what the kernel puts on the wire).
+pub fn ipv4_udp_header(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    ib_len: usize,
+) -> [u8; IPV4_LEN + UDP_LEN] {
+    let udp_len = UDP_LEN + ib_len;
+    let mut h = [0u8; IPV4_LEN + UDP_LEN];
+    h[0] = 0x45; // version 4, 5 words
+    h[2..4].copy_from_slice(&((IPV4_LEN + udp_len) as u16).to_be_bytes());
+    h[6] = 0x40; // don't fragment
+    h[8] = 64; // TTL
+    h[9] = 17; // UDP
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let sum = h[..IPV4_LEN]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    h[20..22].copy_from_slice(&sport.to_be_bytes());
+    h[22..24].copy_from_slice(&dport.to_be_bytes());
+    h[24..26].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    h
+}
+
+/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`), if it is one.
+pub fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    (gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff])
+        .then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+}
+
+/// The IPv4-mapped GID of `ip`.
+pub fn ipv4_gid(ip: Ipv4Addr) -> [u8; 16] {
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12..].copy_from_slice(&ip.octets());
+    gid
+}
+
+/// Writes the ICRC of a packet softnic sends from `src:sport` to `dst` port 4791 into the
+/// packet's last 4 bytes (`frame` is the InfiniBand part, ICRC included).
+pub(crate) fn seal_v4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, frame: &mut [u8]) {
+    let Some(n) = frame.len().checked_sub(crate::packet::ICRC_LEN) else {
+        return;
+    };
+    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len());
+    let c = icrc(&head, &frame[..n]);
+    frame[n..].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Whether a packet that came from `src:sport` to `dst` port 4791 carries the right ICRC.
+pub(crate) fn check_v4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, frame: &[u8]) -> bool {
+    let Some(n) = frame.len().checked_sub(crate::packet::ICRC_LEN) else {
+        return false;
+    };
+    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len());
+    icrc(&head, &frame[..n]).to_le_bytes() == frame[n..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// scapy's RoCE test packet (UC SEND only): ICRC 0x78f353f3 big-endian on the wire.
+    #[test]
+    fn scapy_uc_send_vector() {
+        let mut ip_udp = ipv4_udp_header(
+            Ipv4Addr::new(192, 168, 0, 7),
+            49152,
+            Ipv4Addr::new(192, 168, 0, 7),
+            UDP_PORT,
+            36,
+        );
+        ip_udp[1] = 0x01; // tos
+        ip_udp[4..6].copy_from_slice(&1144u16.to_be_bytes()); // id
+        let mut ib = vec![0x24, 0x60, 0xff, 0xff, 0x00, 0x00, 0x00, 0xd3];
+        ib.extend_from_slice(&(13571856u32).to_be_bytes());
+        ib.extend_from_slice(b"F0\x81\x8b\xe2\x895\xd9\x0e\x9a\x95PT\x01\xbe\x88^P\x00\x00");
+        assert_eq!(
+            icrc(&ip_udp, &ib).to_le_bytes(),
+            0x78f3_53f3u32.to_be_bytes()
+        );
+    }
+
+    #[test]
+    fn masked_fields_do_not_change_the_icrc_and_others_do() {
+        let a = Ipv4Addr::new(127, 0, 0, 2);
+        let b = Ipv4Addr::new(127, 0, 0, 3);
+        let ib = [0x04, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1, 9, 9, 9, 9];
+        let head = ipv4_udp_header(a, 50000, b, UDP_PORT, ib.len() + 4);
+        let base = icrc(&head, &ib);
+        let mut masked = head;
+        masked[1] = 0x2e; // DSCP/ECN
+        masked[8] = 3; // TTL
+        masked[10] ^= 0x55; // checksum
+        masked[26] = 0x12; // UDP checksum
+        let mut ib2 = ib;
+        ib2[4] = 0x7f; // resv8a
+        assert_eq!(icrc(&masked, &ib2), base);
+        let mut moved = head;
+        moved[20] ^= 1; // source port
+        assert_ne!(icrc(&moved, &ib), base);
+        let mut body = ib;
+        body[12] ^= 1;
+        assert_ne!(icrc(&head, &body), base);
+        let mut frame = ib.to_vec();
+        frame.extend_from_slice(&[0; 4]);
+        seal_v4(a, 50000, b, &mut frame);
+        assert!(check_v4(a, 50000, b, &frame));
+        assert!(!check_v4(a, 50001, b, &frame));
+        assert!(!check_v4(b, 50000, a, &frame));
+    }
+
+    #[test]
+    fn short_inputs_do_not_panic() {
+        let _ = icrc(&[], &[]);
+        let _ = icrc(&[0x45], &[1, 2]);
+        let _ = icrc(&[0x60; 60], &[0; 3]);
+        assert!(!check_v4(
+            Ipv4Addr::LOCALHOST,
+            1,
+            Ipv4Addr::LOCALHOST,
+            &[0; 3]
+        ));
+    }
+}

@@ -1,0 +1,153 @@
+//! `cargo xtask capture` (part of `test`): two softnic processes talk RoCEv2 over UDP on the
+//! loopback interface while tshark captures; every frame must decode as InfiniBand with
+//! nothing malformed, and carry the right ICRC over the headers the kernel really sent.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use crate::run::{cargo, cmd, status, target_bin};
+
+/// The runs captured: the engine between two processes, on UC (with the default 1% loss)
+/// and on RC, small enough to take a second.
+const RUNS: &[&str] = &[
+    "--transport uc --flows 2 --qps-per-flow 2 --msg-size 64KiB --chunk-size 16KiB --messages 8",
+    "--transport rc --flows 1 --qps-per-flow 2 --msg-size 64KiB --chunk-size 16KiB --messages 8",
+];
+
+pub(crate) fn capture() -> Result<(), String> {
+    let cargo = cargo();
+    status(&mut cmd(
+        &cargo,
+        &["build", "--locked", "--package", "uccl-perf"],
+    ))?;
+    status(&mut cmd(
+        &cargo,
+        &[
+            "build",
+            "--locked",
+            "--package",
+            "softnic",
+            "--example",
+            "check_capture",
+        ],
+    ))?;
+    let dir = std::env::temp_dir().join(format!("xtask-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let pcapng = dir.join("roce.pcapng");
+    let pcap = dir.join("roce.pcap");
+    let file = pcapng.to_string_lossy().into_owned();
+
+    let mut tshark = Command::new("tshark")
+        .args(["-i", "lo", "-f", "udp port 4791", "-q", "-w", &file])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start tshark (cargo xtask setup installs it): {e}"))?;
+    let said = wait_for(&mut tshark, "Capturing on");
+    if !said.contains("Capturing on") {
+        let _ = tshark.kill();
+        return Err(format!("tshark did not start capturing on lo: {said}"));
+    }
+    let perf = target_bin("debug", "uccl-perf");
+    let result = RUNS.iter().try_for_each(|run| two_processes(&perf, run));
+    // Let the last frames reach the capture, then stop it the way ^C does.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = Command::new("kill")
+        .args(["-INT", &tshark.id().to_string()])
+        .status();
+    let _ = tshark.wait();
+    result?;
+
+    let count = |filter: &str| -> Result<usize, String> {
+        let out = Command::new("tshark")
+            .args(["-r", &file, "-Y", filter])
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| format!("tshark -r: {e}"))?;
+        Ok(String::from_utf8_lossy(&out.stdout).lines().count())
+    };
+    let all = count("frame")?;
+    let ib = count("infiniband")?;
+    let bad = count("_ws.malformed || _ws.expert.severity >= error")?;
+    eprintln!("xtask capture: {all} frames, {ib} decoded as InfiniBand, {bad} malformed");
+    if all == 0 || ib != all || bad != 0 {
+        return Err(format!(
+            "the capture {file} has {all} frames, {ib} of them InfiniBand, {bad} malformed \
+             (want every frame InfiniBand and none malformed)"
+        ));
+    }
+    status(&mut cmd(
+        "tshark",
+        &["-r", &file, "-F", "pcap", "-w", &pcap.to_string_lossy()],
+    ))?;
+    status(&mut cmd(
+        &target_bin("debug/examples", "check_capture"),
+        &[&pcap.to_string_lossy()],
+    ))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Runs `uccl-perf --server` and `--client 127.0.0.1` with `opts`; both must succeed.
+fn two_processes(perf: &str, opts: &str) -> Result<(), String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port();
+    let opts = format!("--json --port {port} {opts}");
+    let args = |role: &str| {
+        format!("{role} {opts}")
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    eprintln!("$ {perf} --server {opts} & {perf} --client 127.0.0.1 {opts}");
+    let mut server = Command::new(perf)
+        .args(args("--server"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {perf}: {e}"))?;
+    let said = wait_for(&mut server, "waiting for");
+    if !said.contains("waiting for") {
+        let _ = server.kill();
+        return Err(format!("uccl-perf --server did not start: {said}"));
+    }
+    let client = Command::new(perf)
+        .args(args("--client 127.0.0.1"))
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("starting {perf}: {e}"))?;
+    let server = server.wait().map_err(|e| e.to_string())?;
+    if client.success() && server.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "uccl-perf {opts}: client {client}, server {server}"
+        ))
+    }
+}
+
+/// Reads `child`'s standard error until a line contains `marker` (or it ends); what it said.
+/// The rest of its standard error is passed through on a thread.
+fn wait_for(child: &mut Child, marker: &str) -> String {
+    let Some(err) = child.stderr.take() else {
+        return String::new();
+    };
+    let mut lines = BufReader::new(err).lines();
+    let mut said = String::new();
+    for line in lines.by_ref() {
+        let Ok(line) = line else { break };
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains(marker) {
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            eprintln!("{line}");
+        }
+    });
+    said
+}
