@@ -101,8 +101,13 @@ fn two_processes(perf: &str, opts: &str) -> Result<(), String> {
             .map(String::from)
             .collect::<Vec<_>>()
     };
-    eprintln!("$ {perf} --server {opts} & {perf} --client 127.0.0.1 {opts}");
+    eprintln!(
+        "$ SOFTNIC_GSO=0 {perf} --server {opts} & SOFTNIC_GSO=0 {perf} --client 127.0.0.1 {opts}"
+    );
+    // One datagram per packet: on the loopback interface a capture sees a GSO send before the
+    // kernel cuts it into datagrams, as one frame holding many packets.
     let mut server = Command::new(perf)
+        .env("SOFTNIC_GSO", "0")
         .args(args("--server"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -114,6 +119,7 @@ fn two_processes(perf: &str, opts: &str) -> Result<(), String> {
         return Err(format!("uccl-perf --server did not start: {said}"));
     }
     let client = Command::new(perf)
+        .env("SOFTNIC_GSO", "0")
         .args(args("--client 127.0.0.1"))
         .stdout(Stdio::null())
         .status()

@@ -206,6 +206,11 @@ pub(crate) struct Shared {
     /// On the UDP link: the devices' receiving sockets and the waker, which a sleeping
     /// progress thread polls instead of waiting on `wakeup`.
     pub(crate) poll_fds: Vec<RawFd>,
+    /// When the fabric was created (the origin of the wall clock), readable without the lock.
+    started: Instant,
+    /// Fabric time of the last CQ poll plus one (0: never). A polling caller drives the UDP
+    /// link, so its progress thread keeps off the lock meanwhile (read without the lock).
+    last_poll: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Shared {
@@ -266,6 +271,18 @@ impl Shared {
         if let Some(w) = &self.waker {
             w.signal();
         }
+    }
+
+    /// Notes a CQ poll at fabric time `now`.
+    pub(crate) fn polled_at(&self, now: u64) {
+        self.last_poll.store(now + 1, Ordering::Relaxed);
+    }
+
+    /// How long ago (wall clock) a CQ was last polled, if ever.
+    pub(crate) fn since_poll(&self) -> Option<Duration> {
+        let at = self.last_poll.load(Ordering::Relaxed).checked_sub(1)?;
+        let now = self.started.elapsed().as_nanos() as u64;
+        Some(Duration::from_nanos(now.saturating_sub(at)))
     }
 
     /// Wakes a sleeping progress thread from outside the lock.
@@ -425,13 +442,13 @@ impl Fabric {
             ah_by_ptr: Default::default(),
             net: Net::default(),
             udp_in: Vec::new(),
-            last_poll: None,
             timers: BTreeSet::new(),
             faults: BTreeMap::new(),
             default_faults: Faults::NONE,
             filter: None,
             next_id: 0,
         };
+        let started = w.started;
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -445,6 +462,8 @@ impl Fabric {
             sleeper: AtomicBool::new(false),
             waker,
             poll_fds,
+            started,
+            last_poll: std::sync::atomic::AtomicU64::new(0),
         });
         let fabric = Fabric { shared };
         let st = fabric.shared.lock_any();

@@ -97,12 +97,12 @@ unsafe fn post_result<W>(r: Result<(), (c_int, *mut W)>, bad_wr: *mut *mut W) ->
 /// written, or `-EINVAL` (unknown CQ, bad arguments), `-EIO` (broken fabric), or `-EOVERFLOW`
 /// once a CQ that overflowed has been drained.
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
-    let r = try_with(cq.cast(), Kind::Cq, |_, st, id| {
+    let r = try_with(cq.cast(), Kind::Cq, |shared, st, id| {
         if num < 0 || (num > 0 && wc.is_null()) {
             return -libc::EINVAL;
         }
         st.progress();
-        st.w.last_poll = Some(st.w.now);
+        shared.polled_at(st.w.now);
         if st.w.cfg.auto_advance {
             let mut budget = POLL_WARP_BUDGET;
             while budget > 0 && st.w.cqs[&id].entries.is_empty() && st.warp() {

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::fabric::{Clock, Fabric, Shared};
+use crate::link::udp::Damage;
 use crate::link::{Dest, Frame};
-use crate::packet::{BTH_LEN, ICRC_LEN, Packet, WireError};
+use crate::packet::{Packet, WireError};
 use crate::state::State;
 
 /// How long the progress thread of a virtual-clock fabric naps when nothing is pending.
@@ -49,7 +50,6 @@ impl State {
             let Some(port) = self.w.devices[dev].udp.as_mut() else {
                 continue;
             };
-            let ip = port.ip;
             // A socket found empty is not asked again for a moment: a caller polling a CQ in
             // a loop would otherwise make a system call per poll.
             if self.w.now < port.idle_until {
@@ -70,22 +70,18 @@ impl State {
             any = true;
             for d in incoming.drain(..) {
                 let c = &mut self.w.devices[dev].counters;
-                if d.truncated || d.bytes.len() < BTH_LEN + ICRC_LEN {
-                    c.malformed += 1;
-                    continue;
+                match d.damage {
+                    Some(Damage::Malformed) => c.malformed += 1,
+                    Some(Damage::BadIcrc) => c.icrc_errors += 1,
+                    None => self.deliver(&Frame {
+                        from: dev,
+                        to: Dest::Local(dev),
+                        sport: d.src.port(),
+                        sgid: crate::roce::ipv4_gid(*d.src.ip()),
+                        bytes: d.bytes,
+                        sealed: false,
+                    }),
                 }
-                if !crate::roce::check_v4(*d.src.ip(), d.src.port(), ip, &d.bytes) {
-                    c.icrc_errors += 1;
-                    continue;
-                }
-                self.deliver(&Frame {
-                    from: dev,
-                    to: Dest::Local(dev),
-                    sport: d.src.port(),
-                    sgid: crate::roce::ipv4_gid(*d.src.ip()),
-                    bytes: d.bytes,
-                    sealed: false,
-                });
             }
         }
         self.w.udp_in = incoming;
@@ -274,19 +270,19 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
         .spawn(move || {
             loop {
                 let Some(shared) = weak.upgrade() else { return };
+                // While somebody polls a CQ, their polls take in what arrives and fire the
+                // timers: stay out of their way (no wake-up per datagram or verb, not even a
+                // look under the lock) until they have not polled for a while.
+                if let Some(since) = shared.since_poll().filter(|&s| s < POLLED_RECENTLY) {
+                    drop(shared);
+                    std::thread::sleep(POLLED_RECENTLY - since);
+                    continue;
+                }
                 let round = catch_unwind(AssertUnwindSafe(|| {
                     let mut st = shared.lock()?;
                     shared.sleeper.store(false, Ordering::Release);
                     if st.progress() {
                         return Some((Duration::ZERO, false));
-                    }
-                    // While somebody polls a CQ, their polls take in what arrives: sleep
-                    // on the timers alone, unwoken by datagrams and verbs (each wake-up
-                    // would cost a context switch per packet).
-                    let since = st.w.last_poll.map(|t| st.w.now.saturating_sub(t));
-                    if let Some(since) = since.filter(|&s| s < POLLED_RECENTLY.as_nanos() as u64) {
-                        let left = POLLED_RECENTLY - Duration::from_nanos(since);
-                        return Some((st.nap().min(left), false));
                     }
                     shared.sleeper.store(true, Ordering::Release);
                     Some((st.nap(), true))

@@ -75,21 +75,28 @@ pub fn icrc(ip_udp: &[u8], ib: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// Segments one GSO send may carry (the kernel's `UDP_MAX_SEGMENTS`): the IPv4
+/// identifications its segments get are 0 to 63.
+pub const GSO_SEGMENTS: usize = 64;
+
 /// The IPv4 and UDP headers softnic's UDP link sends an `ib_len`-byte InfiniBand packet
 /// under, as the kernel builds them for an unconnected socket with the don't-fragment bit
-/// set: identification 0, TTL 64, type of service 0, UDP checksum 0 (the fields the ICRC
-/// masks do not matter; the others must be exactly what the kernel puts on the wire).
+/// set: identification `id` (0 for a datagram sent alone, `k` for segment `k` of a GSO send),
+/// TTL 64, type of service 0, UDP checksum 0 (the fields the ICRC masks do not matter; the
+/// others must be exactly what goes on the wire).
 pub fn ipv4_udp_header(
     src: Ipv4Addr,
     sport: u16,
     dst: Ipv4Addr,
     dport: u16,
     ib_len: usize,
+    id: u16,
 ) -> [u8; IPV4_LEN + UDP_LEN] {
     let udp_len = UDP_LEN + ib_len;
     let mut h = [0u8; IPV4_LEN + UDP_LEN];
     h[0] = 0x45; // version 4, 5 words
     h[2..4].copy_from_slice(&((IPV4_LEN + udp_len) as u16).to_be_bytes());
+    h[4..6].copy_from_slice(&id.to_be_bytes());
     h[6] = 0x40; // don't fragment
     h[8] = 64; // TTL
     h[9] = 17; // UDP
@@ -123,24 +130,45 @@ pub fn ipv4_gid(ip: Ipv4Addr) -> [u8; 16] {
     gid
 }
 
-/// Writes the ICRC of a packet softnic sends from `src:sport` to `dst` port 4791 into the
-/// packet's last 4 bytes (`frame` is the InfiniBand part, ICRC included).
-pub(crate) fn seal_v4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, frame: &mut [u8]) {
+/// Writes the ICRC of a packet softnic sends from `src:sport` to `dst` port 4791 with IPv4
+/// identification `id` into the packet's last 4 bytes (`frame` is the InfiniBand part, ICRC
+/// included).
+pub(crate) fn seal_v4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, id: u16, frame: &mut [u8]) {
     let Some(n) = frame.len().checked_sub(crate::packet::ICRC_LEN) else {
         return;
     };
-    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len());
+    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len(), id);
     let c = icrc(&head, &frame[..n]);
     frame[n..].copy_from_slice(&c.to_le_bytes());
 }
 
-/// Whether a packet that came from `src:sport` to `dst` port 4791 carries the right ICRC.
-pub(crate) fn check_v4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, frame: &[u8]) -> bool {
-    let Some(n) = frame.len().checked_sub(crate::packet::ICRC_LEN) else {
-        return false;
-    };
-    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len());
-    icrc(&head, &frame[..n]).to_le_bytes() == frame[n..]
+/// The ICRC a packet from `src:sport` to `dst` port 4791 would carry with IPv4
+/// identification 0, XORed with the one it carries: 0 if it was sent alone and is intact,
+/// [`id_delta`]`(len, k)` if it was segment `k` of a GSO send (a receiving socket does not
+/// see the IP header), anything else if it was damaged. `None` if shorter than an ICRC.
+pub(crate) fn icrc_residue_v4(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    frame: &[u8],
+) -> Option<u32> {
+    let n = frame.len().checked_sub(crate::packet::ICRC_LEN)?;
+    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len(), 0);
+    let wire = u32::from_le_bytes(frame[n..].try_into().ok()?);
+    Some(icrc(&head, &frame[..n]) ^ wire)
+}
+
+/// How the ICRC of a `frame_len`-byte packet (InfiniBand part, ICRC included) changes when
+/// its IPv4 identification goes from 0 to `id`. A CRC is affine, so for inputs of one length
+/// the change depends on the changed bits alone: `crc(a) ^ crc(b) = crc(a ^ b) ^ crc(0...0)`.
+pub(crate) fn id_delta(frame_len: usize, id: u16) -> u32 {
+    // The ICRC's input: 8 bytes of ones, the IPv4 and UDP headers, the packet before its ICRC;
+    // the identification is at bytes 4..6 of the IPv4 header.
+    let n = 8 + IPV4_LEN + UDP_LEN + frame_len.saturating_sub(crate::packet::ICRC_LEN);
+    let mut d = vec![0u8; n];
+    let zeros = crc32fast::hash(&d);
+    d[12..14].copy_from_slice(&id.to_be_bytes());
+    crc32fast::hash(&d) ^ zeros
 }
 
 #[cfg(test)]
@@ -156,6 +184,7 @@ mod tests {
             Ipv4Addr::new(192, 168, 0, 7),
             UDP_PORT,
             36,
+            0,
         );
         ip_udp[1] = 0x01; // tos
         ip_udp[4..6].copy_from_slice(&1144u16.to_be_bytes()); // id
@@ -173,7 +202,7 @@ mod tests {
         let a = Ipv4Addr::new(127, 0, 0, 2);
         let b = Ipv4Addr::new(127, 0, 0, 3);
         let ib = [0x04, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1, 9, 9, 9, 9];
-        let head = ipv4_udp_header(a, 50000, b, UDP_PORT, ib.len() + 4);
+        let head = ipv4_udp_header(a, 50000, b, UDP_PORT, ib.len() + 4, 0);
         let base = icrc(&head, &ib);
         let mut masked = head;
         masked[1] = 0x2e; // DSCP/ECN
@@ -191,10 +220,10 @@ mod tests {
         assert_ne!(icrc(&head, &body), base);
         let mut frame = ib.to_vec();
         frame.extend_from_slice(&[0; 4]);
-        seal_v4(a, 50000, b, &mut frame);
-        assert!(check_v4(a, 50000, b, &frame));
-        assert!(!check_v4(a, 50001, b, &frame));
-        assert!(!check_v4(b, 50000, a, &frame));
+        seal_v4(a, 50000, b, 0, &mut frame);
+        assert_eq!(icrc_residue_v4(a, 50000, b, &frame), Some(0));
+        assert_ne!(icrc_residue_v4(a, 50001, b, &frame), Some(0));
+        assert_ne!(icrc_residue_v4(b, 50000, a, &frame), Some(0));
     }
 
     #[test]
@@ -202,11 +231,28 @@ mod tests {
         let _ = icrc(&[], &[]);
         let _ = icrc(&[0x45], &[1, 2]);
         let _ = icrc(&[0x60; 60], &[0; 3]);
-        assert!(!check_v4(
-            Ipv4Addr::LOCALHOST,
-            1,
-            Ipv4Addr::LOCALHOST,
-            &[0; 3]
-        ));
+        assert_eq!(
+            icrc_residue_v4(Ipv4Addr::LOCALHOST, 1, Ipv4Addr::LOCALHOST, &[0; 3]),
+            None
+        );
+    }
+
+    /// Segment `k` of a GSO send carries the ICRC over identification `k`; the receiver, who
+    /// sees no IP header, finds `k` from the residue.
+    #[test]
+    fn a_gso_segment_is_recognised_by_its_identification_delta() {
+        let (a, b) = (Ipv4Addr::new(127, 0, 0, 5), Ipv4Addr::new(127, 0, 0, 6));
+        let mut frame = vec![0x0a, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0, 0, 0, 7];
+        frame.extend((0..4100u32).map(|i| i as u8));
+        for k in [0u16, 1, 2, 37, 63] {
+            seal_v4(a, 40000, b, k, &mut frame);
+            let r = icrc_residue_v4(a, 40000, b, &frame).unwrap();
+            let want = if k == 0 { 0 } else { id_delta(frame.len(), k) };
+            assert_eq!(r, want, "segment {k}");
+            let mut head = ipv4_udp_header(a, 40000, b, UDP_PORT, frame.len(), k);
+            head[1] = 0xb8; // a router's DSCP does not matter
+            let n = frame.len() - 4;
+            assert_eq!(icrc(&head, &frame[..n]).to_le_bytes(), frame[n..], "{k}");
+        }
     }
 }

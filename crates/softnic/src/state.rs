@@ -94,9 +94,6 @@ pub(crate) struct World {
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
     pub(crate) net: Net,
-    /// When a CQ was last polled (a polling caller also drives the UDP link, so the progress
-    /// thread need not wake for every datagram).
-    pub(crate) last_poll: Option<u64>,
     /// Scratch for datagrams taken in from the UDP link (kept to reuse its allocation).
     pub(crate) udp_in: Vec<crate::link::udp::Incoming>,
     /// (deadline, qp id) of every armed QP timer.

@@ -128,7 +128,7 @@ impl World {
         }
         match (frame.to, &self.devices[frame.from].udp) {
             (Dest::Udp(dst), Some(port)) => {
-                crate::roce::seal_v4(port.ip, frame.sport, *dst.ip(), &mut frame.bytes);
+                crate::roce::seal_v4(port.ip, frame.sport, *dst.ip(), 0, &mut frame.bytes);
             }
             _ => crate::packet::seal(&mut frame.bytes),
         }

@@ -4,24 +4,39 @@
 //! A port is one receiving socket bound to `ip:4791` and a few sending sockets bound to
 //! `ip:<ephemeral>`: a QP always sends from the same one, so its UDP source port is a function
 //! of the QP (the flow entropy mlx5 and rxe put there for ECMP), and the receiver never
-//! depends on it. Datagrams go out in batches (`sendmmsg`) at the end of each round of
-//! progress and come in in batches (`recvmmsg`); the sending sockets set don't-fragment, so
-//! the kernel puts identification 0 in their IPv4 headers and the ICRC (which covers them,
-//! see [`roce`](crate::roce)) is known before the datagram leaves.
+//! depends on it. The sending sockets set don't-fragment, so the kernel puts identification
+//! 0 in the IPv4 header of a datagram sent alone, and the ICRC (which covers it, see
+//! [`roce`](crate::roce)) is known before the datagram leaves.
+//!
+//! Datagrams go out at the end of each round of progress, in batches (`sendmmsg`), and runs of
+//! same-sized packets to one destination (the middle packets of a message) as one GSO send
+//! (`UDP_SEGMENT`): the kernel cuts it into datagrams after the socket layer, so a 64 KiB
+//! message costs a few system calls' worth of kernel work instead of sixteen. Segment `k` of
+//! a GSO send gets IPv4 identification `k`, and its ICRC is computed over that. Datagrams come
+//! in in batches (`recvmmsg`); as a receiving socket sees no IP header, a packet's ICRC is
+//! checked against identification 0 and, failing that, the 63 a GSO segment may have.
+//! `SOFTNIC_GSO=0` in the environment sends every packet alone (a capture on the loopback
+//! interface sees a GSO send before it is cut, as one frame).
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use crate::roce::{self, UDP_PORT};
+use crate::hash::FastMap;
+use crate::roce::{self, GSO_SEGMENTS, UDP_PORT};
 
 /// Sending sockets per port (distinct UDP source ports for the QPs to spread over).
 const TX_SOCKETS: usize = 4;
-/// Datagrams per `sendmmsg` / `recvmmsg`.
+/// Messages (datagrams or GSO sends) per `sendmmsg`, datagrams per `recvmmsg`.
 const BATCH: usize = 32;
-/// The largest datagram taken in: a 4096-byte MTU packet and every header softnic sends fit.
-const RX_BUF: usize = 4096 + 256;
+/// The largest datagram taken in: a GRO batch of packets (each is at most a 4096-byte MTU
+/// packet and its headers) fits.
+const RX_BUF: usize = 65_536;
+/// The largest packet: a 4096-byte MTU packet and every header softnic sends.
+const MAX_PACKET: usize = 4096 + 256;
+/// The most bytes one GSO send may carry (a UDP datagram's largest payload over IPv4).
+const GSO_BYTES: usize = 65_507;
 /// Socket buffer sizes asked for (root may exceed the system maximum).
 const RCVBUF: i32 = 32 << 20;
 const SNDBUF: i32 = 4 << 20;
@@ -30,6 +45,17 @@ const SNDBUF: i32 = 4 << 20;
 struct Outgoing {
     dst: SocketAddrV4,
     bytes: Vec<u8>,
+    /// Its ICRC is already written (over identification 0): it is sent alone.
+    sealed: bool,
+}
+
+/// What is wrong with a datagram that came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Damage {
+    /// Too short for a BTH and an ICRC, or longer than any packet (cut).
+    Malformed,
+    /// The ICRC matches none of the identifications it may have been sent with.
+    BadIcrc,
 }
 
 /// A datagram that came in.
@@ -38,8 +64,8 @@ pub(crate) struct Incoming {
     pub(crate) src: SocketAddrV4,
     /// The InfiniBand packet (BTH to ICRC).
     pub(crate) bytes: Vec<u8>,
-    /// It was longer than any packet softnic takes (and was cut).
-    pub(crate) truncated: bool,
+    /// Why it must be dropped, if it must.
+    pub(crate) damage: Option<Damage>,
 }
 
 /// One device's port on the UDP link.
@@ -51,7 +77,15 @@ pub(crate) struct UdpPort {
     tx: Vec<(UdpSocket, u16)>,
     /// Per sending socket, what waits for the next flush.
     outbox: Vec<Vec<Outgoing>>,
+    /// Runs of the outbox sent as one message each (scratch, kept for its allocation).
+    runs: Vec<std::ops::Range<usize>>,
+    /// Whether same-sized runs go as one GSO send.
+    gso: bool,
     rx_bufs: Box<[[u8; RX_BUF]; BATCH]>,
+    /// Whether the receiving socket hands over GRO batches (`UDP_GRO`).
+    gro: bool,
+    /// Per datagram length, the ICRC residues of identifications 1 to 63 (built on first use).
+    gso_residues: FastMap<usize, Box<[u32]>>,
     /// Fabric time before which the receiving socket, last found empty, is not read again.
     pub(crate) idle_until: u64,
 }
@@ -69,6 +103,7 @@ impl UdpPort {
     pub(crate) fn bind(ip: Ipv4Addr) -> io::Result<UdpPort> {
         let rx = UdpSocket::bind(SocketAddrV4::new(ip, UDP_PORT))?;
         rx.set_nonblocking(true)?;
+        let gro = gso_allowed() && set_int(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         set_buffer(&rx, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF);
         let tx = (0..TX_SOCKETS)
             .map(|_| {
@@ -84,12 +119,21 @@ impl UdpPort {
                 Ok((s, port))
             })
             .collect::<io::Result<Vec<_>>>()?;
+        // A kernel without UDP GSO (before 4.18) refuses the option: send packets alone.
+        let gso = gso_allowed() && set_int(&tx[0].0, libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
         Ok(UdpPort {
             ip,
             rx,
             outbox: (0..tx.len()).map(|_| Vec::new()).collect(),
             tx,
-            rx_bufs: Box::new([[0; RX_BUF]; BATCH]),
+            runs: Vec::new(),
+            gso,
+            rx_bufs: vec![[0; RX_BUF]; BATCH]
+                .into_boxed_slice()
+                .try_into()
+                .expect("BATCH buffers"),
+            gro,
+            gso_residues: FastMap::default(),
             idle_until: 0,
         })
     }
@@ -121,20 +165,11 @@ impl UdpPort {
         self.tx[qpn as usize % self.tx.len()].1
     }
 
-    /// Queues a packet from source port `sport` to `dst`, sealing it with its RoCEv2 ICRC
-    /// unless `sealed` (it already carries one: it was corrupted after sealing).
-    pub(crate) fn queue(
-        &mut self,
-        sport: u16,
-        dst: SocketAddrV4,
-        mut bytes: Vec<u8>,
-        sealed: bool,
-    ) {
-        if !sealed {
-            roce::seal_v4(self.ip, sport, *dst.ip(), &mut bytes);
-        }
+    /// Queues a packet from source port `sport` to `dst`; `sealed` if it already carries its
+    /// ICRC (it was corrupted after sealing), else it is sealed when it leaves.
+    pub(crate) fn queue(&mut self, sport: u16, dst: SocketAddrV4, bytes: Vec<u8>, sealed: bool) {
         let i = self.tx.iter().position(|t| t.1 == sport).unwrap_or(0);
-        self.outbox[i].push(Outgoing { dst, bytes });
+        self.outbox[i].push(Outgoing { dst, bytes, sealed });
     }
 
     /// Whether packets wait to be sent.
@@ -142,20 +177,33 @@ impl UdpPort {
         self.outbox.iter().any(|o| !o.is_empty())
     }
 
-    /// Sends everything queued. Returns how many datagrams the kernel refused (dropped: the
-    /// transports recover as they do from loss).
+    /// Seals and sends everything queued. Returns how many datagrams the kernel refused
+    /// (dropped: the transports recover as they do from loss).
     pub(crate) fn flush(&mut self) -> u64 {
         let mut failed = 0;
         for (i, out) in self.outbox.iter_mut().enumerate() {
+            if out.is_empty() {
+                continue;
+            }
+            let sport = self.tx[i].1;
+            cut_runs(out, self.gso, &mut self.runs);
+            for run in &self.runs {
+                for (k, o) in out[run.clone()].iter_mut().enumerate() {
+                    if !o.sealed {
+                        roce::seal_v4(self.ip, sport, *o.dst.ip(), k as u16, &mut o.bytes);
+                    }
+                }
+            }
             let fd = self.tx[i].0.as_raw_fd();
             let mut sent = 0;
-            while sent < out.len() {
-                match send_batch(fd, &out[sent..(sent + BATCH).min(out.len())]) {
+            while sent < self.runs.len() {
+                let batch = &self.runs[sent..(sent + BATCH).min(self.runs.len())];
+                match send_batch(fd, out, batch) {
                     Ok(n) => sent += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => {
-                        // The first datagram of the batch was refused: drop it, go on.
-                        failed += 1;
+                        // The first message of the batch was refused: drop it, go on.
+                        failed += batch[0].len() as u64;
                         sent += 1;
                     }
                 }
@@ -165,24 +213,34 @@ impl UdpPort {
         failed
     }
 
-    /// Takes in up to one batch of datagrams that have arrived, appending them to `into`.
-    /// Returns how many came.
+    /// Takes in up to one batch of datagrams that have arrived (a GRO batch counts as one and
+    /// is cut back into its packets), checks them, and appends them to `into`. Returns how
+    /// many packets came.
     pub(crate) fn receive(&mut self, into: &mut Vec<Incoming>) -> usize {
-        // SAFETY: all-zero `mmsghdr`, `iovec` and `sockaddr_in` are valid values (null
-        // pointers, zero lengths); every pointer set below points into locals or `rx_bufs`,
-        // which outlive the call, with the lengths of what they point to.
+        const CTL: usize = 4; // u64 words: CMSG_SPACE(4) is 24 bytes on 64-bit Linux
+        let start = into.len();
+        // SAFETY: all-zero `mmsghdr`, `iovec`, `sockaddr_in` and control words are valid
+        // values (null pointers, zero lengths); every pointer set below points into locals or
+        // `rx_bufs`, which outlive the call, with the lengths of what they point to; the
+        // control messages are read through the CMSG macros within the length the kernel
+        // wrote.
         unsafe {
             let mut addrs: [libc::sockaddr_in; BATCH] = std::mem::zeroed();
             let mut iovs: [libc::iovec; BATCH] = std::mem::zeroed();
             let mut hdrs: [libc::mmsghdr; BATCH] = std::mem::zeroed();
+            let mut ctls: [[u64; CTL]; BATCH] = [[0; CTL]; BATCH];
             let bufs = self.rx_bufs.as_mut_ptr();
+            let buf_len = if self.gro { RX_BUF } else { MAX_PACKET };
             for i in 0..BATCH {
                 iovs[i].iov_base = bufs.add(i).cast();
-                iovs[i].iov_len = RX_BUF;
-                hdrs[i].msg_hdr.msg_name = (&raw mut addrs[i]).cast();
-                hdrs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-                hdrs[i].msg_hdr.msg_iov = &raw mut iovs[i];
-                hdrs[i].msg_hdr.msg_iovlen = 1;
+                iovs[i].iov_len = buf_len;
+                let h = &mut hdrs[i].msg_hdr;
+                h.msg_name = (&raw mut addrs[i]).cast();
+                h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+                h.msg_iov = &raw mut iovs[i];
+                h.msg_iovlen = 1;
+                h.msg_control = ctls[i].as_mut_ptr().cast();
+                h.msg_controllen = CTL * 8;
             }
             let n = libc::recvmmsg(
                 self.rx.as_raw_fd(),
@@ -194,44 +252,147 @@ impl UdpPort {
             if n <= 0 {
                 return 0;
             }
-            let n = n as usize;
-            for i in 0..n {
+            for i in 0..n as usize {
                 let a = &addrs[i];
-                let len = (hdrs[i].msg_len as usize).min(RX_BUF);
-                into.push(Incoming {
-                    src: SocketAddrV4::new(
-                        Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                        u16::from_be(a.sin_port),
-                    ),
-                    bytes: self.rx_bufs[i][..len].to_vec(),
-                    truncated: hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-                });
+                let src = SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                    u16::from_be(a.sin_port),
+                );
+                let h = &hdrs[i].msg_hdr;
+                let len = (hdrs[i].msg_len as usize).min(buf_len);
+                let mut seg = len;
+                let mut c = libc::CMSG_FIRSTHDR(h);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                        let s = libc::CMSG_DATA(c).cast::<i32>().read_unaligned();
+                        seg = usize::try_from(s).unwrap_or(len).clamp(1, len.max(1));
+                    }
+                    c = libc::CMSG_NXTHDR(h, c);
+                }
+                let cut = h.msg_flags & libc::MSG_TRUNC != 0;
+                for p in self.rx_bufs[i][..len].chunks(seg.max(1)) {
+                    into.push(Incoming {
+                        src,
+                        bytes: p.to_vec(),
+                        damage: (cut || p.len() > MAX_PACKET).then_some(Damage::Malformed),
+                    });
+                }
             }
-            n
         }
+        for d in &mut into[start..] {
+            if d.damage.is_none() {
+                d.damage = check(self.ip, &mut self.gso_residues, d.src, &d.bytes);
+            }
+        }
+        into.len() - start
     }
 }
 
-/// Sends `batch` from socket `fd` in one `sendmmsg`: how many left.
-fn send_batch(fd: RawFd, batch: &[Outgoing]) -> io::Result<usize> {
+/// Whether GSO and GRO may be used (`SOFTNIC_GSO=0` says no).
+fn gso_allowed() -> bool {
+    std::env::var_os("SOFTNIC_GSO").is_none_or(|v| v != "0")
+}
+
+/// What is wrong with `bytes` from `src` to `ip` port 4791, if anything.
+fn check(
+    ip: Ipv4Addr,
+    residues: &mut FastMap<usize, Box<[u32]>>,
+    src: SocketAddrV4,
+    bytes: &[u8],
+) -> Option<Damage> {
+    if bytes.len() < crate::packet::BTH_LEN + crate::packet::ICRC_LEN {
+        return Some(Damage::Malformed);
+    }
+    let r = roce::icrc_residue_v4(*src.ip(), src.port(), ip, bytes)?;
+    if r == 0 {
+        return None;
+    }
+    let len = bytes.len();
+    let known = residues.entry(len).or_insert_with(|| {
+        (1..GSO_SEGMENTS as u16)
+            .map(|k| roce::id_delta(len, k))
+            .collect()
+    });
+    (!known.contains(&r)).then_some(Damage::BadIcrc)
+}
+
+/// Cuts `out` into the runs sent as one message each: with `gso`, consecutive unsealed
+/// packets to one destination, all as long as the first but the last (which may be
+/// shorter), at most 64 and 65507 bytes; otherwise one packet each.
+fn cut_runs(out: &[Outgoing], gso: bool, runs: &mut Vec<std::ops::Range<usize>>) {
+    runs.clear();
+    let mut k = 0;
+    while k < out.len() {
+        let first = &out[k];
+        let size = first.bytes.len();
+        let (mut end, mut total) = (k + 1, size);
+        if gso && !first.sealed {
+            while let Some(o) = out.get(end) {
+                let l = o.bytes.len();
+                if o.sealed
+                    || o.dst != first.dst
+                    || l > size
+                    || end - k == GSO_SEGMENTS
+                    || total + l > GSO_BYTES
+                {
+                    break;
+                }
+                total += l;
+                end += 1;
+                if l < size {
+                    break;
+                }
+            }
+        }
+        runs.push(k..end);
+        k = end;
+    }
+}
+
+/// Most packets one batch of runs may hold (BATCH runs of up to 64 segments).
+const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
+
+/// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
+/// packet as one GSO send: how many runs left.
+fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> io::Result<usize> {
     debug_assert!(batch.len() <= BATCH);
-    // SAFETY: all-zero `mmsghdr`, `iovec` and `sockaddr_in` are valid values; every pointer
-    // set below points into these locals or into `batch`'s buffers, which outlive the call,
-    // and the kernel only reads through them.
+    const CTL: usize = 4; // u64 words: CMSG_SPACE(2) is 24 bytes on 64-bit Linux
+    // SAFETY: all-zero `mmsghdr`, `iovec`, `sockaddr_in` and control words are valid values;
+    // every pointer set below points into these locals or into `out`'s buffers, which outlive
+    // the call; the control message is written inside its buffer through the CMSG macros,
+    // whose space the assertion checks; the kernel only reads through the pointers.
     unsafe {
         let mut addrs: [libc::sockaddr_in; BATCH] = std::mem::zeroed();
-        let mut iovs: [libc::iovec; BATCH] = std::mem::zeroed();
+        let mut iovs: [libc::iovec; BATCH_SEGMENTS] = std::mem::zeroed();
         let mut hdrs: [libc::mmsghdr; BATCH] = std::mem::zeroed();
-        for (i, o) in batch.iter().enumerate() {
+        let mut ctls: [[u64; CTL]; BATCH] = [[0; CTL]; BATCH];
+        debug_assert!(libc::CMSG_SPACE(2) as usize <= CTL * 8);
+        let mut v = 0;
+        for (i, run) in batch.iter().enumerate() {
+            let first = &out[run.start];
             addrs[i].sin_family = libc::AF_INET as libc::sa_family_t;
-            addrs[i].sin_port = o.dst.port().to_be();
-            addrs[i].sin_addr.s_addr = u32::from(*o.dst.ip()).to_be();
-            iovs[i].iov_base = o.bytes.as_ptr().cast_mut().cast();
-            iovs[i].iov_len = o.bytes.len();
-            hdrs[i].msg_hdr.msg_name = (&raw mut addrs[i]).cast();
-            hdrs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-            hdrs[i].msg_hdr.msg_iov = &raw mut iovs[i];
-            hdrs[i].msg_hdr.msg_iovlen = 1;
+            addrs[i].sin_port = first.dst.port().to_be();
+            addrs[i].sin_addr.s_addr = u32::from(*first.dst.ip()).to_be();
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&raw mut addrs[i]).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_iov = iovs.as_mut_ptr().add(v);
+            h.msg_iovlen = run.len();
+            for o in &out[run.clone()] {
+                iovs[v].iov_base = o.bytes.as_ptr().cast_mut().cast();
+                iovs[v].iov_len = o.bytes.len();
+                v += 1;
+            }
+            if run.len() > 1 {
+                h.msg_control = ctls[i].as_mut_ptr().cast();
+                h.msg_controllen = libc::CMSG_SPACE(2) as usize;
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = libc::UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+                let size = first.bytes.len() as u16;
+                libc::CMSG_DATA(c).cast::<u16>().write_unaligned(size);
+            }
         }
         let n = libc::sendmmsg(fd, hdrs.as_mut_ptr(), batch.len() as u32, 0);
         if n < 0 {

@@ -29,7 +29,7 @@ fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_L
     let udp_len = 8 + ib_len;
     let mut grh = [0u8; GRH_LEN];
     if let (Some(src), Some(dst)) = (roce::gid_ipv4(sgid), roce::gid_ipv4(dgid)) {
-        let head = roce::ipv4_udp_header(src, 0, dst, roce::UDP_PORT, ib_len);
+        let head = roce::ipv4_udp_header(src, 0, dst, roce::UDP_PORT, ib_len, 0);
         grh[20..].copy_from_slice(&head[..roce::IPV4_LEN]);
     } else {
         grh[0] = 0x60; // IP version 6

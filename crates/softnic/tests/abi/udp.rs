@@ -82,9 +82,15 @@ fn an_address_in_use_is_a_clear_error() {
         ..Default::default()
     })
     .unwrap_err();
-    assert!(matches!(err, Error::Bind { addr: Some(x), .. } if x == ip), "{err:?}");
+    assert!(
+        matches!(err, Error::Bind { addr: Some(x), .. } if x == ip),
+        "{err:?}"
+    );
     let text = err.to_string();
-    assert!(text.contains(&format!("{ip}:4791")) && text.contains("in use"), "{text}");
+    assert!(
+        text.contains(&format!("{ip}:4791")) && text.contains("in use"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -134,7 +140,10 @@ fn rc_moves_every_byte_between_two_fabrics_under_faults() {
             .collect();
         let mut dst = vec![0u8; N * LEN];
         let mut inbox = vec![0u8; LEN];
-        let (smr, dmr) = (from.reg(&mut src, LOCAL_WRITE), to.reg(&mut dst, ALL_ACCESS));
+        let (smr, dmr) = (
+            from.reg(&mut src, LOCAL_WRITE),
+            to.reg(&mut dst, ALL_ACCESS),
+        );
         let imr = to.reg(&mut inbox, LOCAL_WRITE);
         post_recv(qt, &mut [recv_wr(9, &[sge(&inbox, imr)])]).unwrap();
         let mut wrs: Vec<ibv_send_wr> = (0..N)
@@ -177,7 +186,10 @@ fn rc_moves_every_byte_between_two_fabrics_under_faults() {
             .contains(&cb.icrc_errors),
         "every corrupted datagram was caught by the receiver's ICRC check: {ca:?} {cb:?}"
     );
-    assert!(ca.packets_corrupted > 0 && ca.packets_duplicated > 0, "{ca:?}");
+    assert!(
+        ca.packets_corrupted > 0 && ca.packets_duplicated > 0,
+        "{ca:?}"
+    );
 }
 
 /// A UD datagram across: the receiver's GRH area holds the IPv4 header of a packet from the
@@ -230,10 +242,7 @@ fn hostile_datagrams_are_counted_and_dropped() {
         dest_qp: 0x00ab_cdef,
         ack_req: false,
         psn: 1,
-        deth: Some(softnic::packet::Deth {
-            qkey: 1,
-            src_qp: 2,
-        }),
+        deth: Some(softnic::packet::Deth { qkey: 1, src_qp: 2 }),
         reth: None,
         imm: None,
         aeth: None,
@@ -244,7 +253,14 @@ fn hostile_datagrams_are_counted_and_dropped() {
     hdr.emit(b"hello", &mut good).unwrap();
     let sport = sock.local_addr().unwrap().port();
     let n = good.len() - 4;
-    let head = roce::ipv4_udp_header(Ipv4Addr::LOCALHOST, sport, ip, roce::UDP_PORT, good.len());
+    let head = roce::ipv4_udp_header(
+        Ipv4Addr::LOCALHOST,
+        sport,
+        ip,
+        roce::UDP_PORT,
+        good.len(),
+        0,
+    );
     let icrc = roce::icrc(&head, &good[..n]).to_le_bytes();
     let mut bad_icrc = good.clone();
     bad_icrc[n..].copy_from_slice(&(!u32::from_le_bytes(icrc)).to_le_bytes());
