@@ -306,16 +306,17 @@ unsafe extern "C" fn query_port(
     port: u8,
     attr: *mut ibv_port_attr,
 ) -> c_int {
-    with_status(context.cast(), Kind::Context, |_, st, _| {
+    with_status(context.cast(), Kind::Context, |_, st, id| {
         if port != 1 || attr.is_null() {
             return libc::EINVAL;
         }
         let mtu = mtu_enum(st.w.cfg.mtu);
+        let dev = st.w.contexts[&id].dev;
         let a = ibv_port_attr {
             state: ibv_port_state::IBV_PORT_ACTIVE,
             max_mtu: mtu,
             active_mtu: mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: st.w.devices[dev].gids().count() as i32,
             max_msg_sz: st.w.cfg.max_msg_size,
             pkey_tbl_len: 1,
             active_width: 2,  // 4x
@@ -337,16 +338,15 @@ unsafe extern "C" fn query_gid(
     gid: *mut ibv_gid,
 ) -> c_int {
     with_status(context.cast(), Kind::Context, |_, st, id| {
-        if port != 1 || index != 0 || gid.is_null() {
-            return libc::EINVAL;
-        }
         let dev = st.w.contexts[&id].dev;
-        // SAFETY: non-null, and points to a writable `ibv_gid` per the contract.
-        unsafe {
-            *gid = ibv_gid {
-                raw: st.w.devices[dev].gid,
-            }
+        let raw = usize::try_from(index)
+            .ok()
+            .and_then(|i| st.w.devices[dev].gids().nth(i));
+        let Some(raw) = raw.filter(|_| port == 1 && !gid.is_null()) else {
+            return libc::EINVAL;
         };
+        // SAFETY: non-null, and points to a writable `ibv_gid` per the contract.
+        unsafe { *gid = ibv_gid { raw } };
         0
     })
 }
@@ -935,11 +935,12 @@ unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut 
         }
         // SAFETY: non-null, and points to a valid `ibv_ah_attr` per the contract.
         let a = unsafe { *attr };
-        if a.is_global != 1 || a.port_num != 1 || a.grh.sgid_index != 0 {
+        let ctx = st.w.pds[&pd_id].ctx;
+        let gids = st.w.devices[st.w.contexts[&ctx].dev].gids().count();
+        if a.is_global != 1 || a.port_num != 1 || usize::from(a.grh.sgid_index) >= gids {
             set_errno(libc::EINVAL);
             return null_mut();
         }
-        let ctx = st.w.pds[&pd_id].ctx;
         let context = st.w.context_ptr(ctx);
         let id = st.w.alloc_id();
         let shell = Shell::new(

@@ -522,7 +522,8 @@ impl Fabric {
         d.udp.as_ref().map(|p| p.ip)
     }
 
-    /// The GID of device `name` (index 0 of its GID table).
+    /// The GID of device `name`, index 0 of its GID table: IPv4-mapped (on the UDP link,
+    /// index 1 is a link-local alias).
     pub fn gid(&self, name: &str) -> Option<[u8; 16]> {
         let st = self.shared.lock_any();
         st.w.devices.iter().find(|d| d.name == name).map(|d| d.gid)

@@ -121,6 +121,25 @@ pub fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
         .then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
 }
 
+/// The link-local GID softnic gives a device on the UDP link at `ip` (`fe80::ffff:a.b.c.d`,
+/// index 1 of its GID table after the IPv4-mapped one, as rxe has a `fe80::` GID). Packets
+/// to either travel over IPv4.
+pub fn link_local_gid(ip: Ipv4Addr) -> [u8; 16] {
+    let mut gid = ipv4_gid(ip);
+    gid[..2].copy_from_slice(&[0xfe, 0x80]);
+    gid
+}
+
+/// The IPv4 address a GID reaches on the UDP link: an IPv4-mapped GID's, or one of
+/// [`link_local_gid`]'s form.
+pub fn gid_address(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    let mut g = *gid;
+    if g[..2] == [0xfe, 0x80] {
+        g[..2].copy_from_slice(&[0, 0]);
+    }
+    gid_ipv4(&g)
+}
+
 /// The IPv4-mapped GID of `ip`.
 pub fn ipv4_gid(ip: Ipv4Addr) -> [u8; 16] {
     let mut gid = [0u8; 16];

@@ -41,6 +41,19 @@ pub(crate) struct Device {
     pub(crate) udp: Option<crate::link::udp::UdpPort>,
 }
 
+impl Device {
+    /// The GID table of the device's port: its IPv4-mapped GID, then on the UDP link a
+    /// link-local alias as rxe has (both reach it; packets travel over IPv4 either way, so
+    /// the IPv4-mapped GID, the source a receiver sees in a GRH, comes first).
+    pub(crate) fn gids(&self) -> impl Iterator<Item = [u8; 16]> + '_ {
+        let link_local = self
+            .udp
+            .as_ref()
+            .map(|p| crate::roce::link_local_gid(p.ip));
+        std::iter::once(self.gid).chain(link_local)
+    }
+}
+
 /// An async event waiting in a context's queue.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AsyncEvent {
@@ -124,11 +137,11 @@ impl World {
     /// GID, else (if `from` is on the UDP link and `gid` is IPv4-mapped) that address's
     /// RoCEv2 port; `None` if nowhere.
     pub(crate) fn route(&self, from: usize, gid: &[u8; 16]) -> Option<Dest> {
-        if let Some(d) = self.devices.iter().position(|d| &d.gid == gid) {
+        if let Some(d) = self.devices.iter().position(|d| d.gids().any(|g| &g == gid)) {
             return Some(Dest::Local(d));
         }
         self.devices[from].udp.as_ref()?;
-        let ip = crate::roce::gid_ipv4(gid)?;
+        let ip = crate::roce::gid_address(gid)?;
         Some(Dest::Udp(std::net::SocketAddrV4::new(
             ip,
             crate::roce::UDP_PORT,

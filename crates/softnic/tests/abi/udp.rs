@@ -48,13 +48,22 @@ fn counters_until(fabric: &Fabric, what: &str, cond: impl Fn(&Counters) -> bool)
     }
 }
 
-/// RC QPs on two fabrics: GIDs are the bound addresses, and each QP's peer is reached by GID.
+/// EINVAL, as softnic's control verbs return it.
+fn libc_einval() -> i32 {
+    22
+}
+
+/// RC QPs on two fabrics: GIDs are the bound addresses, and each QP's peer is reached by GID
+/// (`a`'s by `b`'s link-local alias, index 1 of its table).
 fn rc_across(a: &Fabric, b: &Fabric, depth: u32) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
     let (na, nb) = (Node::open(a, "soft0"), Node::open(b, "soft0"));
     let ty = ibv_qp_type::IBV_QPT_RC;
     let qa = na.qp(ty, cap(depth, depth), true);
     let qb = nb.qp(ty, cap(depth, depth), true);
-    bring_up(qa, ty, nb.gid, qpn(qb), |_| {});
+    let alias = ibv_gid {
+        raw: roce::link_local_gid(b.udp_addr("soft0").unwrap()),
+    };
+    bring_up(qa, ty, alias, qpn(qb), |_| {});
     bring_up(qb, ty, na.gid, qpn(qa), |_| {});
     (na, qa, nb, qb)
 }
@@ -67,8 +76,24 @@ fn devices_take_free_addresses_and_their_gids_say_which() {
     assert_eq!(ia.octets()[..3], [127, 0, 0]);
     assert_eq!(roce::gid_ipv4(&a.gid("soft0").unwrap()), Some(ia));
     let n = Node::open(&a, "soft0");
-    // SAFETY: `raw` is the 16-byte view of the GID union.
-    assert_eq!(unsafe { n.gid.raw }, roce::ipv4_gid(ia));
+    // The GID table: the IPv4-mapped GID, then a link-local alias (as rxe has); both reach it.
+    let gid = |index| {
+        let mut g = ibv_gid { raw: [0; 16] };
+        // SAFETY: a live context and a writable out-pointer.
+        let r = unsafe { (CONTROL.query_gid)(n.ctx, 1, index, &mut g) };
+        // SAFETY: `raw` is the 16-byte view of the GID union.
+        (r, unsafe { g.raw })
+    };
+    assert_eq!(gid(0), (0, roce::ipv4_gid(ia)));
+    assert_eq!(gid(1), (0, roce::link_local_gid(ia)));
+    assert_eq!(gid(2).0, libc_einval());
+    let mut port = ibv_port_attr::default();
+    // SAFETY: a live context and a writable out-pointer.
+    assert_eq!(unsafe { (CONTROL.query_port)(n.ctx, 1, &mut port) }, 0);
+    assert_eq!(port.gid_tbl_len, 2);
+    for g in [roce::link_local_gid(ia), roce::ipv4_gid(ia)] {
+        assert_eq!(roce::gid_address(&g), Some(ia));
+    }
     assert_eq!(Fabric::default().udp_addr("soft0"), None, "simulated");
 }
 
