@@ -590,7 +590,9 @@ unsafe extern "C" fn get_cq_event(
         set_errno(libc::EINVAL);
         return -1;
     }
-    let Ok(fd) = try_with(channel.cast(), Kind::Channel, |_, st, id| {
+    let Ok(fd) = try_with(channel.cast(), Kind::Channel, |shared, st, id| {
+        // The caller may sleep now: a progress thread leaving the link to pollers takes over.
+        shared.stopped_polling();
         Arc::clone(&st.w.channels[&id].fd)
     }) else {
         return -1;

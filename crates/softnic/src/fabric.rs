@@ -278,6 +278,16 @@ impl Shared {
         self.last_poll.store(now + 1, Ordering::Relaxed);
     }
 
+    /// Notes that the caller polling CQs is about to sleep (it armed a CQ): a progress thread
+    /// leaving the link to the pollers is woken to take it over.
+    pub(crate) fn stopped_polling(&self) {
+        if self.last_poll.swap(0, Ordering::Relaxed) != 0
+            && let Some(w) = &self.waker
+        {
+            w.signal();
+        }
+    }
+
     /// How long ago (wall clock) a CQ was last polled, if ever.
     pub(crate) fn since_poll(&self) -> Option<Duration> {
         let at = self.last_poll.load(Ordering::Relaxed).checked_sub(1)?;

@@ -129,7 +129,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_
 }
 
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    let r = try_with(cq.cast(), Kind::Cq, |_, st, id| {
+    let r = try_with(cq.cast(), Kind::Cq, |shared, st, id| {
+        // The caller is about to sleep on the channel: the progress thread takes over now.
+        shared.stopped_polling();
         let c = st.w.cqs.get_mut(&id).expect("registered CQ exists");
         c.arm = if solicited_only != 0 {
             Arm::Solicited

@@ -273,9 +273,11 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
                 // While somebody polls a CQ, their polls take in what arrives and fire the
                 // timers: stay out of their way (no wake-up per datagram or verb, not even a
                 // look under the lock) until they have not polled for a while.
+                // (Woken early when a poller arms a CQ to sleep on its channel.)
                 if let Some(since) = shared.since_poll().filter(|&s| s < POLLED_RECENTLY) {
                     drop(shared);
-                    std::thread::sleep(POLLED_RECENTLY - since);
+                    crate::link::udp::wait_readable(&[waker.raw()], POLLED_RECENTLY - since);
+                    waker.drain();
                     continue;
                 }
                 let round = catch_unwind(AssertUnwindSafe(|| {

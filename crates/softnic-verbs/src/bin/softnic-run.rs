@@ -1,0 +1,131 @@
+//! `softnic-run`: runs a libibverbs program on softnic.
+//!
+//! ```text
+//! softnic-run [--addr 127.0.0.N] [--loss P] [--seed S] ... -- PROGRAM [ARGS...]
+//! ```
+//!
+//! The program runs with softnic's `libibverbs.so.1` (built next to this launcher by
+//! `cargo build --release -p softnic-verbs`) in place of the system library, and one device,
+//! `soft0`, whose GID is `::ffff:127.0.0.N`, on softnic's UDP link: two programs started this
+//! way (a server and a client, on one host or two) talk RoCEv2 to each other.
+//!
+//! It works by `LD_LIBRARY_PATH`, not `LD_PRELOAD`: the program's `libibverbs.so.1` is found
+//! in a directory holding softnic's library under that name, so the system library is never
+//! loaded at all (with a preload it would be loaded too, with its providers, and any verb
+//! softnic lacked would fall through to it with a softnic object). The flags become the
+//! `SOFTNIC_*` variables the library reads, and the program replaces this process (its exit
+//! status is the launcher's).
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use clap::Parser;
+
+/// Runs a libibverbs program on softnic (RoCEv2 over UDP) instead of the system library.
+#[derive(Parser, Debug)]
+#[command(name = "softnic-run", version)]
+struct Args {
+    /// The device's IPv4 address (its GID is the IPv4-mapped one); default: a free one in
+    /// 127.0.0.2-254.
+    #[arg(long)]
+    addr: Option<std::net::Ipv4Addr>,
+    /// Probability of dropping each packet the device sends.
+    #[arg(long, value_parser = probability)]
+    loss: Option<f64>,
+    /// Probability of delaying each packet the device sends behind later ones.
+    #[arg(long, value_parser = probability)]
+    reorder: Option<f64>,
+    /// Probability of sending each packet twice.
+    #[arg(long, value_parser = probability)]
+    duplicate: Option<f64>,
+    /// Probability of flipping a bit of each packet (the receiver's ICRC check drops it).
+    #[arg(long, value_parser = probability)]
+    corrupt: Option<f64>,
+    /// Seed of the fault injection.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The port MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, value_parser = ["256", "512", "1024", "2048", "4096"])]
+    mtu: Option<String>,
+    /// Do not say which address the device took.
+    #[arg(long)]
+    quiet: bool,
+    /// The program and its arguments.
+    #[arg(required = true, last = true)]
+    command: Vec<OsString>,
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=1.0).contains(p))
+        .ok_or_else(|| format!("{s:?} is not a probability in 0..=1"))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(never) => match never {},
+        Err(e) => {
+            eprintln!("softnic-run: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sets up the environment and replaces this process with the program.
+fn run(args: &Args) -> Result<std::convert::Infallible, String> {
+    let libdir = library_dir()?;
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    let mut path = OsString::from(&libdir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    cmd.env("LD_LIBRARY_PATH", path);
+    let mut set = |name: &str, v: Option<String>| {
+        if let Some(v) = v {
+            cmd.env(name, v);
+        }
+    };
+    set("SOFTNIC_ADDR", args.addr.map(|a| a.to_string()));
+    set("SOFTNIC_LOSS", args.loss.map(|p| p.to_string()));
+    set("SOFTNIC_REORDER", args.reorder.map(|p| p.to_string()));
+    set("SOFTNIC_DUPLICATE", args.duplicate.map(|p| p.to_string()));
+    set("SOFTNIC_CORRUPT", args.corrupt.map(|p| p.to_string()));
+    set("SOFTNIC_SEED", args.seed.map(|s| s.to_string()));
+    set("SOFTNIC_MTU", args.mtu.clone());
+    set("SOFTNIC_ANNOUNCE", (!args.quiet).then(|| "1".to_string()));
+    let e = cmd.exec();
+    Err(format!("cannot run {:?}: {e}", args.command[0]))
+}
+
+/// A directory whose `libibverbs.so.1` is softnic's library: `softnic-verbs/` next to this
+/// launcher, made (a link to `../libibverbs.so`) on first use.
+fn library_dir() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding this launcher: {e}"))?;
+    let bin = exe.parent().unwrap_or(Path::new("."));
+    let lib = bin.join("libibverbs.so");
+    if !lib.exists() {
+        return Err(format!(
+            "{} is missing: build it with `cargo build -p softnic-verbs` (it is built with this \
+             launcher)",
+            lib.display()
+        ));
+    }
+    let dir = bin.join("softnic-verbs");
+    let link = dir.join("libibverbs.so.1");
+    if link.exists() {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    match std::os::unix::fs::symlink("../libibverbs.so", &link) {
+        Ok(()) => Ok(dir),
+        // Another launcher made it first.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(dir),
+        Err(e) => Err(format!("linking {}: {e}", link.display())),
+    }
+}

@@ -1,0 +1,111 @@
+//! softnic as a drop-in `libibverbs.so.1`: unmodified libibverbs programs (rdma-core's
+//! `ibv_*_pingpong`, perftest, anything linked with `-libverbs`) run on a softnic device.
+//!
+//! This crate builds a shared library with libibverbs's soname and symbol versions
+//! (`IBVERBS_1.0`, `IBVERBS_1.1`, ... , `IBVERBS_PRIVATE_34`), whose verbs are served by
+//! [softnic](softnic): one device, `soft0`, on softnic's UDP link (RoCEv2 over UDP to any other
+//! softnic process or host), and the `softnic-run` launcher that runs a program with it in
+//! place of the system library:
+//!
+//! ```text
+//! cargo build --release -p softnic-verbs
+//! target/release/softnic-run -- ibv_rc_pingpong -g 0 &
+//! target/release/softnic-run -- ibv_rc_pingpong -g 0 127.0.0.1
+//! ```
+//!
+//! The hot path (post, poll, notify) goes through the `ibv_context.ops` softnic fills, as
+//! rdma-core's inline helpers call it. The contexts are plain `ibv_context`s, not extended
+//! ones, so the inline helpers of the extended verbs (`ibv_query_device_ex`,
+//! `ibv_create_cq_ex`, ...) take their documented fallbacks or fail with `EOPNOTSUPP`; what is
+//! not served fails cleanly (`EOPNOTSUPP`, or `NULL` with `errno`), never by reaching the
+//! system library with one of softnic's objects.
+//!
+//! The device is configured from the environment (the launcher sets it from its flags):
+//! `SOFTNIC_ADDR` (the device's IPv4 address; default: a free one in 127.0.0.2-254),
+//! `SOFTNIC_SEED`, `SOFTNIC_LOSS`, `SOFTNIC_REORDER`, `SOFTNIC_DUPLICATE`, `SOFTNIC_CORRUPT`
+//! (seeded faults on what the device sends), `SOFTNIC_MTU`, and `SOFTNIC_ANNOUNCE=1` to say
+//! on standard error which address the device took. A bad value makes
+//! `ibv_get_device_list` fail with `EINVAL` after saying why on standard error.
+
+mod exports;
+mod strings;
+
+use std::net::Ipv4Addr;
+use std::sync::OnceLock;
+
+use softnic::{Fabric, FabricConfig, Faults, Link};
+
+/// The process's fabric: one device on the UDP link, built on first use from the environment.
+pub(crate) fn fabric() -> Result<&'static Fabric, i32> {
+    static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
+    FABRIC
+        .get_or_init(|| {
+            build().map_err(|why| {
+                eprintln!("softnic: {why}");
+                libc::EINVAL
+            })
+        })
+        .as_ref()
+        .map_err(|&e| e)
+}
+
+/// The fabric the environment describes.
+fn build() -> Result<Fabric, String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let parse = |name: &str| -> Result<Option<f64>, String> {
+        var(name)
+            .map(|v| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=1.0).contains(p))
+                    .ok_or_else(|| format!("{name}={v:?} is not a probability in 0..=1"))
+            })
+            .transpose()
+    };
+    let addr = var("SOFTNIC_ADDR")
+        .map(|a| {
+            a.parse::<Ipv4Addr>()
+                .map_err(|_| format!("SOFTNIC_ADDR={a:?} is not an IPv4 address"))
+        })
+        .transpose()?;
+    let seed = var("SOFTNIC_SEED")
+        .map(|s| {
+            s.parse::<u64>()
+                .map_err(|_| format!("SOFTNIC_SEED={s:?} is not a number"))
+        })
+        .transpose()?
+        .unwrap_or(1);
+    let mtu = var("SOFTNIC_MTU")
+        .map(|m| {
+            m.parse::<u32>()
+                .ok()
+                .filter(|m| [256, 512, 1024, 2048, 4096].contains(m))
+                .ok_or_else(|| format!("SOFTNIC_MTU={m:?} is not 256, 512, 1024, 2048 or 4096"))
+        })
+        .transpose()?
+        .unwrap_or(4096);
+    let faults = Faults {
+        loss: parse("SOFTNIC_LOSS")?.unwrap_or(0.0),
+        reorder: parse("SOFTNIC_REORDER")?.unwrap_or(0.0),
+        duplicate: parse("SOFTNIC_DUPLICATE")?.unwrap_or(0.0),
+        corrupt: parse("SOFTNIC_CORRUPT")?.unwrap_or(0.0),
+        ..Faults::NONE
+    };
+    let fabric = Fabric::try_new(FabricConfig {
+        devices: 1,
+        seed,
+        mtu,
+        link: Link::Udp { addr },
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    fabric.set_default_faults(faults);
+    if var("SOFTNIC_ANNOUNCE").is_some_and(|v| v == "1") {
+        let ip = fabric.udp_addr("soft0").map(|a| a.to_string());
+        eprintln!(
+            "softnic: device soft0 on {}:4791 (RoCEv2 over UDP)",
+            ip.unwrap_or_default()
+        );
+    }
+    Ok(fabric)
+}

@@ -1,0 +1,174 @@
+//! The names libibverbs gives its enumerations (`ibv_wc_status_str` and friends) and its rate
+//! conversions: tables indexed by the enumeration's value.
+
+use std::ffi::{CStr, c_char};
+
+/// `ibv_wc_status` names, by value.
+const WC_STATUS: [&CStr; 23] = [
+    c"success",
+    c"local length error",
+    c"local QP operation error",
+    c"local EE context operation error",
+    c"local protection error",
+    c"Work Request Flushed Error",
+    c"memory management operation error",
+    c"bad response error",
+    c"local access error",
+    c"remote invalid request error",
+    c"remote access error",
+    c"remote operation error",
+    c"transport retry counter exceeded",
+    c"RNR retry counter exceeded",
+    c"local RDD violation error",
+    c"remote invalid RD request",
+    c"aborted error",
+    c"invalid EE context number",
+    c"invalid EE context state",
+    c"fatal error",
+    c"response timeout error",
+    c"general error",
+    c"TM error",
+];
+
+/// `ibv_event_type` names, by value.
+const EVENT_TYPE: [&CStr; 22] = [
+    c"CQ error",
+    c"local work queue catastrophic error",
+    c"invalid request local work queue error",
+    c"local access violation work queue error",
+    c"communication established",
+    c"send queue drained",
+    c"path migrated",
+    c"path migration request error",
+    c"local catastrophic error",
+    c"port active",
+    c"port error",
+    c"LID change",
+    c"P_Key change",
+    c"SM change",
+    c"SRQ catastrophic error",
+    c"SRQ limit reached",
+    c"last WQE reached",
+    c"client reregistration",
+    c"GID table change",
+    c"WQ fatal",
+    c"device fatal",
+    c"unknown",
+];
+
+/// `ibv_port_state` names, by value.
+const PORT_STATE: [&CStr; 6] = [
+    c"PORT_NOP",
+    c"PORT_DOWN",
+    c"PORT_INIT",
+    c"PORT_ARMED",
+    c"PORT_ACTIVE",
+    c"PORT_ACTIVE_DEFER",
+];
+
+/// `ibv_node_type` names, by value from -1 (unknown).
+const NODE_TYPE: [&CStr; 8] = [
+    c"unknown",
+    c"unknown",
+    c"channel adapter",
+    c"switch",
+    c"router",
+    c"iWARP NIC",
+    c"usNIC",
+    c"usNIC UDP",
+];
+
+fn pick(table: &[&'static CStr], i: i64, unknown: &'static CStr) -> *const c_char {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| table.get(i))
+        .copied()
+        .unwrap_or(unknown)
+        .as_ptr()
+}
+
+/// The name of a completion status.
+pub(crate) fn wc_status(status: u32) -> *const c_char {
+    pick(&WC_STATUS, i64::from(status), c"unknown")
+}
+
+/// The name of an async event type.
+pub(crate) fn event_type(kind: u32) -> *const c_char {
+    pick(&EVENT_TYPE, i64::from(kind), c"unknown")
+}
+
+/// The name of a port state.
+pub(crate) fn port_state(state: u32) -> *const c_char {
+    pick(&PORT_STATE, i64::from(state), c"unknown")
+}
+
+/// The name of a node type (`-1` is unknown).
+pub(crate) fn node_type(kind: i32) -> *const c_char {
+    pick(&NODE_TYPE, i64::from(kind) + 1, c"unknown")
+}
+
+/// `ibv_rate` values with their multiple of 2.5 Gb/s and their Mb/s.
+const RATES: [(i32, i32, i32); 21] = [
+    (2, 1, 2_500),
+    (5, 2, 5_000),
+    (3, 4, 10_000),
+    (6, 8, 20_000),
+    (7, 12, 30_000),
+    (8, 16, 40_000),
+    (9, 24, 60_000),
+    (10, 32, 80_000),
+    (11, 48, 120_000),
+    (12, 6, 14_062),
+    (13, 22, 56_250),
+    (14, 45, 112_500),
+    (15, 67, 168_750),
+    (16, 10, 25_781),
+    (17, 40, 103_125),
+    (18, 80, 206_250),
+    (19, 120, 309_375),
+    (20, 160, 412_500),
+    (21, 20, 53_125),
+    (22, 40, 106_250),
+    (23, 80, 212_500),
+];
+
+/// `ibv_rate_to_mult`: the multiple of 2.5 Gb/s, 0 if unknown.
+pub(crate) fn rate_to_mult(rate: i32) -> i32 {
+    RATES.iter().find(|r| r.0 == rate).map_or(0, |r| r.1)
+}
+
+/// `mult_to_ibv_rate`: the rate of a multiple of 2.5 Gb/s, 0 (`IBV_RATE_MAX`) if none.
+pub(crate) fn mult_to_rate(mult: i32) -> i32 {
+    RATES.iter().find(|r| r.1 == mult).map_or(0, |r| r.0)
+}
+
+/// `ibv_rate_to_mbps`: the rate in Mb/s, 0 if unknown.
+pub(crate) fn rate_to_mbps(rate: i32) -> i32 {
+    RATES.iter().find(|r| r.0 == rate).map_or(0, |r| r.2)
+}
+
+/// `mbps_to_ibv_rate`: the rate of a speed in Mb/s, 0 (`IBV_RATE_MAX`) if none.
+pub(crate) fn mbps_to_rate(mbps: i32) -> i32 {
+    RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_rates() {
+        // SAFETY: every pointer returned points into a static C string.
+        let s = |p| unsafe { CStr::from_ptr(p) }.to_str().unwrap();
+        assert_eq!(s(wc_status(0)), "success");
+        assert_eq!(s(wc_status(5)), "Work Request Flushed Error");
+        assert_eq!(s(wc_status(999)), "unknown");
+        assert_eq!(s(event_type(15)), "SRQ limit reached");
+        assert_eq!(s(port_state(4)), "PORT_ACTIVE");
+        assert_eq!(s(node_type(1)), "channel adapter");
+        assert_eq!(s(node_type(-1)), "unknown");
+        assert_eq!((rate_to_mult(3), mult_to_rate(4)), (4, 3));
+        assert_eq!((rate_to_mbps(17), mbps_to_rate(103_125)), (103_125, 17));
+        assert_eq!((rate_to_mult(99), mbps_to_rate(1)), (0, 0));
+    }
+}
