@@ -11,35 +11,14 @@ use softnic::CONTROL;
 
 use crate::{fabric, strings};
 
-/// Defines each function as `softnic_<name>` with the C ABI and binds it to
-/// `<name>@@<version>`.
-macro_rules! export {
-    ($(
-        $(#[$doc:meta])*
-        $ver:literal fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
-    )*) => {$(
-        $(#[$doc])*
-        ///
-        /// # Safety
-        ///
-        /// The libibverbs contract of this verb: pointers are null or valid for what the verb
-        /// reads and writes.
-        #[unsafe(export_name = concat!("softnic_", stringify!($name)))]
-        pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? $body
-        std::arch::global_asm!(concat!(
-            ".symver softnic_", stringify!($name), ", ", stringify!($name), "@@", $ver
-        ));
-    )*};
-}
-
 /// Sets `errno`.
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: `__errno_location` returns this thread's errno, always valid to write.
     unsafe { *libc::__errno_location() = e };
 }
 
 /// `errno` set to `e`, and a null pointer.
-fn fail<T>(e: c_int) -> *mut T {
+pub(crate) fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);
     null_mut()
 }
@@ -150,10 +129,11 @@ export! {
         unsafe { (CONTROL.open_device)(device) }
     }
 
-    /// Closes a context.
+    /// Closes a context, destroying what is still made on it, as closing the kernel's device
+    /// file does (programs such as perftest rely on it).
     "IBVERBS_1.1" fn ibv_close_device(context: *mut ibv_context) -> c_int {
-        // SAFETY: softnic checks the pointer.
-        unsafe { (CONTROL.close_device)(context) }
+        // SAFETY: softnic checks the pointer; the program is done with the context.
+        unsafe { softnic::release_device(context) }
     }
 
     /// The device's attributes.

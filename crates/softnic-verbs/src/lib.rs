@@ -27,6 +27,9 @@
 //! on standard error which address the device took. A bad value makes
 //! `ibv_get_device_list` fail with `EINVAL` after saying why on standard error.
 
+#[macro_use]
+mod export;
+mod compat;
 mod exports;
 mod strings;
 

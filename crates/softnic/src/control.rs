@@ -244,6 +244,93 @@ unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
     })
 }
 
+/// Closes `context` after destroying every object still made on it (QPs, address handles,
+/// memory regions, SRQs, CQs, completion channels, PDs, in that order), as the kernel does
+/// when a process closes its device file: what a drop-in libibverbs's `ibv_close_device`
+/// does, whereas [`CONTROL`]'s `close_device` refuses a context still in use (EBUSY).
+/// Returns 0, or the errno of what could not be destroyed or closed.
+///
+/// # Safety
+///
+/// `context` is any pointer (softnic refuses one it did not make, EINVAL); no other thread
+/// uses the context's objects meanwhile (they are freed).
+pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
+    type Shells = (
+        Vec<*mut ibv_qp>,
+        Vec<*mut ibv_ah>,
+        Vec<*mut ibv_mr>,
+        Vec<*mut ibv_srq>,
+        Vec<*mut ibv_cq>,
+        Vec<*mut ibv_comp_channel>,
+        Vec<*mut ibv_pd>,
+    );
+    let found: Result<Shells, c_int> = try_with(context.cast(), Kind::Context, |_, st, id| {
+        let w = &mut st.w;
+        (
+            st.qps
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.ahs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.mrs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.srqs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.cqs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.channels
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.pds
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+        )
+    });
+    let (qps, ahs, mrs, srqs, cqs, channels, pds) = match found {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let mut first = 0;
+    let mut keep = |r: c_int| {
+        if first == 0 {
+            first = r;
+        }
+    };
+    // SAFETY: each pointer is a live object of this context, as softnic made it; the destroy
+    // verbs check them again.
+    unsafe {
+        qps.into_iter().for_each(|p| keep(destroy_qp(p)));
+        ahs.into_iter().for_each(|p| keep(destroy_ah(p)));
+        mrs.into_iter().for_each(|p| keep(dereg_mr(p)));
+        srqs.into_iter().for_each(|p| keep(destroy_srq(p)));
+        cqs.into_iter().for_each(|p| keep(destroy_cq(p)));
+        channels
+            .into_iter()
+            .for_each(|p| keep(destroy_comp_channel(p)));
+        pds.into_iter().for_each(|p| keep(dealloc_pd(p)));
+        keep(close_device(context));
+    }
+    first
+}
+
 unsafe extern "C" fn query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
     with_status(context.cast(), Kind::Context, |_, st, id| {
         if attr.is_null() {

@@ -91,7 +91,7 @@ mod srq;
 mod state;
 
 pub use abi::Wc;
-pub use control::{CONTROL, ControlPath};
+pub use control::{CONTROL, ControlPath, release_device};
 pub use counters::Counters;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};

@@ -18,7 +18,7 @@ const VIRTUAL_NAP: Duration = Duration::from_micros(50);
 /// by any call that gives it work).
 const WALL_NAP: Duration = Duration::from_millis(100);
 /// How long after a CQ poll the UDP progress thread leaves the sockets to the pollers.
-const POLLED_RECENTLY: Duration = Duration::from_micros(200);
+const POLLED_RECENTLY: Duration = Duration::from_micros(50);
 /// How long a device's socket, found empty, is left alone (ns of wall time).
 const RX_IDLE_NS: u64 = 2_000;
 /// Batches of datagrams a device takes in per round of progress, at most.

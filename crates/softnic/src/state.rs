@@ -46,10 +46,7 @@ impl Device {
     /// link-local alias as rxe has (both reach it; packets travel over IPv4 either way, so
     /// the IPv4-mapped GID, the source a receiver sees in a GRH, comes first).
     pub(crate) fn gids(&self) -> impl Iterator<Item = [u8; 16]> + '_ {
-        let link_local = self
-            .udp
-            .as_ref()
-            .map(|p| crate::roce::link_local_gid(p.ip));
+        let link_local = self.udp.as_ref().map(|p| crate::roce::link_local_gid(p.ip));
         std::iter::once(self.gid).chain(link_local)
     }
 }
@@ -137,7 +134,11 @@ impl World {
     /// GID, else (if `from` is on the UDP link and `gid` is IPv4-mapped) that address's
     /// RoCEv2 port; `None` if nowhere.
     pub(crate) fn route(&self, from: usize, gid: &[u8; 16]) -> Option<Dest> {
-        if let Some(d) = self.devices.iter().position(|d| d.gids().any(|g| &g == gid)) {
+        if let Some(d) = self
+            .devices
+            .iter()
+            .position(|d| d.gids().any(|g| &g == gid))
+        {
             return Some(Dest::Local(d));
         }
         self.devices[from].udp.as_ref()?;

@@ -147,7 +147,8 @@ impl Qp {
             || (has(AV)
                 && (a.ah_attr.is_global != 1
                     || a.ah_attr.port_num != 1
-                    || usize::from(a.ah_attr.grh.sgid_index) >= w.devices[self.dev].gids().count()))
+                    || usize::from(a.ah_attr.grh.sgid_index)
+                        >= w.devices[self.dev].gids().count()))
             || (has(DEST_QPN) && a.dest_qp_num > 0x00ff_ffff)
             || (has(TIMEOUT) && a.timeout > 31)
             || (has(RETRY_CNT) && a.retry_cnt > 7)

@@ -120,6 +120,41 @@ fn objects_in_use_cannot_be_destroyed() {
     }
 }
 
+/// `release_device` (a drop-in libibverbs's `ibv_close_device`) destroys what is left on a
+/// context, as closing the kernel's device file does: every pointer is then refused.
+#[test]
+fn releasing_a_context_destroys_what_is_left_on_it() {
+    let f = Fabric::default();
+    let n = Node::open(&f, "soft0");
+    let other = Node::open(&f, "soft0");
+    let srq = n.srq(4, 1, 0);
+    let q = n.qp_with(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true, n.cq, n.cq, srq);
+    // SAFETY: a live context.
+    let ch = unsafe { (CONTROL.create_comp_channel)(n.ctx) };
+    let cq2 = n.new_cq(4, ch);
+    let ah = n.ah(&other);
+    let mut buf = vec![0u8; 8];
+    let mr = n.reg(&mut buf, LOCAL_WRITE);
+    // SAFETY: live objects until released; afterwards softnic refuses the stale pointers.
+    unsafe {
+        assert_eq!(softnic::release_device(n.ctx), 0);
+        assert_eq!((CONTROL.destroy_qp)(q), libc::EINVAL);
+        assert_eq!((CONTROL.destroy_ah)(ah), libc::EINVAL);
+        assert_eq!((CONTROL.dereg_mr)(mr), libc::EINVAL);
+        assert_eq!((CONTROL.destroy_srq)(srq), libc::EINVAL);
+        assert_eq!((CONTROL.destroy_cq)(cq2), libc::EINVAL);
+        assert_eq!((CONTROL.destroy_comp_channel)(ch), libc::EINVAL);
+        assert_eq!((CONTROL.dealloc_pd)(n.pd), libc::EINVAL);
+        assert_eq!((CONTROL.close_device)(n.ctx), libc::EINVAL);
+        assert_eq!(softnic::release_device(n.ctx), libc::EINVAL);
+        // Another context of the device is untouched.
+        assert_eq!(
+            state(other.qp(ibv_qp_type::IBV_QPT_UD, cap(1, 1), true)),
+            ibv_qp_state::IBV_QPS_RESET
+        );
+    }
+}
+
 #[test]
 fn qp_creation_checks_its_attributes() {
     let f = Fabric::default();
