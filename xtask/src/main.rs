@@ -7,12 +7,14 @@
 //! cargo xtask bench          setup, release build, the side-by-side benchmark table
 //! cargo xtask bench criterion [ARGS]  the criterion benchmarks (ARGS go to `cargo bench`)
 //! cargo xtask capture       two softnic processes under tshark: RoCEv2 decoded, ICRCs right
+//! cargo xtask interop       rdma-core's pingpongs and perftest, unmodified, on softnic
 //! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
 //! ```
 //!
 //! Only the standard library: the task runner must build before anything else does.
 
 mod capture;
+mod interop;
 mod run;
 mod setup;
 mod tasks;
@@ -39,6 +41,9 @@ tasks:
   capture        two uccl-perf processes on softnic's UDP link under tshark (lo, udp port
                  4791): every frame must decode as InfiniBand, none malformed, every ICRC
                  right (part of `test`)
+  interop        build softnic-verbs, then run ibv_devices, ibv_devinfo, the ibv_*_pingpong
+                 programs and perftest's ib_{write,send,read}_{bw,lat} unmodified on softnic
+                 (softnic-run), server and client processes over RoCEv2 on lo (part of `test`)
   soak [CASES]   setup, the property tests with CASES cases each (default 20000; the engine's
                  whole-workload property a fiftieth of that), release build
   help           this text
@@ -54,6 +59,9 @@ fn main() -> ExitCode {
         Some("demo") => tasks::demo(&rest),
         Some("bench") => tasks::bench(&rest),
         Some("soak") => tasks::soak(&rest),
+        Some("interop") => no_args("interop", &rest)
+            .and_then(|()| setup::run())
+            .and_then(|()| interop::interop()),
         Some("capture") => no_args("capture", &rest)
             .and_then(|()| setup::run())
             .and_then(|()| capture::capture()),

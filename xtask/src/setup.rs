@@ -15,6 +15,9 @@ const PACKAGES: &[&str] = &[
     "python3",
     // `cargo xtask capture` (part of `test`): decodes softnic's RoCEv2 frames.
     "tshark",
+    // `cargo xtask interop` (part of `test`): libibverbs programs run on softnic.
+    "ibverbs-utils",
+    "perftest",
 ];
 
 /// Toolchain components `cargo xtask test` uses.

@@ -51,6 +51,7 @@ pub(crate) fn test() -> Result<(), String> {
     ))?;
     loom(&cargo)?;
     crate::capture::capture()?;
+    crate::interop::interop()?;
     eprintln!("xtask test: all green");
     Ok(())
 }

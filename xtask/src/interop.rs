@@ -1,0 +1,238 @@
+//! `cargo xtask interop` (part of `test`): unmodified libibverbs programs (rdma-core's
+//! `ibverbs-utils`, `perftest`) run on softnic through `softnic-run`, each as a server
+//! process and a client process talking RoCEv2 over the loopback interface; every one must
+//! exit 0 with its own success output. A summary table ends the run.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::run::{cargo, cmd, status, target_bin};
+
+/// One program run: its arguments and how its success shows.
+struct Case {
+    program: &'static str,
+    args: &'static str,
+    /// Run as a server and a client (`false`: one process).
+    pair: bool,
+    /// A line of the client's output that says it worked.
+    says: &'static str,
+}
+
+const fn pair(program: &'static str, args: &'static str, says: &'static str) -> Case {
+    Case {
+        program,
+        args,
+        pair: true,
+        says,
+    }
+}
+
+/// The matrix: the pingpongs with and without events and at a few sizes, perftest's
+/// bandwidth and latency tests at their default size and over all sizes (`-a`, fewer
+/// iterations to stay within the test budget).
+const CASES: &[Case] = &[
+    Case {
+        program: "ibv_devices",
+        args: "",
+        pair: false,
+        says: "soft0",
+    },
+    Case {
+        program: "ibv_devinfo",
+        args: "-v",
+        pair: false,
+        says: "PORT_ACTIVE",
+    },
+    pair("ibv_rc_pingpong", "-g 0", "iters in"),
+    pair("ibv_rc_pingpong", "-g 0 -e", "iters in"),
+    pair("ibv_rc_pingpong", "-g 0 -s 65536", "iters in"),
+    pair("ibv_uc_pingpong", "-g 0", "iters in"),
+    pair("ibv_uc_pingpong", "-g 0 -e -s 1", "iters in"),
+    pair("ibv_ud_pingpong", "-g 0", "iters in"),
+    pair("ibv_ud_pingpong", "-g 0 -e -s 2048", "iters in"),
+    pair("ibv_srq_pingpong", "-g 0", "iters in"),
+    pair("ibv_srq_pingpong", "-g 0 -e -s 16384 -q 4", "iters in"),
+    pair("ib_write_bw", "-d soft0 -x 0", "#bytes"),
+    pair("ib_send_bw", "-d soft0 -x 0", "#bytes"),
+    pair("ib_read_bw", "-d soft0 -x 0", "#bytes"),
+    pair("ib_write_lat", "-d soft0 -x 0", "#bytes"),
+    pair("ib_send_lat", "-d soft0 -x 0", "#bytes"),
+    pair("ib_write_bw", "-d soft0 -x 0 -a -n 20", "#bytes"),
+    pair("ib_send_bw", "-d soft0 -x 0 -a -n 20", "#bytes"),
+    pair("ib_read_bw", "-d soft0 -x 0 -a -n 20", "#bytes"),
+    pair("ib_write_lat", "-d soft0 -x 0 -a -n 20", "#bytes"),
+    pair("ib_send_lat", "-d soft0 -x 0 -a -n 20", "#bytes"),
+];
+
+/// The longest one program may run.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+pub(crate) fn interop() -> Result<(), String> {
+    status(&mut cmd(
+        &cargo(),
+        &["build", "--locked", "--package", "softnic-verbs"],
+    ))?;
+    let launcher = target_bin("debug", "softnic-run");
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for case in CASES {
+        let started = Instant::now();
+        let result = if case.pair {
+            run_pair(&launcher, case)
+        } else {
+            run_one(&launcher, case)
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let line = match &result {
+            Ok(out) => figure(out),
+            Err(why) => why.lines().next().unwrap_or("").to_string(),
+        };
+        let ok = result.is_ok();
+        eprintln!(
+            "xtask interop: {} {} {}: {}",
+            case.program,
+            case.args,
+            if ok { "ok" } else { "FAILED" },
+            line
+        );
+        if let Err(why) = &result {
+            failed.push(format!("{} {}:\n{why}", case.program, case.args));
+        }
+        rows.push((case, ok, secs, line));
+    }
+    println!("\n| program | arguments | result | time | reported |");
+    println!("|---|---|---|---|---|");
+    for (case, ok, secs, line) in &rows {
+        println!(
+            "| {} | {} | {} | {secs:.1} s | {} |",
+            case.program,
+            case.args,
+            if *ok { "ok" } else { "FAILED" },
+            line.trim()
+        );
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {} interop runs failed:\n\n{}",
+            failed.len(),
+            rows.len(),
+            failed.join("\n\n")
+        ))
+    }
+}
+
+/// The line of a program's output worth a summary: perftest's result row, a pingpong's
+/// iteration line, else the first line.
+fn figure(out: &str) -> String {
+    let lines: Vec<&str> = out.lines().collect();
+    if let Some(i) = lines.iter().position(|l| l.contains("#bytes")) {
+        return lines
+            .iter()
+            .skip(i + 1)
+            .take_while(|l| !l.starts_with("---"))
+            .last()
+            .map_or(String::new(), |l| l.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    lines
+        .iter()
+        .find(|l| l.contains("iters in"))
+        .or(lines.first())
+        .map_or(String::new(), |l| l.trim().to_string())
+}
+
+/// Runs a one-process case.
+fn run_one(launcher: &str, case: &Case) -> Result<String, String> {
+    let mut c = Command::new(launcher);
+    c.args(["--quiet", "--", case.program])
+        .args(case.args.split_whitespace());
+    let out = finish(c.output(), case.program)?;
+    checked(case, &out)
+}
+
+/// Runs a server and, once it listens, a client; both must succeed.
+fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port()
+        .to_string();
+    let args = |client: bool| {
+        let mut a: Vec<String> = vec!["--quiet".into(), "--".into(), case.program.into()];
+        a.extend(case.args.split_whitespace().map(String::from));
+        a.extend(["-p".to_string(), port.clone()]);
+        if client {
+            a.push("127.0.0.1".into());
+        }
+        a
+    };
+    let server = Command::new(launcher)
+        .args(args(false))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", case.program))?;
+    let deadline = Instant::now() + DEADLINE;
+    // The client retries until the server listens (the programs do not).
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let out = finish(
+            Command::new(launcher).args(args(true)).output(),
+            case.program,
+        )?;
+        let text = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        let refused = !out.status.success()
+            && (text.contains("couldn't connect") || text.contains("unable to open file descriptor"));
+        if !refused || Instant::now() > deadline {
+            break out;
+        }
+    };
+    let server = wait_with_deadline(server, deadline, case.program)?;
+    let c = checked(case, &client).map_err(|e| format!("client: {e}"));
+    let s = checked(case, &server).map_err(|e| format!("server: {e}"));
+    s.and(c)
+}
+
+/// The child's output, or why it could not run.
+fn finish(out: std::io::Result<Output>, program: &str) -> Result<Output, String> {
+    out.map_err(|e| format!("cannot run {program} (cargo xtask setup installs it): {e}"))
+}
+
+/// Waits for `child` until `deadline`, then kills it.
+fn wait_with_deadline(
+    mut child: std::process::Child,
+    deadline: Instant,
+    program: &str,
+) -> Result<Output, String> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return finish(child.wait_with_output(), program),
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let out = finish(child.wait_with_output(), program)?;
+                return Err(format!(
+                    "{program} (server) did not finish in {DEADLINE:?}:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("waiting for {program}: {e}")),
+        }
+    }
+}
+
+/// Its standard output if `out` exited 0 and said what success says; else why not.
+fn checked(case: &Case, out: &Output) -> Result<String, String> {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() && (stdout.contains(case.says) || stderr.contains(case.says)) {
+        Ok(format!("{stdout}{stderr}"))
+    } else {
+        Err(format!(
+            "exit {}; wanted {:?} in its output:\n{stdout}{stderr}",
+            out.status, case.says
+        ))
+    }
+}
