@@ -133,7 +133,9 @@ fn figure(out: &str) -> String {
             .skip(i + 1)
             .take_while(|l| !l.starts_with("---"))
             .last()
-            .map_or(String::new(), |l| l.split_whitespace().collect::<Vec<_>>().join(" "));
+            .map_or(String::new(), |l| {
+                l.split_whitespace().collect::<Vec<_>>().join(" ")
+            });
     }
     lines
         .iter()
@@ -183,7 +185,8 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
         )?;
         let text = String::from_utf8_lossy(&out.stderr).to_lowercase();
         let refused = !out.status.success()
-            && (text.contains("couldn't connect") || text.contains("unable to open file descriptor"));
+            && (text.contains("couldn't connect")
+                || text.contains("unable to open file descriptor"));
         if !refused || Instant::now() > deadline {
             break out;
         }

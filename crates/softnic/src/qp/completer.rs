@@ -194,7 +194,7 @@ impl Qp {
             if !self.outstanding() {
                 self.set_timer(w, None);
             } else if self.req.comp_psn != before || self.req.timer.is_none() {
-                let t = self.timeout_ns().map(|d| w.now + d);
+                let t = self.timeout_ns(w).map(|d| w.now + d);
                 self.set_timer(w, t);
             }
         }
@@ -335,7 +335,7 @@ impl Qp {
             self.retry(w, psn);
         }
         if self.is_sending_state() && self.req.rnr_wait.is_none() && self.outstanding() {
-            let t = self.timeout_ns().map(|d| w.now + d);
+            let t = self.timeout_ns(w).map(|d| w.now + d);
             self.set_timer(w, t);
         }
         w.wake(self.dev, self.id);

@@ -15,12 +15,22 @@ use crate::state::{Element, World};
 /// A packet is requested to be acknowledged at least this often.
 const ACK_EVERY: u32 = 64;
 
+/// The shortest local transport timeout on the wall clock: rxe's is a whole number of kernel
+/// jiffies (4 ms at Debian's HZ=250), and a software NIC sharing its cores with the programs
+/// it serves cannot promise the microseconds a hardware NIC's IBTA timeout allows.
+const WALL_TIMEOUT_FLOOR_NS: u64 = 4_000_000;
+
 impl Qp {
-    /// The local transport timeout: 4.096 us * 2^timeout; `None` for 0 (wait forever).
-    pub(super) fn timeout_ns(&self) -> Option<u64> {
+    /// The local transport timeout: 4.096 us * 2^timeout (at least 4 ms on the wall clock, as
+    /// on rxe); `None` for 0 (wait forever).
+    pub(super) fn timeout_ns(&self, w: &World) -> Option<u64> {
+        let floor = match w.cfg.clock {
+            crate::Clock::Wall => WALL_TIMEOUT_FLOOR_NS,
+            crate::Clock::Virtual => 0,
+        };
         match self.attr.timeout {
             0 => None,
-            t => Some(4096u64 << t.min(31)),
+            t => Some((4096u64 << t.min(31)).max(floor)),
         }
     }
 
@@ -143,7 +153,7 @@ impl Qp {
             self.req.psn_high = psn_add(last, 1);
         }
         if self.transport == Transport::Rc && self.req.timer.is_none() {
-            let t = self.timeout_ns().map(|d| w.now + d);
+            let t = self.timeout_ns(w).map(|d| w.now + d);
             self.set_timer(w, t);
         }
     }
