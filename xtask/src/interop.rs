@@ -64,6 +64,14 @@ const CASES: &[Case] = &[
     pair("ib_send_lat", "-d soft0 -x 0 -a -n 20", "#bytes"),
 ];
 
+/// Where [`ibverbs_loopback`] builds the example.
+fn target_loopback() -> String {
+    crate::run::workspace_root()
+        .join("target/ibverbs-crate/debug/examples/loopback")
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// The longest one program may run.
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -73,9 +81,17 @@ pub(crate) fn interop() -> Result<(), String> {
         &["build", "--locked", "--package", "softnic-verbs"],
     ))?;
     let launcher = target_bin("debug", "softnic-run");
+    ibverbs_loopback()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
-    for case in CASES {
+    let example = Case {
+        program: "ibverbs crate: loopback",
+        args: "",
+        pair: false,
+        says: "received",
+    };
+    let cases = CASES.iter().chain(std::iter::once(&example));
+    for case in cases {
         let started = Instant::now();
         let result = if case.pair {
             run_pair(&launcher, case)
@@ -144,10 +160,49 @@ fn figure(out: &str) -> String {
         .map_or(String::new(), |l| l.trim().to_string())
 }
 
-/// Runs a one-process case.
+/// Builds the `ibverbs` crate's own `loopback` example (from the crate as the workspace
+/// downloaded it, into its own target directory): a program written against the crate, which
+/// links the system libibverbs like any other (run from [`target_loopback`]).
+fn ibverbs_loopback() -> Result<(), String> {
+    let metadata = crate::run::output(&mut cmd(
+        &cargo(),
+        &["metadata", "--format-version", "1", "--locked"],
+    ))
+    .ok_or("cargo metadata failed")?;
+    let key = "\"manifest_path\":\"";
+    let manifest = metadata
+        .match_indices(key)
+        .map(|(i, _)| &metadata[i + key.len()..])
+        .map(|rest| &rest[..rest.find('"').unwrap_or(0)])
+        .find(|path| path.contains("/ibverbs-0.") && path.ends_with("/Cargo.toml"))
+        .ok_or("the ibverbs crate is not among the workspace's dependencies")?
+        .to_string();
+    let target = crate::run::workspace_root().join("target/ibverbs-crate");
+    let target = target.to_string_lossy();
+    status(&mut cmd(
+        &cargo(),
+        &[
+            "build",
+            "--manifest-path",
+            &manifest,
+            "--example",
+            "loopback",
+            "--target-dir",
+            &target,
+        ],
+    ))?;
+    Ok(())
+}
+
+/// Runs a one-process case (the `ibverbs` crate's example by its path).
 fn run_one(launcher: &str, case: &Case) -> Result<String, String> {
+    let program = if case.program.starts_with("ibverbs crate") {
+        target_loopback()
+    } else {
+        case.program.to_string()
+    };
     let mut c = Command::new(launcher);
-    c.args(["--quiet", "--", case.program])
+    c.args(["--quiet", "--", &program])
         .args(case.args.split_whitespace());
     let out = finish(c.output(), case.program)?;
     checked(case, &out)
