@@ -20,6 +20,12 @@ pub(crate) fn test() -> Result<(), String> {
             "warnings",
         ],
     ))?;
+    // The launcher and the drop-in libibverbs, which tests run programs with
+    // (tests/ibverbs_crate.rs); building all targets for tests does not produce them.
+    status(&mut cmd(
+        &cargo,
+        &["build", "--locked", "--package", "softnic-verbs"],
+    ))?;
     if succeeds(&mut cmd(&cargo, &["nextest", "--version"])) {
         status(&mut cmd(
             &cargo,

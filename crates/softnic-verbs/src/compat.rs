@@ -40,7 +40,7 @@ unsupported!("IBVERBS_PRIVATE_34":
     ibv_cmd_post_srq_recv ibv_cmd_query_context ibv_cmd_query_device_any ibv_cmd_query_mr
     ibv_cmd_query_port ibv_cmd_query_qp ibv_cmd_query_srq ibv_cmd_read_counters
     ibv_cmd_reg_dm_mr ibv_cmd_reg_dmabuf_mr ibv_cmd_reg_mr ibv_cmd_req_notify_cq
-    ibv_cmd_rereg_mr ibv_cmd_resize_cq verbs_init_cq verbs_open_device
+    ibv_cmd_rereg_mr ibv_cmd_resize_cq verbs_init_cq
 );
 
 unsupported!("IBVERBS_1.1": ibv_resolve_eth_l2_from_gid);
@@ -57,6 +57,11 @@ std::arch::global_asm!(
 export! {
     /// A provider registering itself (from its constructor): ignored, softnic is the device.
     "IBVERBS_PRIVATE_34" fn verbs_register_driver_34(_driver: *const c_void) {}
+
+    /// A provider opening a device: no provider device is ever opened (NULL, EOPNOTSUPP).
+    "IBVERBS_PRIVATE_34" fn verbs_open_device(_device: *mut c_void, _private: *mut c_void) -> *mut c_void {
+        fail(libc::EOPNOTSUPP)
+    }
 
     /// A provider's context set-up: no provider context is ever made.
     "IBVERBS_PRIVATE_34" fn _verbs_init_and_alloc_context() -> *mut c_void {

@@ -17,6 +17,15 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// `errno` set to `e`, and -1 (the convention of the verbs that return -1 on failure).
+fn minus_one(e: c_int) -> c_int {
+    if e == 0 {
+        return 0;
+    }
+    set_errno(e);
+    -1
+}
+
 /// `errno` set to `e`, and a null pointer.
 pub(crate) fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);
@@ -45,8 +54,9 @@ unsafe fn ah_attr_from_wc(port: u8, wc: *const ibv_wc, grh: *const c_void) -> Op
         }
         // SAFETY: 40 readable bytes, per the contract.
         let g = unsafe { std::slice::from_raw_parts(grh.cast::<u8>(), 40) };
-        // RoCEv2 over IPv4: 20 bytes of padding, then the IPv4 header; else an IPv6 header.
-        let dgid = if g[20] >> 4 == 4 {
+        // An IPv6 header (version 6 in its first byte), else RoCEv2 over IPv4: 20 bytes of
+        // padding, then the IPv4 header.
+        let dgid = if g[0] >> 4 != 6 && g[20] >> 4 == 4 {
             softnic::roce::ipv4_gid(std::net::Ipv4Addr::new(g[32], g[33], g[34], g[35]))
         } else {
             g[8..24].try_into().ok()?
@@ -112,9 +122,11 @@ export! {
         let ip = fabric()
             .ok()
             .filter(|f| f.devices().contains(&device))
-            .and_then(|f| f.udp_addr("soft0"))
-            .map_or([0; 4], |a| a.octets());
-        u64::from_be_bytes([0x02, 0, ip[0], 0xff, 0xfe, ip[1], ip[2], ip[3]]).to_be()
+            .and_then(|f| f.udp_addr("soft0"));
+        ip.map_or(0, |ip| {
+            let ip = ip.octets();
+            u64::from_be_bytes([0x02, 0, ip[0], 0xff, 0xfe, ip[1], ip[2], ip[3]]).to_be()
+        })
     }
 
     /// The device's index (0: there is one).
@@ -168,15 +180,19 @@ export! {
     "IBVERBS_1.1" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
         // SAFETY: softnic checks the pointers.
         let r = unsafe { (CONTROL.query_gid)(context, port, index, gid) };
-        if r == 0 { 0 } else { -1 }
+        minus_one(r)
     }
 
     /// One P_Key (the port has one: the default, 0xffff).
     "IBVERBS_1.1" fn ibv_query_pkey(context: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
         let mut attr = ibv_port_attr::default();
         // SAFETY: softnic checks the context; `attr` is a valid out-pointer.
-        if unsafe { (CONTROL.query_port)(context, port, &mut attr) } != 0 || index != 0 || pkey.is_null() {
-            return -1;
+        let r = unsafe { (CONTROL.query_port)(context, port, &mut attr) };
+        if r != 0 {
+            return minus_one(r);
+        }
+        if index != 0 || pkey.is_null() {
+            return minus_one(libc::EINVAL);
         }
         // SAFETY: non-null, writable per the contract.
         unsafe { *pkey = 0xffff_u16.to_be() };
@@ -194,10 +210,13 @@ export! {
     /// The type of a GID: RoCE v2 (libibverbs's private sysfs enumeration).
     "IBVERBS_PRIVATE_34" fn ibv_query_gid_type(context: *mut ibv_context, port: u8, index: c_uint, kind: *mut u32) -> c_int {
         let mut gid = ibv_gid::default();
-        let Ok(index) = c_int::try_from(index) else { return -1 };
+        let (Ok(index), false) = (c_int::try_from(index), kind.is_null()) else {
+            return minus_one(libc::EINVAL);
+        };
         // SAFETY: softnic checks the context; `gid` is a valid out-pointer.
-        if kind.is_null() || unsafe { (CONTROL.query_gid)(context, port, index, &mut gid) } != 0 {
-            return -1;
+        let r = unsafe { (CONTROL.query_gid)(context, port, index, &mut gid) };
+        if r != 0 {
+            return minus_one(r);
         }
         // SAFETY: non-null, writable per the contract.
         unsafe { *kind = GID_TYPE_SYSFS_ROCE_V2 };
@@ -214,8 +233,9 @@ export! {
         };
         let mut gid = ibv_gid::default();
         // SAFETY: softnic checks the context; `gid` is a valid out-pointer.
-        if unsafe { (CONTROL.query_gid)(context, port8, i, &mut gid) } != 0 {
-            return libc::ENODATA;
+        let r = unsafe { (CONTROL.query_gid)(context, port8, i, &mut gid) };
+        if r != 0 {
+            return r;
         }
         let e = ibv_gid_entry { gid, gid_index: index, port_num: port, gid_type: GID_TYPE_ROCE_V2, ndev_ifindex: 1 };
         // SAFETY: non-null and at least `size_of::<ibv_gid_entry>()` bytes, per the check.
@@ -399,8 +419,9 @@ export! {
     "IBVERBS_1.1" fn ibv_init_ah_from_wc(context: *mut ibv_context, port: u8, wc: *mut ibv_wc, grh: *mut c_void, attr: *mut ibv_ah_attr) -> c_int {
         let mut probe = ibv_port_attr::default();
         // SAFETY: softnic checks the context; `probe` is a valid out-pointer.
-        if attr.is_null() || unsafe { (CONTROL.query_port)(context, port, &mut probe) } != 0 {
-            return -1;
+        let r = unsafe { (CONTROL.query_port)(context, port, &mut probe) };
+        if r != 0 || attr.is_null() {
+            return minus_one(if r != 0 { r } else { libc::EINVAL });
         }
         // SAFETY: as this verb's contract.
         match unsafe { ah_attr_from_wc(port, wc, grh) } {
@@ -409,7 +430,7 @@ export! {
                 unsafe { *attr = a };
                 0
             }
-            None => -1,
+            None => minus_one(libc::EINVAL),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::ffi::{CStr, c_char};
 
 /// `ibv_wc_status` names, by value.
-const WC_STATUS: [&CStr; 23] = [
+const WC_STATUS: [&CStr; 24] = [
     c"success",
     c"local length error",
     c"local QP operation error",
@@ -28,10 +28,11 @@ const WC_STATUS: [&CStr; 23] = [
     c"response timeout error",
     c"general error",
     c"TM error",
+    c"TM software rendezvous",
 ];
 
 /// `ibv_event_type` names, by value.
-const EVENT_TYPE: [&CStr; 22] = [
+const EVENT_TYPE: [&CStr; 21] = [
     c"CQ error",
     c"local work queue catastrophic error",
     c"invalid request local work queue error",
@@ -53,26 +54,25 @@ const EVENT_TYPE: [&CStr; 22] = [
     c"GID table change",
     c"WQ fatal",
     c"device fatal",
-    c"unknown",
 ];
 
 /// `ibv_port_state` names, by value.
 const PORT_STATE: [&CStr; 6] = [
-    c"PORT_NOP",
-    c"PORT_DOWN",
-    c"PORT_INIT",
-    c"PORT_ARMED",
-    c"PORT_ACTIVE",
-    c"PORT_ACTIVE_DEFER",
+    c"no state change (NOP)",
+    c"down",
+    c"init",
+    c"armed",
+    c"active",
+    c"active defer",
 ];
 
 /// `ibv_node_type` names, by value from -1 (unknown).
 const NODE_TYPE: [&CStr; 8] = [
     c"unknown",
     c"unknown",
-    c"channel adapter",
-    c"switch",
-    c"router",
+    c"InfiniBand channel adapter",
+    c"InfiniBand switch",
+    c"InfiniBand router",
     c"iWARP NIC",
     c"usNIC",
     c"usNIC UDP",
@@ -107,44 +107,49 @@ pub(crate) fn node_type(kind: i32) -> *const c_char {
     pick(&NODE_TYPE, i64::from(kind) + 1, c"unknown")
 }
 
-/// `ibv_rate` values with their multiple of 2.5 Gb/s and their Mb/s.
-const RATES: [(i32, i32, i32); 21] = [
+/// `ibv_rate` values with their multiple of 2.5 Gb/s (-1: not a multiple) and their Mb/s.
+const RATES: [(i32, i32, i32); 23] = [
     (2, 1, 2_500),
     (5, 2, 5_000),
     (3, 4, 10_000),
     (6, 8, 20_000),
-    (7, 12, 30_000),
-    (8, 16, 40_000),
-    (9, 24, 60_000),
-    (10, 32, 80_000),
-    (11, 48, 120_000),
-    (12, 6, 14_062),
-    (13, 22, 56_250),
-    (14, 45, 112_500),
-    (15, 67, 168_750),
-    (16, 10, 25_781),
-    (17, 40, 103_125),
-    (18, 80, 206_250),
-    (19, 120, 309_375),
-    (20, 160, 412_500),
-    (21, 20, 53_125),
-    (22, 40, 106_250),
-    (23, 80, 212_500),
+    (4, 12, 30_000),
+    (7, 16, 40_000),
+    (8, 24, 60_000),
+    (9, 32, 80_000),
+    (10, 48, 120_000),
+    (11, -1, 14_062),
+    (12, -1, 56_250),
+    (13, -1, 112_500),
+    (14, -1, 168_750),
+    (15, -1, 25_781),
+    (16, -1, 103_125),
+    (17, -1, 206_250),
+    (18, -1, 309_375),
+    (19, 11, 28_125),
+    (20, 20, 53_125),
+    (21, 160, 425_000),
+    (22, 240, 637_500),
+    (23, 320, 850_000),
+    (24, 480, 1_275_000),
 ];
 
-/// `ibv_rate_to_mult`: the multiple of 2.5 Gb/s, 0 if unknown.
+/// `ibv_rate_to_mult`: the multiple of 2.5 Gb/s, -1 if none.
 pub(crate) fn rate_to_mult(rate: i32) -> i32 {
-    RATES.iter().find(|r| r.0 == rate).map_or(0, |r| r.1)
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
 }
 
 /// `mult_to_ibv_rate`: the rate of a multiple of 2.5 Gb/s, 0 (`IBV_RATE_MAX`) if none.
 pub(crate) fn mult_to_rate(mult: i32) -> i32 {
-    RATES.iter().find(|r| r.1 == mult).map_or(0, |r| r.0)
+    RATES
+        .iter()
+        .find(|r| r.1 == mult && mult > 0)
+        .map_or(0, |r| r.0)
 }
 
-/// `ibv_rate_to_mbps`: the rate in Mb/s, 0 if unknown.
+/// `ibv_rate_to_mbps`: the rate in Mb/s, -1 if unknown.
 pub(crate) fn rate_to_mbps(rate: i32) -> i32 {
-    RATES.iter().find(|r| r.0 == rate).map_or(0, |r| r.2)
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
 }
 
 /// `mbps_to_ibv_rate`: the rate of a speed in Mb/s, 0 (`IBV_RATE_MAX`) if none.
@@ -164,11 +169,23 @@ mod tests {
         assert_eq!(s(wc_status(5)), "Work Request Flushed Error");
         assert_eq!(s(wc_status(999)), "unknown");
         assert_eq!(s(event_type(15)), "SRQ limit reached");
-        assert_eq!(s(port_state(4)), "PORT_ACTIVE");
-        assert_eq!(s(node_type(1)), "channel adapter");
+        assert_eq!(s(port_state(4)), "active");
+        assert_eq!(s(node_type(1)), "InfiniBand channel adapter");
         assert_eq!(s(node_type(-1)), "unknown");
-        assert_eq!((rate_to_mult(3), mult_to_rate(4)), (4, 3));
-        assert_eq!((rate_to_mbps(17), mbps_to_rate(103_125)), (103_125, 17));
-        assert_eq!((rate_to_mult(99), mbps_to_rate(1)), (0, 0));
+        assert_eq!(s(wc_status(23)), "TM software rendezvous");
+        // 40 Gb/s (IBV_RATE_40_GBPS = 7) is 16 x 2.5; 30 Gb/s (4) is 12 x 2.5.
+        assert_eq!(
+            (rate_to_mult(7), rate_to_mult(4), mult_to_rate(16)),
+            (16, 12, 7)
+        );
+        // 100 Gb/s (IBV_RATE_100_GBPS = 16) is 103125 Mb/s of signalling, no multiple.
+        assert_eq!(
+            (rate_to_mbps(16), rate_to_mult(16), mbps_to_rate(103_125)),
+            (103_125, -1, 16)
+        );
+        assert_eq!(
+            (rate_to_mult(99), rate_to_mbps(99), mbps_to_rate(1)),
+            (-1, -1, 0)
+        );
     }
 }

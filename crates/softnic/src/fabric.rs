@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use crate::cq::EventFd;
 use crate::faults::{Faults, PacketFilter, Rng};
 use crate::link::udp::UdpPort;
 use crate::link::{Dest, Frame, Net};
+pub(crate) use crate::shared::{Shared, panic_message};
 use crate::state::{Device, State, World};
 
 /// Which clock a fabric runs on.
@@ -28,8 +28,9 @@ pub enum Clock {
     Virtual,
     /// Real time: the fabric's clock is the time elapsed since it was created, and never runs
     /// ahead of it, so a retransmission or RNR timer takes as long as it says even when the
-    /// peer is merely slow. For two threads (or a progress thread) driving the two ends. Not
-    /// deterministic.
+    /// peer is merely slow (the local ACK timeout is at least 4 ms, as rxe's, whatever the
+    /// QP's `timeout` says: a software NIC shares its cores with the programs it serves). For
+    /// two threads (or a progress thread) driving the two ends. Not deterministic.
     Wall,
 }
 
@@ -47,6 +48,12 @@ pub enum Link {
     /// still talk in-process. The fabric runs on the wall clock with its own progress thread
     /// (timers, retransmissions and arrivals move while nobody polls; it sleeps in `ppoll`
     /// when there is nothing to do). The seeded faults apply to what is sent.
+    ///
+    /// A receiving socket does not see the IPv4 header, whose identification the ICRC covers:
+    /// softnic checks a packet's ICRC against identification 0 and the 63 the segments of a
+    /// GSO send carry, so it takes packets from softnic and from any sender that sends with
+    /// identification 0, and counts as ICRC errors those of senders that pick others (rxe and
+    /// most hardware do). Sending to any RoCEv2 port works.
     Udp {
         /// The first device's address (the next ones take the following addresses); `None`
         /// takes free ones in 127.0.0.2 to 127.0.0.254 (see [`Fabric::udp_addr`] for which).
@@ -147,6 +154,13 @@ pub enum Error {
     },
     /// No device of that name is on this fabric.
     UnknownDevice(String),
+    /// The system refused what a fabric on the UDP link needs (an eventfd, a thread).
+    System {
+        /// What was being done.
+        what: &'static str,
+        /// The system's reason, with its errno.
+        reason: String,
+    },
     /// A device's UDP socket could not be bound ([`Link::Udp`]): the address is in use (by
     /// another fabric or process), not local, or none of 127.0.0.2-254 was free.
     Bind {
@@ -165,6 +179,7 @@ impl std::fmt::Display for Error {
             }
             Error::Broken { reason } => write!(f, "fabric broken by an earlier panic: {reason}"),
             Error::UnknownDevice(name) => write!(f, "no device named {name:?} on this fabric"),
+            Error::System { what, reason } => write!(f, "{what}: {reason}"),
             Error::Bind {
                 addr: Some(a),
                 reason,
@@ -178,148 +193,6 @@ impl std::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".into())
-}
-
-/// What the fabric's lock protects, and whether a bug broke it.
-pub(crate) struct Shared {
-    /// Distinguishes this fabric's registry entries.
-    pub(crate) id: u64,
-    state: Mutex<State>,
-    /// Set when a call panicked inside softnic: every later call fails with EIO rather than
-    /// working on state the panic may have left half-updated.
-    broken: AtomicBool,
-    why: Mutex<Option<String>>,
-    /// A progress thread waits on this between events; calls that give it work wake it.
-    wakeup: Condvar,
-    /// The progress thread is waiting on `wakeup` (or on `poll_fds`).
-    pub(crate) sleeper: AtomicBool,
-    /// On the UDP link: what wakes a progress thread polling `poll_fds` (its last entry).
-    pub(crate) waker: Option<Arc<EventFd>>,
-    /// On the UDP link: the devices' receiving sockets and the waker, which a sleeping
-    /// progress thread polls instead of waiting on `wakeup`.
-    pub(crate) poll_fds: Vec<RawFd>,
-    /// When the fabric was created (the origin of the wall clock), readable without the lock.
-    started: Instant,
-    /// Fabric time of the last CQ poll plus one (0: never). A polling caller drives the UDP
-    /// link, so its progress thread keeps off the lock meanwhile (read without the lock).
-    last_poll: std::sync::atomic::AtomicU64,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        abi::unregister_fabric(self.id);
-        if let Some(w) = &self.waker {
-            w.signal();
-        }
-    }
-}
-
-impl Shared {
-    /// The state, unless a panic broke it; on the wall clock, with the clock brought up to date.
-    pub(crate) fn lock(&self) -> Option<MutexGuard<'_, State>> {
-        if self.broken.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut st = self.lock_any();
-        st.sync_clock();
-        Some(st)
-    }
-
-    /// The state even if broken: for reading configuration and counters only.
-    fn lock_any(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn mark_broken(&self, reason: String) {
-        let mut why = self.why.lock().unwrap_or_else(|e| e.into_inner());
-        why.get_or_insert(reason);
-        self.broken.store(true, Ordering::Release);
-    }
-
-    fn broken(&self) -> Option<String> {
-        if !self.broken.load(Ordering::Acquire) {
-            return None;
-        }
-        let why = self.why.lock().unwrap_or_else(|e| e.into_inner());
-        Some(why.clone().unwrap_or_default())
-    }
-
-    fn broken_error(&self) -> Error {
-        Error::Broken {
-            reason: self.broken().unwrap_or_default(),
-        }
-    }
-
-    /// Wakes a sleeping progress thread; the caller holds the state lock (so the wake-up
-    /// cannot fall between the thread's last look and its wait).
-    pub(crate) fn wake_sleeper(&self) {
-        if self.sleeper.load(Ordering::Acquire) {
-            self.wake();
-        }
-    }
-
-    fn wake(&self) {
-        self.wakeup.notify_all();
-        if let Some(w) = &self.waker {
-            w.signal();
-        }
-    }
-
-    /// Notes a CQ poll at fabric time `now`.
-    pub(crate) fn polled_at(&self, now: u64) {
-        self.last_poll.store(now + 1, Ordering::Relaxed);
-    }
-
-    /// Notes that the caller polling CQs is about to sleep (it armed a CQ): a progress thread
-    /// leaving the link to the pollers is woken to take it over.
-    pub(crate) fn stopped_polling(&self) {
-        if self.last_poll.swap(0, Ordering::Relaxed) != 0
-            && let Some(w) = &self.waker
-        {
-            w.signal();
-        }
-    }
-
-    /// How long ago (wall clock) a CQ was last polled, if ever.
-    pub(crate) fn since_poll(&self) -> Option<Duration> {
-        let at = self.last_poll.load(Ordering::Relaxed).checked_sub(1)?;
-        let now = self.started.elapsed().as_nanos() as u64;
-        Some(Duration::from_nanos(now.saturating_sub(at)))
-    }
-
-    /// Wakes a sleeping progress thread from outside the lock.
-    pub(crate) fn kick(&self) {
-        let _st = self.lock_any();
-        self.wake();
-    }
-
-    /// Sleeps up to `d` or until woken (on the UDP link, also until a datagram arrives),
-    /// releasing the lock meanwhile.
-    pub(crate) fn nap<'a>(
-        &'a self,
-        st: MutexGuard<'a, State>,
-        d: Duration,
-    ) -> MutexGuard<'a, State> {
-        if let Some(w) = &self.waker {
-            drop(st);
-            crate::link::udp::wait_readable(&self.poll_fds, d);
-            w.drain();
-            return self.lock_any();
-        }
-        self.wakeup
-            .wait_timeout(st, d)
-            .map(|(g, _)| g)
-            .unwrap_or_else(|e| e.into_inner().0)
-    }
-}
 
 /// A software RDMA fabric: devices, the network between them, the clock.
 ///
@@ -407,7 +280,7 @@ impl Fabric {
                     )),
                 };
                 Device {
-                    shell: Shell::new(crate::control::device_struct(&name), i as u32),
+                    shell: Shell::new(crate::control::device_shell(&name), i as u32),
                     name,
                     gid,
                     counters: Counters::default(),
@@ -429,8 +302,8 @@ impl Fabric {
         let waker = if poll_fds.is_empty() {
             None
         } else {
-            let w = EventFd::new_waker().ok_or_else(|| Error::Bind {
-                addr: None,
+            let w = EventFd::new_waker().ok_or_else(|| Error::System {
+                what: "creating the progress thread's eventfd",
                 reason: std::io::Error::last_os_error().to_string(),
             })?;
             poll_fds.push(w.raw());
@@ -488,7 +361,10 @@ impl Fabric {
         let udp = st.w.devices.iter().any(|d| d.udp.is_some());
         drop(st);
         if udp {
-            crate::progress::spawn_udp_progress(&fabric.shared);
+            crate::progress::spawn_udp_progress(&fabric.shared).map_err(|e| Error::System {
+                what: "spawning the UDP progress thread",
+                reason: e.to_string(),
+            })?;
         }
         Ok(fabric)
     }
@@ -512,7 +388,7 @@ impl Fabric {
     /// Every device, as libibverbs `ibv_device` pointers, valid as long as the fabric lives.
     pub fn devices(&self) -> Vec<*mut ibv_device> {
         let st = self.shared.lock_any();
-        st.w.devices.iter().map(|d| d.shell.ptr()).collect()
+        st.w.devices.iter().map(|d| d.shell.ptr().cast()).collect()
     }
 
     /// The device named `name`.
@@ -521,7 +397,7 @@ impl Fabric {
         st.w.devices
             .iter()
             .find(|d| d.name == name)
-            .map(|d| d.shell.ptr())
+            .map(|d| d.shell.ptr().cast())
     }
 
     /// The IPv4 address of device `name`'s port on the [UDP link](Link::Udp) (`None` on the

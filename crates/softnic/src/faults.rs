@@ -50,7 +50,8 @@ pub struct PacketInfo {
     pub seq: u64,
     /// Index of the sending device (`soft0` is 0).
     pub from: usize,
-    /// Index of the receiving device.
+    /// Index of the receiving device, or `usize::MAX` for a packet leaving on the UDP link
+    /// (to another process or host).
     pub to: usize,
     /// BTH opcode.
     pub opcode: u8,

@@ -87,6 +87,7 @@ pub mod packet;
 mod progress;
 mod qp;
 pub mod roce;
+mod shared;
 mod srq;
 mod state;
 

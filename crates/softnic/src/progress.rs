@@ -259,10 +259,10 @@ fn report_panic(shared: &Shared, payload: &(dyn std::any::Any + Send)) {
 /// fabric only while it works and a weak handle while it sleeps in `ppoll` on the devices'
 /// sockets and the fabric's waker, so the fabric is freed when its last handle goes (which
 /// wakes the thread, and it ends).
-pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
+pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
     let weak = Arc::downgrade(shared);
     let Some(waker) = shared.waker.clone() else {
-        return;
+        return Ok(());
     };
     let fds = shared.poll_fds.clone();
     let spawned = std::thread::Builder::new()
@@ -275,6 +275,8 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
                 // look under the lock) until they have not polled for a while.
                 // (Woken early when a poller arms a CQ to sleep on its channel.)
                 if let Some(since) = shared.since_poll().filter(|&s| s < POLLED_RECENTLY) {
+                    // Not a sleeper the verbs must wake: the pollers do the work.
+                    shared.sleeper.store(false, Ordering::Release);
                     drop(shared);
                     crate::link::udp::wait_readable(&[waker.raw()], POLLED_RECENTLY - since);
                     waker.drain();
@@ -284,12 +286,12 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
                     let mut st = shared.lock()?;
                     shared.sleeper.store(false, Ordering::Release);
                     if st.progress() {
-                        return Some((Duration::ZERO, false));
+                        return Some(Duration::ZERO);
                     }
                     shared.sleeper.store(true, Ordering::Release);
-                    Some((st.nap(), true))
+                    Some(st.nap())
                 }));
-                let (nap, on_sockets) = match round {
+                let nap = match round {
                     Ok(Some(r)) => r,
                     Ok(None) => return,
                     Err(payload) => {
@@ -298,20 +300,13 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) {
                     }
                 };
                 drop(shared);
-                if nap.is_zero() {
-                    continue;
-                }
-                if on_sockets {
+                if !nap.is_zero() {
                     crate::link::udp::wait_readable(&fds, nap);
                     waker.drain();
-                } else {
-                    std::thread::sleep(nap);
                 }
             }
         });
-    if let Err(e) = spawned {
-        shared.mark_broken(format!("spawning the UDP progress thread: {e}"));
-    }
+    spawned.map(drop)
 }
 
 impl Fabric {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::c_void;
 
-use ibverbs_sys::{ibv_ah, ibv_context, ibv_device, ibv_event_type, ibv_pd};
+use ibverbs_sys::{ibv_ah, ibv_context, ibv_event_type, ibv_pd};
 
 use crate::abi::Shell;
 use crate::counters::Counters;
@@ -22,7 +22,7 @@ use crate::srq::Srq;
 pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) gid: [u8; 16],
-    pub(crate) shell: Shell<ibv_device>,
+    pub(crate) shell: Shell<crate::control::DeviceShell>,
     /// Counters of the device (the QPs' plus what belongs to no QP).
     pub(crate) counters: Counters,
     /// Virtual time at which the port can start serialising the next packet.

@@ -101,6 +101,10 @@ impl std::fmt::Debug for UdpPort {
 impl UdpPort {
     /// A port bound to `ip:4791`. Fails (EADDRINUSE, EADDRNOTAVAIL...) as `bind` does.
     pub(crate) fn bind(ip: Ipv4Addr) -> io::Result<UdpPort> {
+        // A device is one host's address: not "any", a broadcast or a group.
+        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+            return Err(io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+        }
         let rx = UdpSocket::bind(SocketAddrV4::new(ip, UDP_PORT))?;
         rx.set_nonblocking(true)?;
         let gro = gso_allowed() && set_int(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
@@ -185,24 +189,34 @@ impl UdpPort {
             if out.is_empty() {
                 continue;
             }
-            let sport = self.tx[i].1;
+            let (sport, fd) = (self.tx[i].1, self.tx[i].0.as_raw_fd());
             cut_runs(out, self.gso, &mut self.runs);
-            for run in &self.runs {
-                for (k, o) in out[run.clone()].iter_mut().enumerate() {
-                    if !o.sealed {
-                        roce::seal_v4(self.ip, sport, *o.dst.ip(), k as u16, &mut o.bytes);
-                    }
-                }
-            }
-            let fd = self.tx[i].0.as_raw_fd();
+            seal_runs(self.ip, sport, out, &self.runs);
             let mut sent = 0;
             while sent < self.runs.len() {
                 let batch = &self.runs[sent..(sent + BATCH).min(self.runs.len())];
                 match send_batch(fd, out, batch) {
                     Ok(n) => sent += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if batch[0].len() > 1 => {
+                        // The route cannot take GSO sends (no checksum offload, an MTU below
+                        // the segment size, IPsec): this run and every packet from now on go
+                        // alone, sealed again as such.
+                        if self.gso {
+                            eprintln!(
+                                "softnic: {}: GSO sends refused ({e}); sending packets one by one",
+                                self.ip
+                            );
+                            self.gso = false;
+                        }
+                        let run = batch[0].clone();
+                        let n = run.len();
+                        self.runs.splice(sent..=sent, run.map(|k| k..k + 1));
+                        seal_runs(self.ip, sport, out, &self.runs[sent..sent + n]);
+                    }
                     Err(_) => {
-                        // The first message of the batch was refused: drop it, go on.
+                        // The first message was refused (a full buffer: EAGAIN): dropped,
+                        // as on a congested wire; the transports recover.
                         failed += batch[0].len() as u64;
                         sent += 1;
                     }
@@ -316,6 +330,18 @@ fn check(
     (!known.contains(&r)).then_some(Damage::BadIcrc)
 }
 
+/// Writes the ICRC of every unsealed packet of `runs`: packet `k` of a run goes as segment
+/// `k` of one GSO send, with IPv4 identification `k`.
+fn seal_runs(ip: Ipv4Addr, sport: u16, out: &mut [Outgoing], runs: &[std::ops::Range<usize>]) {
+    for run in runs {
+        for (k, o) in out[run.clone()].iter_mut().enumerate() {
+            if !o.sealed {
+                roce::seal_v4(ip, sport, *o.dst.ip(), k as u16, &mut o.bytes);
+            }
+        }
+    }
+}
+
 /// Cuts `out` into the runs sent as one message each: with `gso`, consecutive unsealed
 /// packets to one destination, all as long as the first but the last (which may be
 /// shorter), at most 64 and 65507 bytes; otherwise one packet each.
@@ -353,7 +379,7 @@ fn cut_runs(out: &[Outgoing], gso: bool, runs: &mut Vec<std::ops::Range<usize>>)
 const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
 
 /// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
-/// packet as one GSO send: how many runs left.
+/// packet as one GSO send: how many runs left (`EAGAIN` if none could, the buffer being full).
 fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> io::Result<usize> {
     debug_assert!(batch.len() <= BATCH);
     const CTL: usize = 4; // u64 words: CMSG_SPACE(2) is 24 bytes on 64-bit Linux
@@ -367,6 +393,7 @@ fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> 
         let mut hdrs: [libc::mmsghdr; BATCH] = std::mem::zeroed();
         let mut ctls: [[u64; CTL]; BATCH] = [[0; CTL]; BATCH];
         debug_assert!(libc::CMSG_SPACE(2) as usize <= CTL * 8);
+        let iov_base = iovs.as_mut_ptr();
         let mut v = 0;
         for (i, run) in batch.iter().enumerate() {
             let first = &out[run.start];
@@ -376,11 +403,13 @@ fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> 
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = (&raw mut addrs[i]).cast();
             h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-            h.msg_iov = iovs.as_mut_ptr().add(v);
+            h.msg_iov = iov_base.add(v);
             h.msg_iovlen = run.len();
             for o in &out[run.clone()] {
-                iovs[v].iov_base = o.bytes.as_ptr().cast_mut().cast();
-                iovs[v].iov_len = o.bytes.len();
+                iov_base.add(v).write(libc::iovec {
+                    iov_base: o.bytes.as_ptr().cast_mut().cast(),
+                    iov_len: o.bytes.len(),
+                });
                 v += 1;
             }
             if run.len() > 1 {
@@ -394,7 +423,13 @@ fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> 
                 libc::CMSG_DATA(c).cast::<u16>().write_unaligned(size);
             }
         }
-        let n = libc::sendmmsg(fd, hdrs.as_mut_ptr(), batch.len() as u32, 0);
+        // Never block under the fabric's lock: a full socket buffer is a congested wire.
+        let n = libc::sendmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            batch.len() as u32,
+            libc::MSG_DONTWAIT,
+        );
         if n < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -403,7 +438,8 @@ fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> 
     }
 }
 
-/// Sleeps until one of `fds` is readable or `timeout` has passed (a signal ends it early).
+/// Sleeps until one of `fds` is readable or `timeout` (at most a second) has passed (a signal
+/// ends it early).
 pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) {
     let mut polls: Vec<libc::pollfd> = fds
         .iter()
@@ -413,6 +449,7 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) {
             revents: 0,
         })
         .collect();
+    let timeout = timeout.min(Duration::from_secs(1));
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),

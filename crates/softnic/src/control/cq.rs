@@ -1,0 +1,186 @@
+//! Completion channels, completion queues and their events.
+
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_uint, c_void};
+use std::ptr::null_mut;
+use std::sync::Arc;
+
+use ibverbs_sys::*;
+
+use super::{try_with, with, with_status};
+use crate::abi::{self, Kind, Shell, set_errno};
+use crate::cq::{Arm, Channel, Cq, EventFd};
+
+pub(super) unsafe extern "C" fn create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    with(
+        context.cast(),
+        Kind::Context,
+        null_mut(),
+        |shared, st, ctx| {
+            let Some(fd) = EventFd::new() else {
+                return null_mut();
+            };
+            let id = st.w.alloc_id();
+            let ch = ibv_comp_channel {
+                context,
+                fd: fd.raw(),
+                refcnt: 0,
+            };
+            let shell = Shell::new(ch, id);
+            let p = shell.ptr();
+            st.w.channels.insert(
+                id,
+                Channel {
+                    ctx,
+                    fd,
+                    events: VecDeque::new(),
+                    shell,
+                },
+            );
+            abi::register(p.cast(), Kind::Channel, shared, id);
+            p
+        },
+    )
+}
+
+pub(super) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    with_status(channel.cast(), Kind::Channel, |_, st, id| {
+        if st.w.cqs.values().any(|c| c.channel == Some(id)) {
+            return libc::EBUSY;
+        }
+        if let Some(c) = st.w.channels.remove(&id) {
+            abi::unregister(c.shell.ptr().cast());
+            // A thread blocked in get_cq_event wakes, finds the channel gone, and fails.
+            c.fd.wake_all();
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    let ch = if channel.is_null() {
+        None
+    } else {
+        match abi::lookup(channel.cast(), Kind::Channel) {
+            Some((_, id)) => Some(id),
+            None => {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+        }
+    };
+    with(
+        context.cast(),
+        Kind::Context,
+        null_mut(),
+        |shared, st, ctx| {
+            let channel_ok = ch.is_none_or(|c| st.w.channels.get(&c).is_some_and(|c| c.ctx == ctx));
+            if cqe < 1 || cqe as u32 > st.w.cfg.max_cqe || comp_vector != 0 || !channel_ok {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+            let id = st.w.alloc_id();
+            let cq = ibv_cq {
+                context,
+                channel,
+                cq_context,
+                handle: id,
+                cqe,
+                ..Default::default()
+            };
+            let shell = Shell::new(cq, id);
+            let p = shell.ptr();
+            st.w.cqs.insert(
+                id,
+                Cq {
+                    ctx,
+                    channel: ch,
+                    capacity: cqe as usize,
+                    entries: VecDeque::new(),
+                    arm: Arm::Off,
+                    overflowed: false,
+                    shell,
+                },
+            );
+            abi::register(p.cast(), Kind::Cq, shared, id);
+            p
+        },
+    )
+}
+
+pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
+    with_status(cq.cast(), Kind::Cq, |_, st, id| {
+        if st.qps.values().any(|q| q.send_cq == id || q.recv_cq == id) {
+            return libc::EBUSY;
+        }
+        if let Some(c) = st.w.cqs.remove(&id) {
+            abi::unregister(c.shell.ptr().cast());
+            if let Some(ch) = c.channel.and_then(|ch| st.w.channels.get_mut(&ch)) {
+                ch.events.retain(|&(cq, _)| cq != id);
+            }
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    if cq.is_null() || cq_context.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let Ok(fd) = try_with(channel.cast(), Kind::Channel, |shared, st, id| {
+        // The caller may sleep now: a progress thread leaving the link to pollers takes over.
+        shared.stopped_polling();
+        Arc::clone(&st.w.channels[&id].fd)
+    }) else {
+        return -1;
+    };
+    // Wait without holding the fabric's lock: another thread drives progress meanwhile. The
+    // descriptor stays open while this thread holds it, even if the channel is destroyed.
+    if let Err(e) = fd.wait() {
+        set_errno(e);
+        return -1;
+    }
+    with(channel.cast(), Kind::Channel, -1, |_, st, id| {
+        let Some((cq_id, user)) =
+            st.w.channels
+                .get_mut(&id)
+                .and_then(|c| c.events.pop_front())
+        else {
+            set_errno(libc::EAGAIN);
+            return -1;
+        };
+        let p =
+            st.w.cqs
+                .get_mut(&cq_id)
+                .map_or(null_mut(), |c| c.shell.ptr());
+        // SAFETY: both out-pointers were checked non-null and, per the contract, are writable.
+        unsafe {
+            *cq = p;
+            *cq_context = user;
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    with(cq.cast(), Kind::Cq, (), |_, st, id| {
+        if let Some(c) = st.w.cqs.get_mut(&id) {
+            c.shell.update(|cq| {
+                cq.comp_events_completed = cq.comp_events_completed.wrapping_add(nevents)
+            });
+        }
+    })
+}

@@ -1,0 +1,418 @@
+//! Devices, contexts, protection domains and async events.
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int};
+use std::ptr::null_mut;
+use std::sync::Arc;
+
+use ibverbs_sys::*;
+
+use super::{try_with, with, with_status};
+use crate::abi::{self, Kind, Shell, set_errno};
+use crate::cq::EventFd;
+use crate::state::{Context, Element, Pd};
+
+use super::cq::{destroy_comp_channel, destroy_cq};
+use super::memory::dereg_mr;
+use super::queues::{destroy_ah, destroy_qp, destroy_srq};
+
+pub(super) unsafe extern "C" fn get_device_name(device: *mut ibv_device) -> *const c_char {
+    with(
+        device.cast(),
+        Kind::Device,
+        std::ptr::null(),
+        |_, st, idx| {
+            // SAFETY: the device shell lives forever; its name is a NUL-terminated array.
+            unsafe { (*st.w.devices[idx as usize].shell.ptr()).dev.name.as_ptr() }
+        },
+    )
+}
+
+pub(super) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
+    with(
+        device.cast(),
+        Kind::Device,
+        null_mut(),
+        |shared, st, idx| {
+            let Some(fd) = EventFd::new() else {
+                return null_mut();
+            };
+            let id = st.w.alloc_id();
+            let ops = crate::ops::context_ops();
+            let ctx = ibv_context {
+                device: st.w.devices[idx as usize].shell.ptr().cast(),
+                ops,
+                cmd_fd: -1,
+                async_fd: fd.raw(),
+                num_comp_vectors: 1,
+                ..Default::default()
+            };
+            let shell = Shell::new(ctx, id);
+            let p = shell.ptr();
+            st.w.contexts.insert(
+                id,
+                Context {
+                    dev: idx as usize,
+                    shell,
+                    async_fd: fd,
+                    events: VecDeque::new(),
+                },
+            );
+            abi::register(p.cast(), Kind::Context, shared, id);
+            p
+        },
+    )
+}
+
+pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
+    with_status(context.cast(), Kind::Context, |_, st, id| {
+        let w = &st.w;
+        let busy = w.pds.values().any(|o| o.ctx == id)
+            || w.cqs.values().any(|o| o.ctx == id)
+            || w.channels.values().any(|o| o.ctx == id)
+            || w.srqs.values().any(|o| o.ctx == id)
+            || w.ahs.values().any(|o| o.ctx == id)
+            || w.mrs.values().any(|o| o.ctx == id)
+            || st.qps.values().any(|o| o.ctx == id);
+        if busy {
+            return libc::EBUSY;
+        }
+        if let Some(c) = st.w.contexts.remove(&id) {
+            abi::unregister(c.shell.ptr().cast());
+            // A thread blocked in get_async_event wakes, finds the context gone, and fails.
+            c.async_fd.wake_all();
+        }
+        0
+    })
+}
+
+/// Closes `context` after destroying every object still made on it (QPs, address handles,
+/// memory regions, SRQs, CQs, completion channels, PDs, in that order), as the kernel does
+/// when a process closes its device file: what a drop-in libibverbs's `ibv_close_device`
+/// does, whereas [`CONTROL`]'s `close_device` refuses a context still in use (EBUSY).
+/// Returns 0, or the errno of what could not be destroyed or closed (an object another
+/// thread destroyed meanwhile is EINVAL; one it made meanwhile leaves the context open,
+/// EBUSY).
+///
+/// # Safety
+///
+/// `context` is any pointer (softnic refuses one it did not make, EINVAL); the caller is done
+/// with the context's objects (they are destroyed: their pointers are refused from then on).
+pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
+    type Shells = (
+        Vec<*mut ibv_qp>,
+        Vec<*mut ibv_ah>,
+        Vec<*mut ibv_mr>,
+        Vec<*mut ibv_srq>,
+        Vec<*mut ibv_cq>,
+        Vec<*mut ibv_comp_channel>,
+        Vec<*mut ibv_pd>,
+    );
+    let found: Result<Shells, c_int> = try_with(context.cast(), Kind::Context, |_, st, id| {
+        let w = &mut st.w;
+        (
+            st.qps
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.ahs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.mrs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.srqs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.cqs
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.channels
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+            w.pds
+                .values_mut()
+                .filter(|o| o.ctx == id)
+                .map(|o| o.shell.ptr())
+                .collect(),
+        )
+    });
+    let (qps, ahs, mrs, srqs, cqs, channels, pds) = match found {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let mut first = 0;
+    let mut keep = |r: c_int| {
+        if first == 0 {
+            first = r;
+        }
+    };
+    // SAFETY: each pointer is one softnic handed out for this context; the destroy verbs look
+    // each up again and refuse one destroyed meanwhile (EINVAL) without touching it.
+    unsafe {
+        qps.into_iter().for_each(|p| keep(destroy_qp(p)));
+        ahs.into_iter().for_each(|p| keep(destroy_ah(p)));
+        mrs.into_iter().for_each(|p| keep(dereg_mr(p)));
+        srqs.into_iter().for_each(|p| keep(destroy_srq(p)));
+        cqs.into_iter().for_each(|p| keep(destroy_cq(p)));
+        channels
+            .into_iter()
+            .for_each(|p| keep(destroy_comp_channel(p)));
+        pds.into_iter().for_each(|p| keep(dealloc_pd(p)));
+        keep(close_device(context));
+    }
+    first
+}
+
+pub(super) unsafe extern "C" fn query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    with_status(context.cast(), Kind::Context, |_, st, id| {
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let c = &st.w.cfg;
+        let dev = st.w.contexts[&id].dev;
+        let mut a = ibv_device_attr {
+            node_guid: (0x0200_0000_0000_0000u64 | dev as u64).to_be(),
+            sys_image_guid: (0x0200_0000_0000_0000u64 | dev as u64).to_be(),
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0x1_5f,
+            vendor_part_id: 0x50f7,
+            hw_ver: 1,
+            max_qp: 1 << 16,
+            max_qp_wr: c.max_qp_wr as i32,
+            max_sge: c.max_sge as i32,
+            max_sge_rd: c.max_sge as i32,
+            max_cq: 1 << 16,
+            max_cqe: c.max_cqe as i32,
+            max_mr: 1 << 20,
+            max_pd: 1 << 16,
+            max_qp_rd_atom: c.max_rd_atomic as i32,
+            max_res_rd_atom: (c.max_rd_atomic as i32) << 16,
+            max_qp_init_rd_atom: c.max_rd_atomic as i32,
+            atomic_cap: ibverbs_sys::IBV_ATOMIC_HCA,
+            max_ah: 1 << 16,
+            max_srq: 1 << 16,
+            max_srq_wr: c.max_srq_wr as i32,
+            max_srq_sge: c.max_sge as i32,
+            max_pkeys: 1,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+            ..Default::default()
+        };
+        for (d, b) in a.fw_ver.iter_mut().zip(b"softnic 0.1".iter()) {
+            *d = *b as c_char;
+        }
+        // SAFETY: `attr` is non-null and, per the libibverbs contract, points to a writable
+        // `ibv_device_attr`.
+        unsafe { *attr = a };
+        0
+    })
+}
+
+/// The `ibv_mtu` of a byte count.
+pub(super) fn mtu_enum(bytes: u32) -> ibv_mtu {
+    match bytes {
+        4096 => ibverbs_sys::IBV_MTU_4096,
+        2048 => ibverbs_sys::IBV_MTU_2048,
+        1024 => ibverbs_sys::IBV_MTU_1024,
+        512 => ibverbs_sys::IBV_MTU_512,
+        _ => ibverbs_sys::IBV_MTU_256,
+    }
+}
+
+pub(super) unsafe extern "C" fn query_port(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    with_status(context.cast(), Kind::Context, |_, st, id| {
+        if port != 1 || attr.is_null() {
+            return libc::EINVAL;
+        }
+        let mtu = mtu_enum(st.w.cfg.mtu);
+        let dev = st.w.contexts[&id].dev;
+        let a = ibv_port_attr {
+            state: ibv_port_state::IBV_PORT_ACTIVE,
+            max_mtu: mtu,
+            active_mtu: mtu,
+            gid_tbl_len: st.w.devices[dev].gids().count() as i32,
+            max_msg_sz: st.w.cfg.max_msg_size,
+            pkey_tbl_len: 1,
+            active_width: 2,  // 4x
+            active_speed: 32, // EDR: 25 Gb/s per lane
+            phys_state: 5,    // LinkUp
+            link_layer: IBV_LINK_LAYER_ETHERNET as u8,
+            ..Default::default()
+        };
+        // SAFETY: non-null, and points to a writable `ibv_port_attr` per the contract.
+        unsafe { *attr = a };
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn query_gid(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    with_status(context.cast(), Kind::Context, |_, st, id| {
+        let dev = st.w.contexts[&id].dev;
+        let raw = usize::try_from(index)
+            .ok()
+            .and_then(|i| st.w.devices[dev].gids().nth(i));
+        let Some(raw) = raw.filter(|_| port == 1 && !gid.is_null()) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: non-null, and points to a writable `ibv_gid` per the contract.
+        unsafe { *gid = ibv_gid { raw } };
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    with(
+        context.cast(),
+        Kind::Context,
+        null_mut(),
+        |shared, st, ctx| {
+            let id = st.w.alloc_id();
+            let pd = ibv_pd {
+                context,
+                handle: id,
+            };
+            let shell = Shell::new(pd, id);
+            let p = shell.ptr();
+            st.w.pds.insert(id, Pd { ctx, shell });
+            abi::register(p.cast(), Kind::Pd, shared, id);
+            p
+        },
+    )
+}
+
+pub(super) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    with_status(pd.cast(), Kind::Pd, |_, st, id| {
+        let w = &st.w;
+        let busy = w.mrs.values().any(|o| o.pd == id)
+            || w.srqs.values().any(|o| o.pd == id)
+            || w.ahs.values().any(|o| o.pd == id)
+            || st.qps.values().any(|o| o.pd == id);
+        if busy {
+            return libc::EBUSY;
+        }
+        if let Some(o) = st.w.pds.remove(&id) {
+            abi::unregister(o.shell.ptr().cast());
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    if event.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let Ok(fd) = try_with(context.cast(), Kind::Context, |_, st, id| {
+        Arc::clone(&st.w.contexts[&id].async_fd)
+    }) else {
+        return -1;
+    };
+    // As in get_cq_event: the descriptor outlives a concurrent close_device.
+    if let Err(e) = fd.wait() {
+        set_errno(e);
+        return -1;
+    }
+    with(context.cast(), Kind::Context, -1, |_, st, id| {
+        let Some(ev) =
+            st.w.contexts
+                .get_mut(&id)
+                .and_then(|c| c.events.pop_front())
+        else {
+            set_errno(libc::EAGAIN);
+            return -1;
+        };
+        let element = match ev.element {
+            Element::Cq(c) => ibv_async_event__bindgen_ty_1 {
+                cq: st.w.cqs.get_mut(&c).map_or(null_mut(), |c| c.shell.ptr()),
+            },
+            Element::Qp(q) => ibv_async_event__bindgen_ty_1 {
+                qp: st.qps.get_mut(&q).map_or(null_mut(), |q| q.shell.ptr()),
+            },
+            Element::Srq(s) => ibv_async_event__bindgen_ty_1 {
+                srq: st.w.srqs.get_mut(&s).map_or(null_mut(), |s| s.shell.ptr()),
+            },
+        };
+        // SAFETY: checked non-null; writable per the contract.
+        unsafe {
+            *event = ibv_async_event {
+                element,
+                event_type: ev.kind,
+            }
+        };
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: non-null, and points to an event `get_async_event` filled, per the contract.
+    let ev = unsafe { *event };
+
+    match ev.event_type {
+        IBV_EVENT_CQ_ERR => {
+            // SAFETY: for this event type the union holds the CQ pointer.
+            let p = unsafe { ev.element.cq };
+            with(p.cast(), Kind::Cq, (), |_, st, id| {
+                if let Some(c) = st.w.cqs.get_mut(&id) {
+                    c.shell.update(|cq| cq.async_events_completed += 1);
+                }
+            });
+        }
+        IBV_EVENT_SRQ_LIMIT_REACHED | IBV_EVENT_SRQ_ERR => {
+            // SAFETY: for these event types the union holds the SRQ pointer.
+            let p = unsafe { ev.element.srq };
+            with(p.cast(), Kind::Srq, (), |_, st, id| {
+                if let Some(s) = st.w.srqs.get_mut(&id) {
+                    s.shell.update(|s| s.events_completed += 1);
+                }
+            });
+        }
+        IBV_EVENT_PORT_ACTIVE
+        | IBV_EVENT_PORT_ERR
+        | IBV_EVENT_LID_CHANGE
+        | IBV_EVENT_PKEY_CHANGE
+        | IBV_EVENT_SM_CHANGE
+        | IBV_EVENT_CLIENT_REREGISTER
+        | IBV_EVENT_GID_CHANGE
+        | IBV_EVENT_DEVICE_FATAL => {}
+        _ => {
+            // SAFETY: every other event type is about a QP.
+            let p = unsafe { ev.element.qp };
+            with(p.cast(), Kind::Qp, (), |_, st, id| {
+                if let Some(q) = st.qps.get_mut(&id) {
+                    q.shell.update(|q| q.events_completed += 1);
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Shared receive queues, queue pairs and address handles.
+
+use std::ffi::c_int;
+use std::ptr::null_mut;
+
+use ibverbs_sys::*;
+
+use super::{with, with_status};
+use crate::abi::{self, Kind, Shell, gid_bytes, set_errno};
+use crate::qp::{Qp, RecvQueue, Requester, Responder, SendQueue, Transport};
+use crate::srq::Srq;
+use crate::state::{Ah, State};
+use std::collections::VecDeque;
+
+pub(super) unsafe extern "C" fn create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
+        if init.is_null() {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        // SAFETY: non-null, and points to a valid `ibv_srq_init_attr` per the contract.
+        let init = unsafe { &mut *init };
+        let a = init.attr;
+        let c = &st.w.cfg;
+        if a.max_wr == 0
+            || a.max_wr > c.max_srq_wr
+            || a.max_sge > c.max_sge
+            || a.srq_limit > a.max_wr
+        {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        let max_sge = a.max_sge.max(1);
+        init.attr.max_sge = max_sge;
+        let ctx = st.w.pds[&pd_id].ctx;
+        let context = st.w.context_ptr(ctx);
+        let id = st.w.alloc_id();
+        let srq = ibv_srq {
+            context,
+            srq_context: init.srq_context,
+            pd,
+            handle: id,
+            ..Default::default()
+        };
+        let shell = Shell::new(srq, id);
+        let p = shell.ptr();
+        st.w.srqs.insert(
+            id,
+            Srq {
+                ctx,
+                pd: pd_id,
+                max_wr: a.max_wr,
+                max_sge,
+                limit: a.srq_limit,
+                wqes: VecDeque::new(),
+                unreclaimed: 0,
+                shell,
+            },
+        );
+        abi::register(p.cast(), Kind::Srq, shared, id);
+        p
+    })
+}
+
+pub(super) unsafe extern "C" fn modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    with_status(srq.cast(), Kind::Srq, |_, st, id| {
+        let max_wr_bit = ibverbs_sys::IBV_SRQ_MAX_WR as c_int;
+        let limit_bit = ibverbs_sys::IBV_SRQ_LIMIT as c_int;
+        if attr.is_null() || mask & !(max_wr_bit | limit_bit) != 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: non-null, and points to a valid `ibv_srq_attr` per the contract.
+        let a = unsafe { *attr };
+        let max = st.w.cfg.max_srq_wr;
+        let s = st.w.srqs.get_mut(&id).expect("registered SRQ exists");
+        let max_wr = if mask & max_wr_bit != 0 {
+            a.max_wr
+        } else {
+            s.max_wr
+        };
+        let in_use = s.wqes.len() as u32 + s.unreclaimed;
+        if max_wr == 0 || max_wr > max || max_wr < in_use {
+            return libc::EINVAL;
+        }
+        if mask & limit_bit != 0 && a.srq_limit > max_wr {
+            return libc::EINVAL;
+        }
+        s.max_wr = max_wr;
+        if mask & limit_bit != 0 {
+            s.limit = a.srq_limit;
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    with_status(srq.cast(), Kind::Srq, |_, st, id| {
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let s = &st.w.srqs[&id];
+        // SAFETY: non-null, and points to a writable `ibv_srq_attr` per the contract.
+        unsafe {
+            *attr = ibv_srq_attr {
+                max_wr: s.max_wr,
+                max_sge: s.max_sge,
+                srq_limit: s.limit,
+            }
+        };
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
+    with_status(srq.cast(), Kind::Srq, |_, st, id| {
+        if st.qps.values().any(|q| q.srq == Some(id)) {
+            return libc::EBUSY;
+        }
+        if let Some(s) = st.w.srqs.remove(&id) {
+            abi::unregister(s.shell.ptr().cast());
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    if init.is_null() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: non-null, and points to a valid `ibv_qp_init_attr` per the contract.
+    let ia = unsafe { &mut *init };
+    let send_cq = abi::lookup(ia.send_cq.cast(), Kind::Cq).map(|(_, id)| id);
+    let recv_cq = abi::lookup(ia.recv_cq.cast(), Kind::Cq).map(|(_, id)| id);
+    let srq = if ia.srq.is_null() {
+        Ok(None)
+    } else {
+        abi::lookup(ia.srq.cast(), Kind::Srq)
+            .map(|(_, id)| Some(id))
+            .ok_or(())
+    };
+    with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
+        let ctx = st.w.pds[&pd_id].ctx;
+        let same_ctx = |cq: Option<u32>| {
+            cq.and_then(|c| st.w.cqs.get(&c))
+                .is_some_and(|c| c.ctx == ctx)
+        };
+        let srq_ok = match srq {
+            Ok(None) => true,
+            Ok(Some(s)) => st.w.srqs.get(&s).is_some_and(|s| s.ctx == ctx),
+            Err(()) => false,
+        };
+        let transport = match ia.qp_type {
+            ibv_qp_type::IBV_QPT_RC => Some(Transport::Rc),
+            ibv_qp_type::IBV_QPT_UC => Some(Transport::Uc),
+            ibv_qp_type::IBV_QPT_UD => Some(Transport::Ud),
+            _ => None,
+        };
+        let c = &st.w.cfg;
+        let mut cap = ia.cap;
+        let with_srq = matches!(srq, Ok(Some(_)));
+        if with_srq {
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        let caps_ok = cap.max_send_wr <= c.max_qp_wr
+            && cap.max_recv_wr <= c.max_qp_wr
+            && cap.max_send_sge <= c.max_sge
+            && cap.max_recv_sge <= c.max_sge
+            && cap.max_inline_data <= c.max_inline_data;
+        let (Some(transport), true, true, true, true) = (
+            transport,
+            same_ctx(send_cq),
+            same_ctx(recv_cq),
+            srq_ok,
+            caps_ok,
+        ) else {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        };
+        ia.cap = cap;
+        let dev = st.w.contexts[&ctx].dev;
+        let d = &mut st.w.devices[dev];
+        let mut qpn = d.next_qpn;
+        while d.qpns.contains_key(&qpn) || qpn < 0x11 {
+            qpn = (qpn + 1) & 0x00ff_ffff;
+        }
+        d.next_qpn = (qpn + 1) & 0x00ff_ffff;
+        let id = st.w.alloc_id();
+        let context = st.w.context_ptr(ctx);
+        let qp = ibv_qp {
+            context,
+            qp_context: ia.qp_context,
+            pd,
+            send_cq: ia.send_cq,
+            recv_cq: ia.recv_cq,
+            srq: if with_srq { ia.srq } else { null_mut() },
+            handle: id,
+            qp_num: qpn,
+            state: ibv_qp_state::IBV_QPS_RESET,
+            qp_type: ia.qp_type,
+            ..Default::default()
+        };
+        let shell = Shell::new(qp, id);
+        let p = shell.ptr();
+        let attr = ibv_qp_attr {
+            qp_state: ibv_qp_state::IBV_QPS_RESET,
+            path_mtu: ibverbs_sys::IBV_MTU_1024,
+            port_num: 1,
+            cap,
+            ..Default::default()
+        };
+        st.w.devices[dev].qpns.insert(qpn, id);
+        st.qps.insert(
+            id,
+            Qp {
+                id,
+                ctx,
+                dev,
+                pd: pd_id,
+                send_cq: send_cq.expect("checked above"),
+                recv_cq: recv_cq.expect("checked above"),
+                srq: srq.ok().flatten(),
+                qpn,
+                transport,
+                state: ibv_qp_state::IBV_QPS_RESET,
+                cap,
+                sq_sig_all: ia.sq_sig_all != 0,
+                attr,
+                dest_dev: None,
+                epoch: 0,
+                sq: SendQueue::default(),
+                rq: RecvQueue::default(),
+                req: Requester::default(),
+                resp: Responder::default(),
+                counters: Default::default(),
+                shell,
+            },
+        );
+        abi::register(p.cast(), Kind::Qp, shared, id);
+        p
+    })
+}
+
+pub(super) unsafe extern "C" fn modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    with_status(qp.cast(), Kind::Qp, |_, st, id| {
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: non-null, and points to a valid `ibv_qp_attr` per the contract.
+        let a = unsafe { &*attr };
+        let State { qps, w } = st;
+        let q = qps.get_mut(&id).expect("registered QP exists");
+        let r = q.modify(w, a, mask as u32);
+        st.progress();
+        r
+    })
+}
+
+pub(super) unsafe extern "C" fn query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    with_status(qp.cast(), Kind::Qp, |_, st, id| {
+        if attr.is_null() || init.is_null() {
+            return libc::EINVAL;
+        }
+        let q = &st.qps[&id];
+        let mut a = q.attr;
+        a.qp_state = q.state;
+        a.cur_qp_state = q.state;
+        a.cap = q.cap;
+        a.sq_draining =
+            u8::from(q.state == ibv_qp_state::IBV_QPS_SQD && q.sq.wqes.iter().any(|w| w.started));
+        let shell = q.shell.get();
+        let i = ibv_qp_init_attr {
+            qp_context: shell.qp_context,
+            send_cq: shell.send_cq,
+            recv_cq: shell.recv_cq,
+            srq: shell.srq,
+            cap: q.cap,
+            qp_type: q.qp_type(),
+            sq_sig_all: c_int::from(q.sq_sig_all),
+        };
+        // SAFETY: both non-null, and point to writable structs per the contract.
+        unsafe {
+            *attr = a;
+            *init = i;
+        }
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+    with_status(qp.cast(), Kind::Qp, |_, st, id| {
+        let Some(mut q) = st.qps.remove(&id) else {
+            return libc::EINVAL;
+        };
+        q.reset(&mut st.w);
+        st.w.devices[q.dev].qpns.remove(&q.qpn);
+        st.w.devices[q.dev].tx_ready.remove(&id);
+        abi::unregister(q.shell.ptr().cast());
+        0
+    })
+}
+
+pub(super) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
+        if attr.is_null() {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        // SAFETY: non-null, and points to a valid `ibv_ah_attr` per the contract.
+        let a = unsafe { *attr };
+        let ctx = st.w.pds[&pd_id].ctx;
+        let gids = st.w.devices[st.w.contexts[&ctx].dev].gids().count();
+        if a.is_global != 1 || a.port_num != 1 || usize::from(a.grh.sgid_index) >= gids {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        let context = st.w.context_ptr(ctx);
+        let id = st.w.alloc_id();
+        let shell = Shell::new(
+            ibv_ah {
+                context,
+                pd,
+                handle: id,
+            },
+            id,
+        );
+        let p = shell.ptr();
+        st.w.ahs.insert(
+            id,
+            Ah {
+                ctx,
+                pd: pd_id,
+                dgid: gid_bytes(&a.grh.dgid),
+                shell,
+            },
+        );
+        st.w.ah_by_ptr.insert(p as usize, id);
+        abi::register(p.cast(), Kind::Ah, shared, id);
+        p
+    })
+}
+
+pub(super) unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
+    with_status(ah.cast(), Kind::Ah, |_, st, id| {
+        if let Some(a) = st.w.ahs.remove(&id) {
+            let p = a.shell.ptr();
+            st.w.ah_by_ptr.remove(&(p as usize));
+            abi::unregister(p.cast());
+        }
+        0
+    })
+}

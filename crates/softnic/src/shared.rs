@@ -1,0 +1,155 @@
+//! What a fabric's handles share: the state behind its one lock, whether a panic broke it,
+//! and how a sleeping progress thread is woken.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::abi;
+use crate::cq::EventFd;
+use crate::fabric::Error;
+use crate::state::State;
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".into())
+}
+
+/// What the fabric's lock protects, and whether a bug broke it.
+pub(crate) struct Shared {
+    /// Distinguishes this fabric's registry entries.
+    pub(crate) id: u64,
+    pub(crate) state: Mutex<State>,
+    /// Set when a call panicked inside softnic: every later call fails with EIO rather than
+    /// working on state the panic may have left half-updated.
+    pub(crate) broken: AtomicBool,
+    pub(crate) why: Mutex<Option<String>>,
+    /// A progress thread waits on this between events; calls that give it work wake it.
+    pub(crate) wakeup: Condvar,
+    /// The progress thread is waiting on `wakeup` (or on `poll_fds`).
+    pub(crate) sleeper: AtomicBool,
+    /// On the UDP link: what wakes a progress thread polling `poll_fds` (its last entry).
+    pub(crate) waker: Option<Arc<EventFd>>,
+    /// On the UDP link: the devices' receiving sockets and the waker, which a sleeping
+    /// progress thread polls instead of waiting on `wakeup`.
+    pub(crate) poll_fds: Vec<RawFd>,
+    /// When the fabric was created (the origin of the wall clock), readable without the lock.
+    pub(crate) started: Instant,
+    /// Fabric time of the last CQ poll plus one (0: never). A polling caller drives the UDP
+    /// link, so its progress thread keeps off the lock meanwhile (read without the lock).
+    pub(crate) last_poll: AtomicU64,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        abi::unregister_fabric(self.id);
+        if let Some(w) = &self.waker {
+            w.signal();
+        }
+    }
+}
+
+impl Shared {
+    /// The state, unless a panic broke it; on the wall clock, with the clock brought up to date.
+    pub(crate) fn lock(&self) -> Option<MutexGuard<'_, State>> {
+        if self.broken.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut st = self.lock_any();
+        st.sync_clock();
+        Some(st)
+    }
+
+    /// The state even if broken: for reading configuration and counters only.
+    pub(crate) fn lock_any(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn mark_broken(&self, reason: String) {
+        let mut why = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        why.get_or_insert(reason);
+        self.broken.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn broken(&self) -> Option<String> {
+        if !self.broken.load(Ordering::Acquire) {
+            return None;
+        }
+        let why = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        Some(why.clone().unwrap_or_default())
+    }
+
+    pub(crate) fn broken_error(&self) -> Error {
+        Error::Broken {
+            reason: self.broken().unwrap_or_default(),
+        }
+    }
+
+    /// Wakes a sleeping progress thread; the caller holds the state lock (so the wake-up
+    /// cannot fall between the thread's last look and its wait).
+    pub(crate) fn wake_sleeper(&self) {
+        if self.sleeper.load(Ordering::Acquire) {
+            self.wake();
+        }
+    }
+
+    pub(crate) fn wake(&self) {
+        match &self.waker {
+            // On the UDP link a sleeping progress thread waits in `ppoll`, never on the condvar.
+            Some(w) => w.signal(),
+            None => self.wakeup.notify_all(),
+        }
+    }
+
+    /// Notes a CQ poll at fabric time `now`.
+    pub(crate) fn polled_at(&self, now: u64) {
+        self.last_poll.store(now + 1, Ordering::Relaxed);
+    }
+
+    /// Notes that the caller polling CQs is about to sleep (it armed a CQ): a progress thread
+    /// leaving the link to the pollers is woken to take it over.
+    pub(crate) fn stopped_polling(&self) {
+        if self.last_poll.swap(0, Ordering::Relaxed) != 0
+            && let Some(w) = &self.waker
+        {
+            w.signal();
+        }
+    }
+
+    /// How long ago (wall clock) a CQ was last polled, if ever.
+    pub(crate) fn since_poll(&self) -> Option<Duration> {
+        let at = self.last_poll.load(Ordering::Relaxed).checked_sub(1)?;
+        let now = self.started.elapsed().as_nanos() as u64;
+        Some(Duration::from_nanos(now.saturating_sub(at)))
+    }
+
+    /// Wakes a sleeping progress thread from outside the lock.
+    pub(crate) fn kick(&self) {
+        let _st = self.lock_any();
+        self.wake();
+    }
+
+    /// Sleeps up to `d` or until woken (on the UDP link, also until a datagram arrives),
+    /// releasing the lock meanwhile.
+    pub(crate) fn nap<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        d: Duration,
+    ) -> MutexGuard<'a, State> {
+        if let Some(w) = &self.waker {
+            drop(st);
+            crate::link::udp::wait_readable(&self.poll_fds, d);
+            w.drain();
+            return self.lock_any();
+        }
+        self.wakeup
+            .wait_timeout(st, d)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0)
+    }
+}
