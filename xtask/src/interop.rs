@@ -57,11 +57,11 @@ const CASES: &[Case] = &[
     pair("ib_read_bw", "-d soft0 -x 0", "#bytes"),
     pair("ib_write_lat", "-d soft0 -x 0", "#bytes"),
     pair("ib_send_lat", "-d soft0 -x 0", "#bytes"),
-    pair("ib_write_bw", "-d soft0 -x 0 -a -n 20", "#bytes"),
-    pair("ib_send_bw", "-d soft0 -x 0 -a -n 20", "#bytes"),
-    pair("ib_read_bw", "-d soft0 -x 0 -a -n 20", "#bytes"),
-    pair("ib_write_lat", "-d soft0 -x 0 -a -n 20", "#bytes"),
-    pair("ib_send_lat", "-d soft0 -x 0 -a -n 20", "#bytes"),
+    pair("ib_write_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
+    pair("ib_send_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
+    pair("ib_read_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
+    pair("ib_write_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
+    pair("ib_send_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
 ];
 
 /// Where [`ibverbs_loopback`] builds the example.
