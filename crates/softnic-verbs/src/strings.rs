@@ -134,27 +134,35 @@ const RATES: [(i32, i32, i32); 23] = [
     (24, 480, 1_275_000),
 ];
 
+/// Column `to` of the row of `RATES` whose column `from` is `key` (a multiple must be
+/// positive to name a rate), or `missing`.
+fn rate_column(from: usize, key: i32, to: usize, missing: i32) -> i32 {
+    let col = |r: &(i32, i32, i32)| [r.0, r.1, r.2];
+    RATES
+        .iter()
+        .map(col)
+        .find(|r| r[from] == key && (from != 1 || key > 0))
+        .map_or(missing, |r| r[to])
+}
+
 /// `ibv_rate_to_mult`: the multiple of 2.5 Gb/s, -1 if none.
 pub(crate) fn rate_to_mult(rate: i32) -> i32 {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+    rate_column(0, rate, 1, -1)
 }
 
 /// `mult_to_ibv_rate`: the rate of a multiple of 2.5 Gb/s, 0 (`IBV_RATE_MAX`) if none.
 pub(crate) fn mult_to_rate(mult: i32) -> i32 {
-    RATES
-        .iter()
-        .find(|r| r.1 == mult && mult > 0)
-        .map_or(0, |r| r.0)
+    rate_column(1, mult, 0, 0)
 }
 
 /// `ibv_rate_to_mbps`: the rate in Mb/s, -1 if unknown.
 pub(crate) fn rate_to_mbps(rate: i32) -> i32 {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
+    rate_column(0, rate, 2, -1)
 }
 
 /// `mbps_to_ibv_rate`: the rate of a speed in Mb/s, 0 (`IBV_RATE_MAX`) if none.
 pub(crate) fn mbps_to_rate(mbps: i32) -> i32 {
-    RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
+    rate_column(2, mbps, 0, 0)
 }
 
 #[cfg(test)]

@@ -109,43 +109,25 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
         Vec<*mut ibv_pd>,
     );
     let found: Result<Shells, c_int> = try_with(context.cast(), Kind::Context, |_, st, id| {
+        // The shell pointers of the objects of a table that belong to this context.
+        macro_rules! of_context {
+            ($table:expr) => {
+                $table
+                    .values_mut()
+                    .filter(|o| o.ctx == id)
+                    .map(|o| o.shell.ptr())
+                    .collect()
+            };
+        }
         let w = &mut st.w;
         (
-            st.qps
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
-            w.ahs
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
-            w.mrs
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
-            w.srqs
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
-            w.cqs
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
-            w.channels
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
-            w.pds
-                .values_mut()
-                .filter(|o| o.ctx == id)
-                .map(|o| o.shell.ptr())
-                .collect(),
+            of_context!(st.qps),
+            of_context!(w.ahs),
+            of_context!(w.mrs),
+            of_context!(w.srqs),
+            of_context!(w.cqs),
+            of_context!(w.channels),
+            of_context!(w.pds),
         )
     });
     let (qps, ahs, mrs, srqs, cqs, channels, pds) = match found {
