@@ -54,6 +54,10 @@ pub enum Link {
     /// GSO send carry, so it takes packets from softnic and from any sender that sends with
     /// identification 0, and counts as ICRC errors those of senders that pick others (rxe and
     /// most hardware do). Sending to any RoCEv2 port works.
+    ///
+    /// Same-sized packets to one destination leave as one GSO send (the kernel cuts them into
+    /// datagrams), and arrive as GRO batches; `SOFTNIC_GSO=0` in the environment sends every
+    /// packet alone, for a capture on the loopback interface, which sees a GSO send uncut.
     Udp {
         /// The first device's address (the next ones take the following addresses); `None`
         /// takes free ones in 127.0.0.2 to 127.0.0.254 (see [`Fabric::udp_addr`] for which).
