@@ -23,8 +23,9 @@
 //! The device is configured from the environment (the launcher sets it from its flags):
 //! `SOFTNIC_ADDR` (the device's IPv4 address; default: a free one in 127.0.0.2-254),
 //! `SOFTNIC_SEED`, `SOFTNIC_LOSS`, `SOFTNIC_REORDER`, `SOFTNIC_DUPLICATE`, `SOFTNIC_CORRUPT`
-//! (seeded faults on what the device sends), `SOFTNIC_MTU`, and `SOFTNIC_ANNOUNCE=1` to say
-//! on standard error which address the device took. A bad value makes
+//! (seeded faults on what the device sends), `SOFTNIC_MTU`, `SOFTNIC_ANNOUNCE=1` to say on
+//! standard error which address the device took, and `SOFTNIC_STATS=1` to print the device's
+//! counters there when the program exits. A bad value makes
 //! `ibv_get_device_list` fail with `EINVAL` after saying why on standard error.
 
 #[macro_use]
@@ -38,9 +39,21 @@ use std::sync::OnceLock;
 
 use softnic::{Fabric, FabricConfig, Faults, Link};
 
+static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
+
+/// Says the device's counters on standard error (at exit, with `SOFTNIC_STATS=1`).
+extern "C" fn print_stats() {
+    if let Some(Ok(f)) = FABRIC.get() {
+        for name in f.device_names() {
+            if let Some(c) = f.device_counters(&name) {
+                eprintln!("softnic: {name}: {c:?}");
+            }
+        }
+    }
+}
+
 /// The process's fabric: one device on the UDP link, built on first use from the environment.
 pub(crate) fn fabric() -> Result<&'static Fabric, i32> {
-    static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
     FABRIC
         .get_or_init(|| {
             build().map_err(|why| {
@@ -103,6 +116,11 @@ fn build() -> Result<Fabric, String> {
     })
     .map_err(|e| e.to_string())?;
     fabric.set_default_faults(faults);
+    if var("SOFTNIC_STATS").is_some_and(|v| v == "1") {
+        // SAFETY: registers a function with the C ABI that takes no arguments and only reads
+        // the fabric (which is never dropped) through its own lock.
+        unsafe { libc::atexit(print_stats) };
+    }
     if var("SOFTNIC_ANNOUNCE").is_some_and(|v| v == "1") {
         let ip = fabric.udp_addr("soft0").map(|a| a.to_string());
         eprintln!(

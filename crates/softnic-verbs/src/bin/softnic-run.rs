@@ -52,6 +52,10 @@ struct Args {
     /// Do not say which address the device took.
     #[arg(long)]
     quiet: bool,
+    /// Print the device's counters (packets, drops, retransmissions, ICRC errors...) on
+    /// standard error when the program exits.
+    #[arg(long)]
+    stats: bool,
     /// The program and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<OsString>,
@@ -99,6 +103,7 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     set("SOFTNIC_SEED", args.seed.map(|s| s.to_string()));
     set("SOFTNIC_MTU", args.mtu.clone());
     set("SOFTNIC_ANNOUNCE", (!args.quiet).then(|| "1".to_string()));
+    set("SOFTNIC_STATS", args.stats.then(|| "1".to_string()));
     let e = cmd.exec();
     Err(format!("cannot run {:?}: {e}", args.command[0]))
 }
