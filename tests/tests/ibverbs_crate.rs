@@ -1,10 +1,15 @@
 //! The `ibverbs` crate (0.9, an independent libibverbs client that knows nothing of softnic)
 //! runs on softnic: this test binary, linked against the system libibverbs like any program,
 //! is started twice by `softnic-run` (a server and a client process, each with its own softnic
-//! device on 127.0.0.x), and the two connect RC queue pairs with nothing but that crate's API
-//! (the endpoints travel over TCP) and exchange SENDs both ways, every byte checked.
-//!
-//! (The crate's 0.9 API has SEND and RECEIVE only: no RDMA WRITE call to test.)
+//! device on 127.0.0.x):
+//! - two processes connect RC queue pairs with nothing but that crate's API (the endpoints
+//!   travel over TCP) and exchange SENDs both ways, every byte checked;
+//! - RDMA WRITE and READ: the crate's 0.9 API has no call that issues them, but it registers
+//!   memory for remote access (`allocate`, `rkey`) and makes QPs that allow it
+//!   (`allow_remote_rw`). So one process, written against the crate, is the target, and the
+//!   other, written against verbs-safe over the same libibverbs ABI, WRITEs into the crate's
+//!   memory with immediate data (the crate's process sees the completion and checks every
+//!   byte) and READs it back.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,6 +26,21 @@ const SIZE: usize = 8192;
 
 #[test]
 fn the_ibverbs_crate_connects_rc_queue_pairs_between_two_processes_on_softnic() {
+    run_peers(
+        ["server", "client"],
+        &format!("{N} messages each way, every byte right"),
+    );
+}
+
+#[test]
+fn an_rdma_write_and_read_reach_memory_the_ibverbs_crate_registered() {
+    run_peers(["target", "writer"], "WRITE and READ of");
+}
+
+/// Starts this binary's [`ibverbs_peer`] once per role under `softnic-run` (the first role
+/// listens on a TCP port, the second connects); each must exit 0 and print `"{role}: "`
+/// followed by `says`.
+fn run_peers(roles: [&str; 2], says: &str) {
     let exe = std::env::current_exe().expect("this test binary");
     // target/<profile>/deps/<test> -> target/<profile>/softnic-run
     let launcher: PathBuf = exe
@@ -49,10 +69,9 @@ fn the_ibverbs_crate_connects_rc_queue_pairs_between_two_processes_on_softnic() 
             .spawn()
             .expect("softnic-run starts")
     };
-    let server = peer("server");
-    let client = peer("client");
+    let children = roles.map(|role| (role, peer(role)));
     let deadline = Instant::now() + Duration::from_secs(60);
-    for (who, mut child) in [("server", server), ("client", client)] {
+    for (who, mut child) in children {
         while child.try_wait().expect("waiting").is_none() {
             if Instant::now() > deadline {
                 let _ = child.kill();
@@ -71,16 +90,13 @@ fn the_ibverbs_crate_connects_rc_queue_pairs_between_two_processes_on_softnic() 
             "{who} failed ({}):\n{text}",
             out.status
         );
-        assert!(
-            text.contains(&format!("{who}: {N} messages each way, every byte right")),
-            "{text}"
-        );
+        assert!(text.contains(&format!("{who}: {says}")), "{text}");
     }
 }
 
-/// One peer (run by the test above through `softnic-run`; does nothing when run otherwise).
+/// One peer (run by the tests above through `softnic-run`; does nothing when run otherwise).
 #[test]
-#[ignore = "a peer process of the_ibverbs_crate_..., started by it"]
+#[ignore = "a peer process of the tests above, started by them"]
 fn ibverbs_peer() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
@@ -89,6 +105,41 @@ fn ibverbs_peer() {
         .expect("the port")
         .parse()
         .expect("a port");
+    match role.as_str() {
+        "target" => crate_target(port),
+        "writer" => safe_writer(port),
+        _ => sends_both_ways(&role, port),
+    }
+}
+
+/// Listens on `port` for the other peer (the first role), or connects to it.
+fn meet(listen: bool, port: u16) -> TcpStream {
+    if listen {
+        let l = TcpListener::bind(("127.0.0.1", port)).expect("listening");
+        l.accept().expect("the other peer").0
+    } else {
+        connect(port)
+    }
+}
+
+/// Sends one JSON line.
+fn send_line(stream: &TcpStream, value: &serde_json::Value) {
+    let mut line = value.to_string();
+    line.push('\n');
+    (&*stream)
+        .write_all(line.as_bytes())
+        .expect("sent a line to the peer");
+}
+
+/// Reads one JSON line.
+fn read_line(reader: &mut BufReader<&TcpStream>) -> serde_json::Value {
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("a line from the peer");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+/// The RC SEND test's peer: the crate's API only.
+fn sends_both_ways(role: &str, port: u16) {
     let server = role == "server";
 
     let devices = ibverbs::devices().expect("softnic's device list");
@@ -107,12 +158,7 @@ fn ibverbs_peer() {
     let mine = prepared.endpoint();
 
     // The endpoints travel over TCP as JSON lines.
-    let stream = if server {
-        let l = TcpListener::bind(("127.0.0.1", port)).expect("listening");
-        l.accept().expect("the client").0
-    } else {
-        connect(port)
-    };
+    let stream = meet(server, port);
     let mut line = serde_json::to_string(&mine).expect("JSON");
     line.push('\n');
     (&stream)
@@ -166,6 +212,178 @@ fn ibverbs_peer() {
         assert_eq!(b, (i % 251) as u8 ^ dir(!server), "byte {i}");
     }
     println!("{role}: {N} messages each way, every byte right");
+}
+
+/// Bytes the writer WRITEs into the crate's memory and READs back.
+const LEN: usize = 20_000;
+/// The immediate data of the WRITE.
+const IMM: u32 = 0x5eed;
+
+/// The byte at `i` of what the writer WRITEs.
+fn pattern(i: usize) -> u8 {
+    (i % 253) as u8 ^ 0x5a
+}
+
+/// The RDMA target: written against the `ibverbs` crate only. It registers memory for remote
+/// access, makes a QP that allows it, hands the writer its endpoint, address and rkey, and
+/// checks every byte once the WRITE-with-immediate completes; it stays up until the writer
+/// has READ the memory back.
+fn crate_target(port: u16) {
+    let devices = ibverbs::devices().expect("softnic's device list");
+    let ctx = devices
+        .iter()
+        .next()
+        .expect("one device")
+        .open()
+        .expect("opens");
+    let cq = ctx.create_cq(4, 0).expect("a CQ");
+    let pd = ctx.alloc_pd().expect("a PD");
+    let prepared = pd
+        .create_qp(&cq, &cq, ibverbs::ibv_qp_type::IBV_QPT_RC)
+        .allow_remote_rw()
+        .set_max_dest_rd_atomic(1)
+        .set_gid_index(1)
+        .build()
+        .expect("an RC QP open to remote reads and writes");
+    let memory = pd.allocate::<u8>(LEN).expect("remotely accessible memory");
+    let stream = meet(true, port);
+    send_line(
+        &stream,
+        &serde_json::json!({
+            "endpoint": prepared.endpoint(),
+            "addr": memory.as_ptr() as u64,
+            "rkey": memory.rkey().key,
+        }),
+    );
+    let mut reader = BufReader::new(&stream);
+    let remote = serde_json::from_value(read_line(&mut reader)).expect("an endpoint");
+    let mut qp = prepared.handshake(remote).expect("connected");
+    // The WRITE's immediate data consumes a receive (of no bytes).
+    let mut note = pd.allocate::<u8>(1).expect("a receive buffer");
+    // SAFETY: the memory region outlives the completion, which is waited for.
+    unsafe { qp.post_receive(&mut note, 0..0, 7) }.expect("a receive");
+    send_line(&stream, &serde_json::json!("ready"));
+    let mut wc = [ibverbs::ibv_wc::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        assert!(Instant::now() < deadline, "no WRITE arrived in 30 s");
+        if let Some(c) = cq.poll(&mut wc).expect("poll").first() {
+            break *c;
+        }
+    };
+    assert!(done.is_valid(), "a failed completion: {:?}", done.error());
+    assert_eq!(done.wr_id(), 7);
+    assert_eq!(
+        done.opcode(),
+        ibverbs::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
+    );
+    // The crate hands out the immediate data as it is in the completion: network order.
+    assert_eq!(done.imm_data().map(u32::from_be), Some(IMM));
+    for (i, &b) in memory.iter().enumerate() {
+        assert_eq!(b, pattern(i), "byte {i} of the crate's memory");
+    }
+    // The writer READs it back, then says so.
+    assert_eq!(read_line(&mut reader), serde_json::json!("read"));
+    drop(memory);
+    println!("target: WRITE and READ of {LEN} bytes in memory the ibverbs crate registered");
+}
+
+/// The RDMA initiator: written against verbs-safe over the system libibverbs (softnic's,
+/// under `softnic-run`).
+fn safe_writer(port: u16) {
+    use std::sync::Arc;
+    use verbs_safe::*;
+
+    let verbs = Verbs::system();
+    let ctx = Context::open_by_name(&verbs, "soft0").expect("soft0 opens");
+    let pd = ctx.alloc_pd().expect("a PD");
+    let cq = Cq::new(&ctx, 16, None).expect("a CQ");
+    let init = QpInit {
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        caps: QpCaps::default(),
+        sig_all: true,
+    };
+    let qp = Qp::<Rc, _>::new(&pd, init).expect("an RC QP");
+    let stream = meet(false, port);
+    let mut reader = BufReader::new(&stream);
+    let theirs = read_line(&mut reader);
+    let field = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+    let (addr, rkey) = (field(&theirs, "addr"), field(&theirs, "rkey") as u32);
+    let endpoint = &theirs["endpoint"];
+    let raw: Vec<u8> = serde_json::from_value(endpoint["gid"]["raw"].clone()).expect("a GID");
+    let remote = Remote {
+        qpn: field(endpoint, "num") as u32,
+        psn: 0,
+        lid: 0,
+        gid: Some(Gid(raw.try_into().expect("16 bytes"))),
+    };
+    // The IPv4-mapped GID, index 1, as the target uses.
+    let gid = ctx.query_gid(1, 1).expect("GID 1");
+    send_line(
+        &stream,
+        &serde_json::json!({ "num": qp.qpn(), "lid": 0, "gid": { "raw": gid.0 } }),
+    );
+    let qp = qp.init(ConnInit::default()).expect("INIT");
+    // The crate's QPs take the port's active MTU as their path MTU: the same here.
+    let rtr = RcRtr {
+        path_mtu: ctx.query_port(1).expect("port 1").active_mtu,
+        ..RcRtr::new(remote, LocalPort::new(1, 1))
+    };
+    let qp = qp.rtr(rtr).expect("RTR");
+    let qp = qp.rts(RcRts::new(0)).expect("RTS");
+    assert_eq!(read_line(&mut reader), serde_json::json!("ready"));
+
+    let mut src = pd
+        .alloc_mr(LEN, 64, AccessFlags::LOCAL_WRITE)
+        .expect("a source");
+    for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+        *b = pattern(i);
+    }
+    let src = Arc::new(src);
+    let write = SendOp::WriteWithImm {
+        remote_addr: addr,
+        rkey,
+        imm: IMM,
+    };
+    qp.post_send_bufs(&mut [SendWr::new(1, write).buf(&src, 0, LEN as u32)])
+        .expect("the WRITE");
+    let sink = pd
+        .alloc_mr(LEN, 64, AccessFlags::LOCAL_WRITE)
+        .expect("a READ target");
+    let read = SendOp::Read {
+        remote_addr: addr,
+        rkey,
+    };
+    qp.post_send_bufs(&mut [SendWr::new(2, read).target(sink, 0, LEN as u32)])
+        .expect("the READ");
+    let mut poller = Poller::new();
+    let mut back = None;
+    let mut done = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done < 2 {
+        assert!(Instant::now() < deadline, "{done} of 2 completions in 30 s");
+        poller
+            .poll(&cq, 4, |mut c| {
+                assert!(c.ok().is_ok(), "a failed completion: {:?}", c.status());
+                if c.wr_id() == 2 {
+                    back = c.take_bufs().pop();
+                }
+                done += 1;
+            })
+            .expect("poll");
+    }
+    let back = back.expect("the READ target came back");
+    assert!(
+        back.as_slice()[..LEN]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == pattern(i)),
+        "the READ brought back what was written"
+    );
+    send_line(&stream, &serde_json::json!("read"));
+    println!("writer: WRITE and READ of {LEN} bytes through verbs-safe, checked");
 }
 
 /// Connects to the server, which may not listen yet.

@@ -774,12 +774,12 @@ impl Peer {
 
         let verbs = Verbs::soft(&fabric);
         let ctx = Context::open_by_name(&verbs, "soft0").expect("soft0 opens");
-        // The GID table: the IPv4-mapped GID, then a link-local alias (as rxe has).
-        assert_eq!(ctx.query_gid(1, 0).expect("GID 0 of port 1"), Gid(gid));
+        // The GID table, as rxe's: the link-local GID, then the IPv4-mapped one.
         assert_eq!(
-            ctx.query_gid(1, 1).expect("GID 1 of port 1"),
+            ctx.query_gid(1, 0).expect("GID 0 of port 1"),
             Gid(softnic::roce::link_local_gid(ip))
         );
+        assert_eq!(ctx.query_gid(1, 1).expect("GID 1 of port 1"), Gid(gid));
         let pd = ctx.alloc_pd().expect("a PD");
         let (rc_q, uc_q, ud_q) = (
             Queue::new("RC", &ctx),

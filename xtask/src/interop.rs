@@ -29,7 +29,8 @@ const fn pair(program: &'static str, args: &'static str, says: &'static str) -> 
 
 /// The matrix: the pingpongs with and without events and at a few sizes, perftest's
 /// bandwidth and latency tests at their default size and over all sizes (`-a`, fewer
-/// iterations to stay within the test budget).
+/// iterations to stay within the test budget). GID index 0 is the link-local GID and 1 the
+/// IPv4-mapped one, as on rxe: both are used.
 const CASES: &[Case] = &[
     Case {
         program: "ibv_devices",
@@ -44,30 +45,57 @@ const CASES: &[Case] = &[
         says: "PORT_ACTIVE",
     },
     pair("ibv_rc_pingpong", "-g 0", "iters in"),
-    pair("ibv_rc_pingpong", "-g 0 -e", "iters in"),
+    pair("ibv_rc_pingpong", "-g 1 -e", "iters in"),
     pair("ibv_rc_pingpong", "-g 0 -s 65536", "iters in"),
+    pair("ibv_rc_pingpong", "-g 0 -N -c", "iters in"),
     pair("ibv_uc_pingpong", "-g 0", "iters in"),
-    pair("ibv_uc_pingpong", "-g 0 -e -s 1", "iters in"),
+    pair("ibv_uc_pingpong", "-g 1 -e -s 1", "iters in"),
     pair("ibv_ud_pingpong", "-g 0", "iters in"),
-    pair("ibv_ud_pingpong", "-g 0 -e -s 2048", "iters in"),
+    pair("ibv_ud_pingpong", "-g 1 -e -s 2048", "iters in"),
     pair("ibv_srq_pingpong", "-g 0", "iters in"),
-    pair("ibv_srq_pingpong", "-g 0 -e -s 16384 -q 4", "iters in"),
+    pair("ibv_srq_pingpong", "-g 1 -e -s 16384 -q 4", "iters in"),
     pair("ib_write_bw", "-d soft0 -x 0", "#bytes"),
-    pair("ib_send_bw", "-d soft0 -x 0", "#bytes"),
+    pair("ib_send_bw", "-d soft0 -x 1", "#bytes"),
     pair("ib_read_bw", "-d soft0 -x 0", "#bytes"),
     pair("ib_write_lat", "-d soft0 -x 0", "#bytes"),
-    pair("ib_send_lat", "-d soft0 -x 0", "#bytes"),
+    pair("ib_send_lat", "-d soft0 -x 1", "#bytes"),
     pair("ib_write_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
     pair("ib_send_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
-    pair("ib_read_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
+    pair("ib_read_bw", "-d soft0 -x 1 -a -n 10", "#bytes"),
     pair("ib_write_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
     pair("ib_send_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
 ];
 
-/// Where [`ibverbs_loopback`] builds the example.
-fn target_loopback() -> String {
+/// The programs built here, not installed: the `ibverbs` crate's own `loopback` example and
+/// softnic-verbs' C test of the extended verbs (`crates/softnic-verbs/tests/c/ext_verbs.c`,
+/// written against `<infiniband/verbs.h>` and its inline helpers).
+const BUILT: &[Case] = &[
+    Case {
+        program: LOOPBACK,
+        args: "",
+        pair: false,
+        says: "received",
+    },
+    Case {
+        program: EXT_VERBS,
+        args: "",
+        pair: false,
+        says: "all checks passed",
+    },
+];
+
+const LOOPBACK: &str = "ibverbs crate: loopback";
+const EXT_VERBS: &str = "ext_verbs.c";
+
+/// The path of a program: where [`build_local`] put a built one, else its name.
+fn path_of(program: &str) -> String {
+    let built = match program {
+        LOOPBACK => "target/ibverbs-crate/debug/examples/loopback",
+        EXT_VERBS => "target/interop/ext_verbs",
+        _ => return program.to_string(),
+    };
     crate::run::workspace_root()
-        .join("target/ibverbs-crate/debug/examples/loopback")
+        .join(built)
         .to_string_lossy()
         .into_owned()
 }
@@ -82,16 +110,10 @@ pub(crate) fn interop() -> Result<(), String> {
     ))?;
     let launcher = target_bin("debug", "softnic-run");
     ibverbs_loopback()?;
+    ext_verbs()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
-    let example = Case {
-        program: "ibverbs crate: loopback",
-        args: "",
-        pair: false,
-        says: "received",
-    };
-    let cases = CASES.iter().chain(std::iter::once(&example));
-    for case in cases {
+    for case in CASES.iter().chain(BUILT) {
         let started = Instant::now();
         let result = if case.pair {
             run_pair(&launcher, case)
@@ -160,9 +182,32 @@ fn figure(out: &str) -> String {
         .map_or(String::new(), |l| l.trim().to_string())
 }
 
+/// Compiles the C test of the extended verbs against the system's `<infiniband/verbs.h>`
+/// and libibverbs (`libibverbs-dev`, installed by setup), as any C program is.
+fn ext_verbs() -> Result<(), String> {
+    let root = crate::run::workspace_root();
+    let out = path_of(EXT_VERBS);
+    std::fs::create_dir_all(root.join("target/interop")).map_err(|e| e.to_string())?;
+    let source = root.join("crates/softnic-verbs/tests/c/ext_verbs.c");
+    let source = source.to_string_lossy();
+    status(&mut cmd(
+        "cc",
+        &[
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            &out,
+            &source,
+            "-libverbs",
+        ],
+    ))
+}
+
 /// Builds the `ibverbs` crate's own `loopback` example (from the crate as the workspace
 /// downloaded it, into its own target directory): a program written against the crate, which
-/// links the system libibverbs like any other (run from [`target_loopback`]).
+/// links the system libibverbs like any other (run from [`path_of`]).
 fn ibverbs_loopback() -> Result<(), String> {
     let metadata = crate::run::output(&mut cmd(
         &cargo(),
@@ -196,11 +241,7 @@ fn ibverbs_loopback() -> Result<(), String> {
 
 /// Runs a one-process case (the `ibverbs` crate's example by its path).
 fn run_one(launcher: &str, case: &Case) -> Result<String, String> {
-    let program = if case.program.starts_with("ibverbs crate") {
-        target_loopback()
-    } else {
-        case.program.to_string()
-    };
+    let program = path_of(case.program);
     let mut c = Command::new(launcher);
     c.args(["--quiet", "--", &program])
         .args(case.args.split_whitespace());

@@ -327,9 +327,10 @@ export! {
         unsafe { (CONTROL.create_cq)(context, cqe, user, channel, vector) }
     }
 
-    /// Resizing a CQ is not served.
-    "IBVERBS_1.1" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-        libc::EOPNOTSUPP
+    /// Changes the capacity of a CQ (never below the completions it holds).
+    "IBVERBS_1.1" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+        // SAFETY: softnic checks the pointer.
+        unsafe { softnic::resize_cq(cq, cqe) }
     }
 
     /// Destroys a completion queue.
@@ -380,9 +381,11 @@ export! {
         unsafe { (CONTROL.create_qp)(pd, attr) }
     }
 
-    /// The extended QP interface is not served: NULL with EOPNOTSUPP.
-    "IBVERBS_1.6" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-        fail(libc::EOPNOTSUPP)
+    /// The extended QP (the `ibv_wr_*` builders) of a QP made by `ibv_create_qp_ex` with
+    /// send ops; NULL with EOPNOTSUPP for another QP.
+    "IBVERBS_1.6" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+        // SAFETY: softnic checks the pointer.
+        unsafe { softnic::qp_to_qp_ex(qp) }
     }
 
     /// Moves a QP through its states.

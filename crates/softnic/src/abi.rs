@@ -22,22 +22,58 @@ use crate::fabric::Shared;
 /// always refused (it is no longer in the registry) instead of reaching an unrelated object.
 /// The cost is the size of one `ibv_*` struct (at most a few hundred bytes) per destroyed
 /// object.
-pub(crate) struct Shell<T> {
+pub(crate) struct Shell<T, W = T> {
+    /// The libibverbs struct inside the allocation of a `W`: the pointer handed to callers.
     ptr: std::ptr::NonNull<T>,
+    wrapper: std::marker::PhantomData<W>,
     /// softnic's id of the object (the key of its table in the fabric state).
     pub(crate) id: u32,
 }
 
 // SAFETY: the shell is plain data behind a pointer that softnic only dereferences under its
-// fabric's lock; the pointee is an `ibv_*` struct of plain C fields.
-unsafe impl<T: Send> Send for Shell<T> {}
+// fabric's lock (or, for an extended object's own fields, on the one thread the libibverbs
+// contract lets use them at a time); the pointee is an `ibv_*` struct of plain C fields.
+unsafe impl<T: Send, W: Send> Send for Shell<T, W> {}
+
+/// A struct that holds the libibverbs struct callers see (a `T`) at a fixed offset, with
+/// softnic's or rdma-core's extended fields around it.
+///
+/// # Safety
+///
+/// `W` is `#[repr(C)]` and has a field of type `T` (or a `#[repr(C)]` prefix laid out exactly
+/// as `T`, checked by compile-time offset asserts) at byte offset [`Holds::OFFSET`].
+pub(crate) unsafe trait Holds<T> {
+    /// Where the `T` starts inside `Self`.
+    const OFFSET: usize;
+}
+
+// SAFETY: a struct is its own field at offset 0.
+unsafe impl<T> Holds<T> for T {
+    const OFFSET: usize = 0;
+}
 
 impl<T> Shell<T> {
     pub(crate) fn new(ibv: T, id: u32) -> Self {
-        let ptr = std::ptr::NonNull::from(Box::leak(Box::new(ibv)));
-        Shell { ptr, id }
+        Shell::wrapped(ibv, id)
     }
+}
 
+impl<T, W: Holds<T>> Shell<T, W> {
+    /// A shell for `outer`, whose `T` callers see.
+    pub(crate) fn wrapped(outer: W, id: u32) -> Self {
+        let outer = std::ptr::NonNull::from(Box::leak(Box::new(outer)));
+        // SAFETY: `W: Holds<T>` puts a `T` at `OFFSET` inside the allocation, so the pointer
+        // stays in bounds and is aligned for `T`.
+        let ptr = unsafe { outer.byte_add(W::OFFSET) }.cast::<T>();
+        Shell {
+            ptr,
+            wrapper: std::marker::PhantomData,
+            id,
+        }
+    }
+}
+
+impl<T, W> Shell<T, W> {
     /// The pointer handed to callers.
     pub(crate) fn ptr(&self) -> *mut T {
         self.ptr.as_ptr()
@@ -58,7 +94,8 @@ impl<T> Shell<T> {
         // SAFETY: the allocation is live forever; softnic holds its fabric's lock, so this is
         // the only softnic reference, and it ends with this call. Callers only read these
         // fields (as libibverbs callers read a provider's), through pointers derived from the
-        // same raw pointer, which this short-lived reference does not invalidate.
+        // same raw pointer, which this short-lived reference does not invalidate. Extended
+        // fields written outside the lock lie outside `T`.
         f(unsafe { &mut *self.ptr.as_ptr() })
     }
 }

@@ -37,7 +37,7 @@ pub(crate) struct Cq {
     pub(crate) arm: Arm,
     /// A completion did not fit: the CQ is in error (CQ_ERR was raised).
     pub(crate) overflowed: bool,
-    pub(crate) shell: Shell<ibv_cq>,
+    pub(crate) shell: Shell<ibv_cq, crate::extended::CqEx>,
 }
 
 pub(crate) struct Channel {

@@ -412,8 +412,8 @@ impl Fabric {
         d.udp.as_ref().map(|p| p.ip)
     }
 
-    /// The GID of device `name`, index 0 of its GID table: IPv4-mapped (on the UDP link,
-    /// index 1 is a link-local alias).
+    /// The IPv4-mapped GID of device `name`: index 0 of its GID table on the in-process
+    /// network, index 1 on the UDP link (after the link-local GID, as rxe's table is).
     pub fn gid(&self, name: &str) -> Option<[u8; 16]> {
         let st = self.shared.lock_any();
         st.w.devices.iter().find(|d| d.name == name).map(|d| d.gid)

@@ -7,7 +7,11 @@
 //! softnic's `post_send`, `post_recv`, `post_srq_recv`, `poll_cq` and `req_notify_cq`. A caller
 //! that posts and polls through `ops`, as rdma-core's static inlines do, cannot tell softnic
 //! from hardware. The control path (open a device, create a QP, modify it, register memory...)
-//! is [`CONTROL`], a table of `extern "C"` functions with the libibverbs signatures.
+//! is [`CONTROL`], a table of `extern "C"` functions with the libibverbs signatures. The
+//! extended verbs are there too, where rdma-core's inline helpers look for them: each context
+//! sits in a `struct verbs_context` (`ibv_query_device_ex`, `ibv_create_cq_ex`,
+//! `ibv_create_qp_ex`), every CQ is an `ibv_cq_ex` (`ibv_start_poll`...), and a QP made with
+//! send ops is an `ibv_qp_ex` ([`qp_to_qp_ex`]; the `ibv_wr_*` post API).
 //!
 //! What it models (see `VERBS-SEMANTICS.md` of the project, from the rdma-core man pages and
 //! the kernel's rxe driver; where hardware varies, softnic does what rxe does and says so):
@@ -29,8 +33,8 @@
 //!   `timeout`, `retry_cnt`, RNR NAK and `rnr_retry`); UC loses whole messages; UD drops. Frames
 //!   from outside ([`Fabric::inject`]) are parsed and checked like any other.
 //! - Two links ([`Link`]): the in-process simulated network above, and UDP between processes
-//!   or hosts: each device binds `127.0.0.x:4791` (or any address), its GID is that address
-//!   IPv4-mapped, and its packets travel as real RoCEv2 datagrams with the IBTA ICRC over the
+//!   or hosts: each device binds `127.0.0.x:4791` (or any address), its GID table is rxe's
+//!   (the link-local `fe80::ffff:a.b.c.d`, then the address IPv4-mapped), and its packets travel as real RoCEv2 datagrams with the IBTA ICRC over the
 //!   IP and UDP headers ([`roce`]; `tshark` decodes them), sent and taken in in batches
 //!   (`sendmmsg`/`recvmmsg`) by the callers' polls and by a progress thread that sleeps in
 //!   `ppoll` when there is nothing to do. The seeded faults apply to both.
@@ -44,7 +48,8 @@
 //! requester, responder, completer, READ/atomic responses); the links (`link`: faults, the
 //! simulated wire, UDP); the object tables behind the one fabric lock (`state`, `mr`, `cq`,
 //! `srq`) and progress (`progress`); the C ABI (`abi`: shells and the pointer registry,
-//! `control`: the control verbs, `ops`: the hot path).
+//! `control`: the control verbs, `ops`: the hot path, `extended`: rdma-core's extended
+//! verbs).
 //!
 //! Robustness: a pointer softnic did not hand out, or one already destroyed, is refused with
 //! EINVAL (object addresses are never reused, at the cost of a few hundred bytes per destroyed
@@ -77,6 +82,7 @@ pub mod baseline;
 mod control;
 mod counters;
 mod cq;
+mod extended;
 mod fabric;
 mod faults;
 mod hash;
@@ -92,8 +98,9 @@ mod srq;
 mod state;
 
 pub use abi::Wc;
-pub use control::{CONTROL, ControlPath, release_device};
+pub use control::{CONTROL, ControlPath, release_device, resize_cq};
 pub use counters::Counters;
+pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
 pub use progress::ProgressThread;

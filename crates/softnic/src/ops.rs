@@ -96,7 +96,7 @@ unsafe fn post_result<W>(r: Result<(), (c_int, *mut W)>, bad_wr: *mut *mut W) ->
 /// virtual clock, time moves through pending events while the CQ is empty). Returns the number
 /// written, or `-EINVAL` (unknown CQ, bad arguments), `-EIO` (broken fabric), or `-EOVERFLOW`
 /// once a CQ that overflowed has been drained.
-unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     let r = try_with(cq.cast(), Kind::Cq, |shared, st, id| {
         if num < 0 || (num > 0 && wc.is_null()) {
             return -libc::EINVAL;

@@ -42,12 +42,14 @@ pub(crate) struct Device {
 }
 
 impl Device {
-    /// The GID table of the device's port: its IPv4-mapped GID, then on the UDP link a
-    /// link-local alias as rxe has (both reach it; packets travel over IPv4 either way, so
-    /// the IPv4-mapped GID, the source a receiver sees in a GRH, comes first).
+    /// The GID table of the device's port: on the in-process network its IPv4-mapped GID; on
+    /// the UDP link rxe's table on a RoCE port, the link-local GID (`fe80::ffff:a.b.c.d`)
+    /// then the IPv4-mapped one. Both reach the device. Packets travel over IPv4 either way,
+    /// so the source a receiver sees in a GRH is always the IPv4-mapped GID: programs that
+    /// compare it pick the IPv4 GID (index 1), as they do on RoCE hardware.
     pub(crate) fn gids(&self) -> impl Iterator<Item = [u8; 16]> + '_ {
         let link_local = self.udp.as_ref().map(|p| crate::roce::link_local_gid(p.ip));
-        std::iter::once(self.gid).chain(link_local)
+        link_local.into_iter().chain(std::iter::once(self.gid))
     }
 }
 
@@ -68,7 +70,7 @@ pub(crate) enum Element {
 
 pub(crate) struct Context {
     pub(crate) dev: usize,
-    pub(crate) shell: Shell<ibv_context>,
+    pub(crate) shell: Shell<ibv_context, crate::extended::VerbsContext>,
     pub(crate) async_fd: std::sync::Arc<crate::cq::EventFd>,
     pub(crate) events: VecDeque<AsyncEvent>,
 }

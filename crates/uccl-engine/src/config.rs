@@ -41,9 +41,10 @@ pub struct EngineConfig {
     pub poll_budget: usize,
     /// The port the engine's QPs use.
     pub port: u8,
-    /// The index of the port's GID the engine's packets carry (on RoCE v2, the index of the
-    /// RoCE v2 GID: often 1 or 3; softnic has one, index 0).
-    pub gid_index: u8,
+    /// The index of the port's GID the engine's packets carry. `None` (the default) takes the
+    /// first IPv4-mapped GID of the table (RoCE v2 over IPv4, as NCCL picks by default; on
+    /// softnic's UDP link index 1, after the link-local GID), else index 0.
+    pub gid_index: Option<u8>,
     /// The largest path MTU to use (the port's active MTU caps it).
     pub path_mtu: Mtu,
     /// The transmit side: chunk size, windows, retransmission timeouts, chaining.
@@ -63,7 +64,7 @@ impl Default for EngineConfig {
             max_recvs: 64,
             poll_budget: 64,
             port: 1,
-            gid_index: 0,
+            gid_index: None,
             path_mtu: Mtu::Mtu4096,
             tx: TxConfig {
                 chunk_size: 16 * 1024,

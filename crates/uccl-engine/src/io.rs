@@ -209,6 +209,20 @@ pub(crate) struct Io {
     pub(crate) ack_payload: usize,
 }
 
+/// The index of the first IPv4-mapped GID of `port`'s table of `len` entries, else 0 (a
+/// table with no IPv4 GID: InfiniBand, or RoCE over IPv6 only).
+fn ipv4_gid_index(ctx: &Context, port: u8, len: u32) -> Result<u8> {
+    for i in 0..len.min(u32::from(u8::MAX) + 1) {
+        let gid = ctx
+            .query_gid(port, i as i32)
+            .map_err(EngineError::verbs("reading the GID table"))?;
+        if gid.is_ipv4_mapped() {
+            return Ok(i as u8);
+        }
+    }
+    Ok(0)
+}
+
 /// The depth of the UD control QP's queues.
 const CTRL_DEPTH: u32 = 256;
 
@@ -221,7 +235,11 @@ impl Io {
             .query_port(cfg.port)
             .map_err(EngineError::verbs("querying the port"))?;
         let mtu = port.active_mtu.bytes().min(cfg.path_mtu.bytes());
-        let from = LocalPort::new(cfg.port, cfg.gid_index);
+        let gid_index = match cfg.gid_index {
+            Some(i) => i,
+            None => ipv4_gid_index(ctx, cfg.port, port.gid_table_len)?,
+        };
+        let from = LocalPort::new(cfg.port, gid_index);
         // The data CQs: every WR of every data QP may complete (flushes included); every SRQ
         // WQE completes once.
         let send_cap =

@@ -153,7 +153,7 @@ impl Engine {
         let ctl = conn::init(ctl, cfg.port, AccessFlags::empty())?;
         let gid = io
             .ctx
-            .query_gid(cfg.port, cfg.gid_index.into())
+            .query_gid(cfg.port, io.from.gid_index.into())
             .map_err(EngineError::verbs("reading the GID"))?;
         let lid = io
             .ctx

@@ -59,6 +59,8 @@ pub struct PortInfo {
     pub max_msg_size: u32,
     /// The port's LID (0 on RoCE).
     pub lid: u16,
+    /// How many GIDs the port's table holds.
+    pub gid_table_len: u32,
 }
 
 /// The limits of a device (`ibv_device_attr`), the parts this crate uses.
@@ -143,6 +145,7 @@ impl Context {
             active_mtu: Mtu::from_raw(a.active_mtu).unwrap_or(Mtu::Mtu256),
             max_msg_size: a.max_msg_sz,
             lid: a.lid,
+            gid_table_len: u32::try_from(a.gid_tbl_len).unwrap_or(0),
         })
     }
 
@@ -208,6 +211,11 @@ impl Drop for Context {
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
+    /// Whether this is an IPv4-mapped GID (`::ffff:a.b.c.d`): the GID of RoCE v2 over IPv4.
+    pub fn is_ipv4_mapped(&self) -> bool {
+        self.0[..10] == [0; 10] && self.0[10..12] == [0xff, 0xff]
+    }
+
     pub(crate) fn to_ibv(self) -> ibv_gid {
         ibv_gid { raw: self.0 }
     }

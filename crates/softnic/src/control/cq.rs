@@ -96,7 +96,7 @@ pub(super) unsafe extern "C" fn create_cq(
                 cqe,
                 ..Default::default()
             };
-            let shell = Shell::new(cq, id);
+            let shell = Shell::wrapped(crate::extended::CqEx::new(cq), id);
             let p = shell.ptr();
             st.w.cqs.insert(
                 id,
@@ -128,6 +128,30 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
             }
         }
         0
+    })
+}
+
+/// `ibv_resize_cq`: gives `cq` room for at least `cqe` completions (exactly `cqe`). 0, or
+/// EINVAL for an unknown CQ, a size outside 1..=`max_cqe`, or one smaller than the number of
+/// completions the CQ holds.
+///
+/// # Safety
+///
+/// `cq` is any pointer: softnic refuses one it did not make without dereferencing it.
+pub unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    with_status(cq.cast(), Kind::Cq, |_, st, id| {
+        let max = st.w.cfg.max_cqe;
+        let Some(c) = st.w.cqs.get_mut(&id) else {
+            return libc::EINVAL;
+        };
+        match usize::try_from(cqe) {
+            Ok(n) if n >= 1 && n <= max as usize && n >= c.entries.len() => {
+                c.capacity = n;
+                c.shell.update(|cq| cq.cqe = cqe);
+                0
+            }
+            _ => libc::EINVAL,
+        }
     })
 }
 

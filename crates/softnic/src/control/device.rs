@@ -47,7 +47,7 @@ pub(super) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
                 num_comp_vectors: 1,
                 ..Default::default()
             };
-            let shell = Shell::new(ctx, id);
+            let shell = Shell::wrapped(crate::extended::VerbsContext::new(ctx), id);
             let p = shell.ptr();
             st.w.contexts.insert(
                 id,

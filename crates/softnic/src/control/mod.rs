@@ -22,10 +22,12 @@ mod queues;
 
 use crate::fabric::Shared;
 use crate::state::State;
+pub use cq::resize_cq;
 use cq::*;
 pub use device::release_device;
 use device::*;
 use memory::*;
+pub(crate) use queues::create_qp_with;
 use queues::*;
 
 /// The control path of a libibverbs provider, as a table of functions with the libibverbs

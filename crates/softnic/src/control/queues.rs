@@ -134,6 +134,21 @@ pub(super) unsafe extern "C" fn create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    // SAFETY: passed on unchanged.
+    unsafe { create_qp_with(pd, init, None, 0) }
+}
+
+/// `create_qp`, for `ibv_create_qp_ex` too: `context` (if given) must be the PD's, and a
+/// non-zero `send_ops` (`IBV_QP_EX_WITH_*`, checked by the caller) makes the QP extended.
+///
+/// # Safety
+/// `init` is null or a valid, writable `ibv_qp_init_attr`; the other pointers are checked.
+pub(crate) unsafe fn create_qp_with(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+    context: Option<*mut ibv_context>,
+    send_ops: u64,
+) -> *mut ibv_qp {
     if init.is_null() {
         set_errno(libc::EINVAL);
         return null_mut();
@@ -151,6 +166,10 @@ pub(super) unsafe extern "C" fn create_qp(
     };
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
         let ctx = st.w.pds[&pd_id].ctx;
+        if context.is_some_and(|c| c != st.w.context_ptr(ctx)) {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
         let same_ctx = |cq: Option<u32>| {
             cq.and_then(|c| st.w.cqs.get(&c))
                 .is_some_and(|c| c.ctx == ctx)
@@ -211,7 +230,7 @@ pub(super) unsafe extern "C" fn create_qp(
             qp_type: ia.qp_type,
             ..Default::default()
         };
-        let shell = Shell::new(qp, id);
+        let shell = Shell::wrapped(crate::extended::QpEx::new(qp, send_ops, &cap), id);
         let p = shell.ptr();
         let attr = ibv_qp_attr {
             qp_state: ibv_qp_state::IBV_QPS_RESET,
@@ -316,6 +335,8 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         st.w.devices[q.dev].qpns.remove(&q.qpn);
         st.w.devices[q.dev].tx_ready.remove(&id);
         abi::unregister(q.shell.ptr().cast());
+        // SAFETY: the QP's own shell.
+        unsafe { crate::extended::release_qp(q.shell.ptr()) };
         0
     })
 }

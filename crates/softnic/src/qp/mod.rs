@@ -281,7 +281,7 @@ pub(crate) struct Qp {
     pub(crate) req: Requester,
     pub(crate) resp: Responder,
     pub(crate) counters: Counters,
-    pub(crate) shell: Shell<ibv_qp>,
+    pub(crate) shell: Shell<ibv_qp, crate::extended::QpEx>,
 }
 
 /// Bytes of an `ibv_mtu` value.

@@ -38,11 +38,37 @@ impl Qp {
         wr: *mut ibv_send_wr,
     ) -> Result<(), (i32, *mut ibv_send_wr)> {
         self.count(w, |c| c.post_send_calls += 1);
-        // WRs before a failing one are posted: ring for them whatever happens.
         // SAFETY: the caller's guarantees are passed on unchanged.
         let r = unsafe { self.queue_sends(w, wr) };
+        // WRs before a failing one are posted: ring for them whatever happens.
         w.wake(self.dev, self.id);
         r
+    }
+
+    /// Posts a chain all or nothing (the new post API's `wr_complete`): every WR is checked,
+    /// and the send queue's room for all of them, before any is queued.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`].
+    pub(crate) unsafe fn post_batch(
+        &mut self,
+        w: &mut World,
+        mut wr: *mut ibv_send_wr,
+    ) -> Result<(), i32> {
+        self.count(w, |c| c.post_send_calls += 1);
+        let mut wqes = Vec::new();
+        while !wr.is_null() {
+            // SAFETY: the caller guarantees every WR of the chain is valid.
+            let r = unsafe { &*wr };
+            // SAFETY: as above, for the WR's SGE list and inline data.
+            wqes.push(unsafe { self.check_send(w, r, wqes.len()) }?);
+            wr = r.next;
+        }
+        for wqe in wqes {
+            self.queue_send(w, wqe);
+        }
+        w.wake(self.dev, self.id);
+        Ok(())
     }
 
     /// Queues the WRs of a chain up to the first bad one.
@@ -54,36 +80,56 @@ impl Qp {
         w: &mut World,
         mut wr: *mut ibv_send_wr,
     ) -> Result<(), (i32, *mut ibv_send_wr)> {
-        use ibv_qp_state::*;
         let mut n = 0;
         while !wr.is_null() {
             n += 1;
             if n > MAX_CHAIN {
                 return Err((libc::EINVAL, wr));
             }
-            if matches!(self.state, IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR) {
-                return Err((libc::EINVAL, wr));
-            }
             // SAFETY: the caller guarantees every WR of the chain is valid.
             let r = unsafe { &*wr };
             // SAFETY: as above, for the WR's SGE list and inline data.
-            let wqe = unsafe { self.send_wqe(w, r) }.map_err(|e| (e, wr))?;
-            if self.sq.occupied() >= self.cap.max_send_wr as usize {
-                return Err((libc::ENOMEM, wr));
-            }
-            self.sq.next_seq += 1;
-            self.sq.wqes.push_back(wqe);
-            self.count(w, |c| c.send_wrs += 1);
-            if matches!(self.state, IBV_QPS_ERR | IBV_QPS_SQE) {
-                // Posted to a failed send queue: flushed at once.
-                if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
-                    self.sq.wqes.clear();
-                }
-                self.req.cur = self.sq.next_seq;
-            }
+            let wqe = unsafe { self.check_send(w, r, 0) }.map_err(|e| (e, wr))?;
+            self.queue_send(w, wqe);
             wr = r.next;
         }
         Ok(())
+    }
+
+    /// Checks that the send queue takes `r` after `ahead` more WRs than it holds now, and
+    /// copies what the queue keeps of it.
+    ///
+    /// # Safety
+    /// As for [`Qp::send_wqe`].
+    unsafe fn check_send(&self, w: &World, r: &ibv_send_wr, ahead: usize) -> Result<SendWqe, i32> {
+        use ibv_qp_state::*;
+        if ahead >= MAX_CHAIN || matches!(self.state, IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: passed on.
+        let wqe = unsafe { self.send_wqe(w, r) }?;
+        if self.sq.occupied() + ahead >= self.cap.max_send_wr as usize {
+            return Err(libc::ENOMEM);
+        }
+        Ok(wqe)
+    }
+
+    /// Queues a checked WR, giving it its place in the send queue.
+    fn queue_send(&mut self, w: &mut World, mut wqe: SendWqe) {
+        wqe.seq = self.sq.next_seq;
+        self.sq.next_seq += 1;
+        self.sq.wqes.push_back(wqe);
+        self.count(w, |c| c.send_wrs += 1);
+        if matches!(
+            self.state,
+            ibv_qp_state::IBV_QPS_ERR | ibv_qp_state::IBV_QPS_SQE
+        ) {
+            // Posted to a failed send queue: flushed at once.
+            if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
+                self.sq.wqes.clear();
+            }
+            self.req.cur = self.sq.next_seq;
+        }
     }
 
     /// Checks one send WR and copies what the queue keeps of it.
@@ -186,7 +232,7 @@ impl Qp {
             (rdma.remote_addr, rdma.rkey, None)
         };
         Ok(SendWqe {
-            seq: self.sq.next_seq,
+            seq: 0, // set when queued
             wr_id: r.wr_id,
             opcode: op,
             signaled: flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,

@@ -11,6 +11,7 @@ mod counters;
 mod cqs;
 mod determinism;
 mod devices;
+mod extended;
 mod faults;
 mod mrs;
 mod opcodes;

@@ -54,7 +54,7 @@ fn libc_einval() -> i32 {
 }
 
 /// RC QPs on two fabrics: GIDs are the bound addresses, and each QP's peer is reached by GID
-/// (`a`'s by `b`'s link-local alias, index 1 of its table).
+/// (`a`'s by `b`'s link-local GID, index 0 of its table; `b`'s by `a`'s IPv4-mapped one).
 fn rc_across(a: &Fabric, b: &Fabric, depth: u32) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
     let (na, nb) = (Node::open(a, "soft0"), Node::open(b, "soft0"));
     let ty = ibv_qp_type::IBV_QPT_RC;
@@ -64,7 +64,10 @@ fn rc_across(a: &Fabric, b: &Fabric, depth: u32) -> (Node, *mut ibv_qp, Node, *m
         raw: roce::link_local_gid(b.udp_addr("soft0").unwrap()),
     };
     bring_up(qa, ty, alias, qpn(qb), |_| {});
-    bring_up(qb, ty, na.gid, qpn(qa), |_| {});
+    let ipv4 = ibv_gid {
+        raw: a.gid("soft0").unwrap(),
+    };
+    bring_up(qb, ty, ipv4, qpn(qa), |_| {});
     (na, qa, nb, qb)
 }
 
@@ -76,7 +79,8 @@ fn devices_take_free_addresses_and_their_gids_say_which() {
     assert_eq!(ia.octets()[..3], [127, 0, 0]);
     assert_eq!(roce::gid_ipv4(&a.gid("soft0").unwrap()), Some(ia));
     let n = Node::open(&a, "soft0");
-    // The GID table: the IPv4-mapped GID, then a link-local alias (as rxe has); both reach it.
+    // The GID table, as rxe's on a RoCE port: the link-local GID, then the IPv4-mapped one;
+    // both reach the device.
     let gid = |index| {
         let mut g = ibv_gid { raw: [0; 16] };
         // SAFETY: a live context and a writable out-pointer.
@@ -84,8 +88,8 @@ fn devices_take_free_addresses_and_their_gids_say_which() {
         // SAFETY: `raw` is the 16-byte view of the GID union.
         (r, unsafe { g.raw })
     };
-    assert_eq!(gid(0), (0, roce::ipv4_gid(ia)));
-    assert_eq!(gid(1), (0, roce::link_local_gid(ia)));
+    assert_eq!(gid(0), (0, roce::link_local_gid(ia)));
+    assert_eq!(gid(1), (0, roce::ipv4_gid(ia)));
     assert_eq!(gid(2).0, libc_einval());
     let mut port = ibv_port_attr::default();
     // SAFETY: a live context and a writable out-pointer.

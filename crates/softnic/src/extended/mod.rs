@@ -1,0 +1,173 @@
+//! rdma-core's extended verbs, which programs reach through the static inline helpers of
+//! `<infiniband/verbs.h>` rather than through exported functions:
+//!
+//! - every context sits at the end of a `struct verbs_context` (this module) whose extended
+//!   ops serve `ibv_query_port` (the full `ibv_port_attr`), `ibv_query_device_ex`,
+//!   `ibv_create_cq_ex` and `ibv_create_qp_ex`; the ops softnic does not serve are null, and
+//!   the helpers turn a null op into EOPNOTSUPP (`ibv_advise_mr`, `ibv_alloc_dm`, flows, ...);
+//! - every CQ is an `ibv_cq_ex` ([`cq`]: `start_poll`/`next_poll`/`end_poll` and `read_*`);
+//! - a QP made by `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` is an `ibv_qp_ex`
+//!   ([`qp`]: the `ibv_wr_*` builders of the new post API).
+//!
+//! The layouts are rdma-core's (identical from v44 to v55), checked by compile-time offset
+//! asserts. `verbs_context` grows towards lower addresses and the helpers check its `sz`
+//! before they use an op, so this one layout serves programs built against older headers.
+
+mod builders;
+mod cq;
+mod qp;
+
+pub(crate) use cq::CqEx;
+use qp::me;
+pub use qp::qp_to_qp_ex;
+pub(crate) use qp::{QpEx, release as release_qp};
+
+use std::ffi::{c_int, c_void};
+
+use ibverbs_sys::*;
+
+use crate::abi::Holds;
+use crate::control::CONTROL;
+
+type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+type QueryDeviceEx = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+type CreateCqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+/// rdma-core's `struct verbs_context` (ibverbs-sys does not generate it): the extended ops,
+/// then `sz`, then the `ibv_context` callers hold, which must be last. Ops softnic does not
+/// serve are zero (null).
+#[repr(C)]
+pub(crate) struct VerbsContext {
+    query_port: Option<QueryPort>,
+    /// `advise_mr`, `alloc_null_mr`, counters, device memory, flow actions, rate limits,
+    /// parent and thread domains, `modify_cq`, `post_srq_ops`, work queues and indirection
+    /// tables, `query_rt_values`.
+    unserved_a: [usize; 24],
+    create_cq_ex: Option<CreateCqEx>,
+    /// `priv`: libibverbs' own; never read by the inline helpers.
+    private: usize,
+    query_device_ex: Option<QueryDeviceEx>,
+    /// `ibv_destroy_flow`, a placeholder, `ibv_create_flow`, a placeholder, `open_qp`.
+    unserved_b: [usize; 5],
+    create_qp_ex: Option<CreateQpEx>,
+    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, a placeholder.
+    unserved_c: [usize; 5],
+    /// The size of this struct: the helpers check it covers the op they want.
+    sz: usize,
+    context: ibv_context,
+}
+
+// Offsets from rdma-core's verbs.h (the same in v44, Debian 12's, and v55, ibverbs-sys's).
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(VerbsContext, unserved_a) == 8); // advise_mr
+    assert!(offset_of!(VerbsContext, create_cq_ex) == 200);
+    assert!(offset_of!(VerbsContext, private) == 208);
+    assert!(offset_of!(VerbsContext, query_device_ex) == 216);
+    assert!(offset_of!(VerbsContext, create_qp_ex) == 264);
+    assert!(offset_of!(VerbsContext, sz) == 312);
+    assert!(offset_of!(VerbsContext, context) == 320);
+    assert!(size_of::<ibv_context>() == 328);
+    assert!(size_of::<VerbsContext>() == 648);
+};
+
+// SAFETY: `VerbsContext` is `repr(C)` with an `ibv_context` field at this offset.
+unsafe impl Holds<ibv_context> for VerbsContext {
+    const OFFSET: usize = std::mem::offset_of!(VerbsContext, context);
+}
+
+/// rdma-core's `__VERBS_ABI_IS_EXTENDED`: `ibv_context.abi_compat` of a context inside a
+/// `verbs_context`.
+const ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+
+impl VerbsContext {
+    /// `context` inside a `verbs_context` with softnic's extended ops.
+    pub(crate) fn new(context: ibv_context) -> Self {
+        VerbsContext {
+            query_port: Some(query_port),
+            unserved_a: [0; 24],
+            create_cq_ex: Some(cq::create_cq_ex),
+            private: 0,
+            query_device_ex: Some(query_device_ex),
+            unserved_b: [0; 5],
+            create_qp_ex: Some(qp::create_qp_ex),
+            unserved_c: [0; 5],
+            sz: size_of::<VerbsContext>(),
+            context: ibv_context {
+                abi_compat: ABI_IS_EXTENDED,
+                ..context
+            },
+        }
+    }
+}
+
+/// Copies `src` to `dst`, which the caller sized `len` bytes: the first `len` bytes of `src`,
+/// zeros after it if `len` is larger (a caller built against newer headers).
+///
+/// # Safety
+/// `dst` is valid for writes of `len` bytes.
+unsafe fn write_sized<T: Copy>(dst: *mut T, len: usize, src: &T) {
+    let n = len.min(size_of::<T>());
+    // SAFETY: `src` is `size_of::<T>()` readable bytes of a `Copy` struct, `dst` has room for
+    // `len >= n` bytes (this function's contract), and the two cannot overlap (`src` is a
+    // reference to softnic's own value).
+    unsafe {
+        std::ptr::copy_nonoverlapping((src as *const T).cast::<u8>(), dst.cast::<u8>(), n);
+        std::ptr::write_bytes(dst.cast::<u8>().add(n), 0, len - n);
+    }
+}
+
+/// `verbs_context.query_port`: the whole `ibv_port_attr` (what `ibv_query_port` reaches when
+/// the context is extended), `len` bytes of it.
+unsafe extern "C" fn query_port(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let mut a = ibv_port_attr::default();
+    // SAFETY: `a` is a writable `ibv_port_attr`; the context is checked by the verb.
+    let r = unsafe { (CONTROL.query_port)(context, port, &mut a) };
+    if r == 0 {
+        // SAFETY: the caller gave `len` writable bytes at `attr` (the helper's contract).
+        unsafe { write_sized(attr, len, &a) };
+    }
+    r
+}
+
+/// `verbs_context.query_device_ex`: `ibv_device_attr` with the extended fields zero (no ODP,
+/// TSO, RSS, tag matching, device memory, timestamps), one port.
+unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    len: usize,
+) -> c_int {
+    // SAFETY: `input` is null or a valid input struct (the helper's contract).
+    if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+        return libc::EINVAL;
+    }
+    if attr.is_null() || len < size_of::<ibv_device_attr>() {
+        return libc::EINVAL;
+    }
+    let mut a = ibv_device_attr_ex::default();
+    // SAFETY: `orig_attr` is a writable `ibv_device_attr`; the context is checked by the verb.
+    let r = unsafe { (CONTROL.query_device)(context, &mut a.orig_attr) };
+    if r == 0 {
+        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
+        a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
+        // SAFETY: the caller gave `len` writable bytes at `attr` (the helper's contract).
+        unsafe { write_sized(attr, len, &a) };
+    }
+    r
+}
