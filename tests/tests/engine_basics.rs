@@ -225,3 +225,85 @@ fn closing_fails_what_is_in_flight_and_tells_the_peer() {
     ));
     assert!(!sim.engines[0].is_open(ca));
 }
+
+/// Sends one 1 MiB message of 4 KiB chunks from engine 0 to engine 1 with `tweak` applied
+/// to the configuration; returns the receiver's ACKs, the chunks sent, the sender's
+/// retransmissions, and the virtual time it took.
+fn one_mib_of_small_chunks(tweak: impl Fn(&mut EngineConfig)) -> (u64, u64, u64, Duration) {
+    let mut c = cfg(Mode::Uc);
+    c.tx.chunk_size = 4096;
+    tweak(&mut c);
+    let mut sim = Sim::new(3, 2, Faults::NONE, &c);
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let len = 1 << 20;
+    let (src, dst) = (a.register(len).unwrap(), b.register(len).unwrap());
+    let data = pattern(3, 0, 0, len);
+    src.write_at(0, &data).unwrap();
+    let recv = b.recv(cb, &dst, 0, len as u64).unwrap();
+    let send = a.send(ca, &src, 0, len as u64).unwrap();
+    let start = sim.fabric.now();
+    sim.run(Duration::from_secs(10), |_| {
+        recv.test().is_some() && send.test().is_some()
+    })
+    .unwrap();
+    let mut got = vec![0u8; len];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got == data, "the bytes differ");
+    let took = sim.fabric.now() - start;
+    let sender = sim.engines[0].stats();
+    (
+        sim.engines[1].stats().acks_sent,
+        sender.chunks_sent,
+        sender.rto_retransmits + sender.fast_retransmits,
+        took,
+    )
+}
+
+#[test]
+fn an_ack_covers_several_small_chunks() {
+    // Up to 16 chunks or 64 KiB per ACK (16 chunks of 4 KiB), at most 40 us late.
+    let (delayed, chunks, _, _) = one_mib_of_small_chunks(|c| {
+        c.ack_every = 16;
+        c.ack_bytes = 64 * 1024;
+        c.ack_delay_us = 40;
+    });
+    assert_eq!(chunks, 256);
+    assert!(
+        delayed <= chunks / 16 + 8,
+        "{delayed} ACKs for {chunks} chunks"
+    );
+    // Without a delay, every round that received something ACKs it.
+    let (immediate, _, _, _) = one_mib_of_small_chunks(|c| c.ack_delay_us = 0);
+    assert!(
+        immediate > 2 * delayed,
+        "{immediate} ACKs without a delay, {delayed} with one"
+    );
+}
+
+#[test]
+fn a_chunk_waits_for_its_ack_no_longer_than_the_delay() {
+    // A window of 12 chunks, fewer than an ACK covers: only the delay timer brings each
+    // window's ACK (the message goes on, so nothing is urgent). Without the timer the
+    // transfer would stall; with it each window waits about the delay.
+    let window = |ack_delay_us| {
+        one_mib_of_small_chunks(|c| {
+            c.ack_every = 16;
+            c.ack_bytes = 1 << 30;
+            c.ack_delay_us = ack_delay_us;
+            c.tx.flow_window = 12;
+        })
+    };
+    let (_, chunks, retx, short) = window(10);
+    let (_, _, retx_long, long) = window(200);
+    assert_eq!(chunks, 256);
+    // The timer, not a retransmission timeout, brought every ACK.
+    assert_eq!((retx, retx_long), (0, 0));
+    // 256 / 12 windows: about 21 delays each time.
+    assert!(
+        long - short >= Duration::from_micros(20 * 150),
+        "a 200 us delay took {long:?}, a 10 us one {short:?}"
+    );
+}

@@ -20,8 +20,9 @@ use crate::fabric::Shared;
 /// violation under Stacked or Tree Borrows. The allocation is deliberately never freed: a
 /// destroyed object's address can then never come back as a new object, so a stale pointer is
 /// always refused (it is no longer in the registry) instead of reaching an unrelated object.
-/// The cost is the size of one `ibv_*` struct (at most a few hundred bytes) per destroyed
-/// object.
+/// The cost is the size of one shell per destroyed object: the `ibv_*` struct, or the
+/// extended one around it (`W`: a `verbs_context`, an `ibv_cq_ex`, an `ibv_qp_ex`), at most
+/// about a kilobyte; a QP's batch buffers are freed when it is destroyed.
 pub(crate) struct Shell<T, W = T> {
     /// The libibverbs struct inside the allocation of a `W`: the pointer handed to callers.
     ptr: std::ptr::NonNull<T>,

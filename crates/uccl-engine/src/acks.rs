@@ -85,6 +85,7 @@ impl Engine {
             return;
         }
         let ack = c.rx.ack(c.peer_fid, grant);
+        c.ack_due = None;
         self.stats.acks_sent += 1;
         if self.cfg.mode == Mode::Rc {
             c.ctl.ack = Some(Ctl::Ack(ack).to_bytes());
@@ -145,7 +146,19 @@ impl Engine {
 
     /// ACKs for every connection that received something this round, and window updates for
     /// those whose grant changed; then the staged ACK packets go out.
-    pub(crate) fn send_acks(&mut self) -> Result<()> {
+    pub(crate) fn send_acks(&mut self, now: u64) -> Result<()> {
+        while let Some(&(due, ci)) = self.scratch.delayed.front() {
+            if due > now {
+                break;
+            }
+            self.scratch.delayed.pop_front();
+            if self.conns[usize::from(ci)]
+                .as_ref()
+                .is_some_and(|c| c.ack_due == Some(due))
+            {
+                self.mark_ack(ci);
+            }
+        }
         let mut changed = std::mem::take(&mut self.scratch.changed);
         self.credits.take_changed(&mut changed);
         for &ci in &changed {

@@ -32,9 +32,18 @@ pub struct EngineConfig {
     pub srq_depth: u32,
     /// Receive WQEs owed before the SRQ is refilled (one chained post); at most half the depth.
     pub srq_refill: u32,
-    /// Chunks a flow receives before it sends an ACK (also sent at the end of every poll round
-    /// that received something).
+    /// Chunks a flow receives before it sends an ACK, at most. An ACK also goes out once
+    /// `ack_bytes` arrived, at the end of the round in which a message completes or a chunk
+    /// arrives again, and when the oldest chunk not yet acknowledged has waited
+    /// `ack_delay_us`.
     pub ack_every: u32,
+    /// Bytes a flow receives before it sends an ACK, at most: with large chunks every chunk
+    /// is acknowledged at once, with small ones an ACK covers several.
+    pub ack_bytes: u32,
+    /// The longest a received chunk waits for its ACK, in microseconds (0: every round that
+    /// received something ACKs it). Waiting lets one ACK cover several chunks, so the sender
+    /// gets its credits back in batches and chains their WRs (one doorbell for many).
+    pub ack_delay_us: u32,
     /// Receive buffers a connection may have advertised to its peer at once (at most 127).
     pub max_recvs: u32,
     /// Completions taken from each CQ per poll round.
@@ -61,6 +70,8 @@ impl Default for EngineConfig {
             srq_depth: 1024,
             srq_refill: 64,
             ack_every: 16,
+            ack_bytes: 64 * 1024,
+            ack_delay_us: 40,
             max_recvs: 64,
             poll_budget: 64,
             port: 1,
@@ -68,6 +79,7 @@ impl Default for EngineConfig {
             path_mtu: Mtu::Mtu4096,
             tx: TxConfig {
                 chunk_size: 16 * 1024,
+                burst_bytes: 64 * 1024,
                 ..TxConfig::default()
             },
         }
@@ -109,6 +121,9 @@ impl EngineConfig {
         }
         if self.ack_every == 0 {
             return bad("ack_every", 0, "must be at least 1");
+        }
+        if self.ack_bytes == 0 {
+            return bad("ack_bytes", 0, "must be at least 1");
         }
         if !(1..=127).contains(&self.max_recvs) {
             return bad("max_recvs", self.max_recvs.into(), "must be 1..=127");

@@ -315,6 +315,8 @@ pub(crate) struct Conn {
     /// Whether this connection is in the round's lists already.
     pub(crate) in_ready: bool,
     pub(crate) in_acks: bool,
+    /// When its delayed ACK is due (an entry of the engine's `delayed` queue), if one is.
+    pub(crate) ack_due: Option<u64>,
     pub(crate) in_ctl: bool,
     /// Where this connection's ACK sits among its peer's staged ACKs (UC), if one does.
     pub(crate) ack_slot: Option<u16>,

@@ -1,5 +1,6 @@
 //! The engine: its resources, its connections, and the calls applications make.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -181,6 +182,9 @@ pub(crate) struct Scratch {
     pub(crate) ready: Vec<u16>,
     /// Connections with an ACK to send.
     pub(crate) acks: Vec<u16>,
+    /// Delayed ACKs: (due, connection), in the order they are due (the delay is constant);
+    /// an entry whose time is no longer its connection's `ack_due` is stale and skipped.
+    pub(crate) delayed: VecDeque<(u64, u16)>,
     pub(crate) delivered: Vec<Delivered>,
     pub(crate) order: Vec<u32>,
     pub(crate) changed: Vec<u16>,
@@ -614,10 +618,16 @@ impl Engine {
     }
 }
 
-/// The transmit side's configuration for `cfg`: in RC mode the NIC recovers every loss, so the
-/// transmit side never retransmits (its timers are out of reach).
+/// The transmit side's configuration for `cfg`: the peer delays its ACKs as this engine does
+/// (both run one configuration), unless every chunk fills an ACK by itself; in RC mode the
+/// NIC recovers every loss, so the transmit side never retransmits (its timers are out of
+/// reach).
 fn tx_config(cfg: &EngineConfig) -> TxConfig {
     let mut t = cfg.tx.clone();
+    let delays = cfg.ack_every > 1 && t.chunk_size < cfg.ack_bytes;
+    if delays {
+        t.peer_ack_delay_us = t.peer_ack_delay_us.max(u64::from(cfg.ack_delay_us));
+    }
     if cfg.mode == Mode::Rc {
         let hour = 3_600_000_000;
         t.rto_min_us = hour;

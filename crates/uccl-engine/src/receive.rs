@@ -115,12 +115,23 @@ impl Engine {
             Arrival::Duplicate => self.stats.dropped_duplicate += 1,
             Arrival::OutOfWindow => self.stats.dropped_out_of_window += 1,
         }
-        if !c.in_acks {
-            c.in_acks = true;
-            self.scratch.acks.push(ci);
-        }
-        if c.rx.since_ack() >= self.cfg.ack_every {
+        // An ACK now once it covers enough; this round if the sender needs the news (a
+        // message done, a retransmission or duplicate seen); else it may wait a little for
+        // more chunks to cover (a gap is no hurry: chunks of several paths interleave, and a
+        // loss still shows within `ack_delay_us`).
+        let (chunks, bytes) = c.rx.since_ack();
+        let urgent = self.cfg.ack_delay_us == 0 || a != Arrival::New || !delivered.is_empty();
+        if chunks >= self.cfg.ack_every || bytes >= u64::from(self.cfg.ack_bytes) {
             self.stage_ack(ci);
+        } else if urgent {
+            if !c.in_acks {
+                c.in_acks = true;
+                self.scratch.acks.push(ci);
+            }
+        } else if c.ack_due.is_none() {
+            let due = now + u64::from(self.cfg.ack_delay_us) * 1000;
+            c.ack_due = Some(due);
+            self.scratch.delayed.push_back((due, ci));
         }
         for &d in &delivered {
             self.deliver(ci, d);

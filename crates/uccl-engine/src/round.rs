@@ -101,7 +101,7 @@ impl Engine {
             self.async_events()?;
         }
         self.refill()?;
-        self.send_acks()?;
+        self.send_acks(now)?;
         self.flush_ctl();
         self.reap();
         Ok(busy)
@@ -114,6 +114,8 @@ impl Engine {
             self.tx.poll_timeout(),
             self.credits.next_deadline(),
             self.keepalive_deadline(),
+            // Possibly stale (its ACK went out early): then the round finds nothing due.
+            self.scratch.delayed.front().map(|&(due, _)| due),
         ]
         .into_iter()
         .flatten()

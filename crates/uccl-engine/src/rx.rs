@@ -45,8 +45,9 @@ pub(crate) struct RxFlow {
     sack: [u64; WINDOW / 64],
     /// Bytes of the message in progress (chunks passed by the cumulative point).
     bytes: u64,
-    /// Chunks received since the last ACK was built.
+    /// Chunks received since the last ACK was built, and their bytes.
     since_ack: u32,
+    since_ack_bytes: u64,
     /// The chunk that triggers the next ACK: its CSN, path, and whether it was a
     /// retransmission.
     echo: u16,
@@ -71,6 +72,7 @@ impl Default for RxFlow {
             sack: [0; WINDOW / 64],
             bytes: 0,
             since_ack: 0,
+            since_ack_bytes: 0,
             echo: 0,
             path: 0,
             retx: false,
@@ -84,9 +86,9 @@ impl RxFlow {
         self.cum % CSN_SPACE as u16
     }
 
-    /// Chunks received since the last ACK.
-    pub(crate) fn since_ack(&self) -> u32 {
-        self.since_ack
+    /// Chunks received since the last ACK, and their bytes.
+    pub(crate) fn since_ack(&self) -> (u32, u64) {
+        (self.since_ack, self.since_ack_bytes)
     }
 
     /// Records the chunk of immediate `imm` (`len` bytes) that came on the flow's path `path`
@@ -103,7 +105,7 @@ impl RxFlow {
         let Imm { csn, rid, last, .. } = imm;
         let ahead = csn_diff(csn, self.next());
         if ahead < 0 {
-            self.note(csn, path, retx);
+            self.note(csn, len, path, retx);
             return Arrival::Duplicate;
         }
         let ahead = ahead as usize;
@@ -112,7 +114,7 @@ impl RxFlow {
         }
         let slot = &mut self.ring[csn as usize % WINDOW];
         if ahead > 0 && self.sack[(ahead - 1) / 64] & (1 << ((ahead - 1) % 64)) != 0 {
-            self.note(csn, path, retx);
+            self.note(csn, len, path, retx);
             return Arrival::Duplicate;
         }
         *slot = Chunk {
@@ -121,7 +123,7 @@ impl RxFlow {
             rid,
             len,
         };
-        self.note(csn, path, retx);
+        self.note(csn, len, path, retx);
         if ahead == 0 {
             self.advance(&mut done);
         } else {
@@ -130,8 +132,9 @@ impl RxFlow {
         Arrival::New
     }
 
-    fn note(&mut self, csn: u16, path: u16, retx: bool) {
+    fn note(&mut self, csn: u16, len: u32, path: u16, retx: bool) {
         self.since_ack += 1;
+        self.since_ack_bytes += u64::from(len);
         self.echo = csn;
         self.path = path;
         self.retx = retx;
@@ -171,6 +174,7 @@ impl RxFlow {
     /// WRs in flight; resets the count of chunks since the last ACK.
     pub(crate) fn ack(&mut self, fid: u16, credit: u16) -> AckRepr {
         self.since_ack = 0;
+        self.since_ack_bytes = 0;
         let mut sack = [0u8; SACK_BITS / 8];
         for (i, w) in self.sack.iter().enumerate() {
             sack[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());

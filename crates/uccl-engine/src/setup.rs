@@ -322,6 +322,7 @@ impl Engine {
             next_write: 0,
             in_ready: false,
             in_acks: false,
+            ack_due: None,
             in_ctl: false,
             ack_slot: None,
             heard: self.clock.now(),

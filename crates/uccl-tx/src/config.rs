@@ -27,6 +27,10 @@ pub struct TxConfig {
     pub rto_max_us: u64,
     /// The timeout before any RTT sample, in microseconds.
     pub rto_initial_us: u64,
+    /// The longest the peer may hold an ACK back (its delayed ACK), in microseconds: added
+    /// to every retransmission timeout, since the RTT samples (taken from the chunk that
+    /// triggered each ACK) do not see it (QUIC's `max_ack_delay`).
+    pub peer_ack_delay_us: u64,
     /// Retransmissions of one chunk before its message and flow fail.
     pub max_retransmits: u16,
     /// How long a flow with chunks in flight may see no ACK progress before it fails.
@@ -37,6 +41,11 @@ pub struct TxConfig {
     pub signal_every: u32,
     /// Most WRs in one chain (one doorbell); 1 posts every WR on its own ("single" mode).
     pub max_chain: u32,
+    /// Bytes of a flow sent on one path before its next path choice (a burst of
+    /// `burst_bytes / chunk_size` chunks, at least 1 and at most `max_chain`): consecutive
+    /// chunks on one QP make chains (one doorbell for many WRs) when several are ready at
+    /// once. 0 (or anything up to `chunk_size`) chooses a path for every chunk.
+    pub burst_bytes: u32,
     /// Work-request extensions in the pool (rounded up to a power of two).
     pub wr_pool: usize,
     /// Seed of the path chooser's randomness.
@@ -55,10 +64,12 @@ impl Default for TxConfig {
             rto_min_us: 200,
             rto_max_us: 50_000,
             rto_initial_us: 1_000,
+            peer_ack_delay_us: 0,
             max_retransmits: 16,
             max_silence_us: 1_000_000,
             signal_every: 16,
             max_chain: 32,
+            burst_bytes: 0,
             wr_pool: 4096,
             seed: 0,
             first_wr_seq: 0,
@@ -67,6 +78,11 @@ impl Default for TxConfig {
 }
 
 impl TxConfig {
+    /// Chunks of a flow per path choice (see [`TxConfig::burst_bytes`]).
+    pub(crate) fn burst_chunks(&self) -> u32 {
+        (self.burst_bytes / self.chunk_size.max(1)).clamp(1, self.max_chain.max(1))
+    }
+
     /// Checks every value.
     pub fn validate(&self) -> Result<(), TxError> {
         let bad = |field, value: u64, reason| {

@@ -198,6 +198,10 @@ pub(crate) struct Flow {
     pub(crate) parked: Option<PathId>,
     /// Waiting for the engine window.
     pub(crate) waits_engine: bool,
+    /// The lane of the current burst, the chunks it may still take, and the
+    /// `poll_transmit` call it belongs to (a burst does not outlive its call: the next call's
+    /// chunks start a burst of their own, so they make one chain).
+    pub(crate) burst: (u16, u32, u32),
 }
 
 impl Flow {
@@ -225,6 +229,7 @@ impl Flow {
             active: false,
             parked: None,
             waits_engine: false,
+            burst: (0, 0, 0),
         }
     }
 

@@ -47,6 +47,7 @@ impl Tx {
     /// credit.
     pub fn poll_transmit(&mut self, now: u64) -> Transmit<'_> {
         self.now = now;
+        self.calls = self.calls.wrapping_add(1);
         while let Some((fid, epoch)) = self.active.pop_front() {
             #[cfg(test)]
             {
@@ -174,11 +175,30 @@ impl Tx {
         Outcome::Staged
     }
 
-    /// Power of two choices among the flow's live paths that can take a WR now: two at random,
+    /// The lane of the flow's current burst while it lasts and its path can take a WR; else
+    /// power of two choices among the flow's live paths that can take a WR now: two at random,
     /// the better ranked (lower smoothed RTT, or the initial RTO without a sample, doubled per
-    /// timeout since the path's last delivery; then more room). Only when neither can take a
-    /// WR are the flow's other paths looked at.
+    /// timeout since the path's last delivery; then more room), which starts a burst. Only
+    /// when neither can take a WR are the flow's other paths looked at.
     fn pick_lane(&mut self, fid: u16) -> Result<u16, NoPath> {
+        let f = self.flow(fid).expect("caller checked");
+        let (lane, left, call) = f.burst;
+        if left > 0 && call == self.calls {
+            let p = usize::from(f.lanes[usize::from(lane)].path.0);
+            if self.paths[p].usable() {
+                self.open_flow_mut(fid).expect("checked").burst.1 = left - 1;
+                return Ok(lane);
+            }
+        }
+        let lane = self.choose_lane(fid)?;
+        let burst = self.cfg.burst_chunks();
+        let call = self.calls;
+        self.open_flow_mut(fid).expect("checked").burst = (lane, burst - 1, call);
+        Ok(lane)
+    }
+
+    /// Power of two choices (see [`Tx::pick_lane`]).
+    fn choose_lane(&mut self, fid: u16) -> Result<u16, NoPath> {
         let n = self.flow(fid).map_or(0, |f| f.live.len());
         if n == 0 {
             return Err(NoPath::None);

@@ -78,6 +78,8 @@ pub struct Tx {
     pub(crate) marks: Vec<u16>,
     /// The time of the current `poll_transmit`.
     pub(crate) now: u64,
+    /// Calls of `poll_transmit` so far (wrapping): a flow's burst lasts one call at most.
+    pub(crate) calls: u32,
     pub(crate) stats: TxStats,
     /// Inner-loop steps taken (the cost test counts them).
     #[cfg(test)]
@@ -133,6 +135,7 @@ impl Tx {
             owing: Vec::new(),
             marks: Vec::new(),
             now: 0,
+            calls: 0,
             stats: TxStats::default(),
             #[cfg(test)]
             work: 0,
@@ -521,6 +524,7 @@ impl Tx {
             .rto(c.rto_initial_us * 1000, c.rto_min_us * 1000, max)
             .saturating_mul(1 << path.backoff.min(20))
             .min(max)
+            .saturating_add(c.peer_ack_delay_us * 1000)
     }
 
     pub(crate) fn rand(&mut self) -> u64 {

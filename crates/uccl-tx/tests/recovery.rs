@@ -376,3 +376,31 @@ fn a_failed_qp_moves_its_chunks_to_the_others_and_the_last_one_fails_the_flow() 
     );
     assert_eq!((t.wrs_in_use(), t.hdrs_in_use(), t.unacked()), (0, 0, 0));
 }
+
+#[test]
+fn the_peers_ack_delay_lengthens_every_timeout() {
+    let timeout_after = |peer_ack_delay_us| {
+        let mut t = tx(TxConfig {
+            rto_initial_us: 1000,
+            peer_ack_delay_us,
+            ..chunks_of_100()
+        });
+        let p = t.add_path(64).unwrap();
+        t.open_flow(3, &[p], 256).unwrap();
+        t.send(3, msg(100)).unwrap();
+        post_all(&mut t, 0);
+        let due = t.poll_timeout().unwrap();
+        // Not lost before then.
+        t.handle_timeout(due - 1);
+        assert!(post_all(&mut t, due - 1).0.is_empty());
+        t.handle_timeout(due);
+        assert_eq!(
+            post_all(&mut t, due).0.len(),
+            1,
+            "retransmitted at the timeout"
+        );
+        due
+    };
+    assert_eq!(timeout_after(0), 1_000_000);
+    assert_eq!(timeout_after(40), 1_040_000);
+}

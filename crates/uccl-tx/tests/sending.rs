@@ -456,3 +456,70 @@ fn immediates_carry_the_receivers_flow_id_and_a_chosen_request_id() {
         })
     ));
 }
+
+#[test]
+fn a_flow_sends_bursts_of_chunks_on_one_path_within_a_call() {
+    // Bursts of 4 chunks (40 bytes of 10-byte chunks) over four paths.
+    let mut t = tx(TxConfig {
+        chunk_size: 10,
+        burst_bytes: 40,
+        ..TxConfig::default()
+    });
+    let paths: Vec<_> = (0..4).map(|_| t.add_path(64).unwrap()).collect();
+    t.open_flow(1, &paths, 256).unwrap();
+    t.send(1, msg(160)).unwrap();
+    let (mut wrs, lens) = post_all(&mut t, 0);
+    wrs.sort_by_key(|w| w.imm.csn);
+    assert_eq!(wrs.len(), 16);
+    // In CSN order, the paths come in runs of exactly 4: one chain per burst.
+    for run in wrs.chunks(4) {
+        assert!(run.iter().all(|w| w.path == run[0].path), "{run:?}");
+    }
+    assert!(lens.iter().all(|&l| l % 4 == 0), "{lens:?}");
+
+    // A burst does not outlive its call: one chunk now, one in the next call, may go on
+    // different paths; each call's chunks start a burst of their own.
+    t.send(1, msg(10)).unwrap();
+    let (first, _) = post_all(&mut t, 1);
+    assert_eq!(first.len(), 1);
+    t.send(1, msg(40)).unwrap();
+    let (second, lens) = post_all(&mut t, 2);
+    assert_eq!(
+        lens,
+        [4],
+        "the next call's four chunks are one burst, one chain"
+    );
+    assert!(second.iter().all(|w| w.path == second[0].path));
+
+    // A path without room ends the burst early: the rest goes elsewhere.
+    let mut t = tx(TxConfig {
+        chunk_size: 10,
+        burst_bytes: 40,
+        ..TxConfig::default()
+    });
+    let small = t.add_path(2).unwrap();
+    t.open_flow(1, &[small], 256).unwrap();
+    t.send(1, msg(40)).unwrap();
+    let (wrs, _) = post_all(&mut t, 0);
+    assert_eq!(
+        wrs.len(),
+        2,
+        "the path's room, not the burst, bounds what goes"
+    );
+
+    // Without bursts (the default) every chunk has its own path choice: 16 chunks over four
+    // paths use more than one path in a row of four somewhere.
+    let mut t = tx(TxConfig {
+        chunk_size: 10,
+        ..TxConfig::default()
+    });
+    let paths: Vec<_> = (0..4).map(|_| t.add_path(64).unwrap()).collect();
+    t.open_flow(1, &paths, 256).unwrap();
+    t.send(1, msg(160)).unwrap();
+    let (mut wrs, _) = post_all(&mut t, 0);
+    wrs.sort_by_key(|w| w.imm.csn);
+    assert!(
+        wrs.windows(2).any(|w| w[0].path != w[1].path),
+        "per-chunk choice"
+    );
+}
