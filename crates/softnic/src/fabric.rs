@@ -328,6 +328,7 @@ impl Fabric {
             ahs: BTreeMap::new(),
             ah_by_ptr: Default::default(),
             net: Net::default(),
+            spare: Default::default(),
             udp_in: Vec::new(),
             timers: BTreeSet::new(),
             faults: BTreeMap::new(),

@@ -244,6 +244,15 @@ impl Headers {
     /// process unchanged (the fabric seals a frame before it corrupts one, see [`seal`]), so
     /// that the CRC of every byte of every packet is computed only where it can matter.
     pub(crate) fn emit_unsealed(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
+        self.emit_head(payload.len(), out)?;
+        out.extend_from_slice(payload);
+        Self::emit_tail(payload.len(), out);
+        Ok(())
+    }
+
+    /// The headers of a packet of `payload_len` payload bytes (the payload, then
+    /// [`emit_tail`](Self::emit_tail), follow), for a caller that writes the payload in place.
+    pub(crate) fn emit_head(&self, payload_len: usize, out: &mut Vec<u8>) -> Result<(), WireError> {
         let l = layout(self.opcode).ok_or(WireError::UnknownOpcode(self.opcode))?;
         if l.deth != self.deth.is_some()
             || l.reth != self.reth.is_some()
@@ -254,7 +263,7 @@ impl Headers {
         {
             return Err(WireError::HeaderMismatch);
         }
-        let pad = (4 - payload.len() % 4) % 4;
+        let pad = (4 - payload_len % 4) % 4;
         out.push(self.opcode);
         out.push((u8::from(self.se) << 7) | ((pad as u8) << 4)); // SE, M=0, pad, TVer=0
         out.extend_from_slice(&self.pkey.to_be_bytes());
@@ -288,10 +297,15 @@ impl Headers {
         if let Some(orig) = self.atomic_ack {
             out.extend_from_slice(&orig.to_be_bytes());
         }
-        out.extend_from_slice(payload);
+        Ok(())
+    }
+
+    /// What follows a packet's `payload_len` payload bytes: the pad to 4 bytes and a zero
+    /// ICRC.
+    pub(crate) fn emit_tail(payload_len: usize, out: &mut Vec<u8>) {
+        let pad = (4 - payload_len % 4) % 4;
         out.extend(std::iter::repeat_n(0, pad));
         out.extend_from_slice(&[0; ICRC_LEN]);
-        Ok(())
     }
 
     /// The length on the wire of a packet with these headers and `payload_len` bytes of payload.

@@ -143,7 +143,10 @@ impl State {
         while let Some(frame) = self.w.net.pop_due(self.w.now) {
             did = true;
             match frame.to {
-                Dest::Local(_) => self.deliver(&frame),
+                Dest::Local(_) => {
+                    self.deliver(&frame);
+                    self.w.spare.give(frame.bytes);
+                }
                 Dest::Udp(dst) => {
                     if let Some(port) = self.w.devices[frame.from].udp.as_mut() {
                         port.queue(frame.sport, dst, frame.bytes, frame.sealed);

@@ -106,6 +106,8 @@ pub(crate) struct World {
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
     pub(crate) net: Net,
+    /// Buffers of delivered frames, for the next ones.
+    pub(crate) spare: crate::link::Spare,
     /// Scratch for datagrams taken in from the UDP link (kept to reuse its allocation).
     pub(crate) udp_in: Vec<crate::link::udp::Incoming>,
     /// (deadline, qp id) of every armed QP timer.

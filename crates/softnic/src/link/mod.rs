@@ -50,6 +50,51 @@ pub(crate) struct Frame {
     pub(crate) sealed: bool,
 }
 
+/// Frame buffers delivered and ready for the next packets: steady traffic then allocates none
+/// per packet (and the allocator does not gather up the freed small ACK buffers whenever a
+/// data frame is allocated, as glibc's did: 8% of a 4 KiB RC WRITE's profile).
+#[derive(Debug, Default)]
+pub(crate) struct Spare {
+    /// Buffers of at most [`SMALL`] bytes (ACKs, requests without payload).
+    small: Vec<Vec<u8>>,
+    large: Vec<Vec<u8>>,
+}
+
+/// The largest frame that takes a small buffer.
+const SMALL: usize = 256;
+/// Buffers kept per size class; a large buffer holds an MTU of 4096 with every header.
+const KEEP: usize = 256;
+const LARGE: usize = 4096 + 128;
+
+impl Spare {
+    /// An empty buffer for a frame of `len` bytes.
+    pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
+        let (stack, size) = if len <= SMALL {
+            (&mut self.small, SMALL)
+        } else {
+            (&mut self.large, len.max(LARGE))
+        };
+        match stack.pop() {
+            Some(b) if b.capacity() >= len => b,
+            _ => Vec::with_capacity(size),
+        }
+    }
+
+    /// Keeps the buffer of a frame that was delivered (or drops it if enough are kept).
+    pub(crate) fn give(&mut self, mut b: Vec<u8>) {
+        let stack = match b.capacity() {
+            0 => return,
+            c if c <= SMALL => &mut self.small,
+            c if c <= 2 * LARGE => &mut self.large,
+            _ => return,
+        };
+        if stack.len() < KEEP {
+            b.clear();
+            stack.push(b);
+        }
+    }
+}
+
 /// How the faults treated one packet, for the sender's counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Fate {

@@ -342,11 +342,17 @@ impl Qp {
         hdr: &Headers,
         payload: &[u8],
     ) {
-        let mut bytes = Vec::with_capacity(hdr.wire_len(payload.len()));
+        let mut bytes = w.spare.take(hdr.wire_len(payload.len()));
         if hdr.emit_unsealed(payload, &mut bytes).is_err() {
             debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
             return;
         }
+        self.send_frame(w, to, bytes);
+    }
+
+    /// Sends a packet already laid out (headers, payload, pad and a zero ICRC) to `to`
+    /// (`None`: no route; the packet is counted and dropped).
+    pub(crate) fn send_frame(&mut self, w: &mut World, to: Option<Dest>, bytes: Vec<u8>) {
         let len = bytes.len() as u64;
         self.count(w, |c| {
             c.packets_sent += 1;

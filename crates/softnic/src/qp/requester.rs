@@ -268,34 +268,9 @@ impl Qp {
         } else {
             op
         };
-        let mut payload = Vec::with_capacity(chunk as usize);
-        let gathered = match &wqe.payload {
-            Payload::Inline(data) => {
-                payload.extend_from_slice(&data[offset as usize..(offset + chunk) as usize]);
-                Ok(())
-            }
-            Payload::Sges(sges) => {
-                let copy = w.cfg.copy_payload || !write;
-                w.gather(self.dev, self.pd, sges, (offset, chunk), copy, &mut payload)
-            }
-        };
-        if let Err(status) = gathered {
-            // The memory went away since the WR started (an MR deregistered under it).
-            if self.sq.head_seq() == wqe.seq {
-                self.fail_send(w, status);
-                return true;
-            }
-            if let Some(q) = self.sq.get_mut(wqe.seq) {
-                q.error = Some(status);
-            }
-            return false;
-        }
         let psn = psn_add(wqe.first_psn, k);
-        self.req.noack += 1;
-        let ack_req = self.transport == Transport::Rc && (last || self.req.noack >= ACK_EVERY);
-        if ack_req {
-            self.req.noack = 0;
-        }
+        let noack = self.req.noack + 1;
+        let ack_req = self.transport == Transport::Rc && (last || noack >= ACK_EVERY);
         let (to, dest_qp, deth) = match (self.transport, wqe.ud) {
             (
                 Transport::Ud,
@@ -335,7 +310,37 @@ impl Qp {
             imm: if last { wqe.imm } else { None },
             ..Headers::default()
         };
-        self.send_packet(w, to, &hdr, &payload);
+        // The payload is gathered straight into the frame, after its headers: one copy.
+        let n = chunk as usize;
+        let mut bytes = w.spare.take(hdr.wire_len(n));
+        if hdr.emit_head(n, &mut bytes).is_err() {
+            debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
+            return true;
+        }
+        let gathered = match &wqe.payload {
+            Payload::Inline(data) => {
+                bytes.extend_from_slice(&data[offset as usize..(offset + chunk) as usize]);
+                Ok(())
+            }
+            Payload::Sges(sges) => {
+                let copy = w.cfg.copy_payload || !write;
+                w.gather(self.dev, self.pd, sges, (offset, chunk), copy, &mut bytes)
+            }
+        };
+        if let Err(status) = gathered {
+            // The memory went away since the WR started (an MR deregistered under it).
+            if self.sq.head_seq() == wqe.seq {
+                self.fail_send(w, status);
+                return true;
+            }
+            if let Some(q) = self.sq.get_mut(wqe.seq) {
+                q.error = Some(status);
+            }
+            return false;
+        }
+        Headers::emit_tail(n, &mut bytes);
+        self.req.noack = if ack_req { 0 } else { noack };
+        self.send_frame(w, to, bytes);
         self.note_sent(w, psn, psn);
         self.req.cur_pkt += 1;
         self.req.psn = psn_add(psn, 1);
