@@ -84,7 +84,8 @@
 //!
 //! Each chunk goes on one of its flow's paths, by power of two choices on the smoothed RTT
 //! (the initial RTO before a sample), doubled for every timeout on the path since it last
-//! delivered; such a "suspect" path carries one probe at a time, so a black-holed path stops
+//! delivered; with [`TxConfig::burst_bytes`] a choice holds for a burst of chunks within one
+//! `poll_transmit` call, so chunks ready together make one chain; such a "suspect" path carries one probe at a time, so a black-holed path stops
 //! drawing traffic after its first timeout and comes back once a probe gets through.
 
 #![deny(unsafe_code)]
