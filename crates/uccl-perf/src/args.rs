@@ -84,8 +84,10 @@ pub(crate) struct Args {
     /// the raw verbs tests.
     #[arg(long, value_parser = size, value_name = "SIZE")]
     pub(crate) msg_size: Option<u64>,
-    /// Bytes per chunk (one RDMA WRITE_WITH_IMM each).
-    #[arg(long, default_value = "64KiB", value_parser = size, value_name = "SIZE")]
+    /// Bytes per chunk (one RDMA WRITE_WITH_IMM each). 16 KiB, the engine's default: on UC a
+    /// chunk that loses any of its packets is sent again whole, so at 1% packet loss a 16 KiB
+    /// chunk (4 packets) arrives 96% of the time, a 64 KiB one (16 packets) 85%.
+    #[arg(long, default_value = "16KiB", value_parser = size, value_name = "SIZE")]
     pub(crate) chunk_size: u64,
     /// Messages per flow (default 64; 20000 WRITEs for the raw verbs tests).
     #[arg(long, value_parser = count::<u64>, conflicts_with = "duration", value_name = "N")]

@@ -328,7 +328,7 @@ fn loss_rows(losses: &[perf::Loss], out: &mut Out) {
     }
     out.notes.push(format!(
         "Row 5: `uccl-perf --loss P --seed S` (defaults otherwise: UC, 4 flows x 8 QPs, 1 MiB \
-         messages, 64 KiB chunks, 64 messages per flow, send/recv, chained), mean over seeds \
+         messages, 16 KiB chunks, 64 messages per flow, send/recv, chained), mean over seeds \
          1..={LOSS_SEEDS}; simulated = `virtual_goodput_gbps` (the 100 Gb/s simulated links), \
          wall = `goodput_gbps` (real time, including writing and checking every byte); \
          retransmits per run."
