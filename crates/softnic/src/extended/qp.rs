@@ -309,24 +309,28 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         // No batch of this thread's (no `wr_start`).
         return libc::EINVAL;
     };
-    let r = match (b.batch.error, b.batch.link()) {
-        (0, chain) if chain.is_null() => 0,
-        (0, chain) => {
-            let r = try_with(qp as *const c_void, Kind::Qp, |_, st, id| {
-                let State { qps, w } = st;
-                let q = qps.get_mut(&id).ok_or(libc::EINVAL)?;
-                // SAFETY: the chain's WRs, SGE lists and inline data live in the batch,
-                // untouched until this call returns; the SGEs name the caller's memory.
-                let r = unsafe { q.post_batch(w, chain) };
-                st.progress();
-                r
-            });
-            match r {
-                Ok(Ok(())) => 0,
-                Ok(Err(e)) | Err(e) => e,
-            }
+    // A batch a builder failed is dropped unlinked; an empty one posts nothing.
+    let chain = if b.batch.error == 0 {
+        b.batch.link()
+    } else {
+        null_mut()
+    };
+    let r = if chain.is_null() {
+        b.batch.error
+    } else {
+        let r = try_with(qp as *const c_void, Kind::Qp, |_, st, id| {
+            let State { qps, w } = st;
+            let q = qps.get_mut(&id).ok_or(libc::EINVAL)?;
+            // SAFETY: the chain's WRs, SGE lists and inline data live in the batch,
+            // untouched until this call returns; the SGEs name the caller's memory.
+            let r = unsafe { q.post_batch(w, chain) };
+            st.progress();
+            r
+        });
+        match r {
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) | Err(e) => e,
         }
-        (e, _) => e,
     };
     // SAFETY: as above.
     unsafe { end(qp) };
