@@ -257,7 +257,7 @@ fn one_mib_of_small_chunks(tweak: impl Fn(&mut EngineConfig)) -> (u64, u64, u64,
     (
         sim.engines[1].stats().acks_sent,
         sender.chunks_sent,
-        sender.rto_retransmits + sender.fast_retransmits,
+        sender.retransmits(),
         took,
     )
 }

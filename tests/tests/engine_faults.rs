@@ -118,9 +118,7 @@ fn many(seed: u64, mode: Mode, qps: u16, per_pair: usize, faults: Faults, big: u
         report.rounds,
         t.elapsed(),
         report.sender_out_of_order,
-        s.iter()
-            .map(|s| s.rto_retransmits + s.fast_retransmits)
-            .collect::<Vec<_>>(),
+        s.iter().map(|s| s.retransmits()).collect::<Vec<_>>(),
         s.iter().map(|s| s.dropped_duplicate).collect::<Vec<_>>(),
     );
 }

@@ -227,7 +227,7 @@ fn print_post_counts() {
                     a.send_wrs,
                     ratio(a.post_send_calls, a.chunks_sent),
                     ratio(a.send_wrs, a.post_send_calls),
-                    a.rto_retransmits + a.fast_retransmits,
+                    a.retransmits(),
                     ratio(b.acks_sent, b.chunks_received),
                     ratio(b.acks_sent, b.ack_packets),
                     ratio(b.srq_wqes, b.srq_posts),
@@ -395,9 +395,7 @@ fn e2e(c: &mut Criterion) {
                     (a1.polls - a0.polls) / 3,
                     a1.post_send_calls - a0.post_send_calls,
                     b1.acks_sent - b0.acks_sent,
-                    a1.rto_retransmits + a1.fast_retransmits
-                        - a0.rto_retransmits
-                        - a0.fast_retransmits,
+                    a1.retransmits() - a0.retransmits(),
                 );
                 s
             });

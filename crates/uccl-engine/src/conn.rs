@@ -167,6 +167,10 @@ pub(crate) struct Ctl {
     pub(crate) ack: Option<[u8; CTL_LEN]>,
     /// The send slot of a Close, once posted: its completion ends the connection.
     pub(crate) close_slot: Option<u32>,
+    /// Sends completed so far (a control probe looks for progress).
+    pub(crate) completions: u64,
+    /// A probe ping went since the last completion (one per stall; then the RC timeout).
+    pub(crate) probed: bool,
 }
 
 /// The control QP, live or failed (kept until its flushes are polled).
@@ -324,6 +328,8 @@ pub(crate) struct Conn {
     pub(crate) heard: u64,
     /// Whether its keep-alive timer is armed.
     pub(crate) in_keepalive: bool,
+    /// Whether its control probe timer is armed.
+    pub(crate) in_ctl_probe: bool,
 }
 
 impl Conn {

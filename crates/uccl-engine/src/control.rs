@@ -77,6 +77,8 @@ impl Engine {
             return;
         };
         c.ctl.send.give_back(slot);
+        c.ctl.completions += 1;
+        c.ctl.probed = false;
         let closing = c.ctl.close_slot == Some(slot);
         if closing && !c.is_open() {
             // The peer has been told (or could not be): the control QP can go now.
@@ -105,7 +107,7 @@ impl Engine {
     }
 
     /// Posts the control receives and messages of the connections marked this round.
-    pub(crate) fn flush_ctl(&mut self) {
+    pub(crate) fn flush_ctl(&mut self, now: u64) {
         let ctl = std::mem::take(&mut self.scratch.ctl);
         for &ci in &ctl {
             let Some(c) = self.conns[usize::from(ci)].as_mut() else {
@@ -122,6 +124,7 @@ impl Engine {
                     self.fail_conn(ci, "posting on its control QP failed", false);
                 }
             }
+            self.arm_ctl_probe(ci, now);
         }
         let mut ctl = ctl;
         ctl.clear();

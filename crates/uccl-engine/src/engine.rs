@@ -225,6 +225,8 @@ pub struct Engine {
     pub(crate) paths: Vec<(u16, u16)>,
     /// Keep-alive timers of connections waiting for their peer.
     pub(crate) keepalive: crate::keepalive::Timers,
+    /// Control probe timers of connections with control sends outstanding.
+    pub(crate) ctl_probes: crate::keepalive::Probes,
     /// Paths of connections that went, drained, for the next connections to reuse.
     pub(crate) spare_paths: Vec<PathId>,
     pub(crate) peers: Vec<Peer>,
@@ -295,6 +297,7 @@ impl Engine {
             paths: Vec::new(),
             spare_paths: Vec::new(),
             keepalive: Default::default(),
+            ctl_probes: Default::default(),
             peers: Vec::new(),
             buffers: Vec::new(),
             exports: crate::exports::Exports::default(),
@@ -317,6 +320,7 @@ impl Engine {
             chunks_sent: t.chunks,
             rto_retransmits: t.rto_retransmits,
             fast_retransmits: t.fast_retransmits,
+            probe_retransmits: t.probe_retransmits,
             credit_stalls: t.credit_stalls,
             ..self.stats
         }
@@ -634,6 +638,7 @@ fn tx_config(cfg: &EngineConfig) -> TxConfig {
         t.rto_initial_us = hour;
         t.rto_max_us = hour;
         t.max_silence_us = u64::MAX / 2000;
+        t.tail_probes = false;
     }
     t
 }

@@ -6,9 +6,17 @@
 //! peer's NIC acknowledges it, a peer that is gone fails it when the RC retries run out, and that
 //! failure tears the connection down like any other.
 //!
-//! The timers are one queue in deadline order (every deadline is "now + interval", so pushing at
-//! the back keeps it sorted): arming, expiring and re-arming are O(1), whatever the number of
-//! connections.
+//! A lost control message is a stall of its own: RC recovers a lost packet at once only when a
+//! later one on the same QP shows the responder the PSN gap (it NAKs, the requester goes back);
+//! the last message before a quiet spell waits for the local ACK timeout (67 ms). So a
+//! connection whose control sends have seen no completion for a probe interval (the transmit
+//! side's initial retransmission timeout, 1 ms by default) sends one [`Ctl::Ping`] behind them, a tail-loss
+//! probe: the gap shows, or the ping's ACK acknowledges what a lost ACK left outstanding. One
+//! probe per stall; if it is lost too, the RC timeout follows.
+//!
+//! The timers are queues in deadline order (every deadline is "now + interval", so pushing at
+//! the back keeps them sorted): arming, expiring and re-arming are O(1), whatever the number
+//! of connections.
 
 use crate::engine::{ConnId, Engine};
 use crate::proto::Ctl;
@@ -58,6 +66,53 @@ impl Engine {
         }
     }
 
+    /// The control probe interval: the transmit side's timeout before any RTT sample (the
+    /// control QP has no estimate of its own; a shorter interval probes behind messages that
+    /// only queue behind data, and a probe lost is itself a lost tail).
+    fn ctl_probe_ns(&self) -> u64 {
+        self.cfg.tx.rto_initial_us.saturating_mul(1000).max(1)
+    }
+
+    /// Arms connection `ci`'s control probe timer if it has control sends outstanding and the
+    /// timer is not armed already.
+    pub(crate) fn arm_ctl_probe(&mut self, ci: u16, now: u64) {
+        let at = now.saturating_add(self.ctl_probe_ns());
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        if !c.in_ctl_probe && c.is_open() && c.ctl.send.in_use() > 0 {
+            c.in_ctl_probe = true;
+            self.ctl_probes.push_back((at, c.id, c.ctl.completions));
+        }
+    }
+
+    /// Runs the control probe timers that are due: a connection whose control sends saw no
+    /// completion for a whole interval, and was not probed since its last one, sends a ping
+    /// (if nothing else waits for a send slot: then those go first, and show the gap as well).
+    pub(crate) fn ctl_probes(&mut self, now: u64) {
+        while let Some(&(at, id, completions)) = self.ctl_probes.front() {
+            if at > now {
+                return;
+            }
+            self.ctl_probes.pop_front();
+            let Some(c) = self.conns[usize::from(id.index)]
+                .as_mut()
+                .filter(|c| c.id == id && c.is_open())
+            else {
+                continue;
+            };
+            c.in_ctl_probe = false;
+            let stalled = c.ctl.completions == completions && c.ctl.send.in_use() > 0;
+            if stalled && !c.ctl.probed && c.ctl.backlog.is_empty() {
+                c.ctl.probed = true;
+                c.ctl.backlog.push_back(Ctl::Ping.to_bytes());
+                self.stats.ctl_probes += 1;
+                self.mark_ctl(id.index);
+            }
+            self.arm_ctl_probe(id.index, now);
+        }
+    }
+
     /// When the next keep-alive timer is due.
     pub(crate) fn keepalive_deadline(&self) -> Option<u64> {
         self.keepalive.front().map(|&(at, _)| at)
@@ -66,3 +121,7 @@ impl Engine {
 
 /// The keep-alive timers: (deadline, connection), in deadline order.
 pub(crate) type Timers = std::collections::VecDeque<(u64, ConnId)>;
+
+/// The control probe timers: (deadline, connection, its control send completions when
+/// armed), in deadline order.
+pub(crate) type Probes = std::collections::VecDeque<(u64, ConnId, u64)>;

@@ -94,6 +94,7 @@ impl Engine {
         }
         self.credits.tick(now);
         self.keepalive(now);
+        self.ctl_probes(now);
         busy |= self.transmit(now);
         busy |= self.events();
         self.scratch.rounds = self.scratch.rounds.wrapping_add(1);
@@ -102,7 +103,7 @@ impl Engine {
         }
         self.refill()?;
         self.send_acks(now)?;
-        self.flush_ctl();
+        self.flush_ctl(now);
         self.reap();
         Ok(busy)
     }
@@ -114,6 +115,7 @@ impl Engine {
             self.tx.poll_timeout(),
             self.credits.next_deadline(),
             self.keepalive_deadline(),
+            self.ctl_probes.front().map(|&(at, _, _)| at),
             // Possibly stale (its ACK went out early): then the round finds nothing due.
             self.scratch.delayed.front().map(|&(due, _)| due),
         ]

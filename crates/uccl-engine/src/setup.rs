@@ -310,6 +310,8 @@ impl Engine {
                 backlog: VecDeque::new(),
                 ack: None,
                 close_slot: None,
+                completions: 0,
+                probed: false,
             },
             rx: RxFlow::default(),
             recvs: (0..RECV_IDS).map(|_| None).collect(),
@@ -327,6 +329,7 @@ impl Engine {
             ack_slot: None,
             heard: self.clock.now(),
             in_keepalive: false,
+            in_ctl_probe: false,
         };
         let posted = c.ctl.flush(index);
         self.conns[usize::from(index)] = Some(c);

@@ -19,12 +19,19 @@ pub struct Stats {
     pub srq_limit_events: u64,
     /// Keep-alive pings sent by connections that waited for a silent peer.
     pub pings_sent: u64,
+    /// Pings sent behind a control message left unacknowledged for a probe interval, so that
+    /// the peer's NIC NAKs a lost one at once instead of the control QP's RC timeout.
+    pub ctl_probes: u64,
     /// Asynchronous events that failed a connection (a fatal QP error).
     pub qp_fatal_events: u64,
     /// Retransmissions after a timeout.
     pub rto_retransmits: u64,
     /// Retransmissions after a loss proven by a later delivery on the same QP.
     pub fast_retransmits: u64,
+    /// Tail-loss probes: a QP's newest chunk sent again on it after two smoothed RTTs without
+    /// an ACK, so that its delivery proves the chunks before it lost (see
+    /// [`uccl_tx::TxStats::probe_retransmits`]).
+    pub probe_retransmits: u64,
     /// ACK headers sent, and the control messages that carried them.
     pub acks_sent: u64,
     /// Control messages (UD SENDs, or control-QP SENDs in RC mode) that carried ACKs.
@@ -54,4 +61,12 @@ pub struct Stats {
     pub bytes_received: u64,
     /// One-sided writes received whole (the peer's requests; nothing completes here).
     pub writes_received: u64,
+}
+
+impl Stats {
+    /// Chunks sent again, for whatever cause: timeouts, losses proven by a later delivery,
+    /// and tail-loss probes.
+    pub fn retransmits(&self) -> u64 {
+        self.rto_retransmits + self.fast_retransmits + self.probe_retransmits
+    }
 }

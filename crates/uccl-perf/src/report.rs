@@ -85,6 +85,7 @@ struct EngineJson<'a> {
     retransmits: u64,
     rto_retransmits: u64,
     fast_retransmits: u64,
+    probe_retransmits: u64,
     acks_sent: u64,
     ack_packets: u64,
     cqes_polled: u64,
@@ -143,7 +144,7 @@ fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
 /// The engine test's report.
 pub(crate) fn engine(args: &Args, m: &Measured) {
     let s = &m.stats;
-    let retransmits = s.rto_retransmits + s.fast_retransmits + m.failover_retransmits;
+    let retransmits = s.retransmits() + m.failover_retransmits;
     let goodput = gbps(m.bytes_received, m.elapsed);
     let cpu_per_chunk = m
         .cpu
@@ -176,6 +177,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             retransmits,
             rto_retransmits: s.rto_retransmits,
             fast_retransmits: s.fast_retransmits,
+            probe_retransmits: s.probe_retransmits,
             acks_sent: s.acks_sent,
             ack_packets: s.ack_packets,
             cqes_polled: s.cqes,
@@ -334,8 +336,9 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         (
             "retransmit",
             format!(
-                "{retransmits} chunks ({} fast, {} after a timeout), {} duplicates dropped",
-                s.fast_retransmits, s.rto_retransmits, s.dropped_duplicate,
+                "{retransmits} chunks ({} fast, {} probes, {} after a timeout), {} duplicates \
+                 dropped",
+                s.fast_retransmits, s.probe_retransmits, s.rto_retransmits, s.dropped_duplicate,
             ),
         ),
     ]);

@@ -51,6 +51,7 @@ fn a_default_shaped_run_verifies_every_byte() {
         "retransmits",
         "rto_retransmits",
         "fast_retransmits",
+        "probe_retransmits",
         "acks_sent",
         "ack_packets",
         "cqes_polled",

@@ -31,6 +31,11 @@ pub struct TxConfig {
     /// to every retransmission timeout, since the RTT samples (taken from the chunk that
     /// triggered each ACK) do not see it (QUIC's `max_ack_delay`).
     pub peer_ack_delay_us: u64,
+    /// Tail-loss probes: a lane's newest transmission, unacknowledged two smoothed RTTs plus
+    /// `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
+    /// delivery proves the lane's earlier transmissions lost without waiting for their
+    /// timeout (RFC 8985's TLP, per QP). Off where the NIC itself recovers losses (RC).
+    pub tail_probes: bool,
     /// Retransmissions of one chunk before its message and flow fail.
     pub max_retransmits: u16,
     /// How long a flow with chunks in flight may see no ACK progress before it fails.
@@ -65,6 +70,7 @@ impl Default for TxConfig {
             rto_max_us: 50_000,
             rto_initial_us: 1_000,
             peer_ack_delay_us: 0,
+            tail_probes: true,
             max_retransmits: 16,
             max_silence_us: 1_000_000,
             signal_every: 16,

@@ -22,6 +22,8 @@ pub(crate) struct Lane {
     pub(crate) tail: u16,
     /// The deadline of this lane's live timer entry.
     pub(crate) armed: Option<u64>,
+    /// The deadline of this lane's live probe timer entry.
+    pub(crate) probe: Option<u64>,
     /// While one ACK is processed: the latest transmission on this lane known delivered.
     pub(crate) mark: Option<u32>,
     /// Index of `(fid, lane)` in the path's user list.

@@ -8,13 +8,19 @@
 //! counts only if it was sent once. Each lane keeps its chunks in flight in transmission
 //! order, so this walk, like the timeout walk from the lane's oldest chunk, visits only chunks
 //! it declares lost: O(1) amortised per chunk.
+//!
+//! A lane's last transmissions have nothing behind them to prove them lost (a flow that
+//! waits for its oldest chunk sends nothing new), so a tail-loss probe (RFC 8985's TLP, per
+//! lane) sends the lane's newest chunk again on it two smoothed RTTs after it went: its
+//! delivery proves the earlier ones lost well before their timeout. One probe per tail; a
+//! lost probe leaves the rest to the timeout.
 
 use crate::bits::Bits256;
 use crate::error::TxError;
 use crate::events::Event;
 use crate::flow::{IDLE, Status, open_mut};
 use crate::path::PathId;
-use crate::timers::SILENCE;
+use crate::timers::{PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
 use crate::wire::{AckRepr, csn_add};
@@ -205,7 +211,11 @@ impl Tx {
         let (lane, prev, next, sends) = (t.last.lane, t.prev, t.next, t.sends);
         f.unlink(lane, prev, next);
         f.inflight -= 1;
-        f.retx.push_back(csn);
+        if cause == Cause::Probe {
+            f.retx.push_front(csn);
+        } else {
+            f.retx.push_back(csn);
+        }
         let p = usize::from(f.lanes[usize::from(lane)].path.0);
         self.path_resolved(p);
         self.activate(fid);
@@ -244,6 +254,8 @@ impl Tx {
             }
             if lane == SILENCE {
                 self.silence_due(fid, deadline, now);
+            } else if lane & PROBE != 0 {
+                self.probe_due(fid, lane & !PROBE, deadline, now);
             } else {
                 self.rto_due(fid, lane, deadline, now);
             }
@@ -291,6 +303,38 @@ impl Tx {
         if let Some(t) = (c != NIL).then(|| f.track.get(c)).flatten() {
             let at = t.last.at.saturating_add(self.rto(p));
             self.arm_lane(fid, lane, at);
+        }
+    }
+
+    /// The probe timer of `lane`: if the lane's newest transmission (unless it is a probe
+    /// itself) has gone unacknowledged for a probe timeout, it is declared lost and goes
+    /// again first, on the same lane, so that its delivery proves the lane's earlier
+    /// transmissions lost (a tail-loss probe). Else the timer re-arms from that transmission.
+    fn probe_due(&mut self, fid: u16, lane: u16, deadline: u64, now: u64) {
+        let Some(l) = self
+            .open_flow_mut(fid)
+            .and_then(|f| f.lanes.get_mut(usize::from(lane)))
+            .filter(|l| l.probe == Some(deadline))
+        else {
+            return;
+        };
+        l.probe = None;
+        let (p, c) = (l.path, l.tail);
+        let f = self.flow(fid).expect("open");
+        let Some(t) = (c != NIL).then(|| f.track.get(c)).flatten() else {
+            return;
+        };
+        let Some(pto) = self
+            .pto(p)
+            .filter(|_| t.sends == 1 || t.cause != Cause::Probe)
+        else {
+            return;
+        };
+        let due = t.last.at.saturating_add(pto);
+        if due > now {
+            self.arm_probe(fid, lane, due);
+        } else {
+            self.declare_lost(fid, c, Cause::Probe);
         }
     }
 

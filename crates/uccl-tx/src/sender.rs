@@ -6,7 +6,7 @@ use verbs_safe::sys::{ibv_send_wr, ibv_sge, ibv_wr_opcode};
 
 use crate::flow::Status;
 use crate::path::PathId;
-use crate::tracking::{NIL, State, Track};
+use crate::tracking::{Cause, NIL, State, Track};
 use crate::transmit::Transmit;
 use crate::tx::Tx;
 use crate::wire::{Imm, RETR_HDR_LEN, RetrHdrRepr};
@@ -147,7 +147,10 @@ impl Tx {
             }
             return Outcome::Idle;
         }
-        let lane = match self.pick_lane(fid) {
+        let lane = match self
+            .probe_lane(fid, &what)
+            .map_or_else(|| self.pick_lane(fid), Ok)
+        {
             Ok(lane) => lane,
             Err(NoPath::Wait(p)) => {
                 let f = self.open_flow_mut(fid).expect("checked");
@@ -173,6 +176,17 @@ impl Tx {
             return Outcome::Stop;
         }
         Outcome::Staged
+    }
+
+    /// The lane a tail-loss probe goes on (its chunk's latest), if its path can take a WR now.
+    fn probe_lane(&self, fid: u16, what: &Send) -> Option<u16> {
+        let Send::Again(csn) = *what else {
+            return None;
+        };
+        let f = self.flow(fid)?;
+        let t = f.track.get(csn).filter(|t| t.cause == Cause::Probe)?;
+        let p = usize::from(f.lanes[usize::from(t.last.lane)].path.0);
+        self.paths[p].usable().then_some(t.last.lane)
     }
 
     /// The lane of the flow's current burst while it lasts and its path can take a WR; else

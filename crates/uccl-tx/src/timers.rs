@@ -1,5 +1,5 @@
-//! Deadlines in a binary heap keyed by time: one retransmission timer per lane (a flow's
-//! path) and one silence timer per flow.
+//! Deadlines in a binary heap keyed by time: a retransmission timer and a tail-loss probe
+//! timer per lane (a flow's path), and a silence timer per flow.
 //!
 //! Entries are never removed early. Each lane or flow remembers the deadline of its one live
 //! entry; an entry that fires with another deadline than that is stale and skipped, and a
@@ -12,13 +12,18 @@ use std::collections::BinaryHeap;
 /// The "lane" of a flow's silence timer.
 pub(crate) const SILENCE: u16 = u16::MAX;
 
+/// Set in the "lane" of a lane's probe timer (lanes are fewer than 2^15; [`SILENCE`] is
+/// told apart first).
+pub(crate) const PROBE: u16 = 1 << 15;
+
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
     heap: BinaryHeap<Reverse<(u64, u32)>>,
 }
 
 impl Timers {
-    /// A timer at `at` for `lane` of flow `fid` (or its [`SILENCE`] timer).
+    /// A timer at `at` for `lane` of flow `fid` (or its [`SILENCE`] timer, or with [`PROBE`]
+    /// set, the lane's probe timer).
     pub(crate) fn arm(&mut self, at: u64, fid: u16, lane: u16) {
         self.heap
             .push(Reverse((at, (u32::from(fid) << 16) | u32::from(lane))));

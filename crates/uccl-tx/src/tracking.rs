@@ -38,6 +38,9 @@ pub(crate) enum Cause {
     Fast,
     /// Its path failed.
     Failover,
+    /// It was its lane's newest transmission and went unacknowledged for a probe timeout:
+    /// it goes again on the same lane (a tail-loss probe).
+    Probe,
 }
 
 /// One transmission: the lane (index of the path in the flow's list), its sequence number on

@@ -8,7 +8,7 @@ use verbs_safe::sys::{ibv_send_wr, ibv_wr_opcode};
 
 use crate::flow::{IDLE, open_mut};
 use crate::path::{PathId, Staged};
-use crate::timers::SILENCE;
+use crate::timers::{PROBE, SILENCE};
 use crate::tracking::{Cause, Sent, State};
 use crate::tx::Tx;
 use crate::wire::{RETR_HDR_LEN, RetrHdr, RetrHdrRepr};
@@ -282,6 +282,7 @@ impl Tx {
             return;
         };
         let sent = Sent { lane, seq, at: now };
+        let probe = t.sends > 0 && t.cause == Cause::Probe;
         if t.sends == 0 {
             t.first = sent;
             self.stats.chunks += 1;
@@ -290,6 +291,7 @@ impl Tx {
                 Cause::Rto => &mut self.stats.rto_retransmits,
                 Cause::Fast => &mut self.stats.fast_retransmits,
                 Cause::Failover => &mut self.stats.failover_retransmits,
+                Cause::Probe => &mut self.stats.probe_retransmits,
             } += 1;
         }
         t.moved |= lane != t.first.lane;
@@ -306,6 +308,23 @@ impl Tx {
         }
         let path = self.flow(fid).expect("open").lanes[usize::from(lane)].path;
         self.arm_lane(fid, lane, now + self.rto(path));
+        // A probe is not probed again: if it is lost too, the timeout follows.
+        if let Some(pto) = self.pto(path).filter(|_| !probe) {
+            self.arm_probe(fid, lane, now + pto);
+        }
+    }
+
+    /// Arms the probe timer of `lane` of flow `fid` at `at`, unless it is armed earlier
+    /// already (it re-arms itself from the lane's newest transmission when it fires).
+    pub(crate) fn arm_probe(&mut self, fid: u16, lane: u16, at: u64) {
+        let Some(f) = self.open_flow_mut(fid) else {
+            return;
+        };
+        let l = &mut f.lanes[usize::from(lane)];
+        if l.probe.is_none_or(|a| at < a) {
+            l.probe = Some(at);
+            self.timers.arm(at, fid, lane | PROBE);
+        }
     }
 
     /// Arms the retransmission timer of `lane` of flow `fid` at `at`, unless it is armed

@@ -252,6 +252,7 @@ impl Tx {
                 head: NIL,
                 tail: NIL,
                 armed: None,
+                probe: None,
                 mark: None,
                 user: (path.users.len() - 1) as u32,
             });
@@ -525,6 +526,20 @@ impl Tx {
             .saturating_mul(1 << path.backoff.min(20))
             .min(max)
             .saturating_add(c.peer_ack_delay_us * 1000)
+    }
+
+    /// The tail-loss probe timeout of path `p`: two smoothed RTTs plus the peer's ACK delay
+    /// (RFC 8985's PTO), at most the retransmission timeout; none before an RTT sample, or
+    /// without [`TxConfig::tail_probes`](crate::TxConfig::tail_probes).
+    pub(crate) fn pto(&self, p: PathId) -> Option<u64> {
+        if !self.cfg.tail_probes {
+            return None;
+        }
+        let srtt = self.paths[usize::from(p.0)].rtt.srtt()?;
+        let pto = srtt
+            .saturating_mul(2)
+            .saturating_add(self.cfg.peer_ack_delay_us * 1000);
+        Some(pto.min(self.rto(p)))
     }
 
     pub(crate) fn rand(&mut self) -> u64 {

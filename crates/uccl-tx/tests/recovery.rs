@@ -204,7 +204,12 @@ fn timeouts_retransmit_and_back_off_to_the_ceiling() {
     while t.poll_timeout().is_some_and(|d| d <= start + 60_000) {
         t.handle_timeout(start + 60_000);
     }
-    assert_eq!(t.poll_timeout(), Some(start + 60_000 + 150_000));
+    // The tail-loss probe comes first, two smoothed RTTs later; then the timeout.
+    let sent = start + 60_000;
+    assert_eq!(t.poll_timeout(), Some(sent + 100_000));
+    t.handle_timeout(sent + 100_000);
+    assert_eq!(post_all(&mut t, sent + 100_000).0.len(), 1);
+    assert_eq!(t.poll_timeout(), Some(sent + 150_000));
 }
 
 #[test]
@@ -403,4 +408,114 @@ fn the_peers_ack_delay_lengthens_every_timeout() {
     };
     assert_eq!(timeout_after(0), 1_000_000);
     assert_eq!(timeout_after(40), 1_040_000);
+}
+
+/// Tail-loss probes: an ACK for flow 1 whose SACK says which CSNs past `cum` arrived.
+fn sack(cum: u16, echo: u16, retx: bool, arrived: &[u16]) -> AckRepr {
+    let mut a = AckRepr {
+        path: 0,
+        retx,
+        ..ack(1, cum, echo)
+    };
+    for &csn in arrived {
+        let bit = usize::from(csn - cum - 1);
+        a.sack[bit / 8] |= 1 << (bit % 8);
+    }
+    a
+}
+
+/// One path, chunk 0 acknowledged 20 us after it was sent (srtt 20 us, RTO 200 us + the
+/// peer's 10 us), then chunks 1, 2 and 3 posted at 30 us.
+fn tail_in_flight() -> (uccl_tx::Tx, PathId) {
+    let (mut t, p) = one_path(TxConfig {
+        rto_initial_us: 1000,
+        rto_min_us: 200,
+        peer_ack_delay_us: 10,
+        ..chunks_of_100()
+    });
+    t.send(1, msg(100)).unwrap();
+    post_all(&mut t, 0);
+    t.on_ack(20_000, &ack(1, 1, 0));
+    t.send(1, msg(300)).unwrap();
+    let (wrs, _) = post_all(&mut t, 30_000);
+    assert_eq!(wrs.len(), 3);
+    (t, p)
+}
+
+/// [`tail_in_flight`], then the probe posted at 80 us (two smoothed RTTs and the peer's ACK
+/// delay after the path's newest transmission).
+fn probed_tail() -> (uccl_tx::Tx, PathId, Wr) {
+    let (mut t, p) = tail_in_flight();
+    assert_eq!(
+        t.poll_timeout(),
+        Some(80_000),
+        "the probe comes before the RTO"
+    );
+    t.handle_timeout(79_999);
+    assert!(post_all(&mut t, 79_999).0.is_empty());
+    t.handle_timeout(80_000);
+    let (probe, _) = post_all(&mut t, 80_000);
+    assert_eq!(probe.len(), 1, "one probe: the newest chunk on the path");
+    let probe = probe[0];
+    assert_eq!((probe.path, probe.imm.csn), (p, 3));
+    assert_eq!(probe.opcode, ibv_wr_opcode::IBV_WR_SEND);
+    assert_eq!(t.stats().probe_retransmits, 1);
+    (t, p, probe)
+}
+
+#[test]
+fn a_silent_tail_is_probed_and_the_probes_delivery_proves_the_chunks_before_it_lost() {
+    let (mut t, p, _) = probed_tail();
+    // The probe arrives alone: chunks 1 and 2, sent before it on that path, were lost, and
+    // go again at once instead of at their timeout (240 us).
+    t.on_ack(100_000, &sack(1, 3, true, &[3]));
+    let (again, _) = post_all(&mut t, 100_000);
+    let csns: Vec<u16> = again.iter().map(|w| w.imm.csn).collect();
+    assert_eq!(csns, [1, 2]);
+    assert!(again.iter().all(|w| w.path == p));
+    let s = t.stats();
+    assert_eq!(
+        (s.probe_retransmits, s.fast_retransmits, s.rto_retransmits),
+        (1, 2, 0)
+    );
+}
+
+#[test]
+fn a_lost_probe_is_left_to_the_timeout() {
+    let (mut t, _, _) = probed_tail();
+    // No second probe for the same chunk: what is still missing waits for its timeout,
+    // 210 us after chunks 1 and 2 were sent, and the probe's, 210 us after it was.
+    assert_eq!(t.poll_timeout(), Some(240_000));
+    t.handle_timeout(239_999);
+    assert_eq!(t.flow_info(1).unwrap().inflight, 3);
+    t.handle_timeout(240_000);
+    assert_eq!(
+        (t.stats().timeouts, t.flow_info(1).unwrap().inflight),
+        (1, 1)
+    );
+    // The timed-out path is suspect: one transmission at a time until a delivery, so the
+    // rest waits for the probe's own (backed-off) timeout.
+    assert!(post_all(&mut t, 240_000).0.is_empty());
+    let due = t.poll_timeout().unwrap();
+    assert_eq!(due, 80_000 + 2 * 200_000 + 10_000);
+    t.handle_timeout(due);
+    let (again, _) = post_all(&mut t, due);
+    assert_eq!(again.len(), 1);
+    let s = t.stats();
+    assert_eq!(
+        (s.probe_retransmits, s.rto_retransmits, s.timeouts),
+        (1, 1, 2)
+    );
+}
+
+#[test]
+fn a_tail_acknowledged_in_time_is_not_probed() {
+    let (mut t, _) = tail_in_flight();
+    t.on_ack(79_000, &ack(1, 4, 3));
+    for now in [80_000, 1_000_000, 10_000_000] {
+        t.handle_timeout(now);
+        assert!(post_all(&mut t, now).0.is_empty());
+    }
+    assert_eq!(t.stats().probe_retransmits, 0);
+    assert_eq!(t.poll_timeout().filter(|&d| d < 10_000_000), None);
 }

@@ -115,6 +115,7 @@ fn add(a: uccl_engine::Stats, b: uccl_engine::Stats) -> uccl_engine::Stats {
     s.qp_fatal_events += b.qp_fatal_events;
     s.rto_retransmits += b.rto_retransmits;
     s.fast_retransmits += b.fast_retransmits;
+    s.probe_retransmits += b.probe_retransmits;
     s.acks_sent += b.acks_sent;
     s.ack_packets += b.ack_packets;
     s.acks_received += b.acks_received;
