@@ -20,6 +20,10 @@
 //!   is a SEND of `[header | payload]` into an SRQ buffer, copied to its place only after its
 //!   target is checked to lie inside the receive buffer or exported region it belongs to. On
 //!   RC the NIC recovers; nothing is retransmitted in software.
+//! - **Probes**: on UC a QP's last chunks, which nothing behind them can prove lost, are sent
+//!   again after two smoothed RTTs (a tail-loss probe); on the RC control QPs a message left
+//!   unacknowledged gets a ping behind it, so the peer's NIC NAKs a lost one at once instead of
+//!   after the RC timeout.
 //! - **Credits**: receivers grant each connection a share of their SRQ in every ACK, so
 //!   senders never outrun it; shared CQs are sized for everything that may complete, so they
 //!   never overflow.
