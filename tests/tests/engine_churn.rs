@@ -175,3 +175,97 @@ fn paths_of_closed_connections_are_reused() {
     };
     churn(73, &cfg, Faults::NONE, 260, 16);
 }
+
+/// ACKs name a flow by its connection's index, and a new connection reuses the index of one
+/// closed before: an ACK of the old connection still on the wire when the new one starts
+/// must not acknowledge the new one's chunks. Here the receiver's ACKs of a first connection
+/// are held back on the wire for 2 ms; the connection closes and a second one opens at once on
+/// the same indices, whose first chunk is lost. The old ACKs arrive while only the sender
+/// runs: taken as the new flow's, they would acknowledge that lost chunk, and it would never
+/// be sent again.
+#[test]
+fn an_ack_of_a_closed_connection_does_not_acknowledge_the_next_one() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    use softnic::{PacketInfo, Verdict};
+    use uccl_engine::connect_pair;
+
+    const UD_SEND_ONLY: u8 = 0x64;
+    const HOLD_ACKS: u8 = 1;
+    const DROP_DATA: u8 = 2;
+    let cfg = EngineConfig {
+        mode: Mode::Uc,
+        qps_per_conn: 1,
+        ..EngineConfig::default()
+    };
+    let chunk = cfg.tx.chunk_size as usize;
+    let mut sim = Sim::new(71, 2, Faults::NONE, &cfg);
+    let phase = Arc::new(AtomicU8::new(HOLD_ACKS));
+    let dropped = Arc::new(AtomicU8::new(0));
+    let (ph, dr) = (Arc::clone(&phase), Arc::clone(&dropped));
+    sim.fabric
+        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+            let acks = p.from == 1 && p.to == 0 && p.opcode == UD_SEND_ONLY;
+            let data = p.from == 0 && p.to == 1 && p.opcode & 0xe0 == 0x20; // UC
+            match ph.load(Ordering::Relaxed) {
+                HOLD_ACKS if acks => Verdict::Delay(2_000_000),
+                // The new connection's first chunk (its packets) is lost.
+                DROP_DATA if data && dr.fetch_add(1, Ordering::Relaxed) < 4 => Verdict::Drop,
+                _ => Verdict::Pass,
+            }
+        })));
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let src = sim.engines[0].register(16 * chunk).unwrap();
+    let dst = sim.engines[1].register(16 * chunk).unwrap();
+    let data = uccl_integration::pattern(71, 0, 0, 16 * chunk);
+    src.write_at(0, &data).unwrap();
+    // The first connection: a 4-chunk message arrives; its ACKs are held back.
+    let r = sim.engines[1].recv(cb, &dst, 0, 4 * chunk as u64).unwrap();
+    let _s = sim.engines[0].send(ca, &src, 0, 4 * chunk as u64).unwrap();
+    let start = sim.fabric.now();
+    sim.run(start + Duration::from_secs(1), |_| r.test().is_some())
+        .unwrap();
+    sim.engines[0].close(ca).unwrap();
+    sim.run(start + Duration::from_secs(1), |s| {
+        (0..2).all(|i| workload::back_to_baseline(s, i))
+    })
+    .unwrap();
+    let teardown = sim.fabric.now() - start;
+    assert!(
+        teardown < Duration::from_millis(1),
+        "the old ACKs are still held: {teardown:?}"
+    );
+    // The second connection, on the same indices: a 16-chunk message, its first chunk lost.
+    phase.store(DROP_DATA, Ordering::Relaxed);
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let r = sim.engines[1].recv(cb, &dst, 0, 16 * chunk as u64).unwrap();
+    sim.engines[1].poll().unwrap(); // its buffer is advertised
+    let s = sim.engines[0].send(ca, &src, 0, 16 * chunk as u64).unwrap();
+    // Only the sender runs until the old ACKs have landed.
+    while sim.fabric.now() < start + Duration::from_millis(3) {
+        sim.engines[0].poll().unwrap();
+        let now = sim.fabric.now();
+        let next = sim
+            .fabric
+            .next_event()
+            .unwrap_or(now + Duration::from_micros(10));
+        sim.fabric
+            .advance(next.saturating_sub(now).max(Duration::from_nanos(1)));
+    }
+    sim.run(sim.fabric.now() + Duration::from_secs(2), |_| {
+        r.test().is_some() && s.test().is_some()
+    })
+    .unwrap();
+    assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
+    let mut got = vec![0u8; 16 * chunk];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got == data, "the bytes differ");
+    assert!(sim.engines[0].stats().stale_acks > 0, "no old ACK arrived");
+}

@@ -21,14 +21,16 @@ fn run_only(sim: &mut Sim, i: usize, rounds: usize) {
 
 #[test]
 fn a_receiver_that_falls_behind_is_refilled_on_the_srq_limit_event() {
-    // 64 WQEs, refilled 8 at a time: senders may use 56, the limit is 28.
-    let cfg = EngineConfig {
+    // 64 WQEs, refilled 8 at a time: senders may use 56, the limit is 28. No congestion
+    // window: the receiver's grant alone bounds the sender.
+    let mut cfg = EngineConfig {
         mode: Mode::Uc,
         qps_per_conn: 1,
         srq_depth: 64,
         srq_refill: 8,
         ..EngineConfig::default()
     };
+    cfg.tx.target_delay_us = 0;
     let mut sim = Sim::new(21, 2, Faults::NONE, &cfg);
     let [a, b] = &mut sim.engines[..] else {
         unreachable!()

@@ -444,6 +444,8 @@ impl Drain {
         cfg.tx.rto_initial_us = 1_000_000;
         cfg.tx.rto_max_us = 1_000_000;
         cfg.tx.max_silence_us = 10_000_000;
+        // Nor may a congestion window hold the batch back (no ACK comes while it crosses).
+        cfg.tx.target_delay_us = 0;
         let poll_budget = cfg.poll_budget as u64;
         let grant = (u64::from(cfg.srq_depth - cfg.srq_refill) / conns as u64)
             .min(u64::from(cfg.tx.flow_window));

@@ -48,7 +48,9 @@ impl Engine {
 
     /// An ACK for flow `ack.fid`, arrived `from`. An ACK that does not come from the flow's
     /// peer (its control QP and GID, or the connection's own control QP) is counted and
-    /// dropped: a peer can only acknowledge its own connections.
+    /// dropped: a peer can only acknowledge its own connections. One that does but carries
+    /// another tag than the connection's is an earlier connection's with the same flow id,
+    /// still on the wire: counted as stale and dropped.
     pub(crate) fn on_ack(&mut self, ack: AckRepr, from: AckSource, now: u64) {
         let ok = self
             .conns
@@ -66,6 +68,13 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         }
+        if self.conns[usize::from(ack.fid)]
+            .as_ref()
+            .is_some_and(|c| c.tag != ack.tag)
+        {
+            self.stats.stale_acks += 1;
+            return;
+        }
         self.stats.acks_received += 1;
         if let Some(c) = self.conns[usize::from(ack.fid)].as_mut() {
             c.heard = now;
@@ -76,7 +85,7 @@ impl Engine {
     /// Builds the ACK of connection `ci` now and stages it for its peer, in place of one staged
     /// earlier and not sent yet (an ACK supersedes the ones before it), so what waits for a
     /// send slot is bounded by the connections, never by the chunks.
-    pub(crate) fn stage_ack(&mut self, ci: u16) {
+    pub(crate) fn stage_ack(&mut self, ci: u16, now: u64) {
         let grant = self.credits.grant(ci);
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
@@ -84,7 +93,10 @@ impl Engine {
         if !c.is_open() {
             return;
         }
-        let ack = c.rx.ack(c.peer_fid, grant);
+        let ack = AckRepr {
+            tag: c.peer_tag,
+            ..c.rx.ack(c.peer_fid, grant, now)
+        };
         c.ack_due = None;
         self.stats.acks_sent += 1;
         if self.cfg.mode == Mode::Rc {
@@ -170,7 +182,7 @@ impl Engine {
         for &ci in &acks {
             if let Some(c) = self.conns[usize::from(ci)].as_mut() {
                 c.in_acks = false;
-                self.stage_ack(ci);
+                self.stage_ack(ci, now);
             }
         }
         let mut acks = acks;

@@ -80,6 +80,7 @@ impl Default for EngineConfig {
             tx: TxConfig {
                 chunk_size: 16 * 1024,
                 burst_bytes: 64 * 1024,
+                target_delay_us: 50,
                 ..TxConfig::default()
             },
         }

@@ -301,6 +301,10 @@ pub(crate) struct Conn {
     pub(crate) peer: usize,
     /// The peer's id of this connection (what its ACKs carry, and what ours carry to it).
     pub(crate) peer_fid: u16,
+    /// The ACK tags of this connection: the one the peer's ACKs carry (checked) and the one
+    /// ours carry to it (see [`uccl_tx::wire::AckRepr::tag`]).
+    pub(crate) tag: u8,
+    pub(crate) peer_tag: u8,
     pub(crate) qps: Vec<DataQp>,
     pub(crate) paths: Vec<PathId>,
     pub(crate) ctl: Ctl,

@@ -322,6 +322,7 @@ impl Engine {
             fast_retransmits: t.fast_retransmits,
             probe_retransmits: t.probe_retransmits,
             credit_stalls: t.credit_stalls,
+            window_stalls: t.window_stalls,
             ..self.stats
         }
     }

@@ -106,7 +106,7 @@ impl Engine {
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         c.heard = now;
         let a =
-            c.rx.on_chunk(imm, len, lane, copy.is_some(), |d| delivered.push(d));
+            c.rx.on_chunk(imm, len, (lane, copy.is_some(), now), |d| delivered.push(d));
         match a {
             Arrival::New => {
                 self.stats.chunks_received += 1;
@@ -122,7 +122,7 @@ impl Engine {
         let (chunks, bytes) = c.rx.since_ack();
         let urgent = self.cfg.ack_delay_us == 0 || a != Arrival::New || !delivered.is_empty();
         if chunks >= self.cfg.ack_every || bytes >= u64::from(self.cfg.ack_bytes) {
-            self.stage_ack(ci);
+            self.stage_ack(ci, now);
         } else if urgent {
             if !c.in_acks {
                 c.in_acks = true;

@@ -48,11 +48,12 @@ pub(crate) struct RxFlow {
     /// Chunks received since the last ACK was built, and their bytes.
     since_ack: u32,
     since_ack_bytes: u64,
-    /// The chunk that triggers the next ACK: its CSN, path, and whether it was a
-    /// retransmission.
+    /// The chunk that triggers the next ACK: its CSN, path, whether it was a
+    /// retransmission, and when it arrived (ns).
     echo: u16,
     path: u16,
     retx: bool,
+    echo_at: u64,
 }
 
 impl std::fmt::Debug for RxFlow {
@@ -76,6 +77,7 @@ impl Default for RxFlow {
             echo: 0,
             path: 0,
             retx: false,
+            echo_at: 0,
         }
     }
 }
@@ -92,20 +94,19 @@ impl RxFlow {
     }
 
     /// Records the chunk of immediate `imm` (`len` bytes) that came on the flow's path `path`
-    /// (as a retransmission if `retx`), then hands every message the cumulative point passed
-    /// to `done`, in order.
+    /// (as a retransmission if `retx`) at `now`, then hands every message the cumulative
+    /// point passed to `done`, in order.
     pub(crate) fn on_chunk(
         &mut self,
         imm: Imm,
         len: u32,
-        path: u16,
-        retx: bool,
+        (path, retx, now): (u16, bool, u64),
         mut done: impl FnMut(Delivered),
     ) -> Arrival {
         let Imm { csn, rid, last, .. } = imm;
         let ahead = csn_diff(csn, self.next());
         if ahead < 0 {
-            self.note(csn, len, path, retx);
+            self.note(csn, len, (path, retx, now));
             return Arrival::Duplicate;
         }
         let ahead = ahead as usize;
@@ -114,7 +115,7 @@ impl RxFlow {
         }
         let slot = &mut self.ring[csn as usize % WINDOW];
         if ahead > 0 && self.sack[(ahead - 1) / 64] & (1 << ((ahead - 1) % 64)) != 0 {
-            self.note(csn, len, path, retx);
+            self.note(csn, len, (path, retx, now));
             return Arrival::Duplicate;
         }
         *slot = Chunk {
@@ -123,7 +124,7 @@ impl RxFlow {
             rid,
             len,
         };
-        self.note(csn, len, path, retx);
+        self.note(csn, len, (path, retx, now));
         if ahead == 0 {
             self.advance(&mut done);
         } else {
@@ -132,7 +133,8 @@ impl RxFlow {
         Arrival::New
     }
 
-    fn note(&mut self, csn: u16, len: u32, path: u16, retx: bool) {
+    fn note(&mut self, csn: u16, len: u32, (path, retx, now): (u16, bool, u64)) {
+        self.echo_at = now;
         self.since_ack += 1;
         self.since_ack_bytes += u64::from(len);
         self.echo = csn;
@@ -171,8 +173,10 @@ impl RxFlow {
     }
 
     /// The ACK of everything received so far, for the sender's flow `fid`, granting `credit`
-    /// WRs in flight; resets the count of chunks since the last ACK.
-    pub(crate) fn ack(&mut self, fid: u16, credit: u16) -> AckRepr {
+    /// WRs in flight, built at `now` (it says how long its echo chunk waited for it, so the
+    /// sender's RTT sample leaves the wait out); resets the count of chunks since the last
+    /// ACK.
+    pub(crate) fn ack(&mut self, fid: u16, credit: u16, now: u64) -> AckRepr {
         self.since_ack = 0;
         self.since_ack_bytes = 0;
         let mut sack = [0u8; SACK_BITS / 8];
@@ -185,8 +189,9 @@ impl RxFlow {
             cum: self.cum,
             echo: self.echo,
             retx: self.retx,
+            tag: 0,
             credit,
-            queue_ns: 0,
+            queue_ns: now.saturating_sub(self.echo_at).min(u64::from(u32::MAX)) as u32,
             sack,
         }
     }
@@ -222,8 +227,7 @@ mod tests {
                 last,
             },
             100,
-            0,
-            false,
+            (0, false, u64::from(csn) * 10),
             |d| out.push(d),
         );
         (a, out)
@@ -236,8 +240,10 @@ mod tests {
         assert_eq!(run(&mut rx, 0, 0, false), (Arrival::New, vec![]));
         assert_eq!(run(&mut rx, 2, 0, true), (Arrival::New, vec![]));
         assert_eq!(run(&mut rx, 3, 1, true), (Arrival::New, vec![]));
-        let ack = rx.ack(9, 4);
+        // Chunk 3 arrived at 30 ns (the helper's clock): built at 100, the ACK says it waited 70.
+        let ack = rx.ack(9, 4, 100);
         assert_eq!((ack.cum, ack.echo, ack.fid, ack.credit), (1, 3, 9, 4));
+        assert_eq!(ack.queue_ns, 70);
         assert!(
             ack.sacked(0) && ack.sacked(1) && !ack.sacked(2),
             "2 and 3 arrived"
@@ -251,7 +257,7 @@ mod tests {
                 Delivered { rid: 1, bytes: 100 }
             ]
         );
-        let ack = rx.ack(9, 4);
+        let ack = rx.ack(9, 4, 0);
         assert_eq!(ack.cum, 4);
         assert!((0..SACK_BITS).all(|i| !ack.sacked(i)));
     }
@@ -284,6 +290,6 @@ mod tests {
             delivered += done.len();
         }
         assert_eq!(delivered, CSN_SPACE as usize * 3 + 17);
-        assert_eq!(rx.ack(0, 0).cum, (CSN_SPACE * 3 + 17) as u16);
+        assert_eq!(rx.ack(0, 0, 0).cum, (CSN_SPACE * 3 + 17) as u16);
     }
 }

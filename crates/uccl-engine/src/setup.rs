@@ -38,6 +38,14 @@ fn psn(generation: u32, lane: u32) -> u32 {
     (generation.wrapping_mul(0x9e37_79b9) ^ lane.wrapping_mul(0x85eb_ca6b)) & 0x00ff_ffff
 }
 
+/// The ACK tag of the connection whose control QP starts at `conn_psn`: its low 7 bits, which
+/// both ends know from the handshake. Consecutive generations give distinct ones (the PSN's
+/// low bits are the generation times an odd constant), so an ACK of an earlier connection
+/// with the same flow id carries another tag unless 128 connections came in between.
+fn ack_tag(conn_psn: u32) -> u8 {
+    (conn_psn & u32::from(uccl_tx::wire::MAX_TAG)) as u8
+}
+
 impl Engine {
     /// Creates the QPs of a new connection and returns its id and the handshake to send to the
     /// peer; [`complete`](Self::complete) it with the peer's. (For an exchange the caller runs
@@ -301,6 +309,8 @@ impl Engine {
             state: State::Open,
             peer,
             peer_fid: h.fid,
+            tag: ack_tag(mine.conn_psn),
+            peer_tag: ack_tag(h.conn_psn),
             qps,
             paths,
             ctl: Ctl {

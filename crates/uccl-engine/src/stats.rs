@@ -38,6 +38,9 @@ pub struct Stats {
     pub ack_packets: u64,
     /// ACK headers received.
     pub acks_received: u64,
+    /// ACK headers dropped as an earlier connection's (one closed before, whose index the
+    /// connection they name now reuses).
+    pub stale_acks: u64,
     /// Completions polled from the engine's CQs.
     pub cqes: u64,
     /// CQ polls (`poll_cq` calls).
@@ -46,6 +49,9 @@ pub struct Stats {
     pub chunks_received: u64,
     /// Times a flow had data but no credit (its receiver granted nothing more yet).
     pub credit_stalls: u64,
+    /// Times a flow had data and credit but its congestion window was full (see
+    /// [`uccl_tx::TxConfig::target_delay_us`]).
+    pub window_stalls: u64,
     /// Chunks received again (duplicates and retransmissions of what had arrived).
     pub dropped_duplicate: u64,
     /// Chunks or control messages dropped as malformed or not matching their connection

@@ -97,6 +97,7 @@ struct EngineJson<'a> {
     packets_reordered: Option<u64>,
     nic_retransmits: Option<u64>,
     credit_stalls: u64,
+    window_stalls: u64,
     duplicates_dropped: u64,
     cpu_s: Option<f64>,
     cpu_ns_per_chunk: Option<f64>,
@@ -189,6 +190,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             packets_reordered: m.nic.map(|c| c.packets_reordered),
             nic_retransmits: m.nic.map(|c| c.retransmits),
             credit_stalls: s.credit_stalls,
+            window_stalls: s.window_stalls,
             duplicates_dropped: s.dropped_duplicate,
             cpu_s: m.cpu.map(|c| c.as_secs_f64()),
             cpu_ns_per_chunk: cpu_per_chunk,
@@ -360,8 +362,8 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
     rows.push((
         "ACKs",
         format!(
-            "{} in {} packets; {} completions polled; {} credit stalls",
-            s.acks_sent, s.ack_packets, s.cqes, s.credit_stalls
+            "{} in {} packets; {} completions polled; {} credit stalls, {} window stalls",
+            s.acks_sent, s.ack_packets, s.cqes, s.credit_stalls, s.window_stalls
         ),
     ));
     for (k, v) in rows {

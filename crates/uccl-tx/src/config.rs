@@ -31,6 +31,11 @@ pub struct TxConfig {
     /// to every retransmission timeout, since the RTT samples (taken from the chunk that
     /// triggered each ACK) do not see it (QUIC's `max_ack_delay`).
     pub peer_ack_delay_us: u64,
+    /// The queueing delay a flow's congestion window keeps its RTT under, in microseconds
+    /// (Swift's target delay): below it the window grows by a chunk per window acknowledged,
+    /// above it shrinks in proportion to the excess (see the crate's congestion control).
+    /// 0: no congestion window, only the receiver's credit bounds a flow.
+    pub target_delay_us: u64,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged two smoothed RTTs plus
     /// `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
     /// delivery proves the lane's earlier transmissions lost without waiting for their
@@ -70,6 +75,7 @@ impl Default for TxConfig {
             rto_max_us: 50_000,
             rto_initial_us: 1_000,
             peer_ack_delay_us: 0,
+            target_delay_us: 0,
             tail_probes: true,
             max_retransmits: 16,
             max_silence_us: 1_000_000,

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use crate::cc::Window;
 use crate::error::TxError;
 use crate::events::Event;
 use crate::path::PathId;
@@ -190,6 +191,8 @@ pub(crate) struct Flow {
     /// The receive window granted, and chunks holding a part of it.
     pub(crate) credit: u16,
     pub(crate) inflight: u16,
+    /// The congestion window (used with a target delay).
+    pub(crate) cc: Window,
     /// The last ACK progress, or [`IDLE`].
     pub(crate) last_progress: u64,
     /// The deadline of the silence timer's live entry.
@@ -226,6 +229,7 @@ impl Flow {
             retx: VecDeque::with_capacity(2 * usize::from(window)),
             credit,
             inflight: 0,
+            cc: Window::new(window),
             last_progress: IDLE,
             silence: None,
             active: false,

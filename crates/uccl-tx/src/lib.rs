@@ -68,6 +68,16 @@
 //! through [`Tx::set_credit`]. A window of 0 stops the flow; a later ACK or `set_credit`
 //! wakes it. A chunk declared lost frees its credit at once.
 //!
+//! # Congestion window
+//!
+//! With [`TxConfig::target_delay_us`], each flow also keeps a delay-based congestion window
+//! (Swift's rule in its simplest form): it starts at 16 chunks, grows by a chunk per window
+//! acknowledged while the RTT stays under the target, and shrinks in proportion to the excess
+//! above it (by at most half, once per RTT). RTT samples leave out how long the receiver held
+//! the chunk before acknowledging it (the ACK's `queue_ns`, believed up to
+//! [`TxConfig::peer_ack_delay_us`]). Short queues keep the RTT, and with it the retransmission
+//! timeout and the tail-loss probe, short.
+//!
 //! # Completions and buffers
 //!
 //! [`Event::MessageComplete`] and [`Event::MessageFailed`] come only once every WR naming the
@@ -92,6 +102,7 @@
 #![deny(unsafe_code)]
 
 mod bits;
+mod cc;
 mod config;
 #[cfg(test)]
 mod cost_tests;

@@ -68,11 +68,11 @@ impl Tx {
             (sent.lane == ack.path && (exact || !t.moved))
                 .then_some((sent, exact && t.state != State::Acked))
         });
-        let mut progress = false;
+        let mut acked = 0u32;
         for _ in 0..ahead {
             let f = self.open_flow_mut(fid).expect("checked");
             let (_, t) = f.track.pop_base().expect("within the span");
-            progress |= self.acknowledge(fid, &t);
+            acked += u32::from(self.acknowledge(fid, &t));
         }
         let f = self.open_flow_mut(fid).expect("checked");
         let (base, span) = (f.track.base, f.track.span());
@@ -90,14 +90,19 @@ impl Tx {
             let before = *t;
             t.state = State::Acked;
             f.track.sacked.set(off);
-            progress |= self.acknowledge(fid, &before);
+            acked += u32::from(self.acknowledge(fid, &before));
         }
         if let Some((sent, sample)) = echo {
             let p = self.mark(fid, sent);
             if sample && let Some(p) = p {
-                self.paths[usize::from(p.0)]
-                    .rtt
-                    .sample(now.saturating_sub(sent.at));
+                self.sample(
+                    fid,
+                    p,
+                    now,
+                    now.saturating_sub(sent.at),
+                    ack.queue_ns,
+                    acked,
+                );
             }
         }
         self.detect_losses(fid);
@@ -109,11 +114,29 @@ impl Tx {
         } else {
             f.credit = f.credit.max(ack.credit);
         }
-        if progress {
+        if acked > 0 {
             f.last_progress = if f.track.span() == 0 { IDLE } else { now };
         }
         self.activate(fid);
         self.engine_changed();
+    }
+
+    /// An RTT sample of path `p` for flow `fid`: `rtt` from sending to the ACK, of which the
+    /// receiver held the chunk `held` ns (believed up to the peer's declared ACK delay), with
+    /// `acked` chunks newly acknowledged by the ACK. Feeds the path's estimator and the flow's
+    /// congestion window.
+    fn sample(&mut self, fid: u16, p: PathId, now: u64, rtt: u64, held: u32, acked: u32) {
+        let held = u64::from(held).min(self.cfg.peer_ack_delay_us * 1000);
+        let rtt = rtt.saturating_sub(held);
+        let est = &mut self.paths[usize::from(p.0)].rtt;
+        est.sample(rtt);
+        let srtt = est.srtt().unwrap_or(rtt);
+        let target = self.cfg.target_delay_us * 1000;
+        if target > 0
+            && let Some(f) = self.open_flow_mut(fid)
+        {
+            f.cc.on_sample(now, rtt, target, srtt, acked);
+        }
     }
 
     /// A chunk (`t` as it was before this ACK) was acknowledged; whether that is news.

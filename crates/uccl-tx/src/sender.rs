@@ -123,6 +123,7 @@ impl Tx {
         let (flow_window, engine_window) =
             (u32::from(self.cfg.flow_window), self.cfg.engine_window);
         let unacked = self.unacked;
+        let congestion = self.cfg.target_delay_us > 0;
         let f = self.open_flow_mut(fid).expect("caller checked");
         // Entries of chunks acknowledged since they were queued are stale.
         while let Some(&csn) = f.retx.front() {
@@ -138,6 +139,10 @@ impl Tx {
         };
         if f.inflight >= f.credit {
             self.stats.credit_stalls += 1;
+            return Outcome::Idle;
+        }
+        if congestion && f.inflight >= f.cc.chunks() {
+            self.stats.window_stalls += 1;
             return Outcome::Idle;
         }
         if matches!(what, Send::New) && unacked >= engine_window {

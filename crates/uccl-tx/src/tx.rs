@@ -42,6 +42,9 @@ pub struct FlowInfo {
     pub credit: u16,
     /// Chunks in flight: posted, neither acknowledged nor declared lost.
     pub inflight: u16,
+    /// The congestion window, in chunks (bounds `inflight` with a target delay; see
+    /// [`TxConfig::target_delay_us`]).
+    pub window: u16,
     /// Chunks sent and not yet acknowledged cumulatively (the SACK window in use).
     pub span: u32,
     /// Messages not yet reported complete or failed.
@@ -384,6 +387,7 @@ impl Tx {
         self.flow(fid).map(|f| FlowInfo {
             credit: f.credit,
             inflight: f.inflight,
+            window: f.cc.chunks(),
             span: f.track.span(),
             messages: f.msgs.len(),
             failed: f.status != Status::Open,

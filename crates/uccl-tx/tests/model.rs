@@ -138,6 +138,8 @@ fn config(s: &Scenario) -> TxConfig {
         // The network holds ACKs back up to this long: the sender is told so, as an engine
         // tells its peer (else a tail-loss probe would be spurious).
         peer_ack_delay_us: s.net.ack_delay_max.div_ceil(1000),
+        // Half the scenarios run with a congestion window (a target delay of 20-80 us).
+        target_delay_us: [0, 20, 0, 80][(s.net.seed % 4) as usize],
         ..TxConfig::default()
     }
 }

@@ -519,3 +519,27 @@ fn a_tail_acknowledged_in_time_is_not_probed() {
     assert_eq!(t.stats().probe_retransmits, 0);
     assert_eq!(t.poll_timeout().filter(|&d| d < 10_000_000), None);
 }
+
+/// An ACK says how long the receiver held its echo chunk: the RTT sample leaves that out (as
+/// far as the peer's declared ACK delay goes; the timeout adds the delay back).
+#[test]
+fn the_receivers_hold_time_is_left_out_of_the_rtt_sample() {
+    let (mut t, _) = one_path(TxConfig {
+        rto_min_us: 1,
+        peer_ack_delay_us: 40,
+        tail_probes: false,
+        ..chunks_of_100()
+    });
+    t.send(1, msg(100)).unwrap();
+    post_all(&mut t, 0);
+    // 100 us, of which 60 held: only the declared 40 are believed, so the sample is 60 us
+    // (srtt 60, rttvar 30): RTO 60 + 4 * 30 + 40 = 220 us.
+    let held = AckRepr {
+        queue_ns: 60_000,
+        ..ack(1, 1, 0)
+    };
+    t.on_ack(100_000, &held);
+    t.send(1, msg(100)).unwrap();
+    post_all(&mut t, 200_000);
+    assert_eq!(t.poll_timeout(), Some(200_000 + 220_000));
+}

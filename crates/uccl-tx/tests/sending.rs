@@ -5,6 +5,7 @@
 mod util;
 
 use bufpool::{Region, RegionPool};
+use uccl_tx::wire::AckRepr;
 use uccl_tx::{Event, Message, PathId, Tx, TxConfig, TxError, WrId};
 use util::*;
 use verbs_safe::sys::ibv_wr_opcode;
@@ -522,4 +523,44 @@ fn a_flow_sends_bursts_of_chunks_on_one_path_within_a_call() {
         wrs.windows(2).any(|w| w[0].path != w[1].path),
         "per-chunk choice"
     );
+}
+
+/// With a target delay, a flow's chunks in flight stay within its congestion window: 16 to
+/// start; an ACK whose RTT (less the receiver's hold time) exceeds the target shrinks it in
+/// proportion (by at most half), ACKs below the target grow it by a chunk per window.
+#[test]
+fn a_congestion_window_bounds_the_chunks_in_flight_and_follows_the_delay() {
+    let (mut t, _) = one_path(TxConfig {
+        target_delay_us: 50,
+        peer_ack_delay_us: 40,
+        ..chunks_of_100()
+    });
+    t.send(1, msg(100 * 100)).unwrap();
+    let (wrs, _) = post_all(&mut t, 0);
+    assert_eq!(wrs.len(), 16, "the initial window");
+    assert!(post_all(&mut t, 0).0.is_empty());
+    assert!(t.stats().window_stalls > 0);
+    // All 16 acknowledged at 200 us, the last held 40 us by the receiver: an RTT of 160 us,
+    // 110 over the target: keep 1 - 0.8 * 110 / 160 = 45%, at least half: 8.
+    let held = AckRepr {
+        queue_ns: 40_000,
+        ..ack(1, 16, 15)
+    };
+    t.on_ack(200_000, &held);
+    assert_eq!(t.flow_info(1).unwrap().window, 8);
+    let (wrs, _) = post_all(&mut t, 300_000);
+    assert_eq!(wrs.len(), 8);
+    // Those 8 acknowledged 10 us later, under the target: one chunk more.
+    t.on_ack(310_000, &ack(1, 24, 23));
+    assert_eq!(t.flow_info(1).unwrap().window, 9);
+    assert_eq!(post_all(&mut t, 310_000).0.len(), 9);
+}
+
+/// Without a target delay there is no congestion window: the credit alone bounds a flow.
+#[test]
+fn without_a_target_delay_only_the_credit_bounds_a_flow() {
+    let (mut t, _) = one_path(chunks_of_100());
+    t.send(1, msg(100 * 100)).unwrap();
+    assert_eq!(post_all(&mut t, 0).0.len(), 64, "the path's depth");
+    assert_eq!(t.stats().window_stalls, 0);
 }

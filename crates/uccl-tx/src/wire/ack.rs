@@ -11,6 +11,9 @@ pub const ACK_VERSION: u8 = 2;
 /// receiver's SRQ), not as its original RDMA WRITE_WITH_IMM.
 const FLAG_RETX: u8 = 1;
 
+/// The largest [`AckRepr::tag`] (7 bits, above the retransmission flag).
+pub const MAX_TAG: u8 = 0x7f;
+
 /// A coalesced ACK/SACK, sent on the engine's UD control QP (48 bytes; several are packed into
 /// one UD message):
 ///
@@ -23,7 +26,7 @@ const FLAG_RETX: u8 = 1;
 ///
 /// - `ver`: [`ACK_VERSION`];
 /// - `flags`: bit 0 set means the triggering chunk arrived as a retransmission (a SEND), clear
-///   means as its original WRITE_WITH_IMM; the other bits are sent as 0 and ignored;
+///   means as its original WRITE_WITH_IMM; bits 1-7 are the `tag` (see [`AckRepr::tag`]);
 /// - `path`: the index, in the flow's list of paths (the connection's QPs, in the order both
 ///   ends agreed on at connection time), of the QP the triggering chunk came on;
 /// - `fid`: the flow (12 bits used);
@@ -71,6 +74,10 @@ impl<T: AsRef<[u8]>> Ack<T> {
     /// Whether the triggering chunk arrived as a retransmission.
     pub fn retx(&self) -> bool {
         self.buf.as_ref()[1] & FLAG_RETX != 0
+    }
+    /// The tag of the connection the ACK is for.
+    pub fn tag(&self) -> u8 {
+        self.buf.as_ref()[1] >> 1
     }
     /// The index of the path the triggering chunk came on, in the flow's path list.
     pub fn path(&self) -> u16 {
@@ -134,6 +141,12 @@ pub struct AckRepr {
     pub echo: u16,
     /// The triggering chunk arrived as a retransmission (a SEND), not as its original WRITE.
     pub retx: bool,
+    /// Which connection with this flow id the ACK is for (7 bits, at most [`MAX_TAG`]): flow
+    /// ids are reused by later connections, so an ACK of an earlier one still on the wire
+    /// would otherwise acknowledge chunks of the new one. The two ends agree on a tag at
+    /// connection time (uccl-engine: the low bits of the connection's first control PSN), and
+    /// the flow's sender drops ACKs with another. 0 where unused.
+    pub tag: u8,
     /// The receive window granted to the flow, in WRs in flight.
     pub credit: u16,
     /// Receiver queueing time (ns).
@@ -151,6 +164,7 @@ impl AckRepr {
             cum: a.cum(),
             echo: a.echo(),
             retx: a.retx(),
+            tag: a.tag(),
             credit: a.credit(),
             queue_ns: a.queue_ns(),
             sack: a.sack(),
@@ -178,8 +192,14 @@ impl AckRepr {
             });
         }
         check_ranges(self.fid, self.echo)?;
+        if self.tag > MAX_TAG {
+            return Err(WireError::Range {
+                field: "tag",
+                value: self.tag.into(),
+            });
+        }
         out[0] = ACK_VERSION;
-        out[1] = if self.retx { FLAG_RETX } else { 0 };
+        out[1] = (self.tag << 1) | if self.retx { FLAG_RETX } else { 0 };
         for (at, v) in [
             (2, self.path),
             (4, self.fid),
@@ -276,9 +296,16 @@ mod tests {
         ));
         let mut r = good;
         r[1] = 0xfe;
+        let tagged = AckRepr::from_bytes(&r).unwrap();
+        assert!(!tagged.retx, "the tag is not the retransmission flag");
+        assert_eq!(tagged.tag, MAX_TAG);
         assert!(
-            !AckRepr::from_bytes(&r).unwrap().retx,
-            "reserved flag bits are ignored"
+            AckRepr {
+                tag: MAX_TAG + 1,
+                ..AckRepr::default()
+            }
+            .to_bytes()
+            .is_err()
         );
         assert!(
             AckRepr {
@@ -301,18 +328,17 @@ mod tests {
     proptest! {
         #[test]
         fn ack_round_trips(
-            path: u16, fid in 0..=MAX_FID, cum: u16, echo in 0u16..2048, retx: bool, credit: u16,
-            q: u32, sack: [u8; 32],
+            path: u16, fid in 0..=MAX_FID, cum: u16, echo in 0u16..2048, retx: bool,
+            tag in 0..=MAX_TAG, credit: u16, q: u32, sack: [u8; 32],
         ) {
-            let a = AckRepr { path, fid, cum, echo, retx, credit, queue_ns: q, sack };
+            let a = AckRepr { path, fid, cum, echo, retx, tag, credit, queue_ns: q, sack };
             prop_assert_eq!(AckRepr::from_bytes(&a.to_bytes().unwrap()).unwrap(), a);
         }
 
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(a) = AckRepr::from_bytes(&b) {
-                let mut again = a.to_bytes().unwrap();
-                again[1] = b[1];
+                let again = a.to_bytes().unwrap();
                 prop_assert_eq!(&again[..], &b[..ACK_LEN]);
             }
         }

@@ -1,0 +1,114 @@
+//! Congestion control: a delay-based window per flow, Swift's rule in its simplest form.
+//!
+//! The receiver's credit bounds what a flow may have in flight by what the receiver can
+//! absorb; nothing bounds what the network queues. Without a second bound, a few flows with
+//! full windows keep hundreds of microseconds of chunks queued in front of the NIC: RTTs swing
+//! from microseconds to a millisecond, the retransmission timeout cannot follow (it fires
+//! spuriously, or waits long), and tail-loss probes wait as long. So each flow also keeps a
+//! congestion window, steered by the RTT samples its ACKs give (the receiver's hold time
+//! taken out):
+//!
+//! - below the target delay it grows by one chunk per window acknowledged (additive);
+//! - above it, it shrinks in proportion to the excess, `1 - 0.8 * (rtt - target) / rtt`, by at
+//!   most half and at most once per smoothed RTT (so one queue is not counted twice);
+//! - it never falls below one chunk, nor rises above the flow's SACK window.
+//!
+//! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
+//! delay already says which.
+
+/// Fixed point: the window is kept in 1/256 chunks, so that additive increase (1/cwnd per
+/// chunk acknowledged) accumulates.
+const ONE: u32 = 256;
+
+/// The window a flow starts with, in chunks (at most its SACK window).
+const INITIAL: u32 = 16;
+
+/// Shrink factor per unit of relative excess delay (Swift's beta).
+const BETA: u64 = 205; // 0.8 * 256
+
+/// A flow's congestion window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    /// Chunks, times [`ONE`].
+    cwnd: u32,
+    /// The most it may grow to, times [`ONE`].
+    max: u32,
+    /// When it last shrank (ns), if ever.
+    cut_at: Option<u64>,
+}
+
+impl Window {
+    /// A window for a flow whose SACK window is `max` chunks.
+    pub(crate) fn new(max: u16) -> Window {
+        let max = u32::from(max.max(1)) * ONE;
+        Window {
+            cwnd: (INITIAL * ONE).min(max),
+            max,
+            cut_at: None,
+        }
+    }
+
+    /// The window in whole chunks (at least 1).
+    pub(crate) fn chunks(&self) -> u16 {
+        (self.cwnd / ONE).max(1) as u16
+    }
+
+    /// `acked` chunks were newly acknowledged, and the ACK gave the RTT sample `rtt` (ns);
+    /// `target` is the delay to keep under and `srtt` the smoothed RTT of the sample's path.
+    pub(crate) fn on_sample(&mut self, now: u64, rtt: u64, target: u64, srtt: u64, acked: u32) {
+        if rtt <= target {
+            let grow = acked.saturating_mul(ONE * ONE) / self.cwnd.max(ONE);
+            self.cwnd = self.cwnd.saturating_add(grow).min(self.max);
+            return;
+        }
+        if self.cut_at.is_some_and(|at| now.saturating_sub(at) < srtt) {
+            return;
+        }
+        // 1 - 0.8 * (rtt - target) / rtt, at least 1/2: in 1/256.
+        let excess = (rtt - target).saturating_mul(BETA) / rtt.max(1);
+        let keep = 256u64.saturating_sub(excess).max(128);
+        self.cwnd = ((u64::from(self.cwnd) * keep / 256) as u32).max(ONE);
+        self.cut_at = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_grows_a_chunk_per_window_below_the_target() {
+        let mut w = Window::new(256);
+        assert_eq!(w.chunks(), 16);
+        // Two windows acknowledged below the target: about a chunk per window.
+        for _ in 0..32 {
+            w.on_sample(0, 10, 50, 10, 1);
+        }
+        assert_eq!(w.chunks(), 17);
+        // It stops at the SACK window.
+        for _ in 0..100_000 {
+            w.on_sample(0, 10, 50, 10, 1);
+        }
+        assert_eq!(w.chunks(), 256);
+        assert_eq!(Window::new(4).chunks(), 4);
+    }
+
+    #[test]
+    fn it_shrinks_with_the_excess_delay_once_per_rtt_by_at_most_half() {
+        let mut w = Window::new(256);
+        // RTT twice the target: keep 1 - 0.8 * 1/2 = 60%.
+        w.on_sample(1_000, 100, 50, 100, 1);
+        assert_eq!(w.chunks(), 9); // 16 * 0.6 = 9.6
+        // Within the same smoothed RTT: no second cut for the same queue.
+        w.on_sample(1_050, 1_000, 50, 100, 1);
+        assert_eq!(w.chunks(), 9);
+        // A later, far larger excess: at most half.
+        w.on_sample(1_100, 1_000_000, 50, 100, 1);
+        assert_eq!(w.chunks(), 4);
+        // Never below one chunk.
+        for k in 0..20 {
+            w.on_sample(2_000 + k * 1_000, 1_000_000, 50, 100, 1);
+        }
+        assert_eq!(w.chunks(), 1);
+    }
+}
