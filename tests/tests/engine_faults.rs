@@ -242,3 +242,31 @@ fn uc_tiny_srq_converges_under_loss() {
 fn rc_tiny_srq_of_8_converges_with_16_connections() {
     tiny_srq(24, Mode::Rc, 8, 4, Faults::NONE);
 }
+
+/// Without faults no retransmission timer fires, even with four connections of eight QPs
+/// each pushing 1 MiB messages at once through one 100 Gb/s link: their congestion windows
+/// keep the link's queue, and with it the RTT, short. (With only the receivers' credits
+/// bounding them, queues of hundreds of microseconds made timeouts fire spuriously: 2 in this
+/// run with `target_delay_us: 0`.)
+#[test]
+fn a_lossless_fabric_under_load_sees_no_timeout() {
+    let cfg = cfg(Mode::Uc, 8);
+    let mut sim = Sim::new(17, 2, Faults::NONE, &cfg);
+    let links: Vec<Link> = (0..4).map(|_| sim.connect(0, 1).unwrap()).collect();
+    let ops: Vec<Op> = (0..32)
+        .map(|i| Op {
+            link: i % 4,
+            reverse: false,
+            kind: Kind::Send,
+            len: 1 << 20,
+            slack: 0,
+        })
+        .collect();
+    workload::run(&mut sim, &links, &ops, Pacing::default()).unwrap();
+    let s = sim.engines[0].stats();
+    assert_eq!(s.rto_retransmits, 0, "{s:?}");
+    assert!(
+        s.window_stalls > 0,
+        "the windows did bound the flows: {s:?}"
+    );
+}
