@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use softnic::{Faults, PacketInfo, Verdict};
-use uccl_engine::{EngineConfig, EngineError, Mode, connect_pair};
+use uccl_engine::{ConnId, EngineConfig, EngineError, Mode, connect_pair};
 use uccl_integration::Sim;
 
 #[test]
@@ -81,63 +81,99 @@ fn a_threaded_engine_whose_thread_dies_fails_everything_and_refuses_more() {
     assert!(matches!(b.register(10), Err(EngineError::Stopped)));
 }
 
-/// A lost control message (here the receiver's advertisement of its buffer, on UC the last
-/// thing its control QP sends for a while) costs a probe, not the control QP's RC timeout
-/// (67 ms):
-/// the engine pings behind a control send left unacknowledged, the peer's NIC sees the PSN
-/// gap and NAKs it, and the lost message goes again at once.
+/// The receiver's advertisement of a 4 KiB buffer is lost on the control QP (on UC the last
+/// thing that QP sends for a while), and with it the next `lost - 1` control packets from
+/// the receiver: the message must still arrive, byte-exact, well before the RC timeout
+/// (67 ms). Returns the simulation, the two ends and the virtual time it took.
+fn lose_advertisement(mode: Mode, lost: u64) -> (Sim, ConnId, ConnId, Duration) {
+    const RC_SEND_ONLY: u8 = 0x04;
+    let cfg = EngineConfig {
+        mode,
+        qps_per_conn: 1,
+        ..EngineConfig::default()
+    };
+    let mut sim = Sim::new(63, 2, Faults::NONE, &cfg);
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let dropped = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&dropped);
+    sim.fabric
+        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+            let ctl = p.from == 1 && p.to == 0 && p.opcode == RC_SEND_ONLY;
+            if ctl && seen.fetch_add(1, Ordering::Relaxed) < lost {
+                Verdict::Drop
+            } else {
+                Verdict::Pass
+            }
+        })));
+    let src = sim.engines[0].register(4096).unwrap();
+    src.write_at(0, &[7; 4096]).unwrap();
+    let dst = sim.engines[1].register(4096).unwrap();
+    let start = sim.fabric.now();
+    let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
+    let r = sim.engines[1].recv(cb, &dst, 0, 4096).unwrap();
+    sim.run(start + Duration::from_secs(1), |_| {
+        s.test().is_some() && r.test().is_some()
+    })
+    .unwrap();
+    let took = sim.fabric.now() - start;
+    assert!(
+        dropped.load(Ordering::Relaxed) >= lost,
+        "{mode:?}: not lost"
+    );
+    assert!(matches!(r.test(), Some(Ok(_))), "{mode:?}: {:?}", r.test());
+    let mut got = [0u8; 4096];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 7), "{mode:?}: the bytes differ");
+    assert!(
+        took < Duration::from_millis(5),
+        "{mode:?}: the lost advertisement took {took:?} of virtual time to recover"
+    );
+    (sim, ca, cb, took)
+}
+
+/// A lost control message costs a probe, not the control QP's RC timeout: the engine pings
+/// behind a control send left unacknowledged, the peer's NIC sees the PSN gap and NAKs it,
+/// and the lost message goes again at once.
 #[test]
 fn a_lost_control_message_costs_a_probe_not_the_rc_timeout() {
-    const RC_SEND_ONLY: u8 = 0x04;
     for mode in [Mode::Uc, Mode::Rc] {
-        let cfg = EngineConfig {
-            mode,
-            qps_per_conn: 1,
-            ..EngineConfig::default()
-        };
-        let mut sim = Sim::new(63, 2, Faults::NONE, &cfg);
-        let [a, b] = &mut sim.engines[..] else {
-            unreachable!()
-        };
-        let (ca, cb) = connect_pair(a, b).unwrap();
-        let dropped = Arc::new(AtomicU64::new(0));
-        let seen = Arc::clone(&dropped);
-        sim.fabric
-            .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
-                let first = p.from == 1 && p.to == 0 && p.opcode == RC_SEND_ONLY;
-                if first && seen.fetch_add(1, Ordering::Relaxed) == 0 {
-                    Verdict::Drop
-                } else {
-                    Verdict::Pass
-                }
-            })));
-        let src = sim.engines[0].register(4096).unwrap();
-        src.write_at(0, &[7; 4096]).unwrap();
-        let dst = sim.engines[1].register(4096).unwrap();
-        let start = sim.fabric.now();
-        let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
-        let r = sim.engines[1].recv(cb, &dst, 0, 4096).unwrap();
-        sim.run(start + Duration::from_secs(1), |_| {
-            s.test().is_some() && r.test().is_some()
-        })
-        .unwrap();
-        let took = sim.fabric.now() - start;
-        assert!(
-            dropped.load(Ordering::Relaxed) >= 1,
-            "{mode:?}: nothing lost"
-        );
-        assert!(matches!(r.test(), Some(Ok(_))), "{mode:?}: {:?}", r.test());
-        let mut got = [0u8; 4096];
-        dst.read_at(0, &mut got).unwrap();
-        assert!(got.iter().all(|&x| x == 7), "{mode:?}: the bytes differ");
-        assert!(
-            took < Duration::from_millis(5),
-            "{mode:?}: the lost advertisement took {took:?} of virtual time to recover"
-        );
+        let (sim, ..) = lose_advertisement(mode, 1);
         // On UC the advertisement is the receiver's only control message: the probe is what
         // shows the gap. On RC another follows at once (and shows it).
         if mode == Mode::Uc {
             assert_eq!(sim.engines[1].stats().ctl_probes, 1);
         }
     }
+}
+
+/// When the probe is lost too (or the NAK it draws, or the message's second transmission),
+/// the peer's NIC stays silent until the RC timeout: the advertisement the control QP holds
+/// back is then copied over the UD QP. The original arrives later all the same (RC delivers
+/// it after its timeout) and is dropped as a copy: the next message goes to the next buffer.
+#[test]
+fn an_advertisement_held_back_by_a_stalled_control_qp_is_copied_over_ud() {
+    let (mut sim, ca, cb, _) = lose_advertisement(Mode::Uc, 2);
+    assert!(sim.engines[1].stats().ctl_copies > 0);
+    // Past the RC timeout: the original advertisement comes (and is polled in the next run).
+    sim.fabric.advance(Duration::from_millis(200));
+    let later = sim.fabric.now();
+    let src = sim.engines[0].register(4096).unwrap();
+    src.write_at(0, &[9; 4096]).unwrap();
+    let dst = sim.engines[1].register(4096).unwrap();
+    let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
+    let r = sim.engines[1].recv(cb, &dst, 0, 4096).unwrap();
+    sim.run(later + Duration::from_secs(1), |_| {
+        s.test().is_some() && r.test().is_some()
+    })
+    .unwrap();
+    assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
+    let mut got = [0u8; 4096];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&x| x == 9),
+        "the second message missed its buffer"
+    );
 }

@@ -7,15 +7,17 @@ use uccl_tx::wire::{ACK_LEN, AckRepr};
 use verbs_safe::Gid;
 
 use crate::config::Mode;
+use crate::cts::Cts;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::io::{GRH, QKEY};
-use crate::proto::Ctl;
+use crate::proto::{CTL_COPY, Ctl, parse_ctl_copy};
 use crate::round::Cqe;
 use crate::wrid;
 
 impl Engine {
-    /// A UD message of packed ACK headers arrived (UC mode).
+    /// A UD message arrived: packed ACK headers (UC mode), or a control message copied (see
+    /// [`on_ctl_copy`](Self::on_ctl_copy)).
     pub(crate) fn on_ack_packet(&mut self, slot: u32, e: Cqe, now: u64) {
         self.io.ctrl_recv.owed.push(slot);
         if !e.ok || (e.byte_len as usize) < GRH {
@@ -35,6 +37,8 @@ impl Engine {
         bytes.resize(len, 0);
         if !self.io.ctrl_recv.read(slot, GRH, &mut bytes) {
             self.stats.dropped_invalid += 1;
+        } else if bytes.first() == Some(&CTL_COPY) {
+            self.on_ctl_copy(&bytes, from);
         } else {
             for a in bytes.chunks_exact(ACK_LEN) {
                 match AckRepr::from_bytes(a) {
@@ -44,6 +48,49 @@ impl Engine {
             }
         }
         self.scratch.bytes = bytes;
+    }
+
+    /// A control message copied over the UD QP by a peer whose control QP holds it back (see
+    /// `keepalive.rs`). Only advertisements are copied; one is taken, like one from the
+    /// connection's control QP, if it comes from the connection's peer with the connection's
+    /// tag (an earlier connection with the same id has another).
+    fn on_ctl_copy(&mut self, b: &[u8], from: AckSource) {
+        let Some((
+            fid,
+            tag,
+            Ctl::Cts {
+                seq,
+                addr,
+                len,
+                rkey,
+            },
+        )) = parse_ctl_copy(b)
+        else {
+            self.stats.dropped_invalid += 1;
+            return;
+        };
+        let AckSource::Ud { qpn, gid } = from else {
+            return;
+        };
+        let ok = self
+            .conns
+            .get(usize::from(fid))
+            .and_then(Option::as_ref)
+            .is_some_and(|c| {
+                let p = &self.peers[c.peer];
+                c.is_open() && p.ctrl_qpn == qpn && p.gid == gid && c.tag == tag
+            });
+        if !ok {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        let cts = Cts {
+            seq,
+            addr,
+            len,
+            rkey,
+        };
+        self.take_cts(fid, cts);
     }
 
     /// An ACK for flow `ack.fid`, arrived `from`. An ACK that does not come from the flow's
@@ -204,13 +251,17 @@ impl Engine {
     /// Sends the ACKs staged for peer `p` as one UD message (if a send slot is free; else they
     /// wait for the next round).
     pub(crate) fn send_ack_packet(&mut self, p: usize) {
-        let peer = &mut self.peers[p];
-        if peer.acks.is_empty() {
+        if self.peers[p].acks.is_empty() {
             return;
         }
-        let Some(i) = self.io.ctrl_send.take(&peer.acks) else {
+        let acks = std::mem::take(&mut self.peers[p].acks);
+        let sent = self.send_ud(p, &acks);
+        self.peers[p].acks = acks;
+        if !sent {
             return;
-        };
+        }
+        self.stats.ack_packets += 1;
+        let peer = &mut self.peers[p];
         peer.acks.clear();
         for &ci in &peer.staged {
             if let Some(c) = self.conns[usize::from(ci)].as_mut() {
@@ -218,6 +269,16 @@ impl Engine {
             }
         }
         peer.staged.clear();
+    }
+
+    /// Sends `bytes` to peer `p`'s UD QP as one message; false if no send slot was free or the
+    /// post failed (what it carries is repeated later: ACKs by the next ones, copied control
+    /// messages at the next probe).
+    pub(crate) fn send_ud(&mut self, p: usize, bytes: &[u8]) -> bool {
+        let Some(i) = self.io.ctrl_send.take(bytes) else {
+            return false;
+        };
+        let peer = &self.peers[p];
         let s = &mut self.io.ctrl_send.slots[i as usize];
         s.wr.wr_id = wrid::ud_send(i);
         s.wr.wr.ud.ah = peer.ah.as_raw();
@@ -228,11 +289,11 @@ impl Engine {
             .ctrl_qp
             .post_slots(&mut self.io.ctrl_send.slots, &[i])
         {
-            Ok(()) => self.stats.ack_packets += 1,
+            Ok(()) => true,
             Err(e) => {
-                // ACKs are repeated by the next ones: losing a batch only delays.
-                tracing::warn!(error = %e, "sending ACKs failed");
+                tracing::warn!(error = %e, "a send on the UD QP failed");
                 self.io.ctrl_send.give_back(i);
+                false
             }
         }
     }

@@ -11,6 +11,7 @@ use verbs_safe::{
     SqPsn, Transport, Uc, UcRtr,
 };
 
+use crate::cts::{Cts, CtsOrder};
 use crate::error::{EngineError, Result};
 use crate::io::{RecvRing, SendRing};
 use crate::proto::{CTL_LEN, Ctl as CtlMsg};
@@ -268,15 +269,6 @@ pub(crate) struct PostedRecv {
     pub(crate) req: Request,
 }
 
-/// A peer's receive buffer, not yet matched with a send.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Cts {
-    pub(crate) seq: u32,
-    pub(crate) addr: u64,
-    pub(crate) len: u64,
-    pub(crate) rkey: u32,
-}
-
 /// A send waiting for the peer's next receive buffer.
 pub(crate) struct PendingSend {
     pub(crate) local: u64,
@@ -313,7 +305,9 @@ pub(crate) struct Conn {
     pub(crate) recvs: Box<[Option<PostedRecv>]>,
     pub(crate) recvs_posted: u32,
     pub(crate) next_seq: u32,
+    /// The peer's advertisements ready to match, in order, and the order they are taken in.
     pub(crate) cts: VecDeque<Cts>,
+    pub(crate) cts_order: CtsOrder,
     pub(crate) sends: VecDeque<PendingSend>,
     /// Messages handed to the transmit side, by message id from `first_msg`: the request and
     /// its length.

@@ -3,7 +3,8 @@
 //! polled.
 
 use crate::config::Mode;
-use crate::conn::{Cts, State};
+use crate::conn::State;
+use crate::cts::{Cts, Taken};
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::proto::{CTL_LEN, Ctl};
@@ -37,18 +38,13 @@ impl Engine {
                 len,
                 rkey,
             }) => {
-                if c.cts.len() >= crate::conn::RECV_IDS {
-                    // More advertisements than a peer can have outstanding: a broken peer.
-                    self.stats.dropped_invalid += 1;
-                    return;
-                }
-                c.cts.push_back(Cts {
+                let cts = Cts {
                     seq,
                     addr,
                     len,
                     rkey,
-                });
-                self.mark_ready(ci);
+                };
+                self.take_cts(ci, cts);
             }
             Some(Ctl::Refuse { seq }) => {
                 let i = seq as usize % crate::conn::RECV_IDS;
@@ -68,6 +64,20 @@ impl Engine {
             Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
             Some(Ctl::Ping) => {}
             _ => self.stats.dropped_invalid += 1,
+        }
+    }
+
+    /// The peer's advertisement `cts` on connection `ci`, from its control QP or copied over
+    /// the UD QP: taken in order, once (see [`crate::cts`]).
+    pub(crate) fn take_cts(&mut self, ci: u16, cts: Cts) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        match c.cts_order.take(cts, &mut c.cts) {
+            Taken::New => self.mark_ready(ci),
+            Taken::Copy => {}
+            // More advertisements than a peer can have outstanding: a broken peer.
+            Taken::Invalid => self.stats.dropped_invalid += 1,
         }
     }
 

@@ -167,6 +167,19 @@ impl SendRing {
         Some(i)
     }
 
+    /// The message in slot `i` if the slot is taken (posted, not yet completed).
+    pub(crate) fn read_taken<const N: usize>(&self, i: u32, out: &mut [u8; N]) -> bool {
+        let i = i as usize;
+        self.busy.get(i).is_some_and(|&b| b)
+            && self.slots[i].sges[0].length as usize == N
+            && self.buf.read_at(i * self.slot_size, out).is_ok()
+    }
+
+    /// Slots in all (taken or free).
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Slots taken and not given back.
     pub(crate) fn in_use(&self) -> usize {
         self.slots.len() - self.free.len()

@@ -19,7 +19,7 @@
 //! of connections.
 
 use crate::engine::{ConnId, Engine};
-use crate::proto::Ctl;
+use crate::proto::{CTL_LEN, Ctl, ctl_copy};
 
 impl Engine {
     /// The keep-alive interval: a quarter of the transmit side's longest silence.
@@ -103,13 +103,42 @@ impl Engine {
             };
             c.in_ctl_probe = false;
             let stalled = c.ctl.completions == completions && c.ctl.send.in_use() > 0;
-            if stalled && !c.ctl.probed && c.ctl.backlog.is_empty() {
+            if stalled && c.ctl.probed {
+                self.copy_advertisements(id.index);
+            } else if stalled && c.ctl.backlog.is_empty() {
                 c.ctl.probed = true;
                 c.ctl.backlog.push_back(Ctl::Ping.to_bytes());
                 self.stats.ctl_probes += 1;
                 self.mark_ctl(id.index);
             }
             self.arm_ctl_probe(id.index, now);
+        }
+    }
+
+    /// Connection `ci`'s control QP is still stalled a probe interval after its probe: the
+    /// advertisements it holds back go again as copies over the UD QP (O(control send slots),
+    /// only while stalled). The peer takes each once, in order, whichever copy comes first.
+    fn copy_advertisements(&mut self, ci: u16) {
+        let Some(slots) = self.conns[usize::from(ci)]
+            .as_ref()
+            .map(|c| c.ctl.send.len())
+        else {
+            return;
+        };
+        for i in 0..slots as u32 {
+            let Some(c) = self.conns[usize::from(ci)].as_ref() else {
+                return;
+            };
+            let mut msg = [0u8; CTL_LEN];
+            if !c.ctl.send.read_taken(i, &mut msg)
+                || !matches!(Ctl::parse(&msg), Some(Ctl::Cts { .. }))
+            {
+                continue;
+            }
+            let copy = ctl_copy(c.peer_fid, c.peer_tag, &msg);
+            if self.send_ud(c.peer, &copy) {
+                self.stats.ctl_copies += 1;
+            }
         }
     }
 

@@ -82,6 +82,7 @@ mod config;
 mod conn;
 mod control;
 mod credits;
+mod cts;
 mod engine;
 mod error;
 mod exports;

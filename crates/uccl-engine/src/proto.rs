@@ -254,9 +254,58 @@ impl Ctl {
     }
 }
 
+/// The first byte of a control message copied over the UD QP (an ACK packet's first byte is
+/// its version, 2).
+pub(crate) const CTL_COPY: u8 = 0xc1;
+
+/// Bytes of a copied control message: `[CTL_COPY, tag, fid (2, big-endian), 0 (4), message
+/// (CTL_LEN)]`, where `fid` is the receiver's id of the connection and `tag` its ACK tag.
+pub(crate) const CTL_COPY_LEN: usize = 8 + CTL_LEN;
+
+/// Control message `msg` of connection `fid` (its receiver's id) with ACK tag `tag`, as a copy
+/// for the UD QP.
+pub(crate) fn ctl_copy(fid: u16, tag: u8, msg: &[u8; CTL_LEN]) -> [u8; CTL_COPY_LEN] {
+    let mut b = [0u8; CTL_COPY_LEN];
+    b[0] = CTL_COPY;
+    b[1] = tag;
+    b[2..4].copy_from_slice(&fid.to_be_bytes());
+    b[8..].copy_from_slice(msg);
+    b
+}
+
+/// Reads a copied control message: its connection, tag and message; `None` if malformed.
+pub(crate) fn parse_ctl_copy(b: &[u8]) -> Option<(u16, u8, Ctl)> {
+    if b.len() != CTL_COPY_LEN || b[0] != CTL_COPY {
+        return None;
+    }
+    let fid = u16::from_be_bytes([b[2], b[3]]);
+    Some((fid, b[1], Ctl::parse(&b[8..])?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copied_control_message_round_trips_and_garbage_is_none() {
+        let cts = Ctl::Cts {
+            seq: 3,
+            addr: 0x1000,
+            len: 4096,
+            rkey: 9,
+        };
+        let b = ctl_copy(0x0123, 0x45, &cts.to_bytes());
+        assert_eq!(parse_ctl_copy(&b), Some((0x0123, 0x45, cts)));
+        assert_eq!(parse_ctl_copy(&b[..CTL_COPY_LEN - 1]), None);
+        let mut other = b;
+        other[0] = ACK_VERSION_BYTE;
+        assert_eq!(parse_ctl_copy(&other), None);
+        let mut bad = b;
+        bad[8] = 0;
+        assert_eq!(parse_ctl_copy(&bad), None);
+    }
+
+    const ACK_VERSION_BYTE: u8 = uccl_tx::wire::ACK_VERSION;
 
     fn hello() -> Hello {
         Hello {

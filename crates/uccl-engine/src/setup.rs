@@ -12,6 +12,7 @@ use verbs_safe::{AccessFlags, Init, Mtu, Qp, QpCaps, QpInit, Rc, Remote, Uc};
 
 use crate::config::Mode;
 use crate::conn::{self, Conn, Ctl, CtlQp, DataQp, RECV_IDS, State};
+use crate::cts::CtsOrder;
 use crate::engine::{ConnId, Engine, Peer};
 use crate::error::{EngineError, Result};
 use crate::io::{self, QKEY};
@@ -328,6 +329,7 @@ impl Engine {
             recvs_posted: 0,
             next_seq: 0,
             cts: VecDeque::new(),
+            cts_order: CtsOrder::default(),
             sends: VecDeque::new(),
             inflight: VecDeque::new(),
             first_msg: 0,

@@ -22,6 +22,9 @@ pub struct Stats {
     /// Pings sent behind a control message left unacknowledged for a probe interval, so that
     /// the peer's NIC NAKs a lost one at once instead of the control QP's RC timeout.
     pub ctl_probes: u64,
+    /// Advertisements copied over the UD QP because the control QP still held them back a
+    /// probe interval after a probe (see `ctl_probes`).
+    pub ctl_copies: u64,
     /// Asynchronous events that failed a connection (a fatal QP error).
     pub qp_fatal_events: u64,
     /// Retransmissions after a timeout.

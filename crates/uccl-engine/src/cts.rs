@@ -1,0 +1,141 @@
+//! The peer's advertisements of its receive buffers (clear to send), taken in sequence order
+//! and once each.
+//!
+//! They come over the connection's RC control QP, in order. When that QP stalls on a lost
+//! message (see `keepalive.rs`), the peer also sends copies of the advertisements it holds
+//! back over its UD QP: a copy may come before or after its original (which RC delivers in the
+//! end), and one may overtake another. Sends must meet receives in the order they were
+//! posted, so an advertisement is matched only once every earlier one has been, and a second
+//! copy is dropped.
+
+use std::collections::VecDeque;
+
+use crate::conn::RECV_IDS;
+
+/// A peer's receive buffer, not yet matched with a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cts {
+    pub(crate) seq: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) rkey: u32,
+}
+
+/// What became of an advertisement handed to [`CtsOrder::take`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// New: it is ready (with any later ones it was holding back), or waits for an earlier one.
+    New,
+    /// A copy of one taken already: dropped.
+    Copy,
+    /// Further ahead than a peer can have receives posted: a broken peer.
+    Invalid,
+}
+
+/// The sequence numbers taken so far, and the advertisements that came early.
+#[derive(Debug)]
+pub(crate) struct CtsOrder {
+    /// The sequence number of the next advertisement to take.
+    next: u32,
+    /// Advertisements waiting for an earlier one, by `seq % RECV_IDS`.
+    early: Box<[Option<Cts>]>,
+}
+
+impl Default for CtsOrder {
+    fn default() -> Self {
+        CtsOrder {
+            next: 0,
+            early: vec![None; RECV_IDS].into_boxed_slice(),
+        }
+    }
+}
+
+impl CtsOrder {
+    /// Takes advertisement `cts`; those now in order go to the back of `ready`.
+    pub(crate) fn take(&mut self, cts: Cts, ready: &mut VecDeque<Cts>) -> Taken {
+        let ahead = cts.seq.wrapping_sub(self.next);
+        if ahead as i32 <= -1 {
+            return Taken::Copy;
+        }
+        if ahead as usize >= RECV_IDS || ready.len() + ahead as usize >= RECV_IDS {
+            return Taken::Invalid;
+        }
+        let slot = &mut self.early[cts.seq as usize % RECV_IDS];
+        if slot.is_some() {
+            return Taken::Copy;
+        }
+        *slot = Some(cts);
+        while let Some(c) = self.early[self.next as usize % RECV_IDS].take() {
+            ready.push_back(c);
+            self.next = self.next.wrapping_add(1);
+        }
+        Taken::New
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cts(seq: u32) -> Cts {
+        Cts {
+            seq,
+            addr: u64::from(seq) * 100,
+            len: 10,
+            rkey: 7,
+        }
+    }
+
+    fn seqs(q: &VecDeque<Cts>) -> Vec<u32> {
+        q.iter().map(|c| c.seq).collect()
+    }
+
+    #[test]
+    fn advertisements_are_taken_in_order_and_once() {
+        let (mut o, mut q) = (CtsOrder::default(), VecDeque::new());
+        assert_eq!(o.take(cts(0), &mut q), Taken::New);
+        // 2 overtakes 1 (a copy over UD): it waits.
+        assert_eq!(o.take(cts(2), &mut q), Taken::New);
+        assert_eq!(seqs(&q), [0]);
+        assert_eq!(o.take(cts(2), &mut q), Taken::Copy);
+        assert_eq!(o.take(cts(1), &mut q), Taken::New);
+        assert_eq!(seqs(&q), [0, 1, 2]);
+        // The originals come later over RC: copies, whether matched already or not.
+        q.pop_front();
+        for s in 0..3 {
+            assert_eq!(o.take(cts(s), &mut q), Taken::Copy, "{s}");
+        }
+        assert_eq!(seqs(&q), [1, 2]);
+        assert_eq!(q[1], cts(2));
+    }
+
+    #[test]
+    fn a_peer_cannot_advertise_more_than_it_can_post() {
+        let (mut o, mut q) = (CtsOrder::default(), VecDeque::new());
+        assert_eq!(o.take(cts(RECV_IDS as u32), &mut q), Taken::Invalid);
+        for s in 0..RECV_IDS as u32 - 1 {
+            assert_eq!(o.take(cts(s), &mut q), Taken::New);
+        }
+        // 127 waiting to be matched: one more fits, none after it.
+        assert_eq!(o.take(cts(RECV_IDS as u32 - 1), &mut q), Taken::New);
+        assert_eq!(o.take(cts(RECV_IDS as u32), &mut q), Taken::Invalid);
+        q.pop_front();
+        assert_eq!(o.take(cts(RECV_IDS as u32), &mut q), Taken::New);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let (mut o, mut q) = (
+            CtsOrder {
+                next: u32::MAX - 1,
+                ..CtsOrder::default()
+            },
+            VecDeque::new(),
+        );
+        assert_eq!(o.take(cts(0), &mut q), Taken::New);
+        assert_eq!(o.take(cts(u32::MAX - 1), &mut q), Taken::New);
+        assert_eq!(o.take(cts(u32::MAX), &mut q), Taken::New);
+        assert_eq!(seqs(&q), [u32::MAX - 1, u32::MAX, 0]);
+        assert_eq!(o.take(cts(u32::MAX), &mut q), Taken::Copy);
+    }
+}
