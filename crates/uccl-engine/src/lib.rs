@@ -23,7 +23,12 @@
 //! - **Probes**: on UC a QP's last chunks, which nothing behind them can prove lost, are sent
 //!   again after two smoothed RTTs (a tail-loss probe); on the RC control QPs a message left
 //!   unacknowledged gets a ping behind it, so the peer's NIC NAKs a lost one at once instead of
-//!   after the RC timeout.
+//!   after the RC timeout, and if that does not free it, the advertisements it holds back are
+//!   copied over the UD QP (taken once, in order).
+//! - **Congestion**: each flow keeps a delay-based window (a 50 us target by default), so the
+//!   queues, and with them the RTT and the retransmission timeout, stay short. ACKs carry the
+//!   receiver's hold time (left out of the RTT) and a tag of the connection (an ACK of an
+//!   earlier connection with the same id is dropped).
 //! - **Credits**: receivers grant each connection a share of their SRQ in every ACK, so
 //!   senders never outrun it; shared CQs are sized for everything that may complete, so they
 //!   never overflow.
