@@ -151,15 +151,22 @@ fn a_lost_control_message_costs_a_probe_not_the_rc_timeout() {
 
 /// When the probe is lost too (or the NAK it draws, or the message's second transmission),
 /// the peer's NIC stays silent until the RC timeout: the advertisement the control QP holds
-/// back is then copied over the UD QP. The original arrives later all the same (RC delivers
-/// it after its timeout) and is dropped as a copy: the next message goes to the next buffer.
+/// back is then copied over the UD QP, once per probe interval for three intervals (the stall
+/// lasts until the RC timeout, 67 ms). The original arrives then all the same and is dropped
+/// as a copy, like the second and third copies: the next message goes to the next buffer.
 #[test]
 fn an_advertisement_held_back_by_a_stalled_control_qp_is_copied_over_ud() {
     let (mut sim, ca, cb, _) = lose_advertisement(Mode::Uc, 2);
-    assert!(sim.engines[1].stats().ctl_copies > 0);
-    // Past the RC timeout: the original advertisement comes (and is polled in the next run).
-    sim.fabric.advance(Duration::from_millis(200));
-    let later = sim.fabric.now();
+    assert_eq!(sim.engines[1].stats().ctl_copies, 1);
+    // Past the RC timeout: the original advertisement comes.
+    let later = sim.fabric.now() + Duration::from_millis(200);
+    sim.run(later + Duration::from_secs(1), |s| s.fabric.now() >= later)
+        .unwrap();
+    assert_eq!(
+        sim.engines[1].stats().ctl_copies,
+        3,
+        "three rounds, no more"
+    );
     let src = sim.engines[0].register(4096).unwrap();
     src.write_at(0, &[9; 4096]).unwrap();
     let dst = sim.engines[1].register(4096).unwrap();

@@ -170,8 +170,10 @@ pub(crate) struct Ctl {
     pub(crate) close_slot: Option<u32>,
     /// Sends completed so far (a control probe looks for progress).
     pub(crate) completions: u64,
-    /// A probe ping went since the last completion (one per stall; then the RC timeout).
+    /// A probe ping went since the last completion (one per stall; see `keepalive.rs`).
     pub(crate) probed: bool,
+    /// Copies sent over the UD QP of the message in each send slot (see `keepalive.rs`).
+    pub(crate) copies: Box<[u8]>,
 }
 
 /// The control QP, live or failed (kept until its flushes are polled).
@@ -252,6 +254,7 @@ impl Ctl {
             return Ok(());
         };
         self.send.slots[i as usize].wr.wr_id = crate::wrid::ctl_send(conn, i);
+        self.copies[i as usize] = 0;
         let r = qp.post_slots(&mut self.send.slots, &[i]);
         if r.is_err() {
             self.send.give_back(i);

@@ -640,6 +640,9 @@ fn tx_config(cfg: &EngineConfig) -> TxConfig {
         t.rto_max_us = hour;
         t.max_silence_us = u64::MAX / 2000;
         t.tail_probes = false;
+        // ACKs ride the control QP behind the engine's other control messages: their delay
+        // is not the data path's queue.
+        t.target_delay_us = 0;
     }
     t
 }

@@ -10,9 +10,15 @@
 //! later one on the same QP shows the responder the PSN gap (it NAKs, the requester goes back);
 //! the last message before a quiet spell waits for the local ACK timeout (67 ms). So a
 //! connection whose control sends have seen no completion for a probe interval (the transmit
-//! side's initial retransmission timeout, 1 ms by default) sends one [`Ctl::Ping`] behind them, a tail-loss
-//! probe: the gap shows, or the ping's ACK acknowledges what a lost ACK left outstanding. One
-//! probe per stall; if it is lost too, the RC timeout follows.
+//! side's initial retransmission timeout, 1 ms by default) sends one [`Ctl::Ping`] behind them,
+//! a tail-loss probe: the gap shows, or the ping's ACK acknowledges what a lost ACK left
+//! outstanding. The probe fails when it, the NAK it draws or the message's second transmission
+//! is lost (the responder NAKs a gap once, then drops until the requester goes back), and only
+//! the RC timeout is left. So in every further interval that the stall lasts, the buffer
+//! advertisements the control QP holds back (what a sender waits for; new ones queue behind
+//! the lost message too) are copied over the engine's UD QP to the peer's, each at most
+//! [`COPY_ROUNDS`] times; the peer takes each once, in order (see [`crate::cts`]). A round
+//! stops at half the UD send slots, which the ACKs need.
 //!
 //! The timers are queues in deadline order (every deadline is "now + interval", so pushing at
 //! the back keeps them sorted): arming, expiring and re-arming are O(1), whatever the number
@@ -20,6 +26,10 @@
 
 use crate::engine::{ConnId, Engine};
 use crate::proto::{CTL_LEN, Ctl, ctl_copy};
+
+/// Copies of one advertisement a stalled control QP holds back, one per probe interval (then
+/// only the RC timeout is left for it).
+pub(crate) const COPY_ROUNDS: u8 = 3;
 
 impl Engine {
     /// The keep-alive interval: a quarter of the transmit side's longest silence.
@@ -87,8 +97,9 @@ impl Engine {
     }
 
     /// Runs the control probe timers that are due: a connection whose control sends saw no
-    /// completion for a whole interval, and was not probed since its last one, sends a ping
-    /// (if nothing else waits for a send slot: then those go first, and show the gap as well).
+    /// completion for a whole interval sends a ping (the first interval of a stall, if nothing
+    /// else waits for a send slot: then those go first, and show the gap as well), or copies
+    /// its advertisements (every later interval of the stall).
     pub(crate) fn ctl_probes(&mut self, now: u64) {
         while let Some(&(at, id, completions)) = self.ctl_probes.front() {
             if at > now {
@@ -103,13 +114,13 @@ impl Engine {
             };
             c.in_ctl_probe = false;
             let stalled = c.ctl.completions == completions && c.ctl.send.in_use() > 0;
-            if stalled && c.ctl.probed {
-                self.copy_advertisements(id.index);
-            } else if stalled && c.ctl.backlog.is_empty() {
+            if stalled && !c.ctl.probed && c.ctl.backlog.is_empty() {
                 c.ctl.probed = true;
                 c.ctl.backlog.push_back(Ctl::Ping.to_bytes());
                 self.stats.ctl_probes += 1;
                 self.mark_ctl(id.index);
+            } else if stalled && c.ctl.probed {
+                self.copy_advertisements(id.index);
             }
             self.arm_ctl_probe(id.index, now);
         }
@@ -129,8 +140,12 @@ impl Engine {
             let Some(c) = self.conns[usize::from(ci)].as_ref() else {
                 return;
             };
+            if self.io.ctrl_send.in_use() * 2 >= self.io.ctrl_send.len() {
+                return;
+            }
             let mut msg = [0u8; CTL_LEN];
-            if !c.ctl.send.read_taken(i, &mut msg)
+            if c.ctl.copies[i as usize] >= COPY_ROUNDS
+                || !c.ctl.send.read_taken(i, &mut msg)
                 || !matches!(Ctl::parse(&msg), Some(Ctl::Cts { .. }))
             {
                 continue;
@@ -138,6 +153,9 @@ impl Engine {
             let copy = ctl_copy(c.peer_fid, c.peer_tag, &msg);
             if self.send_ud(c.peer, &copy) {
                 self.stats.ctl_copies += 1;
+                if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+                    c.ctl.copies[i as usize] += 1;
+                }
             }
         }
     }

@@ -6,8 +6,9 @@ use verbs_safe::Gid;
 
 /// The handshake's magic and version: `b"UCCLRS"` then the version.
 const MAGIC: &[u8; 6] = b"UCCLRS";
-/// Bumped on any change of the handshake or of the data-path formats.
-pub(crate) const VERSION: u16 = 1;
+/// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
+/// messages copied over the UD QP).
+pub(crate) const VERSION: u16 = 2;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {

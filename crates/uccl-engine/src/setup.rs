@@ -323,6 +323,7 @@ impl Engine {
                 close_slot: None,
                 completions: 0,
                 probed: false,
+                copies: vec![0; depth as usize].into_boxed_slice(),
             },
             rx: RxFlow::default(),
             recvs: (0..RECV_IDS).map(|_| None).collect(),

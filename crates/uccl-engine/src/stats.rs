@@ -73,8 +73,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Chunks sent again, for whatever cause: timeouts, losses proven by a later delivery,
-    /// and tail-loss probes.
+    /// Chunks sent again after a loss: timeouts, losses proven by a later delivery, and
+    /// tail-loss probes (not the chunks moved off a failed path).
     pub fn retransmits(&self) -> u64 {
         self.rto_retransmits + self.fast_retransmits + self.probe_retransmits
     }

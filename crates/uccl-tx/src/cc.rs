@@ -6,9 +6,10 @@
 //! from microseconds to a millisecond, the retransmission timeout cannot follow (it fires
 //! spuriously, or waits long), and tail-loss probes wait as long. So each flow also keeps a
 //! congestion window, steered by the RTT samples its ACKs give (the receiver's hold time
-//! taken out):
+//! taken out), against a target of the smallest RTT the flow has seen plus the queueing delay
+//! it may add (`TxConfig::target_delay_us`; Swift's fabric target, with the base RTT learnt):
 //!
-//! - below the target delay it grows by one chunk per window acknowledged (additive);
+//! - below the target it grows by one chunk per window acknowledged (additive);
 //! - above it, it shrinks in proportion to the excess, `1 - 0.8 * (rtt - target) / rtt`, by at
 //!   most half and at most once per smoothed RTT (so one queue is not counted twice);
 //! - it never falls below one chunk, nor rises above the flow's SACK window.
@@ -35,6 +36,8 @@ pub(crate) struct Window {
     max: u32,
     /// When it last shrank (ns), if ever.
     cut_at: Option<u64>,
+    /// The smallest RTT sample so far (ns): the path's delay without a queue.
+    min_rtt: u64,
 }
 
 impl Window {
@@ -45,6 +48,7 @@ impl Window {
             cwnd: (INITIAL * ONE).min(max),
             max,
             cut_at: None,
+            min_rtt: u64::MAX,
         }
     }
 
@@ -54,8 +58,11 @@ impl Window {
     }
 
     /// `acked` chunks were newly acknowledged, and the ACK gave the RTT sample `rtt` (ns);
-    /// `target` is the delay to keep under and `srtt` the smoothed RTT of the sample's path.
-    pub(crate) fn on_sample(&mut self, now: u64, rtt: u64, target: u64, srtt: u64, acked: u32) {
+    /// `queueing` is the delay the flow may add to the smallest RTT it has seen, and `srtt`
+    /// the smoothed RTT of the sample's path.
+    pub(crate) fn on_sample(&mut self, now: u64, rtt: u64, queueing: u64, srtt: u64, acked: u32) {
+        self.min_rtt = self.min_rtt.min(rtt);
+        let target = self.min_rtt.saturating_add(queueing);
         if rtt <= target {
             let grow = acked.saturating_mul(ONE * ONE) / self.cwnd.max(ONE);
             self.cwnd = self.cwnd.saturating_add(grow).min(self.max);
@@ -82,12 +89,12 @@ mod tests {
         assert_eq!(w.chunks(), 16);
         // Two windows acknowledged below the target: about a chunk per window.
         for _ in 0..32 {
-            w.on_sample(0, 10, 50, 10, 1);
+            w.on_sample(0, 10, 40, 10, 1);
         }
         assert_eq!(w.chunks(), 17);
         // It stops at the SACK window.
         for _ in 0..100_000 {
-            w.on_sample(0, 10, 50, 10, 1);
+            w.on_sample(0, 10, 40, 10, 1);
         }
         assert_eq!(w.chunks(), 256);
         assert_eq!(Window::new(4).chunks(), 4);
@@ -96,18 +103,20 @@ mod tests {
     #[test]
     fn it_shrinks_with_the_excess_delay_once_per_rtt_by_at_most_half() {
         let mut w = Window::new(256);
+        // The smallest RTT, 10, makes the target 10 + 40 = 50.
+        w.on_sample(0, 10, 40, 10, 1);
         // RTT twice the target: keep 1 - 0.8 * 1/2 = 60%.
-        w.on_sample(1_000, 100, 50, 100, 1);
-        assert_eq!(w.chunks(), 9); // 16 * 0.6 = 9.6
+        w.on_sample(1_000, 100, 40, 100, 1);
+        assert_eq!(w.chunks(), 9); // 16.06 * 0.6 = 9.6
         // Within the same smoothed RTT: no second cut for the same queue.
-        w.on_sample(1_050, 1_000, 50, 100, 1);
+        w.on_sample(1_050, 1_000, 40, 100, 1);
         assert_eq!(w.chunks(), 9);
         // A later, far larger excess: at most half.
-        w.on_sample(1_100, 1_000_000, 50, 100, 1);
+        w.on_sample(1_100, 1_000_000, 40, 100, 1);
         assert_eq!(w.chunks(), 4);
         // Never below one chunk.
         for k in 0..20 {
-            w.on_sample(2_000 + k * 1_000, 1_000_000, 50, 100, 1);
+            w.on_sample(2_000 + k * 1_000, 1_000_000, 40, 100, 1);
         }
         assert_eq!(w.chunks(), 1);
     }

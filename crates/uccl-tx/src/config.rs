@@ -31,10 +31,11 @@ pub struct TxConfig {
     /// to every retransmission timeout, since the RTT samples (taken from the chunk that
     /// triggered each ACK) do not see it (QUIC's `max_ack_delay`).
     pub peer_ack_delay_us: u64,
-    /// The queueing delay a flow's congestion window keeps its RTT under, in microseconds
-    /// (Swift's target delay): below it the window grows by a chunk per window acknowledged,
-    /// above it shrinks in proportion to the excess (see the crate's congestion control).
-    /// 0: no congestion window, only the receiver's credit bounds a flow.
+    /// The queueing delay a flow's congestion window lets it add, in microseconds: the window
+    /// keeps the flow's RTT under the smallest RTT it has seen plus this (Swift's target
+    /// delay, with the base RTT learnt). Below it the window grows by a chunk per window
+    /// acknowledged, above it shrinks in proportion to the excess (see the crate's congestion
+    /// window). 0: no congestion window, only the receiver's credit bounds a flow.
     pub target_delay_us: u64,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged two smoothed RTTs plus
     /// `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its

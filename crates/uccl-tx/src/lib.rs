@@ -72,8 +72,8 @@
 //!
 //! With [`TxConfig::target_delay_us`], each flow also keeps a delay-based congestion window
 //! (Swift's rule in its simplest form): it starts at 16 chunks, grows by a chunk per window
-//! acknowledged while the RTT stays under the target, and shrinks in proportion to the excess
-//! above it (by at most half, once per RTT). RTT samples leave out how long the receiver held
+//! acknowledged while the RTT stays under the smallest RTT seen plus the target delay, and
+//! shrinks in proportion to the excess above it (by at most half, once per RTT). RTT samples leave out how long the receiver held
 //! the chunk before acknowledging it (the ACK's `queue_ns`, believed up to
 //! [`TxConfig::peer_ack_delay_us`]). Short queues keep the RTT, and with it the retransmission
 //! timeout and the tail-loss probe, short.

@@ -267,7 +267,8 @@ impl Tx {
 
     /// Time passed: on each lane, chunks whose retransmission timeout expired are declared
     /// lost and wait to be sent again (the path's timeout backs off, and the path ranks worse
-    /// until a delivery on it is seen); a flow with chunks outstanding and no ACK progress for
+    /// until a delivery on it is seen); a lane's newest chunk whose probe timeout expired goes
+    /// again as a tail-loss probe; a flow with chunks outstanding and no ACK progress for
     /// `max_silence_us` fails.
     pub fn handle_timeout(&mut self, now: u64) {
         while let Some((deadline, fid, lane)) = self.timers.pop_due(now) {
@@ -329,10 +330,12 @@ impl Tx {
         }
     }
 
-    /// The probe timer of `lane`: if the lane's newest transmission (unless it is a probe
-    /// itself) has gone unacknowledged for a probe timeout, it is declared lost and goes
-    /// again first, on the same lane, so that its delivery proves the lane's earlier
-    /// transmissions lost (a tail-loss probe). Else the timer re-arms from that transmission.
+    /// The probe timer of `lane`: if the lane's newest transmission (unless it is a probe or a
+    /// timeout's retransmission itself) has gone unacknowledged for a probe timeout, it is
+    /// declared lost and goes again first, on the same lane, so that its delivery proves the
+    /// lane's earlier transmissions lost (a tail-loss probe; on another lane if that one
+    /// cannot take a WR then, and then it is only an early retransmission). Else the timer
+    /// re-arms from that transmission.
     fn probe_due(&mut self, fid: u16, lane: u16, deadline: u64, now: u64) {
         let Some(l) = self
             .open_flow_mut(fid)
@@ -347,10 +350,8 @@ impl Tx {
         let Some(t) = (c != NIL).then(|| f.track.get(c)).flatten() else {
             return;
         };
-        let Some(pto) = self
-            .pto(p)
-            .filter(|_| t.sends == 1 || t.cause != Cause::Probe)
-        else {
+        let again = t.sends > 1 && matches!(t.cause, Cause::Probe | Cause::Rto);
+        let Some(pto) = self.pto(p).filter(|_| !again) else {
             return;
         };
         let due = t.last.at.saturating_add(pto);

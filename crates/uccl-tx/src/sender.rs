@@ -44,7 +44,7 @@ impl Tx {
     /// again come before new ones within a flow; flows take turns, one WR each; each path's
     /// WRs are cut into chains of at most `max_chain` (one doorbell each); a path never gets
     /// more WRs than its send queue has room for, and no flow more chunks in flight than its
-    /// credit.
+    /// credit or, with a target delay, its congestion window.
     pub fn poll_transmit(&mut self, now: u64) -> Transmit<'_> {
         self.now = now;
         self.calls = self.calls.wrapping_add(1);

@@ -12,8 +12,8 @@ use std::collections::BinaryHeap;
 /// The "lane" of a flow's silence timer.
 pub(crate) const SILENCE: u16 = u16::MAX;
 
-/// Set in the "lane" of a lane's probe timer (lanes are fewer than 2^15; [`SILENCE`] is
-/// told apart first).
+/// Set in the "lane" of a lane's probe timer (a flow has fewer than 2^15 lanes:
+/// `Tx::open_flow` refuses more; [`SILENCE`] is told apart first).
 pub(crate) const PROBE: u16 = 1 << 15;
 
 #[derive(Debug, Default)]

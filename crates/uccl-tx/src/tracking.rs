@@ -69,7 +69,8 @@ pub(crate) struct Track {
     /// A transmission went on another lane than the first.
     pub(crate) moved: bool,
     pub(crate) state: State,
-    /// Why it is queued again (meaningful while `state` is `Queued` and `sends` > 0).
+    /// Why it was last queued again (meaningful once `sends` > 0: while it waits, and for the
+    /// transmission that follows, which is not probed again if it was a probe or a timeout's).
     pub(crate) cause: Cause,
     /// Neighbours in its lane's list of chunks in flight, in transmission order.
     pub(crate) prev: u16,

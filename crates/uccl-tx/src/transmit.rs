@@ -282,7 +282,9 @@ impl Tx {
             return;
         };
         let sent = Sent { lane, seq, at: now };
-        let probe = t.sends > 0 && t.cause == Cause::Probe;
+        // A probe is not probed again, nor is a timeout's retransmission (the path is backed
+        // off: the timeout, not a probe, paces it): if it is lost too, the timeout follows.
+        let probe = t.sends > 0 && matches!(t.cause, Cause::Probe | Cause::Rto);
         if t.sends == 0 {
             t.first = sent;
             self.stats.chunks += 1;
@@ -308,7 +310,6 @@ impl Tx {
         }
         let path = self.flow(fid).expect("open").lanes[usize::from(lane)].path;
         self.arm_lane(fid, lane, now + self.rto(path));
-        // A probe is not probed again: if it is lost too, the timeout follows.
         if let Some(pto) = self.pto(path).filter(|_| !probe) {
             self.arm_probe(fid, lane, now + pto);
         }

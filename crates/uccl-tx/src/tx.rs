@@ -11,7 +11,7 @@ use crate::error::TxError;
 use crate::events::{Event, TxStats};
 use crate::flow::{Flow, Lane, Msg, Status, open_mut};
 use crate::path::{Path, PathId};
-use crate::timers::{SILENCE, Timers};
+use crate::timers::{PROBE, Timers};
 use crate::tracking::NIL;
 use crate::wire::{MAX_FID, RETR_HDR_LEN};
 use crate::wr::{Kind, WrEx, WrId};
@@ -42,8 +42,8 @@ pub struct FlowInfo {
     pub credit: u16,
     /// Chunks in flight: posted, neither acknowledged nor declared lost.
     pub inflight: u16,
-    /// The congestion window, in chunks (bounds `inflight` with a target delay; see
-    /// [`TxConfig::target_delay_us`]).
+    /// The congestion window, in chunks, which bounds `inflight` with a target delay (see
+    /// [`TxConfig::target_delay_us`]); `u16::MAX` without one.
     pub window: u16,
     /// Chunks sent and not yet acknowledged cumulatively (the SACK window in use).
     pub span: u32,
@@ -219,8 +219,8 @@ impl Tx {
                 reason: "flow ids are 12 bits",
             });
         }
-        if paths.is_empty() || paths.len() >= usize::from(SILENCE) {
-            return bad("1..65535 paths");
+        if paths.is_empty() || paths.len() >= usize::from(PROBE) {
+            return bad("1..32767 paths");
         }
         if paths.iter().any(|p| usize::from(p.0) >= self.paths.len()) {
             return bad("unknown path");
@@ -387,7 +387,11 @@ impl Tx {
         self.flow(fid).map(|f| FlowInfo {
             credit: f.credit,
             inflight: f.inflight,
-            window: f.cc.chunks(),
+            window: if self.cfg.target_delay_us > 0 {
+                f.cc.chunks()
+            } else {
+                u16::MAX
+            },
             span: f.track.span(),
             messages: f.msgs.len(),
             failed: f.status != Status::Open,
@@ -533,13 +537,15 @@ impl Tx {
     }
 
     /// The tail-loss probe timeout of path `p`: two smoothed RTTs plus the peer's ACK delay
-    /// (RFC 8985's PTO), at most the retransmission timeout; none before an RTT sample, or
-    /// without [`TxConfig::tail_probes`](crate::TxConfig::tail_probes).
+    /// (RFC 8985's PTO), at most the retransmission timeout; none before an RTT sample, on a
+    /// path backed off by a timeout, or without
+    /// [`TxConfig::tail_probes`](crate::TxConfig::tail_probes).
     pub(crate) fn pto(&self, p: PathId) -> Option<u64> {
-        if !self.cfg.tail_probes {
+        let path = &self.paths[usize::from(p.0)];
+        if !self.cfg.tail_probes || path.backoff > 0 {
             return None;
         }
-        let srtt = self.paths[usize::from(p.0)].rtt.srtt()?;
+        let srtt = path.rtt.srtt()?;
         let pto = srtt
             .saturating_mul(2)
             .saturating_add(self.cfg.peer_ack_delay_us * 1000);

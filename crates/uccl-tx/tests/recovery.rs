@@ -501,6 +501,9 @@ fn a_lost_probe_is_left_to_the_timeout() {
     t.handle_timeout(due);
     let (again, _) = post_all(&mut t, due);
     assert_eq!(again.len(), 1);
+    // A timeout's retransmission is not probed: the path is backed off.
+    t.handle_timeout(due + 60_000);
+    assert!(post_all(&mut t, due + 60_000).0.is_empty());
     let s = t.stats();
     assert_eq!(
         (s.probe_retransmits, s.rto_retransmits, s.timeouts),

@@ -526,8 +526,9 @@ fn a_flow_sends_bursts_of_chunks_on_one_path_within_a_call() {
 }
 
 /// With a target delay, a flow's chunks in flight stay within its congestion window: 16 to
-/// start; an ACK whose RTT (less the receiver's hold time) exceeds the target shrinks it in
-/// proportion (by at most half), ACKs below the target grow it by a chunk per window.
+/// start; an ACK whose RTT (less the receiver's hold time) exceeds the smallest RTT seen plus
+/// the target delay shrinks it in proportion (by at most half), ACKs below grow it by a chunk
+/// per window.
 #[test]
 fn a_congestion_window_bounds_the_chunks_in_flight_and_follows_the_delay() {
     let (mut t, _) = one_path(TxConfig {
@@ -540,8 +541,10 @@ fn a_congestion_window_bounds_the_chunks_in_flight_and_follows_the_delay() {
     assert_eq!(wrs.len(), 16, "the initial window");
     assert!(post_all(&mut t, 0).0.is_empty());
     assert!(t.stats().window_stalls > 0);
+    // Chunk 0 acknowledged at 10 us: the smallest RTT, so the target is 10 + 50 = 60 us.
+    t.on_ack(10_000, &ack(1, 1, 0));
     // All 16 acknowledged at 200 us, the last held 40 us by the receiver: an RTT of 160 us,
-    // 110 over the target: keep 1 - 0.8 * 110 / 160 = 45%, at least half: 8.
+    // 100 over the target: keep 1 - 0.8 * 100 / 160 = 50%: 8.
     let held = AckRepr {
         queue_ns: 40_000,
         ..ack(1, 16, 15)
@@ -563,4 +566,5 @@ fn without_a_target_delay_only_the_credit_bounds_a_flow() {
     t.send(1, msg(100 * 100)).unwrap();
     assert_eq!(post_all(&mut t, 0).0.len(), 64, "the path's depth");
     assert_eq!(t.stats().window_stalls, 0);
+    assert_eq!(t.flow_info(1).unwrap().window, u16::MAX);
 }

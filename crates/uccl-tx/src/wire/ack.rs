@@ -4,8 +4,8 @@ use super::{CSN_SPACE, MAX_FID, SACK_BITS, SACK_BYTES, WireError};
 
 /// Bytes of an ACK.
 pub const ACK_LEN: usize = 16 + SACK_BYTES;
-/// The ACK format version (2: credit, 16-bit path, flags).
-pub const ACK_VERSION: u8 = 2;
+/// The ACK format version (2: credit, 16-bit path, flags; 3: the connection tag).
+pub const ACK_VERSION: u8 = 3;
 
 /// Flag: the chunk that triggered the ACK arrived as a retransmission (a SEND through the
 /// receiver's SRQ), not as its original RDMA WRITE_WITH_IMM.
@@ -145,7 +145,8 @@ pub struct AckRepr {
     /// ids are reused by later connections, so an ACK of an earlier one still on the wire
     /// would otherwise acknowledge chunks of the new one. The two ends agree on a tag at
     /// connection time (uccl-engine: the low bits of the connection's first control PSN), and
-    /// the flow's sender drops ACKs with another. 0 where unused.
+    /// the flow's sender drops ACKs with another: [`Tx::on_ack`](crate::Tx::on_ack) does not
+    /// look at it, its caller must. 0 where unused.
     pub tag: u8,
     /// The receive window granted to the flow, in WRs in flight.
     pub credit: u16,
@@ -256,7 +257,7 @@ mod tests {
         assert_eq!(
             b[..18],
             [
-                2, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0b1, 0b10
+                3, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0b1, 0b10
             ]
         );
         assert_eq!(b[47], 0x80);
@@ -280,8 +281,8 @@ mod tests {
             ));
         }
         let mut v = good;
-        v[0] = 1;
-        assert_eq!(AckRepr::from_bytes(&v), Err(WireError::Version(1)));
+        v[0] = 2;
+        assert_eq!(AckRepr::from_bytes(&v), Err(WireError::Version(2)));
         let mut f = good;
         f[4] = 0xff;
         assert!(matches!(
