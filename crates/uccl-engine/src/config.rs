@@ -69,8 +69,8 @@ impl Default for EngineConfig {
             sq_depth: 256,
             srq_depth: 1024,
             srq_refill: 64,
-            ack_every: 16,
-            ack_bytes: 64 * 1024,
+            ack_every: 32,
+            ack_bytes: 128 * 1024,
             ack_delay_us: 40,
             max_recvs: 64,
             poll_budget: 64,
@@ -79,7 +79,7 @@ impl Default for EngineConfig {
             path_mtu: Mtu::Mtu4096,
             tx: TxConfig {
                 chunk_size: 16 * 1024,
-                burst_bytes: 64 * 1024,
+                burst_bytes: 128 * 1024,
                 target_delay_us: 50,
                 ..TxConfig::default()
             },
