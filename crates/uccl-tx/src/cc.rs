@@ -11,7 +11,10 @@
 //!
 //! - below the target it grows by one chunk per window acknowledged (additive);
 //! - above it, it shrinks in proportion to the excess, `1 - 0.8 * (rtt - target) / rtt`, by at
-//!   most half and at most once per smoothed RTT (so one queue is not counted twice);
+//!   most half and at most once per smoothed RTT (so one queue is not counted twice), once
+//!   every sample for a smoothed RTT has been above it: a queue that persists, not one late
+//!   sample (on a software NIC sharing cores with the programs it serves, a descheduled
+//!   thread makes RTT spikes that are not queues);
 //! - it never falls below one chunk, nor rises above the flow's SACK window.
 //!
 //! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
@@ -38,6 +41,8 @@ pub(crate) struct Window {
     cut_at: Option<u64>,
     /// The smallest RTT sample so far (ns): the path's delay without a queue.
     min_rtt: u64,
+    /// Since when every sample has been above the target (ns), if the last one was.
+    over_since: Option<u64>,
 }
 
 impl Window {
@@ -49,6 +54,7 @@ impl Window {
             max,
             cut_at: None,
             min_rtt: u64::MAX,
+            over_since: None,
         }
     }
 
@@ -64,11 +70,14 @@ impl Window {
         self.min_rtt = self.min_rtt.min(rtt);
         let target = self.min_rtt.saturating_add(queueing);
         if rtt <= target {
+            self.over_since = None;
             let grow = acked.saturating_mul(ONE * ONE) / self.cwnd.max(ONE);
             self.cwnd = self.cwnd.saturating_add(grow).min(self.max);
             return;
         }
-        if self.cut_at.is_some_and(|at| now.saturating_sub(at) < srtt) {
+        let since = *self.over_since.get_or_insert(now);
+        let recent = |at: u64| now.saturating_sub(at) < srtt;
+        if recent(since) || self.cut_at.is_some_and(recent) {
             return;
         }
         // 1 - 0.8 * (rtt - target) / rtt, at least 1/2: in 1/256.
@@ -105,15 +114,23 @@ mod tests {
         let mut w = Window::new(256);
         // The smallest RTT, 10, makes the target 10 + 40 = 50.
         w.on_sample(0, 10, 40, 10, 1);
-        // RTT twice the target: keep 1 - 0.8 * 1/2 = 60%.
+        // One sample above it is not a queue yet; a smoothed RTT of them is. RTT twice the
+        // target: keep 1 - 0.8 * 1/2 = 60%.
         w.on_sample(1_000, 100, 40, 100, 1);
+        assert_eq!(w.chunks(), 16);
+        w.on_sample(1_100, 100, 40, 100, 1);
         assert_eq!(w.chunks(), 9); // 16.06 * 0.6 = 9.6
         // Within the same smoothed RTT: no second cut for the same queue.
-        w.on_sample(1_050, 1_000, 40, 100, 1);
+        w.on_sample(1_150, 1_000, 40, 100, 1);
         assert_eq!(w.chunks(), 9);
         // A later, far larger excess: at most half.
-        w.on_sample(1_100, 1_000_000, 40, 100, 1);
+        w.on_sample(1_200, 1_000_000, 40, 100, 1);
         assert_eq!(w.chunks(), 4);
+        // A sample under the target ends the queue (and grows the window a little): the next
+        // one above starts anew.
+        w.on_sample(1_300, 10, 40, 100, 1);
+        w.on_sample(1_400, 1_000_000, 40, 100, 1);
+        assert_eq!(w.chunks(), 5);
         // Never below one chunk.
         for k in 0..20 {
             w.on_sample(2_000 + k * 1_000, 1_000_000, 40, 100, 1);

@@ -543,13 +543,17 @@ fn a_congestion_window_bounds_the_chunks_in_flight_and_follows_the_delay() {
     assert!(t.stats().window_stalls > 0);
     // Chunk 0 acknowledged at 10 us: the smallest RTT, so the target is 10 + 50 = 60 us.
     t.on_ack(10_000, &ack(1, 1, 0));
-    // All 16 acknowledged at 200 us, the last held 40 us by the receiver: an RTT of 160 us,
-    // 100 over the target: keep 1 - 0.8 * 100 / 160 = 50%: 8.
-    let held = AckRepr {
+    // Chunks 1-7 acknowledged at 200 us, held 40 us by the receiver: an RTT of 160 us, over
+    // the target, but one sample is not a queue yet.
+    let held = |cum, echo| AckRepr {
         queue_ns: 40_000,
-        ..ack(1, 16, 15)
+        ..ack(1, cum, echo)
     };
-    t.on_ack(200_000, &held);
+    t.on_ack(200_000, &held(8, 7));
+    assert_eq!(t.flow_info(1).unwrap().window, 16);
+    // The rest 60 us later (more than the smoothed RTT, 53 us with this sample), still over:
+    // RTT 220 us, 160 over the target: keep 1 - 0.8 * 160 / 220 = 42%, at least half: 8.
+    t.on_ack(260_000, &held(16, 15));
     assert_eq!(t.flow_info(1).unwrap().window, 8);
     let (wrs, _) = post_all(&mut t, 300_000);
     assert_eq!(wrs.len(), 8);
