@@ -21,7 +21,7 @@
 //!   target is checked to lie inside the receive buffer or exported region it belongs to. On
 //!   RC the NIC recovers; nothing is retransmitted in software.
 //! - **Probes**: on UC a QP's last chunks, which nothing behind them can prove lost, are sent
-//!   again after two smoothed RTTs (a tail-loss probe); on the RC control QPs a message left
+//!   again after two smoothed RTTs or more (a tail-loss probe); on the RC control QPs a message left
 //!   unacknowledged gets a ping behind it, so the peer's NIC NAKs a lost one at once instead of
 //!   after the RC timeout, and if that does not free it, the advertisements it holds back are
 //!   copied over the UD QP (taken once, in order).

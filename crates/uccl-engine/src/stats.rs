@@ -31,7 +31,7 @@ pub struct Stats {
     pub rto_retransmits: u64,
     /// Retransmissions after a loss proven by a later delivery on the same QP.
     pub fast_retransmits: u64,
-    /// Tail-loss probes: a QP's newest chunk sent again on it after two smoothed RTTs without
+    /// Tail-loss probes: a QP's newest chunk sent again on it after two smoothed RTTs or more without
     /// an ACK, so that its delivery proves the chunks before it lost (see
     /// [`uccl_tx::TxStats::probe_retransmits`]).
     pub probe_retransmits: u64,

@@ -37,8 +37,8 @@ pub struct TxConfig {
     /// acknowledged, above it shrinks in proportion to the excess (see the crate's congestion
     /// window). 0: no congestion window, only the receiver's credit bounds a flow.
     pub target_delay_us: u64,
-    /// Tail-loss probes: a lane's newest transmission, unacknowledged two smoothed RTTs plus
-    /// `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
+    /// Tail-loss probes: a lane's newest transmission, unacknowledged for a probe timeout (two
+    /// smoothed RTTs, or `srtt + 4 rttvar` if more) plus `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
     /// delivery proves the lane's earlier transmissions lost without waiting for their
     /// timeout (RFC 8985's TLP, per QP). Off where the NIC itself recovers losses (RC).
     pub tail_probes: bool,

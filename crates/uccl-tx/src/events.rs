@@ -57,8 +57,8 @@ pub struct TxStats {
     pub fast_retransmits: u64,
     /// Retransmissions posted after the chunk's path failed.
     pub failover_retransmits: u64,
-    /// Tail-loss probes posted: a path's newest chunk sent again on it, unacknowledged two
-    /// smoothed RTTs (plus the peer's ACK delay) after it went, so that the probe's delivery
+    /// Tail-loss probes posted: a path's newest chunk sent again on it, unacknowledged a probe
+    /// timeout (two smoothed RTTs or more, plus the peer's ACK delay) after it went, so that the probe's delivery
     /// proves what was sent there before it lost well before its timeout.
     pub probe_retransmits: u64,
     /// Zero-length signaled WRs posted to collect the completion of WRs left unsignaled by a

@@ -37,6 +37,11 @@ impl RttEstimator {
         self.srtt
     }
 
+    /// The RTT's mean deviation.
+    pub(crate) fn rttvar(&self) -> u64 {
+        self.rttvar
+    }
+
     /// The retransmission timeout: `srtt + 4 * rttvar`, or `initial` before any sample,
     /// clamped to `[min, max]`.
     pub(crate) fn rto(&self, initial: u64, min: u64, max: u64) -> u64 {

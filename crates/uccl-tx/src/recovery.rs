@@ -11,7 +11,8 @@
 //!
 //! A lane's last transmissions have nothing behind them to prove them lost (a flow that
 //! waits for its oldest chunk sends nothing new), so a tail-loss probe (RFC 8985's TLP, per
-//! lane) sends the lane's newest chunk again on it two smoothed RTTs after it went: its
+//! lane) sends the lane's newest chunk again on it a probe timeout (two smoothed RTTs, or more
+//! when the RTT varies) after it went: its
 //! delivery proves the earlier ones lost well before their timeout. One probe per tail; a
 //! lost probe leaves the rest to the timeout.
 

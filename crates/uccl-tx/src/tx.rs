@@ -536,8 +536,9 @@ impl Tx {
             .saturating_add(c.peer_ack_delay_us * 1000)
     }
 
-    /// The tail-loss probe timeout of path `p`: two smoothed RTTs plus the peer's ACK delay
-    /// (RFC 8985's PTO), at most the retransmission timeout; none before an RTT sample, on a
+    /// The tail-loss probe timeout of path `p`: two smoothed RTTs (RFC 8985's PTO), or more
+    /// when the RTT varies (`srtt + 4 rttvar`, the RTO's allowance without its floor), plus the
+    /// peer's ACK delay, at most the retransmission timeout; none before an RTT sample, on a
     /// path backed off by a timeout, or without
     /// [`TxConfig::tail_probes`](crate::TxConfig::tail_probes).
     pub(crate) fn pto(&self, p: PathId) -> Option<u64> {
@@ -548,6 +549,7 @@ impl Tx {
         let srtt = path.rtt.srtt()?;
         let pto = srtt
             .saturating_mul(2)
+            .max(srtt.saturating_add(4 * path.rtt.rttvar()))
             .saturating_add(self.cfg.peer_ack_delay_us * 1000);
         Some(pto.min(self.rto(p)))
     }

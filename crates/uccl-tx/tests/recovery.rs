@@ -204,12 +204,12 @@ fn timeouts_retransmit_and_back_off_to_the_ceiling() {
     while t.poll_timeout().is_some_and(|d| d <= start + 60_000) {
         t.handle_timeout(start + 60_000);
     }
-    // The tail-loss probe comes first, two smoothed RTTs later; then the timeout.
+    // The probe timeout, max(2 srtt, srtt + 4 rttvar), is the RTO here: the timeout fires.
     let sent = start + 60_000;
-    assert_eq!(t.poll_timeout(), Some(sent + 100_000));
-    t.handle_timeout(sent + 100_000);
-    assert_eq!(post_all(&mut t, sent + 100_000).0.len(), 1);
     assert_eq!(t.poll_timeout(), Some(sent + 150_000));
+    t.handle_timeout(sent + 150_000);
+    assert_eq!(post_all(&mut t, sent + 150_000).0.len(), 1);
+    assert_eq!(t.stats().probe_retransmits, 0);
 }
 
 #[test]
@@ -424,8 +424,8 @@ fn sack(cum: u16, echo: u16, retx: bool, arrived: &[u16]) -> AckRepr {
     a
 }
 
-/// One path, chunk 0 acknowledged 20 us after it was sent (srtt 20 us, RTO 200 us + the
-/// peer's 10 us), then chunks 1, 2 and 3 posted at 30 us.
+/// One path, chunk 0 acknowledged 20 us after it was sent (srtt 20 us, rttvar 10 us: RTO
+/// 200 us + the peer's 10 us), then chunks 1, 2 and 3 posted at 30 us.
 fn tail_in_flight() -> (uccl_tx::Tx, PathId) {
     let (mut t, p) = one_path(TxConfig {
         rto_initial_us: 1000,
@@ -442,19 +442,19 @@ fn tail_in_flight() -> (uccl_tx::Tx, PathId) {
     (t, p)
 }
 
-/// [`tail_in_flight`], then the probe posted at 80 us (two smoothed RTTs and the peer's ACK
-/// delay after the path's newest transmission).
+/// [`tail_in_flight`], then the probe posted at 100 us: the probe timeout, max(2 srtt, srtt +
+/// 4 rttvar) = 60 us plus the peer's ACK delay, after the path's newest transmission.
 fn probed_tail() -> (uccl_tx::Tx, PathId, Wr) {
     let (mut t, p) = tail_in_flight();
     assert_eq!(
         t.poll_timeout(),
-        Some(80_000),
+        Some(100_000),
         "the probe comes before the RTO"
     );
-    t.handle_timeout(79_999);
-    assert!(post_all(&mut t, 79_999).0.is_empty());
-    t.handle_timeout(80_000);
-    let (probe, _) = post_all(&mut t, 80_000);
+    t.handle_timeout(99_999);
+    assert!(post_all(&mut t, 99_999).0.is_empty());
+    t.handle_timeout(100_000);
+    let (probe, _) = post_all(&mut t, 100_000);
     assert_eq!(probe.len(), 1, "one probe: the newest chunk on the path");
     let probe = probe[0];
     assert_eq!((probe.path, probe.imm.csn), (p, 3));
@@ -468,8 +468,8 @@ fn a_silent_tail_is_probed_and_the_probes_delivery_proves_the_chunks_before_it_l
     let (mut t, p, _) = probed_tail();
     // The probe arrives alone: chunks 1 and 2, sent before it on that path, were lost, and
     // go again at once instead of at their timeout (240 us).
-    t.on_ack(100_000, &sack(1, 3, true, &[3]));
-    let (again, _) = post_all(&mut t, 100_000);
+    t.on_ack(120_000, &sack(1, 3, true, &[3]));
+    let (again, _) = post_all(&mut t, 120_000);
     let csns: Vec<u16> = again.iter().map(|w| w.imm.csn).collect();
     assert_eq!(csns, [1, 2]);
     assert!(again.iter().all(|w| w.path == p));
@@ -497,7 +497,7 @@ fn a_lost_probe_is_left_to_the_timeout() {
     // rest waits for the probe's own (backed-off) timeout.
     assert!(post_all(&mut t, 240_000).0.is_empty());
     let due = t.poll_timeout().unwrap();
-    assert_eq!(due, 80_000 + 2 * 200_000 + 10_000);
+    assert_eq!(due, 100_000 + 2 * 200_000 + 10_000);
     t.handle_timeout(due);
     let (again, _) = post_all(&mut t, due);
     assert_eq!(again.len(), 1);
@@ -514,8 +514,8 @@ fn a_lost_probe_is_left_to_the_timeout() {
 #[test]
 fn a_tail_acknowledged_in_time_is_not_probed() {
     let (mut t, _) = tail_in_flight();
-    t.on_ack(79_000, &ack(1, 4, 3));
-    for now in [80_000, 1_000_000, 10_000_000] {
+    t.on_ack(99_000, &ack(1, 4, 3));
+    for now in [100_000, 1_000_000, 10_000_000] {
         t.handle_timeout(now);
         assert!(post_all(&mut t, now).0.is_empty());
     }
