@@ -69,18 +69,7 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         };
-        let AckSource::Ud { qpn, gid } = from else {
-            return;
-        };
-        let ok = self
-            .conns
-            .get(usize::from(fid))
-            .and_then(Option::as_ref)
-            .is_some_and(|c| {
-                let p = &self.peers[c.peer];
-                c.is_open() && p.ctrl_qpn == qpn && p.gid == gid && c.tag == tag
-            });
-        if !ok {
+        if self.tag_from_peer(fid, from) != Some(tag) {
             self.stats.dropped_invalid += 1;
             return;
         }
@@ -93,34 +82,34 @@ impl Engine {
         self.take_cts(fid, cts);
     }
 
+    /// The ACK tag of open connection `fid`, if `from` is its peer (the peer engine's UD QP and
+    /// GID, or the connection's own control QP).
+    fn tag_from_peer(&self, fid: u16, from: AckSource) -> Option<u8> {
+        let c = self.conns.get(usize::from(fid))?.as_ref()?;
+        let p = &self.peers[c.peer];
+        let peer = match from {
+            AckSource::Ud { qpn, gid } => p.ctrl_qpn == qpn && p.gid == gid,
+            AckSource::Conn(ci) => ci == fid,
+        };
+        (c.is_open() && peer).then_some(c.tag)
+    }
+
     /// An ACK for flow `ack.fid`, arrived `from`. An ACK that does not come from the flow's
     /// peer (its control QP and GID, or the connection's own control QP) is counted and
     /// dropped: a peer can only acknowledge its own connections. One that does but carries
     /// another tag than the connection's is an earlier connection's with the same flow id,
     /// still on the wire: counted as stale and dropped.
     pub(crate) fn on_ack(&mut self, ack: AckRepr, from: AckSource, now: u64) {
-        let ok = self
-            .conns
-            .get(usize::from(ack.fid))
-            .and_then(Option::as_ref)
-            .is_some_and(|c| {
-                let p = &self.peers[c.peer];
-                c.is_open()
-                    && match from {
-                        AckSource::Ud { qpn, gid } => p.ctrl_qpn == qpn && p.gid == gid,
-                        AckSource::Conn(ci) => ci == ack.fid,
-                    }
-            });
-        if !ok {
-            self.stats.dropped_invalid += 1;
-            return;
-        }
-        if self.conns[usize::from(ack.fid)]
-            .as_ref()
-            .is_some_and(|c| c.tag != ack.tag)
-        {
-            self.stats.stale_acks += 1;
-            return;
+        match self.tag_from_peer(ack.fid, from) {
+            None => {
+                self.stats.dropped_invalid += 1;
+                return;
+            }
+            Some(tag) if tag != ack.tag => {
+                self.stats.stale_acks += 1;
+                return;
+            }
+            Some(_) => {}
         }
         self.stats.acks_received += 1;
         if let Some(c) = self.conns[usize::from(ack.fid)].as_mut() {

@@ -352,7 +352,7 @@ impl Tx {
             return;
         };
         let again = t.sends > 1 && matches!(t.cause, Cause::Probe | Cause::Rto);
-        let Some(pto) = self.pto(p).filter(|_| !again) else {
+        let Some(pto) = self.pto(p, self.rto(p)).filter(|_| !again) else {
             return;
         };
         let due = t.last.at.saturating_add(pto);

@@ -309,8 +309,9 @@ impl Tx {
             self.timers.arm(now + silence, fid, SILENCE);
         }
         let path = self.flow(fid).expect("open").lanes[usize::from(lane)].path;
-        self.arm_lane(fid, lane, now + self.rto(path));
-        if let Some(pto) = self.pto(path).filter(|_| !probe) {
+        let rto = self.rto(path);
+        self.arm_lane(fid, lane, now + rto);
+        if let Some(pto) = self.pto(path, rto).filter(|_| !probe) {
             self.arm_probe(fid, lane, now + pto);
         }
     }

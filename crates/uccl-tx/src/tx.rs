@@ -538,10 +538,10 @@ impl Tx {
 
     /// The tail-loss probe timeout of path `p`: two smoothed RTTs (RFC 8985's PTO), or more
     /// when the RTT varies (`srtt + 4 rttvar`, the RTO's allowance without its floor), plus the
-    /// peer's ACK delay, at most the retransmission timeout; none before an RTT sample, on a
-    /// path backed off by a timeout, or without
+    /// peer's ACK delay, at most `rto` (the path's retransmission timeout, which the caller
+    /// has at hand); none before an RTT sample, on a path backed off by a timeout, or without
     /// [`TxConfig::tail_probes`](crate::TxConfig::tail_probes).
-    pub(crate) fn pto(&self, p: PathId) -> Option<u64> {
+    pub(crate) fn pto(&self, p: PathId, rto: u64) -> Option<u64> {
         let path = &self.paths[usize::from(p.0)];
         if !self.cfg.tail_probes || path.backoff > 0 {
             return None;
@@ -551,7 +551,7 @@ impl Tx {
             .saturating_mul(2)
             .max(srtt.saturating_add(4 * path.rtt.rttvar()))
             .saturating_add(self.cfg.peer_ack_delay_us * 1000);
-        Some(pto.min(self.rto(p)))
+        Some(pto.min(rto))
     }
 
     pub(crate) fn rand(&mut self) -> u64 {
