@@ -1,6 +1,6 @@
 //! The fabric: devices on one simulated network, the virtual clock, and progress.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -289,8 +289,7 @@ impl Fabric {
                     gid,
                     counters: Counters::default(),
                     egress_free_at: 0,
-                    tx_ready: BTreeSet::new(),
-                    tx_last: 0,
+                    tx_ready: VecDeque::new(),
                     qpns: BTreeMap::new(),
                     next_qpn: 0x11,
                     keys: Default::default(),
@@ -314,6 +313,7 @@ impl Fabric {
             Some(w)
         };
         let w = World {
+            on_udp: devices.iter().any(|d| d.udp.is_some()),
             rng: Rng::new(cfg.seed),
             cfg,
             now: 0,

@@ -27,7 +27,8 @@ const RX_BATCHES: usize = 8;
 impl State {
     /// Processes everything due now: arrivals, timers, transmissions, until nothing is left.
     pub(crate) fn progress(&mut self) -> bool {
-        let mut any = self.receive_udp();
+        let udp = self.w.on_udp;
+        let mut any = udp && self.receive_udp();
         loop {
             let mut did = self.deliver_due();
             did |= self.fire_timers();
@@ -37,7 +38,9 @@ impl State {
             }
             any = true;
         }
-        self.flush_udp();
+        if udp {
+            self.flush_udp();
+        }
         any
     }
 
@@ -126,16 +129,16 @@ impl State {
     /// The time of the next pending event.
     pub(crate) fn next_event(&self) -> Option<u64> {
         let w = &self.w;
-        let ports = w
-            .devices
-            .iter()
-            .filter(|d| !d.tx_ready.is_empty())
-            .map(|d| d.egress_free_at.max(w.now));
-        [w.net.next_at(), w.timers.first().map(|&(t, _)| t)]
-            .into_iter()
-            .flatten()
-            .chain(ports)
-            .min()
+        let mut next = w.net.next_at().unwrap_or(u64::MAX);
+        if let Some(&(t, _)) = w.timers.first() {
+            next = next.min(t);
+        }
+        for d in &w.devices {
+            if !d.tx_ready.is_empty() {
+                next = next.min(d.egress_free_at.max(w.now));
+            }
+        }
+        (next != u64::MAX).then_some(next)
     }
 
     fn deliver_due(&mut self) -> bool {
@@ -192,41 +195,32 @@ impl State {
             }
             self.w.timers.pop_first();
             did = true;
-            if let Some(qp) = self.qps.get_mut(&id)
-                && qp.req.timer == Some(t)
-            {
-                qp.on_timer(&mut self.w);
+            if let Some(qp) = self.qps.get_mut(&id) {
+                qp.timer_due(&mut self.w, t);
             }
         }
         did
     }
 
-    /// Each port that is free sends one packet of the next ready QP (round-robin). A QP that
-    /// has nothing to send leaves the ready set, so this always ends.
+    /// Each port that is free sends one packet of the QP at the front of its ready queue,
+    /// which then goes to the back (round-robin). A QP that has nothing to send leaves the
+    /// queue, so this always ends.
     fn transmit_ready(&mut self) -> bool {
         let mut did = false;
         for dev in 0..self.w.devices.len() {
             while self.w.devices[dev].egress_free_at <= self.w.now {
-                let d = &self.w.devices[dev];
-                let Some(id) = d
-                    .tx_ready
-                    .range(d.tx_last.saturating_add(1)..)
-                    .next()
-                    .or_else(|| d.tx_ready.first())
-                    .copied()
-                else {
+                let Some(id) = self.w.devices[dev].tx_ready.pop_front() else {
                     break;
                 };
-                let sent = self
-                    .qps
-                    .get_mut(&id)
-                    .is_some_and(|qp| qp.next_tx(&mut self.w));
-                let d = &mut self.w.devices[dev];
-                if sent {
-                    d.tx_last = id;
+                // A QP destroyed while queued is no longer found.
+                let Some(qp) = self.qps.get_mut(&id) else {
+                    continue;
+                };
+                if qp.next_tx(&mut self.w) {
+                    self.w.devices[dev].tx_ready.push_back(id);
                     did = true;
                 } else {
-                    d.tx_ready.remove(&id);
+                    qp.tx_queued = false;
                 }
             }
         }

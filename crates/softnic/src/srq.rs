@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use ibverbs_sys::{ibv_sge, ibv_srq};
+use ibverbs_sys::ibv_srq;
 
 use crate::abi::Shell;
 use crate::state::{Element, World};
@@ -11,7 +11,7 @@ use crate::state::{Element, World};
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<ibv_sge>,
+    pub(crate) sges: crate::qp::SgeList,
 }
 
 impl RecvWqe {

@@ -27,10 +27,9 @@ pub(crate) struct Device {
     pub(crate) counters: Counters,
     /// Virtual time at which the port can start serialising the next packet.
     pub(crate) egress_free_at: u64,
-    /// QPs that may have a packet to send.
-    pub(crate) tx_ready: BTreeSet<u32>,
-    /// The QP served last (round-robin among `tx_ready`).
-    pub(crate) tx_last: u32,
+    /// QPs that may have a packet to send, served round-robin: the front sends one packet and
+    /// goes to the back, or leaves if it had nothing (see [`Qp::wake`](crate::qp::Qp::wake)).
+    pub(crate) tx_ready: VecDeque<u32>,
     /// QP number -> QP id.
     pub(crate) qpns: BTreeMap<u32, u32>,
     pub(crate) next_qpn: u32,
@@ -108,9 +107,12 @@ pub(crate) struct World {
     pub(crate) net: Net,
     /// Buffers of delivered frames, for the next ones.
     pub(crate) spare: crate::link::Spare,
+    /// Whether any device is on the UDP link (else progress never looks at sockets).
+    pub(crate) on_udp: bool,
     /// Scratch for datagrams taken in from the UDP link (kept to reuse its allocation).
     pub(crate) udp_in: Vec<crate::link::udp::Incoming>,
-    /// (deadline, qp id) of every armed QP timer.
+    /// (time, qp id) of every QP's timer entry (at or before its deadline; see
+    /// [`Qp::set_timer`](crate::qp::Qp::set_timer)).
     pub(crate) timers: BTreeSet<(u64, u32)>,
     pub(crate) faults: BTreeMap<(usize, usize), Faults>,
     pub(crate) default_faults: Faults,
@@ -175,24 +177,6 @@ impl World {
             c.events.push_back(AsyncEvent { kind, element });
             c.async_fd.signal();
         }
-    }
-
-    /// Arms (or moves) the timer of QP `qp` from `old` to `new`.
-    pub(crate) fn set_timer(&mut self, qp: u32, old: Option<u64>, new: Option<u64>) {
-        if old == new {
-            return;
-        }
-        if let Some(t) = old {
-            self.timers.remove(&(t, qp));
-        }
-        if let Some(t) = new {
-            self.timers.insert((t, qp));
-        }
-    }
-
-    /// Marks QP `qp` of device `dev` as possibly having a packet to send.
-    pub(crate) fn wake(&mut self, dev: usize, qp: u32) {
-        self.devices[dev].tx_ready.insert(qp);
     }
 
     /// The context pointer of a shell as libibverbs callers see it.

@@ -264,6 +264,8 @@ pub(crate) unsafe fn create_qp_with(
                 resp: Responder::default(),
                 counters: Default::default(),
                 shell,
+                timer_entry: None,
+                tx_queued: false,
             },
         );
         abi::register(p.cast(), Kind::Qp, shared, id);
@@ -333,7 +335,7 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         };
         q.reset(&mut st.w);
         st.w.devices[q.dev].qpns.remove(&q.qpn);
-        st.w.devices[q.dev].tx_ready.remove(&id);
+        st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
         abi::unregister(q.shell.ptr().cast());
         // SAFETY: the QP's own shell.
         unsafe { crate::extended::release_qp(q.shell.ptr()) };

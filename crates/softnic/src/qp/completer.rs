@@ -38,7 +38,7 @@ impl Qp {
     fn rewind(&mut self, w: &mut World, psn: u32) {
         if self.seek(psn) {
             self.req.retrying_from = Some(psn);
-            w.wake(self.dev, self.id);
+            self.wake(w);
         }
     }
 
@@ -314,7 +314,7 @@ impl Qp {
                 return;
             }
             // A fenced WR may be waiting for this READ or atomic.
-            w.wake(self.dev, self.id);
+            self.wake(w);
             if let Some(status) = self.sq.wqes.front().and_then(|f| f.error) {
                 self.fail_send(w, status);
             }
@@ -338,6 +338,6 @@ impl Qp {
             let t = self.timeout_ns(w).map(|d| w.now + d);
             self.set_timer(w, t);
         }
-        w.wake(self.dev, self.id);
+        self.wake(w);
     }
 }

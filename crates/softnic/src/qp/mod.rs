@@ -41,11 +41,14 @@ pub(crate) enum Transport {
     Ud,
 }
 
+/// The SGEs of a WR: up to two held inline, so a usual post allocates nothing.
+pub(crate) type SgeList = smallvec::SmallVec<[ibv_sge; 2]>;
+
 /// Where a send WR's data comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum Payload {
     /// Gathered from registered memory when each packet is built.
-    Sges(Vec<ibv_sge>),
+    Sges(SgeList),
     /// Copied at post time (`IBV_SEND_INLINE`).
     Inline(Vec<u8>),
 }
@@ -104,6 +107,15 @@ impl SendWqe {
 
     pub(crate) fn last_psn(&self) -> u32 {
         crate::packet::psn_add(self.first_psn, self.npkts.max(1) - 1)
+    }
+
+    /// A copy of everything but the payload (which stays in the queue to be read from there):
+    /// what building a packet needs while the queue is borrowed, without a copy of its data.
+    pub(crate) fn meta(&self) -> SendWqe {
+        SendWqe {
+            payload: Payload::Sges(SgeList::new()),
+            ..*self
+        }
     }
 }
 
@@ -282,6 +294,11 @@ pub(crate) struct Qp {
     pub(crate) resp: Responder,
     pub(crate) counters: Counters,
     pub(crate) shell: Shell<ibv_qp, crate::extended::QpEx>,
+    /// The QP's entry in the fabric's timer set, if it has one: at or before `req.timer`
+    /// (see [`Qp::set_timer`]).
+    pub(crate) timer_entry: Option<u64>,
+    /// Whether the QP is in its device's ready queue (`Device::tx_ready`).
+    pub(crate) tx_queued: bool,
 }
 
 /// Bytes of an `ibv_mtu` value.
@@ -306,6 +323,15 @@ fn wc_opcode(op: ibv_wr_opcode::Type) -> ibv_wc_opcode::Type {
 }
 
 impl Qp {
+    /// Marks this QP as possibly having a packet to send: it joins the back of its device's
+    /// ready queue unless it is in it already.
+    pub(crate) fn wake(&mut self, w: &mut World) {
+        if !self.tx_queued {
+            self.tx_queued = true;
+            w.devices[self.dev].tx_ready.push_back(self.id);
+        }
+    }
+
     /// Increments a counter of this QP and of its device.
     pub(crate) fn count(&mut self, w: &mut World, f: impl Fn(&mut Counters)) {
         f(&mut self.counters);
@@ -518,7 +544,7 @@ impl Qp {
         }
         self.state = ibv_qp_state::IBV_QPS_ERR;
         self.set_shell_state();
-        w.set_timer(self.id, self.req.timer.take(), None);
+        self.set_timer(w, None);
         self.req.rnr_wait = None;
         self.resp.replies.clear();
         self.resp.deferred.clear();
@@ -583,7 +609,7 @@ impl Qp {
 
     /// Back to RESET: everything queued is discarded without completions.
     pub(crate) fn reset(&mut self, w: &mut World) {
-        w.set_timer(self.id, self.req.timer.take(), None);
+        self.set_timer(w, None);
         if let Some(srq) = self.srq.and_then(|id| w.srqs.get_mut(&id))
             && let InMsg::Send { from_srq: true, .. } = self.resp.cur
         {
@@ -625,6 +651,6 @@ impl Qp {
             }
             _ => self.on_request(w, pkt, frame),
         }
-        w.wake(self.dev, self.id);
+        self.wake(w);
     }
 }

@@ -235,7 +235,7 @@ impl Qp {
             next => {
                 if next == IBV_QPS_RTS {
                     self.req.sqd_notified = false;
-                    w.wake(self.dev, self.id);
+                    self.wake(w);
                 }
                 self.state = next;
                 self.set_shell_state();

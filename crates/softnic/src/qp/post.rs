@@ -5,7 +5,7 @@ use ibverbs_sys::{
     ibv_qp_state, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode,
 };
 
-use super::{AtomicArgs, Payload, Qp, SendWqe, Transport, UdDest};
+use super::{AtomicArgs, Payload, Qp, SendWqe, SgeList, Transport, UdDest};
 use crate::mr::read_mem;
 use crate::srq::RecvWqe;
 use crate::state::World;
@@ -17,12 +17,12 @@ const MAX_CHAIN: usize = 1 << 20;
 ///
 /// # Safety
 /// `list` must point to `n` readable `ibv_sge`s when `n > 0`.
-unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<Vec<ibv_sge>, i32> {
+unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<SgeList, i32> {
     match n {
-        0 => Ok(Vec::new()),
+        0 => Ok(SgeList::new()),
         n if n < 0 || list.is_null() => Err(libc::EINVAL),
         // SAFETY: the caller guarantees `n` readable SGEs at `list`.
-        n => Ok(unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()),
+        n => Ok(unsafe { std::slice::from_raw_parts(list, n as usize) }.into()),
     }
 }
 
@@ -41,7 +41,7 @@ impl Qp {
         // SAFETY: the caller's guarantees are passed on unchanged.
         let r = unsafe { self.queue_sends(w, wr) };
         // WRs before a failing one are posted: ring for them whatever happens.
-        w.wake(self.dev, self.id);
+        self.wake(w);
         r
     }
 
@@ -67,7 +67,7 @@ impl Qp {
         for wqe in wqes {
             self.queue_send(w, wqe);
         }
-        w.wake(self.dev, self.id);
+        self.wake(w);
         Ok(())
     }
 

@@ -57,7 +57,7 @@ impl Qp {
             remaining: len,
             msn: self.resp.msn,
         });
-        w.wake(self.dev, self.id);
+        self.wake(w);
     }
 
     /// A duplicate READ request (its responses, or some of them, were lost): send them again
@@ -101,7 +101,7 @@ impl Qp {
             remaining: u64::from(reth.len),
             msn: self.resp.msn,
         });
-        w.wake(self.dev, self.id);
+        self.wake(w);
     }
 
     /// Executes a compare-and-swap or fetch-and-add: 8 aligned bytes of an MR with remote

@@ -34,9 +34,39 @@ impl Qp {
         }
     }
 
-    pub(super) fn set_timer(&mut self, w: &mut World, t: Option<u64>) {
-        w.set_timer(self.id, self.req.timer, t);
+    /// Sets (`None`: stops) the timer: the retransmission timeout or the end of an RNR wait.
+    ///
+    /// The fabric's timer set holds at most one entry per QP, at or before its deadline. A
+    /// deadline moved later, as every ACK that makes progress moves it, leaves the entry where it
+    /// is; when the entry comes due it moves to the deadline ([`Qp::timer_due`]). So an ACK costs
+    /// no change to the set, and a stopped timer none either.
+    pub(crate) fn set_timer(&mut self, w: &mut World, t: Option<u64>) {
         self.req.timer = t;
+        if let Some(t) = t
+            && self.timer_entry.is_none_or(|e| t < e)
+        {
+            if let Some(e) = self.timer_entry.replace(t) {
+                w.timers.remove(&(e, self.id));
+            }
+            w.timers.insert((t, self.id));
+        }
+    }
+
+    /// The QP's timer entry, at `t`, came due: the timer fires if its deadline has come, else
+    /// the entry moves to the deadline.
+    pub(crate) fn timer_due(&mut self, w: &mut World, t: u64) {
+        if self.timer_entry != Some(t) {
+            return;
+        }
+        self.timer_entry = None;
+        match self.req.timer {
+            Some(d) if d <= w.now => self.on_timer(w),
+            Some(d) => {
+                self.timer_entry = Some(d);
+                w.timers.insert((d, self.id));
+            }
+            None => {}
+        }
     }
 
     pub(super) fn reset_retries(&mut self) {
@@ -92,11 +122,7 @@ impl Qp {
                 return true;
             }
         }
-        let wqe = self
-            .sq
-            .get_mut(cur)
-            .expect("the WQE being sent exists")
-            .clone();
+        let wqe = self.sq.get(cur).expect("the WQE being sent exists").meta();
         if self.transport == Transport::Ud && wqe.len > mtu {
             // C10-93.1.1, as rxe does it: a UD message over the MTU is not sent, and that is
             // not an error; the send completes successfully.
@@ -317,7 +343,12 @@ impl Qp {
             debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
             return true;
         }
-        let gathered = match &wqe.payload {
+        let queued = &self
+            .sq
+            .get(wqe.seq)
+            .expect("the WQE being sent exists")
+            .payload;
+        let gathered = match queued {
             Payload::Inline(data) => {
                 bytes.extend_from_slice(&data[offset as usize..(offset + chunk) as usize]);
                 Ok(())
