@@ -2,6 +2,8 @@
 //! down; RC recovery (ACK/NAK, retransmission, retry_cnt, RNR and rnr_retry); UC losing whole
 //! messages; UD and UC dropping without a receive WQE.
 
+use std::sync::{Arc, Mutex};
+
 use softnic::{PacketInfo, Verdict};
 
 use crate::common::*;
@@ -120,6 +122,58 @@ fn link_down_exhausts_retry_cnt() {
         waited >= std::time::Duration::from_micros(3 * 1048),
         "{waited:?}"
     );
+}
+
+/// The retransmission timer restarts whenever an ACK makes progress, as often as that
+/// happens, and fires once, a whole timeout after the last of them (the timer set keeps one
+/// entry per QP and moves it lazily: this pins down when it fires).
+#[test]
+fn the_retransmission_timer_counts_from_the_last_ack_that_made_progress() {
+    let f = Fabric::default();
+    let (a, qa, _b, qb) = pair_with(&f, ibv_qp_type::IBV_QPT_RC, 8, |r| {
+        r.timeout = 8; // 4.096 us * 2^8 = 1.05 ms
+    });
+    post_recv(qb, &mut [recv_wr(1, &[]), recv_wr(2, &[])]).unwrap();
+    let timeout = std::time::Duration::from_nanos(4096 << 8);
+    let delay = 500_000; // ns
+    // The first request arrives half a timeout late; the second's first transmission is lost.
+    let first_psn = Arc::new(Mutex::new(None::<u32>));
+    f.set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+        if p.from != 0 {
+            return Verdict::Pass;
+        }
+        let mut first = first_psn.lock().unwrap();
+        match *first {
+            None => {
+                *first = Some(p.psn);
+                Verdict::Delay(delay)
+            }
+            Some(psn) if p.psn == psn + 1 && p.seq < 3 => Verdict::Drop,
+            Some(_) => Verdict::Pass,
+        }
+    })));
+    let start = f.now();
+    post_send(
+        qa,
+        &mut [
+            send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED),
+            send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED),
+        ],
+    )
+    .unwrap();
+    let first = poll_n(a.cq, 1)[0];
+    assert!(ok(&first) && first.wr_id == 1, "{first:?}");
+    let acked = f.now() - start;
+    assert!(acked >= std::time::Duration::from_nanos(delay), "{acked:?}");
+    let second = poll_n(a.cq, 1)[0];
+    assert!(ok(&second) && second.wr_id == 2, "{second:?}");
+    let done = f.now() - start;
+    // Armed when the requests left, moved by the first ACK: the retransmission waits a whole
+    // timeout after that ACK, not after the first transmission.
+    assert!(done >= acked + timeout, "{done:?} < {acked:?} + {timeout:?}");
+    assert!(done < acked + 2 * timeout, "{done:?}");
+    let c = f.qp_counters(qa).unwrap();
+    assert_eq!((c.timeouts, c.retransmits), (1, 1), "{c:?}");
 }
 
 #[test]
