@@ -114,6 +114,12 @@ pub(crate) struct Args {
     /// softnic: probability that a packet has a bit flipped (its ICRC then drops it).
     #[arg(long, default_value = "0", value_parser = probability, value_name = "P", allow_negative_numbers = true)]
     pub(crate) corrupt: f64,
+    /// softnic's virtual clock: while the engines wait for the NIC, they poll at most once per
+    /// this many nanoseconds of virtual time and take what arrived meanwhile in one round, as
+    /// a busy engine's poll loop does (0: a round at every NIC event, each packet apart, as if
+    /// polling took no time). Timers fire up to this late. At most 1000000.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000), value_name = "NS", allow_negative_numbers = true)]
+    pub(crate) poll_interval_ns: u64,
     /// The seed of the data patterns, the faults and the path choice: one seed, one run.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,

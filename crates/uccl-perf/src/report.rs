@@ -60,6 +60,8 @@ struct Config<'a> {
     max_chain: u32,
     no_payload: bool,
     clock: &'static str,
+    /// `--poll-interval-ns` (the virtual clock only).
+    poll_interval_ns: Option<u64>,
 }
 
 /// What `--json` prints for the engine test.
@@ -139,6 +141,7 @@ fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
         } else {
             "wall"
         },
+        poll_interval_ns: args.virtual_clock().then_some(args.poll_interval_ns),
     }
 }
 

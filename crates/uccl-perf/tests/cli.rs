@@ -117,6 +117,33 @@ fn every_mode_runs_and_the_table_shows_it() {
     assert_eq!(j["messages_received"], j["messages_sent"]);
 }
 
+/// On the virtual clock the engines poll at most once per poll interval while they wait: what
+/// the NIC did meanwhile is taken in one round. Fewer polls for the same messages, every byte
+/// still verified; 0 is a round at every NIC event.
+#[test]
+fn a_poll_interval_batches_what_the_nic_did_between_rounds() {
+    let each = json(&format!("{SMALL} --poll-interval-ns 0"));
+    let batched = json(&format!("{SMALL} --poll-interval-ns 2000"));
+    for j in [&each, &batched] {
+        assert_eq!(j["verified"], true, "{j}");
+        assert_eq!(j["messages_received"], 24, "{j}");
+    }
+    assert_eq!(each["config"]["poll_interval_ns"], 0);
+    assert_eq!(batched["config"]["poll_interval_ns"], 2000);
+    let polls = |j: &serde_json::Value| j["cq_polls"].as_u64().unwrap();
+    assert!(
+        2 * polls(&batched) < polls(&each),
+        "{} polls batched, {} at every event",
+        polls(&batched),
+        polls(&each)
+    );
+    assert_eq!(
+        json(SMALL)["config"]["poll_interval_ns"],
+        1000,
+        "the default"
+    );
+}
+
 #[test]
 fn no_payload_moves_nothing_and_verifies_nothing() {
     let j = json("--no-payload --msg-size 4KiB --chunk-size 4KiB --messages 50");
@@ -151,6 +178,8 @@ fn bad_arguments_get_one_line() {
         ("--server --op write", "--op write runs in one process only"),
         ("--engines 5", "every engine pair needs a flow"),
         ("--duration x", "not a number"),
+        ("--poll-interval-ns 2000000", "0..=1000000"),
+        ("--poll-interval-ns -5", "--poll-interval-ns"),
     ] {
         let out = perf(args);
         assert!(!out.status.success(), "{args}");

@@ -213,7 +213,9 @@ fn post_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
     out.notes.push(format!(
         "Row 1: `uccl-perf {} --tx-mode chained|single`, {} chunks per run, {} runs of each \
          alternating; CPU = the median run's process CPU time / chunks sent (both engines, \
-         softnic and the driver on one thread, on the virtual clock).",
+         softnic and the driver on one thread, on the virtual clock; the engines poll at most \
+         once per microsecond of virtual time while they wait, uccl-perf's default \
+         `--poll-interval-ns 1000`).",
         ab.args, ab.chunks, ab.reps
     ));
     Ok(())

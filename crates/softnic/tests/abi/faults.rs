@@ -170,7 +170,10 @@ fn the_retransmission_timer_counts_from_the_last_ack_that_made_progress() {
     let done = f.now() - start;
     // Armed when the requests left, moved by the first ACK: the retransmission waits a whole
     // timeout after that ACK, not after the first transmission.
-    assert!(done >= acked + timeout, "{done:?} < {acked:?} + {timeout:?}");
+    assert!(
+        done >= acked + timeout,
+        "{done:?} < {acked:?} + {timeout:?}"
+    );
     assert!(done < acked + 2 * timeout, "{done:?}");
     let c = f.qp_counters(qa).unwrap();
     assert_eq!((c.timeouts, c.retransmits), (1, 1), "{c:?}");

@@ -1,6 +1,7 @@
 //! The driver: rounds of stepping every flow and polling every engine until every flow is
 //! done. On softnic, when nothing has work, the fabric's virtual clock jumps to the next event
-//! (a packet, or an engine's timer), so the same seed gives the same run.
+//! (a packet, or an engine's timer) or by the poll interval (`--poll-interval-ns`), whichever
+//! is later, so the same seed gives the same run.
 
 use std::time::{Duration, Instant};
 
@@ -82,9 +83,11 @@ impl Run<'_> {
                         .map(Duration::from_nanos)
                         .chain(f.next_event())
                         .min();
+                    // The engines poll again at the next event, or a poll interval from now if
+                    // that is later: what the NIC does meanwhile waits for one round.
+                    let interval = Duration::from_nanos(self.args.poll_interval_ns.max(1));
                     match next {
-                        Some(t) if t > now => f.advance(t - now),
-                        Some(_) => f.advance(Duration::from_nanos(1)),
+                        Some(t) => f.advance(t.saturating_sub(now).max(interval)),
                         None => {
                             return Err(format!(
                                 "{} (nothing left to happen at {now:?} of virtual time)",
