@@ -526,6 +526,7 @@ impl Fabric {
             sgid,
             bytes: bytes.to_vec(),
             sealed: true,
+            gather: None,
         };
         st.deliver(&frame);
         st.progress();

@@ -3,6 +3,7 @@
 use ibverbs_sys::{ibv_access_flags, ibv_mr, ibv_sge, ibv_wc_status};
 
 use crate::abi::Shell;
+use crate::link::Gather;
 use crate::state::World;
 
 pub(crate) struct Mr {
@@ -116,6 +117,54 @@ impl World {
         }
     }
 
+    /// The payload of the `len` bytes starting `offset` bytes into the data described by
+    /// `sges`, left in memory, if they lie in one SGE (checked); `None` if they span two.
+    pub(crate) fn gather_late(
+        &self,
+        dev: usize,
+        pd: u32,
+        sges: &[ibv_sge],
+        (mut offset, len): (u64, u64),
+    ) -> Option<Result<Gather, ibv_wc_status::Type>> {
+        for sge in sges {
+            let l = u64::from(sge.length);
+            if offset >= l {
+                offset -= l;
+                continue;
+            }
+            if len > l - offset {
+                return None;
+            }
+            let g = Gather {
+                dev,
+                pd,
+                lkey: sge.lkey,
+                addr: sge.addr + offset,
+                len: len as u32,
+            };
+            return Some(self.check_gather(&g).map(|()| g));
+        }
+        Some(Err(ibv_wc_status::IBV_WC_LOC_LEN_ERR))
+    }
+
+    /// Checks that the memory a [`Gather`] reads is still registered as it was when its
+    /// packet left.
+    pub(crate) fn check_gather(&self, g: &Gather) -> Result<(), ibv_wc_status::Type> {
+        self.check_local(g.dev, g.pd, &g.sge(), false)
+    }
+
+    /// Copies a [`Gather`]'s payload from the requester's memory to `va`, which the caller has
+    /// checked lies in a live MR with remote write access for `g.len` bytes.
+    pub(crate) fn place(&self, g: &Gather, va: u64) -> Result<(), ibv_wc_status::Type> {
+        self.check_gather(g)?;
+        // SAFETY: the source lies in a live MR (checked just above), the destination in a live
+        // MR with remote write access (checked by the caller), and both stay registered for the
+        // call (the fabric's lock is held). They may overlap (a loopback WRITE within one
+        // buffer): `copy_mem` allows that.
+        unsafe { copy_mem(g.addr, va, g.len as usize) };
+        Ok(())
+    }
+
     /// Writes `data` starting `offset` bytes into the buffer described by `sges`, checking
     /// every SGE it touches for local write access. `LOC_LEN_ERR` if the buffer is too short.
     /// Unless `copy`, checks the same and writes nothing
@@ -168,6 +217,20 @@ pub(crate) unsafe fn read_mem(addr: u64, len: usize, out: &mut Vec<u8>) {
     // SAFETY: the caller guarantees the range is readable.
     let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
     out.extend_from_slice(src);
+}
+
+/// Copies `len` bytes from `src` to `dst`, which may overlap (as `memmove`). Zero bytes touch
+/// no memory.
+///
+/// # Safety
+/// Unless `len` is 0, `src..src + len` must be readable and `dst..dst + len` writable memory
+/// that no Rust reference aliases: the NIC's DMA between two registered regions.
+pub(crate) unsafe fn copy_mem(src: u64, dst: u64, len: usize) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: the caller guarantees both ranges; `copy` allows them to overlap.
+    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) };
 }
 
 /// Copies `data` to `addr`. Zero bytes touch no memory.

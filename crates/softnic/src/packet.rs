@@ -263,7 +263,7 @@ impl Headers {
         {
             return Err(WireError::HeaderMismatch);
         }
-        let pad = (4 - payload_len % 4) % 4;
+        let pad = pad_of(payload_len);
         out.push(self.opcode);
         out.push((u8::from(self.se) << 7) | ((pad as u8) << 4)); // SE, M=0, pad, TVer=0
         out.extend_from_slice(&self.pkey.to_be_bytes());
@@ -303,8 +303,7 @@ impl Headers {
     /// What follows a packet's `payload_len` payload bytes: the pad to 4 bytes and a zero
     /// ICRC.
     pub(crate) fn emit_tail(payload_len: usize, out: &mut Vec<u8>) {
-        let pad = (4 - payload_len % 4) % 4;
-        out.extend(std::iter::repeat_n(0, pad));
+        out.extend(std::iter::repeat_n(0, pad_of(payload_len)));
         out.extend_from_slice(&[0; ICRC_LEN]);
     }
 
@@ -423,6 +422,11 @@ impl<'a> Packet<'a> {
             payload: &payload[..payload.len() - pad],
         })
     }
+}
+
+/// The pad after a payload of `payload_len` bytes, to a multiple of 4.
+pub(crate) fn pad_of(payload_len: usize) -> usize {
+    (4 - payload_len % 4) % 4
 }
 
 /// Reads headers off the front of a byte slice.

@@ -83,6 +83,7 @@ impl State {
                         sgid: crate::roce::ipv4_gid(*d.src.ip()),
                         bytes: d.bytes,
                         sealed: false,
+                        gather: None,
                     }),
                 }
             }

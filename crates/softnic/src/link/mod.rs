@@ -48,6 +48,52 @@ pub(crate) struct Frame {
     /// construction and carries a zero ICRC until it leaves on the UDP link: the CRC of every
     /// byte of an in-process frame would only be overhead.
     pub(crate) sealed: bool,
+    /// The payload, when it is not in `bytes` (which then hold the headers, the pad and the
+    /// ICRC, the payload's place between them left out): see [`Gather`].
+    pub(crate) gather: Option<Gather>,
+}
+
+impl Frame {
+    /// The frame's length on the wire, its payload included wherever it is.
+    pub(crate) fn wire_len(&self) -> usize {
+        self.bytes.len() + self.gather.map_or(0, |g| g.len as usize)
+    }
+}
+
+/// The payload of an RDMA WRITE packet between two devices of this fabric, left in the
+/// requester's registered memory until the packet is delivered, so that it is copied once,
+/// from the requester's memory into the responder's, not into a frame and out again.
+///
+/// Only where reading the memory late cannot be told apart from reading it when the packet
+/// left: RC, whose requester may not touch the buffer before the WRITE's completion, which
+/// comes after the delivery (UC and UD complete as the packet leaves, and the memory may then
+/// be reused at once); and any WRITE when payload copies are off
+/// ([`FabricConfig::copy_payload`](crate::FabricConfig::copy_payload)), where the data is never
+/// read. A frame leaving on the UDP link, or being corrupted, takes its payload in first
+/// ([`World::materialize`]). The memory is checked again before it is read: a packet whose
+/// payload went away (an MR deregistered under an outstanding WR) is dropped as if lost.
+///
+/// A packet whose payload spans two SGEs carries its bytes as usual.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gather {
+    /// The requester's device and PD (what the lkey is checked against).
+    pub(crate) dev: usize,
+    pub(crate) pd: u32,
+    /// The payload: `len` bytes at `addr`, in the requester's MR of `lkey`.
+    pub(crate) lkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+}
+
+impl Gather {
+    /// The payload as an SGE (what the checks of local memory take).
+    pub(crate) fn sge(&self) -> ibverbs_sys::ibv_sge {
+        ibverbs_sys::ibv_sge {
+            addr: self.addr,
+            length: self.len,
+            lkey: self.lkey,
+        }
+    }
 }
 
 /// Frame buffers delivered and ready for the next packets: steady traffic then allocates none
@@ -115,6 +161,7 @@ impl World {
             Dest::Local(d) => d,
             Dest::Udp(_) => usize::MAX,
         };
+        let wire_len = frame.wire_len();
         let info = PacketInfo {
             seq,
             from: frame.from,
@@ -122,7 +169,7 @@ impl World {
             opcode: b[0],
             psn: u32::from_be_bytes([b[8], b[9], b[10], b[11]]) & PSN_MASK,
             dest_qp: u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0x00ff_ffff,
-            len: b.len(),
+            len: wire_len,
         };
         let verdict = self.filter.as_mut().map_or(Verdict::Pass, |f| f(&info));
         let faults = self.faults_for(frame.from, to);
@@ -130,7 +177,7 @@ impl World {
         // has its own speed and latency.
         let (wire_ns, latency) = match frame.to {
             Dest::Local(_) => (
-                (frame.bytes.len() as u64 * 8).div_ceil(self.cfg.gbps.max(1)),
+                (wire_len as u64 * 8).div_ceil(self.cfg.gbps.max(1)),
                 self.cfg.latency_ns,
             ),
             Dest::Udp(_) => (0, 0),
@@ -145,6 +192,10 @@ impl World {
             return fate;
         }
         if verdict == Verdict::Corrupt || (pass && self.rng.chance(faults.corrupt)) {
+            if !self.materialize(&mut frame) {
+                fate.dropped = true;
+                return fate;
+            }
             self.seal(&mut frame);
             let bit = self.rng.below(frame.bytes.len() as u64 * 8) as usize;
             frame.bytes[bit / 8] ^= 1 << (bit % 8);
@@ -163,6 +214,29 @@ impl World {
         }
         self.net.push(at, frame);
         fate
+    }
+
+    /// Puts a frame's payload into its bytes if it is still elsewhere ([`Gather`]). False if
+    /// that memory went away (the frame is then to be dropped).
+    pub(crate) fn materialize(&mut self, frame: &mut Frame) -> bool {
+        let Some(g) = frame.gather.take() else {
+            return true;
+        };
+        let tail = crate::packet::pad_of(g.len as usize) + crate::packet::ICRC_LEN;
+        let head = frame.bytes.len() - tail;
+        let mut bytes = self.spare.take(frame.bytes.len() + g.len as usize);
+        bytes.extend_from_slice(&frame.bytes[..head]);
+        let copy = self.cfg.copy_payload;
+        if self
+            .gather(g.dev, g.pd, &[g.sge()], (0, g.len.into()), copy, &mut bytes)
+            .is_err()
+        {
+            return false;
+        }
+        bytes.extend_from_slice(&frame.bytes[head..]);
+        let built = std::mem::replace(&mut frame.bytes, bytes);
+        self.spare.give(built);
+        true
     }
 
     /// Writes the ICRC a receiver will check: the RoCEv2 one for the UDP link, softnic's

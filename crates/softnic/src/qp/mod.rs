@@ -28,7 +28,7 @@ pub use modify::check_transition;
 use crate::abi::{Shell, Wc};
 use crate::counters::Counters;
 use crate::cq::Reclaim;
-use crate::link::{Dest, Frame};
+use crate::link::{Dest, Frame, Gather};
 use crate::packet::{Headers, Packet};
 use crate::srq::RecvWqe;
 use crate::state::{Element, World};
@@ -373,13 +373,19 @@ impl Qp {
             debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
             return;
         }
-        self.send_frame(w, to, bytes);
+        self.send_frame(w, to, bytes, None);
     }
 
-    /// Sends a packet already laid out (headers, payload, pad and a zero ICRC) to `to`
-    /// (`None`: no route; the packet is counted and dropped).
-    pub(crate) fn send_frame(&mut self, w: &mut World, to: Option<Dest>, bytes: Vec<u8>) {
-        let len = bytes.len() as u64;
+    /// Sends a packet already laid out (headers, payload, pad and a zero ICRC; or the payload
+    /// left in memory, `gather`) to `to` (`None`: no route; the packet is counted and dropped).
+    pub(crate) fn send_frame(
+        &mut self,
+        w: &mut World,
+        to: Option<Dest>,
+        bytes: Vec<u8>,
+        gather: Option<Gather>,
+    ) {
+        let len = (bytes.len() + gather.map_or(0, |g| g.len as usize)) as u64;
         self.count(w, |c| {
             c.packets_sent += 1;
             c.bytes_sent += len;
@@ -397,6 +403,7 @@ impl Qp {
             sgid,
             bytes,
             sealed: false,
+            gather,
         });
         self.count(w, |c| {
             c.packets_dropped += u64::from(fate.dropped);

@@ -9,6 +9,7 @@
 use ibverbs_sys::{ibv_qp_state, ibv_wc_status, ibv_wr_opcode};
 
 use super::{Payload, Qp, Transport, UdDest};
+use crate::link::Dest;
 use crate::packet::{AtomicEth, Deth, Headers, Reth, opcode, psn_add, psn_diff};
 use crate::state::{Element, World};
 
@@ -336,24 +337,41 @@ impl Qp {
             imm: if last { wqe.imm } else { None },
             ..Headers::default()
         };
-        // The payload is gathered straight into the frame, after its headers: one copy.
+        // The payload is gathered straight into the frame, after its headers: one copy. Or,
+        // for a WRITE to a device of this fabric that may read it late, not at all: the
+        // responder copies it from this memory (see `Gather`).
         let n = chunk as usize;
-        let mut bytes = w.spare.take(hdr.wire_len(n));
-        if hdr.emit_head(n, &mut bytes).is_err() {
-            debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
-            return true;
-        }
         let queued = &self
             .sq
             .get(wqe.seq)
             .expect("the WQE being sent exists")
             .payload;
-        let gathered = match queued {
-            Payload::Inline(data) => {
+        let late = match queued {
+            Payload::Sges(sges)
+                if write
+                    && chunk > 0
+                    && matches!(to, Some(Dest::Local(_)))
+                    && (self.transport == Transport::Rc || !w.cfg.copy_payload) =>
+            {
+                w.gather_late(self.dev, self.pd, sges, (offset, chunk))
+            }
+            _ => None,
+        };
+        let mut bytes = w
+            .spare
+            .take(hdr.wire_len(if late.is_some() { 0 } else { n }));
+        if hdr.emit_head(n, &mut bytes).is_err() {
+            debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
+            return true;
+        }
+        let mut gather = None;
+        let gathered = match (queued, late) {
+            (_, Some(g)) => g.map(|g| gather = Some(g)),
+            (Payload::Inline(data), None) => {
                 bytes.extend_from_slice(&data[offset as usize..(offset + chunk) as usize]);
                 Ok(())
             }
-            Payload::Sges(sges) => {
+            (Payload::Sges(sges), None) => {
                 let copy = w.cfg.copy_payload || !write;
                 w.gather(self.dev, self.pd, sges, (offset, chunk), copy, &mut bytes)
             }
@@ -371,7 +389,7 @@ impl Qp {
         }
         Headers::emit_tail(n, &mut bytes);
         self.req.noack = if ack_req { 0 } else { noack };
-        self.send_frame(w, to, bytes);
+        self.send_frame(w, to, bytes, gather);
         self.note_sent(w, psn, psn);
         self.req.cur_pkt += 1;
         self.req.psn = psn_add(psn, 1);

@@ -11,7 +11,7 @@
 use ibverbs_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
 
 use super::{InMsg, Qp, Transport};
-use crate::link::Frame;
+use crate::link::{Frame, Gather};
 use crate::mr::{REMOTE_WRITE, write_mem};
 use crate::packet::{self, Aeth, Headers, Layout, Packet, opcode, psn_add, psn_diff, syndrome};
 use crate::roce;
@@ -135,10 +135,20 @@ impl Qp {
             }
             return;
         }
+        let gather = frame.gather.as_ref();
+        if let Some(g) = gather
+            && (op_of(pkt.hdr.opcode) != Some(Op::Write) || w.check_gather(g).is_err())
+        {
+            // Its payload went away in the requester's memory (an MR deregistered under an
+            // outstanding WR): lost, as far as anyone can tell. (Only WRITEs leave their
+            // payload behind.)
+            self.count(w, |c| c.packets_dropped += 1);
+            return;
+        }
         match (self.transport, op_of(pkt.hdr.opcode)) {
             (Transport::Ud, _) => self.ud_receive(w, pkt, frame),
-            (Transport::Uc, Some(op)) => self.uc_receive(w, pkt, layout, op),
-            (Transport::Rc, Some(op)) => self.rc_receive(w, pkt, layout, op),
+            (Transport::Uc, Some(op)) => self.uc_receive(w, pkt, gather, layout, op),
+            (Transport::Rc, Some(op)) => self.rc_receive(w, pkt, gather, layout, op),
             _ => {}
         }
     }
@@ -164,7 +174,14 @@ impl Qp {
         self.enter_error(w);
     }
 
-    fn rc_receive(&mut self, w: &mut World, pkt: &Packet<'_>, l: Layout, op: Op) {
+    fn rc_receive(
+        &mut self,
+        w: &mut World,
+        pkt: &Packet<'_>,
+        gather: Option<&Gather>,
+        l: Layout,
+        op: Op,
+    ) {
         let psn = pkt.hdr.psn;
         let d = psn_diff(psn, self.resp.epsn);
         if d > 0 {
@@ -197,7 +214,7 @@ impl Qp {
             Op::Atomic => return self.start_atomic(w, pkt),
             Op::Send | Op::Write => {}
         }
-        match self.execute(w, pkt, l, op) {
+        match self.execute(w, pkt, gather, l, op) {
             Ok(arrived) => {
                 self.resp.epsn = psn_add(psn, 1);
                 self.resp.ack_psn = self.resp.epsn;
@@ -249,7 +266,14 @@ impl Qp {
         }
     }
 
-    fn uc_receive(&mut self, w: &mut World, pkt: &Packet<'_>, l: Layout, op: Op) {
+    fn uc_receive(
+        &mut self,
+        w: &mut World,
+        pkt: &Packet<'_>,
+        gather: Option<&Gather>,
+        l: Layout,
+        op: Op,
+    ) {
         let psn = pkt.hdr.psn;
         if matches!(op, Op::Read | Op::Atomic) {
             return;
@@ -266,7 +290,7 @@ impl Qp {
             self.abandon(w);
             self.resp.drop_msg = false;
         }
-        match self.execute(w, pkt, l, op) {
+        match self.execute(w, pkt, gather, l, op) {
             Ok(arrived) => {
                 self.resp.epsn = psn_add(psn, 1);
                 if let Some(a) = arrived
@@ -304,6 +328,7 @@ impl Qp {
         &mut self,
         w: &mut World,
         pkt: &Packet<'_>,
+        gather: Option<&Gather>,
         l: Layout,
         op: Op,
     ) -> Result<Option<Arrived>, Fail> {
@@ -320,7 +345,7 @@ impl Qp {
             return Err(fail(Failure::NotAllowed));
         }
         let mtu = u64::from(self.mtu(w));
-        let n = pkt.payload.len() as u64;
+        let n = gather.map_or(pkt.payload.len() as u64, |g| g.len.into());
         let len_ok = match (l.first, l.last) {
             (true, true) => n <= mtu,
             (_, false) => n == mtu,
@@ -387,10 +412,17 @@ impl Qp {
                     return Err(Fail { why, wqe: imm_wqe });
                 }
                 if w.cfg.copy_payload {
-                    // SAFETY: zero bytes touch nothing; otherwise `va..va + n` lies in a live
-                    // MR with remote write access (checked just above), whose registration
-                    // promised the memory stays valid while registered.
-                    unsafe { write_mem(*va, pkt.payload) };
+                    match gather {
+                        Some(g) => {
+                            // Checked when the packet came in, under the same lock.
+                            let placed = w.place(g, *va);
+                            debug_assert!(placed.is_ok(), "{placed:?}");
+                        }
+                        // SAFETY: zero bytes touch nothing; otherwise `va..va + n` lies in a
+                        // live MR with remote write access (checked just above), whose
+                        // registration promised the memory stays valid while registered.
+                        None => unsafe { write_mem(*va, pkt.payload) },
+                    }
                 }
                 *va += n;
                 *resid -= n;

@@ -93,6 +93,42 @@ fn a_gather_error_behind_an_unacked_wr_is_reported_not_spun_on() {
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
 }
 
+/// An RC WRITE's payload is read from the requester's memory when its packet is delivered. A
+/// region deregistered while its WRITE is on the wire is not read then: the packet is lost, and
+/// the retry finds the memory gone (`LOC_PROT_ERR`). What the program writes into the buffer
+/// after deregistering it never reaches the responder.
+#[test]
+fn memory_deregistered_under_a_write_on_the_wire_is_not_read() {
+    let f = Fabric::default();
+    let (a, qa, b, _qb) = pair_with(&f, ibv_qp_type::IBV_QPT_RC, 8, |r| r.timeout = 8);
+    let mut src = vec![1u8; 3 * 4096];
+    let mut dst = vec![0u8; 3 * 4096];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, ALL_ACCESS);
+    let w = with_rdma(
+        send_wr(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src, smr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64,
+        rkey(dmr),
+    );
+    // The first packet leaves as the WR is posted; none has arrived yet.
+    post_send(qa, &mut [w]).unwrap();
+    assert!(f.qp_counters(qa).unwrap().packets_sent >= 1);
+    // SAFETY: a live MR, deregistered once while a WR naming it is in flight.
+    assert_eq!(unsafe { (CONTROL.dereg_mr)(smr) }, 0);
+    src.fill(9);
+    let wc = poll_n(a.cq, 1);
+    assert_eq!(wc.len(), 1);
+    assert_eq!(wc[0].status, ibv_wc_status::IBV_WC_LOC_PROT_ERR, "{wc:?}");
+    f.run_until_idle().unwrap();
+    assert!(!dst.contains(&9), "the responder read deregistered memory");
+    assert!(f.device_counters("soft1").unwrap().packets_dropped > 0);
+}
+
 /// Point 5: zero bytes touch no memory, whatever address the WR or the wire names.
 #[test]
 fn zero_length_operations_touch_no_memory() {
