@@ -118,11 +118,11 @@ impl World {
     }
 
     /// The payload of the `len` bytes starting `offset` bytes into the data described by
-    /// `sges`, left in memory, if they lie in one SGE (checked); `None` if they span two.
+    /// `sges` of a WR on QP `qp` (of device `dev`, in `pd`), left in memory, if they lie in one
+    /// SGE (checked); `None` if they span two.
     pub(crate) fn gather_late(
         &self,
-        dev: usize,
-        pd: u32,
+        (dev, pd, qp, wire_gen): (usize, u32, u32, u32),
         sges: &[ibv_sge],
         (mut offset, len): (u64, u64),
     ) -> Option<Result<Gather, ibv_wc_status::Type>> {
@@ -141,6 +141,8 @@ impl World {
                 lkey: sge.lkey,
                 addr: sge.addr + offset,
                 len: len as u32,
+                qp,
+                wire_gen,
             };
             return Some(self.check_gather(&g).map(|()| g));
         }

@@ -183,6 +183,14 @@ impl State {
             self.w.devices[dev].counters.messages_dropped += 1;
             return;
         };
+        if let Some(g) = &frame.gather
+            && self.qps.get(&g.qp).is_none_or(|q| q.wire_gen != g.wire_gen)
+        {
+            // Its WR was flushed or dropped since it left (the requester QP failed, was reset
+            // or destroyed): the memory is the program's again, and the packet is lost.
+            self.w.devices[dev].counters.packets_dropped += 1;
+            return;
+        }
         if let Some(qp) = self.qps.get_mut(&id) {
             qp.receive(&mut self.w, &pkt, frame);
         }

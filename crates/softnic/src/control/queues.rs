@@ -266,6 +266,7 @@ pub(crate) unsafe fn create_qp_with(
                 shell,
                 timer_entry: None,
                 tx_queued: false,
+                wire_gen: 0,
             },
         );
         abi::register(p.cast(), Kind::Qp, shared, id);

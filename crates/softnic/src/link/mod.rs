@@ -73,7 +73,9 @@ impl Frame {
 /// ([`World::materialize`]). The memory is checked again before it is read: a packet whose
 /// payload went away (an MR deregistered under an outstanding WR) is dropped as if lost.
 ///
-/// A packet whose payload spans two SGEs carries its bytes as usual.
+/// A packet whose payload spans two SGEs carries its bytes as usual. (A loopback WRITE of several
+/// packets whose source and destination overlap reads what earlier packets placed, where
+/// reading at transmit would not: IBTA leaves such overlaps undefined.)
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gather {
     /// The requester's device and PD (what the lkey is checked against).
@@ -83,6 +85,10 @@ pub(crate) struct Gather {
     pub(crate) lkey: u32,
     pub(crate) addr: u64,
     pub(crate) len: u32,
+    /// The requester QP and its `wire_gen` when the packet left: once its WRs have been
+    /// flushed or dropped, the memory is the program's again and the packet is lost.
+    pub(crate) qp: u32,
+    pub(crate) wire_gen: u32,
 }
 
 impl Gather {

@@ -299,6 +299,10 @@ pub(crate) struct Qp {
     pub(crate) timer_entry: Option<u64>,
     /// Whether the QP is in its device's ready queue (`Device::tx_ready`).
     pub(crate) tx_queued: bool,
+    /// Bumped whenever send WRs end other than through the responder (flushed by an error,
+    /// dropped by a reset or a destroy): a [`Gather`] of an older generation still on the wire
+    /// is not read, since the program may reuse that memory now.
+    pub(crate) wire_gen: u32,
 }
 
 /// Bytes of an `ibv_mtu` value.
@@ -552,6 +556,7 @@ impl Qp {
         self.state = ibv_qp_state::IBV_QPS_ERR;
         self.set_shell_state();
         self.set_timer(w, None);
+        self.wire_gen = self.wire_gen.wrapping_add(1);
         self.req.rnr_wait = None;
         self.resp.replies.clear();
         self.resp.deferred.clear();
@@ -617,6 +622,7 @@ impl Qp {
     /// Back to RESET: everything queued is discarded without completions.
     pub(crate) fn reset(&mut self, w: &mut World) {
         self.set_timer(w, None);
+        self.wire_gen = self.wire_gen.wrapping_add(1);
         if let Some(srq) = self.srq.and_then(|id| w.srqs.get_mut(&id))
             && let InMsg::Send { from_srq: true, .. } = self.resp.cur
         {

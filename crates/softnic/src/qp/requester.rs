@@ -40,16 +40,22 @@ impl Qp {
     /// The fabric's timer set holds at most one entry per QP, at or before its deadline. A
     /// deadline moved later, as every ACK that makes progress moves it, leaves the entry where it
     /// is; when the entry comes due it moves to the deadline ([`Qp::timer_due`]). So an ACK costs
-    /// no change to the set, and a stopped timer none either.
+    /// no change to the set. A stopped timer leaves it (nothing is pending then).
     pub(crate) fn set_timer(&mut self, w: &mut World, t: Option<u64>) {
         self.req.timer = t;
-        if let Some(t) = t
-            && self.timer_entry.is_none_or(|e| t < e)
-        {
-            if let Some(e) = self.timer_entry.replace(t) {
-                w.timers.remove(&(e, self.id));
+        match t {
+            None => {
+                if let Some(e) = self.timer_entry.take() {
+                    w.timers.remove(&(e, self.id));
+                }
             }
-            w.timers.insert((t, self.id));
+            Some(t) if self.timer_entry.is_none_or(|e| t < e) => {
+                if let Some(e) = self.timer_entry.replace(t) {
+                    w.timers.remove(&(e, self.id));
+                }
+                w.timers.insert((t, self.id));
+            }
+            Some(_) => {}
         }
     }
 
@@ -353,7 +359,8 @@ impl Qp {
                     && matches!(to, Some(Dest::Local(_)))
                     && (self.transport == Transport::Rc || !w.cfg.copy_payload) =>
             {
-                w.gather_late(self.dev, self.pd, sges, (offset, chunk))
+                let by = (self.dev, self.pd, self.id, self.wire_gen);
+                w.gather_late(by, sges, (offset, chunk))
             }
             _ => None,
         };

@@ -130,19 +130,16 @@ impl Qp {
         if self.transport == Transport::Rc && !self.resp.replies.is_empty() {
             // READ responses are still going out: this request waits its turn (rxe's request
             // queue), so neither its ACK nor its effect can overtake them.
-            if self.resp.deferred.len() < MAX_DEFERRED {
-                self.resp.deferred.push_back(frame.clone());
+            // It arrived now: a payload left in the requester's memory is taken in now.
+            let mut f = frame.clone();
+            if self.resp.deferred.len() < MAX_DEFERRED && w.materialize(&mut f) {
+                self.resp.deferred.push_back(f);
             }
             return;
         }
         let gather = frame.gather.as_ref();
-        if let Some(g) = gather
-            && (op_of(pkt.hdr.opcode) != Some(Op::Write) || w.check_gather(g).is_err())
-        {
-            // Its payload went away in the requester's memory (an MR deregistered under an
-            // outstanding WR): lost, as far as anyone can tell. (Only WRITEs leave their
-            // payload behind.)
-            self.count(w, |c| c.packets_dropped += 1);
+        if gather.is_some() && op_of(pkt.hdr.opcode) != Some(Op::Write) {
+            debug_assert!(false, "only WRITEs leave their payload behind");
             return;
         }
         match (self.transport, op_of(pkt.hdr.opcode)) {
@@ -206,6 +203,15 @@ impl Qp {
                     self.send_ack(w, syndrome::ACK, prev);
                 }
             }
+            return;
+        }
+        if let Some(g) = gather
+            && w.cfg.copy_payload
+            && w.check_gather(g).is_err()
+        {
+            // Its payload went away in the requester's memory (an MR deregistered under an
+            // outstanding WR): lost, as far as anyone can tell.
+            self.count(w, |c| c.packets_dropped += 1);
             return;
         }
         self.resp.sent_nak = false;

@@ -179,6 +179,45 @@ fn rdma_read_fetches_remote_memory() {
     assert_eq!(local, remote);
 }
 
+/// Without payload copies no WRITE's memory is read, so a UC WRITE whose send completion came
+/// (as the packet left) may have its region deregistered at once, packets still on the wire:
+/// the message still arrives.
+#[test]
+fn without_payload_copies_a_uc_write_arrives_after_its_memory_is_deregistered() {
+    let f = Fabric::new(FabricConfig {
+        copy_payload: false,
+        ..Default::default()
+    });
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_UC, 8);
+    let mut src = pattern(4096, 2);
+    let mut dst = vec![0u8; 4096];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, ALL_ACCESS);
+    post_recv(qb, &mut [recv_wr(7, &[])]).unwrap();
+    let wr = with_imm(
+        with_rdma(
+            send_wr(
+                1,
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                &[sge(&src, smr)],
+                SIGNALED,
+            ),
+            dst.as_ptr() as u64,
+            rkey(dmr),
+        ),
+        5,
+    );
+    post_send(qa, &mut [wr]).unwrap();
+    let sent = poll(a.cq, 1);
+    assert_eq!(sent.len(), 1, "UC completes as the packet leaves");
+    assert!(ok(&sent[0]));
+    // SAFETY: a live MR, deregistered once; its WR has completed.
+    assert_eq!(unsafe { (CONTROL.dereg_mr)(smr) }, 0);
+    let got = poll_n(b.cq, 1);
+    assert_eq!(got.len(), 1, "the WRITE_WITH_IMM arrived");
+    assert!(ok(&got[0]) && got[0].wr_id == 7, "{got:?}");
+}
+
 #[test]
 fn without_payload_copies_one_sided_data_stays_put_and_the_rest_is_real() {
     let f = Fabric::new(FabricConfig {

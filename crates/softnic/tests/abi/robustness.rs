@@ -129,6 +129,75 @@ fn memory_deregistered_under_a_write_on_the_wire_is_not_read() {
     assert!(f.device_counters("soft1").unwrap().packets_dropped > 0);
 }
 
+/// A WRITE flushed while its packets are on the wire (the requester QP moved to ERROR, its WR
+/// completed with `WR_FLUSH_ERR`) leaves the buffer to the program at once: what the program
+/// writes there afterwards never reaches the responder, though the responder still takes the
+/// packets' PSNs.
+#[test]
+fn a_flushed_write_does_not_carry_what_the_program_wrote_after_the_flush() {
+    let f = Fabric::default();
+    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    let mut src = vec![1u8; 3 * 4096];
+    let mut dst = vec![0u8; 3 * 4096];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, ALL_ACCESS);
+    let w = with_rdma(
+        send_wr(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src, smr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [w]).unwrap();
+    assert!(f.qp_counters(qa).unwrap().packets_sent >= 1);
+    let err = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_ERR,
+        ..Default::default()
+    };
+    assert_eq!(modify(qa, &err, m(ibv_qp_attr_mask::IBV_QP_STATE)), 0);
+    let wc = poll_n(a.cq, 1);
+    assert_eq!(wc.len(), 1);
+    assert_eq!(wc[0].status, ibv_wc_status::IBV_WC_WR_FLUSH_ERR, "{wc:?}");
+    src.fill(9);
+    f.run_until_idle().unwrap();
+    assert!(
+        !dst.contains(&9),
+        "the responder read a flushed WR's buffer"
+    );
+}
+
+/// A timer that stopped (everything acknowledged) leaves nothing pending: the fabric is idle
+/// and its clock stays where the traffic ended.
+#[test]
+fn a_stopped_retransmission_timer_leaves_nothing_pending() {
+    let f = Fabric::default();
+    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    let mut src = vec![1u8; 4096];
+    let mut dst = vec![0u8; 4096];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, ALL_ACCESS);
+    let w = with_rdma(
+        send_wr(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&src, smr)],
+            SIGNALED,
+        ),
+        dst.as_ptr() as u64,
+        rkey(dmr),
+    );
+    post_send(qa, &mut [w]).unwrap();
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    assert_eq!(f.next_event(), None, "nothing is pending");
+    let done = f.now();
+    f.run_until_idle().unwrap();
+    assert_eq!(f.now(), done, "the clock stays where the traffic ended");
+    assert_eq!(dst, src);
+}
+
 /// Point 5: zero bytes touch no memory, whatever address the WR or the wire names.
 #[test]
 fn zero_length_operations_touch_no_memory() {
