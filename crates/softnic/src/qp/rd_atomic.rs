@@ -183,7 +183,8 @@ impl Qp {
             (false, true) => opcode::RC_READ_RESPONSE_LAST,
             (false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
         };
-        let mut payload = Vec::with_capacity(chunk as usize);
+        // A spare frame buffer: no allocation per response packet.
+        let mut payload = w.spare.take(chunk as usize);
         if chunk > 0 {
             if !w.check_remote(self.dev, self.pd, r.rkey, r.va, chunk, REMOTE_READ) {
                 // The region was deregistered under an executing READ.
@@ -209,6 +210,7 @@ impl Qp {
             ..Headers::default()
         };
         self.send_packet(w, self.dest_dev, &hdr, &payload);
+        w.spare.give(payload);
         if last {
             self.resp.replies.pop_front();
             self.run_deferred(w);
