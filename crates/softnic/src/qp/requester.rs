@@ -107,7 +107,9 @@ impl Qp {
             }
             return false;
         }
-        if !wqe.started {
+        // A WR started in this call had every SGE checked just now, under this same lock.
+        let fresh = !wqe.started;
+        if fresh {
             if self.state == ibv_qp_state::IBV_QPS_SQD {
                 self.note_drained(w);
                 return false;
@@ -144,7 +146,7 @@ impl Qp {
             self.send_rd_atomic_request(w, &wqe, mtu);
             true
         } else {
-            self.send_data(w, &wqe, mtu)
+            self.send_data(w, &wqe, mtu, fresh)
         }
     }
 
@@ -243,7 +245,7 @@ impl Qp {
 
     /// Sends the next packet of `wqe`. False if it could not (its memory went away while an
     /// earlier WR is still outstanding: the error waits for its turn).
-    fn send_data(&mut self, w: &mut World, wqe: &super::SendWqe, mtu: u64) -> bool {
+    fn send_data(&mut self, w: &mut World, wqe: &super::SendWqe, mtu: u64, fresh: bool) -> bool {
         use opcode::*;
         let k = self.req.cur_pkt;
         let offset = u64::from(k) * mtu;
@@ -360,7 +362,7 @@ impl Qp {
                     && (self.transport == Transport::Rc || !w.cfg.copy_payload) =>
             {
                 let by = (self.dev, self.pd, self.id, self.wire_gen);
-                w.gather_late(by, sges, (offset, chunk))
+                w.gather_late(by, sges, (offset, chunk), fresh)
             }
             _ => None,
         };

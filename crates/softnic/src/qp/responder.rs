@@ -408,7 +408,10 @@ impl Qp {
             InMsg::Write {
                 va, resid, rkey, ..
             } => {
-                if n > *resid || (n > 0 && !w.check_remote(dev, pd, *rkey, *va, n, REMOTE_WRITE)) {
+                // A first packet's range lies in the RETH's, checked just above.
+                if n > *resid
+                    || (n > 0 && !l.first && !w.check_remote(dev, pd, *rkey, *va, n, REMOTE_WRITE))
+                {
                     let why = if n > *resid {
                         Failure::Length
                     } else {
