@@ -1,7 +1,9 @@
 //! The C ABI surface: the structs callers hold pointers to, the registry that tells softnic's
 //! pointers from foreign ones, `errno`, and a layout-identical mirror of `ibv_wc`.
 
+use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, RwLock, Weak};
 
 use crate::hash::FastMap;
@@ -145,22 +147,107 @@ pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id:
 pub(crate) fn unregister_fabric(fabric_id: u64) {
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
     reg.retain(|_, e| e.fabric_id != fabric_id);
+    REMOVALS.fetch_add(1, Ordering::Release);
 }
 
 pub(crate) fn unregister(ptr: *const c_void) {
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
     reg.remove(&(ptr as usize));
+    REMOVALS.fetch_add(1, Ordering::Release);
+}
+
+/// Objects that left the registry so far (bumped under its write lock, after the removal).
+static REMOVALS: AtomicU64 = AtomicU64::new(0);
+
+/// A lookup a thread made, good while no object has left the registry since.
+struct Recent {
+    ptr: usize,
+    kind: Kind,
+    removals: u64,
+    fabric: Weak<Shared>,
+    id: u32,
+}
+
+/// Lookups each thread remembers, by address (direct-mapped): a caller polling its CQs and
+/// posting on its QPs in a loop finds them here, without the registry's lock and its hash.
+const RECENT: usize = 64;
+
+thread_local! {
+    static RECENTS: RefCell<[Option<Recent>; RECENT]> =
+        const { RefCell::new([const { None }; RECENT]) };
+}
+
+/// The slot of `addr` among a thread's recent lookups.
+fn recent_slot(addr: usize) -> usize {
+    ((addr >> 4) ^ (addr >> 10)) % RECENT
+}
+
+/// An object found in the registry, and when: see [`Found::still_there`].
+pub(crate) struct Found {
+    pub(crate) fabric: Arc<Shared>,
+    pub(crate) id: u32,
+    ptr: usize,
+    kind: Kind,
+    removals: u64,
+}
+
+impl Found {
+    /// Whether the object is still registered. Call it holding the fabric's lock: objects are
+    /// destroyed under it, so an object there now stays until the lock is let go. (Another
+    /// thread may have destroyed it between the lookup and the lock: a program error that gets
+    /// EINVAL, not a panic that would break the fabric.)
+    pub(crate) fn still_there(&self) -> bool {
+        REMOVALS.load(Ordering::Acquire) == self.removals || {
+            let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
+            reg.get(&self.ptr).is_some_and(|e| e.kind == self.kind)
+        }
+    }
 }
 
 /// The fabric and id of the live object of `kind` at `ptr`, if there is one.
-pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<(Arc<Shared>, u32)> {
+pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<Found> {
     if ptr.is_null() {
         return None;
     }
+    let addr = ptr as usize;
+    // No object left the registry since this thread found this one there: it is still there.
+    let removals = REMOVALS.load(Ordering::Acquire);
+    let found = |(fabric, id): (Arc<Shared>, u32)| Found {
+        fabric,
+        id,
+        ptr: addr,
+        kind,
+        removals,
+    };
+    let slot = recent_slot(addr);
+    let hit = RECENTS
+        .try_with(|r| {
+            let r = r.borrow();
+            r[slot]
+                .as_ref()
+                .filter(|e| e.ptr == addr && e.kind == kind && e.removals == removals)
+                .map(|e| e.fabric.upgrade().map(|f| (f, e.id)))
+        })
+        .ok()
+        .flatten();
+    if let Some(hit) = hit {
+        // `None`: the object's fabric is gone.
+        return hit.map(found);
+    }
     let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
-    reg.get(&(ptr as usize))
-        .filter(|e| e.kind == kind)
-        .and_then(|e| Some((e.fabric.upgrade()?, e.id)))
+    let e = reg.get(&addr).filter(|e| e.kind == kind)?;
+    let entry = (e.fabric.clone(), e.id);
+    drop(reg);
+    let _ = RECENTS.try_with(|r| {
+        r.borrow_mut()[slot] = Some(Recent {
+            ptr: addr,
+            kind,
+            removals,
+            fabric: entry.0.clone(),
+            id: entry.1,
+        });
+    });
+    Some(found((entry.0.upgrade()?, entry.1)))
 }
 
 /// The 16 bytes of a GID.

@@ -568,11 +568,15 @@ impl Fabric {
 
     /// The counters of a QP of this fabric (`None` for a pointer that is not one).
     pub fn qp_counters(&self, qp: *const ibv_qp) -> Option<Counters> {
-        let (shared, id) = abi::lookup(qp.cast(), Kind::Qp)?;
-        if !Arc::ptr_eq(&shared, &self.shared) {
+        let found = abi::lookup(qp.cast(), Kind::Qp)?;
+        if !Arc::ptr_eq(&found.fabric, &self.shared) {
             return None;
         }
-        self.shared.lock_any().qps.get(&id).map(|q| q.counters)
+        self.shared
+            .lock_any()
+            .qps
+            .get(&found.id)
+            .map(|q| q.counters)
     }
 
     /// When the next pending event (a packet's arrival, a timer, a port free to send) is due,

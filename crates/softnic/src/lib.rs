@@ -24,7 +24,11 @@
 //!   an implicit NAK, a READ re-issued for what is missing, duplicates answered again (a READ
 //!   re-read, an atomic from its saved result: never executed twice), `max_rd_atomic` honoured.
 //! - Memory regions with lkey/rkey, bounds and access checks on every access; zero bytes touch
-//!   no memory; every address sum from a WR or the wire is checked.
+//!   no memory; every address sum from a WR or the wire is checked. An RC WRITE between two
+//!   devices of one fabric is copied once, from the requester's memory into the responder's
+//!   when its packet is delivered (the requester may not touch that memory before the WRITE
+//!   completes, which comes after): checked again then, and never read once its WR was
+//!   flushed or its region deregistered (the packet is lost).
 //! - Bounded CQs (overflow raises `IBV_EVENT_CQ_ERR`, never a silent loss), completion
 //!   channels with real file descriptors, SRQs with the one-shot limit event.
 //! - Messages cut into MTU packets with PSNs in the IBTA wire format ([`packet`]), on a network

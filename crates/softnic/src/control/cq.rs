@@ -70,7 +70,7 @@ pub(super) unsafe extern "C" fn create_cq(
         None
     } else {
         match abi::lookup(channel.cast(), Kind::Channel) {
-            Some((_, id)) => Some(id),
+            Some(found) => Some(found.id),
             None => {
                 set_errno(libc::EINVAL);
                 return null_mut();

@@ -120,13 +120,19 @@ pub(crate) fn try_with<R>(
         set_errno(e);
         Err(e)
     };
-    let Some((shared, id)) = abi::lookup(ptr, kind) else {
+    let Some(found) = abi::lookup(ptr, kind) else {
         return fail(libc::EINVAL);
     };
+    let (shared, id) = (&found.fabric, found.id);
     let Some(mut st) = shared.lock() else {
         return fail(libc::EIO);
     };
-    let r = catch_unwind(AssertUnwindSafe(|| f(&shared, &mut st, id)));
+    if !found.still_there() {
+        // Destroyed by another thread since the lookup.
+        drop(st);
+        return fail(libc::EINVAL);
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| f(shared, &mut st, id)));
     shared.wake_sleeper();
     match r {
         Ok(r) => Ok(r),

@@ -155,13 +155,13 @@ pub(crate) unsafe fn create_qp_with(
     }
     // SAFETY: non-null, and points to a valid `ibv_qp_init_attr` per the contract.
     let ia = unsafe { &mut *init };
-    let send_cq = abi::lookup(ia.send_cq.cast(), Kind::Cq).map(|(_, id)| id);
-    let recv_cq = abi::lookup(ia.recv_cq.cast(), Kind::Cq).map(|(_, id)| id);
+    let send_cq = abi::lookup(ia.send_cq.cast(), Kind::Cq).map(|f| f.id);
+    let recv_cq = abi::lookup(ia.recv_cq.cast(), Kind::Cq).map(|f| f.id);
     let srq = if ia.srq.is_null() {
         Ok(None)
     } else {
         abi::lookup(ia.srq.cast(), Kind::Srq)
-            .map(|(_, id)| Some(id))
+            .map(|f| Some(f.id))
             .ok_or(())
     };
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {

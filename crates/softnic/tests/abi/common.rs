@@ -376,7 +376,7 @@ pub fn recv_wr(wr_id: u64, sges: &[ibv_sge]) -> ibv_recv_wr {
     }
 }
 
-fn ops(ctx: *mut ibv_context) -> ibv_context_ops {
+pub fn ops(ctx: *mut ibv_context) -> ibv_context_ops {
     // SAFETY: a live context's `ibv_context` is readable.
     unsafe { (*ctx).ops }
 }

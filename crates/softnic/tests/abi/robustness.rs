@@ -275,6 +275,78 @@ fn destroyed_pointers_never_come_back() {
     }
 }
 
+/// A CQ one thread polls, destroyed by another thread: the poller's next call is refused
+/// (EINVAL), however recently it used that pointer; so is a call after the fabric is gone.
+/// (Each thread remembers its recent lookups; any removal from the registry voids them.)
+#[test]
+fn a_pointer_used_recently_is_refused_once_another_thread_destroys_it() {
+    let f = Fabric::default();
+    let n = Node::open(&f, "soft0");
+    // Called through the context's table: a destroyed CQ's pointer is never read here.
+    let poll_cq = ops(n.ctx).poll_cq.unwrap();
+    let poll = move |cq: usize| {
+        let mut wc = [ibv_wc::default(); 1];
+        // SAFETY: softnic checks the CQ pointer before using it; `wc` has room for one.
+        unsafe { poll_cq(cq as *mut ibv_cq, 1, wc.as_mut_ptr()) }
+    };
+    let cq = n.new_cq(4, null_mut()) as usize;
+    let (to_poller, polls) = std::sync::mpsc::channel::<()>();
+    let (to_main, results) = std::sync::mpsc::channel::<i32>();
+    let poller = std::thread::spawn(move || {
+        for () in polls {
+            to_main.send(poll(cq)).unwrap();
+        }
+    });
+    for _ in 0..3 {
+        to_poller.send(()).unwrap();
+        assert_eq!(results.recv().unwrap(), 0);
+    }
+    // SAFETY: a live CQ, destroyed once; the poller's later call is refused.
+    assert_eq!(unsafe { (CONTROL.destroy_cq)(cq as *mut ibv_cq) }, 0);
+    to_poller.send(()).unwrap();
+    assert_eq!(results.recv().unwrap(), -libc::EINVAL);
+    drop(to_poller);
+    poller.join().unwrap();
+    // This thread polls a live CQ, then the fabric goes: refused too.
+    let cq = n.new_cq(4, null_mut()) as usize;
+    assert_eq!(poll(cq), 0);
+    drop(f);
+    assert_eq!(poll(cq), -libc::EINVAL);
+}
+
+/// A CQ destroyed while another thread polls it in a loop (a program error): the poller is
+/// refused from then on (EINVAL), whenever the destroy came between its lookup and its turn at
+/// the fabric; the fabric is not broken by it.
+#[test]
+fn a_destroy_racing_a_poll_loop_is_refused_not_a_broken_fabric() {
+    let f = Fabric::default();
+    let n = Node::open(&f, "soft0");
+    let poll_cq = ops(n.ctx).poll_cq.unwrap();
+    for _ in 0..50 {
+        let cq = n.new_cq(4, null_mut()) as usize;
+        let started = Arc::new(AtomicBool::new(false));
+        let go = started.clone();
+        let poller = std::thread::spawn(move || {
+            let mut wc = [ibv_wc::default(); 1];
+            loop {
+                // SAFETY: softnic checks the CQ pointer; `wc` has room for one.
+                let r = unsafe { poll_cq(cq as *mut ibv_cq, 1, wc.as_mut_ptr()) };
+                go.store(true, Ordering::Release);
+                if r != 0 {
+                    return r;
+                }
+            }
+        });
+        while !started.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        // SAFETY: a live CQ, destroyed once (the poller's calls are refused afterwards).
+        assert_eq!(unsafe { (CONTROL.destroy_cq)(cq as *mut ibv_cq) }, 0);
+        assert_eq!(poller.join().unwrap(), -libc::EINVAL);
+        assert_eq!(f.broken(), None);
+    }
+}
+
 /// Point 8: a thread blocked in `get_cq_event` while its channel is destroyed returns an error
 /// promptly (it must not block forever, nor read a descriptor the destroy closed).
 #[test]
