@@ -160,16 +160,17 @@ impl World {
         self.check_local(g.dev, g.pd, &g.sge(), false)
     }
 
-    /// Copies a [`Gather`]'s payload from the requester's memory to `va`, which the caller has
-    /// checked lies in a live MR with remote write access for `g.len` bytes.
-    pub(crate) fn place(&self, g: &Gather, va: u64) -> Result<(), ibv_wc_status::Type> {
-        self.check_gather(g)?;
-        // SAFETY: the source lies in a live MR (checked just above), the destination in a live
-        // MR with remote write access (checked by the caller), and both stay registered for the
-        // call (the fabric's lock is held). They may overlap (a loopback WRITE within one
-        // buffer): `copy_mem` allows that.
+    /// Copies a [`Gather`]'s payload from the requester's memory to `va`.
+    ///
+    /// # Safety
+    /// Since the fabric's lock was last taken, [`check_gather`](Self::check_gather) passed for
+    /// `g` (so its memory is a live MR's, and stays one until the lock is let go), and `va` was
+    /// checked to lie in a live MR with remote write access for `g.len` bytes.
+    pub(crate) unsafe fn place(&self, g: &Gather, va: u64) {
+        debug_assert!(self.check_gather(g).is_ok());
+        // SAFETY: both ranges lie in live MRs, per this function's contract. They may overlap
+        // (a loopback WRITE within one buffer): `copy_mem` allows that.
         unsafe { copy_mem(g.addr, va, g.len as usize) };
-        Ok(())
     }
 
     /// Writes `data` starting `offset` bytes into the buffer described by `sges`, checking

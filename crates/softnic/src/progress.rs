@@ -184,10 +184,12 @@ impl State {
             return;
         };
         if let Some(g) = &frame.gather
+            && self.w.cfg.copy_payload
             && self.qps.get(&g.qp).is_none_or(|q| q.wire_gen != g.wire_gen)
         {
             // Its WR was flushed or dropped since it left (the requester QP failed, was reset
-            // or destroyed): the memory is the program's again, and the packet is lost.
+            // or destroyed): the memory is the program's again, and the packet is lost. (Without
+            // payload copies nothing is read: it goes on, as a packet with its bytes would.)
             self.w.devices[dev].counters.packets_dropped += 1;
             return;
         }

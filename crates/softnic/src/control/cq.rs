@@ -70,7 +70,7 @@ pub(super) unsafe extern "C" fn create_cq(
         None
     } else {
         match abi::lookup(channel.cast(), Kind::Channel) {
-            Some(found) => Some(found.id),
+            Some(found) => Some(found),
             None => {
                 set_errno(libc::EINVAL);
                 return null_mut();
@@ -82,7 +82,11 @@ pub(super) unsafe extern "C" fn create_cq(
         Kind::Context,
         null_mut(),
         |shared, st, ctx| {
-            let channel_ok = ch.is_none_or(|c| st.w.channels.get(&c).is_some_and(|c| c.ctx == ctx));
+            // Ids are per fabric: another fabric's channel must not pass for one of this.
+            let channel_ok = ch.as_ref().is_none_or(|c| {
+                Arc::ptr_eq(&c.fabric, shared)
+                    && st.w.channels.get(&c.id).is_some_and(|c| c.ctx == ctx)
+            });
             if cqe < 1 || cqe as u32 > st.w.cfg.max_cqe || comp_vector != 0 || !channel_ok {
                 set_errno(libc::EINVAL);
                 return null_mut();
@@ -102,7 +106,7 @@ pub(super) unsafe extern "C" fn create_cq(
                 id,
                 Cq {
                     ctx,
-                    channel: ch,
+                    channel: ch.as_ref().map(|c| c.id),
                     capacity: cqe as usize,
                     entries: VecDeque::new(),
                     arm: Arm::Off,

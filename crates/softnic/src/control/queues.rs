@@ -155,16 +155,18 @@ pub(crate) unsafe fn create_qp_with(
     }
     // SAFETY: non-null, and points to a valid `ibv_qp_init_attr` per the contract.
     let ia = unsafe { &mut *init };
-    let send_cq = abi::lookup(ia.send_cq.cast(), Kind::Cq).map(|f| f.id);
-    let recv_cq = abi::lookup(ia.recv_cq.cast(), Kind::Cq).map(|f| f.id);
+    let send_cq = abi::lookup(ia.send_cq.cast(), Kind::Cq);
+    let recv_cq = abi::lookup(ia.recv_cq.cast(), Kind::Cq);
     let srq = if ia.srq.is_null() {
         Ok(None)
     } else {
-        abi::lookup(ia.srq.cast(), Kind::Srq)
-            .map(|f| Some(f.id))
-            .ok_or(())
+        abi::lookup(ia.srq.cast(), Kind::Srq).map(Some).ok_or(())
     };
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
+        // Ids are per fabric: an object of another fabric must not pass for one of this.
+        let ours = |f: abi::Found| std::sync::Arc::ptr_eq(&f.fabric, shared).then_some(f.id);
+        let (send_cq, recv_cq) = (send_cq.and_then(ours), recv_cq.and_then(ours));
+        let srq = srq.and_then(|s| s.map(|f| ours(f).ok_or(())).transpose());
         let ctx = st.w.pds[&pd_id].ctx;
         if context.is_some_and(|c| c != st.w.context_ptr(ctx)) {
             set_errno(libc::EINVAL);

@@ -232,9 +232,11 @@ impl World {
         let head = frame.bytes.len() - tail;
         let mut bytes = self.spare.take(frame.bytes.len() + g.len as usize);
         bytes.extend_from_slice(&frame.bytes[..head]);
-        let copy = self.cfg.copy_payload;
-        if self
-            .gather(g.dev, g.pd, &[g.sge()], (0, g.len.into()), copy, &mut bytes)
+        if !self.cfg.copy_payload {
+            // Nothing is read: zeros, as a packet built without copies carries.
+            bytes.resize(bytes.len() + g.len as usize, 0);
+        } else if self
+            .gather(g.dev, g.pd, &[g.sge()], (0, g.len.into()), true, &mut bytes)
             .is_err()
         {
             return false;

@@ -130,11 +130,19 @@ impl Qp {
         if self.transport == Transport::Rc && !self.resp.replies.is_empty() {
             // READ responses are still going out: this request waits its turn (rxe's request
             // queue), so neither its ACK nor its effect can overtake them.
-            // It arrived now: a payload left in the requester's memory is taken in now.
-            let mut f = frame.clone();
-            if self.resp.deferred.len() < MAX_DEFERRED && w.materialize(&mut f) {
-                self.resp.deferred.push_back(f);
+            if self.resp.deferred.len() >= MAX_DEFERRED {
+                return;
             }
+            // It arrived now: a payload left in the requester's memory is taken in now, unless
+            // the packet is a duplicate (whose WR may have completed, the memory the
+            // program's again), which is answered without its payload.
+            let mut f = frame.clone();
+            if psn_diff(pkt.hdr.psn, self.resp.epsn) < 0 {
+                f.gather = None;
+            } else if !w.materialize(&mut f) {
+                return;
+            }
+            self.resp.deferred.push_back(f);
             return;
         }
         let gather = frame.gather.as_ref();
@@ -422,11 +430,10 @@ impl Qp {
                 }
                 if w.cfg.copy_payload {
                     match gather {
-                        Some(g) => {
-                            // Checked when the packet came in, under the same lock.
-                            let placed = w.place(g, *va);
-                            debug_assert!(placed.is_ok(), "{placed:?}");
-                        }
+                        // SAFETY: `rc_receive` checked the gather's memory under this same lock
+                        // (only RC with copies on reaches here with one), and `va..va + n`
+                        // was checked just above.
+                        Some(g) => unsafe { w.place(g, *va) },
                         // SAFETY: zero bytes touch nothing; otherwise `va..va + n` lies in a
                         // live MR with remote write access (checked just above), whose
                         // registration promised the memory stays valid while registered.

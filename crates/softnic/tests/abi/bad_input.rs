@@ -314,3 +314,36 @@ fn objects_of_a_dropped_fabric_are_unknown() {
         assert_eq!((CONTROL.close_device)(n.ctx), libc::EINVAL);
     }
 }
+
+/// Objects are numbered per fabric: a CQ or completion channel of another fabric is refused
+/// (EINVAL), never taken for this fabric's object with the same number.
+#[test]
+fn objects_of_another_fabric_are_refused() {
+    let (fa, fb) = (Fabric::default(), Fabric::default());
+    let (a, b) = (Node::open(&fa, "soft0"), Node::open(&fb, "soft0"));
+    let mut init = ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq: b.cq,
+        recv_cq: b.cq,
+        srq: std::ptr::null_mut(),
+        cap: cap(4, 4),
+        qp_type: ibv_qp_type::IBV_QPT_RC,
+        sq_sig_all: 0,
+    };
+    // SAFETY: a valid PD and init attributes (with CQs of the other fabric).
+    let qp = unsafe { (CONTROL.create_qp)(a.pd, &mut init) };
+    assert!(qp.is_null(), "a QP on fabric A with fabric B's CQ");
+    assert_eq!(errno(), libc::EINVAL);
+    // SAFETY: a live context of fabric B.
+    let ch = unsafe { (CONTROL.create_comp_channel)(b.ctx) };
+    assert!(!ch.is_null());
+    // SAFETY: a live context of fabric A, a channel of fabric B.
+    let cq = unsafe { (CONTROL.create_cq)(a.ctx, 4, std::ptr::null_mut(), ch, 0) };
+    assert!(cq.is_null(), "a CQ on fabric A with fabric B's channel");
+    assert_eq!(errno(), libc::EINVAL);
+    // Each fabric's own objects still do.
+    init.send_cq = a.cq;
+    init.recv_cq = a.cq;
+    // SAFETY: as above, with fabric A's CQ.
+    assert!(!unsafe { (CONTROL.create_qp)(a.pd, &mut init) }.is_null());
+}
