@@ -37,13 +37,12 @@ pub(super) unsafe extern "C" fn reg_mr(
         }
         let ctx = st.w.pds[&pd_id].ctx;
         let dev = st.w.contexts[&ctx].dev;
+        let Some(key) = st.w.devices[dev].new_key() else {
+            set_errno(libc::ENOMEM);
+            return null_mut();
+        };
         let id = st.w.alloc_id();
-        let d = &mut st.w.devices[dev];
-        d.next_key += 1;
-        let n = d.next_key;
-        // Unique per device (the counter in the high bits), not guessable from the index alone.
-        let key = (n << 8) | (n.wrapping_mul(0x9d) & 0xff);
-        d.keys.insert(key, id);
+        st.w.devices[dev].keys.insert(key, id);
         let context = st.w.context_ptr(ctx);
         let mr = ibv_mr {
             context,
@@ -82,4 +81,42 @@ pub(super) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
         }
         0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{CONTROL, Fabric};
+
+    /// Once a device's key counter wraps, a new MR never takes the key of one still registered.
+    #[test]
+    fn keys_in_use_are_skipped_when_the_counter_wraps() {
+        let f = Fabric::default();
+        let dev = f.device("soft0").unwrap();
+        // SAFETY: a device of a live fabric, then its context.
+        let pd = unsafe { (CONTROL.alloc_pd)((CONTROL.open_device)(dev)) };
+        assert!(!pd.is_null());
+        let mut mem = vec![0u8; 64];
+        let reg = |mem: &mut [u8]| {
+            // SAFETY: a live PD; `mem` outlives the MRs (the fabric goes first).
+            let mr = unsafe { (CONTROL.reg_mr)(pd, mem.as_mut_ptr().cast(), mem.len(), 1) };
+            assert!(!mr.is_null());
+            // SAFETY: a live MR's `ibv_mr`.
+            unsafe { (*mr).lkey }
+        };
+        let first = reg(&mut mem);
+        // The counter at its end: the next key it gives would be `first` again.
+        f.shared.lock_any().w.devices[0].next_key = (1 << 24) - 1;
+        let mut later = Vec::new();
+        for _ in 0..3 {
+            later.push(reg(&mut mem));
+        }
+        assert!(
+            !later.contains(&first),
+            "{first:#x} handed out twice: {later:x?}"
+        );
+        let st = f.shared.lock_any();
+        let keys = &st.w.devices[0].keys;
+        assert_eq!(keys.len(), 4, "every MR keeps its own key");
+        assert!(keys.contains_key(&first));
+    }
 }
