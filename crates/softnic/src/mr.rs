@@ -10,14 +10,22 @@ pub(crate) struct Mr {
     pub(crate) ctx: u32,
     pub(crate) pd: u32,
     pub(crate) dev: usize,
-    pub(crate) addr: u64,
-    pub(crate) len: u64,
-    pub(crate) access: u32,
+    /// The lkey and rkey; its bounds and access are the key's [`Region`].
     pub(crate) key: u32,
     pub(crate) shell: Shell<ibv_mr>,
 }
 
-impl Mr {
+/// What an access through an MR's key is checked against, kept with the key: one lookup per
+/// check.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Region {
+    pub(crate) pd: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: u32,
+}
+
+impl Region {
     fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
             && addr
@@ -48,7 +56,6 @@ impl World {
         let mr = self.devices[dev]
             .keys
             .get(&sge.lkey)
-            .and_then(|id| self.mrs.get(id))
             .filter(|mr| mr.pd == pd && mr.contains(sge.addr, u64::from(sge.length)));
         match mr {
             Some(mr) if write && mr.access & LOCAL_WRITE == 0 => {
@@ -73,7 +80,6 @@ impl World {
         self.devices[dev]
             .keys
             .get(&rkey)
-            .and_then(|id| self.mrs.get(id))
             .is_some_and(|mr| mr.pd == pd && mr.access & access != 0 && mr.contains(va, len))
     }
 

@@ -33,8 +33,8 @@ pub(crate) struct Device {
     /// QP number -> QP id.
     pub(crate) qpns: BTreeMap<u32, u32>,
     pub(crate) next_qpn: u32,
-    /// lkey/rkey -> MR id.
-    pub(crate) keys: crate::hash::FastMap<u32, u32>,
+    /// lkey/rkey -> what every access through the key is checked against (the MR's).
+    pub(crate) keys: crate::hash::FastMap<u32, crate::mr::Region>,
     pub(crate) next_key: u32,
     /// The device's port on the UDP link (`None` on the in-process network only).
     pub(crate) udp: Option<crate::link::udp::UdpPort>,

@@ -7,7 +7,7 @@ use ibverbs_sys::*;
 
 use super::{with, with_status};
 use crate::abi::{self, Kind, Shell, set_errno};
-use crate::mr::Mr;
+use crate::mr::{Mr, Region};
 
 const MR_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
@@ -42,7 +42,13 @@ pub(super) unsafe extern "C" fn reg_mr(
             return null_mut();
         };
         let id = st.w.alloc_id();
-        st.w.devices[dev].keys.insert(key, id);
+        let region = Region {
+            pd: pd_id,
+            addr: addr as u64,
+            len: length as u64,
+            access,
+        };
+        st.w.devices[dev].keys.insert(key, region);
         let context = st.w.context_ptr(ctx);
         let mr = ibv_mr {
             context,
@@ -61,9 +67,6 @@ pub(super) unsafe extern "C" fn reg_mr(
                 ctx,
                 pd: pd_id,
                 dev,
-                addr: addr as u64,
-                len: length as u64,
-                access,
                 key,
                 shell,
             },
