@@ -179,11 +179,11 @@ fn rdma_read_fetches_remote_memory() {
     assert_eq!(local, remote);
 }
 
-/// Without payload copies no WRITE's memory is read, so a UC WRITE whose send completion came
-/// (as the packet left) may have its region deregistered at once, packets still on the wire:
-/// the message still arrives.
-#[test]
-fn without_payload_copies_a_uc_write_arrives_after_its_memory_is_deregistered() {
+/// Without payload copies nothing of a WRITE is read. A UC WRITE_WITH_IMM completes as its
+/// packet leaves; `then` is done to the requester's QP and source MR right after that
+/// completion, the packet still on the wire. The message must still arrive, as a packet
+/// carrying its bytes would.
+fn a_uc_write_without_copies_arrives_after(then: impl FnOnce(*mut ibv_qp, *mut ibv_mr)) {
     let f = Fabric::new(FabricConfig {
         copy_payload: false,
         ..Default::default()
@@ -211,51 +211,29 @@ fn without_payload_copies_a_uc_write_arrives_after_its_memory_is_deregistered() 
     let sent = poll(a.cq, 1);
     assert_eq!(sent.len(), 1, "UC completes as the packet leaves");
     assert!(ok(&sent[0]));
-    // SAFETY: a live MR, deregistered once; its WR has completed.
-    assert_eq!(unsafe { (CONTROL.dereg_mr)(smr) }, 0);
+    then(qa, smr);
     let got = poll_n(b.cq, 1);
     assert_eq!(got.len(), 1, "the WRITE_WITH_IMM arrived");
     assert!(ok(&got[0]) && got[0].wr_id == 7, "{got:?}");
 }
 
-/// Without payload copies nothing of a WRITE is read, so a UC WRITE_WITH_IMM that completed as
-/// it left arrives even if its QP is reset at once, packets still on the wire (as a packet
-/// carrying its bytes would).
+#[test]
+fn without_payload_copies_a_uc_write_arrives_after_its_memory_is_deregistered() {
+    a_uc_write_without_copies_arrives_after(|_, smr| {
+        // SAFETY: a live MR, deregistered once; its WR has completed.
+        assert_eq!(unsafe { (CONTROL.dereg_mr)(smr) }, 0);
+    });
+}
+
 #[test]
 fn without_payload_copies_a_uc_write_arrives_after_its_qp_is_reset() {
-    let f = Fabric::new(FabricConfig {
-        copy_payload: false,
-        ..Default::default()
+    a_uc_write_without_copies_arrives_after(|qa, _| {
+        let reset = ibv_qp_attr {
+            qp_state: ibv_qp_state::IBV_QPS_RESET,
+            ..Default::default()
+        };
+        assert_eq!(modify(qa, &reset, m(ibv_qp_attr_mask::IBV_QP_STATE)), 0);
     });
-    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_UC, 8);
-    let mut src = pattern(4096, 3);
-    let mut dst = vec![0u8; 4096];
-    let smr = a.reg(&mut src, LOCAL_WRITE);
-    let dmr = b.reg(&mut dst, ALL_ACCESS);
-    post_recv(qb, &mut [recv_wr(7, &[])]).unwrap();
-    let wr = with_imm(
-        with_rdma(
-            send_wr(
-                1,
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                &[sge(&src, smr)],
-                SIGNALED,
-            ),
-            dst.as_ptr() as u64,
-            rkey(dmr),
-        ),
-        5,
-    );
-    post_send(qa, &mut [wr]).unwrap();
-    assert!(ok(&poll(a.cq, 1)[0]), "UC completes as the packet leaves");
-    let reset = ibv_qp_attr {
-        qp_state: ibv_qp_state::IBV_QPS_RESET,
-        ..Default::default()
-    };
-    assert_eq!(modify(qa, &reset, m(ibv_qp_attr_mask::IBV_QP_STATE)), 0);
-    let got = poll_n(b.cq, 1);
-    assert_eq!(got.len(), 1, "the WRITE_WITH_IMM arrived");
-    assert!(ok(&got[0]) && got[0].wr_id == 7, "{got:?}");
 }
 
 #[test]

@@ -93,16 +93,18 @@ fn a_gather_error_behind_an_unacked_wr_is_reported_not_spun_on() {
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
 }
 
-/// An RC WRITE's payload is read from the requester's memory when its packet is delivered. A
-/// region deregistered while its WRITE is on the wire is not read then: the packet is lost, and
-/// the retry finds the memory gone (`LOC_PROT_ERR`). What the program writes into the buffer
-/// after deregistering it never reaches the responder.
-#[test]
-fn memory_deregistered_under_a_write_on_the_wire_is_not_read() {
-    let f = Fabric::default();
-    let (a, qa, b, _qb) = pair_with(&f, ibv_qp_type::IBV_QPT_RC, 8, |r| r.timeout = 8);
-    let mut src = vec![1u8; 3 * 4096];
-    let mut dst = vec![0u8; 3 * 4096];
+/// An RC pair on `f` (local ACK timeout `timeout`), a source of `len` ones and a destination
+/// of zeros registered, and one signaled WRITE of the one into the other posted: its first
+/// packet is on the wire. Returns the requester, its QP, the source and its MR, and the
+/// destination.
+fn one_write_posted(
+    f: &Fabric,
+    len: usize,
+    timeout: u8,
+) -> (Node, *mut ibv_qp, Vec<u8>, *mut ibv_mr, Vec<u8>) {
+    let (a, qa, b, _qb) = pair_with(f, ibv_qp_type::IBV_QPT_RC, 8, |r| r.timeout = timeout);
+    let mut src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
     let smr = a.reg(&mut src, LOCAL_WRITE);
     let dmr = b.reg(&mut dst, ALL_ACCESS);
     let w = with_rdma(
@@ -115,9 +117,19 @@ fn memory_deregistered_under_a_write_on_the_wire_is_not_read() {
         dst.as_ptr() as u64,
         rkey(dmr),
     );
-    // The first packet leaves as the WR is posted; none has arrived yet.
     post_send(qa, &mut [w]).unwrap();
     assert!(f.qp_counters(qa).unwrap().packets_sent >= 1);
+    (a, qa, src, smr, dst)
+}
+
+/// An RC WRITE's payload is read from the requester's memory when its packet is delivered. A
+/// region deregistered while its WRITE is on the wire is not read then: the packet is lost, and
+/// the retry finds the memory gone (`LOC_PROT_ERR`). What the program writes into the buffer
+/// after deregistering it never reaches the responder.
+#[test]
+fn memory_deregistered_under_a_write_on_the_wire_is_not_read() {
+    let f = Fabric::default();
+    let (a, _qa, mut src, smr, dst) = one_write_posted(&f, 3 * 4096, 8);
     // SAFETY: a live MR, deregistered once while a WR naming it is in flight.
     assert_eq!(unsafe { (CONTROL.dereg_mr)(smr) }, 0);
     src.fill(9);
@@ -136,23 +148,7 @@ fn memory_deregistered_under_a_write_on_the_wire_is_not_read() {
 #[test]
 fn a_flushed_write_does_not_carry_what_the_program_wrote_after_the_flush() {
     let f = Fabric::default();
-    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
-    let mut src = vec![1u8; 3 * 4096];
-    let mut dst = vec![0u8; 3 * 4096];
-    let smr = a.reg(&mut src, LOCAL_WRITE);
-    let dmr = b.reg(&mut dst, ALL_ACCESS);
-    let w = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src, smr)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64,
-        rkey(dmr),
-    );
-    post_send(qa, &mut [w]).unwrap();
-    assert!(f.qp_counters(qa).unwrap().packets_sent >= 1);
+    let (a, qa, mut src, _smr, dst) = one_write_posted(&f, 3 * 4096, 14);
     let err = ibv_qp_attr {
         qp_state: ibv_qp_state::IBV_QPS_ERR,
         ..Default::default()
@@ -174,22 +170,7 @@ fn a_flushed_write_does_not_carry_what_the_program_wrote_after_the_flush() {
 #[test]
 fn a_stopped_retransmission_timer_leaves_nothing_pending() {
     let f = Fabric::default();
-    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
-    let mut src = vec![1u8; 4096];
-    let mut dst = vec![0u8; 4096];
-    let smr = a.reg(&mut src, LOCAL_WRITE);
-    let dmr = b.reg(&mut dst, ALL_ACCESS);
-    let w = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src, smr)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64,
-        rkey(dmr),
-    );
-    post_send(qa, &mut [w]).unwrap();
+    let (a, _qa, src, _smr, dst) = one_write_posted(&f, 4096, 14);
     assert!(ok(&poll_n(a.cq, 1)[0]));
     assert_eq!(f.next_event(), None, "nothing is pending");
     let done = f.now();
