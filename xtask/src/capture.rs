@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use crate::run::{cargo, cmd, status, target_bin};
+use crate::run::{cmd, status, target_bin};
 
 /// The runs captured: the engine between two processes, on UC (with the default 1% loss)
 /// and on RC, small enough to take a second.
@@ -15,22 +15,8 @@ const RUNS: &[&str] = &[
 ];
 
 pub(crate) fn capture() -> Result<(), String> {
-    let cargo = cargo();
-    status(&mut cmd(
-        &cargo,
-        &["build", "--locked", "--package", "uccl-perf"],
-    ))?;
-    status(&mut cmd(
-        &cargo,
-        &[
-            "build",
-            "--locked",
-            "--package",
-            "softnic",
-            "--example",
-            "check_capture",
-        ],
-    ))?;
+    // uccl-perf and softnic's `check_capture` example.
+    crate::run::build_workspace()?;
     let dir = std::env::temp_dir().join(format!("xtask-capture-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let pcapng = dir.join("roce.pcapng");

@@ -104,10 +104,8 @@ fn path_of(program: &str) -> String {
 const DEADLINE: Duration = Duration::from_secs(120);
 
 pub(crate) fn interop() -> Result<(), String> {
-    status(&mut cmd(
-        &cargo(),
-        &["build", "--locked", "--package", "softnic-verbs"],
-    ))?;
+    // The launcher and the drop-in libibverbs.
+    crate::run::build_workspace()?;
     let launcher = target_bin("debug", "softnic-run");
     ibverbs_loopback()?;
     ext_verbs()?;

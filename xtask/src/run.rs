@@ -73,3 +73,16 @@ fn describe(c: &Command) -> String {
     }
     line
 }
+
+/// Builds every target of the workspace (debug), as one feature resolution: what the tests,
+/// `capture` and `interop` run (the `softnic-run` launcher and the drop-in libibverbs,
+/// `uccl-perf`, softnic's `check_capture` example) and the tests themselves. Building these
+/// one package at a time resolved features differently each time and rebuilt much of the
+/// workspace for each (four minutes of a cold `xtask test`); after this, nextest and the later
+/// steps find everything built.
+pub(crate) fn build_workspace() -> Result<(), String> {
+    status(&mut cmd(
+        &cargo(),
+        &["build", "--workspace", "--all-targets", "--locked"],
+    ))
+}

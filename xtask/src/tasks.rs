@@ -21,11 +21,8 @@ pub(crate) fn test() -> Result<(), String> {
         ],
     ))?;
     // The launcher and the drop-in libibverbs, which tests run programs with
-    // (tests/ibverbs_crate.rs); building all targets for tests does not produce them.
-    status(&mut cmd(
-        &cargo,
-        &["build", "--locked", "--package", "softnic-verbs"],
-    ))?;
+    // (tests/ibverbs_crate.rs), with everything else the later steps run.
+    crate::run::build_workspace()?;
     if succeeds(&mut cmd(&cargo, &["nextest", "--version"])) {
         status(&mut cmd(
             &cargo,
