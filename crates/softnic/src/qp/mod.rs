@@ -555,8 +555,7 @@ impl Qp {
         }
         self.state = ibv_qp_state::IBV_QPS_ERR;
         self.set_shell_state();
-        self.set_timer(w, None);
-        self.wire_gen = self.wire_gen.wrapping_add(1);
+        self.let_go_of_the_wire(w);
         self.req.rnr_wait = None;
         self.resp.replies.clear();
         self.resp.deferred.clear();
@@ -621,8 +620,7 @@ impl Qp {
 
     /// Back to RESET: everything queued is discarded without completions.
     pub(crate) fn reset(&mut self, w: &mut World) {
-        self.set_timer(w, None);
-        self.wire_gen = self.wire_gen.wrapping_add(1);
+        self.let_go_of_the_wire(w);
         if let Some(srq) = self.srq.and_then(|id| w.srqs.get_mut(&id))
             && let InMsg::Send { from_srq: true, .. } = self.resp.cur
         {

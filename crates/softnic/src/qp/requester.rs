@@ -59,6 +59,14 @@ impl Qp {
         }
     }
 
+    /// Lets go of what is on the wire, as the send WRs are flushed or dropped: the timer stops,
+    /// and payloads left in this QP's memory ([`Gather`](crate::link::Gather)) are no longer
+    /// read, the program may reuse that memory now.
+    pub(crate) fn let_go_of_the_wire(&mut self, w: &mut World) {
+        self.set_timer(w, None);
+        self.wire_gen = self.wire_gen.wrapping_add(1);
+    }
+
     /// The QP's timer entry, at `t`, came due: the timer fires if its deadline has come, else
     /// the entry moves to the deadline.
     pub(crate) fn timer_due(&mut self, w: &mut World, t: u64) {
