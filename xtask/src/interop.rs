@@ -6,7 +6,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::run::{cargo, cmd, status, target_bin};
+use crate::run::{cargo_cmd, cmd, status, target_bin};
 
 /// One program run: its arguments and how its success shows.
 struct Case {
@@ -207,10 +207,12 @@ fn ext_verbs() -> Result<(), String> {
 /// downloaded it, into its own target directory): a program written against the crate, which
 /// links the system libibverbs like any other (run from [`path_of`]).
 fn ibverbs_loopback() -> Result<(), String> {
-    let metadata = crate::run::output(&mut cmd(
-        &cargo(),
-        &["metadata", "--format-version", "1", "--locked"],
-    ))
+    let metadata = crate::run::output(&mut cargo_cmd(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--locked",
+    ]))
     .ok_or("cargo metadata failed")?;
     let key = "\"manifest_path\":\"";
     let manifest = metadata
@@ -222,18 +224,15 @@ fn ibverbs_loopback() -> Result<(), String> {
         .to_string();
     let target = crate::run::workspace_root().join("target/ibverbs-crate");
     let target = target.to_string_lossy();
-    status(&mut cmd(
-        &cargo(),
-        &[
-            "build",
-            "--manifest-path",
-            &manifest,
-            "--example",
-            "loopback",
-            "--target-dir",
-            &target,
-        ],
-    ))?;
+    status(&mut cargo_cmd(&[
+        "build",
+        "--manifest-path",
+        &manifest,
+        "--example",
+        "loopback",
+        "--target-dir",
+        &target,
+    ]))?;
     Ok(())
 }
 

@@ -45,6 +45,15 @@ pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
+/// `cargo` with `args`, from the workspace root, without incremental compilation: every cargo
+/// the tasks run is a whole build (CI's clean clone, a release build), where the incremental
+/// cache only costs time and about a gigabyte of disk.
+pub(crate) fn cargo_cmd(args: &[&str]) -> Command {
+    let mut c = cmd(&cargo(), args);
+    c.env("CARGO_INCREMENTAL", "0");
+    c
+}
+
 /// The workspace root: the parent of this crate's directory.
 pub(crate) fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -81,8 +90,10 @@ fn describe(c: &Command) -> String {
 /// workspace for each (four minutes of a cold `xtask test`); after this, nextest and the later
 /// steps find everything built.
 pub(crate) fn build_workspace() -> Result<(), String> {
-    status(&mut cmd(
-        &cargo(),
-        &["build", "--workspace", "--all-targets", "--locked"],
-    ))
+    status(&mut cargo_cmd(&[
+        "build",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+    ]))
 }

@@ -1,58 +1,53 @@
 //! `test`, `demo` and `bench`.
 
-use crate::run::{cargo, cmd, status, succeeds, target_bin, workspace_root};
+use crate::run::{cargo_cmd, cmd, status, succeeds, target_bin, workspace_root};
 use crate::setup;
 
 /// The test command of the README: everything CI checks.
 pub(crate) fn test() -> Result<(), String> {
     setup::run()?;
-    let cargo = cargo();
-    status(&mut cmd(&cargo, &["fmt", "--all", "--check"]))?;
-    status(&mut cmd(
-        &cargo,
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--locked",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    ))?;
+    // The free disk, for the log: a cold run writes about 3 GB under target/ (a linker that
+    // runs out of space dies of SIGBUS, which says nothing about disk).
+    let _ = status(&mut cmd("df", &["-h", "."]));
+    status(&mut cargo_cmd(&["fmt", "--all", "--check"]))?;
+    status(&mut cargo_cmd(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // The launcher and the drop-in libibverbs, which tests run programs with
     // (tests/ibverbs_crate.rs), with everything else the later steps run.
     crate::run::build_workspace()?;
-    if succeeds(&mut cmd(&cargo, &["nextest", "--version"])) {
-        status(&mut cmd(
-            &cargo,
-            &[
-                "nextest",
-                "run",
-                "--workspace",
-                "--all-targets",
-                "--locked",
-                "--no-fail-fast",
-            ],
-        ))?;
+    if succeeds(&mut cargo_cmd(&["nextest", "--version"])) {
+        status(&mut cargo_cmd(&[
+            "nextest",
+            "run",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--no-fail-fast",
+        ]))?;
     } else {
         eprintln!("xtask test: cargo-nextest not found, using cargo test");
-        status(&mut cmd(
-            &cargo,
-            &[
-                "test",
-                "--workspace",
-                "--all-targets",
-                "--locked",
-                "--no-fail-fast",
-            ],
-        ))?;
+        status(&mut cargo_cmd(&[
+            "test",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--no-fail-fast",
+        ]))?;
     }
-    status(&mut cmd(
-        &cargo,
-        &["test", "--workspace", "--doc", "--locked"],
-    ))?;
-    loom(&cargo)?;
+    status(&mut cargo_cmd(&[
+        "test",
+        "--workspace",
+        "--doc",
+        "--locked",
+    ]))?;
+    loom()?;
     crate::capture::capture()?;
     crate::interop::interop()?;
     eprintln!("xtask test: all green");
@@ -62,11 +57,13 @@ pub(crate) fn test() -> Result<(), String> {
 /// Builds release and runs `uccl-perf` with its defaults on the built-in software NIC.
 pub(crate) fn demo(args: &[String]) -> Result<(), String> {
     setup::run()?;
-    let cargo = cargo();
-    status(&mut cmd(
-        &cargo,
-        &["build", "--release", "--locked", "--package", "uccl-perf"],
-    ))?;
+    status(&mut cargo_cmd(&[
+        "build",
+        "--release",
+        "--locked",
+        "--package",
+        "uccl-perf",
+    ]))?;
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     status(&mut cmd(&release_bin("uccl-perf"), &argv))
 }
@@ -97,18 +94,15 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
 
 /// Builds release and runs `bench-table`, which runs the release `uccl-perf` for three rows.
 fn bench_table(args: &[String]) -> Result<(), String> {
-    status(&mut cmd(
-        &cargo(),
-        &[
-            "build",
-            "--release",
-            "--locked",
-            "--package",
-            "uccl-perf",
-            "--package",
-            "uccl-benches",
-        ],
-    ))?;
+    status(&mut cargo_cmd(&[
+        "build",
+        "--release",
+        "--locked",
+        "--package",
+        "uccl-perf",
+        "--package",
+        "uccl-benches",
+    ]))?;
     let perf = release_bin("uccl-perf");
     let mut argv = vec!["--perf", &perf];
     argv.extend(args.iter().map(String::as_str));
@@ -119,26 +113,23 @@ fn bench_table(args: &[String]) -> Result<(), String> {
 fn criterion(args: &[String]) -> Result<(), String> {
     let mut argv = vec!["bench", "--workspace", "--locked"];
     argv.extend(args.iter().map(String::as_str));
-    status(&mut cmd(&cargo(), &argv))
+    status(&mut cargo_cmd(&argv))
 }
 
 /// The loom models of bufpool's lock-free pool: exhaustive (no preemption bound; they are small),
 /// in a target directory of their own because `--cfg loom` rebuilds everything it touches.
-fn loom(cargo: &str) -> Result<(), String> {
+fn loom() -> Result<(), String> {
     let target = workspace_root().join("target/loom");
     status(
-        cmd(
-            cargo,
-            &[
-                "test",
-                "--package",
-                "bufpool",
-                "--test",
-                "loom",
-                "--release",
-                "--locked",
-            ],
-        )
+        cargo_cmd(&[
+            "test",
+            "--package",
+            "bufpool",
+            "--test",
+            "loom",
+            "--release",
+            "--locked",
+        ])
         .env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", target),
     )
@@ -152,7 +143,6 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
         _ => return Err(format!("`soak` takes one number of cases, got {args:?}")),
     };
     setup::run()?;
-    let cargo = cargo();
     for (package, test) in [
         ("softnic", "abi"),
         ("uccl-tx", "model"),
@@ -171,25 +161,22 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
         if !filter.is_empty() {
             argv.push(filter);
         }
-        status(cmd(&cargo, &argv).env("PROPTEST_CASES", &cases))?;
+        status(cargo_cmd(&argv).env("PROPTEST_CASES", &cases))?;
     }
     // Each engine case runs several engines through a whole workload: a fiftieth as many.
     let engine_cases = (cases.parse::<u32>().unwrap_or(20_000) / 50)
         .max(16)
         .to_string();
     status(
-        cmd(
-            &cargo,
-            &[
-                "test",
-                "--release",
-                "--locked",
-                "--package",
-                "uccl-integration",
-                "--test",
-                "engine_props",
-            ],
-        )
+        cargo_cmd(&[
+            "test",
+            "--release",
+            "--locked",
+            "--package",
+            "uccl-integration",
+            "--test",
+            "engine_props",
+        ])
         .env("PROPTEST_CASES", &engine_cases),
     )?;
     eprintln!("xtask soak: {cases} cases each ({engine_cases} for the engine), all green");
