@@ -23,8 +23,7 @@ pub struct EngineConfig {
     pub mode: Mode,
     /// Data QPs per connection (paths for entropy; at most 256).
     pub qps_per_conn: u16,
-    /// Connections the engine can hold at once (sizes its shared CQs, which must never
-    /// overflow).
+    /// Connections the engine can hold at once (sizes its CQ, which must never overflow).
     pub max_conns: u32,
     /// Send queue depth of each data QP.
     pub sq_depth: u32,
@@ -46,7 +45,7 @@ pub struct EngineConfig {
     pub ack_delay_us: u32,
     /// Receive buffers a connection may have advertised to its peer at once (at most 127).
     pub max_recvs: u32,
-    /// Completions taken from each CQ per poll round.
+    /// Completions taken from the CQ per poll round.
     pub poll_budget: usize,
     /// The port the engine's QPs use.
     pub port: u8,
@@ -56,7 +55,8 @@ pub struct EngineConfig {
     pub gid_index: Option<u8>,
     /// The largest path MTU to use (the port's active MTU caps it).
     pub path_mtu: Mtu,
-    /// The transmit side: chunk size, windows, retransmission timeouts, chaining.
+    /// The transmit side: chunk size, windows, retransmission timeouts, chaining. Its
+    /// `wr_pool` is at most 16384 in an engine.
     pub tx: TxConfig,
 }
 
@@ -132,7 +132,51 @@ impl EngineConfig {
         if self.poll_budget == 0 {
             return bad("poll_budget", 0, "must be at least 1");
         }
+        if self.tx.wr_pool > crate::wrid::MAX_TX_WR_POOL {
+            return bad(
+                "tx.wr_pool",
+                self.tx.wr_pool as u64,
+                "must be at most 16384 in an engine (bit 62 of a wr_id marks the engine's own \
+                 WRs in its one CQ)",
+            );
+        }
         self.tx.validate()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused_field(cfg: &EngineConfig) -> Option<&'static str> {
+        match cfg.validate() {
+            Err(EngineError::Config { field, .. }) => Some(field),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_default_is_valid_and_bad_values_name_their_field() {
+        assert!(EngineConfig::default().validate().is_ok());
+        let with = |f: fn(&mut EngineConfig)| {
+            let mut c = EngineConfig::default();
+            f(&mut c);
+            refused_field(&c)
+        };
+        assert_eq!(with(|c| c.qps_per_conn = 0), Some("qps_per_conn"));
+        assert_eq!(with(|c| c.srq_refill = c.srq_depth), Some("srq_refill"));
+        assert_eq!(with(|c| c.poll_budget = 0), Some("poll_budget"));
+    }
+
+    #[test]
+    fn the_transmit_sides_wr_pool_stays_below_the_engines_own_wr_id_bit() {
+        let mut c = EngineConfig::default();
+        c.tx.wr_pool = crate::wrid::MAX_TX_WR_POOL;
+        assert!(c.validate().is_ok());
+        for pool in [crate::wrid::MAX_TX_WR_POOL + 1, uccl_tx::MAX_WR_POOL] {
+            c.tx.wr_pool = pool;
+            assert_eq!(refused_field(&c), Some("tx.wr_pool"), "{pool}");
+        }
     }
 }

@@ -99,11 +99,12 @@ pub struct Usage {
     pub draining: usize,
     /// SRQ buffers consumed and not yet posted again (below the refill threshold).
     pub srq_owed: usize,
-    /// Completions reserved on the shared send CQ (by the data QPs of the connections held):
-    /// what the QPs could have outstanding at most, so the CQ can never overflow.
+    /// Completions of the engine's CQ reserved for data sends (by the data QPs of the
+    /// connections held): what the QPs could have outstanding at most, so the CQ can never
+    /// overflow.
     pub send_cq_reserved: u64,
-    /// Completions reserved on the control CQ: the engine's own UD control QP's share (for its
-    /// life) and the connections' control QPs'.
+    /// Completions of the engine's CQ reserved for control: the engine's own UD control QP's
+    /// share (for its life) and the connections' control QPs'.
     pub ctrl_cq_reserved: u64,
     /// Receive credits granted to the peers' senders together (never more than the SRQ holds).
     pub credits_granted: u32,

@@ -72,8 +72,13 @@ pub(crate) struct RecvRing {
 
 impl RecvRing {
     /// `n` slots of `slot_size` bytes in a new region of `pd` (none for `slot_size` 0: WRs
-    /// that only catch an immediate).
-    pub(crate) fn new(pd: &Arc<Pd>, n: u32, slot_size: usize) -> Result<RecvRing> {
+    /// that only catch an immediate); slot `i`'s WR has `wr_id` `id(i)`.
+    pub(crate) fn new(
+        pd: &Arc<Pd>,
+        n: u32,
+        slot_size: usize,
+        id: impl Fn(u32) -> u64,
+    ) -> Result<RecvRing> {
         let buf = if slot_size == 0 {
             None
         } else {
@@ -87,7 +92,7 @@ impl RecvRing {
         let slots = (0..n)
             .map(|i| {
                 let mut s = RecvSlot::<1>::default();
-                s.wr.wr_id = u64::from(i);
+                s.wr.wr_id = id(i);
                 if let Some(b) = &buf {
                     s.sges[0] = b
                         .sge(i as usize * slot_size, slot_size as u32)
@@ -199,13 +204,12 @@ pub(crate) struct Io {
     pub(crate) ctx: Arc<Context>,
     pub(crate) pd: Arc<Pd>,
     pub(crate) from: LocalPort,
-    /// Send completions of every data QP.
-    pub(crate) send_cq: Arc<Cq>,
+    /// The one CQ of every QP: data sends and receives (through the SRQ), the UD control QP
+    /// and every connection's control QP. Its `wr_id`s tell them apart ([`crate::wrid`]).
+    pub(crate) cq: Arc<Cq>,
+    /// The share of the CQ the data QPs' send queues may fill.
     pub(crate) send_credits: CqCredits,
-    /// Receive completions of every data QP (through the SRQ).
-    pub(crate) recv_cq: Arc<Cq>,
-    /// Completions of the control QPs (the UD one and every connection's RC one).
-    pub(crate) ctrl_cq: Arc<Cq>,
+    /// The share of the CQ the control QPs may fill.
     pub(crate) ctrl_credits: CqCredits,
     pub(crate) srq: Arc<Srq>,
     pub(crate) srq_ring: RecvRing,
@@ -253,25 +257,21 @@ impl Io {
             None => ipv4_gid_index(ctx, cfg.port, port.gid_table_len)?,
         };
         let from = LocalPort::new(cfg.port, gid_index);
-        // The data CQs: every WR of every data QP may complete (flushes included); every SRQ
-        // WQE completes once.
+        // One CQ, in three shares that never overflow it: every WR of every data QP may
+        // complete (flushes included); every SRQ WQE completes once; the UD control QP's two
+        // queues and each connection's control QP.
         let send_cap =
             u64::from(cfg.max_conns) * u64::from(cfg.qps_per_conn) * u64::from(cfg.sq_depth);
-        let cq = |n: u64, what| {
-            let n = u32::try_from(n).map_err(|_| EngineError::Config {
-                field: what,
-                value: n,
-                reason: "needs a CQ larger than 2^32 entries",
-            })?;
-            Cq::new(ctx, n, None).map_err(EngineError::verbs(what))
-        };
-        let send_cq = cq(send_cap, "creating the send CQ")?;
-        let recv_cq = cq(u64::from(cfg.srq_depth), "creating the receive CQ")?;
-        // The control CQ: the UD control QP's two queues and each connection's control QP.
         let conn_ctrl = 2 * u64::from(conn_ctrl_depth(cfg));
         let ctrl_cap = 2 * u64::from(CTRL_DEPTH) + u64::from(cfg.max_conns) * conn_ctrl;
-        let ctrl_cq = cq(ctrl_cap, "creating the control CQ")?;
-        let mut ctrl_credits = CqCredits::new("control CQ", ctrl_cap);
+        let entries = send_cap + u64::from(cfg.srq_depth) + ctrl_cap;
+        let entries = u32::try_from(entries).map_err(|_| EngineError::Config {
+            field: "max_conns",
+            value: cfg.max_conns.into(),
+            reason: "needs a CQ larger than 2^32 entries",
+        })?;
+        let cq = Cq::new(ctx, entries, None).map_err(EngineError::verbs("creating the CQ"))?;
+        let mut ctrl_credits = CqCredits::new("control share of the CQ", ctrl_cap);
         ctrl_credits.reserve(2 * u64::from(CTRL_DEPTH))?;
         let srq =
             Srq::new(&pd, cfg.srq_depth, 1).map_err(EngineError::verbs("creating the SRQ"))?;
@@ -281,7 +281,7 @@ impl Io {
             Mode::Uc => cfg.tx.chunk_size as usize + uccl_tx::wire::RETR_HDR_LEN,
             Mode::Rc => 0,
         };
-        let srq_ring = RecvRing::new(&pd, cfg.srq_depth, srq_slot)?;
+        let srq_ring = RecvRing::new(&pd, cfg.srq_depth, srq_slot, crate::wrid::srq_recv)?;
         if let Some(b) = &srq_ring.buf {
             srq.pin(b);
         }
@@ -295,8 +295,8 @@ impl Io {
         let ctrl_qp = Qp::<Ud, _>::new(
             &pd,
             QpInit {
-                send_cq: &ctrl_cq,
-                recv_cq: &ctrl_cq,
+                send_cq: &cq,
+                recv_cq: &cq,
                 srq: None,
                 caps,
                 sig_all: true,
@@ -314,10 +314,7 @@ impl Io {
             .map_err(|e| up(e.error))?
             .rts(SqPsn(0))
             .map_err(|e| up(e.error))?;
-        let mut ctrl_recv = RecvRing::new(&pd, CTRL_DEPTH, GRH + mtu as usize)?;
-        for (i, s) in ctrl_recv.slots.iter_mut().enumerate() {
-            s.wr.wr_id = crate::wrid::ud_recv(i as u32);
-        }
+        let ctrl_recv = RecvRing::new(&pd, CTRL_DEPTH, GRH + mtu as usize, crate::wrid::ud_recv)?;
         let ctrl_send = SendRing::new(&pd, CTRL_DEPTH, mtu as usize)?;
         ctrl_qp.pin(ctrl_recv.buf.as_ref().expect("control buffers"));
         ctrl_qp.pin(&ctrl_send.buf);
@@ -326,10 +323,8 @@ impl Io {
             ctx: Arc::clone(ctx),
             pd,
             from,
-            send_cq,
-            send_credits: CqCredits::new("send CQ", send_cap),
-            recv_cq,
-            ctrl_cq,
+            cq,
+            send_credits: CqCredits::new("send share of the CQ", send_cap),
             ctrl_credits,
             srq,
             srq_ring,

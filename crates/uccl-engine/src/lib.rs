@@ -2,7 +2,8 @@
 //! unreliable connected QPs (or over RC), on a real NIC or on softnic.
 //!
 //! An [`Engine`] owns one device context's shared resources (UCCL's `SharedIOContext`): one
-//! send CQ and one receive CQ for every data QP of every connection, one shared receive queue
+//! CQ for every QP of every connection (sends, receives and control: one poll a round), one
+//! shared receive queue
 //! refilled with one chained post once enough buffers are owed, and one UD control QP over
 //! which ACK/SACK headers travel, several packed into each message. Connections carry
 //! several data QPs (paths) and one RC control QP each; the transmit side ([`uccl_tx`]) cuts
@@ -30,10 +31,11 @@
 //!   receiver's hold time (left out of the RTT) and a tag of the connection (an ACK of an
 //!   earlier connection with the same id is dropped).
 //! - **Credits**: receivers grant each connection a share of their SRQ in every ACK, so
-//!   senders never outrun it; shared CQs are sized for everything that may complete, so they
-//!   never overflow.
-//! - **Demultiplexing in O(1)**: send completions by their `wr_id`, receive completions by the
-//!   QP number (a two-level table) and the immediate's flow id.
+//!   senders never outrun it; the shared CQ is sized for everything that may complete, so it
+//!   never overflows.
+//! - **Demultiplexing in O(1)**: which queue a completion belongs to by its `wr_id` (failed
+//!   completions carry no opcode), send completions by uccl-tx's `wr_id`, receive completions
+//!   by the QP number (a two-level table) and the immediate's flow id.
 //! - **Requests** ([`Request`]) can be tested, waited on, or awaited as futures.
 //! - **Running it**: [`Engine::poll`] runs one round (completions, matching, timers,
 //!   transmission, SRQ refill, ACKs) in the caller's loop; [`Engine::spawn`] runs it on a

@@ -8,21 +8,17 @@ use verbs_safe::WcOpcode;
 use crate::config::Mode;
 use crate::conn::WRITE_RID;
 use crate::engine::Engine;
-use crate::error::{EngineError, Result};
+use crate::error::EngineError;
 use crate::request::Done;
-use crate::round::{Cqe, Queue};
+use crate::round::Cqe;
 use crate::rx::{Arrival, Delivered};
 
 impl Engine {
-    pub(crate) fn poll_recv(&mut self, now: u64) -> Result<bool> {
-        self.poll_cq(Queue::Recv, |s, e| s.on_data_recv(e, now))
-    }
-
-    /// A receive completion of a data QP: a chunk written (WRITE_WITH_IMM), or a retransmitted
-    /// chunk sent into an SRQ buffer (SEND of header and payload).
-    pub(crate) fn on_data_recv(&mut self, e: Cqe, now: u64) {
-        let slot = e.wr_id as u32;
-        if e.wr_id >= u64::from(self.cfg.srq_depth) {
+    /// A receive completion of a data QP, in SRQ slot `slot`: a chunk written
+    /// (WRITE_WITH_IMM), or a retransmitted chunk sent into an SRQ buffer (SEND of header and
+    /// payload).
+    pub(crate) fn on_data_recv(&mut self, slot: u32, e: Cqe, now: u64) {
+        if slot >= self.cfg.srq_depth {
             self.stats.dropped_invalid += 1;
             return;
         }

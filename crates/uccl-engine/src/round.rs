@@ -1,8 +1,8 @@
-//! One poll round of an engine: receive completions (chunks: `receive`), control completions
-//! (ACKs: `acks`; receive-buffer advertisements: `control`), send completions, matching sends
-//! with advertisements, timers, transmission, the transmit side's events, the SRQ refill, ACKs
-//! out, and the connections draining after a failure. Every step has a budget or touches only what this
-//! round made ready: nothing walks all connections.
+//! One poll round of an engine: the completions of its one CQ (chunks received: `receive`;
+//! ACKs: `acks`; receive-buffer advertisements: `control`; data sends: the transmit side),
+//! matching sends with advertisements, timers, transmission, the transmit side's events, the
+//! SRQ refill, ACKs out, and the connections draining after a failure. Every step has a budget
+//! or touches only what this round made ready: nothing walks all connections.
 
 use uccl_tx::{Event, Message};
 use verbs_safe::{AsyncElement, Cq, Poller, WcOpcode};
@@ -11,18 +11,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::proto::Ctl;
 use crate::request::Done;
-use crate::wrid::{self, Ctrl};
-
-/// The engine's three shared CQs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Queue {
-    /// Send completions of every data QP.
-    Send,
-    /// Receive completions of every data QP (through the SRQ).
-    Recv,
-    /// Completions of the UD control QP and of every connection's control QP.
-    Ctrl,
-}
+use crate::wrid::{self, Wr};
 
 /// What the round needs of a completion, copied out of the CQ's batch.
 #[derive(Debug, Clone, Copy)]
@@ -79,9 +68,7 @@ impl Engine {
     /// let [`Engine::spawn`](crate::Engine::spawn) run it on a thread.
     pub fn poll(&mut self) -> Result<bool> {
         let now = self.clock.now();
-        let mut busy = self.poll_recv(now)?;
-        busy |= self.poll_ctrl(now)?;
-        busy |= self.poll_send()?;
+        let mut busy = self.poll_cq(now)?;
         self.match_sends();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
             let before = self.tx.stats().rto_retransmits;
@@ -124,40 +111,30 @@ impl Engine {
         .min()
     }
 
-    /// Polls up to a budget of completions of queue `q`'s CQ and hands each to `each`.
-    pub(crate) fn poll_cq(
-        &mut self,
-        q: Queue,
-        mut each: impl FnMut(&mut Self, Cqe),
-    ) -> Result<bool> {
+    /// Polls up to a budget of completions of the CQ and hands each to what it is about.
+    fn poll_cq(&mut self, now: u64) -> Result<bool> {
         let mut cqes = std::mem::take(&mut self.scratch.cqes);
-        let cq = match q {
-            Queue::Send => &self.io.send_cq,
-            Queue::Recv => &self.io.recv_cq,
-            Queue::Ctrl => &self.io.ctrl_cq,
-        };
-        let n = drain(&mut self.poller, cq, self.cfg.poll_budget, &mut cqes)?;
+        let n = drain(
+            &mut self.poller,
+            &self.io.cq,
+            self.cfg.poll_budget,
+            &mut cqes,
+        )?;
         self.stats.polls += 1;
         self.stats.cqes += n as u64;
         for &e in &cqes {
-            each(self, e);
+            match wrid::decode(e.wr_id) {
+                Some(Wr::Data) => self.tx.on_send_completion(e.wr_id, e.ok),
+                Some(Wr::SrqRecv(slot)) => self.on_data_recv(slot, e, now),
+                Some(Wr::UdRecv(slot)) => self.on_ack_packet(slot, e, now),
+                Some(Wr::UdSend(slot)) => self.io.ctrl_send.give_back(slot),
+                Some(Wr::CtlRecv(ci, slot)) => self.on_ctl(ci, slot, e, now),
+                Some(Wr::CtlSend(ci, slot)) => self.on_ctl_sent(ci, slot, e),
+                None => self.stats.dropped_invalid += 1,
+            }
         }
         self.scratch.cqes = cqes;
         Ok(n > 0)
-    }
-
-    fn poll_send(&mut self) -> Result<bool> {
-        self.poll_cq(Queue::Send, |s, e| s.tx.on_send_completion(e.wr_id, e.ok))
-    }
-
-    fn poll_ctrl(&mut self, now: u64) -> Result<bool> {
-        self.poll_cq(Queue::Ctrl, |s, e| match wrid::decode(e.wr_id) {
-            Some(Ctrl::UdRecv(slot)) => s.on_ack_packet(slot, e, now),
-            Some(Ctrl::UdSend(slot)) => s.io.ctrl_send.give_back(slot),
-            Some(Ctrl::CtlRecv(ci, slot)) => s.on_ctl(ci, slot, e, now),
-            Some(Ctrl::CtlSend(ci, slot)) => s.on_ctl_sent(ci, slot, e),
-            None => s.stats.dropped_invalid += 1,
-        })
     }
 
     /// Matches queued sends with the peer's receive buffers, in order, and hands them to the

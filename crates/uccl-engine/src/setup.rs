@@ -89,7 +89,7 @@ impl Engine {
         }
     }
 
-    /// The completions a connection reserves on the send CQ and the control CQ: every WR its
+    /// The completions a connection reserves of the CQ's send and control shares: every WR its
     /// queues can hold may complete (flushes included).
     pub(crate) fn cq_needs(&self) -> (u64, u64) {
         let send = u64::from(self.cfg.qps_per_conn) * u64::from(self.cfg.sq_depth);
@@ -113,8 +113,8 @@ impl Engine {
             max_inline_data: 0,
         };
         let init = QpInit {
-            send_cq: &io.send_cq,
-            recv_cq: &io.recv_cq,
+            send_cq: &io.cq,
+            recv_cq: &io.cq,
             srq: Some(&io.srq),
             caps,
             sig_all: false,
@@ -145,8 +145,8 @@ impl Engine {
         let ctl = Qp::<Rc, _>::new(
             &io.pd,
             QpInit {
-                send_cq: &io.ctrl_cq,
-                recv_cq: &io.ctrl_cq,
+                send_cq: &io.cq,
+                recv_cq: &io.cq,
                 srq: None,
                 caps: QpCaps {
                     max_send_wr: depth,
@@ -289,11 +289,10 @@ impl Engine {
             }
         }
         let depth = io::conn_ctrl_depth(&self.cfg);
-        let mut recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN)?;
+        let recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN, |i| {
+            crate::wrid::ctl_recv(index, i)
+        })?;
         let send = io::SendRing::new(&self.io.pd, depth, CTL_LEN)?;
-        for (i, s) in recv.slots.iter_mut().enumerate() {
-            s.wr.wr_id = crate::wrid::ctl_recv(index, i as u32);
-        }
         ctl.pin(recv.buf.as_ref().expect("control buffers"));
         ctl.pin(&send.buf);
         let paths = self.take_paths(index, qps.len())?;
