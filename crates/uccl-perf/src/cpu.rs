@@ -1,5 +1,6 @@
 //! The CPU time of this process: `clock_gettime(CLOCK_PROCESS_CPUTIME_ID)` through rustix's
-//! safe wrapper (every thread, to the nanosecond, up to date at the call).
+//! safe wrapper (every thread, to the nanosecond, up to date at the call). rustix is built on
+//! libc (`use-libc`): its own vDSO lookup crashes under valgrind (rustix issue 1559).
 
 use std::time::Duration;
 

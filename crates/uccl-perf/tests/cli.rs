@@ -265,3 +265,31 @@ fn the_raw_verbs_tests_still_run() {
     assert_eq!(j["runs"][0]["run"], "write_lat");
     assert!(j["runs"][0]["lat_p50_us"].is_number());
 }
+
+/// Users profile and check the benchmark under valgrind (callgrind counts instructions, which
+/// a noisy machine cannot move). rustix's own vDSO lookup crashed there (its auxv check reads
+/// memory valgrind does not map: rustix issue 1559), so the CPU clock goes through libc.
+/// Skipped, saying so, where valgrind is not installed (CI's machines have it).
+#[test]
+fn a_run_completes_under_valgrind() {
+    let probe = Command::new("valgrind").arg("--version").output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("valgrind not found: skipped");
+        return;
+    }
+    let out = Command::new("valgrind")
+        .args(["--tool=none", "-q", env!("CARGO_BIN_EXE_uccl-perf")])
+        .args(
+            "--json --flows 1 --qps-per-flow 2 --msg-size 64KiB --chunk-size 16KiB --messages 2"
+                .split(' '),
+        )
+        .output()
+        .expect("valgrind runs");
+    assert!(out.status.success(), "{:?}: {}", out.status, stderr(&out));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
+    assert_eq!(j["verified"], true);
+    assert!(
+        j["cpu_ns_per_chunk"].as_f64().is_some_and(|c| c > 0.0),
+        "{j}"
+    );
+}
