@@ -307,3 +307,39 @@ fn a_chunk_waits_for_its_ack_no_longer_than_the_delay() {
         "a 200 us delay took {long:?}, a 10 us one {short:?}"
     );
 }
+
+/// An engine's one CQ must hold everything its connections may complete: a configuration
+/// that needs more than the device's largest CQ is refused with the field to change, not a
+/// verbs error from deep inside (softnic's `max_cqe` is 2^20: 1024 connections of 8 QPs of 128
+/// WRs need exactly that for data sends alone, and the SRQ and control need more).
+#[test]
+fn a_cq_larger_than_the_device_allows_is_a_config_error() {
+    use uccl_engine::{Clock, Engine};
+    use verbs_safe::{Context, Verbs};
+    let fabric = softnic::Fabric::new(softnic::FabricConfig::default());
+    let ctx = Context::open_by_name(&Verbs::soft(&fabric), "soft0").unwrap();
+    let max_cqe = ctx.query_device().unwrap().max_cqe;
+    let base = EngineConfig {
+        qps_per_conn: 8,
+        sq_depth: 128,
+        ..EngineConfig::default()
+    };
+    let per_conn = u32::from(base.qps_per_conn) * base.sq_depth;
+    let fits = EngineConfig {
+        max_conns: (max_cqe / 2) / per_conn,
+        ..base.clone()
+    };
+    assert!(Engine::new(&ctx, fits, Clock::Fabric(fabric.clone())).is_ok());
+    let too_big = EngineConfig {
+        max_conns: max_cqe / per_conn,
+        ..base
+    };
+    match Engine::new(&ctx, too_big, Clock::Fabric(fabric.clone())) {
+        Err(EngineError::Config { field, reason, .. }) => {
+            assert_eq!(field, "max_conns");
+            assert!(reason.contains("max_cqe"), "{reason}");
+        }
+        Err(e) => panic!("not a config error: {e}"),
+        Ok(_) => panic!("an engine whose CQ needs more than max_cqe {max_cqe} was built"),
+    }
+}

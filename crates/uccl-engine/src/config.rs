@@ -45,7 +45,8 @@ pub struct EngineConfig {
     pub ack_delay_us: u32,
     /// Receive buffers a connection may have advertised to its peer at once (at most 127).
     pub max_recvs: u32,
-    /// Completions taken from the CQ per poll round.
+    /// Completions taken from the CQ per poll round: sends, receives and control share it, so
+    /// a burst of one kind leaves room for the others in the same round.
     pub poll_budget: usize,
     /// The port the engine's QPs use.
     pub port: u8,
@@ -73,7 +74,7 @@ impl Default for EngineConfig {
             ack_bytes: 128 * 1024,
             ack_delay_us: 40,
             max_recvs: 64,
-            poll_budget: 64,
+            poll_budget: 192,
             port: 1,
             gid_index: None,
             path_mtu: Mtu::Mtu4096,

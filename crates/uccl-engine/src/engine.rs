@@ -251,7 +251,7 @@ impl std::fmt::Debug for Engine {
 
 impl Drop for Engine {
     /// Fails every request still in flight with [`EngineError::Stopped`] (nobody will complete
-    /// them); the QPs, CQs and memory go with the engine.
+    /// them); the QPs, the CQ and memory go with the engine.
     fn drop(&mut self) {
         self.fail_all(&EngineError::Stopped);
     }

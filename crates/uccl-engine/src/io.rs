@@ -1,7 +1,7 @@
 //! The resources one engine shares among all its connections (UCCL's `SharedIOContext`): one
-//! send CQ and one receive CQ for every data QP, one SRQ refilled in chained batches, one UD
-//! control QP for ACKs with its own CQ and buffers. Every CQ counts the completions it may
-//! still have to take, and nothing is created that could overflow one.
+//! CQ for every QP (data and control), one SRQ refilled in chained batches, one UD control QP
+//! for ACKs with its buffers. The CQ is sized for everything that may complete into it, in
+//! shares whose reservations are counted, so nothing is created that could overflow it.
 
 use std::sync::Arc;
 use verbs_safe::sys::{ibv_send_flags, ibv_wr_opcode};
@@ -20,9 +20,11 @@ pub(crate) const QKEY: u32 = 0x1cc1_0001;
 /// The bytes of the GRH a UD receive buffer starts with.
 pub(crate) const GRH: usize = 40;
 
-/// Completions a CQ may still take: every QP attached reserves the most its queues can ever
-/// produce (each posted WR completes once, flushed ones included), so the CQ cannot overflow
-/// whoever polls slowly.
+/// Completions one share of the CQ may still take: every QP attached reserves, from the share
+/// its queues belong to (data sends, control), the most they can ever produce (each posted WR
+/// completes once, flushed ones included), so the CQ cannot overflow whoever polls slowly.
+/// The SRQ's share is its depth, fixed at creation (each WQE completes once before it is
+/// posted again).
 #[derive(Debug)]
 pub(crate) struct CqCredits {
     name: &'static str,
@@ -132,7 +134,14 @@ pub(crate) struct SendRing {
 }
 
 impl SendRing {
-    pub(crate) fn new(pd: &Arc<Pd>, n: u32, slot_size: usize) -> Result<SendRing> {
+    /// `n` slots of `slot_size` bytes in a new region of `pd`; slot `i`'s WR has `wr_id`
+    /// `id(i)` until a post sets another.
+    pub(crate) fn new(
+        pd: &Arc<Pd>,
+        n: u32,
+        slot_size: usize,
+        id: impl Fn(u32) -> u64,
+    ) -> Result<SendRing> {
         let buf = Arc::new(
             pd.alloc_dma(slot_size * n as usize, 64, AccessFlags::LOCAL_WRITE)
                 .map_err(EngineError::verbs("allocating control send buffers"))?,
@@ -140,7 +149,7 @@ impl SendRing {
         let slots = (0..n)
             .map(|i| {
                 let mut s = WrSlot::<1>::default();
-                s.wr.wr_id = u64::from(i);
+                s.wr.wr_id = id(i);
                 s.sges[0] = buf
                     .sge(i as usize * slot_size, slot_size as u32)
                     .expect("inside the region");
@@ -265,11 +274,20 @@ impl Io {
         let conn_ctrl = 2 * u64::from(conn_ctrl_depth(cfg));
         let ctrl_cap = 2 * u64::from(CTRL_DEPTH) + u64::from(cfg.max_conns) * conn_ctrl;
         let entries = send_cap + u64::from(cfg.srq_depth) + ctrl_cap;
-        let entries = u32::try_from(entries).map_err(|_| EngineError::Config {
-            field: "max_conns",
-            value: cfg.max_conns.into(),
-            reason: "needs a CQ larger than 2^32 entries",
-        })?;
+        let max_cqe = ctx
+            .query_device()
+            .map_err(EngineError::verbs("querying the device"))?
+            .max_cqe;
+        let entries = u32::try_from(entries)
+            .ok()
+            .filter(|&n| n <= max_cqe)
+            .ok_or(EngineError::Config {
+                field: "max_conns",
+                value: cfg.max_conns.into(),
+                reason: "needs a CQ larger than the device's max_cqe: max_conns x (qps_per_conn \
+                         x sq_depth + twice a connection's control depth) + srq_depth + 512 \
+                         entries",
+            })?;
         let cq = Cq::new(ctx, entries, None).map_err(EngineError::verbs("creating the CQ"))?;
         let mut ctrl_credits = CqCredits::new("control share of the CQ", ctrl_cap);
         ctrl_credits.reserve(2 * u64::from(CTRL_DEPTH))?;
@@ -315,7 +333,7 @@ impl Io {
             .rts(SqPsn(0))
             .map_err(|e| up(e.error))?;
         let ctrl_recv = RecvRing::new(&pd, CTRL_DEPTH, GRH + mtu as usize, crate::wrid::ud_recv)?;
-        let ctrl_send = SendRing::new(&pd, CTRL_DEPTH, mtu as usize)?;
+        let ctrl_send = SendRing::new(&pd, CTRL_DEPTH, mtu as usize, crate::wrid::ud_send)?;
         ctrl_qp.pin(ctrl_recv.buf.as_ref().expect("control buffers"));
         ctrl_qp.pin(&ctrl_send.buf);
         let ack = uccl_tx::wire::ACK_LEN;

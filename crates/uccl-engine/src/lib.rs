@@ -1,11 +1,10 @@
 //! uccl-engine: the UCCL transport over verbs-safe: messages between engines, reliable over
 //! unreliable connected QPs (or over RC), on a real NIC or on softnic.
 //!
-//! An [`Engine`] owns one device context's shared resources (UCCL's `SharedIOContext`): one
-//! CQ for every QP of every connection (sends, receives and control: one poll a round), one
-//! shared receive queue
-//! refilled with one chained post once enough buffers are owed, and one UD control QP over
-//! which ACK/SACK headers travel, several packed into each message. Connections carry
+//! An [`Engine`] owns one device context's shared resources (UCCL's `SharedIOContext`): one CQ
+//! for every QP of every connection (sends, receives and control: one poll a round), one shared
+//! receive queue refilled with one chained post once enough buffers are owed, and one UD
+//! control QP over which ACK/SACK headers travel, several packed into each message. Connections carry
 //! several data QPs (paths) and one RC control QP each; the transmit side ([`uccl_tx`]) cuts
 //! messages into chunks, posts them as chains of pre-initialised work requests and
 //! retransmits what is lost; the receive side tracks every flow (cumulative sequence number

@@ -292,7 +292,9 @@ impl Engine {
         let recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN, |i| {
             crate::wrid::ctl_recv(index, i)
         })?;
-        let send = io::SendRing::new(&self.io.pd, depth, CTL_LEN)?;
+        let send = io::SendRing::new(&self.io.pd, depth, CTL_LEN, |i| {
+            crate::wrid::ctl_send(index, i)
+        })?;
         ctl.pin(recv.buf.as_ref().expect("control buffers"));
         ctl.pin(&send.buf);
         let paths = self.take_paths(index, qps.len())?;

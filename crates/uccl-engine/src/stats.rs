@@ -44,7 +44,7 @@ pub struct Stats {
     /// ACK headers dropped as an earlier connection's (one closed before, whose index the
     /// connection they name now reuses).
     pub stale_acks: u64,
-    /// Completions polled from the engine's CQs.
+    /// Completions polled from the engine's CQ.
     pub cqes: u64,
     /// CQ polls (`poll_cq` calls).
     pub polls: u64,

@@ -20,7 +20,7 @@ const OWN: u64 = 1 << 62;
 const KIND_SHIFT: u32 = 56;
 const CONN_SHIFT: u32 = 32;
 
-/// The most WR extensions an engine's transmit side may pool: their index (bits 48..63 of
+/// The most WR extensions an engine's transmit side may pool: their index (bits 48..62 of
 /// uccl-tx's `wr_id`) then never reaches bit 62.
 pub(crate) const MAX_TX_WR_POOL: usize = 1 << 14;
 
