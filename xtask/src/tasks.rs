@@ -57,15 +57,18 @@ pub(crate) fn test() -> Result<(), String> {
 /// Builds release and runs `uccl-perf` with its defaults on the built-in software NIC.
 pub(crate) fn demo(args: &[String]) -> Result<(), String> {
     setup::run()?;
-    status(&mut cargo_cmd(&[
-        "build",
-        "--release",
-        "--locked",
-        "--package",
-        "uccl-perf",
-    ]))?;
+    build_release(&["uccl-perf"])?;
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     status(&mut cmd(&release_bin("uccl-perf"), &argv))
+}
+
+/// Builds `packages` in release.
+fn build_release(packages: &[&str]) -> Result<(), String> {
+    let mut argv = vec!["build", "--release", "--locked"];
+    for p in packages {
+        argv.extend(["--package", p]);
+    }
+    status(&mut cargo_cmd(&argv))
 }
 
 /// A binary of the release build.
@@ -94,15 +97,7 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
 
 /// Builds release and runs `bench-table`, which runs the release `uccl-perf` for three rows.
 fn bench_table(args: &[String]) -> Result<(), String> {
-    status(&mut cargo_cmd(&[
-        "build",
-        "--release",
-        "--locked",
-        "--package",
-        "uccl-perf",
-        "--package",
-        "uccl-benches",
-    ]))?;
+    build_release(&["uccl-perf", "uccl-benches"])?;
     let perf = release_bin("uccl-perf");
     let mut argv = vec!["--perf", &perf];
     argv.extend(args.iter().map(String::as_str));
