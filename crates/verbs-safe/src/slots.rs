@@ -9,6 +9,7 @@
 //! is followed), and `wr_id`s keep bit 63 ([`WR_ID_TAG`]) clear. The WRs themselves are only
 //! read during the call, as libibverbs specifies.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::{NonNull, null_mut};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
@@ -145,6 +146,7 @@ impl Pinned {
         Checker {
             regions: self.regions.read().unwrap_or_else(|e| e.into_inner()),
             ahs: self.ahs.read().unwrap_or_else(|e| e.into_inner()),
+            last: Cell::new(NO_REGION),
         }
     }
 }
@@ -153,7 +155,14 @@ impl Pinned {
 pub(crate) struct Checker<'a> {
     regions: RwLockReadGuard<'a, BTreeMap<u64, Region>>,
     ahs: RwLockReadGuard<'a, BTreeMap<usize, Arc<Ah>>>,
+    /// The pinned region (start, end, lkey) the last SGE checked lay in: a chain's WRs mostly
+    /// name one region, which is then found without a search. Regions stay pinned while the
+    /// read lock is held.
+    last: Cell<(u64, u64, u32)>,
 }
+
+/// No region: no SGE (at least one byte) lies inside it.
+const NO_REGION: (u64, u64, u32) = (u64::MAX, 0, 0);
 
 impl Checker<'_> {
     /// Whether `ah` is a pinned address handle.
@@ -177,10 +186,16 @@ impl Checker<'_> {
                 ));
             }
             let inside = s.addr.checked_add(u64::from(s.length)).is_some_and(|end| {
+                let (start, last_end, lkey) = self.last.get();
+                if start <= s.addr && end <= last_end && lkey == s.lkey {
+                    return true;
+                }
                 self.regions
                     .range(..=s.addr)
                     .next_back()
-                    .is_some_and(|(_, r)| r.lkey == s.lkey && end <= r.end)
+                    .filter(|(_, r)| r.lkey == s.lkey && end <= r.end)
+                    .inspect(|&(&start, r)| self.last.set((start, r.end, r.lkey)))
+                    .is_some()
             });
             if !inside {
                 return bad(format!(

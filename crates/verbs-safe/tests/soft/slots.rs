@@ -77,6 +77,15 @@ fn a_slot_breaking_a_rule_is_named_and_nothing_is_posted() {
         ..src.sge(960, 64).unwrap()
     };
     refused(&mut s, &[0, 1], 1, "not inside");
+    // The same, checked right after a good slot in the region (slots are checked from the
+    // chain's end): what the good one found must not let the bad one through.
+    refused(&mut s, &[1, 0], 0, "not inside");
+    let mut s = base.clone();
+    s[1].sges[0].lkey = other.lkey();
+    refused(&mut s, &[1, 0], 0, "not inside");
+    let mut s = base.clone();
+    s[3].sges[0] = other.sge(0, 64).unwrap();
+    refused(&mut s, &[3, 0], 0, "not inside");
     // An empty SGE, more SGEs than the slot has, a slot named twice, a slot that does not
     // exist, an id with the tracker's bit.
     let mut s = base.clone();
