@@ -31,7 +31,7 @@ pub(crate) struct Device {
     /// goes to the back, or leaves if it had nothing (see [`Qp::wake`](crate::qp::Qp::wake)).
     pub(crate) tx_ready: VecDeque<u32>,
     /// QP number -> QP id.
-    pub(crate) qpns: BTreeMap<u32, u32>,
+    pub(crate) qpns: crate::hash::FastMap<u32, u32>,
     pub(crate) next_qpn: u32,
     /// lkey/rkey -> what every access through the key is checked against (the MR's).
     pub(crate) keys: crate::hash::FastMap<u32, crate::mr::Region>,
@@ -116,9 +116,9 @@ pub(crate) struct World {
     pub(crate) contexts: BTreeMap<u32, Context>,
     pub(crate) pds: BTreeMap<u32, Pd>,
     pub(crate) mrs: BTreeMap<u32, Mr>,
-    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) cqs: crate::hash::FastMap<u32, Cq>,
     pub(crate) channels: BTreeMap<u32, Channel>,
-    pub(crate) srqs: BTreeMap<u32, Srq>,
+    pub(crate) srqs: crate::hash::FastMap<u32, Srq>,
     pub(crate) ahs: BTreeMap<u32, Ah>,
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
@@ -139,7 +139,7 @@ pub(crate) struct World {
 }
 
 pub(crate) struct State {
-    pub(crate) qps: BTreeMap<u32, Qp>,
+    pub(crate) qps: crate::hash::FastMap<u32, Qp>,
     pub(crate) w: World,
 }
 

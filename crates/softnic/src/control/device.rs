@@ -109,15 +109,18 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
         Vec<*mut ibv_pd>,
     );
     let found: Result<Shells, c_int> = try_with(context.cast(), Kind::Context, |_, st, id| {
-        // The shell pointers of the objects of a table that belong to this context.
+        // The shell pointers of the objects of a table that belong to this context, in id
+        // (creation) order whatever the table's own, so that closing replays alike.
         macro_rules! of_context {
-            ($table:expr) => {
-                $table
-                    .values_mut()
-                    .filter(|o| o.ctx == id)
-                    .map(|o| o.shell.ptr())
-                    .collect()
-            };
+            ($table:expr) => {{
+                let mut v: Vec<_> = $table
+                    .iter_mut()
+                    .filter(|(_, o)| o.ctx == id)
+                    .map(|(&k, o)| (k, o.shell.ptr()))
+                    .collect();
+                v.sort_unstable_by_key(|&(k, _)| k);
+                v.into_iter().map(|(_, p)| p).collect()
+            }};
         }
         let w = &mut st.w;
         (
