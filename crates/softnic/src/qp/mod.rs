@@ -662,6 +662,18 @@ impl Qp {
             }
             _ => self.on_request(w, pkt, frame),
         }
-        self.wake(w);
+        if self.may_transmit() {
+            self.wake(w);
+        }
+    }
+
+    /// Whether [`next_tx`](Self::next_tx) could do anything: a READ or atomic reply queued, a
+    /// WR at the send queue's current position, or a drained send queue to note (SQD). A
+    /// packet received by a QP with none of these (a UC or RC responder that only takes
+    /// writes and sends) leaves the ready queue alone: its ACKs go out as it receives.
+    fn may_transmit(&self) -> bool {
+        !self.resp.replies.is_empty()
+            || self.sq.get(self.req.cur).is_some()
+            || self.state == ibv_qp_state::IBV_QPS_SQD
     }
 }

@@ -457,3 +457,57 @@ fn an_idle_qp_moved_to_sqd_reports_drained_at_once() {
     assert_eq!(unsafe { ev.element.qp }, qa);
     assert!(async_event(a.ctx).is_none(), "once");
 }
+
+/// A QP moved to SQD with a WRITE on the wire reports `IBV_EVENT_SQ_DRAINED` once the WRITE's
+/// ACK arrives, and not before: the drain completes on a received packet, which must wake the
+/// QP even though it has nothing left to send.
+#[test]
+fn a_qp_moved_to_sqd_reports_drained_when_the_last_ack_arrives() {
+    use softnic::{PacketInfo, Verdict};
+    let f = Fabric::default();
+    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 4);
+    let mut local = vec![1u8; 64];
+    let mut remote = vec![0u8; 64];
+    let lmr = a.reg(&mut local, LOCAL_WRITE);
+    let rmr = b.reg(&mut remote, ALL_ACCESS);
+    // ACKs take 1 ms.
+    f.set_packet_filter(Some(Box::new(|p: &PacketInfo| {
+        if p.opcode == 0x11 {
+            Verdict::Delay(1_000_000)
+        } else {
+            Verdict::Pass
+        }
+    })));
+    let write = with_rdma(
+        send_wr(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(&local, lmr)],
+            SIGNALED,
+        ),
+        remote.as_ptr() as u64,
+        rkey(rmr),
+    );
+    post_send(qa, &mut [write]).unwrap();
+    // The WRITE is delivered; its ACK is on the way.
+    f.advance(std::time::Duration::from_micros(100));
+    assert_eq!(remote, local);
+    let sqd = ibv_qp_attr {
+        qp_state: IBV_QPS_SQD,
+        en_sqd_async_notify: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        modify(qa, &sqd, m(k::IBV_QP_STATE | k::IBV_QP_EN_SQD_ASYNC_NOTIFY)),
+        0
+    );
+    assert!(
+        async_event(a.ctx).is_none(),
+        "the WRITE is not acknowledged yet"
+    );
+    f.run_until_idle().unwrap();
+    let ev = async_event(a.ctx).expect("SQ_DRAINED once the ACK arrived");
+    assert_eq!(ev.event_type, IBV_EVENT_SQ_DRAINED);
+    assert!(async_event(a.ctx).is_none(), "once");
+    assert_eq!(poll_n(a.cq, 1)[0].wr_id, 1);
+}
