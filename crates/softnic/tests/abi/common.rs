@@ -358,6 +358,27 @@ pub fn with_rdma(mut wr: ibv_send_wr, remote_addr: u64, rkey: u32) -> ibv_send_w
     wr
 }
 
+/// A signaled RDMA WRITE of all of `src` (registered as `smr`) to `remote_addr`, under
+/// `dmr`'s rkey.
+pub fn write_wr(
+    wr_id: u64,
+    src: &[u8],
+    smr: *mut ibv_mr,
+    remote_addr: u64,
+    dmr: *mut ibv_mr,
+) -> ibv_send_wr {
+    with_rdma(
+        send_wr(
+            wr_id,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            &[sge(src, smr)],
+            SIGNALED,
+        ),
+        remote_addr,
+        rkey(dmr),
+    )
+}
+
 pub fn with_ud(mut wr: ibv_send_wr, ah: *mut ibv_ah, remote_qpn: u32, qkey: u32) -> ibv_send_wr {
     wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
         ah,

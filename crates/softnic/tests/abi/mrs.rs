@@ -213,16 +213,7 @@ fn bad_remote_access_is_rem_access_err_on_rc_and_silent_on_uc() {
     let mut remote = vec![0u8; 64];
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let rmr = b.reg(&mut remote, LOCAL_WRITE);
-    let wr = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&local, lmr)],
-            SIGNALED,
-        ),
-        remote.as_ptr() as u64,
-        rkey(rmr),
-    );
+    let wr = write_wr(1, &local, lmr, remote.as_ptr() as u64, rmr);
     post_send(qa, &mut [wr]).unwrap();
     assert!(
         ok(&poll_n(a.cq, 1)[0]),

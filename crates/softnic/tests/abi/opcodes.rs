@@ -89,16 +89,7 @@ fn rdma_write_lands_without_a_responder_completion() {
         let mut dst = vec![0u8; 6000];
         let smr = a.reg(&mut src, LOCAL_WRITE);
         let dmr = b.reg(&mut dst, ALL_ACCESS);
-        let wr = with_rdma(
-            send_wr(
-                4,
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                &[sge(&src, smr)],
-                SIGNALED,
-            ),
-            dst.as_ptr() as u64 + 1000,
-            rkey(dmr),
-        );
+        let wr = write_wr(4, &src, smr, dst.as_ptr() as u64 + 1000, dmr);
         post_send(qa, &mut [wr]).unwrap();
         let wc = poll_n(a.cq, 1)[0];
         assert!(ok(&wc));
@@ -248,16 +239,7 @@ fn without_payload_copies_one_sided_data_stays_put_and_the_rest_is_real() {
     let smr = a.reg(&mut src, LOCAL_WRITE);
     let dmr = b.reg(&mut dst, ALL_ACCESS);
     // An RDMA WRITE over several packets completes with its length; nothing lands.
-    let wr = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src, smr)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64 + 1000,
-        rkey(dmr),
-    );
+    let wr = write_wr(1, &src, smr, dst.as_ptr() as u64 + 1000, dmr);
     post_send(qa, &mut [wr]).unwrap();
     let wc = poll_n(a.cq, 1)[0];
     assert!(ok(&wc), "{wc:?}");
@@ -328,16 +310,7 @@ fn without_payload_copies_one_sided_data_stays_put_and_the_rest_is_real() {
     assert_eq!(inbox[..], src[..100]);
     assert!(ok(&poll_n(a.cq, 1)[0]));
     // Keys and bounds are still checked: a WRITE one byte past the region fails.
-    let wr = with_rdma(
-        send_wr(
-            7,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src[..10], smr)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64 + 5991,
-        rkey(dmr),
-    );
+    let wr = write_wr(7, &src[..10], smr, dst.as_ptr() as u64 + 5991, dmr);
     post_send(qa, &mut [wr]).unwrap();
     let wc = poll_n(a.cq, 1)[0];
     assert_eq!(wc.status, ibv_wc_status::IBV_WC_REM_ACCESS_ERR, "{wc:?}");

@@ -478,16 +478,7 @@ fn a_qp_moved_to_sqd_reports_drained_when_the_last_ack_arrives() {
             Verdict::Pass
         }
     })));
-    let write = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&local, lmr)],
-            SIGNALED,
-        ),
-        remote.as_ptr() as u64,
-        rkey(rmr),
-    );
+    let write = write_wr(1, &local, lmr, remote.as_ptr() as u64, rmr);
     post_send(qa, &mut [write]).unwrap();
     // The WRITE is delivered; its ACK is on the way.
     f.advance(std::time::Duration::from_micros(100));

@@ -50,16 +50,7 @@ fn read_then_send_and_write_complete_in_order_without_faults() {
     post_recv(qb, &mut [recv_wr(9, &[sge(&rbuf, bmr)])]).unwrap();
     let read = read_wr(1, &local, lmr, &remote, rmr);
     let send = send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[sge(&msg, mmr)], SIGNALED);
-    let write = with_rdma(
-        send_wr(
-            3,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&msg, mmr)],
-            SIGNALED,
-        ),
-        wdst.as_ptr() as u64,
-        rkey(wmr),
-    );
+    let write = write_wr(3, &msg, mmr, wdst.as_ptr() as u64, wmr);
     post_send(qa, &mut [read, send, write]).unwrap();
     let wcs = poll_n(a.cq, 3);
     assert_eq!(wcs.len(), 3, "every WR completes: {wcs:?}");
@@ -197,16 +188,7 @@ fn a_read_response_acknowledges_the_writes_before_it() {
     let lmr = a.reg(&mut local, LOCAL_WRITE);
     let mmr = a.reg(&mut msg, LOCAL_WRITE);
     let wmr = b.reg(&mut wdst, ALL_ACCESS);
-    let write = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&msg, mmr)],
-            SIGNALED,
-        ),
-        wdst.as_ptr() as u64,
-        rkey(wmr),
-    );
+    let write = write_wr(1, &msg, mmr, wdst.as_ptr() as u64, wmr);
     post_send(qa, &mut [write, read_wr(2, &local, lmr, &remote, rmr)]).unwrap();
     let wcs = poll_n(a.cq, 2);
     assert_eq!(

@@ -52,26 +52,8 @@ fn a_gather_error_behind_an_unacked_wr_is_reported_not_spun_on() {
         }
         Verdict::Pass
     })));
-    let w1 = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src1, m1)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64,
-        rkey(dmr),
-    );
-    let w2 = with_rdma(
-        send_wr(
-            2,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src2, m2)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64 + 8192,
-        rkey(dmr),
-    );
+    let w1 = write_wr(1, &src1, m1, dst.as_ptr() as u64, dmr);
+    let w2 = write_wr(2, &src2, m2, dst.as_ptr() as u64 + 8192, dmr);
     post_send(qa, &mut [w1, w2]).unwrap();
     f.advance(Duration::from_micros(50));
     assert_eq!(data.load(Ordering::Relaxed), 16, "both WRs went out once");
@@ -107,16 +89,7 @@ fn one_write_posted(
     let mut dst = vec![0u8; len];
     let smr = a.reg(&mut src, LOCAL_WRITE);
     let dmr = b.reg(&mut dst, ALL_ACCESS);
-    let w = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            &[sge(&src, smr)],
-            SIGNALED,
-        ),
-        dst.as_ptr() as u64,
-        rkey(dmr),
-    );
+    let w = write_wr(1, &src, smr, dst.as_ptr() as u64, dmr);
     post_send(qa, &mut [w]).unwrap();
     assert!(f.qp_counters(qa).unwrap().packets_sent >= 1);
     (a, qa, src, smr, dst)

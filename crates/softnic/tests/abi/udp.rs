@@ -177,15 +177,12 @@ fn rc_moves_every_byte_between_two_fabrics_under_faults() {
         post_recv(qt, &mut [recv_wr(9, &[sge(&inbox, imr)])]).unwrap();
         let mut wrs: Vec<ibv_send_wr> = (0..N)
             .map(|i| {
-                with_rdma(
-                    send_wr(
-                        i as u64,
-                        ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                        &[sge(&src[i * LEN..(i + 1) * LEN], smr)],
-                        SIGNALED,
-                    ),
+                write_wr(
+                    i as u64,
+                    &src[i * LEN..(i + 1) * LEN],
+                    smr,
                     dst[i * LEN..].as_ptr() as u64,
-                    rkey(dmr),
+                    dmr,
                 )
             })
             .collect();
