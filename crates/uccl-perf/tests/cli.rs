@@ -102,6 +102,7 @@ fn every_mode_runs_and_the_table_shows_it() {
         "messages",
         "goodput",
         "CPU",
+        "stack CPU",
         "chunks",
         "post_send",
         "retransmit",
@@ -150,6 +151,17 @@ fn no_payload_moves_nothing_and_verifies_nothing() {
     assert_eq!(j["verified"], false);
     assert_eq!(j["messages_received"], 200);
     assert_eq!(j["config"]["no_payload"], true);
+    // The stack's own CPU per chunk leaves out the simulated NIC's event loop.
+    let num = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{k}: {j}"));
+    assert!(
+        num("nic_cpu_s") > 0.0 && num("nic_cpu_s") < num("cpu_s"),
+        "{j}"
+    );
+    assert!(
+        num("stack_cpu_ns_per_chunk") > 0.0
+            && num("stack_cpu_ns_per_chunk") < num("cpu_ns_per_chunk"),
+        "{j}"
+    );
 }
 
 #[test]
@@ -239,6 +251,11 @@ fn server_and_client_run_as_two_processes_on_softnic() {
         let j: serde_json::Value = serde_json::from_str(stdout(out).trim()).expect("JSON");
         assert_eq!(j["verified"], true, "{who}");
         assert_eq!(j["config"]["clock"], "wall", "{who}");
+        // On the wall clock softnic's NIC runs by itself: its share is not measured.
+        assert!(
+            j["nic_cpu_s"].is_null() && j["stack_cpu_ns_per_chunk"].is_null(),
+            "{who}"
+        );
     }
     let j: serde_json::Value = serde_json::from_str(stdout(&server).trim()).unwrap();
     assert_eq!(j["messages_received"], 12);

@@ -53,6 +53,8 @@ pub(crate) struct PostAb {
     pub(crate) wrs_per_post: [f64; 2],
     /// Median `cpu_ns_per_chunk`, chained and single.
     pub(crate) cpu_ns: [f64; 2],
+    /// Median `stack_cpu_ns_per_chunk` (without softnic's event loop), chained and single.
+    pub(crate) stack_ns: [f64; 2],
     pub(crate) reps: usize,
 }
 
@@ -71,6 +73,7 @@ pub(crate) const POST_AB_ARGS: [&str; 9] = [
 pub(crate) fn post_ab(bin: &Path, reps: usize) -> Result<PostAb, String> {
     let modes = ["chained", "single"];
     let mut cpu = [Vec::new(), Vec::new()];
+    let mut stack = [Vec::new(), Vec::new()];
     let mut ppc = [0.0; 2];
     let mut wpp = [0.0; 2];
     let mut chunks = 0.0;
@@ -80,6 +83,7 @@ pub(crate) fn post_ab(bin: &Path, reps: usize) -> Result<PostAb, String> {
             args.extend(["--tx-mode", modes[k]]);
             let j = run(bin, &args)?;
             cpu[k].push(num(&j, "cpu_ns_per_chunk")?);
+            stack[k].push(num(&j, "stack_cpu_ns_per_chunk")?);
             ppc[k] = num(&j, "post_send_calls_per_chunk")?;
             wpp[k] = num(&j, "wrs_per_post")?;
             chunks = num(&j, "chunks_sent")?;
@@ -91,6 +95,7 @@ pub(crate) fn post_ab(bin: &Path, reps: usize) -> Result<PostAb, String> {
         posts_per_chunk: ppc,
         wrs_per_post: wpp,
         cpu_ns: [median(&cpu[0]), median(&cpu[1])],
+        stack_ns: [median(&stack[0]), median(&stack[1])],
         reps,
     })
 }

@@ -87,7 +87,11 @@ impl Run<'_> {
                     // that is later: what the NIC does meanwhile waits for one round.
                     let interval = Duration::from_nanos(self.args.poll_interval_ns.max(1));
                     match next {
-                        Some(t) => f.advance(t.saturating_sub(now).max(interval)),
+                        Some(t) => {
+                            let t0 = Instant::now();
+                            f.advance(t.saturating_sub(now).max(interval));
+                            self.nic_time += t0.elapsed();
+                        }
                         None => {
                             return Err(format!(
                                 "{} (nothing left to happen at {now:?} of virtual time)",

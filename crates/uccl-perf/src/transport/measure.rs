@@ -38,6 +38,7 @@ pub(super) fn execute(
         names,
         fabric,
         payload: Payload::new(args, msg, window),
+        nic_time: std::time::Duration::ZERO,
         received: 0,
         sent: 0,
     };
@@ -99,6 +100,7 @@ pub(super) fn execute(
         nic,
         cpu,
         check: run.payload.time,
+        nic_time: virtual_time.map(|_| run.nic_time),
         memcpy_gbps: softnic::baseline::memcpy_gbps(bytes.max(msg), msg, working),
     })
 }

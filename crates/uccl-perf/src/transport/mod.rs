@@ -63,6 +63,9 @@ pub(crate) struct Measured {
     pub(crate) cpu: Option<Duration>,
     /// Of which: writing and checking the patterns.
     pub(crate) check: Duration,
+    /// Of which, on softnic's virtual clock: the simulated NIC's event loop (packets moved,
+    /// completions written), run by the driver between rounds.
+    pub(crate) nic_time: Option<Duration>,
     /// A single-threaded memcpy of the same bytes, in this run.
     pub(crate) memcpy_gbps: f64,
 }

@@ -26,6 +26,10 @@ pub(super) struct Run<'a> {
     pub(super) fabric: Option<softnic::Fabric>,
     /// The payload written and checked.
     pub(super) payload: Payload<'a>,
+    /// Wall time in softnic's event loop, which the driver runs between rounds on the virtual
+    /// clock: the simulated NIC's work (moving packets, writing completions), which a real NIC
+    /// does in hardware.
+    pub(super) nic_time: std::time::Duration,
     /// Messages received, over every flow.
     pub(super) received: u64,
     /// Messages whose send completed, over every flow.
