@@ -289,12 +289,28 @@ fn nonempty(s: &str) -> Result<String, String> {
     }
 }
 
-fn count<T: std::str::FromStr + Default + PartialEq>(s: &str) -> Result<T, String> {
+fn count<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + Default + PartialEq + TryFrom<u128>,
+{
     match s.parse::<T>() {
         Ok(v) if v == T::default() => Err("must be at least 1".into()),
         Ok(v) => Ok(v),
-        Err(_) => Err(format!("{s:?} is not a positive whole number")),
+        // A whole number, but too large for the count.
+        Err(_) => match s.parse::<u128>().map(T::try_from) {
+            Ok(_) => Err(format!("{s} is too large ({})", max_of::<T>())),
+            Err(_) => Err(format!("{s:?} is not a positive whole number")),
+        },
     }
+}
+
+/// "at most N": the largest value of the unsigned `T` (its width tried from 128 bits down).
+fn max_of<T: TryFrom<u128>>() -> String {
+    let mut bits = 128;
+    while bits > 0 && T::try_from(u128::MAX >> (128 - bits)).is_err() {
+        bits -= 8;
+    }
+    format!("at most {}", u128::MAX >> (128 - bits))
 }
 
 fn probability(s: &str) -> Result<f64, String> {

@@ -182,6 +182,12 @@ fn bad_arguments_get_one_line() {
         ("--loss 1.5", "0..=1"),
         ("--reorder -0.1", "--reorder"),
         ("--flows 0", "at least 1"),
+        ("--flows 70000", "70000 is too large (at most 65535)"),
+        ("--flows 1.5", "\"1.5\" is not a positive whole number"),
+        (
+            "--messages 99999999999999999999",
+            "too large (at most 18446744073709551615)",
+        ),
         ("--messages 0", "at least 1"),
         ("--msg-size 0", "at least 1 byte"),
         ("--chunk-size lots", "not a size"),
