@@ -63,7 +63,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "HOST")]
     pub(crate) client: Option<String>,
     /// The TCP port of the connection set-up (`--server`/`--client`).
-    #[arg(long, default_value_t = 18515)]
+    #[arg(long, default_value_t = 18515, allow_negative_numbers = true)]
     pub(crate) port: u16,
     /// What to run.
     #[arg(long, value_enum, default_value = "engine")]
@@ -72,31 +72,31 @@ pub(crate) struct Args {
     #[arg(long, value_enum, default_value = "uc")]
     pub(crate) transport: TransportArg,
     /// Connections (flows) from the senders to the receivers.
-    #[arg(long, default_value = "4", value_parser = count::<u16>)]
+    #[arg(long, default_value = "4", value_parser = count::<u16>, allow_negative_numbers = true)]
     pub(crate) flows: u16,
     /// Data QPs (paths) per flow.
-    #[arg(long, default_value = "8", value_parser = count::<u16>)]
+    #[arg(long, default_value = "8", value_parser = count::<u16>, allow_negative_numbers = true)]
     pub(crate) qps_per_flow: u16,
     /// Engine pairs (one sender and one receiver engine each); flows are spread over them.
-    #[arg(long, default_value = "1", value_parser = count::<u16>)]
+    #[arg(long, default_value = "1", value_parser = count::<u16>, allow_negative_numbers = true)]
     pub(crate) engines: u16,
     /// Bytes per message (suffixes K, KiB, M, MiB, G, GiB; binary). Default 1 MiB; 4 KiB for
     /// the raw verbs tests.
-    #[arg(long, value_parser = size, value_name = "SIZE")]
+    #[arg(long, value_parser = size, value_name = "SIZE", allow_hyphen_values = true)]
     pub(crate) msg_size: Option<u64>,
     /// Bytes per chunk (one RDMA WRITE_WITH_IMM each). 16 KiB, the engine's default: on UC a
     /// chunk that loses any of its packets is sent again whole, so at 1% packet loss a 16 KiB
     /// chunk (4 packets) arrives 96% of the time, a 64 KiB one (16 packets) 85%.
-    #[arg(long, default_value = "16KiB", value_parser = size, value_name = "SIZE")]
+    #[arg(long, default_value = "16KiB", value_parser = size, value_name = "SIZE", allow_hyphen_values = true)]
     pub(crate) chunk_size: u64,
     /// Messages per flow (default 64; 20000 WRITEs for the raw verbs tests).
-    #[arg(long, value_parser = count::<u64>, conflicts_with = "duration", value_name = "N")]
+    #[arg(long, value_parser = count::<u64>, conflicts_with = "duration", value_name = "N", allow_negative_numbers = true)]
     pub(crate) messages: Option<u64>,
     /// Send for this many seconds (wall clock) instead of a number of messages.
-    #[arg(long, value_parser = seconds, value_name = "SECS")]
+    #[arg(long, value_parser = seconds, value_name = "SECS", allow_negative_numbers = true)]
     pub(crate) duration: Option<Duration>,
     /// Messages in flight per flow (default: as many as fit in 4 MiB, 2 to 32).
-    #[arg(long, value_parser = count::<u32>, value_name = "N")]
+    #[arg(long, value_parser = count::<u32>, value_name = "N", allow_negative_numbers = true)]
     pub(crate) inflight: Option<u32>,
     /// Two-sided (send/recv) or one-sided (write into an exported region).
     #[arg(long, value_enum, default_value = "send")]
@@ -121,7 +121,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000), value_name = "NS", allow_negative_numbers = true)]
     pub(crate) poll_interval_ns: u64,
     /// The seed of the data patterns, the faults and the path choice: one seed, one run.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub(crate) seed: u64,
     /// Chained posts (up to 32 WRs per doorbell) or one WR per post, as UCCL does.
     #[arg(long, value_enum, default_value = "chained")]
@@ -138,10 +138,10 @@ pub(crate) struct Args {
     #[arg(long, hide = true, value_parser = tamper, value_name = "FLOW:MESSAGE:OFFSET")]
     pub(crate) tamper: Option<(u64, u64, u64)>,
     /// Raw verbs tests: WRs per post in the chained run.
-    #[arg(long, default_value = "32", value_parser = count::<u32>, help_heading = "Raw verbs tests")]
+    #[arg(long, default_value = "32", value_parser = count::<u32>, help_heading = "Raw verbs tests", allow_negative_numbers = true)]
     pub(crate) batch: u32,
     /// Raw verbs tests: send-queue depth.
-    #[arg(long, default_value = "256", value_parser = count::<u32>, help_heading = "Raw verbs tests")]
+    #[arg(long, default_value = "256", value_parser = count::<u32>, help_heading = "Raw verbs tests", allow_negative_numbers = true)]
     pub(crate) depth: u32,
     /// Raw verbs tests: the receiving device (default: soft1 on softnic, else the same
     /// device, in loopback).

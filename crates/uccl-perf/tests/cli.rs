@@ -164,6 +164,16 @@ fn no_payload_moves_nothing_and_verifies_nothing() {
     );
 }
 
+/// A message larger than the 64 MiB that the run's memcpy comparison goes round (the
+/// comparison once panicked after a verified run: a clamp whose minimum passed its maximum).
+#[test]
+fn a_message_over_64_mib_runs() {
+    let j = json("--msg-size 65MiB --flows 1 --qps-per-flow 2 --messages 1 --loss 0");
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["bytes_received"], 65u64 << 20);
+    assert!(j["memcpy_gbps"].as_f64().is_some_and(|g| g > 0.0), "{j}");
+}
+
 #[test]
 fn a_flipped_byte_is_named() {
     let out = perf("--flows 2 --messages 4 --msg-size 64KiB --tamper 1:2:100");
@@ -184,6 +194,10 @@ fn bad_arguments_get_one_line() {
         ("--flows 0", "at least 1"),
         ("--flows 70000", "70000 is too large (at most 65535)"),
         ("--flows 1.5", "\"1.5\" is not a positive whole number"),
+        ("--flows -2", "\"-2\" is not a positive whole number"),
+        ("--duration -1", "more than 0 seconds"),
+        ("--seed -1", "--seed"),
+        ("--msg-size -4KiB", "\"-4KiB\" is not a size"),
         (
             "--messages 99999999999999999999",
             "too large (at most 18446744073709551615)",

@@ -85,7 +85,10 @@ pub(super) fn execute(
         c
     });
     let bytes = run.received * msg;
-    let working = (run.flows.len() as u64 * window * msg).clamp(msg, 64 << 20);
+    // At least one message, however large; otherwise at most 64 MiB.
+    let working = (run.flows.len() as u64 * window * msg)
+        .min(64 << 20)
+        .max(msg);
     Ok(Measured {
         role,
         inflight: window as u32,
