@@ -94,10 +94,10 @@ impl Engine {
             // The peer has been told (or could not be): the control QP can go now.
             c.ctl.shut();
         } else if !e.ok && c.is_open() {
-            let why = format!(
-                "a send of its control QP failed ({:?}: the peer is gone?)",
-                e.status
-            );
+            let why = match e.status {
+                Some(s) => format!("a send of its control QP failed ({s:?}: the peer is gone?)"),
+                None => "a send of its control QP failed (an unknown status)".to_string(),
+            };
             self.fail_conn(ci, why, false);
         } else if closing && c.is_open() {
             self.fail_conn(ci, "closed by this end", false);

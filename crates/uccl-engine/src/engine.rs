@@ -29,6 +29,17 @@ pub struct ConnId {
     pub(crate) generation: u32,
 }
 
+impl std::fmt::Display for ConnId {
+    /// "3 of engine 1 (generation 2)": the slot, its engine, and which use of the slot.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of engine {} (generation {})",
+            self.index, self.engine, self.generation
+        )
+    }
+}
+
 /// A buffer registered with an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferId(pub(crate) u32);

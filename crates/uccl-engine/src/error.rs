@@ -50,11 +50,11 @@ pub enum EngineError {
         limit: u64,
     },
     /// No such connection (never opened, or already torn down).
-    #[error("no connection {0:?}")]
+    #[error("no connection {0}")]
     NoConnection(ConnId),
     /// The connection failed (its peer disappeared, a QP failed, retransmissions ran out) and
     /// was torn down; its requests failed with this.
-    #[error("connection {conn:?} failed: {reason}")]
+    #[error("connection {conn} failed: {reason}")]
     ConnectionFailed {
         /// The connection.
         conn: ConnId,
@@ -92,3 +92,29 @@ impl EngineError {
 
 /// The crate's result.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_connection_is_named_in_words() {
+        let conn = ConnId {
+            engine: 2,
+            index: 0,
+            generation: 1,
+        };
+        let e = EngineError::ConnectionFailed {
+            conn,
+            reason: "the peer is gone".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "connection 0 of engine 2 (generation 1) failed: the peer is gone"
+        );
+        assert_eq!(
+            EngineError::NoConnection(conn).to_string(),
+            "no connection 0 of engine 2 (generation 1)"
+        );
+    }
+}
