@@ -4,8 +4,10 @@
 //! on one softnic fabric (virtual clock, seeded faults), and the data patterns messages carry;
 //! and [`workload`]: workloads of messages over many connections, run with every invariant of
 //! delivery checked (exactly once, in order, byte-exact, guard bytes untouched), and the
-//! checks that pools, credits and CQ reservations come back afterwards.
+//! checks that pools, credits and CQ reservations come back afterwards; and [`misuse`]: what
+//! the tests of the API's misuse share (a wall-clock hang guard, a connected pair).
 
+pub mod misuse;
 mod settle;
 pub mod workload;
 

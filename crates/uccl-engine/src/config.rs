@@ -25,9 +25,9 @@ pub struct EngineConfig {
     pub qps_per_conn: u16,
     /// Connections the engine can hold at once (sizes its CQ, which must never overflow).
     pub max_conns: u32,
-    /// Send queue depth of each data QP.
+    /// Send queue depth of each data QP (at most the device's `max_qp_wr`).
     pub sq_depth: u32,
-    /// Depth of the shared receive queue.
+    /// Depth of the shared receive queue (at most the device's `max_srq_wr`).
     pub srq_depth: u32,
     /// Receive WQEs owed before the SRQ is refilled (one chained post); at most half the depth.
     pub srq_refill: u32,
@@ -130,6 +130,9 @@ impl EngineConfig {
         if !(1..=127).contains(&self.max_recvs) {
             return bad("max_recvs", self.max_recvs.into(), "must be 1..=127");
         }
+        if self.port == 0 {
+            return bad("port", 0, "must be at least 1 (ports are numbered from 1)");
+        }
         if self.poll_budget == 0 {
             return bad("poll_budget", 0, "must be at least 1");
         }
@@ -168,6 +171,7 @@ mod tests {
         assert_eq!(with(|c| c.qps_per_conn = 0), Some("qps_per_conn"));
         assert_eq!(with(|c| c.srq_refill = c.srq_depth), Some("srq_refill"));
         assert_eq!(with(|c| c.poll_budget = 0), Some("poll_budget"));
+        assert_eq!(with(|c| c.port = 0), Some("port"));
     }
 
     #[test]

@@ -168,6 +168,8 @@ pub(crate) struct Ctl {
     pub(crate) ack: Option<[u8; CTL_LEN]>,
     /// The send slot of a Close, once posted: its completion ends the connection.
     pub(crate) close_slot: Option<u32>,
+    /// [`Engine::close`](crate::Engine::close) asked for a Close already: another is not sent.
+    pub(crate) closing: bool,
     /// Sends completed so far (a control probe looks for progress).
     pub(crate) completions: u64,
     /// A probe ping went since the last completion (one per stall; see `keepalive.rs`).
@@ -272,6 +274,14 @@ pub(crate) struct PostedRecv {
     pub(crate) req: Request,
 }
 
+/// A message handed to the transmit side.
+pub(crate) struct InFlight {
+    pub(crate) req: Request,
+    pub(crate) len: u64,
+    /// The transmit side completed it; it waits for the messages before it.
+    pub(crate) done: bool,
+}
+
 /// A send waiting for the peer's next receive buffer.
 pub(crate) struct PendingSend {
     pub(crate) local: u64,
@@ -312,9 +322,9 @@ pub(crate) struct Conn {
     pub(crate) cts: VecDeque<Cts>,
     pub(crate) cts_order: CtsOrder,
     pub(crate) sends: VecDeque<PendingSend>,
-    /// Messages handed to the transmit side, by message id from `first_msg`: the request and
-    /// its length.
-    pub(crate) inflight: VecDeque<Option<(Request, u64)>>,
+    /// Messages handed to the transmit side, by message id from `first_msg` (`None` once
+    /// reported).
+    pub(crate) inflight: VecDeque<Option<InFlight>>,
     pub(crate) first_msg: u64,
     pub(crate) next_write: u8,
     /// Whether this connection is in the round's lists already.
@@ -348,18 +358,53 @@ impl Conn {
         while self.inflight.len() <= i {
             self.inflight.push_back(None);
         }
-        self.inflight[i] = Some((req, len));
+        self.inflight[i] = Some(InFlight {
+            req,
+            len,
+            done: false,
+        });
     }
 
-    /// The request of message `msg`, taken out.
+    /// Notes that the transmit side completed message `msg` (every chunk acknowledged). It is
+    /// reported by [`Conn::pop_done`] once every earlier message is: the peer delivers in
+    /// order, so a message after one that never arrives is never delivered either.
+    pub(crate) fn mark_done(&mut self, msg: u64) {
+        let Some(i) = msg
+            .checked_sub(self.first_msg)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        if let Some(Some(m)) = self.inflight.get_mut(i) {
+            m.done = true;
+        }
+    }
+
+    /// The oldest message, if the transmit side completed it: its request and length.
+    pub(crate) fn pop_done(&mut self) -> Option<(Request, u64)> {
+        let m = self
+            .inflight
+            .front_mut()?
+            .take_if(|m| m.done)
+            .map(|m| (m.req, m.len));
+        self.drop_reported();
+        m
+    }
+
+    /// The request of message `msg`, taken out (it failed).
     pub(crate) fn untrack(&mut self, msg: u64) -> Option<(Request, u64)> {
         let i = usize::try_from(msg.checked_sub(self.first_msg)?).ok()?;
-        let r = self.inflight.get_mut(i)?.take();
+        let r = self.inflight.get_mut(i)?.take().map(|m| (m.req, m.len));
+        self.drop_reported();
+        r
+    }
+
+    /// Moves `first_msg` past the messages reported.
+    fn drop_reported(&mut self) {
         while matches!(self.inflight.front(), Some(None)) {
             self.inflight.pop_front();
             self.first_msg += 1;
         }
-        r
     }
 
     /// Fails every request of the connection with `e`.
@@ -367,8 +412,8 @@ impl Conn {
         for s in self.sends.drain(..) {
             s.req.fail(e.clone());
         }
-        for (req, _) in self.inflight.drain(..).flatten() {
-            req.fail(e.clone());
+        for m in self.inflight.drain(..).flatten() {
+            m.req.fail(e.clone());
         }
         for r in self.recvs.iter_mut().filter_map(Option::take) {
             r.req.fail(e.clone());

@@ -46,14 +46,12 @@ impl Engine {
                 };
                 self.take_cts(ci, cts);
             }
-            Some(Ctl::Refuse { seq }) => {
+            Some(Ctl::Refuse { seq, len }) => {
                 let i = seq as usize % crate::conn::RECV_IDS;
                 match c.recvs[i].take_if(|r| r.seq == seq) {
                     Some(r) => {
                         c.recvs_posted -= 1;
-                        r.req.fail(EngineError::BadRange(
-                            "the peer's message is larger than this receive buffer",
-                        ));
+                        r.req.fail(EngineError::TooLarge { len, room: r.len });
                     }
                     None => self.stats.dropped_invalid += 1,
                 }

@@ -436,15 +436,16 @@ impl Engine {
 
     /// Sends `len` bytes at `offset` of `buf` on `conn`, into the next receive buffer its peer
     /// posts. Completes once every byte is acknowledged and no WR reads the buffer any more
-    /// (then the buffer may be changed); fails with [`EngineError::TooLarge`] if the peer's
-    /// buffer is smaller.
+    /// (then the buffer may be changed), after every earlier send and write on `conn` (the
+    /// peer delivers in order: a message after one that fails fails too); fails with
+    /// [`EngineError::TooLarge`] if the peer's buffer is smaller.
     pub fn send(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
         self.start(|e, req| e.send_with(conn, buf, offset, len, req))
     }
 
     /// A new request, started by `f`.
     fn start(&mut self, f: impl FnOnce(&mut Self, &Request) -> Result<()>) -> Result<Request> {
-        let req = Request::default();
+        let req = Request::of_engine(self.id);
         f(self, &req)?;
         Ok(req)
     }
@@ -532,7 +533,8 @@ impl Engine {
     }
 
     /// Writes `len` bytes at `offset` of `buf` into `dst` (a peer's exported region) at
-    /// `dst_offset`, with the same reliability as a send; nothing is matched at the peer.
+    /// `dst_offset`, with the same reliability and order as a send; nothing is matched at the
+    /// peer.
     pub fn write(
         &mut self,
         conn: ConnId,
@@ -587,8 +589,12 @@ impl Engine {
     }
 
     /// Polls the engine until `req` completes; for an embedded engine (a threaded one makes
-    /// progress by itself: [`Request::wait`]).
+    /// progress by itself: [`Request::wait`]). A request of another engine is refused
+    /// ([`EngineError::OtherEngine`]): polling this one would never complete it.
     pub fn wait(&mut self, req: &Request) -> Result<Done> {
+        if req.engine().is_some_and(|e| e != self.id) {
+            return Err(EngineError::OtherEngine("request"));
+        }
         loop {
             if let Some(r) = req.test() {
                 return r;
@@ -608,9 +614,12 @@ impl Engine {
     }
 
     /// Closes `conn`: tells the peer, then tears the connection down (requests still in
-    /// flight on it fail).
+    /// flight on it fail). Closing it again before that is done does nothing more.
     pub fn close(&mut self, conn: ConnId) -> Result<()> {
         let c = self.open_conn(conn)?;
+        if std::mem::replace(&mut c.ctl.closing, true) {
+            return Ok(());
+        }
         c.ctl.backlog.push_back(Ctl::Close.to_bytes());
         self.mark_ctl(conn.index);
         Ok(())
@@ -650,7 +659,7 @@ fn tx_config(cfg: &EngineConfig) -> TxConfig {
         t.rto_min_us = hour;
         t.rto_initial_us = hour;
         t.rto_max_us = hour;
-        t.max_silence_us = u64::MAX / 2000;
+        t.max_silence_us = uccl_tx::MAX_TIME_US;
         t.tail_probes = false;
         // ACKs ride the control QP behind the engine's other control messages: their delay
         // is not the data path's queue.

@@ -64,7 +64,8 @@ pub enum EngineError {
     /// A range outside its buffer, or a buffer of another engine.
     #[error("bad buffer range: {0}")]
     BadRange(&'static str),
-    /// A message larger than the receive buffer the peer posted for it.
+    /// A message larger than the receive buffer the peer posted for it: the send and that
+    /// receive both fail with it.
     #[error("a {len}-byte message for a {room}-byte receive buffer")]
     TooLarge {
         /// The message's bytes.
@@ -75,6 +76,13 @@ pub enum EngineError {
     /// The engine thread could not be started.
     #[error("spawning the engine thread: {0}")]
     Spawn(Arc<std::io::Error>),
+    /// An object of another engine where this one's is needed (a request waited on here).
+    #[error("a {0} of another engine")]
+    OtherEngine(&'static str),
+    /// An [`EngineHandle`](crate::EngineHandle) method that waits for the engine thread,
+    /// called on that thread (from a request's waker, say): it would wait for itself.
+    #[error("EngineHandle::{0} on the engine thread itself: it would wait for itself")]
+    OnEngineThread(&'static str),
     /// The engine (or its thread) has stopped.
     #[error("the engine has stopped")]
     Stopped,

@@ -262,6 +262,13 @@ impl Io {
             .map_err(EngineError::verbs("querying the port"))?;
         let mtu = port.active_mtu.bytes().min(cfg.path_mtu.bytes());
         let gid_index = match cfg.gid_index {
+            Some(i) if u32::from(i) >= port.gid_table_len => {
+                return Err(EngineError::Config {
+                    field: "gid_index",
+                    value: i.into(),
+                    reason: "past the end of the port's GID table",
+                });
+            }
             Some(i) => i,
             None => ipv4_gid_index(ctx, cfg.port, port.gid_table_len)?,
         };
@@ -274,13 +281,24 @@ impl Io {
         let conn_ctrl = 2 * u64::from(conn_ctrl_depth(cfg));
         let ctrl_cap = 2 * u64::from(CTRL_DEPTH) + u64::from(cfg.max_conns) * conn_ctrl;
         let entries = send_cap + u64::from(cfg.srq_depth) + ctrl_cap;
-        let max_cqe = ctx
+        let limits = ctx
             .query_device()
-            .map_err(EngineError::verbs("querying the device"))?
-            .max_cqe;
+            .map_err(EngineError::verbs("querying the device"))?;
+        for (field, depth, max) in [
+            ("sq_depth", cfg.sq_depth, limits.max_qp_wr),
+            ("srq_depth", cfg.srq_depth, limits.max_srq_wr),
+        ] {
+            if depth > max {
+                return Err(EngineError::Config {
+                    field,
+                    value: depth.into(),
+                    reason: "more than the device allows (max_qp_wr, max_srq_wr)",
+                });
+            }
+        }
         let entries = u32::try_from(entries)
             .ok()
-            .filter(|&n| n <= max_cqe)
+            .filter(|&n| n <= limits.max_cqe)
             .ok_or(EngineError::Config {
                 field: "max_conns",
                 value: cfg.max_conns.into(),

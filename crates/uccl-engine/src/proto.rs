@@ -189,8 +189,9 @@ pub(crate) enum Ctl {
     },
     /// The peer closes the connection.
     Close,
-    /// The peer's message for receive buffer `seq` does not fit it: that receive fails.
-    Refuse { seq: u32 },
+    /// The peer's message for receive buffer `seq` (`len` bytes) does not fit it: that
+    /// receive fails.
+    Refuse { seq: u32, len: u64 },
     /// An ACK (RC mode, where the control QP is reliable and nothing is retransmitted).
     Ack(AckRepr),
     /// Nothing: sent when a connection waits for its peer and has heard nothing for a while.
@@ -218,9 +219,10 @@ impl Ctl {
             }
             Ctl::Close => b[0] = 2,
             Ctl::Ping => b[0] = 5,
-            Ctl::Refuse { seq } => {
+            Ctl::Refuse { seq, len } => {
                 b[0] = 3;
                 b[4..8].copy_from_slice(&seq.to_be_bytes());
+                b[8..16].copy_from_slice(&len.to_be_bytes());
             }
             Ctl::Ack(a) => {
                 b[0] = 4;
@@ -247,7 +249,10 @@ impl Ctl {
                 rkey: r.u32().ok()?,
             }),
             2 => Some(Ctl::Close),
-            3 => Some(Ctl::Refuse { seq: r.u32().ok()? }),
+            3 => Some(Ctl::Refuse {
+                seq: r.u32().ok()?,
+                len: r.u64().ok()?,
+            }),
             4 => AckRepr::from_bytes(&b[4..4 + ACK_LEN]).ok().map(Ctl::Ack),
             5 => Some(Ctl::Ping),
             _ => None,
@@ -359,7 +364,10 @@ mod tests {
             },
             Ctl::Close,
             Ctl::Ping,
-            Ctl::Refuse { seq: 77 },
+            Ctl::Refuse {
+                seq: 77,
+                len: u64::MAX - 1,
+            },
             Ctl::Ack(AckRepr {
                 fid: 3,
                 cum: 9,

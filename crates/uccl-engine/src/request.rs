@@ -26,6 +26,8 @@ struct State {
 
 #[derive(Default)]
 struct Inner {
+    /// The engine that completes the request (`None` for one made by `Request::default`).
+    engine: Option<u64>,
     /// Set once `state.result` is (so an unfinished request is tested without the lock).
     done: AtomicBool,
     state: Mutex<State>,
@@ -47,6 +49,21 @@ impl std::fmt::Debug for Request {
 }
 
 impl Request {
+    /// A request that engine `engine` completes.
+    pub(crate) fn of_engine(engine: u64) -> Request {
+        Request {
+            inner: Arc::new(Inner {
+                engine: Some(engine),
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// The engine that completes it.
+    pub(crate) fn engine(&self) -> Option<u64> {
+        self.inner.engine
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }

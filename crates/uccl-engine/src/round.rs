@@ -157,9 +157,13 @@ impl Engine {
                         len: s.len,
                         room: cts.len,
                     });
-                    c.ctl
-                        .backlog
-                        .push_back(Ctl::Refuse { seq: cts.seq }.to_bytes());
+                    c.ctl.backlog.push_back(
+                        Ctl::Refuse {
+                            seq: cts.seq,
+                            len: s.len,
+                        }
+                        .to_bytes(),
+                    );
                     continue;
                 }
                 let m = Message {
@@ -234,15 +238,31 @@ impl Engine {
         while let Some(ev) = self.tx.poll_event() {
             busy = true;
             match ev {
+                // Reported in message order: the peer delivers in order, so a message that
+                // completed here after one that will fail is never delivered there.
                 Event::MessageComplete { fid, msg } => {
-                    if let Some((req, len)) = self.conn_mut(fid).and_then(|c| c.untrack(msg)) {
-                        self.stats.messages_sent += 1;
+                    let Some(c) = self.conn_mut(fid) else {
+                        continue;
+                    };
+                    c.mark_done(msg);
+                    let mut sent = 0;
+                    while let Some((req, len)) = c.pop_done() {
+                        sent += 1;
                         req.complete(Ok(Done { len }));
                     }
+                    self.stats.messages_sent += sent;
                 }
                 Event::MessageFailed { fid, msg, error } => {
-                    if let Some((req, _)) = self.conn_mut(fid).and_then(|c| c.untrack(msg)) {
-                        req.fail(error.into());
+                    let Some(c) = self.conn_mut(fid) else {
+                        continue;
+                    };
+                    let error = crate::EngineError::from(error);
+                    if let Some((req, _)) = c.untrack(msg) {
+                        req.fail(error.clone());
+                    }
+                    // Those completed after it are not delivered either.
+                    while let Some((req, _)) = c.pop_done() {
+                        req.fail(error.clone());
                     }
                 }
                 Event::FlowFailed { fid, error } => {

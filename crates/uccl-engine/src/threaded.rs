@@ -232,7 +232,7 @@ impl EngineHandle {
             return Err(EngineError::BadRange("a buffer of another engine"));
         }
         buf.range(offset, len)?;
-        let req = Request::default();
+        let req = Request::of_engine(self.engine_id);
         self.push(Command::Io {
             conn,
             buf: buf.clone(),
@@ -274,6 +274,10 @@ impl EngineHandle {
         &self,
         f: impl FnOnce(&mut Engine) -> R + Send + 'static,
     ) -> Result<R> {
+        if self.on_engine_thread() {
+            // It would wait for the thread it runs on (a request's waker, say).
+            return Err(EngineError::OnEngineThread("call"));
+        }
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Command::Call(Box::new(move |e| {
             let _ = tx.send(f(e));
@@ -294,13 +298,28 @@ impl EngineHandle {
     /// Stops the engine thread once it has taken every request queued so far, and gives the
     /// engine back (requests still in flight stay with it: poll it, or drop it to fail them).
     pub fn shutdown(mut self) -> Result<Engine> {
+        if self.on_engine_thread() {
+            // The thread stops after this round; dropping `self` does not wait for it.
+            return Err(EngineError::OnEngineThread("shutdown"));
+        }
         self.stop_thread().ok_or(EngineError::Stopped)
+    }
+
+    /// Whether the caller runs on the engine thread (in a waker, or a closure of `call`).
+    fn on_engine_thread(&self) -> bool {
+        thread::current().id() == self.thread.id()
     }
 
     fn stop_thread(&mut self) -> Option<Engine> {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.thread.unpark();
         let join = self.join.take()?;
+        if self.on_engine_thread() {
+            // Dropped on the engine thread itself: it cannot wait for itself. It stops after
+            // this round and drops the engine there.
+            drop(join);
+            return None;
+        }
         match join.join() {
             Ok(e) => Some(e),
             Err(_) => {

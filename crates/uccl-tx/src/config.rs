@@ -10,10 +10,18 @@ use crate::wire::MAX_WINDOW;
 /// an engine use, and the pool is a flat array (about 150 bytes an element).
 pub const MAX_WR_POOL: usize = 1 << 15;
 
-/// How the transmit side behaves. `TxConfig::default()` is a reasonable start.
+/// The longest time a configuration may give, in microseconds (about 146 years): in
+/// nanoseconds, two such times still add up without overflow.
+pub const MAX_TIME_US: u64 = u64::MAX / 4000;
+
+/// The largest chunk: one RDMA WRITE each, and devices commonly allow 2^31 bytes a message.
+pub const MAX_CHUNK: u32 = 1 << 30;
+
+/// How the transmit side behaves. `TxConfig::default()` is a reasonable start. Every time is
+/// in microseconds and at most [`MAX_TIME_US`]; [`TxConfig::validate`] checks each value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxConfig {
-    /// Bytes per chunk (one RDMA WRITE_WITH_IMM each).
+    /// Bytes per chunk (one RDMA WRITE_WITH_IMM each), at most [`MAX_CHUNK`].
     pub chunk_size: u32,
     /// Most chunks of one flow sent and not cumulatively acknowledged at once (the SACK
     /// window; at most [`MAX_WINDOW`]). The receiver's credit bounds the chunks in flight
@@ -44,7 +52,8 @@ pub struct TxConfig {
     pub tail_probes: bool,
     /// Retransmissions of one chunk before its message and flow fail.
     pub max_retransmits: u16,
-    /// How long a flow with chunks in flight may see no ACK progress before it fails.
+    /// How long a flow with chunks in flight may see no ACK progress before it fails (at least
+    /// `rto_min_us`).
     pub max_silence_us: u64,
     /// Every `signal_every`-th WR of a QP asks for a completion; so do every retransmission
     /// (to free its header slot soon) and the last WR staged on a QP by each
@@ -105,8 +114,28 @@ impl TxConfig {
                 reason,
             })
         };
-        if self.chunk_size == 0 {
-            return bad("chunk_size", 0, "must be at least 1");
+        if self.chunk_size == 0 || self.chunk_size > MAX_CHUNK {
+            return bad(
+                "chunk_size",
+                self.chunk_size.into(),
+                "must be 1..=2^30 (one RDMA WRITE)",
+            );
+        }
+        for (field, us) in [
+            ("rto_min_us", self.rto_min_us),
+            ("rto_max_us", self.rto_max_us),
+            ("rto_initial_us", self.rto_initial_us),
+            ("peer_ack_delay_us", self.peer_ack_delay_us),
+            ("target_delay_us", self.target_delay_us),
+            ("max_silence_us", self.max_silence_us),
+        ] {
+            if us > MAX_TIME_US {
+                return bad(
+                    field,
+                    us,
+                    "must be at most u64::MAX / 4000 (about 146 years)",
+                );
+            }
         }
         if self.flow_window == 0 || self.flow_window > MAX_WINDOW {
             return bad(
@@ -118,6 +147,9 @@ impl TxConfig {
         if self.engine_window == 0 {
             return bad("engine_window", 0, "must be at least 1");
         }
+        if self.rto_max_us == 0 {
+            return bad("rto_max_us", 0, "must be at least 1");
+        }
         if self.rto_min_us == 0 || self.rto_min_us > self.rto_max_us {
             return bad("rto_min_us", self.rto_min_us, "must be 1..=rto_max_us");
         }
@@ -126,6 +158,14 @@ impl TxConfig {
                 "rto_initial_us",
                 self.rto_initial_us,
                 "must be within rto_min_us..=rto_max_us",
+            );
+        }
+        if self.max_silence_us < self.rto_min_us {
+            return bad(
+                "max_silence_us",
+                self.max_silence_us,
+                "must be at least rto_min_us: a flow waits out a retransmission timeout before \
+                 it is declared silent",
             );
         }
         if self.signal_every == 0 {
@@ -141,5 +181,53 @@ impl TxConfig {
             return bad("first_wr_seq", self.first_wr_seq, "must be at most 2^63");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(f: fn(&mut TxConfig)) -> Option<&'static str> {
+        let mut c = TxConfig::default();
+        f(&mut c);
+        match c.validate() {
+            Err(TxError::Config { field, .. }) => Some(field),
+            _ => None,
+        }
+    }
+
+    /// A time that would overflow in nanoseconds is refused by name (it panicked in the
+    /// arithmetic before), and so are a zero `rto_max_us` and a silence shorter than an RTO.
+    #[test]
+    fn every_time_is_bounded_and_named() {
+        assert_eq!(refused(|_| {}), None);
+        assert_eq!(refused(|c| c.rto_min_us = u64::MAX), Some("rto_min_us"));
+        assert_eq!(refused(|c| c.rto_max_us = u64::MAX), Some("rto_max_us"));
+        assert_eq!(
+            refused(|c| c.rto_initial_us = u64::MAX),
+            Some("rto_initial_us")
+        );
+        assert_eq!(
+            refused(|c| c.peer_ack_delay_us = u64::MAX),
+            Some("peer_ack_delay_us")
+        );
+        assert_eq!(
+            refused(|c| c.target_delay_us = u64::MAX),
+            Some("target_delay_us")
+        );
+        assert_eq!(
+            refused(|c| c.max_silence_us = u64::MAX),
+            Some("max_silence_us")
+        );
+        assert_eq!(refused(|c| c.max_silence_us = MAX_TIME_US), None);
+        assert_eq!(refused(|c| c.rto_max_us = 0), Some("rto_max_us"));
+        assert_eq!(refused(|c| c.max_silence_us = 0), Some("max_silence_us"));
+        assert_eq!(refused(|c| c.max_silence_us = c.rto_min_us), None);
+        assert_eq!(
+            refused(|c| c.chunk_size = MAX_CHUNK + 1),
+            Some("chunk_size")
+        );
+        assert_eq!(refused(|c| c.chunk_size = MAX_CHUNK), None);
     }
 }

@@ -119,7 +119,7 @@ mod tx;
 pub mod wire;
 mod wr;
 
-pub use config::{MAX_WR_POOL, TxConfig};
+pub use config::{MAX_CHUNK, MAX_TIME_US, MAX_WR_POOL, TxConfig};
 pub use error::TxError;
 pub use events::{Event, TxStats};
 pub use path::PathId;

@@ -339,12 +339,21 @@ impl Pd {
         align: usize,
         access: AccessFlags,
     ) -> Result<(Mr, Allocation)> {
-        let layout =
-            Layout::from_size_align(len.max(1), align).map_err(|_| Error::InvalidAttr {
-                name: "align",
-                value: align as u64,
-                reason: "must be a power of two",
-            })?;
+        let layout = Layout::from_size_align(len.max(1), align).map_err(|_| {
+            if align.is_power_of_two() {
+                Error::InvalidAttr {
+                    name: "len",
+                    value: len as u64,
+                    reason: "too large: rounded up to the alignment it passes isize::MAX",
+                }
+            } else {
+                Error::InvalidAttr {
+                    name: "align",
+                    value: align as u64,
+                    reason: "must be a power of two",
+                }
+            }
+        })?;
         // SAFETY: non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::InvalidAttr {
             name: "len",
