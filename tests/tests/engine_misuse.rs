@@ -127,7 +127,7 @@ fn a_buffer_of_another_engine_is_refused_everywhere() {
 // Connections.
 
 /// Another engine's connection id is `NoConnection`; closing twice before a round is `Ok`;
-/// both ends are gone within 50 ms of virtual time (no RC timeout); the closed id is then
+/// a send, receive or write on a connection being closed is refused at once; both ends are gone within 50 ms of virtual time (no RC timeout); the closed id is then
 /// `NoConnection` for close and send, and the engine's other connection stays open. In UC
 /// and RC mode.
 #[test]
@@ -156,14 +156,22 @@ fn conn_ids_of_another_engine_and_after_closing_twice() {
             a.close(ca).unwrap();
             let second = a.close(ca);
             assert!(second.is_ok(), "{mode:?}: the second close: {second:?}");
-            let late = a.send(ca, &buf_a, 0, 10);
-            eprintln!("{mode:?}: a send after close, before a round: {late:?}");
-            let late = late.ok();
+            // A connection being closed takes no new request: each is refused at once, with
+            // what its requests fail with.
+            let late_recv = a.recv(ca, &buf_a, 0, 10);
+            let late_write = a.write(ca, &buf_a, 0, 10, &b.export(&buf_b, 0, 4096).unwrap(), 0);
+            for late in [a.send(ca, &buf_a, 0, 10), late_recv, late_write] {
+                match late {
+                    Err(EngineError::ConnectionFailed { conn, reason }) => {
+                        assert_eq!((conn, &*reason), (ca, "closed by this end"), "{mode:?}")
+                    }
+                    other => panic!("{mode:?}: a request after close: {other:?}"),
+                }
+            }
             let start = sim.fabric.now();
             let limit = start + Duration::from_secs(10);
             sim.run(limit, |s| {
                 pending.is_done()
-                    && late.as_ref().is_none_or(Request::is_done)
                     && !s.engines[0].is_open(ca)
                     && !s.engines[1].is_open(cb)
                     && s.engines[0].usage().connections == 1

@@ -10,6 +10,9 @@ use crate::error::EngineError;
 use crate::proto::{CTL_LEN, Ctl};
 use crate::round::Cqe;
 
+/// Why the requests of a connection this end closed fail.
+pub(crate) const CLOSED_HERE: &str = "closed by this end";
+
 impl Engine {
     /// A message on connection `ci`'s control QP.
     pub(crate) fn on_ctl(&mut self, ci: u16, slot: u32, e: Cqe, now: u64) {
@@ -98,7 +101,7 @@ impl Engine {
             };
             self.fail_conn(ci, why, false);
         } else if closing && c.is_open() {
-            self.fail_conn(ci, "closed by this end", false);
+            self.fail_conn(ci, CLOSED_HERE, false);
         } else {
             self.mark_ctl(ci);
         }

@@ -422,6 +422,19 @@ impl Engine {
     }
 
     /// The open connection `id`.
+    /// [`open_conn`](Self::open_conn), for new requests: a connection this end is closing
+    /// takes none (they would fail with the close).
+    fn conn_for_request(&mut self, id: ConnId) -> Result<&mut Conn> {
+        let c = self.open_conn(id)?;
+        if c.ctl.closing {
+            return Err(EngineError::ConnectionFailed {
+                conn: id,
+                reason: crate::control::CLOSED_HERE.into(),
+            });
+        }
+        Ok(c)
+    }
+
     pub(crate) fn open_conn(&mut self, id: ConnId) -> Result<&mut Conn> {
         self.conns
             .get_mut(usize::from(id.index))
@@ -461,7 +474,7 @@ impl Engine {
     ) -> Result<()> {
         self.mine(buf)?;
         let (local, lkey) = buf.range(offset, len)?;
-        let c = self.open_conn(conn)?;
+        let c = self.conn_for_request(conn)?;
         c.sends.push_back(PendingSend {
             local,
             lkey,
@@ -494,7 +507,7 @@ impl Engine {
         let (addr, _) = buf.range(offset, len)?;
         let rkey = buf.mem.rkey();
         let max = self.cfg.max_recvs;
-        let c = self.open_conn(conn)?;
+        let c = self.conn_for_request(conn)?;
         if c.recvs_posted >= max {
             return Err(EngineError::Limit {
                 what: "receives posted on one connection",
@@ -565,7 +578,7 @@ impl Engine {
             ));
         }
         let fid = conn.index;
-        let c = self.open_conn(conn)?;
+        let c = self.conn_for_request(conn)?;
         let rid = WRITE_RID | (c.next_write & 0x7f);
         c.next_write = c.next_write.wrapping_add(1);
         let m = Message {
