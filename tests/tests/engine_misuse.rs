@@ -601,7 +601,8 @@ fn a_write_with_a_forged_descriptor_fails_and_the_next_send_agrees_with_its_rece
 }
 
 /// `Engine::wait` on a request of another engine returns `OtherEngine("request")` at once
-/// (instead of polling forever); the request still completes on its own engine.
+/// (instead of polling forever); the request still completes on its own engine, and then
+/// waiting on it anywhere gives its result.
 #[test]
 fn engine_wait_on_a_request_of_another_engine_is_refused() {
     guard(60, || {
@@ -617,6 +618,8 @@ fn engine_wait_on_a_request_of_another_engine_is_refused() {
         let send = sim.engines[0].send(ca, &src, 0, 10).unwrap();
         finish(&mut sim, 5, &[&foreign, &send]).unwrap();
         assert_eq!(foreign.test().unwrap().unwrap().len, 10);
+        // Once it has completed, waiting on it anywhere gives its result.
+        assert_eq!(sim.engines[0].wait(&foreign).unwrap().len, 10);
     });
 }
 

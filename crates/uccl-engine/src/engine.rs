@@ -421,7 +421,6 @@ impl Engine {
         })
     }
 
-    /// The open connection `id`.
     /// [`open_conn`](Self::open_conn), for new requests: a connection this end is closing
     /// takes none (they would fail with the close).
     fn conn_for_request(&mut self, id: ConnId) -> Result<&mut Conn> {
@@ -435,6 +434,7 @@ impl Engine {
         Ok(c)
     }
 
+    /// The open connection `id`.
     pub(crate) fn open_conn(&mut self, id: ConnId) -> Result<&mut Conn> {
         self.conns
             .get_mut(usize::from(id.index))
@@ -449,9 +449,10 @@ impl Engine {
 
     /// Sends `len` bytes at `offset` of `buf` on `conn`, into the next receive buffer its peer
     /// posts. Completes once every byte is acknowledged and no WR reads the buffer any more
-    /// (then the buffer may be changed), after every earlier send and write on `conn` (the
-    /// peer delivers in order: a message after one that fails fails too); fails with
-    /// [`EngineError::TooLarge`] if the peer's buffer is smaller.
+    /// (then the buffer may be changed), and after every message that went out before it on
+    /// `conn` (a send goes out once the peer's receive buffer is matched with it, a write at
+    /// once; the peer delivers in that order, so a message after one that fails fails too);
+    /// fails with [`EngineError::TooLarge`] if the peer's buffer is smaller.
     pub fn send(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
         self.start(|e, req| e.send_with(conn, buf, offset, len, req))
     }
@@ -546,8 +547,8 @@ impl Engine {
     }
 
     /// Writes `len` bytes at `offset` of `buf` into `dst` (a peer's exported region) at
-    /// `dst_offset`, with the same reliability and order as a send; nothing is matched at the
-    /// peer.
+    /// `dst_offset`, with the same reliability as a send, in the order messages go out (see
+    /// [`send`](Self::send)); nothing is matched at the peer.
     pub fn write(
         &mut self,
         conn: ConnId,
@@ -602,11 +603,14 @@ impl Engine {
     }
 
     /// Polls the engine until `req` completes; for an embedded engine (a threaded one makes
-    /// progress by itself: [`Request::wait`]). A request of another engine is refused
-    /// ([`EngineError::OtherEngine`]): polling this one would never complete it.
+    /// progress by itself: [`Request::wait`]). A request of another engine that has not
+    /// completed is refused ([`EngineError::OtherEngine`]): polling this one would never
+    /// complete it.
     pub fn wait(&mut self, req: &Request) -> Result<Done> {
         if req.engine().is_some_and(|e| e != self.id) {
-            return Err(EngineError::OtherEngine("request"));
+            return req
+                .test()
+                .unwrap_or(Err(EngineError::OtherEngine("request")));
         }
         loop {
             if let Some(r) = req.test() {

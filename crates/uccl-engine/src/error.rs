@@ -81,6 +81,7 @@ pub enum EngineError {
     OtherEngine(&'static str),
     /// An [`EngineHandle`](crate::EngineHandle) method that waits for the engine thread,
     /// called on that thread (from a request's waker, say): it would wait for itself.
+    /// (`shutdown` there still stops the thread, as dropping the handle does.)
     #[error("EngineHandle::{0} on the engine thread itself: it would wait for itself")]
     OnEngineThread(&'static str),
     /// The engine (or its thread) has stopped.

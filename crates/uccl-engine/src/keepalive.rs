@@ -67,7 +67,8 @@ impl Engine {
             if c.recvs_posted == 0 && c.sends.is_empty() && c.inflight.is_empty() {
                 continue;
             }
-            if now.saturating_sub(c.heard) >= interval {
+            // A backlog goes out first and proves the peer alive as well as a ping would.
+            if now.saturating_sub(c.heard) >= interval && c.ctl.backlog.is_empty() {
                 c.ctl.backlog.push_back(Ctl::Ping.to_bytes());
                 self.stats.pings_sent += 1;
                 self.mark_ctl(id.index);

@@ -8,7 +8,7 @@ use verbs_safe::Gid;
 const MAGIC: &[u8; 6] = b"UCCLRS";
 /// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
 /// messages copied over the UD QP).
-pub(crate) const VERSION: u16 = 2;
+pub(crate) const VERSION: u16 = 3;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {

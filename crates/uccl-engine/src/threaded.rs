@@ -297,9 +297,13 @@ impl EngineHandle {
 
     /// Stops the engine thread once it has taken every request queued so far, and gives the
     /// engine back (requests still in flight stay with it: poll it, or drop it to fail them).
+    /// On the engine thread itself (in a request's waker) the engine cannot be given back:
+    /// [`EngineError::OnEngineThread`], and the thread stops after its round, as when the
+    /// handle is dropped.
     pub fn shutdown(mut self) -> Result<Engine> {
         if self.on_engine_thread() {
-            // The thread stops after this round; dropping `self` does not wait for it.
+            // The engine cannot be handed back here; dropping `self` stops the thread after
+            // this round (without waiting for it), as dropping the handle would.
             return Err(EngineError::OnEngineThread("shutdown"));
         }
         self.stop_thread().ok_or(EngineError::Stopped)

@@ -210,9 +210,10 @@ impl Args {
             );
         }
         if self.test == Test::Engine {
-            if self.chunk_size > u64::from(u32::MAX) {
+            // The transmit side's largest chunk (uccl_tx::MAX_CHUNK).
+            if self.chunk_size > 1 << 30 {
                 return Err(format!(
-                    "--chunk-size {} is too large (at most 4 GiB - 1)",
+                    "--chunk-size {} is too large (at most 1 GiB: one RDMA WRITE)",
                     self.chunk_size
                 ));
             }

@@ -192,6 +192,10 @@ fn bad_arguments_get_one_line() {
         ("--loss 1.5", "0..=1"),
         ("--reorder -0.1", "--reorder"),
         ("--flows 0", "at least 1"),
+        (
+            "--chunk-size 2GiB",
+            "--chunk-size 2147483648 is too large (at most 1 GiB",
+        ),
         ("--flows 70000", "70000 is too large (at most 65535)"),
         ("--flows 1.5", "\"1.5\" is not a positive whole number"),
         ("--flows -2", "\"-2\" is not a positive whole number"),

@@ -53,7 +53,7 @@ pub struct TxConfig {
     /// Retransmissions of one chunk before its message and flow fail.
     pub max_retransmits: u16,
     /// How long a flow with chunks in flight may see no ACK progress before it fails (at least
-    /// `rto_min_us`).
+    /// `rto_max_us`).
     pub max_silence_us: u64,
     /// Every `signal_every`-th WR of a QP asks for a completion; so do every retransmission
     /// (to free its header slot soon) and the last WR staged on a QP by each
@@ -160,12 +160,12 @@ impl TxConfig {
                 "must be within rto_min_us..=rto_max_us",
             );
         }
-        if self.max_silence_us < self.rto_min_us {
+        if self.max_silence_us < self.rto_max_us {
             return bad(
                 "max_silence_us",
                 self.max_silence_us,
-                "must be at least rto_min_us: a flow waits out a retransmission timeout before \
-                 it is declared silent",
+                "must be at least rto_max_us: a flow waits out its longest retransmission \
+                 timeout before it is declared silent",
             );
         }
         if self.signal_every == 0 {
@@ -223,7 +223,11 @@ mod tests {
         assert_eq!(refused(|c| c.max_silence_us = MAX_TIME_US), None);
         assert_eq!(refused(|c| c.rto_max_us = 0), Some("rto_max_us"));
         assert_eq!(refused(|c| c.max_silence_us = 0), Some("max_silence_us"));
-        assert_eq!(refused(|c| c.max_silence_us = c.rto_min_us), None);
+        assert_eq!(
+            refused(|c| c.max_silence_us = c.rto_max_us - 1),
+            Some("max_silence_us")
+        );
+        assert_eq!(refused(|c| c.max_silence_us = c.rto_max_us), None);
         assert_eq!(
             refused(|c| c.chunk_size = MAX_CHUNK + 1),
             Some("chunk_size")
