@@ -202,24 +202,23 @@ fn post_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
         ab.posts_per_chunk[0] / ab.posts_per_chunk[1],
         "chained <= 1/16 = 0.063",
     ));
-    out.rows.push(Row::new(
-        "1",
-        "CPU ns per chunk: single vs **chained**",
-        case,
-        format!("{:.0}", ab.cpu_ns[1]),
-        format!("{:.0}", ab.cpu_ns[0]),
-        ab.cpu_ns[0] / ab.cpu_ns[1],
-        "chained <= 200 ns (tx+rx+ACK)",
-    ));
-    out.rows.push(Row::new(
-        "1",
-        "stack CPU ns per chunk (without softnic's event loop): single vs **chained**",
-        case,
-        format!("{:.0}", ab.stack_ns[1]),
-        format!("{:.0}", ab.stack_ns[0]),
-        ab.stack_ns[0] / ab.stack_ns[1],
-        "chained <= 200 ns (tx+rx+ACK)",
-    ));
+    for (what, ns) in [
+        ("CPU ns per chunk", ab.cpu_ns),
+        (
+            "stack CPU ns per chunk (without softnic's event loop)",
+            ab.stack_ns,
+        ),
+    ] {
+        out.rows.push(Row::new(
+            "1",
+            format!("{what}: single vs **chained**"),
+            case,
+            format!("{:.0}", ns[1]),
+            format!("{:.0}", ns[0]),
+            ns[0] / ns[1],
+            "chained <= 200 ns (tx+rx+ACK)",
+        ));
+    }
     out.notes.push(format!(
         "Row 1: `uccl-perf {} --tx-mode chained|single`, {} chunks per run, {} runs of each \
          alternating; CPU = the median run's process CPU time / chunks sent (both engines, \
