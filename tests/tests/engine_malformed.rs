@@ -4,6 +4,9 @@
 //! messages on the UD control QP, and (UC) retransmission SENDs into the SRQ whose header
 //! points outside the receive buffer it names. None may panic, copy out of bounds or disturb
 //! the transfers: they are counted and dropped, and every message still arrives byte-exact.
+//! (The receiver notes each refused retransmission to the sender, which finds that it did
+//! not send that chunk there and ignores the note: an injected frame cannot fail a
+//! connection.)
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

@@ -538,7 +538,9 @@ const FORGERIES: [Forgery; 2] = [
 /// A one-sided write with a forged descriptor (a wrong rkey, or a third engine's) fails;
 /// the send posted after it completes no sooner than it (completions in message order), and
 /// that send and the peer's receive agree: both succeed or both fail, never a send reported
-/// delivered while its receive fails. Errors name connections in words. In UC and RC mode.
+/// delivered while its receive fails. On UC the receiver tells the sender which chunk it could
+/// not place, and the sender's errors say so (not its retransmissions running out). Errors
+/// name connections in words. In UC and RC mode.
 #[test]
 fn a_write_with_a_forged_descriptor_fails_and_the_next_send_agrees_with_its_receive() {
     guard(300, || {
@@ -595,6 +597,21 @@ fn a_write_with_a_forged_descriptor_fails_and_the_next_send_agrees_with_its_rece
                     s.is_ok() == r.is_ok(),
                     "{mode:?}, {what}: the send and its receive disagree: send {s:?}, recv {r:?}"
                 );
+                if mode == Mode::Uc {
+                    // The receiver notes the first retransmission it may not place, and the
+                    // sender's errors say why (on RC the NIC fails the QP at once).
+                    for x in [&w, &s] {
+                        let e = x
+                            .as_ref()
+                            .err()
+                            .map(ToString::to_string)
+                            .unwrap_or_default();
+                        assert!(
+                            e.contains("the peer refused a chunk"),
+                            "{what}: {e} (not the retransmissions running out)"
+                        );
+                    }
+                }
             }
         }
     });

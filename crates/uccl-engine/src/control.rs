@@ -24,7 +24,10 @@ impl Engine {
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         if !e.ok {
             if c.is_open() {
-                let why = format!("a receive of its control QP failed ({:?})", e.status);
+                let why = match e.status {
+                    Some(s) => format!("a receive of its control QP failed ({s:?})"),
+                    None => "a receive of its control QP failed (an unknown status)".to_string(),
+                };
                 self.fail_conn(ci, why, false);
             }
             return;
@@ -63,6 +66,19 @@ impl Engine {
                 self.on_ack(ack, crate::acks::AckSource::Conn(ci), now)
             }
             Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
+            Some(Ctl::Unplaceable { csn, remote, rkey }) => {
+                if self.tx.chunk_target(ci, csn) == Some((remote, rkey)) {
+                    let why = format!(
+                        "the peer refused a chunk of a send or write from this end: it names \
+                         memory the peer did not offer (address {remote:#x}, rkey {rkey:#x}: a \
+                         wrong descriptor, or an export withdrawn)"
+                    );
+                    self.fail_conn(ci, why, true);
+                } else {
+                    // Not where this end sent it: a forged frame's header, or a stale note.
+                    self.stats.dropped_invalid += 1;
+                }
+            }
             Some(Ctl::Ping) => {}
             _ => self.stats.dropped_invalid += 1,
         }

@@ -192,6 +192,11 @@ pub(crate) enum Ctl {
     /// The peer's message for receive buffer `seq` (`len` bytes) does not fit it: that
     /// receive fails.
     Refuse { seq: u32, len: u64 },
+    /// A retransmitted chunk `csn` named memory this end did not offer (`remote`, `rkey`:
+    /// outside the receive buffer or exported region it belongs to, or another buffer's rkey);
+    /// it was dropped. The sender fails the connection if that is where it sent the chunk (a
+    /// frame injected with a forged header names another place, and changes nothing).
+    Unplaceable { csn: u16, remote: u64, rkey: u32 },
     /// An ACK (RC mode, where the control QP is reliable and nothing is retransmitted).
     Ack(AckRepr),
     /// Nothing: sent when a connection waits for its peer and has heard nothing for a while.
@@ -218,6 +223,12 @@ impl Ctl {
                 b[24..28].copy_from_slice(&rkey.to_be_bytes());
             }
             Ctl::Close => b[0] = 2,
+            Ctl::Unplaceable { csn, remote, rkey } => {
+                b[0] = 6;
+                b[4..6].copy_from_slice(&csn.to_be_bytes());
+                b[8..16].copy_from_slice(&remote.to_be_bytes());
+                b[16..20].copy_from_slice(&rkey.to_be_bytes());
+            }
             Ctl::Ping => b[0] = 5,
             Ctl::Refuse { seq, len } => {
                 b[0] = 3;
@@ -255,6 +266,11 @@ impl Ctl {
             }),
             4 => AckRepr::from_bytes(&b[4..4 + ACK_LEN]).ok().map(Ctl::Ack),
             5 => Some(Ctl::Ping),
+            6 => Some(Ctl::Unplaceable {
+                csn: u16::from_be_bytes([b[4], b[5]]),
+                remote: u64::from_be_bytes(b[8..16].try_into().ok()?),
+                rkey: u32::from_be_bytes(b[16..20].try_into().ok()?),
+            }),
             _ => None,
         }
     }
@@ -364,6 +380,11 @@ mod tests {
             },
             Ctl::Close,
             Ctl::Ping,
+            Ctl::Unplaceable {
+                csn: 0x7ff,
+                remote: u64::MAX - 7,
+                rkey: 0xfeed_beef,
+            },
             Ctl::Refuse {
                 seq: 77,
                 len: u64::MAX - 1,

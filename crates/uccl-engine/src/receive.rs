@@ -9,6 +9,10 @@ use crate::config::Mode;
 use crate::conn::WRITE_RID;
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::proto::Ctl;
+
+/// A refused chunk is noted to the peer only while the control backlog is shorter than this.
+const REFUSALS_QUEUED: usize = 4;
 use crate::request::Done;
 use crate::round::Cqe;
 use crate::rx::{Arrival, Delivered};
@@ -84,6 +88,7 @@ impl Engine {
         {
             let Some((b, off)) = self.target(ci, imm.rid, (remote, len), rkey) else {
                 self.stats.dropped_invalid += 1;
+                self.refuse_chunk(ci, imm.csn, remote, rkey);
                 return;
             };
             let ring = &self.io.srq_ring;
@@ -133,6 +138,20 @@ impl Engine {
             self.deliver(ci, d);
         }
         self.scratch.delivered = delivered;
+    }
+
+    /// Tells the peer of connection `ci` that its retransmitted chunk `csn` named memory this
+    /// end did not offer. At most a few such notes wait at once: a flood of injected frames
+    /// cannot grow the backlog.
+    fn refuse_chunk(&mut self, ci: u16, csn: u16, remote: u64, rkey: u32) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        if c.ctl.backlog.len() < REFUSALS_QUEUED {
+            let note = Ctl::Unplaceable { csn, remote, rkey };
+            c.ctl.backlog.push_back(note.to_bytes());
+            self.mark_ctl(ci);
+        }
     }
 
     /// Where `len` bytes for `remote` of message `rid` go: inside the receive buffer posted for

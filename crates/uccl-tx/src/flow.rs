@@ -100,6 +100,11 @@ impl Msgs {
         self.front + self.q.len() as u64 - 1
     }
 
+    pub(crate) fn get(&self, id: u64) -> Option<&Msg> {
+        let i = id.checked_sub(self.front)?;
+        self.q.get(usize::try_from(i).ok()?)
+    }
+
     pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut Msg> {
         let i = id.checked_sub(self.front)?;
         self.q.get_mut(usize::try_from(i).ok()?)

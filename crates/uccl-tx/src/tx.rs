@@ -382,6 +382,15 @@ impl Tx {
         self.unacked
     }
 
+    /// Where chunk `csn` of flow `fid` goes, while it is tracked (sent, not yet
+    /// acknowledged): the remote address it is written to and the rkey it names.
+    pub fn chunk_target(&self, fid: u16, csn: u16) -> Option<(u64, u32)> {
+        let f = self.flow(fid)?;
+        let t = f.track.get(csn)?;
+        let m = f.msgs.get(t.msg)?;
+        Some((m.remote.checked_add(t.offset)?, m.rkey))
+    }
+
     /// Flow `fid`, if it is open (or failed, or closed and still draining).
     pub fn flow_info(&self, fid: u16) -> Option<FlowInfo> {
         self.flow(fid).map(|f| FlowInfo {
