@@ -538,8 +538,9 @@ const FORGERIES: [Forgery; 2] = [
 /// A one-sided write with a forged descriptor (a wrong rkey, or a third engine's) fails;
 /// the send posted after it completes no sooner than it (completions in message order), and
 /// that send and the peer's receive agree: both succeed or both fail, never a send reported
-/// delivered while its receive fails. On UC the receiver tells the sender which chunk it could
-/// not place, and the sender's errors say so (not its retransmissions running out). Errors
+/// delivered while its receive fails. The sender's errors say why: on UC the receiver tells
+/// it which chunk it could not place (not its retransmissions running out), on RC the
+/// peer's NIC refuses the WRITE (a remote access error, not just "a data QP failed"). Errors
 /// name connections in words. In UC and RC mode.
 #[test]
 fn a_write_with_a_forged_descriptor_fails_and_the_next_send_agrees_with_its_receive() {
@@ -597,20 +598,19 @@ fn a_write_with_a_forged_descriptor_fails_and_the_next_send_agrees_with_its_rece
                     s.is_ok() == r.is_ok(),
                     "{mode:?}, {what}: the send and its receive disagree: send {s:?}, recv {r:?}"
                 );
-                if mode == Mode::Uc {
-                    // The receiver notes the first retransmission it may not place, and the
-                    // sender's errors say why (on RC the NIC fails the QP at once).
-                    for x in [&w, &s] {
-                        let e = x
-                            .as_ref()
-                            .err()
-                            .map(ToString::to_string)
-                            .unwrap_or_default();
-                        assert!(
-                            e.contains("the peer refused a chunk"),
-                            "{what}: {e} (not the retransmissions running out)"
-                        );
-                    }
+                // UC: the receiver notes the first retransmission it may not place. RC: the
+                // peer's NIC refuses the WRITE. Either way the sender's errors say why.
+                let why = match mode {
+                    Mode::Uc => "the peer refused a chunk",
+                    Mode::Rc => "remote access error",
+                };
+                for x in [&w, &s] {
+                    let e = x
+                        .as_ref()
+                        .err()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
+                    assert!(e.contains(why), "{mode:?}, {what}: {e}");
                 }
             }
         }

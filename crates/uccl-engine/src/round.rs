@@ -59,6 +59,20 @@ fn drain(poller: &mut Poller, cq: &Cq, budget: usize, out: &mut Vec<Cqe>) -> Res
     Ok(polled.count)
 }
 
+/// Why a data WR that completed with `status` failed, if the peer's NIC refused it (RC).
+fn refused_by_peer(status: verbs_safe::WcStatus) -> Option<&'static str> {
+    use verbs_safe::WcStatus as S;
+    match status {
+        S::RemAccessErr => Some(
+            "the peer's NIC refused a write from this end: remote access error (a wrong \
+             descriptor, or an export withdrawn)",
+        ),
+        S::RemInvReqErr => Some("the peer's NIC refused a WR from this end as invalid"),
+        S::RemOpErr => Some("the peer's NIC could not complete a WR from this end"),
+        _ => None,
+    }
+}
+
 /// Rounds between two reads of the device's asynchronous events (a system call on a real
 /// device, so not every round).
 const ASYNC_EVERY: u32 = 32;
@@ -124,7 +138,16 @@ impl Engine {
         self.stats.cqes += n as u64;
         for &e in &cqes {
             match wrid::decode(e.wr_id) {
-                Some(Wr::Data) => self.tx.on_send_completion(e.wr_id, e.ok),
+                Some(Wr::Data) => {
+                    self.tx.on_send_completion(e.wr_id, e.ok);
+                    if let Some(why) = e.status.and_then(refused_by_peer) {
+                        // RC: the peer's NIC refused the WR. Say so, before the QP's
+                        // asynchronous event fails the connection with less to say.
+                        if let Some(v) = self.data_qpns.get(e.qpn) {
+                            self.fail_conn((v >> 8) as u16, why, true);
+                        }
+                    }
+                }
                 Some(Wr::SrqRecv(slot)) => self.on_data_recv(slot, e, now),
                 Some(Wr::UdRecv(slot)) => self.on_ack_packet(slot, e, now),
                 Some(Wr::UdSend(slot)) => self.io.ctrl_send.give_back(slot),
