@@ -10,6 +10,12 @@ use crate::error::EngineError;
 use crate::proto::{CTL_LEN, Ctl};
 use crate::round::Cqe;
 
+/// A failed completion's status, for an error message.
+fn status(e: &Cqe) -> String {
+    e.status
+        .map_or_else(|| "an unknown status".to_string(), |s| format!("{s:?}"))
+}
+
 /// Why the requests of a connection this end closed fail.
 pub(crate) const CLOSED_HERE: &str = "closed by this end";
 
@@ -24,10 +30,7 @@ impl Engine {
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         if !e.ok {
             if c.is_open() {
-                let why = match e.status {
-                    Some(s) => format!("a receive of its control QP failed ({s:?})"),
-                    None => "a receive of its control QP failed (an unknown status)".to_string(),
-                };
+                let why = format!("a receive of its control QP failed ({})", status(&e));
                 self.fail_conn(ci, why, false);
             }
             return;
@@ -111,10 +114,10 @@ impl Engine {
             // The peer has been told (or could not be): the control QP can go now.
             c.ctl.shut();
         } else if !e.ok && c.is_open() {
-            let why = match e.status {
-                Some(s) => format!("a send of its control QP failed ({s:?}: the peer is gone?)"),
-                None => "a send of its control QP failed (an unknown status)".to_string(),
-            };
+            let why = format!(
+                "a send of its control QP failed ({}: the peer is gone?)",
+                status(&e)
+            );
             self.fail_conn(ci, why, false);
         } else if closing && c.is_open() {
             self.fail_conn(ci, CLOSED_HERE, false);

@@ -10,12 +10,12 @@ use crate::conn::WRITE_RID;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::proto::Ctl;
-
-/// A refused chunk is noted to the peer only while the control backlog is shorter than this.
-const REFUSALS_QUEUED: usize = 4;
 use crate::request::Done;
 use crate::round::Cqe;
 use crate::rx::{Arrival, Delivered};
+
+/// A refused chunk is noted to the peer only while the control backlog is shorter than this.
+const REFUSALS_QUEUED: usize = 4;
 
 impl Engine {
     /// A receive completion of a data QP, in SRQ slot `slot`: a chunk written
