@@ -292,8 +292,10 @@ impl Fabric {
                     tx_ready: VecDeque::new(),
                     qpns: Default::default(),
                     next_qpn: 0x11,
-                    keys: Default::default(),
-                    next_key: 0,
+                    keys: crate::keys::Keys::new(match cfg.clock {
+                        Clock::Virtual => crate::keys::KeySecret::seeded(cfg.seed, i),
+                        Clock::Wall => crate::keys::KeySecret::random(),
+                    }),
                     udp,
                 }
             })

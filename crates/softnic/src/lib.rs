@@ -90,6 +90,7 @@ mod extended;
 mod fabric;
 mod faults;
 mod hash;
+mod keys;
 mod link;
 mod mr;
 mod ops;

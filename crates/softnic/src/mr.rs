@@ -15,14 +15,22 @@ pub(crate) struct Mr {
     pub(crate) shell: Shell<ibv_mr>,
 }
 
-/// What an access through an MR's key is checked against, kept with the key: one lookup per
-/// check.
+/// What an access through a key is checked against, kept with the key: one lookup per check.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Region {
     pub(crate) pd: u32,
     pub(crate) addr: u64,
     pub(crate) len: u64,
     pub(crate) access: u32,
+    /// What the key names.
+    pub(crate) kind: KeyKind,
+}
+
+/// What a key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyKind {
+    /// A memory region: local and remote accesses.
+    Mr,
 }
 
 impl Region {
@@ -32,9 +40,15 @@ impl Region {
                 .checked_add(len)
                 .is_some_and(|end| end <= self.addr + self.len)
     }
+
+    /// Whether a remote access in `pd` needing `access` may reach `len` bytes at `va` through
+    /// this key (rxe's `lookup_mr`, and the range check).
+    fn allows_remote(&self, pd: u32, va: u64, len: u64, access: u32) -> bool {
+        self.pd == pd && self.access & access == access && self.contains(va, len)
+    }
 }
 
-const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+pub(crate) const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
 pub(crate) const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
 pub(crate) const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
 pub(crate) const REMOTE_ATOMIC: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
@@ -53,10 +67,9 @@ impl World {
         if sge.length == 0 {
             return Ok(());
         }
-        let mr = self.devices[dev]
-            .keys
-            .get(&sge.lkey)
-            .filter(|mr| mr.pd == pd && mr.contains(sge.addr, u64::from(sge.length)));
+        let mr = self.devices[dev].keys.get(sge.lkey).filter(|mr| {
+            mr.kind == KeyKind::Mr && mr.pd == pd && mr.contains(sge.addr, u64::from(sge.length))
+        });
         match mr {
             Some(mr) if write && mr.access & LOCAL_WRITE == 0 => {
                 Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR)
@@ -66,12 +79,11 @@ impl World {
         }
     }
 
-    /// Checks a remote access through `rkey` of `len` bytes at `va` for a QP of `dev` in `pd`
-    /// needing `access` (`REMOTE_WRITE` or `REMOTE_READ`).
+    /// Checks a remote access through `rkey` of `len` bytes at `va`, arriving at a QP of device
+    /// `dev` in `pd` and needing `access` (`REMOTE_WRITE`, `REMOTE_READ` or `REMOTE_ATOMIC`).
     pub(crate) fn check_remote(
         &self,
-        dev: usize,
-        pd: u32,
+        (dev, pd, _qp): (usize, u32, u32),
         rkey: u32,
         va: u64,
         len: u64,
@@ -79,8 +91,8 @@ impl World {
     ) -> bool {
         self.devices[dev]
             .keys
-            .get(&rkey)
-            .is_some_and(|mr| mr.pd == pd && mr.access & access != 0 && mr.contains(va, len))
+            .get(rkey)
+            .is_some_and(|r| r.allows_remote(pd, va, len, access))
     }
 
     /// Appends `len` bytes starting `offset` bytes into the data described by `sges` to `out`,

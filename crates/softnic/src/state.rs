@@ -33,32 +33,14 @@ pub(crate) struct Device {
     /// QP number -> QP id.
     pub(crate) qpns: crate::hash::FastMap<u32, u32>,
     pub(crate) next_qpn: u32,
-    /// lkey/rkey -> what every access through the key is checked against (the MR's).
-    pub(crate) keys: crate::hash::FastMap<u32, crate::mr::Region>,
-    pub(crate) next_key: u32,
+    /// The memory keys of the device's MRs and memory windows, and what every access through
+    /// each is checked against.
+    pub(crate) keys: crate::keys::Keys,
     /// The device's port on the UDP link (`None` on the in-process network only).
     pub(crate) udp: Option<crate::link::udp::UdpPort>,
 }
 
-/// The memory key counter's range, 1 to `KEYS - 1`: a key's high 24 bits (never 0).
-const KEYS: u32 = 1 << 24;
-
 impl Device {
-    /// A memory key no live MR of this device has: unique per device (a counter in the high
-    /// bits), not guessable from the index alone (the low byte). Once the counter wraps, keys
-    /// still in use are skipped. `None` if every key is in use.
-    pub(crate) fn new_key(&mut self) -> Option<u32> {
-        for _ in 1..KEYS {
-            self.next_key = self.next_key % (KEYS - 1) + 1;
-            let n = self.next_key;
-            let key = (n << 8) | (n.wrapping_mul(0x9d) & 0xff);
-            if !self.keys.contains_key(&key) {
-                return Some(key);
-            }
-        }
-        None
-    }
-
     /// The GID table of the device's port: on the in-process network its IPv4-mapped GID; on
     /// the UDP link rxe's table on a RoCE port, the link-local GID (`fe80::ffff:a.b.c.d`)
     /// then the IPv4-mapped one. Both reach the device. Packets travel over IPv4 either way,

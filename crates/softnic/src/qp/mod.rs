@@ -336,6 +336,12 @@ impl Qp {
         }
     }
 
+    /// What remote accesses arriving at this QP are checked for: its device, PD and id (see
+    /// [`World::check_remote`]).
+    pub(crate) fn at(&self) -> (usize, u32, u32) {
+        (self.dev, self.pd, self.id)
+    }
+
     /// Increments a counter of this QP and of its device.
     pub(crate) fn count(&mut self, w: &mut World, f: impl Fn(&mut Counters)) {
         f(&mut self.counters);

@@ -34,7 +34,7 @@ impl Qp {
         }
         let len = u64::from(reth.len);
         // A zero-byte READ names no memory (C9-88): neither address nor rkey is checked.
-        if len > 0 && !w.check_remote(self.dev, self.pd, reth.rkey, reth.va, len, REMOTE_READ) {
+        if len > 0 && !w.check_remote(self.at(), reth.rkey, reth.va, len, REMOTE_READ) {
             return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);
         }
         let npkts = len.div_ceil(u64::from(self.mtu(w))).max(1) as u32;
@@ -120,7 +120,7 @@ impl Qp {
         {
             return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
         }
-        if !w.check_remote(self.dev, self.pd, a.rkey, a.va, 8, REMOTE_ATOMIC) {
+        if !w.check_remote(self.at(), a.rkey, a.va, 8, REMOTE_ATOMIC) {
             return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);
         }
         let swap = pkt.hdr.opcode == opcode::RC_COMPARE_SWAP;
@@ -186,7 +186,7 @@ impl Qp {
         // A spare frame buffer: no allocation per response packet.
         let mut payload = w.spare.take(chunk as usize);
         if chunk > 0 {
-            if !w.check_remote(self.dev, self.pd, r.rkey, r.va, chunk, REMOTE_READ) {
+            if !w.check_remote(self.at(), r.rkey, r.va, chunk, REMOTE_READ) {
                 // The region was deregistered under an executing READ.
                 self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, r.psn);
                 return true;

@@ -376,9 +376,7 @@ impl Qp {
             if (l.last && n != total) || (!l.last && total <= mtu) {
                 return Err(fail(Failure::Length));
             }
-            if total > 0
-                && !w.check_remote(self.dev, self.pd, reth.rkey, reth.va, total, REMOTE_WRITE)
-            {
+            if total > 0 && !w.check_remote(self.at(), reth.rkey, reth.va, total, REMOTE_WRITE) {
                 return Err(fail(Failure::RemoteAccess));
             }
             self.resp.cur = InMsg::Write {
@@ -411,14 +409,14 @@ impl Qp {
                 }
             }
         }
-        let (dev, pd) = (self.dev, self.pd);
+        let (dev, pd, at) = (self.dev, self.pd, self.at());
         match &mut self.resp.cur {
             InMsg::Write {
                 va, resid, rkey, ..
             } => {
                 // A first packet's range lies in the RETH's, checked just above.
                 if n > *resid
-                    || (n > 0 && !l.first && !w.check_remote(dev, pd, *rkey, *va, n, REMOTE_WRITE))
+                    || (n > 0 && !l.first && !w.check_remote(at, *rkey, *va, n, REMOTE_WRITE))
                 {
                     let why = if n > *resid {
                         Failure::Length

@@ -13,6 +13,7 @@ mod determinism;
 mod devices;
 mod extended;
 mod faults;
+mod keys;
 mod mrs;
 mod opcodes;
 mod props;

@@ -1,0 +1,186 @@
+//! Memory keys: the lkeys and rkeys of a device's memory regions and the rkeys of its memory
+//! windows, and the table every access through a key is checked against.
+//!
+//! A key is 32 bits: a 24-bit index (never 0) that no two live objects of a device share, and
+//! an 8-bit tag (the "key" portion a consumer may change on a memory window with each bind,
+//! `ibv_inc_rkey`). Lookups compare the whole 32 bits, so a window's old key is dead as soon as
+//! it is bound with a new tag.
+//!
+//! Keys must not be guessable: a peer that saw one key must not compute another (hardware's key
+//! variants serve the same end). The n-th key a device hands out is a keyed permutation of `n`:
+//! its index is a four-round Feistel network over the 24 bits of `n` whose round function is
+//! SipHash-2-4 under a 128-bit secret of the device, and its tag is the same PRF of `n` in
+//! another domain. The secret comes from the fabric's seed on the virtual clock, so a run
+//! replays bit for bit (same seed, same calls, same keys), and from the operating system's
+//! entropy on the wall clock (two processes, or one run and the next, never share it). Once
+//! all 2^24 counter values have been used the counter wraps, and indices still in use are
+//! skipped.
+
+use crate::hash::FastMap;
+use crate::mr::Region;
+
+/// The number of counter values (and of indices): 2^24.
+pub(crate) const KEYS: u32 = 1 << 24;
+
+/// SipHash-2-4 of one 8-byte message `m` (little-endian) under the key `(k0, k1)`.
+fn sip24((k0, k1): (u64, u64), m: u64) -> u64 {
+    let mut v = [
+        k0 ^ 0x736f_6d65_7073_6575,
+        k1 ^ 0x646f_7261_6e64_6f6d,
+        k0 ^ 0x6c79_6765_6e65_7261,
+        k1 ^ 0x7465_6462_7974_6573,
+    ];
+    let round = |v: &mut [u64; 4]| {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
+    };
+    // The message block, then the last block: the message length (8) in its top byte.
+    for block in [m, 8 << 56] {
+        v[3] ^= block;
+        round(&mut v);
+        round(&mut v);
+        v[0] ^= block;
+    }
+    v[2] ^= 0xff;
+    for _ in 0..4 {
+        round(&mut v);
+    }
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
+/// The secret a device's keys are drawn with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeySecret((u64, u64));
+
+impl KeySecret {
+    /// The secret of device `dev` of a fabric seeded with `seed` (the virtual clock: a run
+    /// replays with its seed). Devices of one fabric get different secrets.
+    pub(crate) fn seeded(seed: u64, dev: usize) -> Self {
+        let domain = (0x6b65_7973, seed); // "keys"
+        KeySecret((sip24(domain, dev as u64), sip24(domain, !(dev as u64))))
+    }
+
+    /// A secret from the operating system's entropy (the wall clock).
+    pub(crate) fn random() -> Self {
+        let mut buf = [0u8; 16];
+        // SAFETY: `buf` is 16 writable bytes; getrandom writes at most that many.
+        let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n != 16 {
+            // No getrandom (an old kernel, a seccomp filter): std's per-process random keys.
+            use std::hash::BuildHasher;
+            let s = std::collections::hash_map::RandomState::new();
+            return KeySecret((s.hash_one(0x6b65_7973u64), s.hash_one(!0x6b65_7973u64)));
+        }
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        KeySecret((word(&buf[..8]), word(&buf[8..])))
+    }
+
+    /// The key for counter value `n` (below [`KEYS`]): a permutation of `n` in the high 24
+    /// bits, a tag in the low 8.
+    fn key_at(self, n: u32) -> u32 {
+        let (mut l, mut r) = ((n >> 12) & 0xfff, n & 0xfff);
+        for round in 0..4u64 {
+            let f = sip24(self.0, (round << 32) | u64::from(r)) as u32 & 0xfff;
+            (l, r) = (r, l ^ f);
+        }
+        let tag = sip24(self.0, (1 << 40) | u64::from(n)) as u32 & 0xff;
+        (((l << 12) | r) << 8) | tag
+    }
+}
+
+/// What a key of a device names, by index: the whole key (tag included) and what an access
+/// through it is checked against.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    secret: KeySecret,
+    /// The next counter value, in `0..KEYS`.
+    pub(crate) counter: u32,
+    live: FastMap<u32, (u32, Region)>,
+}
+
+impl Keys {
+    pub(crate) fn new(secret: KeySecret) -> Self {
+        Keys {
+            secret,
+            counter: 0,
+            live: FastMap::default(),
+        }
+    }
+
+    /// A new key for `region`, whose index no live key has; `None` if every index is taken.
+    pub(crate) fn insert(&mut self, region: Region) -> Option<u32> {
+        for _ in 0..KEYS {
+            let n = self.counter;
+            self.counter = (n + 1) % KEYS;
+            let key = self.secret.key_at(n);
+            let index = key >> 8;
+            if index != 0 && !self.live.contains_key(&index) {
+                self.live.insert(index, (key, region));
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    /// What `key` (all 32 bits of it) names.
+    pub(crate) fn get(&self, key: u32) -> Option<&Region> {
+        self.live
+            .get(&(key >> 8))
+            .filter(|(k, _)| *k == key)
+            .map(|(_, r)| r)
+    }
+
+    /// Gives `key` up: its index is free again.
+    pub(crate) fn remove(&mut self, key: u32) -> Option<Region> {
+        let index = key >> 8;
+        if self.live.get(&index).is_some_and(|(k, _)| *k == key) {
+            return self.live.remove(&index).map(|(_, r)| r);
+        }
+        None
+    }
+
+    /// The number of live keys.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.live.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written SipHash-2-4 is the standard one (std's, for an 8-byte message).
+    #[test]
+    #[allow(deprecated)] // `SipHasher` is std's SipHash-2-4, deprecated only as a default hasher
+    fn sip24_is_siphash_2_4() {
+        use std::hash::Hasher;
+        for (k, m) in [
+            ((0, 0), 0),
+            ((1, 2), 3),
+            ((u64::MAX, 7), 0x0123_4567_89ab_cdef),
+        ] {
+            let mut h = std::hash::SipHasher::new_with_keys(k.0, k.1);
+            h.write(&u64::to_le_bytes(m));
+            assert_eq!(sip24(k, m), h.finish(), "key {k:?}, message {m:#x}");
+        }
+    }
+
+    /// The index is a permutation: every counter value of a range gets its own index.
+    #[test]
+    fn indices_are_a_permutation() {
+        let s = KeySecret::seeded(5, 0);
+        let mut seen = std::collections::HashSet::new();
+        for n in 0..1 << 16 {
+            assert!(seen.insert(s.key_at(n) >> 8), "index repeated at {n}");
+        }
+    }
+}
