@@ -36,7 +36,7 @@ use softnic::{Counters, Fabric, FabricConfig, Faults, Link};
 use verbs_safe::{
     AccessFlags, ConnInit, Context, Cq, DmaBuf, Gid, LocalPort, MrBuf, Mtu, Pd, Poller, Qp, QpCaps,
     QpInit, Rc, RcRtr, RcRts, RecvWr, Remote, Rts, SendOp, SendWr, SqPsn, Uc, UcRtr, Ud, UdInit,
-    UdRtr, Verbs, WcOpcode,
+    UdRtr, UdSendWr, Verbs, WcOpcode,
 };
 
 /// Environment of the child: the parent's TCP port on 127.0.0.1.
@@ -1186,9 +1186,9 @@ impl Peer {
             for idx in msgs.clone() {
                 let (buf, len) = self.source(Kind::UdSend, idx);
                 wrs.push(
-                    SendWr::new(idx as u64, SendOp::SendWithImm(Kind::UdSend.imm(idx)))
-                        .buf(&buf, 0, len)
-                        .ud(&ah, self.peer.ud_qpn, QKEY),
+                    UdSendWr::new(idx as u64, &ah, self.peer.ud_qpn, QKEY)
+                        .imm(Kind::UdSend.imm(idx))
+                        .buf(&buf, 0, len),
                 );
             }
             self.ud.post_send_bufs(&mut wrs).expect("posting UD sends");

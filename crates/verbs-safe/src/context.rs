@@ -1,26 +1,61 @@
-//! Contexts, protection domains, memory regions and address handles: each owns its C object
-//! and destroys it on drop; children hold an `Arc` of their parent, so no drop order can fail
-//! with EBUSY.
+//! Contexts, protection domains and address handles: each owns its C object and destroys it on
+//! drop; children hold an `Arc` of their parent, so no drop order can fail with EBUSY. A
+//! destroy the provider refuses is logged and counted ([`leaks`]), and nothing the object may
+//! still reach is freed.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ibverbs_sys::{
-    ibv_ah, ibv_ah_attr, ibv_context, ibv_device_attr, ibv_gid, ibv_global_route, ibv_mr, ibv_pd,
+    ibv_ah, ibv_ah_attr, ibv_context, ibv_device_attr, ibv_gid, ibv_global_route, ibv_pd,
     ibv_port_attr,
 };
 
 use crate::error::{Errno, Error, Result};
-use crate::flags::{AccessFlags, Mtu};
+use crate::flags::Mtu;
 use crate::provider::{Device, Verbs};
 use crate::track::Tracker;
+
+static LEAKED_OBJECTS: AtomicU64 = AtomicU64::new(0);
+static LEAKED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// What this process leaked because the provider refused to destroy or deregister an object
+/// (see [`leaks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Leaks {
+    /// Objects the provider would not destroy, kept as they were.
+    pub objects: u64,
+    /// Bytes of memory kept allocated because the NIC or a peer may still reach them (a
+    /// region that would not deregister, the buffers of a QP that would not go).
+    pub bytes: u64,
+}
+
+/// What leaked so far in this process. A failed `ibv_dereg_mr` or `ibv_destroy_*` never frees
+/// memory the NIC or a peer may still touch: the memory is kept, counted here, and a `tracing`
+/// warning says so.
+pub fn leaks() -> Leaks {
+    Leaks {
+        objects: LEAKED_OBJECTS.load(Ordering::Relaxed),
+        bytes: LEAKED_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+/// Counts and logs an object the provider refused to destroy (`rc`), keeping `bytes` of memory.
+pub(crate) fn leaked(what: &'static str, rc: i32, bytes: u64) {
+    LEAKED_OBJECTS.fetch_add(1, Ordering::Relaxed);
+    LEAKED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    tracing::warn!(
+        what,
+        errno = %Errno(rc),
+        bytes,
+        "destroying an RDMA object failed: it and the memory it may reach are kept (leaked)"
+    );
+}
 
 /// Logs a destroy that failed: a drop cannot return an error and must not panic.
 pub(crate) fn destroyed(what: &'static str, rc: i32) {
     if rc != 0 {
-        tracing::warn!(what, errno = %Errno(rc), "destroying an RDMA object failed; it leaks");
+        leaked(what, rc, 0);
     }
 }
 
@@ -200,9 +235,12 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every child holds an `Arc` of this context, so none is left.
-        destroyed("context", unsafe {
-            (self.verbs.ctl.close_device)(self.raw)
-        });
+        let rc = unsafe { (self.verbs.ctl.close_device)(self.raw) };
+        if rc != 0 {
+            // The device may still run WRs whose buffers the tracker holds: keep them.
+            leaked("context", rc, 0);
+            std::mem::forget(Arc::clone(&self.tracker));
+        }
     }
 }
 
@@ -258,384 +296,6 @@ impl Pd {
     /// The raw PD.
     pub fn as_raw(&self) -> *mut ibv_pd {
         self.raw
-    }
-
-    /// Registers caller-owned memory.
-    ///
-    /// # Safety
-    /// `addr..addr + len` must stay valid (allocated, not moved) for as long as the returned
-    /// [`Mr`] lives, and while the NIC may access it (a posted WR naming it has not completed,
-    /// or a peer holds its rkey) the caller must not hold Rust references to those bytes that
-    /// conflict with the NIC's reads and writes.
-    pub unsafe fn register(
-        self: &Arc<Self>,
-        addr: *mut u8,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<Mr> {
-        // SAFETY: the caller upholds the memory contract; the PD is live.
-        let raw = unsafe {
-            (self.ctx.verbs.ctl.reg_mr)(self.raw, addr.cast(), len, access.bits() as i32)
-        };
-        if raw.is_null() {
-            return Err(Error::RegMr {
-                device: self.ctx.name.clone(),
-                addr: addr as usize,
-                len,
-                access,
-                errno: Errno::last(),
-            });
-        }
-        Ok(Mr {
-            pd: Arc::clone(self),
-            raw,
-        })
-    }
-
-    /// Allocates `len` zeroed bytes aligned to `align` and registers them for local access
-    /// only (`access` may hold `LOCAL_WRITE`): registered memory that safe code may read and
-    /// write through references, lent to one post at a time. Memory a peer may access
-    /// remotely, or that many WRs use at once, is a [`DmaBuf`] ([`alloc_dma`](Self::alloc_dma)).
-    pub fn alloc_mr(
-        self: &Arc<Self>,
-        len: usize,
-        align: usize,
-        access: AccessFlags,
-    ) -> Result<MrBuf> {
-        if access.intersects(AccessFlags::remote()) {
-            return Err(Error::InvalidAttr {
-                name: "access",
-                value: u64::from(access.bits()),
-                reason: "remote access needs alloc_dma: safe code must never hold a \
-                         reference to bytes a peer may write",
-            });
-        }
-        let (mr, mem) = self.alloc_registered(len, align, access)?;
-        Ok(MrBuf { mr, mem, len })
-    }
-
-    /// Allocates `len` zeroed bytes aligned to `align` and registers them with `access`, which
-    /// may grant peers remote access (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`; these
-    /// need `LOCAL_WRITE` too, as libibverbs requires): memory the NIC and peers may access at
-    /// any time, reached by copies (see [`DmaBuf`]).
-    pub fn alloc_dma(
-        self: &Arc<Self>,
-        len: usize,
-        align: usize,
-        access: AccessFlags,
-    ) -> Result<DmaBuf> {
-        let (mr, mem) = self.alloc_registered(len, align, access)?;
-        Ok(DmaBuf {
-            mr,
-            mem,
-            len,
-            copying: std::sync::Mutex::new(()),
-        })
-    }
-
-    fn alloc_registered(
-        self: &Arc<Self>,
-        len: usize,
-        align: usize,
-        access: AccessFlags,
-    ) -> Result<(Mr, Allocation)> {
-        let layout = Layout::from_size_align(len.max(1), align).map_err(|_| {
-            if align.is_power_of_two() {
-                Error::InvalidAttr {
-                    name: "len",
-                    value: len as u64,
-                    reason: "too large: rounded up to the alignment it passes isize::MAX",
-                }
-            } else {
-                Error::InvalidAttr {
-                    name: "align",
-                    value: align as u64,
-                    reason: "must be a power of two",
-                }
-            }
-        })?;
-        // SAFETY: non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::InvalidAttr {
-            name: "len",
-            value: len as u64,
-            reason: "allocation failed",
-        })?;
-        let mem = Allocation { ptr, layout };
-        // SAFETY: `mem` is owned by the returned buffer, which drops the MR before the memory;
-        // the buffer's types keep references away from bytes the NIC may be accessing.
-        let mr = unsafe { self.register(ptr.as_ptr(), len, access) }?;
-        Ok((mr, mem))
-    }
-}
-
-/// A memory region over caller-owned memory; deregistered on drop.
-pub struct Mr {
-    pd: Arc<Pd>,
-    raw: *mut ibv_mr,
-}
-
-// SAFETY: an MR is immutable after registration.
-unsafe impl Send for Mr {}
-// SAFETY: as above.
-unsafe impl Sync for Mr {}
-
-impl std::fmt::Debug for Mr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mr")
-            .field("addr", &format_args!("{:#x}", self.addr()))
-            .field("len", &self.len())
-            .field("lkey", &self.lkey())
-            .finish()
-    }
-}
-
-impl Mr {
-    fn ibv(&self) -> &ibv_mr {
-        // SAFETY: `raw` is a live MR for as long as `self` is.
-        unsafe { &*self.raw }
-    }
-
-    /// The local key.
-    pub fn lkey(&self) -> u32 {
-        self.ibv().lkey
-    }
-
-    /// The remote key.
-    pub fn rkey(&self) -> u32 {
-        self.ibv().rkey
-    }
-
-    /// The first byte.
-    pub fn addr(&self) -> u64 {
-        self.ibv().addr as u64
-    }
-
-    /// The length.
-    pub fn len(&self) -> usize {
-        self.ibv().length
-    }
-
-    /// Whether the region is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The PD.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
-    }
-
-    /// The raw MR.
-    pub fn as_raw(&self) -> *mut ibv_mr {
-        self.raw
-    }
-
-    /// An SGE for `offset..offset + len` of this region, or `None` if it is not inside.
-    pub fn sge(&self, offset: usize, len: u32) -> Option<ibverbs_sys::ibv_sge> {
-        let end = offset.checked_add(len as usize)?;
-        (end <= self.len()).then(|| ibverbs_sys::ibv_sge {
-            addr: self.addr() + offset as u64,
-            length: len,
-            lkey: self.lkey(),
-        })
-    }
-}
-
-impl Drop for Mr {
-    fn drop(&mut self) {
-        // SAFETY: the MR is live; deregistration does not touch the memory.
-        destroyed("memory region", unsafe {
-            (self.pd.ctx.verbs.ctl.dereg_mr)(self.raw)
-        });
-    }
-}
-
-struct Allocation {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        // SAFETY: allocated with exactly this layout, freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-/// Memory this crate allocated and registered for local access only: the MR and its bytes
-/// live and die together.
-///
-/// Safe code reaches its bytes through references ([`as_slice`](Self::as_slice),
-/// [`as_mut_slice`](Self::as_mut_slice)) only while the NIC cannot write them: a safe post
-/// that lets the NIC write into it (a receive, the target of a READ or an atomic) takes the
-/// buffer by value and gives it back with the completion; one that lets the NIC read it (a
-/// send, a WRITE) shares it through an `Arc`, so nobody can write it meanwhile. No peer can
-/// reach it: it has no remote access.
-///
-/// The field order matters: the MR is deregistered before the memory is freed.
-pub struct MrBuf {
-    mr: Mr,
-    mem: Allocation,
-    len: usize,
-}
-
-// SAFETY: owns its allocation; access goes through `&self`/`&mut self` methods.
-unsafe impl Send for MrBuf {}
-// SAFETY: as above: shared access only reads.
-unsafe impl Sync for MrBuf {}
-
-impl std::fmt::Debug for MrBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.mr.fmt(f)
-    }
-}
-
-impl std::ops::Deref for MrBuf {
-    type Target = Mr;
-    fn deref(&self) -> &Mr {
-        &self.mr
-    }
-}
-
-impl MrBuf {
-    /// The bytes. The NIC may only be reading them now (a send through a shared `Arc`).
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `mem` holds `len` initialised (zeroed) bytes for as long as `self` lives;
-        // nothing writes them while `&self` exists: the NIC writes only buffers moved into a
-        // post, which the caller then no longer has.
-        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.len) }
-    }
-
-    /// The bytes, mutably: no WR can be using them (a post that does holds the buffer).
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` excludes every other reference, a post's included.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.len) }
-    }
-}
-
-/// Registered memory that the NIC and peers may access at any time while it is registered:
-/// through its rkey (RDMA WRITE, READ, atomics) if its access flags allow, and through any
-/// number of posted WRs at once (a region carved into receive buffers or send chunks, pinned
-/// to a queue pair, see [`Qp::pin`](crate::Qp::pin)).
-///
-/// Because someone may write it whenever they like, safe code never gets a reference to its
-/// bytes: it copies in and out ([`read_at`](Self::read_at), [`write_at`](Self::write_at)),
-/// through raw pointers as the NIC itself does, seeing a torn value if the NIC or a peer writes
-/// the same bytes meanwhile (as with any DMA buffer). A reference is `unsafe`
-/// ([`as_slice`](Self::as_slice)), for a caller whose protocol guarantees that no peer and no
-/// posted WR touches the bytes while it is held. Safe posts share it through an `Arc`. The
-/// copies of the program's own threads take turns (a lock), so safe code never races with
-/// itself.
-pub struct DmaBuf {
-    mr: Mr,
-    mem: Allocation,
-    len: usize,
-    /// Held during `read_at`/`write_at`: two threads never copy into (or out of and into) the
-    /// bytes at once, which would be a data race between Rust threads.
-    copying: std::sync::Mutex<()>,
-}
-
-// SAFETY: owns its allocation; no method hands out a reference without an `unsafe` contract.
-unsafe impl Send for DmaBuf {}
-// SAFETY: as above.
-unsafe impl Sync for DmaBuf {}
-
-impl std::fmt::Debug for DmaBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.mr.fmt(f)
-    }
-}
-
-impl std::ops::Deref for DmaBuf {
-    type Target = Mr;
-    fn deref(&self) -> &Mr {
-        &self.mr
-    }
-}
-
-impl DmaBuf {
-    fn range(&self, offset: usize, len: usize) -> Result<*mut u8> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => {
-                // SAFETY: `offset <= len` of the allocation.
-                Ok(unsafe { self.mem.ptr.as_ptr().add(offset) })
-            }
-            _ => Err(Error::InvalidAttr {
-                name: "offset",
-                value: offset as u64,
-                reason: "the range lies outside the buffer",
-            }),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.copying.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Copies `out.len()` bytes at `offset` into `out`.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        let src = self.range(offset, out.len())?;
-        let _one_at_a_time = self.lock();
-        // SAFETY: `src..src + out.len()` lies inside the live allocation (checked); no reference
-        // to it exists (only raw copies touch it), no other thread of this program copies into
-        // it now (the lock), and `out` is the caller's own memory.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
-        Ok(())
-    }
-
-    /// Copies `data` to `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        let dst = self.range(offset, data.len())?;
-        let _one_at_a_time = self.lock();
-        // SAFETY: as in `read_at`, the other way round.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-        Ok(())
-    }
-
-    /// Copies `len` bytes at `offset` of this buffer to `dst_offset` of `dst` (possibly this
-    /// same buffer; the ranges may overlap), without an intermediate copy.
-    pub fn copy_to(
-        &self,
-        offset: usize,
-        dst: &DmaBuf,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        let src = self.range(offset, len)?;
-        let to = dst.range(dst_offset, len)?;
-        // Lock both, always in address order, so that two opposite copies cannot deadlock.
-        let (first, second) = if (self as *const DmaBuf) <= (dst as *const DmaBuf) {
-            (self, dst)
-        } else {
-            (dst, self)
-        };
-        let _a = first.lock();
-        let _b = (!std::ptr::eq(first, second)).then(|| second.lock());
-        // SAFETY: both ranges lie inside live allocations (checked); no reference to either
-        // exists, and no other thread of this program copies into them now (both locks).
-        unsafe { std::ptr::copy(src, to, len) };
-        Ok(())
-    }
-
-    /// The bytes.
-    ///
-    /// # Safety
-    /// While the returned slice lives, no peer may write these bytes (through this region's
-    /// rkey) and no posted WR may write them (a receive, a READ or atomic target); nothing in
-    /// the program may write them either (through `write_at` or another view).
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: initialised memory of `len` bytes; the caller guarantees no writer.
-        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.len) }
-    }
-
-    /// The bytes, mutably.
-    ///
-    /// # Safety
-    /// While the returned slice lives, no peer and no posted WR may read or write these bytes,
-    /// and the program may not reach them otherwise.
-    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above; `&mut self` excludes the program's other views.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -728,6 +388,11 @@ impl Ah {
     /// The raw AH.
     pub fn as_raw(&self) -> *mut ibv_ah {
         self.raw
+    }
+
+    /// Its protection domain.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
     }
 }
 

@@ -11,8 +11,9 @@ use ibverbs_sys::{
 };
 use softnic::Wc;
 
-use crate::context::{Context, MrBuf, destroyed};
+use crate::context::{Context, destroyed};
 use crate::error::{Errno, Error, Result};
+use crate::memory::MrBuf;
 use crate::track::{Entry, Handler, Resolved, Tracker};
 
 /// How many completions one `poll_cq` call asks for.
@@ -558,6 +559,12 @@ impl Poller {
                 c.bufs = p.owned;
                 // The shared buffers and handles the post kept alive are released here.
                 drop(p.shared);
+                plain(c);
+            }
+            Resolved::Mark(m) => {
+                // A signaled slot WR: it and those before it on its queue are done.
+                m.pins.retire(&m.deltas);
+                c.wr_id = m.wr_id;
                 plain(c);
             }
             Resolved::Unknown => plain(c),

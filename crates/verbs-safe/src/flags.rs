@@ -14,6 +14,9 @@ bitflags::bitflags! {
         const REMOTE_READ = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
         /// Peers may use atomics (requires `LOCAL_WRITE`).
         const REMOTE_ATOMIC = ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        /// Memory windows may be bound to the region ([`Qp::bind_mw`](crate::Qp::bind_mw)):
+        /// it grants no remote access itself, its windows do.
+        const MW_BIND = ibv_access_flags::IBV_ACCESS_MW_BIND.0;
     }
 }
 

@@ -12,9 +12,13 @@
 //!   QP, and on failure hands it back with the mask bits named. Posting a send before RTS does
 //!   not compile.
 //! - Posting: [`SendBatch`]/[`RecvBatch`] chain caller-owned WRs (a pre-initialised pool) with
-//!   one doorbell and borrow their QP; [`SendWr`]/[`RecvWr`] build one-off WRs. Posting raw WRs
-//!   is `unsafe`; posting builder WRs whose buffers came through the builders is safe
-//!   ([`Qp::post_send_bufs`], [`Qp::post_recv_bufs`], [`Srq::post_recv_bufs`]).
+//!   one doorbell and borrow their QP; [`SendWr`]/[`RecvWr`] build one-off WRs ([`UdSendWr`]
+//!   on UD QPs: it cannot be built without its address handle). Posting raw WRs is `unsafe`;
+//!   posting builder WRs whose buffers came through the builders is safe
+//!   ([`Qp::post_send_bufs`], [`Qp::post_recv_bufs`], [`Srq::post_recv_bufs`]). The fast path
+//!   is [`Qp::post_slots`]: a chain of pre-initialised [`WrSlot`]s checked against a [`Pins`]
+//!   table that any number of QPs share; [`Pins::unpin`] takes a buffer back, and the table
+//!   lets go of it once the WRs that name it are done.
 //! - The kernel's CQ abstraction: [`Poller`] polls in batches of 16, dispatches to per-WR
 //!   [`CompletionContext`] handlers, stops at a budget, re-arms without losing completions, and
 //!   polls several CQs fairly; [`CompChannel::wait`] sleeps on the channel's descriptor. A
@@ -38,6 +42,11 @@
 //!   pointers, as a DMA engine does; a reference is `unsafe`, with the contract spelled out.
 //! - [`Mr`] over caller memory ([`Pd::register`]) and raw posts are `unsafe`: the caller
 //!   promises what the types above guarantee.
+//! - Keys that reach exactly what is offered: [`DmaBuf::register_range`] registers part of a
+//!   buffer on its own ([`DmaRange`]), and a memory window ([`Mw`], [`Qp::bind_mw`]) is a key
+//!   over part of a buffer that moves with one work request and dies when unbound.
+//! - Memory is freed only once the NIC cannot reach it: a deregistration or destroy the
+//!   provider refuses keeps the memory it may reach, and counts it ([`leaks`]).
 //!
 //! Bringing an RC pair to RTS and doing one RDMA WRITE with immediate, on softnic:
 //!
@@ -85,14 +94,17 @@ mod cq;
 mod error;
 mod events;
 mod flags;
+mod memory;
+mod pins;
 mod post;
 mod provider;
 mod qp;
 mod slots;
 mod srq;
 mod track;
+mod window;
 
-pub use context::{Ah, Context, DeviceLimits, DmaBuf, Gid, LocalPort, Mr, MrBuf, Pd, PortInfo};
+pub use context::{Ah, Context, DeviceLimits, Gid, Leaks, LocalPort, Pd, PortInfo, leaks};
 pub use cq::{
     BATCH, CompChannel, Completion, CompletionContext, Cq, Failure, Polled, Poller, Success,
     WcOpcode, WcStatus,
@@ -100,16 +112,19 @@ pub use cq::{
 pub use error::{Errno, Error, Result};
 pub use events::{AsyncElement, AsyncEvent};
 pub use flags::{AccessFlags, Mtu, QpAttrMask};
-pub use post::{RecvBatch, RecvWr, SendBatch, SendOp, SendWr};
+pub use memory::{DmaBuf, DmaRange, Mr, MrBuf};
+pub use pins::Pins;
+pub use post::{RecvBatch, RecvWr, SendBatch, SendOp, SendWr, UdSendWr};
 pub use provider::{Device, Verbs};
 pub use qp::{
-    Attrs, CanPostRecv, CanPostSend, ConnInit, Errored, Init, Qp, QpCaps, QpInit, QpState,
-    QpStateKind, Rc, RcRtr, RcRts, Remote, Reset, Rtr, Rts, SqPsn, Sqd, TransitionError, Transport,
-    Uc, UcRtr, Ud, UdInit, UdRtr, diagnose_mask,
+    Attrs, CanPostRecv, CanPostSend, ConnInit, Connected, Errored, Init, Qp, QpCaps, QpInit,
+    QpState, QpStateKind, Rc, RcRtr, RcRts, Remote, Reset, Rtr, Rts, SqPsn, Sqd, TransitionError,
+    Transport, Uc, UcRtr, Ud, UdInit, UdRtr, diagnose_mask,
 };
 pub use slots::{RecvSlot, WrSlot};
 pub use srq::{Srq, SrqAttr};
 pub use track::WR_ID_TAG;
+pub use window::Mw;
 
 /// Re-exported so users need not depend on `ibverbs-sys` for the WR and SGE structs.
 pub use ibverbs_sys as sys;

@@ -19,9 +19,10 @@ use ibverbs_sys::{
     ibv_send_wr__bindgen_ty_2__bindgen_ty_3 as Ud, ibv_sge, ibv_srq, ibv_wr_opcode,
 };
 
-use crate::context::{Ah, DmaBuf, MrBuf};
+use crate::context::Ah;
 use crate::cq::CompletionContext;
 use crate::error::{Errno, Error, Result};
+use crate::memory::{DmaBuf, MrBuf};
 use crate::track::{Entry, Owner, Posted, Tracker, WR_ID_TAG};
 
 pub(crate) type PostSendFn =
@@ -105,6 +106,11 @@ pub(crate) struct Kept {
     owned: Vec<MrBuf>,
     /// A shared [`MrBuf`] is among the SGEs (the NIC may only read those).
     shared_local: bool,
+    /// A [`DmaBuf`] is among the SGEs (its bytes may change while the driver reads them).
+    dma: bool,
+    /// Bytes copied into the WR for [`SendWr::inline_data`], each block where it was first put
+    /// (the SGEs point at them).
+    inline: Vec<Box<[u8]>>,
     /// An SGE (or address handle) the WR does not hold was added: only an `unsafe` post may
     /// take it.
     raw: bool,
@@ -145,17 +151,29 @@ impl Kept {
     }
 
     /// The error for a safe post on a QP or SRQ of `tracker`'s context, if this WR cannot be
-    /// posted safely; `writes_local` for a READ or an atomic.
+    /// posted safely; `writes_local` for a READ or an atomic, `inline` for a WR whose data the
+    /// driver copies at post time.
     fn check(
         &self,
         index: usize,
         wr_id: u64,
         tracker: &Arc<Tracker>,
-        writes_local: bool,
+        (writes_local, inline): (bool, bool),
     ) -> Result<()> {
         let bad = |reason: String| Err(Error::InvalidWr { index, reason });
         if let Some(reason) = &self.bad {
             return bad(reason.clone());
+        }
+        if inline && writes_local {
+            return bad("only SENDs and WRITEs can carry inline data".into());
+        }
+        if inline && self.dma {
+            return bad(
+                "inline data from a DmaBuf: the driver would copy bytes that a peer, the NIC or \
+                 write_at may be changing; inline bytes given by value (inline_data), or post \
+                 the buffer without inlining"
+                    .into(),
+            );
         }
         if self.raw {
             return bad(
@@ -308,10 +326,12 @@ impl SendWr {
     }
 
     /// Adds `len` bytes at `offset` of a remotely accessible buffer (read or written by the
-    /// NIC as the op says); a safe post shares it until the completion.
+    /// NIC as the op says); a safe post shares it until the completion. Never inlined (a safe
+    /// post refuses a WR with [`inline_data`](Self::inline_data) and a `DmaBuf`).
     pub fn dma_buf(mut self, buf: &Arc<DmaBuf>, offset: usize, len: u32) -> Self {
         if let Some(s) = self.kept.range(buf, offset, len) {
             self.kept.share(buf);
+            self.kept.dma = true;
             self.sges.push(s);
         }
         self
@@ -329,10 +349,33 @@ impl SendWr {
         self
     }
 
-    /// Copies the data into the WR at post time; no lkey needed, buffer reusable at once.
-    pub fn inline(mut self) -> Self {
+    /// Sends `data` inline: the bytes are copied into the WR now, and the driver copies them
+    /// into the send queue at post time (no lkey, no registered memory). Inlining takes bytes
+    /// by value only, so the driver never reads memory a peer or the NIC may be writing: a
+    /// safe post refuses an inline WR that also names a [`DmaBuf`]
+    /// ([`dma_buf`](Self::dma_buf)). At most the QP's `max_inline_data` bytes in all.
+    pub fn inline_data(mut self, data: &[u8]) -> Self {
         self.wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        if data.is_empty() {
+            return self;
+        }
+        let Ok(length) = u32::try_from(data.len()) else {
+            self.kept.bad = Some(format!("{} inline bytes", data.len()));
+            return self;
+        };
+        let block: Box<[u8]> = data.into();
+        self.sges.push(ibv_sge {
+            addr: block.as_ptr() as u64,
+            length,
+            lkey: 0,
+        });
+        self.kept.inline.push(block);
         self
+    }
+
+    /// Whether the driver copies this WR's data at post time.
+    fn is_inline(&self) -> bool {
+        self.wr.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0
     }
 
     /// Waits for earlier RDMA READs and atomics of this QP to complete before starting.
@@ -347,16 +390,22 @@ impl SendWr {
         self
     }
 
-    /// The UD destination: address handle, remote QP number and Q_Key. A safe post keeps the
-    /// address handle alive until the completion.
+    /// The UD destination: address handle, remote QP number and Q_Key, for the `unsafe` post
+    /// (the AH must live until the completion). A safe post refuses it: the safe UD post takes
+    /// a [`UdSendWr`], which cannot be built without its address handle.
     pub fn ud(mut self, ah: &Arc<Ah>, remote_qpn: u32, qkey: u32) -> Self {
-        self.kept.share(ah);
+        self.kept.raw = true;
+        self.set_ud(ah, remote_qpn, qkey);
+        self
+    }
+
+    /// Points the WR at a UD destination (the `ud` member of the WR's union).
+    fn set_ud(&mut self, ah: &Arc<Ah>, remote_qpn: u32, qkey: u32) {
         self.wr.wr.ud = Ud {
             ah: ah.raw,
             remote_qpn,
             remote_qkey: qkey,
         };
-        self
     }
 
     /// Sends this WR's completion to `ctx` instead of returning it to the poller's caller.
@@ -395,6 +444,110 @@ impl SendWr {
         self.wr.num_sge = self.sges.len() as i32;
         self.wr.next = null_mut();
         &mut self.wr
+    }
+}
+
+/// A one-off UD send: a SEND (with or without immediate) to an address handle, a remote QP
+/// number and a Q_Key, which it cannot be built without. The safe UD post,
+/// [`Qp::post_send_bufs`](crate::Qp::post_send_bufs) on a `Qp<Ud, _>`, takes only these: no
+/// safe call can post a UD send without its address handle, nor an RDMA operation whose
+/// remote address would overlay the handle in the WR's union.
+pub struct UdSendWr {
+    wr: SendWr,
+    ah: Arc<Ah>,
+}
+
+impl std::fmt::Debug for UdSendWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdSendWr").field("wr", &self.wr).finish()
+    }
+}
+
+impl UdSendWr {
+    /// A SEND with id `wr_id` to QP `remote_qpn` (Q_Key `qkey`) through `ah`, which the post
+    /// keeps alive until the completion.
+    pub fn new(wr_id: u64, ah: &Arc<Ah>, remote_qpn: u32, qkey: u32) -> UdSendWr {
+        let mut wr = SendWr::new(wr_id, SendOp::Send);
+        wr.set_ud(ah, remote_qpn, qkey);
+        wr.kept.share(ah);
+        UdSendWr {
+            wr,
+            ah: Arc::clone(ah),
+        }
+    }
+
+    /// Carries immediate data (host order here): a SEND with immediate.
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.wr.op = SendOp::SendWithImm(imm);
+        self.wr.wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+        self.wr.wr.__bindgen_anon_1.imm_data = imm.to_be();
+        self
+    }
+
+    /// Adds `len` bytes at `offset` of `buf` to the message (see [`SendWr::buf`]).
+    pub fn buf(self, buf: &Arc<MrBuf>, offset: usize, len: u32) -> Self {
+        self.map(|w| w.buf(buf, offset, len))
+    }
+
+    /// Adds `len` bytes at `offset` of a remotely accessible buffer (see [`SendWr::dma_buf`]).
+    pub fn dma_buf(self, buf: &Arc<DmaBuf>, offset: usize, len: u32) -> Self {
+        self.map(|w| w.dma_buf(buf, offset, len))
+    }
+
+    /// Sends `data` inline (see [`SendWr::inline_data`]).
+    pub fn inline_data(self, data: &[u8]) -> Self {
+        self.map(|w| w.inline_data(data))
+    }
+
+    /// Asks for a completion entry (see [`SendWr::signaled`]).
+    pub fn signaled(self) -> Self {
+        self.map(SendWr::signaled)
+    }
+
+    /// Sets the solicited-event bit (see [`SendWr::solicited`]).
+    pub fn solicited(self) -> Self {
+        self.map(SendWr::solicited)
+    }
+
+    /// Sends this WR's completion to `ctx` (see [`SendWr::context`]).
+    pub fn context(self, ctx: &CompletionContext) -> Self {
+        self.map(|w| w.context(ctx))
+    }
+
+    /// The WR's id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr.wr_id()
+    }
+
+    fn map(mut self, f: impl FnOnce(SendWr) -> SendWr) -> Self {
+        let placeholder = SendWr::new(0, SendOp::Send);
+        self.wr = f(std::mem::replace(&mut self.wr, placeholder));
+        self
+    }
+
+    /// The address handle.
+    pub(crate) fn ah(&self) -> &Arc<Ah> {
+        &self.ah
+    }
+
+    /// The WR itself, for the post.
+    pub(crate) fn send_wr(&mut self) -> &mut SendWr {
+        &mut self.wr
+    }
+}
+
+impl SafeWr for UdSendWr {
+    fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()> {
+        self.wr.check_safe(index, tracker)
+    }
+    fn kept_mut(&mut self) -> &mut Kept {
+        self.wr.kept_mut()
+    }
+    fn wr_id_mut(&mut self) -> &mut u64 {
+        self.wr.wr_id_mut()
+    }
+    fn force_signaled(&mut self) {
+        self.wr.force_signaled();
     }
 }
 
@@ -501,7 +654,8 @@ pub(crate) trait SafeWr {
 impl SafeWr for SendWr {
     fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()> {
         let writes = self.op.writes_local();
-        self.kept.check(index, self.wr.wr_id, tracker, writes)
+        self.kept
+            .check(index, self.wr.wr_id, tracker, (writes, self.is_inline()))
     }
     fn kept_mut(&mut self) -> &mut Kept {
         &mut self.kept
@@ -516,7 +670,8 @@ impl SafeWr for SendWr {
 
 impl SafeWr for RecvWr {
     fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()> {
-        self.kept.check(index, self.wr.wr_id, tracker, true)
+        self.kept
+            .check(index, self.wr.wr_id, tracker, (true, false))
     }
     fn kept_mut(&mut self) -> &mut Kept {
         &mut self.kept
@@ -579,9 +734,11 @@ pub(crate) fn post_tracked<W: SafeWr>(
 }
 
 /// Links `wrs` through `next`; returns the head.
-pub(crate) fn chain_send(wrs: &mut [SendWr]) -> *mut ibv_send_wr {
+pub(crate) fn chain_send<'a>(
+    wrs: impl DoubleEndedIterator<Item = &'a mut SendWr>,
+) -> *mut ibv_send_wr {
     let mut head = null_mut();
-    for w in wrs.iter_mut().rev() {
+    for w in wrs.rev() {
         let p = w.link();
         // SAFETY: `p` points into `w`, which outlives this function's caller's post.
         unsafe { (*p).next = head };

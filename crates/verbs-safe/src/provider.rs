@@ -93,6 +93,22 @@ impl Verbs {
         }
     }
 
+    /// softnic's devices on `fabric`, with a control path of the caller's choosing: softnic's
+    /// ([`softnic::CONTROL`]) with some verbs replaced, to test what a program does when the
+    /// provider fails them (a `dereg_mr` that returns `EBUSY`, say).
+    ///
+    /// # Safety
+    /// Every function of `ctl` must behave as its libibverbs namesake documents for softnic's
+    /// objects of `fabric`: take what softnic's takes, and return an object softnic made (or
+    /// null, or an error) for what it creates. The simplest such replacement fails without
+    /// doing anything.
+    pub unsafe fn soft_with_control(fabric: &Fabric, ctl: ControlPath) -> Verbs {
+        Verbs {
+            ctl,
+            source: Source::Soft(fabric.clone()),
+        }
+    }
+
     /// Whether this is softnic.
     pub fn is_soft(&self) -> bool {
         matches!(self.source, Source::Soft(_))

@@ -3,21 +3,19 @@
 //! in the caller's order and posted with one doorbell, without an allocation.
 //!
 //! What makes it safe without `unsafe` at the call site: every SGE must lie inside a
-//! [`DmaBuf`] pinned to the queue (which keeps it alive while the queue lives, and whose bytes
-//! safe code only reaches by copies), every UD address handle must be pinned too, each slot's
+//! [`DmaBuf`](crate::DmaBuf) pinned to the queue's table ([`Pins`](crate::Pins), which keeps it
+//! alive while a posted WR may name it, and whose bytes safe code only reaches by copies), every
+//! UD address handle must be pinned too, each slot's
 //! SGE list is re-pointed at the slot's own SGEs, the chain is linked here (no caller pointer
 //! is followed), and `wr_id`s keep bit 63 ([`WR_ID_TAG`]) clear. The WRs themselves are only
 //! read during the call, as libibverbs specifies.
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::ptr::{NonNull, null_mut};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use ibverbs_sys::{ibv_ah, ibv_recv_wr, ibv_send_wr, ibv_sge};
+use ibverbs_sys::{ibv_recv_wr, ibv_send_wr, ibv_sge};
 
-use crate::context::{Ah, DmaBuf};
 use crate::error::{Error, Result};
+use crate::pins::Checker;
 use crate::post::Linked;
 use crate::track::WR_ID_TAG;
 
@@ -99,115 +97,6 @@ macro_rules! slot_common {
 slot_common!(WrSlot, ibv_send_wr);
 slot_common!(RecvSlot, ibv_recv_wr);
 
-/// A region pinned to a queue.
-struct Region {
-    lkey: u32,
-    end: u64,
-    _buf: Arc<DmaBuf>,
-}
-
-/// What a queue may name in slot posts: pinned regions (by start address: regions are
-/// distinct allocations, so they never overlap) and address handles (by address), kept alive
-/// for the queue's life. Both are found in logarithmic time, whatever a queue pins.
-#[derive(Default)]
-pub(crate) struct Pinned {
-    regions: RwLock<BTreeMap<u64, Region>>,
-    ahs: RwLock<BTreeMap<usize, Arc<Ah>>>,
-}
-
-impl std::fmt::Debug for Pinned {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pinned").finish_non_exhaustive()
-    }
-}
-
-impl Pinned {
-    pub(crate) fn pin(&self, buf: &Arc<DmaBuf>) {
-        if buf.is_empty() {
-            // No SGE (never empty) can lie inside an empty region.
-            return;
-        }
-        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        r.entry(buf.addr()).or_insert_with(|| Region {
-            lkey: buf.lkey(),
-            end: buf.addr() + buf.len() as u64,
-            _buf: Arc::clone(buf),
-        });
-    }
-
-    pub(crate) fn pin_ah(&self, ah: &Arc<Ah>) {
-        let mut a = self.ahs.write().unwrap_or_else(|e| e.into_inner());
-        a.entry(ah.raw as usize).or_insert_with(|| Arc::clone(ah));
-    }
-
-    /// A view of what is pinned for checking one chain: the locks are taken once per post,
-    /// not once per WR.
-    pub(crate) fn checker(&self) -> Checker<'_> {
-        Checker {
-            regions: self.regions.read().unwrap_or_else(|e| e.into_inner()),
-            ahs: self.ahs.read().unwrap_or_else(|e| e.into_inner()),
-            last: Cell::new(NO_REGION),
-        }
-    }
-}
-
-/// What is pinned to a queue, read-locked while one chain is checked.
-pub(crate) struct Checker<'a> {
-    regions: RwLockReadGuard<'a, BTreeMap<u64, Region>>,
-    ahs: RwLockReadGuard<'a, BTreeMap<usize, Arc<Ah>>>,
-    /// The pinned region (start, end, lkey) the last SGE checked lay in: a chain's WRs mostly
-    /// name one region, which is then found without a search. Regions stay pinned while the
-    /// read lock is held.
-    last: Cell<(u64, u64, u32)>,
-}
-
-/// No region: no SGE (at least one byte) lies inside it.
-const NO_REGION: (u64, u64, u32) = (u64::MAX, 0, 0);
-
-impl Checker<'_> {
-    /// Whether `ah` is a pinned address handle.
-    pub(crate) fn has_ah(&self, ah: *mut ibv_ah) -> bool {
-        self.ahs.contains_key(&(ah as usize))
-    }
-
-    /// Checks the first `n` SGEs of a slot at position `index` of a chain: each non-empty,
-    /// inside a pinned region with that region's lkey.
-    pub(crate) fn check_sges(&self, index: usize, sges: &[ibv_sge], max_sge: u32) -> Result<()> {
-        let bad = |reason: String| Err(Error::InvalidWr { index, reason });
-        if sges.len() > max_sge as usize {
-            return bad(format!("{} SGEs, the queue takes {max_sge}", sges.len()));
-        }
-        for s in sges {
-            // A zero length means 2 GiB to some NICs (mlx5): never let one through.
-            if s.length == 0 {
-                return bad(format!(
-                    "an empty SGE at {:#x} (some NICs read 0 as 2 GiB)",
-                    s.addr
-                ));
-            }
-            let inside = s.addr.checked_add(u64::from(s.length)).is_some_and(|end| {
-                let (start, last_end, lkey) = self.last.get();
-                if start <= s.addr && end <= last_end && lkey == s.lkey {
-                    return true;
-                }
-                self.regions
-                    .range(..=s.addr)
-                    .next_back()
-                    .filter(|(_, r)| r.lkey == s.lkey && end <= r.end)
-                    .inspect(|&(&start, r)| self.last.set((start, r.end, r.lkey)))
-                    .is_some()
-            });
-            if !inside {
-                return bad(format!(
-                    "SGE {:#x}+{} (lkey {:#x}) is not inside a region pinned to this queue",
-                    s.addr, s.length, s.lkey
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A WR of a slot chain: its `next` and its SGE list are set here, never taken from the caller.
 pub(crate) trait Slot: Linked {
     fn wr_id(&self) -> u64;
@@ -270,11 +159,13 @@ slot_impl!(RecvSlot);
 ///
 /// `as_mut` is the caller's code: it may hand out another slot, or change one, from one call
 /// to the next. So what is checked is what the last call hands out, the one that is linked
-/// and posted; and that slot must be one the first pass marked (named once).
+/// and posted; and that slot must be one the first pass marked (named once). `check` sees
+/// the slots last to first, and may change the slot it checks (its `wr_id`) before it is
+/// linked.
 pub(crate) fn link<S, X: AsMut<S>>(
     slots: &mut [X],
     order: &[u32],
-    mut check: impl FnMut(usize, &S) -> Result<()>,
+    mut check: impl FnMut(usize, &mut S) -> Result<()>,
 ) -> Result<*mut S>
 where
     S: Slot,
@@ -319,7 +210,7 @@ where
                 });
                 break;
             }
-            if let Err(e) = check(k, s) {
+            if let Err(e) = check(k, &mut *s) {
                 result = Err(e);
                 break;
             }
@@ -340,23 +231,30 @@ where
 
 /// The operations a slot post may carry: the data operations whose every pointer is an SGE
 /// checked against the pinned regions (no memory-window binds, no TSO headers, no
-/// invalidations), and never inline.
-pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>) -> Result<()> {
+/// invalidations), only SENDs on a UD QP (`ud`: its WR's union holds the address handle, which
+/// an RDMA WR's remote address would overlay), and never inline.
+pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>, ud: bool) -> Result<()> {
     use ibverbs_sys::ibv_wr_opcode as op;
-    let ok = matches!(
-        s.wr.opcode,
-        op::IBV_WR_SEND
-            | op::IBV_WR_SEND_WITH_IMM
-            | op::IBV_WR_RDMA_WRITE
-            | op::IBV_WR_RDMA_WRITE_WITH_IMM
-            | op::IBV_WR_RDMA_READ
-            | op::IBV_WR_ATOMIC_CMP_AND_SWP
-            | op::IBV_WR_ATOMIC_FETCH_AND_ADD
-    );
+    let send = matches!(s.wr.opcode, op::IBV_WR_SEND | op::IBV_WR_SEND_WITH_IMM);
+    let ok = send
+        || (!ud
+            && matches!(
+                s.wr.opcode,
+                op::IBV_WR_RDMA_WRITE
+                    | op::IBV_WR_RDMA_WRITE_WITH_IMM
+                    | op::IBV_WR_RDMA_READ
+                    | op::IBV_WR_ATOMIC_CMP_AND_SWP
+                    | op::IBV_WR_ATOMIC_FETCH_AND_ADD
+            ));
     if !ok {
+        let what = if ud {
+            "a UD QP sends SENDs only"
+        } else {
+            "not a data operation"
+        };
         return Err(Error::InvalidWr {
             index,
-            reason: format!("opcode {} is not a data operation", s.wr.opcode),
+            reason: format!("opcode {}: {what}", s.wr.opcode),
         });
     }
     if s.wr.send_flags & ibverbs_sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
@@ -371,12 +269,13 @@ pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>) -> Resu
 }
 
 /// The common checks of a slot at position `index`: an id this crate does not reserve, and
-/// SGEs inside pinned regions.
+/// SGEs inside pinned regions (each one's pin goes to `named`).
 pub(crate) fn check_slot<S: Slot>(
     pinned: &Checker<'_>,
     index: usize,
     s: &S,
     max_sge: u32,
+    named: impl FnMut(u32),
 ) -> Result<()> {
     if s.wr_id() & WR_ID_TAG != 0 {
         return Err(Error::InvalidWr {
@@ -390,5 +289,5 @@ pub(crate) fn check_slot<S: Slot>(
     let sges = s
         .sges()
         .map_err(|reason| Error::InvalidWr { index, reason })?;
-    pinned.check_sges(index, sges, max_sge)
+    pinned.check_sges(index, sges, max_sge, named)
 }

@@ -4,18 +4,22 @@ use std::sync::Arc;
 
 use ibverbs_sys::{ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
-use crate::context::{DmaBuf, Pd, destroyed};
+use crate::context::{Pd, leaked};
 use crate::error::{Errno, Error, Result};
+use crate::memory::DmaBuf;
+use crate::pins::Pins;
 use crate::post::{
     PostSrqRecvFn, RecvBatch, RecvTarget, RecvWr, chain_recv, post_recv_chain, post_tracked,
 };
-use crate::slots::{Pinned, RecvSlot, check_slot, link};
-use crate::track::Owner;
+use crate::slots::{RecvSlot, check_slot, link};
+use crate::track::{Owner, new_owner_id};
 
 /// A shared receive queue: receive WQEs that many QPs take from.
 pub struct Srq {
-    /// Regions slot posts may name, kept alive with the SRQ.
-    pinned: Pinned,
+    /// Regions slot posts may name, kept alive with the SRQ (its own table: nothing unpins).
+    pinned: Arc<Pins>,
+    /// Who owns its safe posts in the context's tracker.
+    owner: u64,
     pd: Arc<Pd>,
     raw: *mut ibv_srq,
     post: PostSrqRecvFn,
@@ -73,7 +77,8 @@ impl Srq {
             });
         }
         Ok(Arc::new(Srq {
-            pinned: Pinned::default(),
+            pinned: Pins::new(),
+            owner: new_owner_id(),
             pd: Arc::clone(pd),
             raw,
             post,
@@ -165,8 +170,8 @@ impl Srq {
         order: &[u32],
     ) -> Result<()> {
         let pins = self.pinned.checker();
-        let head = link(slots, order, |k, s: &RecvSlot<N>| {
-            check_slot(&pins, k, s, self.max_sge)
+        let head = link(slots, order, |k, s: &mut RecvSlot<N>| {
+            check_slot(&pins, k, s, self.max_sge, |_| {})
         })?;
         if head.is_null() {
             return Ok(());
@@ -180,8 +185,7 @@ impl Srq {
     /// [`Qp::post_recv_bufs`](crate::Qp::post_recv_bufs). A buffer comes back with the
     /// completion of whichever QP's message filled it.
     pub fn post_recv_bufs(&self, wrs: &mut [RecvWr]) -> Result<()> {
-        let owner = Owner::Srq(self.raw as usize);
-        post_tracked(&self.pd.ctx.tracker, owner, wrs, |wrs| {
+        post_tracked(&self.pd.ctx.tracker, Owner::Srq(self.owner), wrs, |wrs| {
             // SAFETY: every WR passed the safe checks: its buffers are held by the tracker
             // until its completion is polled or the SRQ is destroyed.
             unsafe { self.post_recv(wrs) }
@@ -192,10 +196,14 @@ impl Srq {
 impl Drop for Srq {
     fn drop(&mut self) {
         // SAFETY: every QP on this SRQ holds an `Arc` of it, so none is left.
-        destroyed("shared receive queue", unsafe {
-            (self.pd.ctx.verbs.ctl.destroy_srq)(self.raw)
-        });
+        let rc = unsafe { (self.pd.ctx.verbs.ctl.destroy_srq)(self.raw) };
+        if rc != 0 {
+            // Its WQEs may still be filled: keep what they name (pinned regions, posts).
+            leaked("shared receive queue", rc, 0);
+            std::mem::forget(Arc::clone(&self.pinned));
+            return;
+        }
         // With the SRQ gone, the buffers of its uncompleted safe posts may go.
-        self.pd.ctx.tracker.purge(Owner::Srq(self.raw as usize));
+        crate::track::release(self.pd.ctx.tracker.purge(Owner::Srq(self.owner)));
     }
 }

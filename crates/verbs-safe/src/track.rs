@@ -1,5 +1,5 @@
-//! What a completion must find again: per-WR handlers and the buffers of safe posts, in a slab
-//! per context, keyed by the `wr_id` the WR carried.
+//! What a completion must find again: per-WR handlers, the buffers of safe posts and the pins
+//! signaled slot WRs retire, in a slab per context, keyed by the `wr_id` the WR carried.
 //!
 //! A tracked `wr_id` is [`WR_ID_TAG`] | generation (31 bits) << 32 | slot index (32 bits). The
 //! slot is found in O(1) and the generation must match, so a `wr_id` can at worst name no
@@ -9,8 +9,11 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-use crate::context::MrBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::cq::Completion;
+use crate::memory::MrBuf;
+use crate::pins::{Deltas, Pins};
 
 /// The `wr_id` bit that marks an id this crate issued for a tracked WR (a
 /// [`CompletionContext`](crate::CompletionContext) or a safe post); plain `wr_id`s keep it
@@ -20,11 +23,29 @@ pub const WR_ID_TAG: u64 = 1 << 63;
 /// A per-WR completion handler.
 pub(crate) type Handler = Arc<dyn Fn(Completion<'_>) + Send + Sync>;
 
-/// Who posted a tracked WR: entries of a destroyed QP or SRQ are dropped with it.
+/// Who posted a tracked WR: entries of a destroyed QP or SRQ are dropped with it. The ids are
+/// never reused (a counter), so a new queue never owns an entry of one that is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Owner {
-    Qp(usize),
-    Srq(usize),
+    Qp(u64),
+    Srq(u64),
+}
+
+/// An id for a new queue: unique for the life of the process.
+pub(crate) fn new_owner_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A signaled slot WR: when its completion is polled, it and every WR before it on its send
+/// queue are done, so the pins they named retire.
+pub(crate) struct Mark {
+    /// The id the caller gave the WR (its completion reports this one).
+    pub(crate) wr_id: u64,
+    pub(crate) owner: Owner,
+    pub(crate) pins: Arc<Pins>,
+    /// What this WR and the unsignaled ones since the previous signaled one named.
+    pub(crate) deltas: Deltas,
 }
 
 /// What a safe post handed over until its completion.
@@ -43,12 +64,25 @@ pub(crate) enum Entry {
     Handler(Handler),
     /// One safe post (taken out by its completion).
     Posted(Posted),
+    /// One signaled slot WR (taken out by its completion).
+    Mark(Mark),
+}
+
+impl Entry {
+    fn owner(&self) -> Option<Owner> {
+        match self {
+            Entry::Handler(_) => None,
+            Entry::Posted(p) => Some(p.owner),
+            Entry::Mark(m) => Some(m.owner),
+        }
+    }
 }
 
 /// What a tracked `wr_id` resolves to.
 pub(crate) enum Resolved {
     Handler(Handler),
     Posted(Posted),
+    Mark(Mark),
     /// Not (or no longer) a live entry: a plain completion.
     Unknown,
 }
@@ -129,32 +163,44 @@ impl Tracker {
         Self::free(&mut self.lock(), wr_id)
     }
 
-    /// What a completion with `wr_id` goes to: a handler stays, a post is taken out.
+    /// What a completion with `wr_id` goes to: a handler stays, a post or a mark is taken out.
     pub(crate) fn resolve(&self, wr_id: u64) -> Resolved {
         let mut s = self.lock();
         match Self::slot(&mut s, wr_id).and_then(|slot| slot.entry.as_ref()) {
             Some(Entry::Handler(h)) => Resolved::Handler(Arc::clone(h)),
-            Some(Entry::Posted(_)) => match Self::free(&mut s, wr_id) {
+            Some(_) => match Self::free(&mut s, wr_id) {
                 Some(Entry::Posted(p)) => Resolved::Posted(p),
+                Some(Entry::Mark(m)) => Resolved::Mark(m),
                 _ => Resolved::Unknown,
             },
             None => Resolved::Unknown,
         }
     }
 
-    /// Drops every post of `owner` (destroyed: the NIC can no longer touch their buffers).
-    pub(crate) fn purge(&self, owner: Owner) {
+    /// Sets the pins mark `wr_id` retires (filled in once the chain it is part of was counted,
+    /// before it is posted).
+    pub(crate) fn fill_mark(&self, wr_id: u64, deltas: Deltas) {
+        let mut s = self.lock();
+        if let Some(Entry::Mark(m)) = Self::slot(&mut s, wr_id).and_then(|slot| slot.entry.as_mut())
+        {
+            m.deltas = deltas;
+        }
+    }
+
+    /// Takes out every post and mark of `owner` (reset or destroyed: the NIC can no longer
+    /// touch what they hold) and returns them, to be dropped (and retired) outside the lock.
+    pub(crate) fn purge(&self, owner: Owner) -> Vec<Entry> {
         let mut s = self.lock();
         let dead: Vec<u64> = s
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, slot)| matches!(&slot.entry, Some(Entry::Posted(p)) if p.owner == owner))
+            .filter(|(_, slot)| slot.entry.as_ref().and_then(Entry::owner) == Some(owner))
             .map(|(i, slot)| key(i as u32, slot.generation))
             .collect();
-        for id in dead {
-            Self::free(&mut s, id);
-        }
+        dead.into_iter()
+            .filter_map(|id| Self::free(&mut s, id))
+            .collect()
     }
 
     /// Safe posts not yet completed (for tests and leak checks).
@@ -164,6 +210,16 @@ impl Tracker {
             .iter()
             .filter(|s| matches!(s.entry, Some(Entry::Posted(_))))
             .count()
+    }
+}
+
+/// Drops what [`Tracker::purge`] took out: posts give up their buffers, marks retire their
+/// pins.
+pub(crate) fn release(entries: Vec<Entry>) {
+    for e in entries {
+        if let Entry::Mark(m) = e {
+            m.pins.retire(&m.deltas);
+        }
     }
 }
 
@@ -201,6 +257,28 @@ mod tests {
         assert!(matches!(t.resolve(b), Resolved::Posted(p) if p.wr_id == 8));
     }
 
+    /// Queues are told apart by an id that is never reused: a queue made after another is
+    /// gone (possibly at the same address) never owns the entries of the first.
+    #[test]
+    fn owner_ids_are_never_reused() {
+        let ids: std::collections::HashSet<u64> = (0..1000).map(|_| new_owner_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        let t = Tracker::default();
+        let (a, b) = (new_owner_id(), new_owner_id());
+        let p = |owner| {
+            t.insert(Entry::Posted(Posted {
+                wr_id: 1,
+                owner,
+                shared: Vec::new(),
+                owned: Vec::new(),
+            }))
+        };
+        p(Owner::Qp(a));
+        let kept = p(Owner::Qp(b));
+        assert_eq!(t.purge(Owner::Qp(a)).len(), 1);
+        assert!(matches!(t.resolve(kept), Resolved::Posted(_)));
+    }
+
     #[test]
     fn handlers_stay_until_removed_and_purge_drops_an_owners_posts() {
         let t = Tracker::default();
@@ -211,9 +289,9 @@ mod tests {
         assert!(matches!(t.resolve(h), Resolved::Unknown));
         let p = t.insert(posted(1));
         assert_eq!(t.posted(), 1);
-        t.purge(Owner::Qp(2));
+        assert!(t.purge(Owner::Qp(2)).is_empty());
         assert_eq!(t.posted(), 1);
-        t.purge(Owner::Qp(1));
+        assert_eq!(t.purge(Owner::Qp(1)).len(), 1);
         assert_eq!(t.posted(), 0);
         assert!(matches!(t.resolve(p), Resolved::Unknown));
     }

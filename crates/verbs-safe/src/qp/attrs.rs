@@ -37,6 +37,13 @@ pub trait Transport: sealed::Sealed + Send + Sync + 'static {
     type Rts: Attrs;
 }
 
+/// A connected transport (RC, UC): WRs name their peer by the connection, never by an address
+/// handle, so RDMA WRITEs (and on RC, READs and atomics) can be posted on it.
+pub trait Connected: Transport {}
+
+impl Connected for Rc {}
+impl Connected for Uc {}
+
 /// Reliable connected.
 #[derive(Debug)]
 pub enum Rc {}

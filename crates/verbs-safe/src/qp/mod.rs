@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 mod attrs;
+mod ledger;
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -18,20 +19,24 @@ use ibverbs_sys::{
 };
 
 pub use attrs::{
-    Attrs, ConnInit, Rc, RcRtr, RcRts, Remote, SqPsn, Transport, Uc, UcRtr, Ud, UdInit, UdRtr,
+    Attrs, ConnInit, Connected, Rc, RcRtr, RcRts, Remote, SqPsn, Transport, Uc, UcRtr, Ud, UdInit,
+    UdRtr,
 };
 
-use crate::context::{Ah, DmaBuf, Pd, destroyed};
+use crate::context::{Ah, Pd, leaked};
 use crate::cq::Cq;
 use crate::error::{Errno, Error, Result};
 use crate::flags::QpAttrMask;
+use crate::memory::DmaBuf;
+use crate::pins::Pins;
 use crate::post::{
     self, Chain, PostRecvFn, PostSendFn, RecvBatch, RecvTarget, RecvWr, SendBatch, SendWr,
-    chain_recv, chain_send, post_recv_chain, post_tracked,
+    UdSendWr, chain_recv, chain_send, post_recv_chain, post_tracked,
 };
-use crate::slots::{Pinned, RecvSlot, WrSlot, check_send_op, check_slot, link};
+use crate::slots::{RecvSlot, WrSlot};
 use crate::srq::Srq;
-use crate::track::Owner;
+use crate::track::{Owner, new_owner_id};
+use ledger::Books;
 
 /// A QP state, as libibverbs numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -183,8 +188,9 @@ pub struct QpInit<'a> {
 }
 
 struct Inner {
-    /// Regions and address handles slot posts may name, kept alive with the QP.
-    pinned: Pinned,
+    /// What slot posts may name (its own table, or one shared with other QPs) and what the
+    /// posted ones named.
+    books: Books,
     pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
@@ -199,11 +205,22 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // SAFETY: the QP is live and destroyed once; its CQs, SRQ and PD outlive this call.
-        destroyed("queue pair", unsafe {
-            (self.pd.ctx.verbs.ctl.destroy_qp)(self.raw)
-        });
-        // Only now, with the QP gone, may the buffers of its uncompleted safe posts go.
-        self.pd.ctx.tracker.purge(Owner::Qp(self.raw as usize));
+        let rc = unsafe { (self.pd.ctx.verbs.ctl.destroy_qp)(self.raw) };
+        if rc != 0 {
+            // The NIC may still run its WRs: keep everything they may name, for good (the
+            // tracker's entries stay, and the pin table outlives every queue).
+            leaked("queue pair", rc, 0);
+            std::mem::forget(Arc::clone(&self.books.pins));
+            return;
+        }
+        // Only now, with the QP gone, may the buffers of its uncompleted posts go.
+        self.books.clear(&self.pd.ctx.tracker);
+    }
+}
+
+impl Inner {
+    fn owner(&self) -> Owner {
+        Owner::Qp(self.books.owner)
     }
 }
 
@@ -314,7 +331,7 @@ impl<T: Transport> Qp<T, Reset> {
         let c = attr.cap;
         Ok(Qp {
             inner: Inner {
-                pinned: Pinned::default(),
+                books: Books::new(Pins::new(), new_owner_id(), init.sig_all),
                 pd: Arc::clone(pd),
                 _send_cq: Arc::clone(init.send_cq),
                 _recv_cq: Arc::clone(init.recv_cq),
@@ -339,6 +356,15 @@ impl<T: Transport> Qp<T, Reset> {
     /// RESET -> INIT.
     pub fn init(self, attrs: T::Init) -> Result<Qp<T, Init>, TransitionError<T, Reset>> {
         self.transition(&attrs)
+    }
+
+    /// Makes slot posts on this QP check against `pins`, a table other QPs may share (pin a
+    /// buffer there once, and every QP of the table may name it), instead of the QP's own.
+    /// In RESET nothing is posted, so nothing counts against the old table.
+    pub fn with_pins(mut self, pins: &Arc<Pins>) -> Self {
+        let i = &mut self.inner;
+        i.books = Books::new(Arc::clone(pins), i.books.owner, i.books.sig_all);
+        self
     }
 }
 
@@ -391,6 +417,10 @@ impl<T: Transport, S: QpState> Qp<T, S> {
         let rc = unsafe {
             (self.inner.pd.ctx.verbs.ctl.modify_qp)(self.inner.raw, &mut a, mask.bits() as i32)
         };
+        if rc == 0 && N::KIND == QpStateKind::Reset {
+            // RESET empties the queues without completions: nothing posted is touched again.
+            self.inner.books.clear(&self.inner.pd.ctx.tracker);
+        }
         if rc != 0 {
             let (missing, unexpected) = diagnose_mask(S::KIND, N::KIND, T::QP_TYPE, mask);
             let error = Error::ModifyQp {
@@ -464,17 +494,32 @@ impl<T: Transport, S: QpState> Qp<T, S> {
 }
 
 impl<T: Transport, S: QpState> Qp<T, S> {
-    /// Pins `buf` to this QP: slot posts ([`post_slots`](Self::post_slots),
-    /// [`post_recv_slots`](Self::post_recv_slots)) may name its bytes, and it stays alive as
-    /// long as the QP does (its WRs can never outlive it).
+    /// Pins `buf` to this QP's table ([`pins`](Self::pins)): slot posts
+    /// ([`post_slots`](Self::post_slots), [`post_recv_slots`](Self::post_recv_slots)) may name
+    /// its bytes, and it stays alive until it is unpinned and no posted WR names it.
     pub fn pin(&self, buf: &Arc<DmaBuf>) {
-        self.inner.pinned.pin(buf);
+        self.inner.books.pins.pin(buf);
     }
 
-    /// Pins an address handle to this QP: UD slot posts may name it; it lives as long as the
-    /// QP.
+    /// Pins an address handle to this QP's table: UD slot posts may name it.
     pub fn pin_ah(&self, ah: &Arc<Ah>) {
-        self.inner.pinned.pin_ah(ah);
+        self.inner.books.pins.pin_ah(ah);
+    }
+
+    /// The protection domain.
+    pub(crate) fn pd_ref(&self) -> &Arc<Pd> {
+        &self.inner.pd
+    }
+
+    /// Who owns this QP's entries in the context's tracker.
+    pub(crate) fn owner(&self) -> Owner {
+        self.inner.owner()
+    }
+
+    /// The table slot posts on this QP are checked against (its own, or the one given to
+    /// [`with_pins`](Qp::with_pins)): [`Pins::unpin`] takes a buffer back.
+    pub fn pins(&self) -> &Arc<Pins> {
+        &self.inner.books.pins
     }
 }
 
@@ -483,13 +528,19 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     /// allocation: the safe way to post chains from a pool of pre-initialised WRs.
     ///
     /// Each slot's SGE list is pointed at its own SGEs (`num_sge` of them), every SGE must be
-    /// non-empty and inside a region [pinned](Self::pin) to this QP, a UD WR's address handle
-    /// must be [pinned](Self::pin_ah), `wr_id`s keep bit 63 clear, and no slot may be named
-    /// twice. Only data operations may be posted (SEND, WRITE, READ and atomics, with or
-    /// without immediate), never inline (the NIC driver would copy the bytes on this thread,
-    /// racing whoever writes the region). A slot that breaks a rule is named in
-    /// [`Error::InvalidWr`] (position in `order`) and nothing is posted. A post error names the failing WR's position; the ones before it
-    /// were posted (libibverbs `bad_wr` semantics). Slots may be reused as soon as this returns.
+    /// non-empty and inside a region [pinned](Self::pin) to this QP's table, a UD WR's address
+    /// handle must be [pinned](Self::pin_ah), `wr_id`s keep bit 63 clear, and no slot may be
+    /// named twice. Only data operations may be posted (SEND, WRITE, READ and atomics, with or
+    /// without immediate; on UD only SENDs), never inline (the NIC driver would copy the bytes
+    /// on this thread, racing whoever writes the region). A slot that breaks a rule is named
+    /// in [`Error::InvalidWr`] (position in `order`) and nothing is posted. A post error names
+    /// the failing WR's position; the ones before it were posted (libibverbs `bad_wr`
+    /// semantics). Slots may be reused as soon as this returns.
+    ///
+    /// What each WR names counts against the table until the WR is done: until the
+    /// completion of a signaled WR at or after it is polled through a [`Poller`](crate::Poller)
+    /// (the signaled WR's completion reports its own `wr_id`, swapped for a tracker key
+    /// during the post), or until the QP is reset or destroyed.
     pub fn post_slots<X: AsMut<WrSlot<N>>, const N: usize>(
         &self,
         slots: &mut [X],
@@ -497,25 +548,16 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     ) -> Result<()> {
         let i = &self.inner;
         let ud = T::QP_TYPE == verbs_sys::ibv_qp_type::IBV_QPT_UD;
-        let pins = i.pinned.checker();
-        let head = link(slots, order, |k, s: &WrSlot<N>| {
-            check_slot(&pins, k, s, i.caps.max_send_sge)?;
-            check_send_op(k, s)?;
-            // SAFETY: on a UD QP the `wr` union holds the `ud` member (plain data); only the
-            // address is compared, never followed.
-            if ud && !pins.has_ah(unsafe { s.wr.wr.ud }.ah) {
-                return Err(Error::InvalidWr {
-                    index: k,
-                    reason: "its address handle is not pinned to this QP".into(),
-                });
-            }
-            Ok(())
-        })?;
-        // SAFETY: `head` heads a chain this function linked through slots borrowed for the
-        // call, each pointing at its own SGEs; every SGE lies in a region this QP keeps alive
-        // and whose bytes safe code only reaches by copies; every UD address handle is kept
-        // alive by this QP; no wr_id carries the tracker's tag.
-        unsafe { post::post_send_chain(i.raw, i.qpn, i.post_send, head.cast()) }
+        let tracker = &i.pd.ctx.tracker;
+        i.books
+            .post_sends(tracker, (slots, order), (i.caps.max_send_sge, ud), |head| {
+                // SAFETY: `head` heads a chain linked over slots borrowed for the call, each
+                // pointing at its own SGEs; every SGE lies in a region of this QP's table,
+                // counted against it until the WR is done (so the table keeps it alive), and
+                // whose bytes safe code only reaches by copies; every UD address handle is
+                // counted the same way; no wr_id carries the tracker's tag but the marks'.
+                unsafe { post::post_send_chain(i.raw, i.qpn, i.post_send, head.cast()) }
+            })
     }
 
     /// A batch of caller-owned send WRs for this QP (borrowing it until submitted).
@@ -539,7 +581,7 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
         for (i, w) in wrs.iter().enumerate() {
             w.check(i, c.max_send_sge, c.max_inline_data)?;
         }
-        let head = chain_send(wrs);
+        let head = chain_send(wrs.iter_mut());
         // SAFETY: the chain lives in `wrs`; the caller upholds the buffer contract.
         unsafe { self.post_send_chain(head) }
     }
@@ -559,24 +601,50 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     }
 }
 
-impl<T: Transport, S: CanPostSend> Qp<T, S> {
+impl<T: Connected, S: CanPostSend> Qp<T, S> {
     /// Posts `wrs` safely, with one doorbell. Every buffer must come from the builders
     /// ([`SendWr::buf`] for what the NIC reads, [`SendWr::target`] for what a READ or atomic
-    /// writes, [`SendWr::dma_buf`], [`SendWr::ud`]); the post holds them until the WR's
+    /// writes, [`SendWr::dma_buf`], [`SendWr::inline_data`]); the post holds them until the WR's
     /// completion is polled, which gives the moved-in ones back
     /// ([`Completion::take_bufs`](crate::Completion::take_bufs)) and reports the WR's own
     /// `wr_id`. Every WR is signaled (its completion is what releases its buffers). A WR with a
     /// raw SGE, a range outside its buffer, a shared buffer as a READ/atomic target, or a plain
-    /// `wr_id` with bit 63 set is refused before anything is posted; on a post error the WRs
-    /// from the failing one on get their buffers back ([`SendWr::take_bufs`]).
+    /// `wr_id` with bit 63 set is refused before anything is posted, and so is inline data
+    /// next to a [`DmaBuf`] or on a READ or atomic, and a UD destination ([`SendWr::ud`]: a
+    /// UD QP takes [`UdSendWr`]s); on a post error the WRs from the failing one on get their
+    /// buffers back ([`SendWr::take_bufs`]).
     pub fn post_send_bufs(&self, wrs: &mut [SendWr]) -> Result<()> {
         let i = &self.inner;
-        let owner = Owner::Qp(i.raw as usize);
-        post_tracked(&i.pd.ctx.tracker, owner, wrs, |wrs| {
+        post_tracked(&i.pd.ctx.tracker, i.owner(), wrs, |wrs| {
             // SAFETY: every WR passed the safe checks: its buffers are held by the tracker
-            // until its (forced) completion is polled or the QP is destroyed; the ids it
-            // carries are tracker keys or plain ids with bit 63 clear.
+            // until its (forced) completion is polled or the QP is reset or destroyed; the ids
+            // it carries are tracker keys or plain ids with bit 63 clear.
             unsafe { self.post_send(wrs) }
+        })
+    }
+}
+
+impl<S: CanPostSend> Qp<Ud, S> {
+    /// Posts UD sends safely, with one doorbell: as [`Qp::post_send_bufs`] on a connected QP,
+    /// each to the address handle it was built with (of this QP's protection domain, kept
+    /// alive until the completion).
+    pub fn post_send_bufs(&self, wrs: &mut [UdSendWr]) -> Result<()> {
+        let i = &self.inner;
+        if let Some(k) = wrs.iter().position(|w| !Arc::ptr_eq(w.ah().pd(), &i.pd)) {
+            return Err(Error::InvalidWr {
+                index: k,
+                reason: "its address handle belongs to another protection domain".into(),
+            });
+        }
+        post_tracked(&i.pd.ctx.tracker, i.owner(), wrs, |wrs| {
+            let c = i.caps;
+            for (k, w) in wrs.iter_mut().enumerate() {
+                w.send_wr().check(k, c.max_send_sge, c.max_inline_data)?;
+            }
+            let head = chain_send(wrs.iter_mut().map(UdSendWr::send_wr));
+            // SAFETY: as in `post_send_bufs`; every WR names its address handle, which the
+            // tracker keeps alive with the post.
+            unsafe { self.post_send_chain(head) }
         })
     }
 }
@@ -586,32 +654,33 @@ impl<T: Transport, S: CanPostRecv> Qp<T, S> {
     /// ([`RecvWr::buf`]) and come back with their completion.
     pub fn post_recv_bufs(&self, wrs: &mut [RecvWr]) -> Result<()> {
         let i = &self.inner;
-        let owner = Owner::Qp(i.raw as usize);
-        post_tracked(&i.pd.ctx.tracker, owner, wrs, |wrs| {
+        post_tracked(&i.pd.ctx.tracker, i.owner(), wrs, |wrs| {
             // SAFETY: as in `post_send_bufs`.
             unsafe { self.post_recv(wrs) }
         })
     }
 
     /// Posts the receive slots `order` names, linked in that order, with one doorbell; the
-    /// rules of [`post_slots`](Self::post_slots) apply (SGEs inside regions pinned to this QP).
+    /// rules of [`post_slots`](Self::post_slots) apply (SGEs inside regions of this QP's table).
+    /// Each region a receive slot names is held until the QP is reset or destroyed (receive
+    /// completions give no order to retire them by).
     pub fn post_recv_slots<X: AsMut<RecvSlot<N>>, const N: usize>(
         &self,
         slots: &mut [X],
         order: &[u32],
     ) -> Result<()> {
         let i = &self.inner;
-        let pins = i.pinned.checker();
-        let head = link(slots, order, |k, s: &RecvSlot<N>| {
-            check_slot(&pins, k, s, i.caps.max_recv_sge)
-        })?;
-        if head.is_null() {
-            return Ok(());
-        }
-        let target = RecvTarget::Qp(i.raw, i.qpn, i.post_recv);
-        // SAFETY: as in `post_slots`: a chain linked here over borrowed slots whose SGEs lie in
-        // regions this QP keeps alive and that safe code only reaches by copies.
-        unsafe { post_recv_chain(target, head.cast()) }
+        i.books
+            .post_recvs((slots, order), i.caps.max_recv_sge, |head| {
+                if head.is_null() {
+                    return Ok(());
+                }
+                let target = RecvTarget::Qp(i.raw, i.qpn, i.post_recv);
+                // SAFETY: as in `post_slots`: a chain linked here over borrowed slots whose
+                // SGEs lie in regions this QP holds until it is reset or destroyed, and that
+                // safe code only reaches by copies.
+                unsafe { post_recv_chain(target, head.cast()) }
+            })
     }
 
     /// A batch of caller-owned receive WRs for this QP (borrowing it until submitted).

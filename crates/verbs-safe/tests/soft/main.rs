@@ -6,6 +6,7 @@ mod setup;
 mod completions;
 mod drops;
 mod memory;
+mod pins;
 mod posting;
 mod slots;
 mod transports;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use crate::setup::*;
 
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+
 /// Polls `cq` until one completion arrives; returns its id, status and the buffers it gave
 /// back.
 fn one(cq: &Cq) -> (u64, WcStatus, Vec<MrBuf>) {
@@ -119,11 +121,125 @@ fn safe_posts_refuse_what_they_cannot_vouch_for() {
     // A completion context of another device context.
     let other = CompletionContext::new(&b.ctx, |_| {});
     refused(SendWr::new(7, SendOp::Send).context(&other));
+    // Inline data next to a DmaBuf (the driver would copy bytes a peer may be writing), in
+    // either order, and inline data on a READ.
+    let dma = Arc::new(a.pd.alloc_dma(64, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let why = refused(
+        SendWr::new(8, SendOp::Send)
+            .dma_buf(&dma, 0, 8)
+            .inline_data(b"x"),
+    );
+    assert!(why.contains("inline data from a DmaBuf"), "{why}");
+    refused(
+        SendWr::new(9, SendOp::Send)
+            .inline_data(b"x")
+            .dma_buf(&dma, 0, 8),
+    );
+    let why = refused(SendWr::new(10, read).inline_data(b"x"));
+    assert!(why.contains("only SENDs and WRITEs"), "{why}");
+    // A UD destination on a connected QP: UD sends are UdSendWrs, posted on UD QPs.
+    let ah = a.pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
+    refused(SendWr::new(11, SendOp::Send).ud(&ah, 1, QKEY));
     assert_eq!(
         a.ctx.posts_in_flight(),
         0,
         "nothing was posted or left behind"
     );
+}
+
+/// Inline data is taken by value: the WR owns its bytes, and a safe post sends them.
+#[test]
+fn inline_data_is_sent_from_the_wr_itself() {
+    let (_f, _v, a, b) = fabric();
+    let (qa, qb) = rc_pair(&a, &b, QpCaps::default(), true);
+    let recv = b.pd.alloc_mr(64, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    qb.post_recv_bufs(&mut [RecvWr::new(1).buf(recv, 0, 64)])
+        .unwrap();
+    let mut data = *b"inline bytes";
+    let mut wr = [SendWr::new(2, SendOp::Send).inline_data(&data)];
+    data.fill(0);
+    qa.post_send_bufs(&mut wr).unwrap();
+    assert_eq!(one(&a.cq).1, WcStatus::Success);
+    let (_, status, mut bufs) = one(&b.cq);
+    assert_eq!(status, WcStatus::Success);
+    assert_eq!(&bufs.pop().unwrap().as_slice()[..12], b"inline bytes");
+}
+
+/// The safe UD post takes UdSendWrs, each with its address handle (of the QP's PD), which the
+/// post keeps alive until the completion.
+#[test]
+fn a_ud_send_carries_its_address_handle() {
+    let (_f, _v, a, b) = fabric();
+    let (da, db) = (ud_qp(&a), ud_qp(&b));
+    let ah = a.pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
+    let recv = b.pd.alloc_mr(128, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    db.post_recv_bufs(&mut [RecvWr::new(1).buf(recv, 0, 128)])
+        .unwrap();
+    let weak = Arc::downgrade(&ah);
+    let mut wr = [UdSendWr::new(3, &ah, db.qpn(), QKEY)
+        .imm(77)
+        .inline_data(b"datagram")];
+    drop(ah);
+    da.post_send_bufs(&mut wr).unwrap();
+    drop(wr);
+    assert!(
+        weak.upgrade().is_some(),
+        "the post holds the address handle"
+    );
+    assert_eq!(one(&a.cq).1, WcStatus::Success);
+    assert!(weak.upgrade().is_none(), "released with the completion");
+    let (_, status, mut bufs) = one(&b.cq);
+    assert_eq!(status, WcStatus::Success);
+    assert_eq!(&bufs.pop().unwrap().as_slice()[40..48], b"datagram");
+    // An address handle of another protection domain is refused before anything is posted.
+    let other_pd = a.ctx.alloc_pd().unwrap();
+    let foreign = other_pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
+    let e = da
+        .post_send_bufs(&mut [UdSendWr::new(4, &foreign, db.qpn(), QKEY)])
+        .unwrap_err();
+    assert!(e.to_string().contains("another protection domain"), "{e}");
+}
+
+/// A range of a DmaBuf registered on its own: its rkey reaches exactly that range, and nothing
+/// once the range is dropped.
+#[test]
+fn a_registered_range_reaches_exactly_its_bytes() {
+    let (_f, _v, a, b) = fabric();
+    let (qa, _qb) = rc_pair(&a, &b, QpCaps::default(), true);
+    let src = Arc::new(a.pd.alloc_mr(64, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let dst = Arc::new(b.pd.alloc_dma(4096, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let range = dst
+        .register_range(
+            1024,
+            512,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    assert_eq!((range.addr(), range.len()), (dst.addr() + 1024, 512));
+    assert_ne!(range.rkey(), dst.rkey());
+    let write = |at: u64, rkey: u32| {
+        let op = SendOp::Write {
+            remote_addr: at,
+            rkey,
+        };
+        qa.post_send_bufs(&mut [SendWr::new(1, op).buf(&src, 0, 64)])
+            .unwrap();
+        one(&a.cq).1
+    };
+    assert_eq!(write(range.addr() + 448, range.rkey()), WcStatus::Success);
+    assert!(
+        dst.register_range(4000, 100, AccessFlags::LOCAL_WRITE)
+            .is_err()
+    );
+    let weak = Arc::downgrade(&dst);
+    drop(dst);
+    assert!(weak.upgrade().is_some(), "the range keeps its buffer");
+    let rkey = range.rkey();
+    let past = range.addr() + 449;
+    drop(range);
+    assert!(weak.upgrade().is_none());
+    // A dropped range's key reaches nothing (the QP fails, as RC does on an access error).
+    assert_eq!(write(past, rkey), WcStatus::RemAccessErr);
 }
 
 #[test]
@@ -184,6 +300,39 @@ fn destroying_a_qp_releases_what_its_uncompleted_posts_held() {
         0,
         "freed with the QP, after the NIC let go"
     );
+}
+
+/// A QP the provider refuses to destroy may still run its WRs: the buffers its posts hold and
+/// the regions its slots named stay, counted as leaked. They used to be freed anyway.
+#[test]
+fn a_qp_that_will_not_go_keeps_what_its_posts_hold() {
+    unsafe extern "C" fn refuse(_: *mut verbs_safe::sys::ibv_qp) -> i32 {
+        libc::EBUSY
+    }
+    let f = softnic::Fabric::default();
+    let ctl = softnic::ControlPath {
+        destroy_qp: refuse,
+        ..softnic::CONTROL
+    };
+    // SAFETY: softnic's control path, with a destroy_qp that fails and does nothing.
+    let v = unsafe { Verbs::soft_with_control(&f, ctl) };
+    let (a, b) = (Side::open(&v, "soft0"), Side::open(&v, "soft1"));
+    let (_qa, qb) = rc_pair(&a, &b, QpCaps::default(), true);
+    qb.post_recv_bufs(&mut [RecvWr::new(1).buf(b.pd.alloc_mr(64, 64, LW).unwrap(), 0, 64)])
+        .unwrap();
+    let region = Arc::new(b.pd.alloc_dma(64, 64, LW).unwrap());
+    qb.pin(&region);
+    let mut slot = [RecvSlot::<1>::default()];
+    slot[0].sges[0] = region.sge(0, 64).unwrap();
+    slot[0].wr.num_sge = 1;
+    qb.post_recv_slots(&mut slot, &[0]).unwrap();
+    let weak = Arc::downgrade(&region);
+    drop(region);
+    let before = leaks();
+    drop(qb);
+    assert_eq!(leaks().objects - before.objects, 1, "counted");
+    assert_eq!(b.ctx.posts_in_flight(), 1, "the receive buffer is kept");
+    assert!(weak.upgrade().is_some(), "the pinned region is kept");
 }
 
 #[test]

@@ -204,12 +204,7 @@ fn selective_signaling_and_inline() {
     );
     let dst = b.pd.alloc_dma(64, 64, RW).unwrap();
     let scratch = [7u8; 16];
-    let inline = verbs_safe::sys::ibv_sge {
-        addr: scratch.as_ptr() as u64,
-        length: 16,
-        lkey: 0,
-    };
-    // SAFETY: inline data is copied at post time; `dst` outlives the completions.
+    // SAFETY: inline data is copied into the WRs; `dst` outlives the completions.
     unsafe {
         qb.post_recv(&mut [RecvWr::new(1).sge(dst.sge(0, 32).unwrap()), RecvWr::new(2)])
             .unwrap();
@@ -221,9 +216,8 @@ fn selective_signaling_and_inline() {
                     rkey: dst.rkey(),
                 },
             )
-            .sge(inline)
-            .inline(),
-            SendWr::new(2, SendOp::Send).sge(inline).inline(),
+            .inline_data(&scratch),
+            SendWr::new(2, SendOp::Send).inline_data(&scratch),
             SendWr::new(3, SendOp::Send).signaled(),
         ])
         .unwrap();
@@ -240,16 +234,11 @@ fn selective_signaling_and_inline() {
     assert_eq!(&got[..16], &[7; 16]);
     assert_eq!(drain(&b.cq, 2).len(), 2);
     // An inline payload over the QP's limit is refused before posting, naming the WR.
-    let big = verbs_safe::sys::ibv_sge {
-        addr: scratch.as_ptr() as u64,
-        length: 65,
-        lkey: 0,
-    };
     // SAFETY: refused before anything is posted.
     let err = unsafe {
         qa.post_send(&mut [
             SendWr::new(4, SendOp::Send),
-            SendWr::new(5, SendOp::Send).sge(big).inline(),
+            SendWr::new(5, SendOp::Send).inline_data(&[7; 65]),
         ])
     }
     .unwrap_err();
