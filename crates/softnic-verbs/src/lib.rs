@@ -14,16 +14,17 @@
 //! ```
 //!
 //! The hot path (post, poll, notify) goes through the `ibv_context.ops` softnic fills, as
-//! rdma-core's inline helpers call it. The extended verbs, which programs also reach through
-//! inline helpers, are served by softnic's `verbs_context` around each context:
-//! `ibv_query_port` (the whole `ibv_port_attr`), `ibv_query_device_ex`, `ibv_create_cq_ex`
-//! (an `ibv_cq_ex` with `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the
-//! `ibv_wc_read_*` fields), `ibv_create_qp_ex` with send ops and `ibv_qp_to_qp_ex` (the
-//! `ibv_wr_*` post API: sends, writes, reads and atomics, SGE lists, inline data, UD
+//! rdma-core's inline helpers call it; so do memory windows (`ibv_alloc_mw`, `ibv_bind_mw`,
+//! `ibv_dealloc_mw`, and `IBV_WR_BIND_MW`, `IBV_WR_LOCAL_INV`, `IBV_WR_SEND_WITH_INV` work
+//! requests). The extended verbs, which programs also reach through inline helpers, are
+//! served by softnic's `verbs_context` around each context: `ibv_query_port` (the whole
+//! `ibv_port_attr`), `ibv_query_device_ex`, `ibv_create_cq_ex` (an `ibv_cq_ex` with
+//! `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*` fields),
+//! `ibv_create_qp_ex` with send ops and `ibv_qp_to_qp_ex` (the `ibv_wr_*` post API: sends,
+//! writes, reads and atomics, window binds and invalidations, SGE lists, inline data, UD
 //! addresses; `ibv_wr_complete` posts a batch all or nothing). What is not served fails
 //! cleanly (`EOPNOTSUPP`, or `NULL` with `errno`: `ibv_advise_mr`, device memory, flows,
-//! XRC, memory windows, timestamps), never by reaching the system library with one of
-//! softnic's objects.
+//! XRC, timestamps), never by reaching the system library with one of softnic's objects.
 //!
 //! The port's GID table is rxe's on a RoCE port: index 0 the link-local GID
 //! `fe80::ffff:a.b.c.d`, index 1 the IPv4-mapped `::ffff:a.b.c.d`, both RoCE v2 and both

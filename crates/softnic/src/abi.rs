@@ -110,6 +110,7 @@ pub(crate) enum Kind {
     Context,
     Pd,
     Mr,
+    Mw,
     Cq,
     Channel,
     Srq,

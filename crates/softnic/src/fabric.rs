@@ -324,6 +324,7 @@ impl Fabric {
             contexts: BTreeMap::new(),
             pds: BTreeMap::new(),
             mrs: BTreeMap::new(),
+            mws: BTreeMap::new(),
             cqs: Default::default(),
             channels: BTreeMap::new(),
             srqs: Default::default(),

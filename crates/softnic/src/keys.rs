@@ -138,6 +138,14 @@ impl Keys {
             .map(|(_, r)| r)
     }
 
+    /// What `key` names, to change it.
+    pub(crate) fn get_mut(&mut self, key: u32) -> Option<&mut Region> {
+        self.live
+            .get_mut(&(key >> 8))
+            .filter(|(k, _)| *k == key)
+            .map(|(_, r)| r)
+    }
+
     /// Gives `key` up: its index is free again.
     pub(crate) fn remove(&mut self, key: u32) -> Option<Region> {
         let index = key >> 8;
@@ -145,6 +153,14 @@ impl Keys {
             return self.live.remove(&index).map(|(_, r)| r);
         }
         None
+    }
+
+    /// Replaces `key`'s tag with `tag`: the old key is dead, the new one returned. `None` if
+    /// `key` is not live.
+    pub(crate) fn retag(&mut self, key: u32, tag: u8) -> Option<u32> {
+        let (k, _) = self.live.get_mut(&(key >> 8)).filter(|(k, _)| *k == key)?;
+        *k = (key & !0xff) | u32::from(tag);
+        Some(*k)
     }
 
     /// The number of live keys.

@@ -24,7 +24,14 @@
 //!   an implicit NAK, a READ re-issued for what is missing, duplicates answered again (a READ
 //!   re-read, an atomic from its saved result: never executed twice), `max_rd_atomic` honoured.
 //! - Memory regions with lkey/rkey, bounds and access checks on every access; zero bytes touch
-//!   no memory; every address sum from a WR or the wire is checked. An RC WRITE between two
+//!   no memory; every address sum from a WR or the wire is checked. Keys cannot be guessed
+//!   from one another (a keyed permutation per device, replayed from the seed on the virtual
+//!   clock, random on the wall clock).
+//! - Memory windows as rxe has them (`ibv_context.ops.alloc_mw`, `bind_mw`, `dealloc_mw`):
+//!   type 1, bound by `ibv_bind_mw`, and type 2B, bound by an `IBV_WR_BIND_MW` work request to
+//!   the QP that posted it; invalidated by `IBV_WR_LOCAL_INV` or by a peer's
+//!   `IBV_WR_SEND_WITH_INV`; every check of rxe's at bind time, and remote accesses through a
+//!   window checked for its key, range, rights, PD and (type 2) QP. An RC WRITE between two
 //!   devices of one fabric is copied once, from the requester's memory into the responder's
 //!   when its packet is delivered (the requester may not touch that memory before the WRITE
 //!   completes, which comes after): checked again then, and never read once its WR was
@@ -49,11 +56,11 @@
 //!   thread](Fabric::spawn_progress_thread) sleeps until the next event).
 //!
 //! Layout: the wire formats ([`packet`], [`roce`]); the transport state machines (`qp`:
-//! requester, responder, completer, READ/atomic responses); the links (`link`: faults, the
-//! simulated wire, UDP); the object tables behind the one fabric lock (`state`, `mr`, `cq`,
-//! `srq`) and progress (`progress`); the C ABI (`abi`: shells and the pointer registry,
-//! `control`: the control verbs, `ops`: the hot path, `extended`: rdma-core's extended
-//! verbs).
+//! requester, responder, completer, READ/atomic responses, local operations); the links
+//! (`link`: faults, the simulated wire, UDP); the object tables behind the one fabric lock
+//! (`state`, `keys`, `mr`, `mw`, `cq`, `srq`) and progress (`progress`); the C ABI (`abi`:
+//! shells and the pointer registry, `control`: the control verbs, `ops`: the hot path,
+//! `extended`: rdma-core's extended verbs).
 //!
 //! Robustness: a pointer softnic did not hand out, or one already destroyed, is refused with
 //! EINVAL (object addresses are never reused, at the cost of a few hundred bytes per destroyed
@@ -93,6 +100,7 @@ mod hash;
 mod keys;
 mod link;
 mod mr;
+mod mw;
 mod ops;
 pub mod packet;
 mod progress;

@@ -12,6 +12,9 @@ pub(crate) struct Mr {
     pub(crate) dev: usize,
     /// The lkey and rkey; its bounds and access are the key's [`Region`].
     pub(crate) key: u32,
+    /// Memory windows bound to it: while there are any it cannot be deregistered or
+    /// re-registered.
+    pub(crate) windows: u32,
     pub(crate) shell: Shell<ibv_mr>,
 }
 
@@ -26,11 +29,14 @@ pub(crate) struct Region {
     pub(crate) kind: KeyKind,
 }
 
-/// What a key names.
+/// What a key names: a memory region (its lkey and rkey) or a memory window (an rkey only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyKind {
     /// A memory region: local and remote accesses.
     Mr,
+    /// A memory window of id `mw`: remote accesses only, through exactly its bound range and
+    /// access (none while unbound); a type 2 window only from the QP it is bound to (`qp`).
+    Window { mw: u32, qp: Option<u32> },
 }
 
 impl Region {
@@ -41,10 +47,16 @@ impl Region {
                 .is_some_and(|end| end <= self.addr + self.len)
     }
 
-    /// Whether a remote access in `pd` needing `access` may reach `len` bytes at `va` through
-    /// this key (rxe's `lookup_mr`, and the range check).
-    fn allows_remote(&self, pd: u32, va: u64, len: u64, access: u32) -> bool {
-        self.pd == pd && self.access & access == access && self.contains(va, len)
+    /// Whether a remote access arriving at QP `qp` in `pd` and needing `access` may reach
+    /// `len` bytes at `va` through this key (rxe's `lookup_mr` and `rxe_lookup_mw`, and the
+    /// range check: a window's own range, not its region's, as the IBTA has it; rxe checks the
+    /// region's).
+    fn allows_remote(&self, pd: u32, qp: u32, va: u64, len: u64, access: u32) -> bool {
+        let from_qp = match self.kind {
+            KeyKind::Mr => true,
+            KeyKind::Window { qp: bound, .. } => bound.is_none_or(|b| b == qp),
+        };
+        self.pd == pd && from_qp && self.access & access == access && self.contains(va, len)
     }
 }
 
@@ -79,11 +91,12 @@ impl World {
         }
     }
 
-    /// Checks a remote access through `rkey` of `len` bytes at `va`, arriving at a QP of device
-    /// `dev` in `pd` and needing `access` (`REMOTE_WRITE`, `REMOTE_READ` or `REMOTE_ATOMIC`).
+    /// Checks a remote access through `rkey` of `len` bytes at `va`, arriving at QP `qp` of
+    /// device `dev` in `pd` and needing `access` (`REMOTE_WRITE`, `REMOTE_READ` or
+    /// `REMOTE_ATOMIC`): through the key of a memory region or of a bound memory window.
     pub(crate) fn check_remote(
         &self,
-        (dev, pd, _qp): (usize, u32, u32),
+        (dev, pd, qp): (usize, u32, u32),
         rkey: u32,
         va: u64,
         len: u64,
@@ -92,7 +105,7 @@ impl World {
         self.devices[dev]
             .keys
             .get(rkey)
-            .is_some_and(|r| r.allows_remote(pd, va, len, access))
+            .is_some_and(|r| r.allows_remote(pd, qp, va, len, access))
     }
 
     /// Appends `len` bytes starting `offset` bytes into the data described by `sges` to `out`,

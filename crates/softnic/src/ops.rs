@@ -1,5 +1,7 @@
 //! The hot path: the functions in `ibv_context.ops` (post, poll, notify), called by a caller
-//! exactly as rdma-core's static inlines call a hardware provider's.
+//! exactly as rdma-core's static inlines call a hardware provider's. The memory window verbs
+//! rdma-core reaches through `ops` too (`ibv_alloc_mw`, `ibv_bind_mw`, `ibv_dealloc_mw`) are
+//! in the control path (`control::windows`).
 
 use std::ffi::c_int;
 
@@ -21,6 +23,9 @@ pub(crate) fn context_ops() -> ibv_context_ops {
         post_srq_recv: Some(post_srq_recv),
         poll_cq: Some(poll_cq),
         req_notify_cq: Some(req_notify_cq),
+        alloc_mw: Some(crate::control::alloc_mw),
+        bind_mw: Some(crate::control::bind_mw),
+        dealloc_mw: Some(crate::control::dealloc_mw),
         ..Default::default()
     }
 }

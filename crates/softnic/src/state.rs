@@ -98,6 +98,7 @@ pub(crate) struct World {
     pub(crate) contexts: BTreeMap<u32, Context>,
     pub(crate) pds: BTreeMap<u32, Pd>,
     pub(crate) mrs: BTreeMap<u32, Mr>,
+    pub(crate) mws: BTreeMap<u32, crate::mw::Mw>,
     pub(crate) cqs: crate::hash::FastMap<u32, Cq>,
     pub(crate) channels: BTreeMap<u32, Channel>,
     pub(crate) srqs: crate::hash::FastMap<u32, Srq>,

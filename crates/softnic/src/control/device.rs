@@ -73,6 +73,7 @@ pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
             || w.srqs.values().any(|o| o.ctx == id)
             || w.ahs.values().any(|o| o.ctx == id)
             || w.mrs.values().any(|o| o.ctx == id)
+            || w.mws.values().any(|o| o.ctx == id)
             || st.qps.values().any(|o| o.ctx == id);
         if busy {
             return libc::EBUSY;
@@ -87,9 +88,9 @@ pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
 }
 
 /// Closes `context` after destroying every object still made on it (QPs, address handles,
-/// memory regions, SRQs, CQs, completion channels, PDs, in that order), as the kernel does
+/// memory windows, memory regions, SRQs, CQs, completion channels, PDs, in that order), as the kernel does
 /// when a process closes its device file: what a drop-in libibverbs's `ibv_close_device`
-/// does, whereas [`CONTROL`]'s `close_device` refuses a context still in use (EBUSY).
+/// does, whereas [`CONTROL`](crate::CONTROL)'s `close_device` refuses a context still in use (EBUSY).
 /// Returns 0, or the errno of what could not be destroyed or closed (an object another
 /// thread destroyed meanwhile is EINVAL; one it made meanwhile leaves the context open,
 /// EBUSY).
@@ -102,6 +103,7 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
     type Shells = (
         Vec<*mut ibv_qp>,
         Vec<*mut ibv_ah>,
+        Vec<*mut ibv_mw>,
         Vec<*mut ibv_mr>,
         Vec<*mut ibv_srq>,
         Vec<*mut ibv_cq>,
@@ -126,6 +128,7 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
         (
             of_context!(st.qps),
             of_context!(w.ahs),
+            of_context!(w.mws),
             of_context!(w.mrs),
             of_context!(w.srqs),
             of_context!(w.cqs),
@@ -133,7 +136,7 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
             of_context!(w.pds),
         )
     });
-    let (qps, ahs, mrs, srqs, cqs, channels, pds) = match found {
+    let (qps, ahs, mws, mrs, srqs, cqs, channels, pds) = match found {
         Ok(f) => f,
         Err(e) => return e,
     };
@@ -148,6 +151,7 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
     unsafe {
         qps.into_iter().for_each(|p| keep(destroy_qp(p)));
         ahs.into_iter().for_each(|p| keep(destroy_ah(p)));
+        mws.into_iter().for_each(|p| keep(super::dealloc_mw(p)));
         mrs.into_iter().for_each(|p| keep(dereg_mr(p)));
         srqs.into_iter().for_each(|p| keep(destroy_srq(p)));
         cqs.into_iter().for_each(|p| keep(destroy_cq(p)));
@@ -185,6 +189,9 @@ pub(super) unsafe extern "C" fn query_device(
             max_cq: 1 << 16,
             max_cqe: c.max_cqe as i32,
             max_mr: 1 << 20,
+            max_mw: 1 << 20,
+            // Memory windows of type 1 and 2B, as rxe reports them.
+            device_cap_flags: IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
             max_pd: 1 << 16,
             max_qp_rd_atom: c.max_rd_atomic as i32,
             max_res_rd_atom: (c.max_rd_atomic as i32) << 16,
@@ -294,6 +301,7 @@ pub(super) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     with_status(pd.cast(), Kind::Pd, |_, st, id| {
         let w = &st.w;
         let busy = w.mrs.values().any(|o| o.pd == id)
+            || w.mws.values().any(|o| o.pd == id)
             || w.srqs.values().any(|o| o.pd == id)
             || w.ahs.values().any(|o| o.pd == id)
             || st.qps.values().any(|o| o.pd == id);

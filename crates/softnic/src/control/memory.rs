@@ -68,6 +68,7 @@ pub(super) unsafe extern "C" fn reg_mr(
                 pd: pd_id,
                 dev,
                 key,
+                windows: 0,
                 shell,
             },
         );
@@ -76,8 +77,13 @@ pub(super) unsafe extern "C" fn reg_mr(
     })
 }
 
+/// Deregisters an MR; EINVAL, the MR still registered, while memory windows are bound to it
+/// (rxe's `rxe_dereg_mr`; IBA 10.6.7.2.6).
 pub(super) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     with_status(mr.cast(), Kind::Mr, |_, st, id| {
+        if st.w.mrs.get(&id).is_some_and(|m| m.windows > 0) {
+            return libc::EINVAL;
+        }
         if let Some(m) = st.w.mrs.remove(&id) {
             st.w.devices[m.dev].keys.remove(m.key);
             abi::unregister(m.shell.ptr().cast());

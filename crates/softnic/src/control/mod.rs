@@ -19,6 +19,7 @@ mod cq;
 mod device;
 mod memory;
 mod queues;
+mod windows;
 
 use crate::fabric::Shared;
 use crate::state::State;
@@ -29,6 +30,7 @@ use device::*;
 use memory::*;
 pub(crate) use queues::create_qp_with;
 use queues::*;
+pub(crate) use windows::{alloc_mw, bind_mw, dealloc_mw};
 
 /// The control path of a libibverbs provider, as a table of functions with the libibverbs
 /// signatures. [`CONTROL`] is softnic's; verbs-safe builds the same table from the system

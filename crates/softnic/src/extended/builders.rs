@@ -174,10 +174,42 @@ builders! {
                 remote_addr, compare_add: add, swap: 0, rkey,
             };
         }
+    wr_local_inv(invalidate_rkey: u32) => IBV_WR_LOCAL_INV, IBV_QP_EX_WITH_LOCAL_INV, |wr| {
+        wr.__bindgen_anon_1.invalidate_rkey = invalidate_rkey;
+    }
+    wr_send_inv(invalidate_rkey: u32) => IBV_WR_SEND_WITH_INV, IBV_QP_EX_WITH_SEND_WITH_INV,
+        |wr| { wr.__bindgen_anon_1.invalidate_rkey = invalidate_rkey; }
 }
 
-/// Fails the batch with EOPNOTSUPP: a builder softnic does not serve (memory windows,
-/// invalidation, TSO, XRC, atomic write, flush).
+/// `ibv_wr_bind_mw`: a BIND_MW of `mw` to what `info` describes, with the new key `rkey`
+/// (its tag is the new key's; see [`crate::mw`]). A null `info` fails the batch (EINVAL).
+pub(super) unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
+    let Some(mut b) = (unsafe { building(qp) }) else {
+        return;
+    };
+    if info.is_null() {
+        return b.batch.fail(libc::EINVAL);
+    }
+    // SAFETY: non-null, and a valid `ibv_mw_bind_info` (the API's contract); copied now.
+    let bind_info = unsafe { *info };
+    let op = ibv_wr_opcode::IBV_WR_BIND_MW;
+    if let Some(wr) = push(&mut b, op, IBV_QP_EX_WITH_BIND_MW) {
+        wr.__bindgen_anon_2.bind_mw = ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw,
+            rkey,
+            bind_info,
+        };
+    }
+}
+
+/// Fails the batch with EOPNOTSUPP: a builder softnic does not serve (TSO, XRC, atomic write,
+/// flush).
 ///
 /// # Safety
 /// As for [`building`].
@@ -190,16 +222,6 @@ unsafe fn unserved(qp: *mut ibv_qp_ex) {
 
 pub(super) unsafe extern "C" fn wr_unserved_u32(qp: *mut ibv_qp_ex, _: u32) {
     // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
-    unsafe { unserved(qp) }
-}
-
-pub(super) unsafe extern "C" fn wr_bind_mw(
-    qp: *mut ibv_qp_ex,
-    _: *mut ibv_mw,
-    _: u32,
-    _: *const ibv_mw_bind_info,
-) {
-    // SAFETY: as above.
     unsafe { unserved(qp) }
 }
 

@@ -26,14 +26,19 @@ use crate::abi::{self, Holds, Kind, set_errno};
 use crate::control::try_with;
 use crate::state::State;
 
-/// The send opcodes each transport's extended QPs may be made with (`IBV_QP_EX_WITH_*`).
+/// The send opcodes each transport's extended QPs may be made with (`IBV_QP_EX_WITH_*`), as
+/// rxe's provider has them, but for SEND_WITH_INV on UC, which has no opcode for it.
 const UD_SEND_OPS: u32 = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-const UC_SEND_OPS: u32 =
-    UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+const UC_SEND_OPS: u32 = UD_SEND_OPS
+    | IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_BIND_MW;
 const RC_SEND_OPS: u32 = UC_SEND_OPS
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 /// What a QP was made with that its builders check. Set before the QP is registered, never
 /// changed.
@@ -83,13 +88,13 @@ impl QpEx {
                 wr_atomic_cmp_swp: Some(b::wr_atomic_cmp_swp),
                 wr_atomic_fetch_add: Some(b::wr_atomic_fetch_add),
                 wr_bind_mw: Some(b::wr_bind_mw),
-                wr_local_inv: Some(b::wr_unserved_u32),
+                wr_local_inv: Some(b::wr_local_inv),
                 wr_rdma_read: Some(b::wr_rdma_read),
                 wr_rdma_write: Some(b::wr_rdma_write),
                 wr_rdma_write_imm: Some(b::wr_rdma_write_imm),
                 wr_send: Some(b::wr_send),
                 wr_send_imm: Some(b::wr_send_imm),
-                wr_send_inv: Some(b::wr_unserved_u32),
+                wr_send_inv: Some(b::wr_send_inv),
                 wr_send_tso: Some(b::wr_send_tso),
                 wr_set_ud_addr: Some(b::wr_set_ud_addr),
                 wr_set_xrc_srqn: Some(b::wr_unserved_u32),

@@ -1,7 +1,7 @@
 //! The packet layer: InfiniBand transport headers as RoCEv2 puts them on the wire.
 //!
-//! A packet is `BTH [DETH] [RETH] [ImmDt] [AETH] payload pad ICRC`, every field big-endian, as in
-//! the IBTA specification (volume 1, chapter 9). [`Headers::emit`] writes one into a byte
+//! A packet is `BTH [DETH] [RETH] [AtomicETH] [ImmDt | IETH] [AETH] [AtomicAckETH] payload pad
+//! ICRC`, every field big-endian, as in the IBTA specification (volume 1, chapter 9). [`Headers::emit`] writes one into a byte
 //! buffer, [`Packet::parse`] checks and reads one back (smoltcp's `new_checked` + `Repr` style:
 //! every malformed input is an error, never a panic). The transport logic in `qp` only ever sees
 //! parsed headers, so a UDP wire (port 4791) can carry these same bytes later.
@@ -34,6 +34,8 @@ pub mod opcode {
     pub const RC_ATOMIC_ACKNOWLEDGE: u8 = 0x12;
     pub const RC_COMPARE_SWAP: u8 = 0x13;
     pub const RC_FETCH_ADD: u8 = 0x14;
+    pub const RC_SEND_LAST_INV: u8 = 0x16;
+    pub const RC_SEND_ONLY_INV: u8 = 0x17;
     /// UC opcodes are the RC SEND/WRITE ones with this transport prefix.
     pub const UC: u8 = 0x20;
     pub const UD_SEND_ONLY: u8 = 0x64;
@@ -50,6 +52,8 @@ pub const DETH_LEN: usize = 8;
 pub const AETH_LEN: usize = 4;
 /// Immediate data length.
 pub const IMM_LEN: usize = 4;
+/// Invalidate extended transport header length.
+pub const IETH_LEN: usize = 4;
 /// Atomic extended transport header length.
 pub const ATOMIC_ETH_LEN: usize = 28;
 /// Atomic acknowledge extended transport header length.
@@ -89,6 +93,8 @@ pub struct Layout {
     pub atomic: bool,
     /// AtomicAckETH present (atomic acknowledge).
     pub atomic_ack: bool,
+    /// IETH present (SEND last or only with invalidate).
+    pub ieth: bool,
     /// First packet of a message (or only).
     pub first: bool,
     /// Last packet of a message (or only).
@@ -105,6 +111,7 @@ pub fn layout(op: u8) -> Option<Layout> {
         aeth,
         atomic: false,
         atomic_ack: false,
+        ieth: false,
         first,
         last,
     };
@@ -133,6 +140,10 @@ pub fn layout(op: u8) -> Option<Layout> {
         RC_COMPARE_SWAP | RC_FETCH_ADD => Layout {
             atomic: true,
             ..l(false, false, false, false, true, true)
+        },
+        RC_SEND_LAST_INV | RC_SEND_ONLY_INV => Layout {
+            ieth: true,
+            ..l(false, false, false, false, base == RC_SEND_ONLY_INV, true)
         },
         UD_SEND_ONLY => l(true, false, false, false, true, true),
         UD_SEND_ONLY_IMM => l(true, false, true, false, true, true),
@@ -209,6 +220,8 @@ pub struct Headers {
     pub atomic: Option<AtomicEth>,
     /// AtomicAckETH: the original value at the remote address, for atomic acknowledges.
     pub atomic_ack: Option<u64>,
+    /// IETH: the R_Key the responder invalidates, for SEND last or only with invalidate.
+    pub ieth: Option<u32>,
 }
 
 /// Why a byte buffer is not a valid packet.
@@ -260,6 +273,7 @@ impl Headers {
             || l.aeth != self.aeth.is_some()
             || l.atomic != self.atomic.is_some()
             || l.atomic_ack != self.atomic_ack.is_some()
+            || l.ieth != self.ieth.is_some()
         {
             return Err(WireError::HeaderMismatch);
         }
@@ -289,6 +303,9 @@ impl Headers {
         if let Some(imm) = self.imm {
             out.extend_from_slice(&imm.to_ne_bytes()); // already big-endian in memory
         }
+        if let Some(rkey) = self.ieth {
+            out.extend_from_slice(&rkey.to_be_bytes());
+        }
         if let Some(a) = self.aeth {
             out.extend_from_slice(
                 &((u32::from(a.syndrome) << 24) | (a.msn & 0x00ff_ffff)).to_be_bytes(),
@@ -313,6 +330,7 @@ impl Headers {
             + self.deth.map_or(0, |_| DETH_LEN)
             + self.reth.map_or(0, |_| RETH_LEN)
             + self.imm.map_or(0, |_| IMM_LEN)
+            + self.ieth.map_or(0, |_| IETH_LEN)
             + self.aeth.map_or(0, |_| AETH_LEN)
             + self.atomic.map_or(0, |_| ATOMIC_ETH_LEN)
             + self.atomic_ack.map_or(0, |_| ATOMIC_ACK_ETH_LEN)
@@ -403,6 +421,9 @@ impl<'a> Packet<'a> {
             let i = cur.take(IMM_LEN)?;
             hdr.imm = Some(u32::from_ne_bytes([i[0], i[1], i[2], i[3]]));
         }
+        if l.ieth {
+            hdr.ieth = Some(be32(cur.take(IETH_LEN)?));
+        }
         if l.aeth {
             let w = be32(cur.take(AETH_LEN)?);
             hdr.aeth = Some(Aeth {
@@ -454,168 +475,4 @@ pub fn psn_add(psn: u32, n: u32) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use opcode::*;
-
-    fn roundtrip(h: Headers, payload: &[u8]) {
-        let mut buf = Vec::new();
-        h.emit(payload, &mut buf).unwrap();
-        assert_eq!(buf.len(), h.wire_len(payload.len()));
-        assert_eq!(buf.len() % 4, 0);
-        let p = Packet::parse(&buf).unwrap();
-        assert_eq!(p.hdr, h);
-        assert_eq!(p.payload, payload);
-    }
-
-    #[test]
-    fn every_layout_round_trips() {
-        let reth = Some(Reth {
-            va: 0x1122_3344_5566_7788,
-            rkey: 0xdead_beef,
-            len: 70000,
-        });
-        let aeth = Some(Aeth {
-            syndrome: syndrome::NAK_PSN_SEQ_ERR,
-            msn: 0xabcdef,
-        });
-        let base = Headers {
-            se: true,
-            pkey: 0xffff,
-            dest_qp: 0x12_3456,
-            ack_req: true,
-            psn: 0xff_fffe,
-            ..Headers::default()
-        };
-        roundtrip(
-            Headers {
-                opcode: RC_WRITE_ONLY_IMM,
-                reth,
-                imm: Some(0x0403_0201),
-                ..base
-            },
-            b"hello",
-        );
-        roundtrip(
-            Headers {
-                opcode: RC_ACKNOWLEDGE,
-                aeth,
-                ..base
-            },
-            b"",
-        );
-        roundtrip(
-            Headers {
-                opcode: UC | RC_SEND_LAST_IMM,
-                imm: Some(7),
-                ..base
-            },
-            &[1, 2, 3],
-        );
-        roundtrip(
-            Headers {
-                opcode: UD_SEND_ONLY,
-                deth: Some(Deth {
-                    qkey: 0x1111_1111,
-                    src_qp: 0x42,
-                }),
-                ..base
-            },
-            &[9; 33],
-        );
-        roundtrip(
-            Headers {
-                opcode: RC_READ_RESPONSE_MIDDLE,
-                ..base
-            },
-            &[5; 256],
-        );
-        roundtrip(
-            Headers {
-                opcode: RC_SEND_FIRST,
-                ..base
-            },
-            &[5; 256],
-        );
-        roundtrip(
-            Headers {
-                opcode: RC_COMPARE_SWAP,
-                atomic: Some(AtomicEth {
-                    va: 0x1000_0008,
-                    rkey: 0x55,
-                    swap_add: u64::MAX - 1,
-                    compare: 0x0102_0304_0506_0708,
-                }),
-                ..base
-            },
-            b"",
-        );
-        roundtrip(
-            Headers {
-                opcode: RC_ATOMIC_ACKNOWLEDGE,
-                aeth,
-                atomic_ack: Some(0xfeed_face_cafe_beef),
-                ..base
-            },
-            b"",
-        );
-    }
-
-    #[test]
-    fn mismatched_or_unknown_headers_are_refused() {
-        let mut buf = Vec::new();
-        let h = Headers {
-            opcode: RC_WRITE_ONLY,
-            ..Headers::default()
-        };
-        assert_eq!(h.emit(b"", &mut buf), Err(WireError::HeaderMismatch));
-        let h = Headers {
-            opcode: 0x1f,
-            ..Headers::default()
-        };
-        assert_eq!(h.emit(b"", &mut buf), Err(WireError::UnknownOpcode(0x1f)));
-        assert_eq!(layout(UC | RC_READ_REQUEST), None);
-    }
-
-    #[test]
-    fn every_single_bit_flip_is_detected() {
-        let h = Headers {
-            opcode: RC_WRITE_FIRST,
-            reth: Some(Reth::default()),
-            psn: 5,
-            ..Headers::default()
-        };
-        let mut buf = Vec::new();
-        h.emit(&[0xa5; 64], &mut buf).unwrap();
-        for bit in 0..buf.len() * 8 {
-            let mut b = buf.clone();
-            b[bit / 8] ^= 1 << (bit % 8);
-            assert!(
-                Packet::parse(&b).is_err(),
-                "flip of bit {bit} went unnoticed"
-            );
-        }
-    }
-
-    #[test]
-    fn truncated_input_is_an_error_not_a_panic() {
-        let h = Headers {
-            opcode: RC_WRITE_ONLY,
-            reth: Some(Reth::default()),
-            ..Headers::default()
-        };
-        let mut buf = Vec::new();
-        h.emit(b"abcd", &mut buf).unwrap();
-        for n in 0..buf.len() {
-            assert!(Packet::parse(&buf[..n]).is_err());
-        }
-    }
-
-    #[test]
-    fn psn_arithmetic_wraps_at_24_bits() {
-        assert_eq!(psn_add(PSN_MASK, 1), 0);
-        assert_eq!(psn_diff(0, PSN_MASK), 1);
-        assert_eq!(psn_diff(PSN_MASK, 0), -1);
-        assert_eq!(psn_diff(10, 3), 7);
-    }
-}
+mod tests;

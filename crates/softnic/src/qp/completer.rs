@@ -47,7 +47,7 @@ impl Qp {
     /// yet started with the next new PSN. False if `psn` was in no WQE still queued.
     fn seek(&mut self, psn: u32) -> bool {
         let holds = |q: &super::SendWqe| {
-            q.started && psn_diff(psn, q.first_psn) >= 0 && psn_diff(psn, q.last_psn()) <= 0
+            q.on_wire() && psn_diff(psn, q.first_psn) >= 0 && psn_diff(psn, q.last_psn()) <= 0
         };
         let (cur, pkt, at, found) = if let Some(q) = self.sq.wqes.iter().find(|q| holds(q)) {
             (q.seq, psn_diff(psn, q.first_psn) as u32, psn, true)
@@ -55,7 +55,7 @@ impl Qp {
             .sq
             .wqes
             .iter()
-            .find(|q| q.started && psn_diff(q.first_psn, psn) > 0)
+            .find(|q| q.on_wire() && psn_diff(q.first_psn, psn) > 0)
         {
             (q.seq, 0, q.first_psn, false)
         } else {
@@ -84,7 +84,15 @@ impl Qp {
                 self.fail_send(w, status);
                 return Acked::Stopped;
             }
-            if !front.started {
+            if front.done_locally() {
+                // A bind or invalidation the requester executed: no PSN to wait for.
+                if !self.complete_send(w, ibv_wc_status::IBV_WC_SUCCESS) {
+                    self.enter_error(w);
+                    return Acked::Stopped;
+                }
+                continue;
+            }
+            if !front.on_wire() {
                 break;
             }
             let d = psn_diff(front.last_psn(), psn);
@@ -122,7 +130,7 @@ impl Qp {
     /// up to the oldest one's first. Without this, a READ response after a lost ACK would look
     /// out of sequence forever.
     fn catch_up(&mut self) {
-        if let Some(front) = self.sq.wqes.front().filter(|f| f.started)
+        if let Some(front) = self.sq.wqes.front().filter(|f| f.on_wire())
             && psn_diff(front.first_psn, self.req.comp_psn) > 0
         {
             let first = front.first_psn;

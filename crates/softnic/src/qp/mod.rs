@@ -4,34 +4,38 @@
 //! - `modify`: the attribute masks per transition and transport (the kernel's table).
 //! - `post`: turning posted `ibv_send_wr`/`ibv_recv_wr` chains into queued WQEs.
 //! - `requester`: packets out of the send queue.
+//! - `local`: the work requests the requester executes itself (memory window binds, local
+//!   invalidations).
 //! - `completer`: ACKs, NAKs, read responses, atomic acknowledges and timers back in (RC).
-//! - `responder`: request packets in; writes, receives and ACKs out.
+//! - `complete`: completion entries, and the ways a QP fails (ERROR, SQE).
+//! - `responder`: request packets in; writes, receives and ACKs out (`ud`: datagrams).
 //! - `rd_atomic`: the responder's READ responses and atomics, and the resources that answer
 //!   their duplicates.
 
+mod complete;
 mod completer;
+mod local;
 mod modify;
 mod post;
 mod rd_atomic;
 mod requester;
 mod responder;
+mod ud;
 
 use std::collections::VecDeque;
 
 use ibverbs_sys::{
-    ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_state, ibv_sge, ibv_wc_opcode, ibv_wc_status,
-    ibv_wr_opcode,
+    ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_state, ibv_sge, ibv_wc_status, ibv_wr_opcode,
 };
 
 pub use modify::check_transition;
 
-use crate::abi::{Shell, Wc};
+use crate::abi::Shell;
 use crate::counters::Counters;
-use crate::cq::Reclaim;
 use crate::link::{Dest, Frame, Gather};
 use crate::packet::{Headers, Packet};
 use crate::srq::RecvWqe;
-use crate::state::{Element, World};
+use crate::state::World;
 
 /// The transport of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +90,12 @@ pub(crate) struct SendWqe {
     pub(crate) rkey: u32,
     pub(crate) ud: Option<UdDest>,
     pub(crate) atomic: Option<AtomicArgs>,
-    /// PSNs assigned (the first packet was built).
+    /// A work request the requester executes itself (BIND_MW, LOCAL_INV): no packets, no
+    /// PSNs; `started` once it was executed.
+    pub(crate) local: Option<crate::mw::LocalOp>,
+    /// SEND_WITH_INV: the rkey the responder invalidates (the IETH of the last packet).
+    pub(crate) invalidate: Option<u32>,
+    /// PSNs assigned (the first packet was built), or a local operation executed.
     pub(crate) started: bool,
     pub(crate) first_psn: u32,
     pub(crate) npkts: u32,
@@ -103,6 +112,21 @@ impl SendWqe {
     /// acknowledged by a plain ACK.
     pub(crate) fn is_rd_atomic(&self) -> bool {
         self.is_read() || self.atomic.is_some()
+    }
+
+    /// A BIND_MW or LOCAL_INV, which the requester executes itself.
+    pub(crate) fn is_local(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// A started WQE whose PSNs matter: one that sent packets (not a local operation).
+    pub(crate) fn on_wire(&self) -> bool {
+        self.started && self.local.is_none()
+    }
+
+    /// A local operation executed successfully, waiting only for its turn to complete.
+    pub(crate) fn done_locally(&self) -> bool {
+        self.started && self.local.is_some() && self.error.is_none()
     }
 
     pub(crate) fn last_psn(&self) -> u32 {
@@ -313,19 +337,6 @@ pub(crate) fn mtu_bytes(mtu: u32) -> u32 {
     }
 }
 
-/// The work-completion opcode of a send work-request opcode.
-fn wc_opcode(op: ibv_wr_opcode::Type) -> ibv_wc_opcode::Type {
-    match op {
-        ibv_wr_opcode::IBV_WR_RDMA_WRITE | ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM => {
-            ibv_wc_opcode::IBV_WC_RDMA_WRITE
-        }
-        ibv_wr_opcode::IBV_WR_RDMA_READ => ibv_wc_opcode::IBV_WC_RDMA_READ,
-        ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP => ibv_wc_opcode::IBV_WC_COMP_SWAP,
-        ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD => ibv_wc_opcode::IBV_WC_FETCH_ADD,
-        _ => ibv_wc_opcode::IBV_WC_SEND,
-    }
-}
-
 impl Qp {
     /// Marks this QP as possibly having a packet to send: it joins the back of its device's
     /// ready queue unless it is in it already.
@@ -421,207 +432,6 @@ impl Qp {
             c.packets_duplicated += u64::from(fate.duplicated);
             c.packets_reordered += u64::from(fate.reordered);
         });
-    }
-
-    /// Completes the oldest send WQE with `status`: a completion entry if it is signaled or
-    /// failed (or the QP signals all), its slot held until that entry is polled. Returns false
-    /// if the send CQ overflowed (the caller moves the QP to ERROR).
-    pub(crate) fn complete_send(&mut self, w: &mut World, status: ibv_wc_status::Type) -> bool {
-        let Some(wqe) = self.sq.wqes.pop_front() else {
-            return true;
-        };
-        if wqe.is_rd_atomic() && wqe.started {
-            self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
-        }
-        self.sq.unreclaimed += 1;
-        let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
-        if ok && !wqe.signaled && !self.sq_sig_all {
-            self.sq.unsignaled += 1;
-            return true;
-        }
-        let n = std::mem::take(&mut self.sq.unsignaled) + 1;
-        let wc = if ok {
-            Wc {
-                wr_id: wqe.wr_id,
-                status,
-                opcode: wc_opcode(wqe.opcode),
-                byte_len: wqe.len as u32,
-                qp_num: self.qpn,
-                ..Wc::default()
-            }
-        } else {
-            // On error only wr_id, status, qp_num and vendor_err are valid.
-            Wc {
-                wr_id: wqe.wr_id,
-                status,
-                qp_num: self.qpn,
-                ..Wc::default()
-            }
-        };
-        let reclaim = Reclaim::Sq {
-            qp: self.id,
-            epoch: self.epoch,
-            n,
-        };
-        self.count(w, |c| c.cqes += 1);
-        w.push_cqe(self.send_cq, wc, reclaim, false)
-    }
-
-    /// Posts a receive completion for `wqe`. Returns false if the receive CQ overflowed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn complete_recv(
-        &mut self,
-        w: &mut World,
-        wqe: &RecvWqe,
-        from_srq: bool,
-        status: ibv_wc_status::Type,
-        opcode: ibv_wc_opcode::Type,
-        byte_len: u32,
-        imm: Option<u32>,
-        src_qp: u32,
-        extra_flags: u32,
-        solicited: bool,
-    ) -> bool {
-        let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
-        let wc = if ok {
-            let mut flags = extra_flags;
-            if imm.is_some() {
-                flags |= ibverbs_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
-            }
-            Wc {
-                wr_id: wqe.wr_id,
-                status,
-                opcode,
-                byte_len,
-                imm_data: imm.unwrap_or(0),
-                qp_num: self.qpn,
-                src_qp,
-                wc_flags: flags,
-                pkey_index: 0,
-                ..Wc::default()
-            }
-        } else {
-            Wc {
-                wr_id: wqe.wr_id,
-                status,
-                qp_num: self.qpn,
-                ..Wc::default()
-            }
-        };
-        let reclaim = match (from_srq, self.srq) {
-            (true, Some(srq)) => Reclaim::Srq { srq },
-            _ => {
-                self.rq.unreclaimed += 1;
-                Reclaim::Rq {
-                    qp: self.id,
-                    epoch: self.epoch,
-                }
-            }
-        };
-        self.count(w, |c| c.cqes += 1);
-        w.push_cqe(self.recv_cq, wc, reclaim, solicited)
-    }
-
-    /// Takes the next receive WQE (from the SRQ if the QP has one).
-    pub(crate) fn take_recv(&mut self, w: &mut World) -> Option<(RecvWqe, bool)> {
-        match self.srq {
-            Some(srq) => w.take_srq_wqe(srq).map(|wqe| (wqe, true)),
-            None => self.rq.wqes.pop_front().map(|wqe| (wqe, false)),
-        }
-    }
-
-    /// Gives back a receive WQE that a message did not use after all.
-    pub(crate) fn untake_recv(&mut self, w: &mut World, wqe: RecvWqe, from_srq: bool) {
-        match (from_srq, self.srq.and_then(|id| w.srqs.get_mut(&id))) {
-            (true, Some(s)) => {
-                s.unreclaimed = s.unreclaimed.saturating_sub(1);
-                s.wqes.push_front(wqe);
-            }
-            _ => self.rq.wqes.push_front(wqe),
-        }
-    }
-
-    /// The QP failed (a transport or protocol error): `IBV_EVENT_QP_FATAL`, then ERROR.
-    pub(crate) fn enter_error(&mut self, w: &mut World) {
-        if self.state != ibv_qp_state::IBV_QPS_ERR {
-            w.async_event(
-                self.ctx,
-                ibverbs_sys::IBV_EVENT_QP_FATAL,
-                Element::Qp(self.id),
-            );
-        }
-        self.move_to_error(w);
-    }
-
-    /// Moves the QP to ERROR: every outstanding WR completes with `WR_FLUSH_ERR`; a QP on an SRQ
-    /// raises `QP_LAST_WQE_REACHED` instead of flushing the shared queue.
-    pub(crate) fn move_to_error(&mut self, w: &mut World) {
-        if self.state == ibv_qp_state::IBV_QPS_ERR {
-            return;
-        }
-        self.state = ibv_qp_state::IBV_QPS_ERR;
-        self.set_shell_state();
-        self.let_go_of_the_wire(w);
-        self.req.rnr_wait = None;
-        self.resp.replies.clear();
-        self.resp.deferred.clear();
-        if let InMsg::Send { wqe, from_srq, .. } =
-            std::mem::replace(&mut self.resp.cur, InMsg::Idle)
-        {
-            self.untake_recv(w, wqe, from_srq);
-        }
-        self.flush(w);
-    }
-
-    /// Flushes every queued WR of a QP in ERROR (also used for WRs posted while in ERROR).
-    pub(crate) fn flush(&mut self, w: &mut World) {
-        while !self.sq.wqes.is_empty() {
-            if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
-                // The CQ is full and in error: the rest cannot be reported either; drop them.
-                self.sq.wqes.clear();
-            }
-        }
-        self.req.cur = self.sq.next_seq;
-        self.req.cur_pkt = 0;
-        match self.srq {
-            Some(_) => w.async_event(
-                self.ctx,
-                ibverbs_sys::IBV_EVENT_QP_LAST_WQE_REACHED,
-                Element::Qp(self.id),
-            ),
-            None => {
-                while let Some(wqe) = self.rq.wqes.pop_front() {
-                    let st = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
-                    if !self.complete_recv(w, &wqe, false, st, 0, 0, None, 0, 0, false) {
-                        self.rq.wqes.clear();
-                    }
-                }
-            }
-        }
-    }
-
-    /// A send-side error of a UC or UD QP: the QP moves to SQE and the rest of the send queue
-    /// is flushed; the receive side keeps working.
-    pub(crate) fn enter_sqe(&mut self, w: &mut World) {
-        self.state = ibv_qp_state::IBV_QPS_SQE;
-        self.set_shell_state();
-        while !self.sq.wqes.is_empty() {
-            if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
-                self.sq.wqes.clear();
-            }
-        }
-        self.req.cur = self.sq.next_seq;
-        self.req.cur_pkt = 0;
-    }
-
-    /// Completes the oldest send WQE in error, then moves the QP to ERROR (RC) or SQE (UC, UD).
-    pub(crate) fn fail_send(&mut self, w: &mut World, status: ibv_wc_status::Type) {
-        let overflow = !self.complete_send(w, status);
-        if self.transport == Transport::Rc || overflow {
-            self.enter_error(w);
-        } else {
-            self.enter_sqe(w);
-        }
     }
 
     /// Back to RESET: everything queued is discarded without completions.

@@ -2,11 +2,13 @@
 //! queueing it, with libibverbs' `bad_wr` semantics (WRs before the failing one are posted).
 
 use ibverbs_sys::{
-    ibv_qp_state, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode,
+    ibv_qp_state, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
+    ibv_send_wr__bindgen_ty_4__bindgen_ty_1, ibv_sge, ibv_wc_status, ibv_wr_opcode,
 };
 
 use super::{AtomicArgs, Payload, Qp, SendWqe, SgeList, Transport, UdDest};
 use crate::mr::read_mem;
+use crate::mw::{Bind, LocalOp};
 use crate::srq::RecvWqe;
 use crate::state::World;
 
@@ -139,6 +141,8 @@ impl Qp {
     unsafe fn send_wqe(&self, w: &World, r: &ibv_send_wr) -> Result<SendWqe, i32> {
         use ibv_wr_opcode::*;
         let op = r.opcode;
+        // rxe's opcode table: memory windows are bound on RC and UC, invalidated locally on RC;
+        // SEND_WITH_INV is RC's (the IBTA gives UC and UD no opcode for it).
         let allowed = match self.transport {
             Transport::Rc => matches!(
                 op,
@@ -149,15 +153,41 @@ impl Qp {
                     | IBV_WR_RDMA_READ
                     | IBV_WR_ATOMIC_CMP_AND_SWP
                     | IBV_WR_ATOMIC_FETCH_AND_ADD
+                    | IBV_WR_BIND_MW
+                    | IBV_WR_LOCAL_INV
+                    | IBV_WR_SEND_WITH_INV
             ),
             Transport::Uc => matches!(
                 op,
-                IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+                IBV_WR_SEND
+                    | IBV_WR_SEND_WITH_IMM
+                    | IBV_WR_RDMA_WRITE
+                    | IBV_WR_RDMA_WRITE_WITH_IMM
+                    | IBV_WR_BIND_MW
             ),
             Transport::Ud => matches!(op, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM),
         };
-        if !allowed || r.num_sge < 0 || r.num_sge as u32 > self.cap.max_send_sge {
+        // rxe's validate_send_wr: a bind carries no data.
+        let data_ok = op != IBV_WR_BIND_MW || r.num_sge == 0;
+        if !allowed || !data_ok || r.num_sge < 0 || r.num_sge as u32 > self.cap.max_send_sge {
             return Err(libc::EINVAL);
+        }
+        let local = match op {
+            // SAFETY: for a BIND_MW WR the second union holds `bind_mw` (plain data).
+            IBV_WR_BIND_MW => Some(LocalOp::Bind(bind_of(w, unsafe {
+                r.__bindgen_anon_2.bind_mw
+            })?)),
+            // SAFETY: `imm_data` and `invalidate_rkey` are both a plain u32.
+            IBV_WR_LOCAL_INV => Some(LocalOp::Invalidate(unsafe {
+                r.__bindgen_anon_1.invalidate_rkey
+            })),
+            _ => None,
+        };
+        if local.is_some() {
+            return Ok(SendWqe {
+                local,
+                ..self.wqe_of(r, Payload::Sges(SgeList::new()), 0)
+            });
         }
         // SAFETY: the caller guarantees the SGE list.
         let list = unsafe { sges(r.sg_list, r.num_sge) }?;
@@ -201,9 +231,9 @@ impl Qp {
         } else {
             Payload::Sges(list)
         };
-        let imm = matches!(op, IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM)
-            // SAFETY: `imm_data` and `invalidate_rkey` are both a plain u32.
-            .then(|| unsafe { r.__bindgen_anon_1.imm_data });
+        // SAFETY: `imm_data` and `invalidate_rkey` are both a plain u32.
+        let ex = unsafe { r.__bindgen_anon_1.imm_data };
+        let imm = matches!(op, IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM).then_some(ex);
         let mut error = None;
         let (remote_addr, rkey, ud) = if self.transport == Transport::Ud {
             // SAFETY: for a UD QP the `wr` union holds the `ud` member (plain data).
@@ -232,24 +262,41 @@ impl Qp {
             (rdma.remote_addr, rdma.rkey, None)
         };
         Ok(SendWqe {
+            imm,
+            invalidate: (op == IBV_WR_SEND_WITH_INV).then_some(ex),
+            remote_addr,
+            rkey,
+            ud,
+            atomic: atomic.map(|(_, _, args)| args),
+            error,
+            ..self.wqe_of(r, payload, len)
+        })
+    }
+
+    /// A send WQE for `r` with its `payload` of `len` bytes, and nothing else of the opcode's.
+    fn wqe_of(&self, r: &ibv_send_wr, payload: Payload, len: u64) -> SendWqe {
+        let flags = r.send_flags;
+        SendWqe {
             seq: 0, // set when queued
             wr_id: r.wr_id,
-            opcode: op,
+            opcode: r.opcode,
             signaled: flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
             fence: flags & ibv_send_flags::IBV_SEND_FENCE.0 != 0,
             solicited: flags & ibv_send_flags::IBV_SEND_SOLICITED.0 != 0,
             payload,
             len,
-            imm,
-            remote_addr,
-            rkey,
-            ud,
-            atomic: atomic.map(|(_, _, args)| args),
+            imm: None,
+            remote_addr: 0,
+            rkey: 0,
+            ud: None,
+            atomic: None,
+            local: None,
+            invalidate: None,
             started: false,
             first_psn: 0,
             npkts: 0,
-            error,
-        })
+            error: None,
+        }
     }
 
     /// `ibv_post_recv` on this QP.
@@ -286,7 +333,7 @@ impl Qp {
             self.count(w, |c| c.recv_wrs += 1);
             if self.state == ibv_qp_state::IBV_QPS_ERR {
                 let st = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
-                self.complete_recv(w, &wqe, false, st, 0, 0, None, 0, 0, false);
+                self.complete_recv(w, &wqe, false, st, &Default::default(), false);
             } else {
                 self.rq.wqes.push_back(wqe);
             }
@@ -294,6 +341,26 @@ impl Qp {
         }
         Ok(())
     }
+}
+
+/// A BIND_MW WR's window and region, resolved: EINVAL for a window that is not a live one of
+/// this fabric, or a bind with a length and no live region (rxe's provider would dereference
+/// them).
+fn bind_of(w: &World, b: ibv_send_wr__bindgen_ty_4__bindgen_ty_1) -> Result<Bind, i32> {
+    let info = b.bind_info;
+    let mw = w.window_id(b.mw).ok_or(libc::EINVAL)?;
+    let mr = match info.length {
+        0 => None,
+        _ => Some(w.region_id(info.mr).ok_or(libc::EINVAL)?),
+    };
+    Ok(Bind {
+        mw,
+        mr,
+        addr: info.addr,
+        len: info.length,
+        access: info.mw_access_flags,
+        tag: b.rkey as u8,
+    })
 }
 
 impl World {

@@ -115,6 +115,9 @@ impl Qp {
             }
             return false;
         }
+        if wqe.is_local() {
+            return self.run_local(w, cur);
+        }
         // A WR started in this call had every SGE checked just now, under this same lock.
         let fresh = !wqe.started;
         if fresh {
@@ -201,7 +204,7 @@ impl Qp {
         }
     }
 
-    fn advance_wqe(&mut self) {
+    pub(super) fn advance_wqe(&mut self) {
         self.req.cur += 1;
         self.req.cur_pkt = 0;
     }
@@ -306,10 +309,12 @@ impl Qp {
                 }
             }
         };
-        let op = if self.transport == Transport::Uc {
-            op | UC
-        } else {
-            op
+        let op = match (self.transport, last && wqe.invalidate.is_some()) {
+            (Transport::Uc, _) => op | UC,
+            // SEND_WITH_INV (RC only): its last packet carries the IETH.
+            (_, true) if first => RC_SEND_ONLY_INV,
+            (_, true) => RC_SEND_LAST_INV,
+            _ => op,
         };
         let psn = psn_add(wqe.first_psn, k);
         let noack = self.req.noack + 1;
@@ -351,6 +356,7 @@ impl Qp {
                 len: wqe.len as u32,
             }),
             imm: if last { wqe.imm } else { None },
+            ieth: if last { wqe.invalidate } else { None },
             ..Headers::default()
         };
         // The payload is gathered straight into the frame, after its headers: one copy. Or,

@@ -7,40 +7,21 @@
 //! `LOC_LEN_ERR` (rxe says `REM_INV_REQ_ERR`), and the receive WQE of a UC message abandoned
 //! after a lost packet is put back at the head of its queue for the next message (rxe does this
 //! for a plain RQ and completes it in error for an SRQ).
+//!
+//! A SEND with invalidate (RC) invalidates the memory window its IETH names once the message
+//! is in place: the receive completes with `IBV_WC_WITH_INV` and the key, or, if this QP may
+//! not invalidate it, with `REM_INV_REQ_ERR`, the SEND still acknowledged and this QP moved to
+//! ERROR (rxe's class J).
 
-use ibverbs_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
+use ibverbs_sys::{ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
 
+use super::complete::Received;
 use super::{InMsg, Qp, Transport};
 use crate::link::{Frame, Gather};
 use crate::mr::{REMOTE_WRITE, write_mem};
 use crate::packet::{self, Aeth, Headers, Layout, Packet, opcode, psn_add, psn_diff, syndrome};
-use crate::roce;
 use crate::srq::RecvWqe;
 use crate::state::{Element, World};
-
-/// The bytes of the GRH a UD receive buffer gets in front of the payload.
-pub(crate) const GRH_LEN: usize = 40;
-
-/// What a UD receive buffer gets in its first 40 bytes: the network header of the RoCEv2
-/// frame the datagram came in (rxe's `union rdma_network_hdr`). Between IPv4-mapped GIDs that
-/// is 20 zero bytes then the IPv4 header; otherwise the IPv6 header. `ib_len` is the length of
-/// the InfiniBand part (BTH to ICRC) under the 8-byte UDP header.
-fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_LEN] {
-    let udp_len = 8 + ib_len;
-    let mut grh = [0u8; GRH_LEN];
-    if let (Some(src), Some(dst)) = (roce::gid_ipv4(sgid), roce::gid_ipv4(dgid)) {
-        let head = roce::ipv4_udp_header(src, 0, dst, roce::UDP_PORT, ib_len, 0);
-        grh[20..].copy_from_slice(&head[..roce::IPV4_LEN]);
-    } else {
-        grh[0] = 0x60; // IP version 6
-        grh[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        grh[6] = 17; // next header: UDP
-        grh[7] = 64; // hop limit
-        grh[8..24].copy_from_slice(sgid);
-        grh[24..40].copy_from_slice(dgid);
-    }
-    grh
-}
 
 /// Request packets held back behind READ responses, at most (more are dropped; the requester
 /// sends them again).
@@ -56,7 +37,7 @@ enum Op {
 
 fn op_of(opcode: u8) -> Option<Op> {
     match opcode & 0x1f {
-        0x00..=0x05 => Some(Op::Send),
+        0x00..=0x05 | opcode::RC_SEND_LAST_INV | opcode::RC_SEND_ONLY_INV => Some(Op::Send),
         0x06..=0x0b => Some(Op::Write),
         0x0c => Some(Op::Read),
         0x13 | 0x14 => Some(Op::Atomic),
@@ -235,14 +216,25 @@ impl Qp {
                 if l.last {
                     self.resp.msn = psn_add(self.resp.msn, 1);
                 }
+                // SEND_WITH_INV: the window goes once the message is in place (rxe's execute).
+                // A key this QP may not invalidate fails the receive (REM_INV_REQ_ERR); the SEND
+                // is acknowledged all the same and the QP goes to ERROR (rxe's class J).
+                let at = self.at();
+                let not_invalidated = pkt
+                    .hdr
+                    .ieth
+                    .is_some_and(|k| w.invalidate(at, k, true).is_none());
                 if let Some(a) = arrived
-                    && !self.deliver(w, a, pkt)
+                    && !self.deliver(w, a, pkt, not_invalidated)
                 {
                     self.enter_error(w);
                     return;
                 }
                 if pkt.hdr.ack_req {
                     self.send_ack(w, syndrome::ACK, psn);
+                }
+                if not_invalidated {
+                    self.enter_error(w);
                 }
             }
             Err(Fail {
@@ -273,7 +265,7 @@ impl Qp {
                 };
                 self.send_ack(w, syn, psn);
                 if let Some((wqe, from_srq)) = wqe {
-                    self.complete_recv(w, &wqe, from_srq, status, 0, 0, None, 0, 0, true);
+                    self.complete_recv(w, &wqe, from_srq, status, &Received::default(), true);
                 }
                 self.enter_error(w);
             }
@@ -308,7 +300,7 @@ impl Qp {
             Ok(arrived) => {
                 self.resp.epsn = psn_add(psn, 1);
                 if let Some(a) = arrived
-                    && !self.deliver(w, a, pkt)
+                    && !self.deliver(w, a, pkt, false)
                 {
                     self.enter_error(w);
                 }
@@ -487,82 +479,27 @@ impl Qp {
         Fail { why, wqe }
     }
 
-    /// Posts the receive completion of a message that arrived whole.
-    fn deliver(&mut self, w: &mut World, a: Arrived, pkt: &Packet<'_>) -> bool {
-        let ok = ibv_wc_status::IBV_WC_SUCCESS;
-        self.complete_recv(
-            w,
-            &a.wqe,
-            a.from_srq,
-            ok,
-            a.opcode,
-            a.byte_len,
-            pkt.hdr.imm,
-            0,
-            0,
-            pkt.hdr.se,
-        )
-    }
-
-    fn ud_receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
-        let Some(deth) = pkt.hdr.deth else {
-            return;
+    /// Posts the receive completion of a message that arrived whole (in error if the key its
+    /// SEND_WITH_INV named could not be invalidated, `not_invalidated`).
+    fn deliver(
+        &mut self,
+        w: &mut World,
+        a: Arrived,
+        pkt: &Packet<'_>,
+        not_invalidated: bool,
+    ) -> bool {
+        let status = if not_invalidated {
+            ibv_wc_status::IBV_WC_REM_INV_REQ_ERR
+        } else {
+            ibv_wc_status::IBV_WC_SUCCESS
         };
-        if deth.qkey != self.attr.qkey {
-            self.count(w, |c| c.messages_dropped += 1);
-            return;
-        }
-        let Some((wqe, from_srq)) = self.take_recv(w) else {
-            self.count(w, |c| c.messages_dropped += 1);
-            return;
+        let r = Received {
+            opcode: a.opcode,
+            byte_len: a.byte_len,
+            imm: pkt.hdr.imm,
+            invalidated: pkt.hdr.ieth,
+            ..Received::default()
         };
-        let needed = (GRH_LEN + pkt.payload.len()) as u64;
-        if wqe.capacity() < needed {
-            self.count(w, |c| c.messages_dropped += 1);
-            if from_srq {
-                let st = ibv_wc_status::IBV_WC_REM_INV_REQ_ERR;
-                if !self.complete_recv(w, &wqe, true, st, 0, 0, None, 0, 0, false) {
-                    self.enter_error(w);
-                }
-            } else {
-                self.untake_recv(w, wqe, false);
-            }
-            return;
-        }
-        let grh = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
-        let written = w
-            .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
-            .and_then(|()| {
-                w.scatter(
-                    self.dev,
-                    self.pd,
-                    &wqe.sges,
-                    GRH_LEN as u64,
-                    pkt.payload,
-                    true,
-                )
-            });
-        let (status, opcode) = match written {
-            Ok(()) => (ibv_wc_status::IBV_WC_SUCCESS, ibv_wc_opcode::IBV_WC_RECV),
-            Err(st) => (st, 0),
-        };
-        let flags = ibv_wc_flags::IBV_WC_GRH.0;
-        let imm = pkt.hdr.imm;
-        let se = pkt.hdr.se;
-        let ok = self.complete_recv(
-            w,
-            &wqe,
-            from_srq,
-            status,
-            opcode,
-            needed as u32,
-            imm,
-            deth.src_qp,
-            flags,
-            se,
-        );
-        if !ok || written.is_err() {
-            self.enter_error(w);
-        }
+        self.complete_recv(w, &a.wqe, a.from_srq, status, &r, pkt.hdr.se)
     }
 }

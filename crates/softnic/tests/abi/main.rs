@@ -22,4 +22,5 @@ mod reads;
 mod robustness;
 mod srq;
 mod udp;
+mod windows;
 mod wire;

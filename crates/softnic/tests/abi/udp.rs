@@ -10,7 +10,7 @@ use softnic::{Error, Link, roce};
 
 use crate::common::*;
 
-fn udp_fabric(seed: u64) -> Fabric {
+pub(crate) fn udp_fabric(seed: u64) -> Fabric {
     Fabric::try_new(FabricConfig {
         devices: 1,
         seed,
@@ -21,7 +21,7 @@ fn udp_fabric(seed: u64) -> Fabric {
 }
 
 /// Polls `cq` until `n` completions arrived; panics after 20 s (the link is real: time passes).
-fn poll_until(cq: *mut ibv_cq, n: usize) -> Vec<Wc> {
+pub(crate) fn poll_until(cq: *mut ibv_cq, n: usize) -> Vec<Wc> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut out = Vec::new();
     while out.len() < n {
@@ -55,7 +55,11 @@ fn libc_einval() -> i32 {
 
 /// RC QPs on two fabrics: GIDs are the bound addresses, and each QP's peer is reached by GID
 /// (`a`'s by `b`'s link-local GID, index 0 of its table; `b`'s by `a`'s IPv4-mapped one).
-fn rc_across(a: &Fabric, b: &Fabric, depth: u32) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
+pub(crate) fn rc_across(
+    a: &Fabric,
+    b: &Fabric,
+    depth: u32,
+) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
     let (na, nb) = (Node::open(a, "soft0"), Node::open(b, "soft0"));
     let ty = ibv_qp_type::IBV_QPT_RC;
     let qa = na.qp(ty, cap(depth, depth), true);
@@ -269,11 +273,7 @@ fn hostile_datagrams_are_counted_and_dropped() {
         ack_req: false,
         psn: 1,
         deth: Some(softnic::packet::Deth { qkey: 1, src_qp: 2 }),
-        reth: None,
-        imm: None,
-        aeth: None,
-        atomic: None,
-        atomic_ack: None,
+        ..Headers::default()
     };
     let mut good = Vec::new();
     hdr.emit(b"hello", &mut good).unwrap();

@@ -269,3 +269,4 @@ pub(super) fn rkey_l(mr: *mut ibv_mr) -> u32 {
 
 mod cq;
 mod qp;
+mod windows;

@@ -130,8 +130,12 @@ fn a_failed_or_aborted_batch_posts_nothing() {
     assert_eq!(wr!(x, wr_complete), libc::EINVAL);
     // A builder softnic does not serve: EOPNOTSUPP.
     wr!(x, wr_start);
-    wr!(x, wr_local_inv, 5);
+    wr!(x, wr_set_xrc_srqn, 5);
     assert_eq!(wr!(x, wr_complete), libc::EOPNOTSUPP);
+    // One it serves, on a QP not made with it: EINVAL.
+    wr!(x, wr_start);
+    wr!(x, wr_local_inv, 5);
+    assert_eq!(wr!(x, wr_complete), libc::EINVAL);
     // A setter with no WR: EINVAL.
     wr!(x, wr_start);
     wr!(x, wr_set_sge, rkey_l(smr), src.as_ptr() as u64, 64);
@@ -194,9 +198,9 @@ fn only_qps_made_with_send_ops_are_extended() {
         assert!(softnic::qp_to_qp_ex(null_mut()).is_null());
         assert!(softnic::qp_to_qp_ex(a.cq.cast()).is_null());
     }
-    // Send ops softnic does not serve (memory windows), and no send op at all, are refused.
+    // Send ops softnic does not serve (TSO), and no send op at all, are refused.
     assert_eq!(
-        create_qp_ex(&a, a.cq, IBV_QP_EX_WITH_BIND_MW as u64),
+        create_qp_ex(&a, a.cq, IBV_QP_EX_WITH_TSO as u64),
         Err(libc::EOPNOTSUPP)
     );
     assert_eq!(create_qp_ex(&a, a.cq, 0), Err(libc::EINVAL));
@@ -287,9 +291,15 @@ fn send_ops_must_suit_the_transport_and_inline_needs_no_sge() {
     };
     let write = u64::from(IBV_QP_EX_WITH_RDMA_WRITE);
     let read = u64::from(IBV_QP_EX_WITH_RDMA_READ);
+    // UC carries no SEND_WITH_INV (the IBTA has no opcode for it) nor LOCAL_INV (rxe's table).
+    let inv = u64::from(IBV_QP_EX_WITH_SEND_WITH_INV);
+    let local_inv = u64::from(IBV_QP_EX_WITH_LOCAL_INV);
     for (ty, ops) in [
         (ibv_qp_type::IBV_QPT_UD, write),
         (ibv_qp_type::IBV_QPT_UC, read),
+        (ibv_qp_type::IBV_QPT_UC, inv),
+        (ibv_qp_type::IBV_QPT_UC, local_inv),
+        (ibv_qp_type::IBV_QPT_UD, u64::from(IBV_QP_EX_WITH_BIND_MW)),
     ] {
         let mut at = attr(ty, ops, cap(4, 4));
         // SAFETY: a live context and a valid attribute struct.

@@ -1,0 +1,90 @@
+//! The UD receive side: a datagram into the next receive WQE, behind the 40-byte network
+//! header of the frame it came in.
+
+use ibverbs_sys::{ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
+
+use super::Qp;
+use super::complete::Received;
+use crate::link::Frame;
+use crate::packet::Packet;
+use crate::roce;
+use crate::state::World;
+
+/// The bytes of the GRH a UD receive buffer gets in front of the payload.
+pub(crate) const GRH_LEN: usize = 40;
+
+/// What a UD receive buffer gets in its first 40 bytes: the network header of the RoCEv2
+/// frame the datagram came in (rxe's `union rdma_network_hdr`). Between IPv4-mapped GIDs that
+/// is 20 zero bytes then the IPv4 header; otherwise the IPv6 header. `ib_len` is the length of
+/// the InfiniBand part (BTH to ICRC) under the 8-byte UDP header.
+fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_LEN] {
+    let udp_len = 8 + ib_len;
+    let mut grh = [0u8; GRH_LEN];
+    if let (Some(src), Some(dst)) = (roce::gid_ipv4(sgid), roce::gid_ipv4(dgid)) {
+        let head = roce::ipv4_udp_header(src, 0, dst, roce::UDP_PORT, ib_len, 0);
+        grh[20..].copy_from_slice(&head[..roce::IPV4_LEN]);
+    } else {
+        grh[0] = 0x60; // IP version 6
+        grh[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        grh[6] = 17; // next header: UDP
+        grh[7] = 64; // hop limit
+        grh[8..24].copy_from_slice(sgid);
+        grh[24..40].copy_from_slice(dgid);
+    }
+    grh
+}
+
+impl Qp {
+    pub(super) fn ud_receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+        let Some(deth) = pkt.hdr.deth else {
+            return;
+        };
+        if deth.qkey != self.attr.qkey {
+            self.count(w, |c| c.messages_dropped += 1);
+            return;
+        }
+        let Some((wqe, from_srq)) = self.take_recv(w) else {
+            self.count(w, |c| c.messages_dropped += 1);
+            return;
+        };
+        let needed = (GRH_LEN + pkt.payload.len()) as u64;
+        if wqe.capacity() < needed {
+            self.count(w, |c| c.messages_dropped += 1);
+            if from_srq {
+                let st = ibv_wc_status::IBV_WC_REM_INV_REQ_ERR;
+                if !self.complete_recv(w, &wqe, true, st, &Received::default(), false) {
+                    self.enter_error(w);
+                }
+            } else {
+                self.untake_recv(w, wqe, false);
+            }
+            return;
+        }
+        let grh = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
+        let written = w
+            .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
+            .and_then(|()| {
+                w.scatter(
+                    self.dev,
+                    self.pd,
+                    &wqe.sges,
+                    GRH_LEN as u64,
+                    pkt.payload,
+                    true,
+                )
+            });
+        let status = written.err().unwrap_or(ibv_wc_status::IBV_WC_SUCCESS);
+        let r = Received {
+            opcode: ibv_wc_opcode::IBV_WC_RECV,
+            byte_len: needed as u32,
+            imm: pkt.hdr.imm,
+            src_qp: deth.src_qp,
+            flags: ibv_wc_flags::IBV_WC_GRH.0,
+            ..Received::default()
+        };
+        let ok = self.complete_recv(w, &wqe, from_srq, status, &r, pkt.hdr.se);
+        if !ok || written.is_err() {
+            self.enter_error(w);
+        }
+    }
+}
