@@ -297,10 +297,13 @@ export! {
         unsafe { ibv_reg_mr_iova(pd, addr, len, iova, access as c_int) }
     }
 
-    /// Re-registration is not served: `IBV_REREG_MR_ERR_INPUT` with EOPNOTSUPP.
-    "IBVERBS_1.1" fn ibv_rereg_mr(_mr: *mut ibv_mr, _flags: c_int, _pd: *mut ibv_pd, _addr: *mut c_void, _len: usize, _access: c_int) -> c_int {
-        set_errno(libc::EOPNOTSUPP);
-        -1
+    /// Re-registers memory: a new translation, PD or access (optional-range access hints
+    /// dropped); 0 or an `ibv_rereg_mr_err_code` with errno set.
+    "IBVERBS_1.1" fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> c_int {
+        let access = (access as c_uint & !OPTIONAL_ACCESS) as c_int;
+        // SAFETY: softnic checks the region, the PD, the flags and the access; the memory is
+        // the caller's.
+        unsafe { (CONTROL.rereg_mr)(mr, flags, pd, addr, len, access) }
     }
 
     /// Deregisters memory.

@@ -26,7 +26,8 @@
 //! - Memory regions with lkey/rkey, bounds and access checks on every access; zero bytes touch
 //!   no memory; every address sum from a WR or the wire is checked. Keys cannot be guessed
 //!   from one another (a keyed permutation per device, replayed from the seed on the virtual
-//!   clock, random on the wall clock).
+//!   clock, random on the wall clock). `rereg_mr` changes a region's translation, PD or
+//!   access in place.
 //! - Memory windows as rxe has them (`ibv_context.ops.alloc_mw`, `bind_mw`, `dealloc_mw`):
 //!   type 1, bound by `ibv_bind_mw`, and type 2B, bound by an `IBV_WR_BIND_MW` work request to
 //!   the QP that posted it; invalidated by `IBV_WR_LOCAL_INV` or by a peer's

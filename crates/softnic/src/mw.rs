@@ -13,9 +13,9 @@
 //! window's PD for type 2 windows too; a free window, or one bound to another QP, cannot be
 //! invalidated by a peer; zero-based windows are not served (their bind fails).
 
-use ibverbs_sys::{ibv_access_flags, ibv_mr, ibv_mw};
+use ibverbs_sys::{ibv_access_flags, ibv_mw};
 
-use crate::abi::{self, Kind, Shell};
+use crate::abi::Shell;
 use crate::mr::{KeyKind, LOCAL_WRITE, REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE, Region};
 use crate::state::World;
 
@@ -65,18 +65,6 @@ pub(crate) enum LocalOp {
 }
 
 impl World {
-    /// The id of the live memory window of this fabric at `p`.
-    pub(crate) fn window_id(&self, p: *mut ibv_mw) -> Option<u32> {
-        let id = abi::lookup(p.cast(), Kind::Mw)?.id;
-        self.mws.get(&id).filter(|m| m.shell.ptr() == p).map(|_| id)
-    }
-
-    /// The id of the live memory region of this fabric at `p`.
-    pub(crate) fn region_id(&self, p: *mut ibv_mr) -> Option<u32> {
-        let id = abi::lookup(p.cast(), Kind::Mr)?.id;
-        self.mrs.get(&id).filter(|m| m.shell.ptr() == p).map(|_| id)
-    }
-
     /// Executes a BIND_MW of QP `qp` of device `dev` in `pd`, with rxe's checks
     /// (`rxe_check_bind_mw`); `None` if one fails (the WR completes with `MW_BIND_ERR`).
     pub(crate) fn bind_window(&mut self, (dev, pd, qp): (usize, u32, u32), b: &Bind) -> Option<()> {

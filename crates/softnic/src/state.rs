@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::c_void;
 
-use ibverbs_sys::{ibv_ah, ibv_context, ibv_event_type, ibv_pd};
+use ibverbs_sys::{ibv_ah, ibv_context, ibv_event_type, ibv_mr, ibv_mw, ibv_pd};
 
-use crate::abi::Shell;
+use crate::abi::{self, Kind, Shell};
 use crate::counters::Counters;
 use crate::cq::{Channel, Cq};
 use crate::fabric::FabricConfig;
@@ -132,6 +132,39 @@ pub(crate) struct State {
 unsafe impl Send for State {}
 
 impl World {
+    /// The id of the live object of `kind` at `p`, if it is one of this fabric's (`shell`
+    /// gives the shell pointer of an id, from the kind's table). Never dereferences `p`.
+    fn own_id(
+        &self,
+        p: *const c_void,
+        kind: Kind,
+        shell: impl Fn(u32) -> Option<usize>,
+    ) -> Option<u32> {
+        let id = abi::lookup(p, kind)?.id;
+        (shell(id)? == p as usize).then_some(id)
+    }
+
+    /// The id of the live PD of this fabric at `p`.
+    pub(crate) fn pd_id(&self, p: *mut ibv_pd) -> Option<u32> {
+        self.own_id(p.cast(), Kind::Pd, |id| {
+            self.pds.get(&id).map(|o| o.shell.ptr() as usize)
+        })
+    }
+
+    /// The id of the live memory region of this fabric at `p`.
+    pub(crate) fn region_id(&self, p: *mut ibv_mr) -> Option<u32> {
+        self.own_id(p.cast(), Kind::Mr, |id| {
+            self.mrs.get(&id).map(|o| o.shell.ptr() as usize)
+        })
+    }
+
+    /// The id of the live memory window of this fabric at `p`.
+    pub(crate) fn window_id(&self, p: *mut ibv_mw) -> Option<u32> {
+        self.own_id(p.cast(), Kind::Mw, |id| {
+            self.mws.get(&id).map(|o| o.shell.ptr() as usize)
+        })
+    }
+
     pub(crate) fn alloc_id(&mut self) -> u32 {
         self.next_id += 1;
         self.next_id

@@ -62,6 +62,7 @@ impl Verbs {
                 dealloc_pd: s::ibv_dealloc_pd,
                 reg_mr: s::ibv_reg_mr,
                 dereg_mr: s::ibv_dereg_mr,
+                rereg_mr: s::ibv_rereg_mr,
                 create_comp_channel: s::ibv_create_comp_channel,
                 destroy_comp_channel: s::ibv_destroy_comp_channel,
                 create_cq: s::ibv_create_cq,

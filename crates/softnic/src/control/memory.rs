@@ -5,7 +5,7 @@ use std::ptr::null_mut;
 
 use ibverbs_sys::*;
 
-use super::{with, with_status};
+use super::{try_with, with, with_status};
 use crate::abi::{self, Kind, Shell, set_errno};
 use crate::mr::{KeyKind, Mr, Region};
 
@@ -16,6 +16,20 @@ const MR_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_MW_BIND.0
     | ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
 
+/// Whether `access` is a region's: known bits, and remote write or atomic access only with
+/// local write (the kernel's `ib_check_mr_access`).
+fn access_ok(access: u32) -> bool {
+    let needs_local_write =
+        ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0 | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+    let local_write = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    access & !MR_ACCESS == 0 && (access & needs_local_write == 0 || access & local_write != 0)
+}
+
+/// Whether `length` bytes at `addr` are an address range (a null address only if empty).
+fn range_ok(addr: *mut c_void, length: usize) -> bool {
+    (!addr.is_null() || length == 0) && (addr as usize).checked_add(length).is_some()
+}
+
 pub(super) unsafe extern "C" fn reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -24,14 +38,7 @@ pub(super) unsafe extern "C" fn reg_mr(
 ) -> *mut ibv_mr {
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
         let access = access as u32;
-        let needs_local_write = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
-        let local_write = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        let bad = access & !MR_ACCESS != 0
-            || (access & needs_local_write != 0 && access & local_write == 0)
-            || (addr.is_null() && length > 0)
-            || (addr as usize).checked_add(length).is_none();
-        if bad {
+        if !access_ok(access) || !range_ok(addr, length) {
             set_errno(libc::EINVAL);
             return null_mut();
         }
@@ -90,6 +97,88 @@ pub(super) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
         }
         0
     })
+}
+
+/// `ibv_rereg_mr`: libibverbs' own checks, then the provider's. Changes the region's
+/// translation (`IBV_REREG_MR_CHANGE_TRANSLATION`: `addr`, `length`), PD
+/// (`IBV_REREG_MR_CHANGE_PD`: `pd`, of the same context) and access
+/// (`IBV_REREG_MR_CHANGE_ACCESS`: `access`), all or nothing; the keys stay (as rxe's), and
+/// the `ibv_mr` says the new PD, address and length. Returns 0, or an `ibv_rereg_mr_err_code`
+/// with errno set: `IBV_REREG_MR_ERR_INPUT` (the region unchanged) for unknown flags, a
+/// translation without an address or a length, access without `CHANGE_ACCESS`, or a pointer
+/// that is not a live region; `IBV_REREG_MR_ERR_CMD` (the region unchanged) for no flags, a PD
+/// that is not one of the region's context, access or a range a region may not have (EINVAL),
+/// and while memory windows are bound to the region (EBUSY: their ranges and rights were
+/// checked against what it is now, as hardware refuses it).
+pub(super) unsafe extern "C" fn rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let fail = |code, e| {
+        set_errno(e);
+        code
+    };
+    let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION as c_int != 0;
+    let changes_pd = flags & IBV_REREG_MR_CHANGE_PD as c_int != 0;
+    let changes_access = flags & IBV_REREG_MR_CHANGE_ACCESS as c_int != 0;
+    let unknown = flags & !(IBV_REREG_MR_FLAGS_SUPPORTED as c_int) != 0;
+    if unknown
+        || (translation && (length == 0 || addr.is_null()))
+        || (access != 0 && !changes_access)
+    {
+        return fail(IBV_REREG_MR_ERR_INPUT, libc::EINVAL);
+    }
+    let r = try_with(mr.cast(), Kind::Mr, |_, st, id| {
+        let m = &st.w.mrs[&id];
+        let (dev, ctx, key) = (m.dev, m.ctx, m.key);
+        if m.windows > 0 {
+            return Err(libc::EBUSY);
+        }
+        let Some(mut region) = st.w.devices[dev].keys.get(key).copied() else {
+            return Err(libc::EINVAL);
+        };
+        let new_pd = changes_pd.then(|| st.w.pd_id(pd));
+        let bad = flags == 0
+            || new_pd.is_some_and(|p| p.is_none_or(|p| st.w.pds[&p].ctx != ctx))
+            || (changes_access && !access_ok(access as u32))
+            || (translation && !range_ok(addr, length));
+        if bad {
+            return Err(libc::EINVAL);
+        }
+        if let Some(Some(p)) = new_pd {
+            region.pd = p;
+        }
+        if changes_access {
+            region.access = access as u32;
+        }
+        if translation {
+            (region.addr, region.len) = (addr as u64, length as u64);
+        }
+        if let Some(r) = st.w.devices[dev].keys.get_mut(key) {
+            *r = region;
+        }
+        let m = st.w.mrs.get_mut(&id).expect("the region looked up above");
+        m.pd = region.pd;
+        m.shell.update(|s| {
+            if changes_pd {
+                s.pd = pd;
+            }
+            if translation {
+                (s.addr, s.length) = (addr, length);
+            }
+        });
+        Ok(())
+    });
+    match r {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => fail(IBV_REREG_MR_ERR_CMD, e),
+        // Not a live region (errno is set): an input error.
+        Err(e) => fail(IBV_REREG_MR_ERR_INPUT, e),
+    }
 }
 
 #[cfg(test)]

@@ -48,6 +48,8 @@ pub struct ControlPath {
     pub dealloc_pd: unsafe extern "C" fn(*mut ibv_pd) -> c_int,
     pub reg_mr: unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
     pub dereg_mr: unsafe extern "C" fn(*mut ibv_mr) -> c_int,
+    pub rereg_mr:
+        unsafe extern "C" fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int,
     pub create_comp_channel: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel,
     pub destroy_comp_channel: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int,
     pub create_cq: unsafe extern "C" fn(
@@ -88,6 +90,7 @@ pub static CONTROL: ControlPath = ControlPath {
     dealloc_pd,
     reg_mr,
     dereg_mr,
+    rereg_mr,
     create_comp_channel,
     destroy_comp_channel,
     create_cq,

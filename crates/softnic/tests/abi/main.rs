@@ -19,6 +19,7 @@ mod opcodes;
 mod props;
 mod qp_state;
 mod reads;
+mod rereg;
 mod robustness;
 mod srq;
 mod udp;
