@@ -6,7 +6,9 @@
  * start/next/end poll API with the ibv_wc_read_* readers, ibv_create_qp_ex
  * with send_ops_flags and the ibv_wr_* work-request API (batches, inline
  * data, SGE lists, RDMA, atomics, abort, a refused opcode, UD addressing),
- * and mixing with the legacy ibv_post_send / ibv_poll_cq.
+ * mixing with the legacy ibv_post_send / ibv_poll_cq, and memory windows
+ * (mw_verbs.c: ibv_alloc_mw, ibv_bind_mw, IBV_WR_BIND_MW, IBV_WR_LOCAL_INV,
+ * ibv_wr_bind_mw, ibv_wr_send_inv, ibv_wr_local_inv) and ibv_rereg_mr.
  *
  * Expects exactly one usable device with port 1 ACTIVE on Ethernet (RoCE),
  * GID index 1 usable for GRH addressing of the device itself.
@@ -1320,6 +1322,10 @@ static void phase_cleanup(void)
 	printf("ok: cleanup\n");
 }
 
+/* The memory-window phase: ibv_alloc_mw, ibv_bind_mw, the bind and
+ * invalidate work requests, ibv_rereg_mr. */
+#include "mw_verbs.c"
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1334,6 +1340,7 @@ int main(void)
 	phase_error();
 	phase_ud();
 	phase_mixing();
+	phase_windows();
 	phase_cleanup();
 
 	printf("ext_verbs: all checks passed\n");
