@@ -16,6 +16,23 @@ pub enum Mode {
     Rc,
 }
 
+/// What key a receive buffer is advertised to the peer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RecvKeys {
+    /// A memory window per receive, bound over exactly the receive's range when it is posted
+    /// and unbound before it completes: the peer reaches that range only, only while the
+    /// receive is posted. A bind and an unbind per receive (two work requests on the
+    /// connection's control QP, no system call). Needs memory windows (type 1): on a device
+    /// without them [`Engine::new`](crate::Engine::new) refuses to run (a `Config` error
+    /// naming `recv_keys`).
+    #[default]
+    Window,
+    /// The buffer's own key: the peer may write anywhere in the buffer while it is registered
+    /// (register separate buffers for peers that must not reach each other's data). No work
+    /// per receive; for devices without memory windows, or to measure what windows cost.
+    Buffer,
+}
+
 /// How an engine is built. `EngineConfig::default()` is a small, working start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -45,6 +62,8 @@ pub struct EngineConfig {
     pub ack_delay_us: u32,
     /// Receive buffers a connection may have advertised to its peer at once (at most 127).
     pub max_recvs: u32,
+    /// What key receive buffers are advertised with ([`RecvKeys::Window`] by default).
+    pub recv_keys: RecvKeys,
     /// Completions taken from the CQ per poll round: sends, receives and control share it, so
     /// a burst of one kind leaves room for the others in the same round.
     pub poll_budget: usize,
@@ -74,6 +93,7 @@ impl Default for EngineConfig {
             ack_bytes: 128 * 1024,
             ack_delay_us: 40,
             max_recvs: 64,
+            recv_keys: RecvKeys::Window,
             poll_budget: 192,
             port: 1,
             gid_index: None,

@@ -3,21 +3,21 @@
 //! flight on it.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use uccl_tx::PathId;
 use verbs_safe::{
-    ConnInit, DmaBuf, Errored, Init, LocalPort, Mtu, Qp, Rc, RcRtr, RcRts, Remote, Reset, Rts,
-    SqPsn, Transport, Uc, UcRtr,
+    ConnInit, Errored, Init, LocalPort, Mtu, Qp, Rc, RcRtr, RcRts, Remote, Reset, Rts, SqPsn,
+    Transport, Uc, UcRtr,
 };
 
+use crate::ConnId;
 use crate::cts::{Cts, CtsOrder};
 use crate::error::{EngineError, Result};
 use crate::io::{RecvRing, SendRing};
+use crate::memory::BufUse;
 use crate::proto::{CTL_LEN, Ctl as CtlMsg};
-use crate::request::Request;
+use crate::request::{Done, Request};
 use crate::rx::RxFlow;
-use crate::{BufferId, ConnId};
 
 /// Receive buffers a connection may have advertised at once: request ids `0..128` name them.
 pub(crate) const RECV_IDS: usize = 128;
@@ -40,15 +40,6 @@ impl DataQp {
             DataQp::Rc(q) => q.qpn(),
             DataQp::UcErr(q) => q.qpn(),
             DataQp::RcErr(q) => q.qpn(),
-        }
-    }
-
-    pub(crate) fn pin(&self, b: &Arc<DmaBuf>) {
-        match self {
-            DataQp::Uc(q) => q.pin(b),
-            DataQp::Rc(q) => q.pin(b),
-            DataQp::UcErr(q) => q.pin(b),
-            DataQp::RcErr(q) => q.pin(b),
         }
     }
 
@@ -268,10 +259,17 @@ impl Ctl {
 /// A receive buffer this end advertised.
 pub(crate) struct PostedRecv {
     pub(crate) seq: u32,
-    pub(crate) buf: BufferId,
+    /// The buffer it lies in (held until the receive ends).
+    pub(crate) use_: BufUse,
     pub(crate) addr: u64,
     pub(crate) len: u64,
+    /// The key it was advertised with (its window's, or the buffer's).
+    pub(crate) rkey: u32,
     pub(crate) req: Request,
+    /// Its window is bound and its advertisement queued (with buffer keys: at once).
+    pub(crate) advertised: bool,
+    /// Ended with this result, waiting for its window to be unbound before it is reported.
+    pub(crate) ending: Option<Result<Done>>,
 }
 
 /// A message handed to the transmit side.
@@ -280,6 +278,8 @@ pub(crate) struct InFlight {
     pub(crate) len: u64,
     /// The transmit side completed it; it waits for the messages before it.
     pub(crate) done: bool,
+    /// The buffer it reads (held until it is reported).
+    _use: BufUse,
 }
 
 /// A send waiting for the peer's next receive buffer.
@@ -288,6 +288,7 @@ pub(crate) struct PendingSend {
     pub(crate) lkey: u32,
     pub(crate) len: u64,
     pub(crate) req: Request,
+    pub(crate) use_: BufUse,
 }
 
 /// Where a connection is in its life.
@@ -316,6 +317,12 @@ pub(crate) struct Conn {
     pub(crate) rx: RxFlow,
     /// Posted receives by request id (`seq % 128`).
     pub(crate) recvs: Box<[Option<PostedRecv>]>,
+    /// The memory window of each request id, allocated at its first receive
+    /// ([`RecvKeys::Window`](crate::RecvKeys::Window)).
+    pub(crate) windows: Box<[Option<verbs_safe::Mw>]>,
+    /// Binds and unbinds of its windows posted and not completed (it is freed only once they
+    /// are, so that none is taken for a later connection's).
+    pub(crate) window_ops: u32,
     pub(crate) recvs_posted: u32,
     pub(crate) next_seq: u32,
     /// The peer's advertisements ready to match, in order, and the order they are taken in.
@@ -349,8 +356,9 @@ impl Conn {
         matches!(self.state, State::Open)
     }
 
-    /// Records the transmit side's message `msg` as request `req` of `len` bytes.
-    pub(crate) fn track(&mut self, msg: u64, req: Request, len: u64) {
+    /// Records the transmit side's message `msg` as request `req` of `len` bytes, reading the
+    /// buffer `use_` holds.
+    pub(crate) fn track(&mut self, msg: u64, req: Request, len: u64, use_: BufUse) {
         if self.inflight.is_empty() {
             self.first_msg = msg;
         }
@@ -362,6 +370,7 @@ impl Conn {
             req,
             len,
             done: false,
+            _use: use_,
         });
     }
 
@@ -407,8 +416,11 @@ impl Conn {
         }
     }
 
-    /// Fails every request of the connection with `e`.
+    /// Fails every request of the connection with `e`. Its receive windows go first (their
+    /// keys die at once), so a receive that had ended and waited for its window's unbind
+    /// reports how it ended.
     pub(crate) fn fail_requests(&mut self, e: &EngineError) {
+        self.windows.iter_mut().for_each(|w| *w = None);
         for s in self.sends.drain(..) {
             s.req.fail(e.clone());
         }
@@ -416,7 +428,7 @@ impl Conn {
             m.req.fail(e.clone());
         }
         for r in self.recvs.iter_mut().filter_map(Option::take) {
-            r.req.fail(e.clone());
+            r.req.complete(r.ending.unwrap_or_else(|| Err(e.clone())));
         }
         self.recvs_posted = 0;
     }

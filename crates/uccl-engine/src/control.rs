@@ -57,10 +57,13 @@ impl Engine {
             }
             Some(Ctl::Refuse { seq, len }) => {
                 let i = seq as usize % crate::conn::RECV_IDS;
-                match c.recvs[i].take_if(|r| r.seq == seq) {
+                match c.recvs[i]
+                    .as_ref()
+                    .filter(|r| r.seq == seq && r.ending.is_none())
+                {
                     Some(r) => {
-                        c.recvs_posted -= 1;
-                        r.req.fail(EngineError::TooLarge { len, room: r.len });
+                        let room = r.len;
+                        self.end_recv(ci, i, Err(EngineError::TooLarge { len, room }));
                     }
                     None => self.stats.dropped_invalid += 1,
                 }
@@ -223,7 +226,9 @@ impl Engine {
                 return false;
             };
             let data_done = c.paths.iter().all(|&p| self.tx.path_room(p) == sq);
-            let ctl_done = c.ctl.send.free.len() == depth && c.ctl.recv.owed.len() == depth;
+            let ctl_done = c.ctl.send.free.len() == depth
+                && c.ctl.recv.owed.len() == depth
+                && c.window_ops == 0;
             if !(data_done && ctl_done) {
                 return true;
             }
@@ -231,6 +236,7 @@ impl Engine {
             for q in &c.qps {
                 self.data_qpns.remove(q.qpn());
             }
+            self.release_peer(c.peer);
             let (send, ctl) = self.cq_needs();
             self.io.send_credits.release(send);
             self.io.ctrl_credits.release(ctl);

@@ -6,14 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bufpool::{LocalPool, Memory, RegionPool};
 use uccl_tx::{Message, PathId, Tx, TxConfig};
-use verbs_safe::{AccessFlags, Ah, Context, DmaBuf, Gid, Poller};
+use verbs_safe::{AccessFlags, Context, DmaBuf, Poller};
 
 use crate::clock::Clock;
-use crate::config::{EngineConfig, Mode};
+use crate::config::{EngineConfig, Mode, RecvKeys};
 use crate::conn::{Conn, PendingSend, PostedRecv, RECV_IDS, State, WRITE_RID};
 use crate::credits::Credits;
 use crate::error::{EngineError, Result};
 use crate::io::Io;
+use crate::memory::{Buffer, Descriptor};
 use crate::proto::Ctl;
 use crate::qpn::QpnTable;
 use crate::request::{Done, Request};
@@ -37,60 +38,6 @@ impl std::fmt::Display for ConnId {
             "{} of engine {} (generation {})",
             self.index, self.engine, self.generation
         )
-    }
-}
-
-/// A buffer registered with an engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BufferId(pub(crate) u32);
-
-/// Memory registered with an engine: what sends read and what receives and one-sided writes
-/// land in. The NIC and peers may access it at any time, so its bytes are reached by copies
-/// ([`read_at`](Self::read_at), [`write_at`](Self::write_at)), never by references.
-#[derive(Debug, Clone)]
-pub struct Buffer {
-    pub(crate) engine: u64,
-    id: BufferId,
-    pub(crate) mem: Arc<DmaBuf>,
-}
-
-impl Buffer {
-    /// Its id.
-    pub fn id(&self) -> BufferId {
-        self.id
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.mem.len()
-    }
-
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.mem.is_empty()
-    }
-
-    /// Copies `out.len()` bytes at `offset` into `out`.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.mem
-            .read_at(offset, out)
-            .map_err(|_| EngineError::BadRange("read outside the buffer"))
-    }
-
-    /// Copies `data` to `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.mem
-            .write_at(offset, data)
-            .map_err(|_| EngineError::BadRange("write outside the buffer"))
-    }
-
-    /// The address and lkey of `offset..offset + len`, if inside.
-    pub(crate) fn range(&self, offset: u64, len: u64) -> Result<(u64, u32)> {
-        let end = offset.checked_add(len);
-        if end.is_none_or(|e| e > self.mem.len() as u64) {
-            return Err(EngineError::BadRange("the range lies outside the buffer"));
-        }
-        Ok((self.mem.addr() + offset, self.mem.lkey()))
     }
 }
 
@@ -121,39 +68,16 @@ pub struct Usage {
     pub credits_granted: u32,
     /// Control send slots in use (ACK packets and control messages being sent).
     pub ctrl_sends_in_use: usize,
-}
-
-/// A region exported for one-sided writes: what a peer needs to write into it. Send it out of
-/// band ([`to_bytes`](Self::to_bytes)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Descriptor {
-    /// The first byte's address at the owner.
-    pub addr: u64,
-    /// The length.
-    pub len: u64,
-    /// The owner's rkey for it.
-    pub rkey: u32,
-}
-
-impl Descriptor {
-    /// 20 bytes, big-endian.
-    pub fn to_bytes(&self) -> [u8; 20] {
-        let mut b = [0u8; 20];
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..16].copy_from_slice(&self.len.to_be_bytes());
-        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
-        b
-    }
-
-    /// Reads one back (`None` unless exactly 20 bytes).
-    pub fn from_bytes(b: &[u8]) -> Option<Descriptor> {
-        let b: &[u8; 20] = b.try_into().ok()?;
-        Some(Descriptor {
-            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
-            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
-            rkey: u32::from_be_bytes(b[16..].try_into().ok()?),
-        })
-    }
+    /// Buffers registered and not given back.
+    pub buffers: usize,
+    /// Exports not withdrawn.
+    pub exports: usize,
+    /// Buffers (and the retransmission headers) pinned to the data QPs' table.
+    pub pinned: usize,
+    /// Buffers given back whose memory a posted WR still names (released once it is done).
+    pub pins_retiring: usize,
+    /// Peer engines held (one per distinct peer of the connections held).
+    pub peers: usize,
 }
 
 /// The engine's retransmission headers, in a registered region uccl-tx writes through.
@@ -172,17 +96,6 @@ impl Memory for HdrMem {
     fn read(&self, offset: usize, dst: &mut [u8]) {
         let _ = self.0.read_at(offset, dst);
     }
-}
-
-/// Another engine this one talks to: where its ACKs go (UC mode).
-pub(crate) struct Peer {
-    pub(crate) gid: Gid,
-    pub(crate) ctrl_qpn: u32,
-    pub(crate) ah: Arc<Ah>,
-    /// ACK headers staged for the next control message to it.
-    pub(crate) acks: Vec<u8>,
-    /// The connections whose ACK is in `acks`.
-    pub(crate) staged: Vec<u16>,
 }
 
 /// Scratch of a poll round, kept to spare allocations.
@@ -225,12 +138,13 @@ pub struct Engine {
     pub(crate) clock: Clock,
     pub(crate) io: Io,
     pub(crate) tx: Tx,
-    pub(crate) hdrs: Arc<DmaBuf>,
     pub(crate) conns: Vec<Option<Conn>>,
     /// Connections offered and not yet completed, by index (a slot is free when it is in
     /// neither table).
     pub(crate) offers: Vec<Option<crate::setup::Offer>>,
     pub(crate) generation: u32,
+    /// The ACK tag of the last connection in each slot (a new one gets another).
+    pub(crate) last_tags: Vec<u8>,
     /// Data QP number -> connection index << 8 | lane.
     pub(crate) data_qpns: QpnTable,
     /// Transmit path -> (connection index, lane).
@@ -241,9 +155,11 @@ pub struct Engine {
     pub(crate) ctl_probes: crate::keepalive::Probes,
     /// Paths of connections that went, drained, for the next connections to reuse.
     pub(crate) spare_paths: Vec<PathId>,
-    pub(crate) peers: Vec<Peer>,
-    pub(crate) buffers: Vec<Arc<DmaBuf>>,
-    pub(crate) exports: crate::exports::Exports,
+    pub(crate) peers: crate::peers::Peers,
+    /// Registered buffers and exports.
+    pub(crate) memory: crate::memory::Memory,
+    /// First PSNs and ACK tags.
+    pub(crate) rng: crate::rng::Rng,
     pub(crate) credits: Credits,
     pub(crate) scratch: Scratch,
     pub(crate) stats: Stats,
@@ -280,6 +196,16 @@ impl Engine {
     pub fn new(ctx: &Arc<Context>, cfg: EngineConfig, clock: Clock) -> Result<Engine> {
         cfg.validate()?;
         let io = Io::new(ctx, &cfg)?;
+        if cfg.recv_keys == RecvKeys::Window && io.pd.alloc_mw().is_err() {
+            return Err(EngineError::Config {
+                field: "recv_keys",
+                value: 0,
+                reason: "RecvKeys::Window needs memory windows, which this device does not have: \
+                         set RecvKeys::Buffer to advertise receive buffers with their whole \
+                         buffer's key (a peer may then write anywhere in a buffer it was sent \
+                         a receive of, while it is registered)",
+            });
+        }
         let hdrs = Arc::new(
             io.pd
                 .alloc_dma(HDR_SLOTS * HDR_SLOT, 64, AccessFlags::LOCAL_WRITE)
@@ -295,24 +221,29 @@ impl Engine {
         };
         let turn = cfg.tx.rto_initial_us * 1000;
         let credits = Credits::new(budget, cfg.tx.flow_window, turn);
+        let id = ENGINES.fetch_add(1, Ordering::Relaxed);
+        let memory = crate::memory::Memory::new(id);
+        // The retransmission headers are named by data WRs of every connection: pinned for good.
+        memory.pins.pin(&hdrs);
+        let rng = crate::rng::Rng::new(&clock, ctx.name());
         Ok(Engine {
-            id: ENGINES.fetch_add(1, Ordering::Relaxed),
+            id,
             credits,
             clock,
             io,
             tx,
-            hdrs,
             conns: Vec::new(),
             offers: Vec::new(),
             generation: 0,
+            last_tags: Vec::new(),
             data_qpns: QpnTable::default(),
             paths: Vec::new(),
             spare_paths: Vec::new(),
             keepalive: Default::default(),
             ctl_probes: Default::default(),
-            peers: Vec::new(),
-            buffers: Vec::new(),
-            exports: crate::exports::Exports::default(),
+            peers: Default::default(),
+            memory,
+            rng,
             scratch: Scratch::default(),
             stats: Stats::default(),
             poller: Poller::new(),
@@ -364,61 +295,17 @@ impl Engine {
                     .flatten()
                     .map(|c| c.ctl.send.in_use())
                     .sum::<usize>(),
+            buffers: self.memory.buffers(),
+            exports: self.memory.exports(),
+            pinned: self.memory.pins.pinned(),
+            pins_retiring: self.memory.pins.retiring(),
+            peers: self.peers.len(),
         }
     }
 
     /// The device context.
     pub fn context(&self) -> &Arc<Context> {
         &self.io.ctx
-    }
-
-    /// Registers `len` bytes: a buffer sends may read and receives and one-sided writes may
-    /// fill (peers holding its rkey may write it: register separate buffers for separate
-    /// trust).
-    pub fn register(&mut self, len: usize) -> Result<Buffer> {
-        if self.buffers.len() >= u32::MAX as usize {
-            return Err(EngineError::Limit {
-                what: "registered buffers",
-                limit: u32::MAX.into(),
-            });
-        }
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let mem = Arc::new(
-            self.io
-                .pd
-                .alloc_dma(len, 4096, access)
-                .map_err(EngineError::verbs("registering a buffer"))?,
-        );
-        for q in self.conns.iter().flatten().flat_map(|c| &c.qps) {
-            q.pin(&mem);
-        }
-        let id = BufferId(self.buffers.len() as u32);
-        self.buffers.push(Arc::clone(&mem));
-        Ok(Buffer {
-            engine: self.id,
-            id,
-            mem,
-        })
-    }
-
-    /// Checks `buf` is this engine's.
-    fn mine(&self, buf: &Buffer) -> Result<()> {
-        if buf.engine != self.id {
-            return Err(EngineError::BadRange("a buffer of another engine"));
-        }
-        Ok(())
-    }
-
-    /// Exports `offset..offset + len` of `buf` for one-sided writes by peers.
-    pub fn export(&mut self, buf: &Buffer, offset: u64, len: u64) -> Result<Descriptor> {
-        self.mine(buf)?;
-        let (addr, _) = buf.range(offset, len)?;
-        self.exports.add(buf.id, addr, addr + len);
-        Ok(Descriptor {
-            addr,
-            len,
-            rkey: buf.mem.rkey(),
-        })
     }
 
     /// [`open_conn`](Self::open_conn), for new requests: a connection this end is closing
@@ -473,14 +360,14 @@ impl Engine {
         len: u64,
         req: &Request,
     ) -> Result<()> {
-        self.mine(buf)?;
-        let (local, lkey) = buf.range(offset, len)?;
+        let (use_, local, lkey) = self.memory.take_use(buf, offset, len)?;
         let c = self.conn_for_request(conn)?;
         c.sends.push_back(PendingSend {
             local,
             lkey,
             len,
             req: req.clone(),
+            use_,
         });
         self.mark_ready(conn.index);
         let now = self.clock.now();
@@ -504,9 +391,7 @@ impl Engine {
         len: u64,
         req: &Request,
     ) -> Result<()> {
-        self.mine(buf)?;
-        let (addr, _) = buf.range(offset, len)?;
-        let rkey = buf.mem.rkey();
+        let (use_, addr, _) = self.memory.take_use(buf, offset, len)?;
         let max = self.cfg.max_recvs;
         let c = self.conn_for_request(conn)?;
         if c.recvs_posted >= max {
@@ -516,7 +401,8 @@ impl Engine {
             });
         }
         let seq = c.next_seq;
-        if c.recvs[seq as usize % RECV_IDS].is_some() {
+        let slot = seq as usize % RECV_IDS;
+        if c.recvs[slot].is_some() {
             // The receive posted 128 ago is still waiting (its peer completed later ones
             // first): refuse rather than lose it.
             return Err(EngineError::Limit {
@@ -524,22 +410,35 @@ impl Engine {
                 limit: RECV_IDS as u64,
             });
         }
+        // With windows, the advertisement leaves once the window is bound (see `window.rs`).
+        let windows = self.cfg.recv_keys == RecvKeys::Window;
+        let rkey = if windows {
+            self.bind_window(conn.index, slot, &use_.mem, addr, len)?
+        } else {
+            use_.mem.rkey()
+        };
+        let c = self.open_conn(conn)?;
         c.next_seq = c.next_seq.wrapping_add(1);
         c.recvs_posted += 1;
-        c.recvs[seq as usize % RECV_IDS] = Some(PostedRecv {
+        c.recvs[slot] = Some(PostedRecv {
             seq,
-            buf: buf.id,
-            addr,
-            len,
-            req: req.clone(),
-        });
-        let cts = Ctl::Cts {
-            seq,
+            use_,
             addr,
             len,
             rkey,
-        };
-        c.ctl.backlog.push_back(cts.to_bytes());
+            req: req.clone(),
+            advertised: !windows,
+            ending: None,
+        });
+        if !windows {
+            let cts = Ctl::Cts {
+                seq,
+                addr,
+                len,
+                rkey,
+            };
+            c.ctl.backlog.push_back(cts.to_bytes());
+        }
         self.mark_ctl(conn.index);
         let now = self.clock.now();
         self.arm_keepalive(conn.index, now);
@@ -571,8 +470,7 @@ impl Engine {
         dst_offset: u64,
         req: &Request,
     ) -> Result<()> {
-        self.mine(buf)?;
-        let (local, lkey) = buf.range(offset, len)?;
+        let (use_, local, lkey) = self.memory.take_use(buf, offset, len)?;
         if dst_offset.checked_add(len).is_none_or(|e| e > dst.len) {
             return Err(EngineError::BadRange(
                 "the write runs past the exported region",
@@ -596,7 +494,7 @@ impl Engine {
         };
         let msg = self.tx.send_as(fid, m, rid)?;
         let c = self.open_conn(conn)?;
-        c.track(msg, req.clone(), len);
+        c.track(msg, req.clone(), len, use_);
         let now = self.clock.now();
         self.arm_keepalive(conn.index, now);
         Ok(())

@@ -73,6 +73,13 @@ pub enum EngineError {
         /// The receive buffer's.
         room: u64,
     },
+    /// A buffer given back ([`Engine::deregister`](crate::Engine::deregister), or its last
+    /// handle dropped) takes no new work.
+    #[error("buffer {0} was given back (deregistered): it takes no new work")]
+    Deregistered(crate::BufferId),
+    /// No export of this engine has this descriptor (never exported, or withdrawn already).
+    #[error("no export of this engine at {:#x}+{} with rkey {:#x}", .0.addr, .0.len, .0.rkey)]
+    NoExport(crate::Descriptor),
     /// The engine thread could not be started.
     #[error("spawning the engine thread: {0}")]
     Spawn(Arc<std::io::Error>),

@@ -231,6 +231,8 @@ pub(crate) struct Io {
     pub(crate) ctrl_qp: Qp<Ud, Rts>,
     pub(crate) ctrl_recv: RecvRing,
     pub(crate) ctrl_send: SendRing,
+    /// The QP receive windows are bound and unbound on ([`RecvKeys::Window`](crate::RecvKeys)).
+    pub(crate) windows: Option<crate::window::WindowQp>,
     /// Bytes of ACK payload one UD message may carry.
     pub(crate) ack_payload: usize,
 }
@@ -279,11 +281,12 @@ impl Io {
         let send_cap =
             u64::from(cfg.max_conns) * u64::from(cfg.qps_per_conn) * u64::from(cfg.sq_depth);
         let conn_ctrl = 2 * u64::from(conn_ctrl_depth(cfg));
-        let ctrl_cap = 2 * u64::from(CTRL_DEPTH) + u64::from(cfg.max_conns) * conn_ctrl;
-        let entries = send_cap + u64::from(cfg.srq_depth) + ctrl_cap;
         let limits = ctx
             .query_device()
             .map_err(EngineError::verbs("querying the device"))?;
+        let windows = crate::window::depth(cfg, &limits);
+        let ctrl_cap = 2 * u64::from(CTRL_DEPTH) + u64::from(cfg.max_conns) * conn_ctrl;
+        let entries = send_cap + u64::from(cfg.srq_depth) + ctrl_cap + u64::from(windows);
         for (field, depth, max) in [
             ("sq_depth", cfg.sq_depth, limits.max_qp_wr),
             ("srq_depth", cfg.srq_depth, limits.max_srq_wr),
@@ -303,8 +306,8 @@ impl Io {
                 field: "max_conns",
                 value: cfg.max_conns.into(),
                 reason: "needs a CQ larger than the device's max_cqe: max_conns x (qps_per_conn \
-                         x sq_depth + twice a connection's control depth) + srq_depth + 512 \
-                         entries",
+                         x sq_depth + twice a connection's control depth + max_recvs) + \
+                         srq_depth + 512 entries",
             })?;
         let cq = Cq::new(ctx, entries, None).map_err(EngineError::verbs("creating the CQ"))?;
         let mut ctrl_credits = CqCredits::new("control share of the CQ", ctrl_cap);
@@ -350,6 +353,12 @@ impl Io {
             .map_err(|e| up(e.error))?
             .rts(SqPsn(0))
             .map_err(|e| up(e.error))?;
+        let windows = match cfg.recv_keys {
+            crate::RecvKeys::Window => {
+                Some(crate::window::WindowQp::new(&pd, &cq, cfg, from, windows)?)
+            }
+            crate::RecvKeys::Buffer => None,
+        };
         let ctrl_recv = RecvRing::new(&pd, CTRL_DEPTH, GRH + mtu as usize, crate::wrid::ud_recv)?;
         let ctrl_send = SendRing::new(&pd, CTRL_DEPTH, mtu as usize, crate::wrid::ud_send)?;
         ctrl_qp.pin(ctrl_recv.buf.as_ref().expect("control buffers"));
@@ -362,6 +371,7 @@ impl Io {
             cq,
             send_credits: CqCredits::new("send share of the CQ", send_cap),
             ctrl_credits,
+            windows,
             srq,
             srq_ring,
             srq_limit: ((cfg.srq_depth - cfg.srq_refill) / 2).max(1),

@@ -45,11 +45,20 @@
 //!   the reason, tells the peer when it cannot know, and returns every slot, credit, CQ
 //!   reservation and path once the QPs' flushes are polled ([`Usage`] shows it).
 //!
-//! What is trusted: a peer can write the memory of the buffers it was given (a receive's
-//! buffer, an exported region's) with their rkey, as RDMA allows; everything else it sends
-//! (immediates, retransmission headers, ACKs, control messages) is checked before use, and a
-//! retransmitted chunk is copied only inside the range and with the rkey its original WRITE
-//! had. Register separate buffers for peers that must not reach each other's data.
+//! - **Memory** ([`Engine::register`]): a buffer is registered and pinned once for every data
+//!   QP of the engine, and given back with [`Engine::deregister`] (or when its last handle is
+//!   dropped): it then takes no new work, and its memory returns once no posted WR, receive,
+//!   export or retransmission refers to it.
+//!
+//! What a peer can reach: only what it was given, only while it holds it. A receive buffer is
+//! advertised with the key of a memory window bound over exactly its range while the receive
+//! is posted ([`RecvKeys::Window`], the default; [`RecvKeys::Buffer`] advertises the whole
+//! buffer's key instead, for devices without windows); an export has a key of its own over
+//! exactly its range until it is withdrawn ([`Engine::withdraw_export`]). Keys, first PSNs and
+//! ACK tags are drawn at random (softnic draws keys from a keyed permutation). Everything else
+//! a peer sends (immediates, retransmission headers, ACKs, control messages) is checked before
+//! use, and a retransmitted chunk is copied only inside the range, and with the key, its
+//! original WRITE had.
 //!
 //! Two engines on one softnic fabric, a message from one to the other:
 //!
@@ -91,24 +100,28 @@ mod credits;
 mod cts;
 mod engine;
 mod error;
-mod exports;
 mod io;
 mod keepalive;
+mod memory;
+mod peers;
 mod proto;
 mod qpn;
 mod receive;
 mod request;
+mod rng;
 mod round;
 mod rx;
 mod setup;
 mod stats;
 mod threaded;
+mod window;
 mod wrid;
 
 pub use clock::Clock;
-pub use config::{EngineConfig, Mode};
-pub use engine::{Buffer, BufferId, ConnId, Descriptor, Engine, Usage};
+pub use config::{EngineConfig, Mode, RecvKeys};
+pub use engine::{ConnId, Engine, Usage};
 pub use error::{EngineError, Result};
+pub use memory::{Buffer, BufferId, Descriptor};
 pub use request::{Done, Request};
 pub use setup::connect_pair;
 pub use stats::Stats;

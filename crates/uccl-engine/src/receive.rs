@@ -86,7 +86,7 @@ impl Engine {
         if let Some(Retransmitted { slot, remote, rkey }) = copy
             && c.rx.expects(imm.csn)
         {
-            let Some((b, off)) = self.target(ci, imm.rid, (remote, len), rkey) else {
+            let Some((dst, off)) = self.target(ci, imm.rid, (remote, len), rkey) else {
                 self.stats.dropped_invalid += 1;
                 self.refuse_chunk(ci, imm.csn, remote, rkey);
                 return;
@@ -94,10 +94,7 @@ impl Engine {
             let ring = &self.io.srq_ring;
             let at = slot as usize * ring.slot_size + RETR_HDR_LEN;
             let src = ring.buf.as_ref().expect("UC SRQ buffers");
-            if src
-                .copy_to(at, &self.buffers[b], off, len as usize)
-                .is_err()
-            {
+            if src.copy_to(at, dst, off, len as usize).is_err() {
                 self.stats.dropped_invalid += 1;
                 return;
             }
@@ -155,30 +152,27 @@ impl Engine {
     }
 
     /// Where `len` bytes for `remote` of message `rid` go: inside the receive buffer posted for
-    /// it, or inside a region this engine exported, and only with that buffer's rkey (as the
-    /// NIC checked the original WRITE). `(buffer index, offset)`, or `None` for a target the
-    /// sender may not write.
+    /// it (and not ended), or inside a region this engine exported, and only with the key that
+    /// receive was advertised with or that export has (as the NIC checked the original WRITE).
+    /// The buffer and the offset in it, or `None` for a target the sender may not write.
     pub(crate) fn target(
         &self,
         ci: u16,
         rid: u8,
         (remote, len): (u64, u32),
         rkey: u32,
-    ) -> Option<(usize, usize)> {
+    ) -> Option<(&verbs_safe::DmaBuf, usize)> {
         let end = remote.checked_add(u64::from(len))?;
-        let (buf, addr, blen) = if rid < WRITE_RID {
+        let mem = if rid < WRITE_RID {
             let c = self.conns[usize::from(ci)].as_ref()?;
             let r = c.recvs[usize::from(rid)].as_ref()?;
-            (r.buf, r.addr, r.len)
+            let inside = remote >= r.addr && end <= r.addr.checked_add(r.len)?;
+            (inside && r.rkey == rkey && r.ending.is_none()).then_some(&r.use_.mem)?
         } else {
-            let (a, e, b) = self.exports.find(remote, end)?;
-            (b, a, e - a)
+            self.memory.export_holding(rkey, remote, end)?.region.buf()
         };
-        let inside = remote >= addr && end <= addr.checked_add(blen)?;
-        let b = usize::try_from(buf.0).ok()?;
-        let mem = self.buffers.get(b)?;
         let off = remote.checked_sub(mem.addr())?;
-        (inside && mem.rkey() == rkey).then_some((b, usize::try_from(off).ok()?))
+        Some((mem, usize::try_from(off).ok()?))
     }
 
     /// A message of connection `ci` arrived whole.
@@ -188,21 +182,22 @@ impl Engine {
             return;
         }
         let c = self.conns[usize::from(ci)].as_mut().expect("open");
-        let Some(r) = c.recvs[usize::from(d.rid)].take() else {
+        let slot = usize::from(d.rid);
+        let Some(r) = c.recvs[slot].as_ref().filter(|r| r.ending.is_none()) else {
             self.stats.dropped_invalid += 1;
             return;
         };
-        c.recvs_posted -= 1;
-        if d.bytes > r.len {
-            r.req.fail(EngineError::TooLarge {
+        let result = if d.bytes > r.len {
+            Err(EngineError::TooLarge {
                 len: d.bytes,
                 room: r.len,
-            });
-            return;
-        }
-        self.stats.messages_received += 1;
-        self.stats.bytes_received += d.bytes;
-        r.req.complete(Ok(Done { len: d.bytes }));
+            })
+        } else {
+            self.stats.messages_received += 1;
+            self.stats.bytes_received += d.bytes;
+            Ok(Done { len: d.bytes })
+        };
+        self.end_recv(ci, slot, result);
     }
 }
 
@@ -221,7 +216,7 @@ mod tests {
     use verbs_safe::{Context, Verbs};
 
     /// A retransmitted chunk is copied only where its original WRITE could have gone: inside
-    /// the receive buffer or exported range, and with that buffer's rkey.
+    /// the receive buffer or exported range, and with the key it was given.
     #[test]
     fn a_retransmission_needs_the_rkey_of_its_target() {
         let fabric = softnic::Fabric::default();
@@ -238,20 +233,34 @@ mod tests {
         let _r = b.recv(cb, &posted, 0, 8192).unwrap();
         let ci = cb.index;
         let w = super::WRITE_RID;
-        // One-sided: inside the export with its rkey; not with another buffer's rkey.
-        assert!(b.target(ci, w, (d.addr + 10, 100), d.rkey).is_some());
-        let other = posted.mem.rkey();
-        assert_eq!(b.target(ci, w, (d.addr + 10, 100), other), None);
-        assert_eq!(b.target(ci, w, (d.addr - 10, 100), d.rkey), None, "outside");
-        // Two-sided: receive 0 of the connection, with the posted buffer's rkey only.
-        let addr = posted.mem.addr();
-        assert!(b.target(ci, 0, (addr, 8192), other).is_some());
-        assert_eq!(b.target(ci, 0, (addr, 8192), d.rkey), None);
+        let at = |t: Option<(&verbs_safe::DmaBuf, usize)>| t.map(|(m, off)| (m.addr(), off));
+        let r = b.conns[usize::from(ci)].as_ref().unwrap().recvs[0].as_ref();
+        let (addr, recv_key) = r.map(|r| (r.addr, r.rkey)).unwrap();
+        // One-sided: inside the export with its key; not with another key, nor outside.
+        let (buf, off) = at(b.target(ci, w, (d.addr + 10, 100), d.rkey)).unwrap();
+        assert_eq!((buf + off as u64), d.addr + 10);
+        assert_eq!(at(b.target(ci, w, (d.addr + 10, 100), recv_key)), None);
         assert_eq!(
-            b.target(ci, 0, (addr, 8193), other),
+            at(b.target(ci, w, (d.addr - 10, 100), d.rkey)),
             None,
-            "past the buffer"
+            "before"
         );
-        assert_eq!(b.target(ci, 1, (addr, 10), other), None, "no receive 1");
+        assert_eq!(
+            at(b.target(ci, w, (d.addr + 4000, 100), d.rkey)),
+            None,
+            "past"
+        );
+        // Two-sided: receive 0 of the connection, with the key it was advertised with only.
+        assert_eq!(at(b.target(ci, 0, (addr, 8192), recv_key)), Some((addr, 0)));
+        assert_eq!(at(b.target(ci, 0, (addr, 8192), d.rkey)), None);
+        assert_eq!(at(b.target(ci, 0, (addr, 8193), recv_key)), None, "past it");
+        assert_eq!(
+            at(b.target(ci, 1, (addr, 10), recv_key)),
+            None,
+            "no receive 1"
+        );
+        // Every key is its own: the export's and the receive's.
+        assert_ne!(recv_key, d.rkey);
+        drop((exported, posted));
     }
 }

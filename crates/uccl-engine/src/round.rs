@@ -82,6 +82,7 @@ impl Engine {
     /// let [`Engine::spawn`](crate::Engine::spawn) run it on a thread.
     pub fn poll(&mut self) -> Result<bool> {
         let now = self.clock.now();
+        self.memory.settle();
         let mut busy = self.poll_cq(now)?;
         self.match_sends();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
@@ -153,6 +154,8 @@ impl Engine {
                 Some(Wr::UdSend(slot)) => self.io.ctrl_send.give_back(slot),
                 Some(Wr::CtlRecv(ci, slot)) => self.on_ctl(ci, slot, e, now),
                 Some(Wr::CtlSend(ci, slot)) => self.on_ctl_sent(ci, slot, e),
+                Some(Wr::MwBind(ci, slot)) => self.on_window(ci, slot, false, e),
+                Some(Wr::MwUnbind(ci, slot)) => self.on_window(ci, slot, true, e),
                 None => self.stats.dropped_invalid += 1,
             }
         }
@@ -180,6 +183,7 @@ impl Engine {
                         len: s.len,
                         room: cts.len,
                     });
+                    drop(s.use_);
                     c.ctl.backlog.push_back(
                         Ctl::Refuse {
                             seq: cts.seq,
@@ -198,7 +202,7 @@ impl Engine {
                 };
                 let rid = (cts.seq % crate::conn::RECV_IDS as u32) as u8;
                 match self.tx.send_as(ci, m, rid) {
-                    Ok(msg) => c.track(msg, s.req, s.len),
+                    Ok(msg) => c.track(msg, s.req, s.len, s.use_),
                     Err(e) => s.req.fail(e.into()),
                 }
             }

@@ -13,7 +13,7 @@ use verbs_safe::{AccessFlags, Init, Mtu, Qp, QpCaps, QpInit, Rc, Remote, Uc};
 use crate::config::Mode;
 use crate::conn::{self, Conn, Ctl, CtlQp, DataQp, RECV_IDS, State};
 use crate::cts::CtsOrder;
-use crate::engine::{ConnId, Engine, Peer};
+use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
 use crate::io::{self, QKEY};
 use crate::proto::{CTL_LEN, HELLO_FIXED_LEN, Hello, feature};
@@ -35,14 +35,8 @@ enum InitQp {
 /// How long the TCP exchange may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn psn(generation: u32, lane: u32) -> u32 {
-    (generation.wrapping_mul(0x9e37_79b9) ^ lane.wrapping_mul(0x85eb_ca6b)) & 0x00ff_ffff
-}
-
 /// The ACK tag of the connection whose control QP starts at `conn_psn`: its low 7 bits, which
-/// both ends know from the handshake. Consecutive generations give distinct ones (the PSN's
-/// low bits are the generation times an odd constant), so an ACK of an earlier connection
-/// with the same flow id carries another tag unless 128 connections came in between.
+/// both ends know from the handshake.
 fn ack_tag(conn_psn: u32) -> u8 {
     (conn_psn & u32::from(uccl_tx::wire::MAX_TAG)) as u8
 }
@@ -97,6 +91,7 @@ impl Engine {
     }
 
     fn create_qps(&mut self, index: u16) -> Result<Offer> {
+        let conn_psn = self.conn_psn(index);
         self.generation = self.generation.wrapping_add(1);
         let id = ConnId {
             engine: self.id,
@@ -119,26 +114,29 @@ impl Engine {
             caps,
             sig_all: false,
         };
+        let pins = &self.memory.pins;
         let verbs = EngineError::verbs("creating a data QP");
         let access = AccessFlags::REMOTE_WRITE;
         let mut data = Vec::with_capacity(usize::from(cfg.qps_per_conn));
         let mut qps = Vec::with_capacity(data.capacity());
-        for lane in 0..u32::from(cfg.qps_per_conn) {
+        for _ in 0..cfg.qps_per_conn {
+            // Every data QP checks its slots against the engine's one pin table: a buffer is
+            // pinned once, whatever the number of connections.
             let q = match cfg.mode {
                 Mode::Uc => {
                     let q = Qp::<Uc, _>::new(&io.pd, init.clone()).map_err(verbs)?;
-                    InitQp::Uc(conn::init(q, cfg.port, access)?)
+                    InitQp::Uc(conn::init(q.with_pins(pins), cfg.port, access)?)
                 }
                 Mode::Rc => {
                     let q = Qp::<Rc, _>::new(&io.pd, init.clone()).map_err(verbs)?;
-                    InitQp::Rc(conn::init(q, cfg.port, access)?)
+                    InitQp::Rc(conn::init(q.with_pins(pins), cfg.port, access)?)
                 }
             };
             let qpn = match &q {
                 InitQp::Uc(q) => q.qpn(),
                 InitQp::Rc(q) => q.qpn(),
             };
-            qps.push((qpn, psn(self.generation, lane)));
+            qps.push((qpn, self.rng.psn()));
             data.push(q);
         }
         let depth = io::conn_ctrl_depth(cfg);
@@ -180,7 +178,7 @@ impl Engine {
             fid: index,
             credit: self.credits.open(index, now),
             conn_qpn: ctl.qpn(),
-            conn_psn: psn(self.generation, 0xffff),
+            conn_psn,
             qps,
         };
         Ok(Offer {
@@ -281,13 +279,6 @@ impl Engine {
             mtu,
             mine.conn_psn,
         )?;
-        let peer = self.peer(h.gid, h.lid, h.ctrl_qpn)?;
-        for q in &qps {
-            q.pin(&self.hdrs);
-            for b in &self.buffers {
-                q.pin(b);
-            }
-        }
         let depth = io::conn_ctrl_depth(&self.cfg);
         let recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN, |i| {
             crate::wrid::ctl_recv(index, i)
@@ -302,6 +293,14 @@ impl Engine {
             self.spare_paths.extend_from_slice(&paths);
             return Err(e.into());
         }
+        let peer = match self.hold_peer(h.gid, h.lid, h.ctrl_qpn) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.tx.close_flow(index);
+                self.spare_paths.extend_from_slice(&paths);
+                return Err(e);
+            }
+        };
         for (lane, q) in qps.iter().enumerate() {
             self.data_qpns
                 .insert(q.qpn(), u32::from(index) << 8 | lane as u32);
@@ -329,6 +328,8 @@ impl Engine {
             },
             rx: RxFlow::default(),
             recvs: (0..RECV_IDS).map(|_| None).collect(),
+            windows: (0..RECV_IDS).map(|_| None).collect(),
+            window_ops: 0,
             recvs_posted: 0,
             next_seq: 0,
             cts: VecDeque::new(),
@@ -400,29 +401,21 @@ impl Engine {
         Ok(port.active_mtu.min(self.cfg.path_mtu))
     }
 
-    /// The peer engine at `gid`/`lid` with control QP `ctrl_qpn`, added if new.
-    fn peer(&mut self, gid: verbs_safe::Gid, lid: u16, ctrl_qpn: u32) -> Result<usize> {
-        if let Some(i) = self
-            .peers
-            .iter()
-            .position(|p| p.gid == gid && p.ctrl_qpn == ctrl_qpn)
-        {
-            return Ok(i);
+    /// A random first PSN for the control QP of a new connection in slot `index`, whose ACK tag
+    /// (its low bits) differs from that of the connection before it in the slot: an ACK of the
+    /// earlier connection still on the wire is then told apart (see `AckRepr::tag`).
+    fn conn_psn(&mut self, index: u16) -> u32 {
+        let slot = usize::from(index);
+        if self.last_tags.len() <= slot {
+            self.last_tags.resize(slot + 1, u8::MAX);
         }
-        let ah = self
-            .io
-            .pd
-            .create_ah(self.io.from, lid, Some(gid))
-            .map_err(EngineError::verbs("creating an address handle for a peer"))?;
-        self.io.ctrl_qp.pin_ah(&ah);
-        self.peers.push(Peer {
-            gid,
-            ctrl_qpn,
-            ah,
-            acks: Vec::new(),
-            staged: Vec::new(),
-        });
-        Ok(self.peers.len() - 1)
+        loop {
+            let psn = self.rng.psn();
+            if ack_tag(psn) != self.last_tags[slot] {
+                self.last_tags[slot] = ack_tag(psn);
+                return psn;
+            }
+        }
     }
 
     /// Connects to the engine listening at `addr` (see [`accept`](Self::accept)): the

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::engine::{Buffer, ConnId, Descriptor, Engine};
+use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
+use crate::memory::{Buffer, Descriptor};
 use crate::request::Request;
 
 /// Requests the queue towards the engine thread holds at most; beyond that
@@ -228,10 +229,10 @@ impl EngineHandle {
 
     /// Queues `op` of `offset..offset + len` of `buf` on `conn`.
     fn io(&self, conn: ConnId, buf: &Buffer, (offset, len): (u64, u64), op: Op) -> Result<Request> {
-        if buf.engine != self.engine_id {
+        if buf.engine() != self.engine_id {
             return Err(EngineError::BadRange("a buffer of another engine"));
         }
-        buf.range(offset, len)?;
+        buf.check_range(offset, len)?;
         let req = Request::of_engine(self.engine_id);
         self.push(Command::Io {
             conn,
@@ -288,6 +289,24 @@ impl EngineHandle {
     /// [`Engine::register`] on the engine thread.
     pub fn register(&self, len: usize) -> Result<Buffer> {
         self.call(move |e| e.register(len))?
+    }
+
+    /// [`Engine::deregister`] on the engine thread.
+    pub fn deregister(&self, buf: &Buffer) -> Result<()> {
+        let buf = buf.clone();
+        self.call(move |e| e.deregister(&buf))?
+    }
+
+    /// [`Engine::export`] on the engine thread.
+    pub fn export(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Descriptor> {
+        let buf = buf.clone();
+        self.call(move |e| e.export(&buf, offset, len))?
+    }
+
+    /// [`Engine::withdraw_export`] on the engine thread.
+    pub fn withdraw_export(&self, d: &Descriptor) -> Result<()> {
+        let d = *d;
+        self.call(move |e| e.withdraw_export(&d))?
     }
 
     /// [`Engine::close`] on the engine thread.

@@ -39,6 +39,10 @@ pub(crate) enum Wr {
     CtlRecv(u16, u32),
     /// A send of a connection's control QP: connection, slot.
     CtlSend(u16, u32),
+    /// A bind of a connection's receive window (on the window QP): connection, request id.
+    MwBind(u16, u32),
+    /// An unbind of a connection's receive window: connection, request id.
+    MwUnbind(u16, u32),
 }
 
 fn id(kind: u64, conn: u16, slot: u32) -> u64 {
@@ -60,6 +64,12 @@ pub(crate) fn ctl_recv(conn: u16, slot: u32) -> u64 {
 pub(crate) fn ctl_send(conn: u16, slot: u32) -> u64 {
     id(4, conn, slot)
 }
+pub(crate) fn mw_bind(conn: u16, slot: u32) -> u64 {
+    id(5, conn, slot)
+}
+pub(crate) fn mw_unbind(conn: u16, slot: u32) -> u64 {
+    id(6, conn, slot)
+}
 
 /// What completion `wr_id` names, if it names one.
 pub(crate) fn decode(wr_id: u64) -> Option<Wr> {
@@ -74,6 +84,8 @@ pub(crate) fn decode(wr_id: u64) -> Option<Wr> {
         2 => Some(Wr::UdSend(slot)),
         3 => Some(Wr::CtlRecv(conn, slot)),
         4 => Some(Wr::CtlSend(conn, slot)),
+        5 => Some(Wr::MwBind(conn, slot)),
+        6 => Some(Wr::MwUnbind(conn, slot)),
         _ => None,
     }
 }
@@ -91,6 +103,8 @@ mod tests {
             Wr::UdSend(u32::MAX),
             Wr::CtlRecv(4095, 3),
             Wr::CtlSend(1, 0),
+            Wr::MwBind(7, 127),
+            Wr::MwUnbind(4095, 0),
         ] {
             let id = match c {
                 Wr::Data => unreachable!(),
@@ -99,6 +113,8 @@ mod tests {
                 Wr::UdSend(s) => ud_send(s),
                 Wr::CtlRecv(k, s) => ctl_recv(k, s),
                 Wr::CtlSend(k, s) => ctl_send(k, s),
+                Wr::MwBind(k, s) => mw_bind(k, s),
+                Wr::MwUnbind(k, s) => mw_unbind(k, s),
             };
             assert_eq!(id >> 63, 0);
             assert_eq!(decode(id), Some(c));

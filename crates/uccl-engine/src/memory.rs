@@ -1,0 +1,463 @@
+//! Memory registered with an engine, and what peers may reach of it.
+//!
+//! - A [`Buffer`] is registered once and pinned once, to the one pin table every data QP of the
+//!   engine shares (O(log n), whatever the number of connections). Its own region grants peers
+//!   nothing (with [`RecvKeys::Window`](crate::RecvKeys::Window)): they reach it only through
+//!   the keys below.
+//! - It is given back by [`Engine::deregister`] (which withdraws its exports at once), or when
+//!   its last handle is dropped (then its exports keep it until they are withdrawn): from then
+//!   on it takes no new work ([`EngineError::Deregistered`]), and once no request and no
+//!   export uses it, it is unpinned. Its memory returns when the last posted WR naming it is
+//!   done (verbs-safe's pin table waits for that) and the last handle is gone.
+//! - An export ([`Engine::export`]) is a region of its own over exactly the exported range,
+//!   with its own key: a write outside it fails at the NIC, and
+//!   [`Engine::withdraw_export`] deregisters it (later writes fail too).
+//!
+//! Cost (the reason for the choice): a registration per export, as exports are made once and
+//! used many times; a memory window bind per receive (see `window.rs`), as receives come and
+//! go with every message.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crossbeam_queue::SegQueue;
+use verbs_safe::{AccessFlags, DmaBuf, DmaRange, Pins};
+
+use crate::config::RecvKeys;
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+
+/// A buffer of an engine: a slot and a generation (a stale id never names a newer buffer in
+/// the same slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferId {
+    index: u32,
+    generation: u32,
+}
+
+impl std::fmt::Display for BufferId {
+    /// "3 (generation 2)".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (generation {})", self.index, self.generation)
+    }
+}
+
+/// Memory registered with an engine: what sends read and what receives and one-sided writes
+/// land in. The NIC and peers may access it at any time, so its bytes are reached by copies
+/// ([`read_at`](Self::read_at), [`write_at`](Self::write_at)), never by references.
+///
+/// Cloning gives another handle to the same buffer. It is given back by
+/// [`Engine::deregister`], or when its last handle is dropped.
+#[derive(Clone)]
+pub struct Buffer {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
+    engine: u64,
+    id: BufferId,
+    mem: Arc<DmaBuf>,
+    /// Where the engine learns that the last handle went.
+    gone: Arc<SegQueue<BufferId>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.gone.push(self.id);
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("engine", &self.handle.engine)
+            .field("id", &self.handle.id)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// Its id.
+    pub fn id(&self) -> BufferId {
+        self.handle.id
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.handle.mem.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.handle.mem.is_empty()
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.handle
+            .mem
+            .read_at(offset, out)
+            .map_err(|_| EngineError::BadRange("read outside the buffer"))
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.handle
+            .mem
+            .write_at(offset, data)
+            .map_err(|_| EngineError::BadRange("write outside the buffer"))
+    }
+
+    /// The engine it belongs to.
+    pub(crate) fn engine(&self) -> u64 {
+        self.handle.engine
+    }
+
+    /// Checks `offset..offset + len` lies inside.
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > self.len() as u64) {
+            return Err(EngineError::BadRange("the range lies outside the buffer"));
+        }
+        Ok(())
+    }
+}
+
+/// A region exported for one-sided writes: what a peer needs to write into it. Send it out of
+/// band ([`to_bytes`](Self::to_bytes)). Its key reaches exactly `addr..addr + len`, until the
+/// owner withdraws it ([`Engine::withdraw_export`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The first byte's address at the owner.
+    pub addr: u64,
+    /// The length.
+    pub len: u64,
+    /// The owner's rkey for it.
+    pub rkey: u32,
+}
+
+impl Descriptor {
+    /// 20 bytes, big-endian.
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Reads one back (`None` unless exactly 20 bytes).
+    pub fn from_bytes(b: &[u8]) -> Option<Descriptor> {
+        let b: &[u8; 20] = b.try_into().ok()?;
+        Some(Descriptor {
+            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
+            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[16..].try_into().ok()?),
+        })
+    }
+}
+
+/// A request's hold on a buffer: while one lives, the buffer's deregistration waits. It also
+/// gives the request the buffer's memory (a retransmitted chunk is copied into it).
+pub(crate) struct BufUse {
+    id: BufferId,
+    pub(crate) mem: Arc<DmaBuf>,
+    done: Arc<SegQueue<BufferId>>,
+}
+
+impl Drop for BufUse {
+    fn drop(&mut self) {
+        self.done.push(self.id);
+    }
+}
+
+/// An export: its own region over the range, and the buffer it is part of.
+pub(crate) struct Export {
+    pub(crate) region: DmaRange,
+    buf: BufferId,
+}
+
+struct Entry {
+    mem: Arc<DmaBuf>,
+    /// Requests using it (sends and writes reading it, receives posted into it).
+    uses: u32,
+    /// The rkeys of its exports.
+    exports: Vec<u32>,
+    /// Given back: it takes no new work and goes once nothing uses it.
+    dying: bool,
+}
+
+impl Entry {
+    /// Given back and used by nothing any more: it can go.
+    fn done(&self) -> bool {
+        self.dying && self.uses == 0 && self.exports.is_empty()
+    }
+}
+
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+/// The buffers and exports of an engine.
+pub(crate) struct Memory {
+    engine: u64,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// The pin table of every data QP (and the retransmission headers).
+    pub(crate) pins: Arc<Pins>,
+    /// Buffers whose last handle was dropped.
+    gone: Arc<SegQueue<BufferId>>,
+    /// Buffer uses that ended.
+    done: Arc<SegQueue<BufferId>>,
+    /// Exports by rkey.
+    exports: HashMap<u32, Export>,
+    live: usize,
+}
+
+impl Memory {
+    pub(crate) fn new(engine: u64) -> Memory {
+        Memory {
+            engine,
+            slots: Vec::new(),
+            free: Vec::new(),
+            pins: Pins::new(),
+            gone: Arc::default(),
+            done: Arc::default(),
+            exports: HashMap::new(),
+            live: 0,
+        }
+    }
+
+    /// Buffers registered and not given back.
+    pub(crate) fn buffers(&self) -> usize {
+        self.live
+    }
+
+    /// Exports not withdrawn.
+    pub(crate) fn exports(&self) -> usize {
+        self.exports.len()
+    }
+
+    /// The export with key `rkey` holding `addr..end`.
+    pub(crate) fn export_holding(&self, rkey: u32, addr: u64, end: u64) -> Option<&Export> {
+        self.exports
+            .get(&rkey)
+            .filter(|x| addr >= x.region.addr() && end <= x.region.addr() + x.region.len() as u64)
+    }
+
+    /// The live (not given back) entry of `buf`.
+    fn entry(&mut self, buf: &Buffer) -> Result<&mut Entry> {
+        if buf.engine() != self.engine {
+            return Err(EngineError::BadRange("a buffer of another engine"));
+        }
+        let id = buf.id();
+        self.slots
+            .get_mut(id.index as usize)
+            .filter(|s| s.generation == id.generation)
+            .and_then(|s| s.entry.as_mut())
+            .filter(|e| !e.dying)
+            .ok_or(EngineError::Deregistered(id))
+    }
+
+    /// A use of `offset..offset + len` of `buf` by a new request: its address and lkey.
+    pub(crate) fn take_use(
+        &mut self,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<(BufUse, u64, u32)> {
+        buf.check_range(offset, len)?;
+        let done = Arc::clone(&self.done);
+        let e = self.entry(buf)?;
+        e.uses += 1;
+        let mem = Arc::clone(&e.mem);
+        let (addr, lkey) = (mem.addr() + offset, mem.lkey());
+        let u = BufUse {
+            id: buf.id(),
+            mem,
+            done,
+        };
+        Ok((u, addr, lkey))
+    }
+
+    /// Takes in the handles dropped and the uses ended since the last call: buffers given back
+    /// with nothing in flight go.
+    pub(crate) fn settle(&mut self) {
+        while let Some(id) = self.done.pop() {
+            if let Some(e) = self.live_slot(id) {
+                e.uses -= 1;
+                if e.done() {
+                    self.finish(id);
+                }
+            }
+        }
+        while let Some(id) = self.gone.pop() {
+            self.give_back(id, false);
+        }
+    }
+
+    fn live_slot(&mut self, id: BufferId) -> Option<&mut Entry> {
+        self.slots
+            .get_mut(id.index as usize)
+            .filter(|s| s.generation == id.generation)
+            .and_then(|s| s.entry.as_mut())
+    }
+
+    /// Gives buffer `id` back: no new work, its exports withdrawn if `withdraw`, gone once
+    /// nothing uses it.
+    fn give_back(&mut self, id: BufferId, withdraw: bool) {
+        let Some(e) = self.live_slot(id).filter(|e| !e.dying) else {
+            return;
+        };
+        e.dying = true;
+        let exports = if withdraw {
+            std::mem::take(&mut e.exports)
+        } else {
+            Vec::new()
+        };
+        let done = e.done();
+        for rkey in exports {
+            self.exports.remove(&rkey);
+        }
+        if done {
+            self.finish(id);
+        }
+    }
+
+    /// Frees the slot of a buffer given back with nothing in flight, and unpins it (the pin
+    /// table keeps it until the last WR naming it is done).
+    fn finish(&mut self, id: BufferId) {
+        let slot = &mut self.slots[id.index as usize];
+        if let Some(e) = slot.entry.take() {
+            self.pins.unpin(&e.mem);
+            slot.generation = slot.generation.wrapping_add(1);
+            self.free.push(id.index);
+            self.live -= 1;
+        }
+    }
+}
+
+impl Engine {
+    /// Registers `len` bytes: a buffer sends may read and receives and one-sided writes may
+    /// fill. Peers reach it only through the keys the engine gives them: a receive's (its
+    /// range, while it is posted) and an export's (its range, until withdrawn). With
+    /// [`RecvKeys::Buffer`] a receive's key is the whole buffer's, for as long as it is
+    /// registered.
+    pub fn register(&mut self, len: usize) -> Result<Buffer> {
+        let m = &mut self.memory;
+        let index = match m.free.pop() {
+            Some(i) => i,
+            None if m.slots.len() < u32::MAX as usize => {
+                m.slots.push(Slot {
+                    generation: 0,
+                    entry: None,
+                });
+                (m.slots.len() - 1) as u32
+            }
+            None => {
+                return Err(EngineError::Limit {
+                    what: "registered buffers",
+                    limit: u32::MAX.into(),
+                });
+            }
+        };
+        let access = AccessFlags::LOCAL_WRITE
+            | match self.cfg.recv_keys {
+                RecvKeys::Window => AccessFlags::MW_BIND,
+                RecvKeys::Buffer => AccessFlags::REMOTE_WRITE,
+            };
+        let mem = match self.io.pd.alloc_dma(len, 4096, access) {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                m.free.push(index);
+                return Err(EngineError::verbs("registering a buffer")(e));
+            }
+        };
+        m.pins.pin(&mem);
+        let slot = &mut m.slots[index as usize];
+        slot.entry = Some(Entry {
+            mem: Arc::clone(&mem),
+            uses: 0,
+            exports: Vec::new(),
+            dying: false,
+        });
+        m.live += 1;
+        let id = BufferId {
+            index,
+            generation: slot.generation,
+        };
+        Ok(Buffer {
+            handle: Arc::new(Handle {
+                engine: self.id,
+                id,
+                mem,
+                gone: Arc::clone(&m.gone),
+            }),
+        })
+    }
+
+    /// Gives `buf` back. From now on it takes no new work ([`EngineError::Deregistered`]) and
+    /// its exports are withdrawn (peers' writes into them fail); requests already using it run
+    /// to their end (their data stays exact), then it is unpinned. Its memory is freed once no
+    /// posted WR names it and every handle is dropped. Dropping every handle without calling
+    /// this gives it back too, except that its exports stay until withdrawn
+    /// ([`withdraw_export`](Self::withdraw_export)) and keep it meanwhile. Fails with
+    /// [`EngineError::Deregistered`] if it was given back already.
+    pub fn deregister(&mut self, buf: &Buffer) -> Result<()> {
+        self.memory.entry(buf)?;
+        self.memory.give_back(buf.id(), true);
+        self.memory.settle();
+        Ok(())
+    }
+
+    /// Exports `offset..offset + len` of `buf` for one-sided writes by peers: registers that
+    /// range on its own, so the descriptor's key reaches exactly it (a write outside fails at
+    /// this end's NIC), until [`withdraw_export`](Self::withdraw_export) or the buffer is given
+    /// back. Each export is a registration of its own (a system call on hardware).
+    pub fn export(&mut self, buf: &Buffer, offset: u64, len: u64) -> Result<Descriptor> {
+        buf.check_range(offset, len)?;
+        let e = self.memory.entry(buf)?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let region = e
+            .mem
+            .register_range(offset as usize, len as usize, access)
+            .map_err(EngineError::verbs("registering an export"))?;
+        let d = Descriptor {
+            addr: region.addr(),
+            len,
+            rkey: region.rkey(),
+        };
+        e.exports.push(d.rkey);
+        let x = Export {
+            region,
+            buf: buf.id(),
+        };
+        self.memory.exports.insert(d.rkey, x);
+        Ok(d)
+    }
+
+    /// Withdraws an export: its region is deregistered, so a peer's write through `d` fails
+    /// from now on (at this end's NIC on RC; on UC the write is dropped, and a retransmission
+    /// is refused and reported to the sender). Fails with [`EngineError::NoExport`] for a
+    /// descriptor this engine did not give (or withdrew already).
+    pub fn withdraw_export(&mut self, d: &Descriptor) -> Result<()> {
+        let m = &mut self.memory;
+        let matches = m
+            .exports
+            .get(&d.rkey)
+            .is_some_and(|x| x.region.addr() == d.addr && x.region.len() as u64 == d.len);
+        if !matches {
+            return Err(EngineError::NoExport(*d));
+        }
+        let x = m.exports.remove(&d.rkey).expect("checked");
+        if let Some(e) = m.live_slot(x.buf) {
+            e.exports.retain(|&k| k != d.rkey);
+            if e.done() {
+                m.finish(x.buf);
+            }
+        }
+        Ok(())
+    }
+}
