@@ -32,7 +32,8 @@ pub fn drain(sim: &mut Sim, limit: Duration) -> Result<(), String> {
 }
 
 /// Whether engine `i` holds what it held before its first connection: no connection, nothing
-/// draining, no CQ reservation beyond its own control QP's, no credit granted, and [`quiet`].
+/// draining, no CQ reservation beyond its own control QP's, no credit granted, no peer engine
+/// held, and [`quiet`].
 pub fn back_to_baseline(sim: &Sim, i: usize) -> bool {
     let (u, b) = (sim.engines[i].usage(), sim.baseline[i]);
     quiet(&u)
@@ -41,6 +42,14 @@ pub fn back_to_baseline(sim: &Sim, i: usize) -> bool {
         && u.send_cq_reserved == b.send_cq_reserved
         && u.ctrl_cq_reserved == b.ctrl_cq_reserved
         && u.credits_granted == 0
+        && u.peers == 0
+}
+
+/// Whether engine `i` holds the memory it held when it was built: no buffer, export or pin
+/// beyond its own, nothing retiring.
+pub fn memory_back_to_baseline(sim: &Sim, i: usize) -> bool {
+    let (u, b) = (sim.engines[i].usage(), sim.baseline[i]);
+    u.buffers == b.buffers && u.exports == b.exports && u.pinned == b.pinned && u.pins_retiring == 0
 }
 
 /// Closes every link (from `a`'s end for even indices, `b`'s for odd ones; from the other

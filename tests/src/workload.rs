@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use uccl_engine::{Buffer, ConnId, Descriptor, Request, Stats};
 
-pub use crate::settle::{back_to_baseline, close_all, drain, quiet, usage_table};
+pub use crate::settle::{
+    back_to_baseline, close_all, drain, memory_back_to_baseline, quiet, usage_table,
+};
 use crate::{Sim, pattern};
 
 /// Bytes between two messages' ranges in an arena: they hold known bytes that no message may

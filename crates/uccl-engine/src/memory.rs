@@ -318,6 +318,7 @@ impl Memory {
             Vec::new()
         };
         let done = e.done();
+        self.live -= 1;
         for rkey in exports {
             self.exports.remove(&rkey);
         }
@@ -334,7 +335,6 @@ impl Memory {
             self.pins.unpin(&e.mem);
             slot.generation = slot.generation.wrapping_add(1);
             self.free.push(id.index);
-            self.live -= 1;
         }
     }
 }
