@@ -47,6 +47,16 @@ pub(crate) enum TxMode {
     Single,
 }
 
+/// What key a receive buffer is advertised with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RecvKeysArg {
+    /// A memory window bound over exactly the receive, while it is posted (the default).
+    Window,
+    /// The whole buffer's key (no work per receive; a peer reaches the whole buffer).
+    Buffer,
+}
+
 /// perftest-style benchmark of the UCCL transport: messages between engines, every byte
 /// verified, on softnic (the built-in software NIC) or a real RDMA NIC.
 #[derive(Debug, Parser)]
@@ -126,6 +136,11 @@ pub(crate) struct Args {
     /// Chained posts (up to 32 WRs per doorbell) or one WR per post, as UCCL does.
     #[arg(long, value_enum, default_value = "chained")]
     pub(crate) tx_mode: TxMode,
+    /// The key receive buffers are advertised with: a memory window over exactly the receive
+    /// (a bind and an unbind per receive), or the whole buffer's (to measure what windows
+    /// cost).
+    #[arg(long, value_enum, default_value = "window")]
+    pub(crate) recv_keys: RecvKeysArg,
     /// softnic: skip the NIC's payload copies (nothing is verified), to measure the stack's
     /// own cost per chunk.
     #[arg(long)]

@@ -57,6 +57,7 @@ struct Config<'a> {
     corrupt: f64,
     seed: u64,
     tx_mode: TxMode,
+    recv_keys: crate::args::RecvKeysArg,
     max_chain: u32,
     no_payload: bool,
     clock: &'static str,
@@ -136,6 +137,7 @@ fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
         corrupt: faults.corrupt,
         seed: args.seed,
         tx_mode: args.tx_mode,
+        recv_keys: args.recv_keys,
         max_chain: crate::transport::engine_config(args, 1).tx.max_chain,
         no_payload: args.no_payload,
         clock: if args.virtual_clock() {

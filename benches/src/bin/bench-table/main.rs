@@ -12,13 +12,17 @@
 //!    from the engine's default configuration;
 //! 4. bufpool vs crossbeam's `ArrayQueue`: alloc+free pairs;
 //! 5. goodput at 0, 1 and 5 % loss relative to lossless (`uccl-perf` default runs);
-//! 6. softnic goodput relative to a memcpy of the same bytes.
+//! 6. softnic goodput relative to a memcpy of the same bytes;
+//! 7. memory and keys: register+deregister and export+withdraw per call at 1024 connections vs
+//!    none, and receives advertised with a memory window vs the whole buffer's key
+//!    ([`memory`]).
 //!
-//! Rows 1, 5 and 6 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
+//! Rows 1, 5, 6 and 7 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
 //! to stderr, the table to stdout.
 
 mod cq;
+mod memory;
 mod perf;
 
 use std::path::{Path, PathBuf};
@@ -35,30 +39,30 @@ usage: bench-table [--perf PATH] [--only ROWS]
 
 Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
   --perf PATH   the uccl-perf binary (default: the one next to this program)
-  --only ROWS   only these rows, e.g. 2 or 1,4 (1-6; the whole table by default)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-7; the whole table by default)
 ";
 
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 7],
+    rows: [bool; 8],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 7];
+        let mut rows = [true; 8];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 7];
+                    rows = [false; 8];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=6) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-6)")),
+                            Ok(n @ 1..=7) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-7)")),
                         }
                     }
                 }
@@ -75,7 +79,7 @@ impl Opts {
                 .map_err(|e| format!("where is this program? {e}"))?
                 .with_file_name("uccl-perf"),
         };
-        if !perf.is_file() && rows[1] | rows[5] | rows[6] {
+        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] {
             return Err(format!(
                 "no uccl-perf at {} (build it: cargo build --release -p uccl-perf, or pass \
                  --perf)",
@@ -146,24 +150,24 @@ fn run() -> Result<(), String> {
     let mut out = Out::default();
     let want = |n: usize| opts.rows[n];
     if want(1) {
-        eprintln!("[1/6] chained vs single posts (uccl-perf, no payload)");
+        eprintln!("[1/7] chained vs single posts (uccl-perf, no payload)");
         post_rows(&opts.perf, &mut out)?;
     }
     if want(2) {
-        eprintln!("[2/6] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
+        eprintln!("[2/7] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
         cq_rows(&mut out)?;
     }
     if want(3) {
-        eprintln!("[3/6] SRQ vs per-QP receive queues (computed)");
+        eprintln!("[3/7] SRQ vs per-QP receive queues (computed)");
         srq_rows(&mut out);
     }
     if want(4) {
-        eprintln!("[4/6] bufpool vs ArrayQueue");
+        eprintln!("[4/7] bufpool vs ArrayQueue");
         pool_rows(&mut out)?;
     }
     // Row 6's engine line reads the default runs of row 5.
     let losses = if want(5) || want(6) {
-        eprintln!("[5/6] goodput under loss (uccl-perf default runs)");
+        eprintln!("[5/7] goodput under loss (uccl-perf default runs)");
         Some(perf::loss(&opts.perf, LOSS_SEEDS)?)
     } else {
         None
@@ -172,8 +176,12 @@ fn run() -> Result<(), String> {
         loss_rows(l, &mut out);
     }
     if let Some(l) = losses.as_deref().filter(|_| want(6)) {
-        eprintln!("[6/6] softnic vs memcpy");
+        eprintln!("[6/7] softnic vs memcpy");
         memcpy_rows(&opts.perf, &l[1], &mut out)?;
+    }
+    if want(7) {
+        eprintln!("[7/7] memory and keys (engines on softnic; uccl-perf --recv-keys)");
+        memory_rows(&opts.perf, &mut out)?;
     }
     let load1 = loadavg();
     println!("{}", header(load0, load1, t0.elapsed()));
@@ -229,6 +237,58 @@ fn post_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
          in hardware. The verbs calls (softnic's post and poll) stay in the stack's part, as a \
          provider library's do.",
         ab.args, ab.chunks, ab.reps
+    ));
+    Ok(())
+}
+
+/// Row 7: memory and keys.
+fn memory_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
+    const ITERS: u32 = 2000;
+    eprintln!("  register/export at 0 and {} connections", memory::CONNS);
+    let c = memory::calls(ITERS, 5)?;
+    for (what, [base, ours]) in [
+        ("register(64 KiB) + deregister, ns", c.register),
+        ("export(64 KiB) + withdraw, ns", c.export),
+    ] {
+        out.rows.push(Row::new(
+            "7",
+            format!("{what}: no connection vs **{} connections**", memory::CONNS),
+            "one engine, softnic, per call pair",
+            format!("{base:.0}"),
+            format!("{ours:.0}"),
+            ours / base,
+            "~1 (O(log n), not O(QPs))",
+        ));
+    }
+    let w = memory::windows(perf, 5)?;
+    let case = "4 KiB messages of one chunk, 4 flows x 2 QPs, UC, no payload, no loss";
+    out.rows.push(Row::new(
+        "7",
+        "messages/s: buffer key vs **receive window**",
+        case,
+        format!("{:.0}", w.msgs_per_s[1]),
+        format!("{:.0}", w.msgs_per_s[0]),
+        w.msgs_per_s[0] / w.msgs_per_s[1],
+        "",
+    ));
+    out.rows.push(Row::new(
+        "7",
+        "stack CPU ns per message: buffer key vs **receive window**",
+        case,
+        format!("{:.0}", w.stack_ns[1]),
+        format!("{:.0}", w.stack_ns[0]),
+        w.stack_ns[0] / w.stack_ns[1],
+        "",
+    ));
+    out.notes.push(format!(
+        "Row 7: register/export = {ITERS} call pairs timed in this program, medians of 5 \
+         rounds (after one to warm up), alternating between an engine holding no connection \
+         and one holding {} (one data QP each): a buffer is pinned once in a table every data \
+         QP shares, an export is one registration of its range; windows = `uccl-perf {} \
+         --recv-keys window|buffer`, medians of 5 runs each, alternating (a window costs a bind \
+         and an unbind per receive on the engine's window QP, and their completions).",
+        memory::CONNS,
+        w.args
     ));
     Ok(())
 }

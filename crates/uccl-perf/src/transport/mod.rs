@@ -23,10 +23,10 @@ mod run;
 
 use std::time::Duration;
 
-use uccl_engine::{Buffer, Engine, EngineConfig, Mode};
+use uccl_engine::{Buffer, Engine, EngineConfig, Mode, RecvKeys};
 use verbs_safe::{Context, Verbs};
 
-use crate::args::{Args, TransportArg, TxMode};
+use crate::args::{Args, RecvKeysArg, TransportArg, TxMode};
 
 /// Which ends of the flows this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -88,6 +88,10 @@ pub(crate) fn engine_config(args: &Args, conns: u32) -> EngineConfig {
         qps_per_conn: args.qps_per_flow,
         max_conns: conns.max(1),
         max_recvs: inflight(args).max(64),
+        recv_keys: match args.recv_keys {
+            RecvKeysArg::Window => RecvKeys::Window,
+            RecvKeysArg::Buffer => RecvKeys::Buffer,
+        },
         ..EngineConfig::default()
     };
     cfg.tx.chunk_size = args.chunk_size as u32;
