@@ -109,8 +109,9 @@ pub(crate) struct Kept {
     /// A [`DmaBuf`] is among the SGEs (its bytes may change while the driver reads them).
     dma: bool,
     /// Bytes copied into the WR for [`SendWr::inline_data`], each block where it was first put
-    /// (the SGEs point at them).
-    inline: Vec<Box<[u8]>>,
+    /// (the SGEs point at them). `Vec`s, not boxes: moving a box asserts it is the only way to
+    /// its bytes, which would invalidate the SGE's pointer; a `Vec`'s buffer stays put, as is.
+    inline: Vec<Vec<u8>>,
     /// An SGE (or address handle) the WR does not hold was added: only an `unsafe` post may
     /// take it.
     raw: bool,
@@ -363,13 +364,13 @@ impl SendWr {
             self.kept.bad = Some(format!("{} inline bytes", data.len()));
             return self;
         };
-        let block: Box<[u8]> = data.into();
+        self.kept.inline.push(data.to_vec());
+        let block = self.kept.inline.last().expect("just pushed");
         self.sges.push(ibv_sge {
             addr: block.as_ptr() as u64,
             length,
             lkey: 0,
         });
-        self.kept.inline.push(block);
         self
     }
 
