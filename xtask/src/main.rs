@@ -9,6 +9,7 @@
 //! cargo xtask capture       two softnic processes under tshark: RoCEv2 decoded, ICRCs right
 //! cargo xtask interop       rdma-core's pingpongs and perftest, unmodified, on softnic
 //! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
+//! cargo xtask miri           the unsafe crates' tests under Miri (nightly)
 //! ```
 //!
 //! Only the standard library: the task runner must build before anything else does.
@@ -46,6 +47,8 @@ tasks:
                  (softnic-run), server and client processes over RoCEv2 on lo (part of `test`)
   soak [CASES]   setup, the property tests with CASES cases each (default 20000; the engine's
                  whole-workload property a fiftieth of that), release build
+  miri           bufpool's unit tests and verbs-safe's (unit and on softnic) under Miri:
+                 nightly, installed with rustup when missing; a few minutes
   help           this text
 ";
 
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Some("demo") => tasks::demo(&rest),
         Some("bench") => tasks::bench(&rest),
         Some("soak") => tasks::soak(&rest),
+        Some("miri") => no_args("miri", &rest).and_then(|()| tasks::miri()),
         Some("interop") => no_args("interop", &rest)
             .and_then(|()| setup::run())
             .and_then(|()| interop::interop()),

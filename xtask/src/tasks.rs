@@ -177,3 +177,30 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
     eprintln!("xtask soak: {cases} cases each ({engine_cases} for the engine), all green");
     Ok(())
 }
+
+/// The unit tests of the crates with `unsafe` code, and verbs-safe's tests on softnic, under
+/// Miri (Stacked Borrows): every pointer they follow is checked. Needs the nightly toolchain's
+/// `miri` and `rust-src` (installed here with rustup when missing). softnic's object shells
+/// live for the process (their addresses are never reused): leaks are not reported; the
+/// tests that sleep in poll(2), which Miri does not have, are skipped.
+pub(crate) fn miri() -> Result<(), String> {
+    if !succeeds(&mut cmd("cargo", &["+nightly", "miri", "--version"])) {
+        let add = ["+nightly", "component", "add", "miri", "rust-src"];
+        status(&mut cmd("rustup", &add)).map_err(|e| {
+            format!("{e}: Miri needs the nightly toolchain: rustup toolchain install nightly --component miri,rust-src")
+        })?;
+    }
+    for (package, tests) in [
+        ("bufpool", &["--lib"][..]),
+        ("verbs-safe", &["--lib", "--test", "soft"][..]),
+    ] {
+        let mut argv = vec!["+nightly", "miri", "test", "--locked", "--package", package];
+        argv.extend(tests);
+        argv.extend(["--", "--skip", "completions::"]);
+        status(
+            cmd("cargo", &argv).env("MIRIFLAGS", "-Zmiri-disable-isolation -Zmiri-ignore-leaks"),
+        )?;
+    }
+    eprintln!("xtask miri: all green");
+    Ok(())
+}
