@@ -318,7 +318,8 @@ impl std::fmt::Debug for CompChannel {
 }
 
 impl CompChannel {
-    /// A new channel on `ctx`.
+    /// A new channel on `ctx`. Its descriptor is non-blocking, so that any number of threads
+    /// may [`wait`](Self::wait) on it.
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<CompChannel>> {
         // SAFETY: live context.
         let raw = unsafe { (ctx.verbs.ctl.create_comp_channel)(ctx.raw) };
@@ -330,51 +331,92 @@ impl CompChannel {
                 errno: Errno::last(),
             });
         }
-        Ok(Arc::new(CompChannel {
+        let ch = Arc::new(CompChannel {
             ctx: Arc::clone(ctx),
             raw,
-        }))
+        });
+        // SAFETY: the channel's descriptor is open while the channel lives; fcntl only changes
+        // its flags.
+        let rc = unsafe {
+            let fd = (*raw).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl < 0 {
+                fl
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
+            }
+        };
+        if rc < 0 {
+            return Err(Error::Event {
+                what: "making the completion channel non-blocking",
+                errno: Errno::last(),
+            });
+        }
+        Ok(ch)
     }
 
-    /// The file descriptor (for poll/epoll).
+    /// The file descriptor (for poll/epoll). It is non-blocking.
     pub fn fd(&self) -> i32 {
         // SAFETY: live channel.
         unsafe { (*self.raw).fd }
     }
 
     /// Waits up to `timeout` (forever for `None`) for a completion event; returns the CQ it
-    /// is about (its [`Cq::id`]), acknowledged, or `None` on timeout.
+    /// is about (its [`Cq::id`]), acknowledged, or `None` on timeout. Any number of threads
+    /// may wait at once: each event goes to one of them, and the others go on waiting until
+    /// their own timeout.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<usize>> {
-        let mut p = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        if n < 0 {
-            return Err(Error::Event {
-                what: "poll on the completion channel",
-                errno: Errno::last(),
-            });
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    // Rounded up: a poll of 0 ms before the deadline would spin.
+                    left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+                }
+            };
+            let mut p = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, ms) };
+            if n < 0 {
+                let e = Errno::last();
+                if e.0 == libc::EINTR {
+                    continue;
+                }
+                return Err(Error::Event {
+                    what: "poll on the completion channel",
+                    errno: e,
+                });
+            }
+            if n > 0 {
+                let mut cq: *mut ibv_cq = std::ptr::null_mut();
+                let mut ctx: *mut c_void = std::ptr::null_mut();
+                // SAFETY: live channel and valid out-pointers; the descriptor is non-blocking,
+                // so this returns at once.
+                let rc = unsafe { (self.ctx.verbs.ctl.get_cq_event)(self.raw, &mut cq, &mut ctx) };
+                if rc == 0 {
+                    // SAFETY: `cq` is the live CQ the event is about; one event is acknowledged.
+                    unsafe { (self.ctx.verbs.ctl.ack_cq_events)(cq, 1) };
+                    return Ok(Some(cq as usize));
+                }
+                let e = Errno::last();
+                if e.0 != libc::EAGAIN && e.0 != libc::EINTR {
+                    return Err(Error::Event {
+                        what: "ibv_get_cq_event",
+                        errno: e,
+                    });
+                }
+                // Another waiter took the event: wait on.
+            }
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(None);
+            }
         }
-        if n == 0 {
-            return Ok(None);
-        }
-        let mut cq: *mut ibv_cq = std::ptr::null_mut();
-        let mut ctx: *mut c_void = std::ptr::null_mut();
-        // SAFETY: live channel and valid out-pointers; the fd is readable, so this returns.
-        let rc = unsafe { (self.ctx.verbs.ctl.get_cq_event)(self.raw, &mut cq, &mut ctx) };
-        if rc != 0 {
-            return Err(Error::Event {
-                what: "ibv_get_cq_event",
-                errno: Errno::last(),
-            });
-        }
-        // SAFETY: `cq` is the live CQ the event is about; one event is acknowledged.
-        unsafe { (self.ctx.verbs.ctl.ack_cq_events)(cq, 1) };
-        Ok(Some(cq as usize))
     }
 }
 

@@ -123,6 +123,84 @@ fn a_sleeper_wakes_on_the_channel_while_a_progress_thread_drives_softnic() {
     assert!(woke && n == 1);
 }
 
+/// Whether the next `get_cq_event` of [`stealing`] lets another waiter take the event first.
+static STEAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// softnic's `get_cq_event`, but when [`STEAL`] is set, another waiter takes the event between
+/// this waiter's poll (which saw the descriptor readable) and its `get_cq_event`: the race two
+/// threads waiting on one channel run.
+unsafe extern "C" fn stealing(
+    ch: *mut verbs_safe::sys::ibv_comp_channel,
+    cq: *mut *mut verbs_safe::sys::ibv_cq,
+    ctx: *mut *mut std::ffi::c_void,
+) -> i32 {
+    let get = softnic::CONTROL.get_cq_event;
+    if STEAL.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        let (mut c, mut x) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: the caller's live channel and valid out-pointers of our own; the event taken
+        // is acknowledged once, as a waiter does.
+        unsafe {
+            assert_eq!(get(ch, &mut c, &mut x), 0);
+            (softnic::CONTROL.ack_cq_events)(c, 1);
+        }
+    }
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { get(ch, cq, ctx) }
+}
+
+/// A waiter whose event another waiter took (between its poll and its `get_cq_event`) returns
+/// at its own timeout. (The channel's descriptor used to block: it slept in `get_cq_event` for
+/// good.) Then a later event reaches the next wait.
+#[test]
+fn a_waiter_whose_event_another_took_returns_by_its_timeout() {
+    let f = softnic::Fabric::default();
+    let ctl = softnic::ControlPath {
+        get_cq_event: stealing,
+        ..softnic::CONTROL
+    };
+    // SAFETY: softnic's control path, with a get_cq_event that takes an event first (through
+    // softnic's own) when asked to.
+    let v = unsafe { Verbs::soft_with_control(&f, ctl) };
+    let (a, b) = (Side::open(&v, "soft0"), Side::open(&v, "soft1"));
+    let ch = CompChannel::new(&b.ctx).unwrap();
+    let cq = Cq::new(&b.ctx, 64, Some(&ch)).unwrap();
+    let qa = a.qp::<Rc>(QpCaps::default(), true);
+    let qb = b.qp_on::<Rc>(&b.cq, &cq, None);
+    let (qa, qb) = connect_rc(&a, qa, &b, qb);
+    let mut p = Poller::new();
+    assert_eq!(p.poll_and_arm(&cq, 64, |_| {}).unwrap().count, 0);
+    post_n(&qa, &qb, 1);
+    f.run_until_idle().unwrap();
+    STEAL.store(true, std::sync::atomic::Ordering::SeqCst);
+    let waiter = {
+        let ch = Arc::clone(&ch);
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            (
+                ch.wait(Some(Duration::from_millis(300))).unwrap(),
+                t.elapsed(),
+            )
+        })
+    };
+    // A hang guard only (generous), never a timing assertion.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !waiter.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the waiter hung");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (got, took) = waiter.join().unwrap();
+    assert_eq!(got, None, "the event went to the other waiter");
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    // The channel still works.
+    assert_eq!(p.poll_and_arm(&cq, 64, |_| {}).unwrap().count, 1);
+    post_n(&qa, &qb, 1);
+    f.run_until_idle().unwrap();
+    assert_eq!(
+        ch.wait(Some(Duration::from_secs(10))).unwrap(),
+        Some(cq.id())
+    );
+}
+
 #[test]
 fn several_cqs_are_polled_round_robin() {
     let (f, _v, a, b) = fabric();
