@@ -8,6 +8,7 @@
 //! the tests of the API's misuse share (a wall-clock hang guard, a connected pair).
 
 pub mod misuse;
+pub mod raw_peer;
 mod settle;
 pub mod workload;
 

@@ -10,12 +10,18 @@
 //!   other, written against verbs-safe over the same libibverbs ABI, WRITEs into the crate's
 //!   memory with immediate data (the crate's process sees the completion and checks every
 //!   byte) and READs it back.
+//!
+//! It lives in softnic-verbs so that `cargo test` builds what it runs: the package's
+//! `softnic-run` launcher (`CARGO_BIN_EXE_softnic-run`) and its library, the drop-in
+//! `libibverbs.so` (built for the tests because the library is an rlib too).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+// The crates.io `ibverbs` crate (this package's own library is named `ibverbs` too).
+use ibverbs_crate as ibverbs;
 
 /// Environment of a peer: `server` or `client`, and the server's TCP port.
 const ROLE: &str = "IBVERBS_CRATE_PEER_ROLE";
@@ -42,23 +48,14 @@ fn an_rdma_write_and_read_reach_memory_the_ibverbs_crate_registered() {
 /// followed by `says`.
 fn run_peers(roles: [&str; 2], says: &str) {
     let exe = std::env::current_exe().expect("this test binary");
-    // target/<profile>/deps/<test> -> target/<profile>/softnic-run
-    let launcher: PathBuf = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|p| p.join("softnic-run"))
-        .expect("a target directory");
-    assert!(
-        launcher.exists(),
-        "{} is missing: build it with `cargo build -p softnic-verbs`",
-        launcher.display()
-    );
+    // Built by cargo with this test, as the package's binary.
+    let launcher = env!("CARGO_BIN_EXE_softnic-run");
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
     let peer = |role: &str| {
-        Command::new(&launcher)
+        Command::new(launcher)
             .args(["--quiet", "--"])
             .arg(&exe)
             .args(["--exact", "ibverbs_peer", "--ignored", "--nocapture"])

@@ -108,20 +108,33 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     Err(format!("cannot run {:?}: {e}", args.command[0]))
 }
 
-/// A directory whose `libibverbs.so.1` is softnic's library: `softnic-verbs/` next to this
-/// launcher, made (a link to `../libibverbs.so`) on first use.
+/// A directory whose `libibverbs.so.1` is softnic's library: `softnic-verbs/` beside the
+/// library, made (a link to `../libibverbs.so`) on first use. The library is next to this
+/// launcher (`cargo build`), or in `deps/` there (`cargo test` builds it only there); of the
+/// two, the newer.
 fn library_dir() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding this launcher: {e}"))?;
     let bin = exe.parent().unwrap_or(Path::new("."));
     let lib = bin.join("libibverbs.so");
-    if !lib.exists() {
-        return Err(format!(
-            "{} is missing: build it with `cargo build -p softnic-verbs` (it is built with this \
-             launcher)",
-            lib.display()
-        ));
-    }
-    let dir = bin.join("softnic-verbs");
+    let modified = |dir: &Path| {
+        std::fs::metadata(dir.join("libibverbs.so"))
+            .and_then(|m| m.modified())
+            .ok()
+    };
+    let deps = bin.join("deps");
+    let base = match (modified(bin), modified(&deps)) {
+        (Some(a), Some(b)) if b > a => deps,
+        (None, Some(_)) => deps,
+        (Some(_), _) => bin.to_path_buf(),
+        (None, None) => {
+            return Err(format!(
+                "{} is missing: build it with `cargo build -p softnic-verbs` (it is built with \
+                 this launcher)",
+                lib.display()
+            ));
+        }
+    };
+    let dir = base.join("softnic-verbs");
     let link = dir.join("libibverbs.so.1");
     if link.exists() {
         return Ok(dir);
