@@ -17,7 +17,7 @@ use crate::io::Io;
 use crate::memory::{Buffer, Descriptor};
 use crate::proto::Ctl;
 use crate::qpn::QpnTable;
-use crate::request::{Done, Request};
+use crate::request::Request;
 use crate::rx::Delivered;
 use crate::stats::Stats;
 
@@ -504,8 +504,8 @@ impl Engine {
     /// progress by itself: [`Request::wait`]). A request of another engine that has not
     /// completed is refused ([`EngineError::OtherEngine`]): polling this one would never
     /// complete it.
-    pub fn wait(&mut self, req: &Request) -> Result<Done> {
-        if req.engine().is_some_and(|e| e != self.id) {
+    pub fn wait<T: Clone>(&mut self, req: &Request<T>) -> Result<T> {
+        if req.engine() != self.id {
             return req
                 .test()
                 .unwrap_or(Err(EngineError::OtherEngine("request")));

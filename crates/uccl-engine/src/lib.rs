@@ -122,7 +122,7 @@ pub use config::{EngineConfig, Mode, RecvKeys};
 pub use engine::{ConnId, Engine, Usage};
 pub use error::{EngineError, Result};
 pub use memory::{Buffer, BufferId, Descriptor};
-pub use request::{Done, Request};
+pub use request::{Connecting, Done, Request};
 pub use setup::connect_pair;
 pub use stats::Stats;
 pub use threaded::{EngineHandle, MAX_NAP, QUEUE_DEPTH};

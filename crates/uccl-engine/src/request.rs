@@ -1,5 +1,10 @@
-//! Request handles: what `send`, `recv` and `write` return. A handle can be tested, waited on
-//! (threaded engine), or awaited as a `Future` from any executor: the engine wakes it.
+//! Request handles: what `send`, `recv` and `write` return (a [`Request`], completing with
+//! [`Done`]), and what `connect` and `accept` return (a [`Connecting`], completing with the
+//! connection's id). A handle can be tested, waited on (threaded engine), or awaited as a
+//! `Future` from any executor: the engine wakes every task awaiting any of its clones.
+//!
+//! Only an engine makes requests, and every request ends: it completes, fails, or fails with
+//! [`EngineError::Stopped`] when its engine is dropped.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,58 +23,74 @@ pub struct Done {
     pub len: u64,
 }
 
-#[derive(Default)]
-struct State {
-    result: Option<Result<Done>>,
-    waker: Option<Waker>,
+struct State<T> {
+    result: Option<Result<T>>,
+    /// The tasks awaiting the request (each once, whichever clone it awaits).
+    wakers: Vec<Waker>,
 }
 
-#[derive(Default)]
-struct Inner {
-    /// The engine that completes the request (`None` for one made by `Request::default`).
-    engine: Option<u64>,
+struct Inner<T> {
+    /// The engine that completes the request.
+    engine: u64,
     /// Set once `state.result` is (so an unfinished request is tested without the lock).
     done: AtomicBool,
-    state: Mutex<State>,
+    state: Mutex<State<T>>,
     ready: Condvar,
 }
 
-/// A request in flight. Cloning gives another handle to the same request.
-#[derive(Clone, Default)]
-pub struct Request {
-    inner: Arc<Inner>,
+/// A request in flight, completing with `T` ([`Done`] for transfers). Cloning gives another
+/// handle to the same request.
+pub struct Request<T = Done> {
+    inner: Arc<Inner<T>>,
 }
 
-impl std::fmt::Debug for Request {
+/// A connection being set up ([`Engine::connect`](crate::Engine::connect),
+/// [`Engine::accept`](crate::Engine::accept)): completes with its id.
+pub type Connecting = Request<crate::ConnId>;
+
+impl<T> Clone for Request<T> {
+    fn clone(&self) -> Self {
+        Request {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Request<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
-            .field("done", &self.is_done())
+            .field("done", &self.inner.done.load(Ordering::Acquire))
             .finish()
     }
 }
 
-impl Request {
+impl<T: Clone> Request<T> {
     /// A request that engine `engine` completes.
-    pub(crate) fn of_engine(engine: u64) -> Request {
+    pub(crate) fn of_engine(engine: u64) -> Request<T> {
         Request {
             inner: Arc::new(Inner {
-                engine: Some(engine),
-                ..Inner::default()
+                engine,
+                done: AtomicBool::new(false),
+                state: Mutex::new(State {
+                    result: None,
+                    wakers: Vec::new(),
+                }),
+                ready: Condvar::new(),
             }),
         }
     }
 
     /// The engine that completes it.
-    pub(crate) fn engine(&self) -> Option<u64> {
+    pub(crate) fn engine(&self) -> u64 {
         self.inner.engine
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The result, once the request has completed. Cheap while it has not (one atomic load).
-    pub fn test(&self) -> Option<Result<Done>> {
+    pub fn test(&self) -> Option<Result<T>> {
         if !self.inner.done.load(Ordering::Acquire) {
             return None;
         }
@@ -84,7 +105,7 @@ impl Request {
     /// Blocks until the request completes. Only for requests of a threaded engine
     /// ([`Engine::spawn`](crate::Engine::spawn)): an embedded engine makes progress only when
     /// its owner polls it ([`Engine::wait`](crate::Engine::wait)).
-    pub fn wait(&self) -> Result<Done> {
+    pub fn wait(&self) -> Result<T> {
         let mut s = self.lock();
         loop {
             if let Some(r) = &s.result {
@@ -95,7 +116,7 @@ impl Request {
     }
 
     /// Like [`wait`](Self::wait), giving up after `timeout` (`None`: not yet).
-    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<Done>> {
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<T>> {
         let s = self.lock();
         let (s, _) = self
             .inner
@@ -105,19 +126,20 @@ impl Request {
         s.result.clone()
     }
 
-    /// Completes the request (once; later calls are ignored) and wakes whoever waits on it.
-    pub(crate) fn complete(&self, r: Result<Done>) {
-        let waker = {
+    /// Completes the request (once; later calls are ignored) and wakes whoever waits on it:
+    /// blocked threads and every task awaiting it.
+    pub(crate) fn complete(&self, r: Result<T>) {
+        let wakers = {
             let mut s = self.lock();
             if s.result.is_some() {
                 return;
             }
             s.result = Some(r);
             self.inner.done.store(true, Ordering::Release);
-            s.waker.take()
+            std::mem::take(&mut s.wakers)
         };
         self.inner.ready.notify_all();
-        if let Some(w) = waker {
+        for w in wakers {
             w.wake();
         }
     }
@@ -128,15 +150,20 @@ impl Request {
     }
 }
 
-impl Future for Request {
-    type Output = Result<Done>;
+impl<T: Clone> Future for Request<T> {
+    type Output = Result<T>;
 
+    /// Ready with the result once the request completed; until then the task is remembered
+    /// (once, however often it polls, and whichever clone it polls) and woken at completion.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut s = self.lock();
         match &s.result {
             Some(r) => Poll::Ready(r.clone()),
             None => {
-                s.waker = Some(cx.waker().clone());
+                let w = cx.waker();
+                if !s.wakers.iter().any(|k| k.will_wake(w)) {
+                    s.wakers.push(w.clone());
+                }
                 Poll::Pending
             }
         }
@@ -147,9 +174,46 @@ impl Future for Request {
 mod tests {
     use super::*;
 
+    /// A task's waker: counts its wakes.
+    struct Count(std::sync::atomic::AtomicU32);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Every task awaiting a clone is woken, once each, however often it polled (it used to
+    /// keep one waker: the task that polled first was never woken).
+    #[test]
+    fn every_task_awaiting_a_clone_is_woken() {
+        let r = Request::<Done>::of_engine(1);
+        let tasks: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count(0.into()))).collect();
+        for (k, t) in tasks.iter().enumerate() {
+            let waker = Waker::from(Arc::clone(t));
+            let mut cx = Context::from_waker(&waker);
+            // Each task polls its own clone, the first one twice.
+            let mut clone = r.clone();
+            for _ in 0..if k == 0 { 2 } else { 1 } {
+                assert!(Pin::new(&mut clone).poll(&mut cx).is_pending());
+            }
+        }
+        r.complete(Ok(Done { len: 3 }));
+        for t in &tasks {
+            assert_eq!(t.0.load(Ordering::SeqCst), 1);
+        }
+        let waker = Waker::from(Arc::clone(&tasks[0]));
+        let mut cx = Context::from_waker(&waker);
+        let mut again = r.clone();
+        assert!(matches!(
+            Pin::new(&mut again).poll(&mut cx),
+            Poll::Ready(Ok(Done { len: 3 }))
+        ));
+    }
+
     #[test]
     fn completes_once_and_wakes_a_waiter() {
-        let r = Request::default();
+        let r = Request::<Done>::of_engine(1);
         assert!(r.test().is_none());
         let r2 = r.clone();
         let t = std::thread::spawn(move || r2.wait());
@@ -158,7 +222,7 @@ mod tests {
         assert_eq!(t.join().unwrap().unwrap(), Done { len: 5 });
         assert_eq!(r.test().unwrap().unwrap().len, 5);
         assert!(
-            Request::default()
+            Request::<Done>::of_engine(1)
                 .wait_timeout(Duration::from_millis(1))
                 .is_none()
         );
