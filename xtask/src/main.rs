@@ -10,6 +10,7 @@
 //! cargo xtask interop       rdma-core's pingpongs and perftest, unmodified, on softnic
 //! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
 //! cargo xtask miri           the unsafe crates' tests under Miri (nightly)
+//! cargo xtask fresh-clone    `cargo test` of uccl-integration and softnic-verbs in a fresh clone
 //! ```
 //!
 //! Only the standard library: the task runner must build before anything else does.
@@ -49,6 +50,8 @@ tasks:
                  whole-workload property a fiftieth of that), release build
   miri           bufpool's unit tests and verbs-safe's (unit and on softnic) under Miri:
                  nightly, installed with rustup when missing; a few minutes
+  fresh-clone    cargo test -p uccl-integration -p softnic-verbs in a fresh clone of the
+                 committed tree (target/fresh-clone), as a new user runs it (part of `test`)
   help           this text
 ";
 
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Some("bench") => tasks::bench(&rest),
         Some("soak") => tasks::soak(&rest),
         Some("miri") => no_args("miri", &rest).and_then(|()| tasks::miri()),
+        Some("fresh-clone") => no_args("fresh-clone", &rest).and_then(|()| tasks::fresh_clone()),
         Some("interop") => no_args("interop", &rest)
             .and_then(|()| setup::run())
             .and_then(|()| interop::interop()),

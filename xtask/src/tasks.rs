@@ -19,8 +19,8 @@ pub(crate) fn test() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
-    // The launcher and the drop-in libibverbs, which tests run programs with
-    // (tests/ibverbs_crate.rs), with everything else the later steps run.
+    // Everything the later steps run (the launcher and the drop-in libibverbs for interop,
+    // uccl-perf and check_capture for capture), and the tests.
     crate::run::build_workspace()?;
     if succeeds(&mut cargo_cmd(&["nextest", "--version"])) {
         status(&mut cargo_cmd(&[
@@ -50,6 +50,7 @@ pub(crate) fn test() -> Result<(), String> {
     loom()?;
     crate::capture::capture()?;
     crate::interop::interop()?;
+    fresh_clone()?;
     eprintln!("xtask test: all green");
     Ok(())
 }
@@ -109,6 +110,48 @@ fn criterion(args: &[String]) -> Result<(), String> {
     let mut argv = vec!["bench", "--workspace", "--locked"];
     argv.extend(args.iter().map(String::as_str));
     status(&mut cargo_cmd(&argv))
+}
+
+/// `cargo test` of the packages whose tests run programs (`uccl-integration`, and
+/// `softnic-verbs`, whose tests run its `softnic-run` launcher) as a new user runs it: in a
+/// fresh clone of the committed tree, with nothing built beforehand by this task runner
+/// (tests that need a binary must get cargo to build it). The clone builds into a target
+/// directory of its own, `fresh-clone` under the workspace's, kept between runs so that only
+/// the workspace's crates are built again (the clone's sources are new); the first run builds
+/// the dependencies too.
+pub(crate) fn fresh_clone() -> Result<(), String> {
+    let clone = std::env::temp_dir().join(format!("uccl-fresh-clone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&clone);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("fresh-clone");
+    let root = workspace_root();
+    let result = status(&mut cmd(
+        "git",
+        &[
+            "clone",
+            "--quiet",
+            &root.to_string_lossy(),
+            &clone.to_string_lossy(),
+        ],
+    ))
+    .and_then(|()| {
+        status(
+            cargo_cmd(&[
+                "test",
+                "--locked",
+                "--package",
+                "uccl-integration",
+                "--package",
+                "softnic-verbs",
+            ])
+            .current_dir(&clone)
+            .env("CARGO_TARGET_DIR", &target),
+        )
+    });
+    let _ = std::fs::remove_dir_all(&clone);
+    result.map_err(|e| format!("in a fresh clone of the committed tree: {e}"))
 }
 
 /// The loom models of bufpool's lock-free pool: exhaustive (no preemption bound; they are small),
