@@ -268,6 +268,8 @@ pub(crate) struct PostedRecv {
     pub(crate) req: Request,
     /// Its window is bound and its advertisement queued (with buffer keys: at once).
     pub(crate) advertised: bool,
+    /// The peer was asked to drop its advertisement, and why (see `cancel.rs`).
+    pub(crate) withdrawing: Option<crate::cancel::Why>,
     /// Ended with this result, waiting for its window to be unbound before it is reported.
     pub(crate) ending: Option<Result<Done>>,
 }
@@ -278,6 +280,11 @@ pub(crate) struct InFlight {
     pub(crate) len: u64,
     /// The transmit side completed it; it waits for the messages before it.
     pub(crate) done: bool,
+    /// A one-sided write (a send took a peer's receive buffer: withdrawing it would leave
+    /// that receive unfilled).
+    pub(crate) write: bool,
+    /// Withdrawn from the transmit side before it started, and why.
+    pub(crate) withdrawn: Option<crate::cancel::Why>,
     /// The buffer it reads (held until it is reported).
     _use: BufUse,
 }
@@ -356,9 +363,15 @@ impl Conn {
         matches!(self.state, State::Open)
     }
 
-    /// Records the transmit side's message `msg` as request `req` of `len` bytes, reading the
-    /// buffer `use_` holds.
-    pub(crate) fn track(&mut self, msg: u64, req: Request, len: u64, use_: BufUse) {
+    /// Records the transmit side's message `msg` as request `req` of `len` bytes (a one-sided
+    /// write if `write`), reading the buffer `use_` holds.
+    pub(crate) fn track(
+        &mut self,
+        msg: u64,
+        req: Request,
+        (len, write): (u64, bool),
+        use_: BufUse,
+    ) {
         if self.inflight.is_empty() {
             self.first_msg = msg;
         }
@@ -370,6 +383,8 @@ impl Conn {
             req,
             len,
             done: false,
+            write,
+            withdrawn: None,
             _use: use_,
         });
     }
@@ -400,12 +415,26 @@ impl Conn {
         m
     }
 
-    /// The request of message `msg`, taken out (it failed).
-    pub(crate) fn untrack(&mut self, msg: u64) -> Option<(Request, u64)> {
+    /// The request of message `msg`, taken out (it failed), and why it was withdrawn if it was.
+    pub(crate) fn untrack(&mut self, msg: u64) -> Option<(Request, Option<crate::cancel::Why>)> {
         let i = usize::try_from(msg.checked_sub(self.first_msg)?).ok()?;
-        let r = self.inflight.get_mut(i)?.take().map(|m| (m.req, m.len));
+        let r = self
+            .inflight
+            .get_mut(i)?
+            .take()
+            .map(|m| (m.req, m.withdrawn));
         self.drop_reported();
         r
+    }
+
+    /// The transmit side's id of the message of request `req`, and whether it is a write.
+    pub(crate) fn message_of(&mut self, req: &Request) -> Option<(u64, &mut InFlight)> {
+        let first = self.first_msg;
+        self.inflight.iter_mut().enumerate().find_map(|(i, m)| {
+            m.as_mut()
+                .filter(|m| m.req.same(req))
+                .map(|m| (first + i as u64, m))
+        })
     }
 
     /// Moves `first_msg` past the messages reported.

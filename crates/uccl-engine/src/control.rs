@@ -86,6 +86,8 @@ impl Engine {
                 }
             }
             Some(Ctl::Ping) => {}
+            Some(Ctl::Withdraw { seq }) => self.on_withdraw(ci, seq),
+            Some(Ctl::Withdrawn { seq, ok }) => self.on_withdrawn(ci, seq, ok),
             _ => self.stats.dropped_invalid += 1,
         }
     }

@@ -32,20 +32,30 @@ pub(crate) enum Taken {
     Invalid,
 }
 
+/// An advertisement ahead of its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Early {
+    None,
+    /// It waits for an earlier one.
+    Waiting(Cts),
+    /// The peer withdrew it before its turn: skipped when its turn comes.
+    Withdrawn,
+}
+
 /// The sequence numbers taken so far, and the advertisements that came early.
 #[derive(Debug)]
 pub(crate) struct CtsOrder {
     /// The sequence number of the next advertisement to take.
     next: u32,
     /// Advertisements waiting for an earlier one, by `seq % RECV_IDS`.
-    early: Box<[Option<Cts>]>,
+    early: Box<[Early]>,
 }
 
 impl Default for CtsOrder {
     fn default() -> Self {
         CtsOrder {
             next: 0,
-            early: vec![None; RECV_IDS].into_boxed_slice(),
+            early: vec![Early::None; RECV_IDS].into_boxed_slice(),
         }
     }
 }
@@ -61,15 +71,43 @@ impl CtsOrder {
             return Taken::Invalid;
         }
         let slot = &mut self.early[cts.seq as usize % RECV_IDS];
-        if slot.is_some() {
+        if *slot != Early::None {
             return Taken::Copy;
         }
-        *slot = Some(cts);
-        while let Some(c) = self.early[self.next as usize % RECV_IDS].take() {
-            ready.push_back(c);
+        *slot = Early::Waiting(cts);
+        self.advance(ready);
+        Taken::New
+    }
+
+    /// Takes what is in order from the early slots.
+    fn advance(&mut self, ready: &mut VecDeque<Cts>) {
+        loop {
+            match std::mem::replace(&mut self.early[self.next as usize % RECV_IDS], Early::None) {
+                Early::None => return,
+                Early::Waiting(c) => ready.push_back(c),
+                Early::Withdrawn => {}
+            }
             self.next = self.next.wrapping_add(1);
         }
-        Taken::New
+    }
+
+    /// The peer withdraws its advertisement `seq` (a receive cancelled): if no send took it
+    /// yet, it is dropped (from `ready`, or from its early slot, skipped when its turn comes)
+    /// and this returns true; false if a send took it already (or it is unknown).
+    pub(crate) fn withdraw(&mut self, seq: u32, ready: &mut VecDeque<Cts>) -> bool {
+        if let Some(i) = ready.iter().position(|c| c.seq == seq) {
+            ready.remove(i);
+            return true;
+        }
+        let ahead = seq.wrapping_sub(self.next);
+        if (ahead as usize) < RECV_IDS {
+            let slot = &mut self.early[seq as usize % RECV_IDS];
+            if matches!(slot, Early::Waiting(c) if c.seq == seq) {
+                *slot = Early::Withdrawn;
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -121,6 +159,27 @@ mod tests {
         assert_eq!(o.take(cts(RECV_IDS as u32), &mut q), Taken::Invalid);
         q.pop_front();
         assert_eq!(o.take(cts(RECV_IDS as u32), &mut q), Taken::New);
+    }
+
+    #[test]
+    fn a_withdrawn_advertisement_is_never_taken_and_the_next_ones_are() {
+        let (mut o, mut q) = (CtsOrder::default(), VecDeque::new());
+        for s in [0, 1, 3] {
+            o.take(cts(s), &mut q);
+        }
+        assert_eq!(seqs(&q), [0, 1]);
+        // 1 waits to be matched, 3 for 2: both can be withdrawn; 0 was matched (taken out).
+        q.pop_front();
+        assert!(!o.withdraw(0, &mut q), "matched already");
+        assert!(o.withdraw(1, &mut q));
+        assert!(o.withdraw(3, &mut q));
+        assert!(!o.withdraw(3, &mut q), "once");
+        assert!(q.is_empty());
+        assert_eq!(o.take(cts(2), &mut q), Taken::New);
+        assert_eq!(seqs(&q), [2], "3 is skipped");
+        assert_eq!(o.take(cts(3), &mut q), Taken::Copy, "a late copy of 3");
+        assert_eq!(o.take(cts(4), &mut q), Taken::New);
+        assert_eq!(seqs(&q), [2, 4]);
     }
 
     #[test]

@@ -5,16 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bufpool::{LocalPool, Memory, RegionPool};
-use uccl_tx::{Message, PathId, Tx, TxConfig};
+use uccl_tx::{PathId, Tx, TxConfig};
 use verbs_safe::{AccessFlags, Context, DmaBuf, Poller};
 
 use crate::clock::Clock;
 use crate::config::{EngineConfig, Mode, RecvKeys};
-use crate::conn::{Conn, PendingSend, PostedRecv, RECV_IDS, State, WRITE_RID};
+use crate::conn::{Conn, State};
 use crate::credits::Credits;
 use crate::error::{EngineError, Result};
 use crate::io::Io;
-use crate::memory::{Buffer, Descriptor};
+
 use crate::proto::Ctl;
 use crate::qpn::QpnTable;
 use crate::request::Request;
@@ -161,6 +161,10 @@ pub struct Engine {
     /// First PSNs and ACK tags.
     pub(crate) rng: crate::rng::Rng,
     pub(crate) credits: Credits,
+    /// Requests cancelled by the application, taken in the next round.
+    pub(crate) cancels: Arc<crossbeam_queue::SegQueue<Request>>,
+    /// The deadlines of requests that have one.
+    pub(crate) deadlines: crate::cancel::Deadlines,
     pub(crate) scratch: Scratch,
     pub(crate) stats: Stats,
     pub(crate) poller: Poller,
@@ -244,6 +248,8 @@ impl Engine {
             peers: Default::default(),
             memory,
             rng,
+            cancels: Arc::default(),
+            deadlines: Default::default(),
             scratch: Scratch::default(),
             stats: Stats::default(),
             poller: Poller::new(),
@@ -310,7 +316,7 @@ impl Engine {
 
     /// [`open_conn`](Self::open_conn), for new requests: a connection this end is closing
     /// takes none (they would fail with the close).
-    fn conn_for_request(&mut self, id: ConnId) -> Result<&mut Conn> {
+    pub(crate) fn conn_for_request(&mut self, id: ConnId) -> Result<&mut Conn> {
         let c = self.open_conn(id)?;
         if c.ctl.closing {
             return Err(EngineError::ConnectionFailed {
@@ -332,172 +338,6 @@ impl Engine {
                 State::Open => Ok(c),
                 State::Draining(e) => Err(e.clone()),
             })
-    }
-
-    /// Sends `len` bytes at `offset` of `buf` on `conn`, into the next receive buffer its peer
-    /// posts. Completes once every byte is acknowledged and no WR reads the buffer any more
-    /// (then the buffer may be changed), and after every message that went out before it on
-    /// `conn` (a send goes out once the peer's receive buffer is matched with it, a write at
-    /// once; the peer delivers in that order, so a message after one that fails fails too);
-    /// fails with [`EngineError::TooLarge`] if the peer's buffer is smaller.
-    pub fn send(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        self.start(|e, req| e.send_with(conn, buf, offset, len, req))
-    }
-
-    /// A new request, started by `f`.
-    fn start(&mut self, f: impl FnOnce(&mut Self, &Request) -> Result<()>) -> Result<Request> {
-        let req = Request::of_engine(self.id);
-        f(self, &req)?;
-        Ok(req)
-    }
-
-    /// [`send`](Self::send), completing `req`.
-    pub(crate) fn send_with(
-        &mut self,
-        conn: ConnId,
-        buf: &Buffer,
-        offset: u64,
-        len: u64,
-        req: &Request,
-    ) -> Result<()> {
-        let (use_, local, lkey) = self.memory.take_use(buf, offset, len)?;
-        let c = self.conn_for_request(conn)?;
-        c.sends.push_back(PendingSend {
-            local,
-            lkey,
-            len,
-            req: req.clone(),
-            use_,
-        });
-        self.mark_ready(conn.index);
-        let now = self.clock.now();
-        self.arm_keepalive(conn.index, now);
-        Ok(())
-    }
-
-    /// Posts `len` bytes at `offset` of `buf` to receive the next message of `conn`, and
-    /// advertises it to the peer. Completes with the message's length once all of it is in
-    /// place; receives complete in the order they were posted.
-    pub fn recv(&mut self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        self.start(|e, req| e.recv_with(conn, buf, offset, len, req))
-    }
-
-    /// [`recv`](Self::recv), completing `req`.
-    pub(crate) fn recv_with(
-        &mut self,
-        conn: ConnId,
-        buf: &Buffer,
-        offset: u64,
-        len: u64,
-        req: &Request,
-    ) -> Result<()> {
-        let (use_, addr, _) = self.memory.take_use(buf, offset, len)?;
-        let max = self.cfg.max_recvs;
-        let c = self.conn_for_request(conn)?;
-        if c.recvs_posted >= max {
-            return Err(EngineError::Limit {
-                what: "receives posted on one connection",
-                limit: max.into(),
-            });
-        }
-        let seq = c.next_seq;
-        let slot = seq as usize % RECV_IDS;
-        if c.recvs[slot].is_some() {
-            // The receive posted 128 ago is still waiting (its peer completed later ones
-            // first): refuse rather than lose it.
-            return Err(EngineError::Limit {
-                what: "receives outstanding on one connection (the oldest is still waiting)",
-                limit: RECV_IDS as u64,
-            });
-        }
-        // With windows, the advertisement leaves once the window is bound (see `window.rs`).
-        let windows = self.cfg.recv_keys == RecvKeys::Window;
-        let rkey = if windows {
-            self.bind_window(conn.index, slot, &use_.mem, addr, len)?
-        } else {
-            use_.mem.rkey()
-        };
-        let c = self.open_conn(conn)?;
-        c.next_seq = c.next_seq.wrapping_add(1);
-        c.recvs_posted += 1;
-        c.recvs[slot] = Some(PostedRecv {
-            seq,
-            use_,
-            addr,
-            len,
-            rkey,
-            req: req.clone(),
-            advertised: !windows,
-            ending: None,
-        });
-        if !windows {
-            let cts = Ctl::Cts {
-                seq,
-                addr,
-                len,
-                rkey,
-            };
-            c.ctl.backlog.push_back(cts.to_bytes());
-        }
-        self.mark_ctl(conn.index);
-        let now = self.clock.now();
-        self.arm_keepalive(conn.index, now);
-        Ok(())
-    }
-
-    /// Writes `len` bytes at `offset` of `buf` into `dst` (a peer's exported region) at
-    /// `dst_offset`, with the same reliability as a send, in the order messages go out (see
-    /// [`send`](Self::send)); nothing is matched at the peer.
-    pub fn write(
-        &mut self,
-        conn: ConnId,
-        buf: &Buffer,
-        offset: u64,
-        len: u64,
-        dst: &Descriptor,
-        dst_offset: u64,
-    ) -> Result<Request> {
-        self.start(|e, req| e.write_with(conn, buf, (offset, len), dst, dst_offset, req))
-    }
-
-    /// [`write`](Self::write) of `(offset, len)`, completing `req`.
-    pub(crate) fn write_with(
-        &mut self,
-        conn: ConnId,
-        buf: &Buffer,
-        (offset, len): (u64, u64),
-        dst: &Descriptor,
-        dst_offset: u64,
-        req: &Request,
-    ) -> Result<()> {
-        let (use_, local, lkey) = self.memory.take_use(buf, offset, len)?;
-        if dst_offset.checked_add(len).is_none_or(|e| e > dst.len) {
-            return Err(EngineError::BadRange(
-                "the write runs past the exported region",
-            ));
-        }
-        let fid = conn.index;
-        let c = self.conn_for_request(conn)?;
-        let rid = WRITE_RID | (c.next_write & 0x7f);
-        c.next_write = c.next_write.wrapping_add(1);
-        let m = Message {
-            local_addr: local,
-            lkey,
-            len,
-            remote_addr: dst
-                .addr
-                .checked_add(dst_offset)
-                .ok_or(EngineError::BadRange(
-                    "the write runs past the address space",
-                ))?,
-            rkey: dst.rkey,
-        };
-        let msg = self.tx.send_as(fid, m, rid)?;
-        let c = self.open_conn(conn)?;
-        c.track(msg, req.clone(), len, use_);
-        let now = self.clock.now();
-        self.arm_keepalive(conn.index, now);
-        Ok(())
     }
 
     /// Polls the engine until `req` completes; for an embedded engine (a threaded one makes

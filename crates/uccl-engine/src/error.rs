@@ -80,6 +80,14 @@ pub enum EngineError {
     /// No export of this engine has this descriptor (never exported, or withdrawn already).
     #[error("no export of this engine at {:#x}+{} with rkey {:#x}", .0.addr, .0.len, .0.rkey)]
     NoExport(crate::Descriptor),
+    /// The request was cancelled ([`Request::cancel`](crate::Request::cancel)) before it
+    /// started.
+    #[error("the request was cancelled before it started")]
+    Cancelled,
+    /// The request's deadline ([`Opts::timeout`](crate::Opts::timeout)) passed before it
+    /// completed.
+    #[error("the request's deadline passed ({0})")]
+    TimedOut(&'static str),
     /// The engine thread could not be started.
     #[error("spawning the engine thread: {0}")]
     Spawn(Arc<std::io::Error>),

@@ -92,6 +92,7 @@
 #![deny(unsafe_code)]
 
 mod acks;
+mod cancel;
 mod clock;
 mod config;
 mod conn;
@@ -114,9 +115,11 @@ mod rx;
 mod setup;
 mod stats;
 mod threaded;
+mod transfer;
 mod window;
 mod wrid;
 
+pub use cancel::Opts;
 pub use clock::Clock;
 pub use config::{EngineConfig, Mode, RecvKeys};
 pub use engine::{ConnId, Engine, Usage};

@@ -7,8 +7,8 @@ use verbs_safe::Gid;
 /// The handshake's magic and version: `b"UCCLRS"` then the version.
 const MAGIC: &[u8; 6] = b"UCCLRS";
 /// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
-/// messages copied over the UD QP).
-pub(crate) const VERSION: u16 = 3;
+/// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn).
+pub(crate) const VERSION: u16 = 4;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {
@@ -199,6 +199,12 @@ pub(crate) enum Ctl {
     Unplaceable { csn: u16, remote: u64, rkey: u32 },
     /// An ACK (RC mode, where the control QP is reliable and nothing is retransmitted).
     Ack(AckRepr),
+    /// The receiver withdraws its receive buffer `seq` (cancelled, or past its deadline), if no
+    /// send took it yet.
+    Withdraw { seq: u32 },
+    /// The sender's answer to a [`Ctl::Withdraw`]: whether the advertisement was dropped before
+    /// a send took it (`ok`), or a send is writing into it.
+    Withdrawn { seq: u32, ok: bool },
     /// Nothing: sent when a connection waits for its peer and has heard nothing for a while.
     /// Its delivery is acknowledged by the peer's NIC; a peer that is gone fails it (the RC
     /// retries run out), and with it the connection.
@@ -230,6 +236,15 @@ impl Ctl {
                 b[16..20].copy_from_slice(&rkey.to_be_bytes());
             }
             Ctl::Ping => b[0] = 5,
+            Ctl::Withdraw { seq } => {
+                b[0] = 7;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+            }
+            Ctl::Withdrawn { seq, ok } => {
+                b[0] = 8;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+                b[8] = u8::from(ok);
+            }
             Ctl::Refuse { seq, len } => {
                 b[0] = 3;
                 b[4..8].copy_from_slice(&seq.to_be_bytes());
@@ -270,6 +285,15 @@ impl Ctl {
                 csn: u16::from_be_bytes([b[4], b[5]]),
                 remote: u64::from_be_bytes(b[8..16].try_into().ok()?),
                 rkey: u32::from_be_bytes(b[16..20].try_into().ok()?),
+            }),
+            7 => Some(Ctl::Withdraw { seq: r.u32().ok()? }),
+            8 => Some(Ctl::Withdrawn {
+                seq: r.u32().ok()?,
+                ok: match b[8] {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
             }),
             _ => None,
         }
@@ -389,6 +413,9 @@ mod tests {
                 seq: 77,
                 len: u64::MAX - 1,
             },
+            Ctl::Withdraw { seq: u32::MAX },
+            Ctl::Withdrawn { seq: 5, ok: true },
+            Ctl::Withdrawn { seq: 6, ok: false },
             Ctl::Ack(AckRepr {
                 fid: 3,
                 cum: 9,

@@ -29,9 +29,19 @@ struct State<T> {
     wakers: Vec<Waker>,
 }
 
+/// Where a transfer's [`Request::cancel`] goes: its engine's queue of cancellations, and its
+/// connection.
+#[derive(Clone)]
+pub(crate) struct CancelTo {
+    pub(crate) queue: Arc<crossbeam_queue::SegQueue<Request>>,
+    pub(crate) conn: crate::ConnId,
+}
+
 struct Inner<T> {
     /// The engine that completes the request.
     engine: u64,
+    /// Where a cancellation goes (transfers only).
+    cancel: Option<CancelTo>,
     /// Set once `state.result` is (so an unfinished request is tested without the lock).
     done: AtomicBool,
     state: Mutex<State<T>>,
@@ -65,11 +75,13 @@ impl<T> std::fmt::Debug for Request<T> {
 }
 
 impl<T: Clone> Request<T> {
-    /// A request that engine `engine` completes.
-    pub(crate) fn of_engine(engine: u64) -> Request<T> {
+    /// A request that engine `engine` completes; a transfer on a connection may be cancelled
+    /// through `cancel`.
+    pub(crate) fn of_engine(engine: u64, cancel: Option<CancelTo>) -> Request<T> {
         Request {
             inner: Arc::new(Inner {
                 engine,
+                cancel,
                 done: AtomicBool::new(false),
                 state: Mutex::new(State {
                     result: None,
@@ -148,6 +160,32 @@ impl<T: Clone> Request<T> {
     pub(crate) fn fail(&self, e: EngineError) {
         self.complete(Err(e));
     }
+
+    /// Whether `other` is a handle to this same request.
+    pub(crate) fn same(&self, other: &Request<T>) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Request {
+    /// Asks the engine to withdraw the request, if it still can: a send not yet matched with
+    /// the peer's receive buffer, a write none of whose chunks went out, or a receive the
+    /// peer's engine has not matched with a send (it is told, and matches its next send with
+    /// the next receive). The request then fails with [`EngineError::Cancelled`]; otherwise it
+    /// completes as it would have. Returns at once (the engine acts in its next round);
+    /// does nothing for a request that completed.
+    pub fn cancel(&self) {
+        if let Some(c) = &self.inner.cancel
+            && !self.is_done()
+        {
+            c.queue.push(self.clone());
+        }
+    }
+
+    /// The connection it is a transfer on.
+    pub(crate) fn conn(&self) -> Option<crate::ConnId> {
+        self.inner.cancel.as_ref().map(|c| c.conn)
+    }
 }
 
 impl<T: Clone> Future for Request<T> {
@@ -187,7 +225,7 @@ mod tests {
     /// keep one waker: the task that polled first was never woken).
     #[test]
     fn every_task_awaiting_a_clone_is_woken() {
-        let r = Request::<Done>::of_engine(1);
+        let r = Request::<Done>::of_engine(1, None);
         let tasks: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count(0.into()))).collect();
         for (k, t) in tasks.iter().enumerate() {
             let waker = Waker::from(Arc::clone(t));
@@ -213,7 +251,7 @@ mod tests {
 
     #[test]
     fn completes_once_and_wakes_a_waiter() {
-        let r = Request::<Done>::of_engine(1);
+        let r = Request::<Done>::of_engine(1, None);
         assert!(r.test().is_none());
         let r2 = r.clone();
         let t = std::thread::spawn(move || r2.wait());
@@ -222,7 +260,7 @@ mod tests {
         assert_eq!(t.join().unwrap().unwrap(), Done { len: 5 });
         assert_eq!(r.test().unwrap().unwrap().len, 5);
         assert!(
-            Request::<Done>::of_engine(1)
+            Request::<Done>::of_engine(1, None)
                 .wait_timeout(Duration::from_millis(1))
                 .is_none()
         );

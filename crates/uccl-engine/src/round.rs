@@ -83,6 +83,7 @@ impl Engine {
     pub fn poll(&mut self) -> Result<bool> {
         let now = self.clock.now();
         self.memory.settle();
+        self.withdrawals(now);
         let mut busy = self.poll_cq(now)?;
         self.match_sends();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
@@ -118,6 +119,7 @@ impl Engine {
             self.credits.next_deadline(),
             self.keepalive_deadline(),
             self.ctl_probes.front().map(|&(at, _, _)| at),
+            self.deadlines.next(),
             // Possibly stale (its ACK went out early): then the round finds nothing due.
             self.scratch.delayed.front().map(|&(due, _)| due),
         ]
@@ -202,7 +204,7 @@ impl Engine {
                 };
                 let rid = (cts.seq % crate::conn::RECV_IDS as u32) as u8;
                 match self.tx.send_as(ci, m, rid) {
-                    Ok(msg) => c.track(msg, s.req, s.len, s.use_),
+                    Ok(msg) => c.track(msg, s.req, (s.len, false), s.use_),
                     Err(e) => s.req.fail(e.into()),
                 }
             }
@@ -283,14 +285,25 @@ impl Engine {
                     let Some(c) = self.conn_mut(fid) else {
                         continue;
                     };
+                    let withdrawn = matches!(error, uccl_tx::TxError::Cancelled { .. });
                     let error = crate::EngineError::from(error);
-                    if let Some((req, _)) = c.untrack(msg) {
-                        req.fail(error.clone());
+                    match c.untrack(msg) {
+                        Some((req, Some(why))) => req.fail(why.error()),
+                        Some((req, None)) => req.fail(error.clone()),
+                        None => {}
                     }
-                    // Those completed after it are not delivered either.
-                    while let Some((req, _)) = c.pop_done() {
-                        req.fail(error.clone());
+                    // Those completed after it are not delivered either, unless it was
+                    // withdrawn before it started (the peer never saw it).
+                    let mut sent = 0;
+                    while let Some((req, len)) = c.pop_done() {
+                        if withdrawn {
+                            sent += 1;
+                            req.complete(Ok(Done { len }));
+                        } else {
+                            req.fail(error.clone());
+                        }
                     }
+                    self.stats.messages_sent += sent;
                 }
                 Event::FlowFailed { fid, error } => {
                     tracing::warn!(conn = fid, %error, "flow failed");

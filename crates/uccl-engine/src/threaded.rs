@@ -14,10 +14,13 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
+use crate::cancel::Opts;
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
 use crate::memory::{Buffer, Descriptor};
+use crate::request::CancelTo;
 use crate::request::Request;
+use crate::transfer::Op;
 
 /// Requests the queue towards the engine thread holds at most; beyond that
 /// [`EngineHandle`]'s calls fail with [`EngineError::Limit`].
@@ -39,16 +42,10 @@ enum Command {
         range: (u64, u64),
         op: Op,
         req: Request,
+        opts: Opts,
     },
     /// A control-path call ([`EngineHandle::call`]).
     Call(Box<dyn FnOnce(&mut Engine) + Send>),
-}
-
-/// What an [`Command::Io`] does.
-enum Op {
-    Send,
-    Recv,
-    Write { dst: Descriptor, dst_offset: u64 },
 }
 
 impl Command {
@@ -59,18 +56,12 @@ impl Command {
             Command::Io {
                 conn,
                 buf,
-                range: (off, len),
+                range,
                 op,
                 req,
+                opts,
             } => {
-                let started = match op {
-                    Op::Send => e.send_with(conn, &buf, off, len, &req),
-                    Op::Recv => e.recv_with(conn, &buf, off, len, &req),
-                    Op::Write { dst, dst_offset } => {
-                        e.write_with(conn, &buf, (off, len), &dst, dst_offset, &req)
-                    }
-                };
-                if let Err(err) = started {
+                if let Err(err) = e.start(conn, &buf, range, op, &req, opts) {
                     req.fail(err);
                 }
             }
@@ -102,6 +93,8 @@ struct Shared {
 pub struct EngineHandle {
     shared: Arc<Shared>,
     engine_id: u64,
+    /// The engine's queue of cancelled requests (the requests made here cancel through it).
+    cancels: Arc<crossbeam_queue::SegQueue<Request>>,
     thread: Thread,
     join: Option<JoinHandle<Engine>>,
 }
@@ -126,6 +119,7 @@ impl Engine {
             gone: AtomicBool::new(false),
         });
         let engine_id = self.id;
+        let cancels = Arc::clone(&self.cancels);
         let name = format!("uccl-engine-{}", self.io.ctx.name());
         let s = Arc::clone(&shared);
         let join = thread::Builder::new()
@@ -135,6 +129,7 @@ impl Engine {
         Ok(EngineHandle {
             shared,
             engine_id,
+            cancels,
             thread: join.thread().clone(),
             join: Some(join),
         })
@@ -228,30 +223,66 @@ impl EngineHandle {
     }
 
     /// Queues `op` of `offset..offset + len` of `buf` on `conn`.
-    fn io(&self, conn: ConnId, buf: &Buffer, (offset, len): (u64, u64), op: Op) -> Result<Request> {
+    fn io(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        (offset, len): (u64, u64),
+        op: Op,
+        opts: Opts,
+    ) -> Result<Request> {
         if buf.engine() != self.engine_id {
             return Err(EngineError::BadRange("a buffer of another engine"));
         }
         buf.check_range(offset, len)?;
-        let req = Request::of_engine(self.engine_id);
+        let cancel = CancelTo {
+            queue: Arc::clone(&self.cancels),
+            conn,
+        };
+        let req = Request::of_engine(self.engine_id, Some(cancel));
         self.push(Command::Io {
             conn,
             buf: buf.clone(),
             range: (offset, len),
             op,
             req: req.clone(),
+            opts,
         })?;
         Ok(req)
     }
 
     /// [`Engine::send`] on the engine thread.
     pub fn send(&self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        self.io(conn, buf, (offset, len), Op::Send)
+        self.send_with(conn, buf, offset, len, Opts::default())
+    }
+
+    /// [`Engine::send_with`] on the engine thread.
+    pub fn send_with(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        opts: Opts,
+    ) -> Result<Request> {
+        self.io(conn, buf, (offset, len), Op::Send, opts)
     }
 
     /// [`Engine::recv`] on the engine thread.
     pub fn recv(&self, conn: ConnId, buf: &Buffer, offset: u64, len: u64) -> Result<Request> {
-        self.io(conn, buf, (offset, len), Op::Recv)
+        self.recv_with(conn, buf, offset, len, Opts::default())
+    }
+
+    /// [`Engine::recv_with`] on the engine thread.
+    pub fn recv_with(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        opts: Opts,
+    ) -> Result<Request> {
+        self.io(conn, buf, (offset, len), Op::Recv, opts)
     }
 
     /// [`Engine::write`] on the engine thread.
@@ -263,8 +294,21 @@ impl EngineHandle {
         dst: &Descriptor,
         dst_offset: u64,
     ) -> Result<Request> {
+        self.write_with(conn, buf, range, dst, dst_offset, Opts::default())
+    }
+
+    /// [`Engine::write_with`] on the engine thread.
+    pub fn write_with(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        range: (u64, u64),
+        dst: &Descriptor,
+        dst_offset: u64,
+        opts: Opts,
+    ) -> Result<Request> {
         let dst = *dst;
-        self.io(conn, buf, range, Op::Write { dst, dst_offset })
+        self.io(conn, buf, range, Op::Write { dst, dst_offset }, opts)
     }
 
     /// Runs `f` on the engine thread between two rounds and returns what it returns: for the

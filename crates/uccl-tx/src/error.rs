@@ -84,4 +84,14 @@ pub enum TxError {
     /// The flow was closed with messages still pending.
     #[error("flow {0} was closed")]
     Closed(u16),
+    /// The message was cancelled before any of its chunks went out ([`Tx::cancel`]).
+    ///
+    /// [`Tx::cancel`]: crate::Tx::cancel
+    #[error("flow {fid}: message {msg} was cancelled before it started")]
+    Cancelled {
+        /// The flow.
+        fid: u16,
+        /// The message.
+        msg: u64,
+    },
 }

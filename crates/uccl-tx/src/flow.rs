@@ -124,9 +124,34 @@ impl Msgs {
         (self.cutting < self.front + self.q.len() as u64).then_some(self.cutting)
     }
 
-    /// The message being cut got its last chunk.
+    /// The message being cut got its last chunk: the next one to cut is the one after it,
+    /// or the first after that not cancelled.
     pub(crate) fn cut_done(&mut self) {
         self.cutting += 1;
+        self.skip_cancelled();
+    }
+
+    /// Moves `cutting` past messages cancelled before they started.
+    fn skip_cancelled(&mut self) {
+        while self
+            .get(self.cutting)
+            .is_some_and(|m| m.failed && m.chunks == 0)
+        {
+            self.cutting += 1;
+        }
+    }
+
+    /// Whether message `id` has not started (no chunk of it cut) and may still be cancelled.
+    pub(crate) fn may_cancel(&self, id: u64) -> bool {
+        self.get(id).is_some_and(|m| !m.failed && m.chunks == 0)
+    }
+
+    /// Cancels message `id`, which has not started: it will never be cut.
+    pub(crate) fn cancel(&mut self, id: u64) {
+        if let Some(m) = self.get_mut(id) {
+            m.failed = true;
+        }
+        self.skip_cancelled();
     }
 
     /// Reports message `id` if it is finished: completed (whole, every chunk acknowledged)

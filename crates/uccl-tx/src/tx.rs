@@ -345,6 +345,30 @@ impl Tx {
         Ok(id)
     }
 
+    /// Whether message `msg` of flow `fid` has started: a chunk of it was cut (handed out to
+    /// be posted). `None` for a message this flow does not hold (reported already, or never).
+    pub fn started(&self, fid: u16, msg: u64) -> Option<bool> {
+        let m = self.flow(fid)?.msgs.get(msg)?;
+        Some(m.chunks > 0 || m.failed)
+    }
+
+    /// Cancels message `msg` of flow `fid` if none of its chunks went out yet: it never will,
+    /// and it is reported as failed with [`TxError::Cancelled`] (the messages after it go out
+    /// as if it had never been queued: the receiver sees nothing of it). Returns whether it
+    /// was cancelled (false once it started, or for a message this flow does not hold).
+    pub fn cancel(&mut self, fid: u16, msg: u64) -> bool {
+        let Some(f) = crate::flow::open_mut(&mut self.flows, fid) else {
+            return false;
+        };
+        if !f.msgs.may_cancel(msg) {
+            return false;
+        }
+        f.msgs.cancel(msg);
+        let error = TxError::Cancelled { fid, msg };
+        f.msgs.settle(msg, fid, Some(&error), &mut self.events);
+        true
+    }
+
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

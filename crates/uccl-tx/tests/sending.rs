@@ -572,3 +572,44 @@ fn without_a_target_delay_only_the_credit_bounds_a_flow() {
     assert_eq!(t.stats().window_stalls, 0);
     assert_eq!(t.flow_info(1).unwrap().window, u16::MAX);
 }
+
+/// A message cancelled before any chunk of it went out is reported failed (Cancelled) and
+/// never sent; the messages after it go out as if it had never been queued; one that started
+/// cannot be cancelled.
+#[test]
+fn a_message_cancelled_before_it_starts_never_goes_out() {
+    let (mut t, _) = one_path(chunks_of_100());
+    let a = t.send(1, msg(150)).unwrap();
+    let b = t.send(1, msg(100)).unwrap();
+    let c = t.send(1, msg(50)).unwrap();
+    assert!(t.cancel(1, b), "b has not started");
+    assert!(!t.cancel(1, b), "cancelled once");
+    assert_eq!(
+        t.started(1, b),
+        Some(true),
+        "it will never start: treated as started"
+    );
+    assert!(matches!(
+        events(&mut t)[..],
+        [Event::MessageFailed { fid: 1, msg, error: TxError::Cancelled { fid: 1, msg: m } }]
+            if msg == b && m == b
+    ));
+    let (wrs, _) = post_all(&mut t, 0);
+    let sent: Vec<_> = wrs.iter().map(|w| (w.imm.rid, w.imm.csn)).collect();
+    // a's two chunks, then c's: b took no chunk sequence number.
+    assert_eq!(sent, [(a as u8, 0), (a as u8, 1), (c as u8, 2)]);
+    assert!(!t.cancel(1, a), "a started");
+    assert!(!t.cancel(1, 99), "no such message");
+    assert!(!t.cancel(7, c), "no such flow");
+    t.on_ack(10, &ack(1, 3, 4));
+    complete(&mut t, &wrs);
+    let done: Vec<_> = events(&mut t)
+        .into_iter()
+        .map(|e| match e {
+            Event::MessageComplete { msg, .. } => msg,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(done, [a, c]);
+    assert_eq!(t.wrs_in_use(), 0);
+}
