@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 /// Which test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -18,7 +19,7 @@ pub(crate) enum Test {
 }
 
 /// Which reliability the data QPs use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum TransportArg {
     /// Unreliable connected, with the engine's software reliability (UCCL's).
@@ -38,7 +39,7 @@ pub(crate) enum OpArg {
 }
 
 /// How the transmit side posts its work requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum TxMode {
     /// Up to 32 WRs per `ibv_post_send` (one doorbell per chain).
@@ -48,7 +49,7 @@ pub(crate) enum TxMode {
 }
 
 /// What key a receive buffer is advertised with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum RecvKeysArg {
     /// A memory window bound over exactly the receive, while it is posted (the default).
@@ -59,17 +60,20 @@ pub(crate) enum RecvKeysArg {
 
 /// perftest-style benchmark of the UCCL transport: messages between engines, every byte
 /// verified, on softnic (the built-in software NIC) or a real RDMA NIC.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "uccl-perf", version, about, max_term_width = 100)]
 pub(crate) struct Args {
     /// `soft` (the built-in software NIC, both ends in this process, on its virtual clock)
     /// or the name of an RDMA device (e.g. mlx5_0).
     #[arg(long, default_value = "soft", value_parser = nonempty)]
     pub(crate) device: String,
-    /// Run the receiving side and wait for a `--client` (give both sides the same options).
+    /// Run the receiving side and wait for a `--client`, whose run options (flows, sizes,
+    /// messages or duration, transport, faults, seed...) this side adopts: a run option given
+    /// here too must be the client's, or the run is refused at once, naming it.
     #[arg(long, conflicts_with = "client")]
     pub(crate) server: bool,
-    /// Run the sending side against the `--server` on HOST.
+    /// Run the sending side against the `--server` on HOST, with this side's run options
+    /// (sent to the server, which adopts them).
     #[arg(long, value_name = "HOST")]
     pub(crate) client: Option<String>,
     /// The TCP port of the connection set-up (`--server`/`--client`).
@@ -162,9 +166,25 @@ pub(crate) struct Args {
     /// device, in loopback).
     #[arg(long, help_heading = "Raw verbs tests")]
     pub(crate) peer_device: Option<String>,
+    /// The options given on the command line (by id, e.g. `msg_size`), not by default.
+    #[arg(skip)]
+    pub(crate) given: Vec<String>,
 }
 
 impl Args {
+    /// Parses the command line, noting which options it gave ([`Args::given`]).
+    pub(crate) fn try_parse_given() -> Result<Self, clap::Error> {
+        let mut cmd = Self::command();
+        let m = cmd.try_get_matches_from_mut(std::env::args_os())?;
+        let mut args = Self::from_arg_matches(&m).map_err(|e| e.format(&mut cmd))?;
+        args.given = m
+            .ids()
+            .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+            .map(|id| id.to_string())
+            .collect();
+        Ok(args)
+    }
+
     /// Whether the run is on softnic.
     pub(crate) fn soft(&self) -> bool {
         self.device == "soft"

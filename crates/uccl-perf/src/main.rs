@@ -14,7 +14,7 @@
 //! uccl-perf --tx-mode single                     # one WR per post_send, as UCCL does
 //! uccl-perf --no-payload --msg-size 4KiB --chunk-size 4KiB   # the stack's own cost per chunk
 //! uccl-perf --device mlx5_0 --server             # two processes on a real NIC ...
-//! uccl-perf --device mlx5_0 --client HOST        # ... with the same options on both sides
+//! uccl-perf --device mlx5_0 --client HOST        # ... the server runs the client's options
 //! uccl-perf --test verbs-write-bw                # raw verbs: chained vs one post per WR
 //! ```
 
@@ -29,12 +29,10 @@ mod verbs;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use crate::args::Test;
 
 fn main() -> ExitCode {
-    let args = match args::Args::try_parse() {
+    let args = match args::Args::try_parse_given() {
         Ok(a) => a,
         Err(e) if !e.use_stderr() => {
             // --help, --version.
@@ -62,7 +60,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let outcome = match args.test {
-        Test::Engine => transport::run(&args).map(|m| report::engine(&args, &m)),
+        Test::Engine => transport::run(&args).map(|(ran, m)| report::engine(&ran, &m)),
         Test::VerbsWriteBw | Test::VerbsWriteLat => verbs::run(&args)
             .map(|r| report::verbs(&args, &r))
             .map_err(|e| match e {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::args::{Args, OpArg, Test, TransportArg, TxMode, human_size};
-use crate::transport::{Measured, Role};
+use crate::transport::{Measured, Role, RunOptions};
 use crate::verbs::RunResult;
 
 fn gbps(bytes: u64, d: Duration) -> f64 {
@@ -35,31 +35,17 @@ fn transport(t: TransportArg) -> &'static str {
     }
 }
 
-/// The configuration a run used, as the JSON reports it.
+/// The configuration a run used, as the JSON reports it: the run's options, and this
+/// process's.
 #[derive(Debug, Serialize)]
 struct Config<'a> {
     test: Test,
     device: &'a str,
     role: Role,
-    transport: TransportArg,
     op: OpArg,
-    flows: u16,
-    qps_per_flow: u16,
-    engines: u16,
-    msg_size: u64,
-    chunk_size: u64,
-    messages: Option<u64>,
-    duration_s: Option<f64>,
-    inflight: u32,
-    loss: f64,
-    reorder: f64,
-    duplicate: f64,
-    corrupt: f64,
-    seed: u64,
-    tx_mode: TxMode,
-    recv_keys: crate::args::RecvKeysArg,
+    #[serde(flatten)]
+    run: RunOptions,
     max_chain: u32,
-    no_payload: bool,
     clock: &'static str,
     /// `--poll-interval-ns` (the virtual clock only).
     poll_interval_ns: Option<u64>,
@@ -70,6 +56,7 @@ struct Config<'a> {
 struct EngineJson<'a> {
     messages_sent: u64,
     messages_received: u64,
+    bytes_sent: u64,
     bytes_received: u64,
     verified: bool,
     elapsed_s: f64,
@@ -113,33 +100,13 @@ struct EngineJson<'a> {
 }
 
 fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
-    let faults = args.faults();
     Config {
         test: args.test,
         device: &args.device,
         role: m.role,
-        transport: args.transport,
         op: args.op,
-        flows: args.flows,
-        qps_per_flow: args.qps_per_flow,
-        engines: args.engines,
-        msg_size: args.msg_size(),
-        chunk_size: args.chunk_size,
-        messages: match args.duration {
-            Some(_) => None,
-            None => Some(args.messages.unwrap_or(64)),
-        },
-        duration_s: args.duration.map(|d| d.as_secs_f64()),
-        inflight: m.inflight,
-        loss: faults.loss,
-        reorder: faults.reorder,
-        duplicate: faults.duplicate,
-        corrupt: faults.corrupt,
-        seed: args.seed,
-        tx_mode: args.tx_mode,
-        recv_keys: args.recv_keys,
+        run: RunOptions::of(args),
         max_chain: crate::transport::engine_config(args, 1).tx.max_chain,
-        no_payload: args.no_payload,
         clock: if args.virtual_clock() {
             "virtual"
         } else {
@@ -153,7 +120,12 @@ fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
 pub(crate) fn engine(args: &Args, m: &Measured) {
     let s = &m.stats;
     let retransmits = s.retransmits() + m.failover_retransmits;
-    let goodput = gbps(m.bytes_received, m.elapsed);
+    // Each end's goodput is of what it moved: the sending side's of what it sent.
+    let moved = match m.role {
+        Role::Client => m.bytes_sent,
+        Role::Server | Role::Both => m.bytes_received,
+    };
+    let goodput = gbps(moved, m.elapsed);
     let cpu_per_chunk = m
         .cpu
         .filter(|_| s.chunks_sent > 0)
@@ -173,6 +145,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         let j = EngineJson {
             messages_sent: m.messages_sent,
             messages_received: m.messages_received,
+            bytes_sent: m.bytes_sent,
             bytes_received: m.bytes_received,
             verified: m.verified,
             elapsed_s: m.elapsed.as_secs_f64(),
@@ -282,7 +255,12 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
                 "{} sent, {} received, {}",
                 m.messages_sent,
                 m.messages_received,
-                if m.verified {
+                if m.verified && m.role == Role::Client {
+                    format!(
+                        "{} sent, every byte checked by the receiving side",
+                        human_size(m.bytes_sent)
+                    )
+                } else if m.verified {
                     format!("every byte verified ({})", human_size(m.bytes_received))
                 } else {
                     "not verified (--no-payload: softnic moved no data)".into()

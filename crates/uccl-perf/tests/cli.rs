@@ -2,7 +2,10 @@
 //! JSON object; the table; `--no-payload`; the checker catches a flipped byte; bad arguments
 //! get one line each; the raw verbs tests still run.
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Runs uccl-perf with `args` (split at spaces).
 fn perf(args: &str) -> Output {
@@ -232,47 +235,108 @@ fn bad_arguments_get_one_line() {
     }
 }
 
+/// A process whose standard output and error are read on threads (so that neither pipe
+/// fills), its standard error also watched for a line.
+struct Running {
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+}
+
+/// Starts uccl-perf with `args`; `seen` gets one message when a line of its standard error
+/// contains `marker`.
+fn start(args: &str, marker: &'static str, seen: mpsc::Sender<()>) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uccl-perf"))
+        .args(args.split_whitespace())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("uccl-perf starts");
+    let mut stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains(marker) {
+                let _ = seen.send(());
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    Running { child, out, err }
+}
+
+impl Running {
+    /// Waits for the process until `deadline` (then kills it); its output.
+    fn finish(mut self, deadline: Instant) -> Output {
+        while self.child.try_wait().expect("waiting").is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Output {
+            status: self.child.wait().expect("its status"),
+            stdout: self.out.join().expect("stdout").into_bytes(),
+            stderr: self.err.join().expect("stderr").into_bytes(),
+        }
+    }
+}
+
+/// Runs `uccl-perf --server {server}` and, once it says it is waiting, `--client 127.0.0.1
+/// {client}`, both on a free port; their outputs (the server's, the client's). Each is killed
+/// if it has not ended within a minute.
+fn server_and_client(server: &str, client: &str) -> (Output, Output) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let (tx, rx) = mpsc::channel();
+    // The server says on standard error when it listens (standard output is the JSON).
+    let srv = start(
+        &format!("--server --port {port} {server}"),
+        "waiting for",
+        tx.clone(),
+    );
+    let listening = rx.recv_timeout(Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    if listening.is_err() {
+        let out = srv.finish(Instant::now());
+        panic!("the server did not listen: {}", stderr(&out));
+    }
+    let cli = start(
+        &format!("--client 127.0.0.1 --port {port} {client}"),
+        "",
+        tx,
+    );
+    let cli = cli.finish(deadline);
+    (srv.finish(deadline), cli)
+}
+
+/// The JSON object `out` printed, after checking it succeeded.
+fn json_of(who: &str, out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{who}: {}", stderr(out));
+    serde_json::from_str(stdout(out).trim()).unwrap_or_else(|e| panic!("{who}: {e}: {out:?}"))
+}
+
 /// `--server` and `--client 127.0.0.1` on softnic: two processes, each with its own device on
 /// its own 127.0.0.x, the engine's traffic in RoCEv2 datagrams between them, with the default
 /// 1% loss on both sides; both verify everything.
 #[test]
 fn server_and_client_run_as_two_processes_on_softnic() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let opts = format!("--json --port {port} --flows 2 --qps-per-flow 4 {SMALL}");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_uccl-perf"))
-        .args(format!("--server {opts}").split_whitespace())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("the server starts");
-    // The server says on standard error when it listens (standard output is the JSON).
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
-        server.stderr.take().expect("piped"),
-    ));
-    let mut said = String::new();
-    for line in lines.by_ref() {
-        let line = line.expect("the server's standard error");
-        said.push_str(&line);
-        said.push('\n');
-        if line.contains("waiting for 2 flows") {
-            break;
-        }
-    }
-    assert!(said.contains("RoCEv2 over UDP"), "{said}");
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
-    let client = perf(&format!("--client 127.0.0.1 {opts}"));
-    let server = server.wait_with_output().expect("the server ends");
-    let said_later = rest.join().unwrap();
+    let opts = format!("--json --flows 2 --qps-per-flow 4 {SMALL}");
+    let (server, client) = server_and_client(&opts, &opts);
+    assert!(stderr(&server).contains("RoCEv2 over UDP"), "{server:?}");
     for (who, out) in [("server", &server), ("client", &client)] {
-        assert!(
-            out.status.success(),
-            "{who}: {} {said_later:?}",
-            stderr(out)
-        );
-        let j: serde_json::Value = serde_json::from_str(stdout(out).trim()).expect("JSON");
+        let j = json_of(who, out);
         assert_eq!(j["verified"], true, "{who}");
         assert_eq!(j["config"]["clock"], "wall", "{who}");
         // On the wall clock softnic's NIC runs by itself: its share is not measured.
@@ -281,15 +345,83 @@ fn server_and_client_run_as_two_processes_on_softnic() {
             "{who}"
         );
     }
-    let j: serde_json::Value = serde_json::from_str(stdout(&server).trim()).unwrap();
+    let j = json_of("server", &server);
     assert_eq!(j["messages_received"], 12);
     assert_eq!(j["bytes_received"], 12 * 256 * 1024);
-    let c: serde_json::Value = serde_json::from_str(stdout(&client).trim()).unwrap();
+    let c = json_of("client", &client);
     assert_eq!(c["messages_sent"], 12);
+    // Each side's goodput is of what it moved (the client's was 0: it received nothing).
+    assert_eq!(c["bytes_sent"], 12 * 256 * 1024);
+    for (who, j) in [("server", &j), ("client", &c)] {
+        assert!(
+            j["goodput_gbps"].as_f64().is_some_and(|g| g > 0.0),
+            "{who}: {j}"
+        );
+    }
     assert!(
         c["packets_dropped"].as_u64() > Some(0) && c["retransmits"].as_u64() > Some(0),
         "the 1% loss was injected and recovered: {c}"
     );
+}
+
+/// A server started with no run options runs the client's (issue 28: with `--duration` on
+/// the client only, the server expected 64 messages per flow and failed, and the client,
+/// which received nothing, reported 0 Gb/s): both ends agree on the run, and each reports the
+/// goodput of what it moved, the client what it sent, the server what it received.
+#[test]
+fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
+    let (server, client) = server_and_client(
+        "--json",
+        "--json --flows 2 --qps-per-flow 2 --msg-size 64KiB --duration 1 --loss 0 --seed 9",
+    );
+    let (s, c) = (json_of("server", &server), json_of("client", &client));
+    for (k, v) in [
+        ("flows", serde_json::json!(2)),
+        ("qps_per_flow", 2.into()),
+        ("msg_size", 65536.into()),
+        ("duration_s", 1.0.into()),
+        ("loss", 0.0.into()),
+        ("seed", 9.into()),
+    ] {
+        assert_eq!(s["config"][k], v, "the server ran the client's {k}: {s}");
+    }
+    assert_eq!(s["config"]["role"], "server");
+    let sent = c["messages_sent"].as_u64().expect("a count");
+    assert!(sent > 0, "{c}");
+    assert_eq!(s["messages_received"], sent, "{s}");
+    assert_eq!(s["bytes_received"], sent * 65536);
+    assert_eq!(c["bytes_sent"], sent * 65536);
+    for (who, j) in [("server", &s), ("client", &c)] {
+        assert!(
+            j["goodput_gbps"].as_f64().is_some_and(|g| g > 0.0),
+            "{who}'s goodput: {j}"
+        );
+    }
+}
+
+/// A server started with a run option the client's differs from refuses the run at once, and
+/// both ends say which option in one line.
+#[test]
+fn a_server_refuses_a_client_whose_options_differ_from_its_own_naming_the_option() {
+    let t0 = Instant::now();
+    let (server, client) = server_and_client(
+        "--json --msg-size 64KiB --flows 1",
+        "--json --msg-size 128KiB --flows 1 --qps-per-flow 1 --messages 2",
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20), "at once");
+    for (who, out) in [("server", &server), ("client", &client)] {
+        assert!(!out.status.success(), "{who}: {out:?}");
+        let err = stderr(out);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("uccl-perf: ")
+                && last.contains("--msg-size 65536")
+                && last.contains("--msg-size 131072"),
+            "{who}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{who}: {err}");
+    }
+    assert_eq!(stderr(&client).lines().count(), 1, "{client:?}");
 }
 
 #[test]

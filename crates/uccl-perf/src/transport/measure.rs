@@ -58,8 +58,7 @@ pub(super) fn execute(
                 && r.received != run.limit
             {
                 return Err(format!(
-                    "flow {}: {} messages arrived, {} were to be sent (same --messages on both \
-                     sides?)",
+                    "flow {}: {} messages arrived, {} were to be sent",
                     f.id, r.received, run.limit
                 ));
             }
@@ -84,7 +83,9 @@ pub(super) fn execute(
         }
         c
     });
-    let bytes = run.received * msg;
+    let (sent, received) = (run.sent * msg, run.received * msg);
+    // What this end moved: the client's sends, else what arrived.
+    let moved = if role == Role::Client { sent } else { received };
     // At least one message, however large; otherwise at most 64 MiB.
     let working = (run.flows.len() as u64 * window * msg)
         .min(64 << 20)
@@ -94,7 +95,8 @@ pub(super) fn execute(
         inflight: window as u32,
         messages_sent: run.sent,
         messages_received: run.received,
-        bytes_received: bytes,
+        bytes_sent: sent,
+        bytes_received: received,
         verified: !args.no_payload,
         elapsed,
         virtual_time,
@@ -104,7 +106,7 @@ pub(super) fn execute(
         cpu,
         check: run.payload.time,
         nic_time: virtual_time.map(|_| run.nic_time),
-        memcpy_gbps: softnic::baseline::memcpy_gbps(bytes.max(msg), msg, working),
+        memcpy_gbps: softnic::baseline::memcpy_gbps(moved.max(msg), msg, working),
     })
 }
 

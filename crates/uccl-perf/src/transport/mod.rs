@@ -9,11 +9,13 @@
 //!
 //! - [`local`]: both ends in this process (the deterministic softnic run, or loopback);
 //! - [`remote`]: one end in each of two processes, connected over TCP;
+//! - [`agree`]: the two processes agree on the run (the server adopts the client's options);
 //! - [`flow`]: a flow's sending and receiving ends, and the payload written and checked;
 //! - [`mod@run`]: a run in progress, moving every flow along;
 //! - [`drive`]: polling the engines and moving the virtual clock until every flow is done;
 //! - [`measure`]: driving a run to the end and measuring it.
 
+mod agree;
 mod drive;
 mod flow;
 mod local;
@@ -26,6 +28,7 @@ use std::time::Duration;
 use uccl_engine::{Buffer, Engine, EngineConfig, Mode, RecvKeys};
 use verbs_safe::{Context, Verbs};
 
+pub(crate) use self::agree::RunOptions;
 use crate::args::{Args, RecvKeysArg, TransportArg, TxMode};
 
 /// Which ends of the flows this process runs.
@@ -48,6 +51,7 @@ pub(crate) struct Measured {
     pub(crate) inflight: u32,
     pub(crate) messages_sent: u64,
     pub(crate) messages_received: u64,
+    pub(crate) bytes_sent: u64,
     pub(crate) bytes_received: u64,
     /// Whether the payload was checked (not with `--no-payload`).
     pub(crate) verified: bool,
@@ -70,12 +74,23 @@ pub(crate) struct Measured {
     pub(crate) memcpy_gbps: f64,
 }
 
-/// Runs the engine test as `args` says.
-pub(crate) fn run(args: &Args) -> Result<Measured, String> {
+/// Runs the engine test as `args` says; the options the run had (a server's are its
+/// client's) and what it measured.
+pub(crate) fn run(args: &Args) -> Result<(Args, Measured), String> {
     if args.server || args.client.is_some() {
         return remote::run(args);
     }
-    local::run(args)
+    local::run(args).map(|m| (args.clone(), m))
+}
+
+/// Says `text` on standard output, or on standard error with `--json` (whose standard output
+/// is the one JSON object).
+pub(crate) fn say(args: &Args, text: &str) {
+    if args.json {
+        eprintln!("{text}");
+    } else {
+        println!("{text}");
+    }
 }
 
 /// The engines' configuration for `args`, each holding `conns` connections.
@@ -168,7 +183,7 @@ mod tests {
                     "--flows 3 --engines 2 --qps-per-flow 2 --msg-size 10000 --chunk-size 4KiB \
                      --messages 5 --op {op} --transport {t} --loss 0.02"
                 ));
-                let m = run(&a).unwrap();
+                let (_, m) = run(&a).unwrap();
                 assert_eq!((m.messages_sent, m.messages_received), (15, 15), "{op} {t}");
                 assert_eq!(m.bytes_received, 150_000);
                 assert!(m.verified);
@@ -180,7 +195,7 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_run() {
         let a = args("--messages 4 --msg-size 64KiB --chunk-size 4KiB");
-        let (x, y) = (run(&a).unwrap(), run(&a).unwrap());
+        let (x, y) = (run(&a).unwrap().1, run(&a).unwrap().1);
         assert_eq!(x.stats, y.stats);
         assert_eq!(x.virtual_time, y.virtual_time);
         assert_eq!(x.nic, y.nic);

@@ -10,7 +10,7 @@ use verbs_safe::Verbs;
 
 use super::flow::{Flow, RxSide, TxSide};
 use super::measure::execute;
-use super::{Measured, Role, buffer, engine_config, inflight, open};
+use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
 use crate::args::Args;
 
 /// Which end of every flow this process runs, and how it reaches the other process.
@@ -23,8 +23,36 @@ pub(super) enum Side<'a> {
 }
 
 /// Runs this process's end of every flow, on engines of `--device`, as `--server` or
-/// `--client` say.
-pub(super) fn run(args: &Args) -> Result<Measured, String> {
+/// `--client` say: first the two agree on the run (the client's options; see [`agree`]),
+/// then every flow connects. The options the run had, and what it measured.
+pub(super) fn run(args: &Args) -> Result<(Args, Measured), String> {
+    match &args.client {
+        None => {
+            let listener = TcpListener::bind(("0.0.0.0", args.port))
+                .map_err(|e| format!("listening on port {}: {e}", args.port))?;
+            say(
+                args,
+                &format!(
+                    "uccl-perf: waiting for a client on port {} (it chooses the run)",
+                    args.port
+                ),
+            );
+            let args = agree::serve(&listener, args)?;
+            let m = start(&args, Side::Server(&listener))?;
+            Ok((args, m))
+        }
+        Some(host) => {
+            let addr = format!("{host}:{}", args.port);
+            agree::ask(&addr, args)?;
+            let m = start(args, Side::Client(&addr))?;
+            Ok((args.clone(), m))
+        }
+    }
+}
+
+/// Starts this process's `--engines` engines on `--device` (softnic: one device on the UDP
+/// link, with `args`' faults) and runs the `side` end of every flow on them.
+fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     let (fabric, verbs, device) = if args.soft() {
         let fabric = softnic::Fabric::try_new(softnic::FabricConfig {
             devices: 1,
@@ -38,12 +66,10 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
         let ip = fabric
             .udp_addr("soft0")
             .map_or_else(String::new, |a| a.to_string());
-        let on = format!("uccl-perf: softnic device soft0 on {ip}:4791 (RoCEv2 over UDP)");
-        if args.json {
-            eprintln!("{on}");
-        } else {
-            println!("{on}");
-        }
+        say(
+            args,
+            &format!("uccl-perf: softnic device soft0 on {ip}:4791 (RoCEv2 over UDP)"),
+        );
         let verbs = Verbs::soft(&fabric);
         (Some(fabric), verbs, "soft0".to_string())
     } else {
@@ -59,28 +85,7 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
                 .map_err(|e| format!("starting an engine on {}: {e}", args.device))?,
         );
     }
-    let names = vec![device; n];
-    match &args.client {
-        None => {
-            let listener = TcpListener::bind(("0.0.0.0", args.port))
-                .map_err(|e| format!("listening on port {}: {e}", args.port))?;
-            // On standard error with --json, whose standard output is the one JSON object.
-            let waiting = format!(
-                "uccl-perf: waiting for {} flows on port {}",
-                args.flows, args.port
-            );
-            if args.json {
-                eprintln!("{waiting}");
-            } else {
-                println!("{waiting}");
-            }
-            run_side(args, engines, names, fabric, Side::Server(&listener))
-        }
-        Some(host) => {
-            let addr = format!("{host}:{}", args.port);
-            run_side(args, engines, names, fabric, Side::Client(&addr))
-        }
-    }
+    run_side(args, engines, vec![device; n], fabric, side)
 }
 
 /// Runs the `side` end of `args.flows` flows (flow `f` on engine `f % engines`): as the

@@ -1,0 +1,376 @@
+//! Two processes agree on the run before any engine starts: the client's first connection to
+//! the server's port carries its run options (one JSON line), and the server adopts them, or
+//! refuses at once when it was given a run option of its own that differs, naming it. Either
+//! way the answer (one JSON line) reaches the client, which then connects its flows, or stops
+//! with the server's reason.
+//!
+//! The options are the resolved ones (`--msg-size` as bytes, `--messages` as a count unless
+//! `--duration`, the loss that applies, the messages in flight), so the server runs exactly
+//! the client's run.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use super::{inflight, say};
+use crate::args::{Args, RecvKeysArg, TransportArg, TxMode};
+
+/// The version of the exchange; a client and a server of different versions refuse each other.
+const VERSION: u32 = 1;
+/// How long either end waits for the other's line.
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest line either end reads.
+const MAX_LINE: u64 = 64 << 10;
+
+/// What makes a run, as the client sends it (and as the JSON report's `config` has it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RunOptions {
+    transport: TransportArg,
+    flows: u16,
+    qps_per_flow: u16,
+    engines: u16,
+    msg_size: u64,
+    chunk_size: u64,
+    /// Messages per flow; none with a duration.
+    messages: Option<u64>,
+    duration_s: Option<f64>,
+    inflight: u32,
+    loss: f64,
+    reorder: f64,
+    duplicate: f64,
+    corrupt: f64,
+    seed: u64,
+    tx_mode: TxMode,
+    recv_keys: RecvKeysArg,
+    no_payload: bool,
+}
+
+/// The client's line.
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    uccl_perf: u32,
+    run: RunOptions,
+}
+
+/// The server's answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Answer {
+    Ok,
+    Refused(String),
+}
+
+impl RunOptions {
+    /// The run `args` describe.
+    pub(crate) fn of(args: &Args) -> Self {
+        RunOptions {
+            transport: args.transport,
+            flows: args.flows,
+            qps_per_flow: args.qps_per_flow,
+            engines: args.engines,
+            msg_size: args.msg_size(),
+            chunk_size: args.chunk_size,
+            messages: match args.duration {
+                Some(_) => None,
+                None => Some(args.messages.unwrap_or(64)),
+            },
+            duration_s: args.duration.map(|d| d.as_secs_f64()),
+            inflight: inflight(args),
+            loss: args.loss(),
+            reorder: args.reorder,
+            duplicate: args.duplicate,
+            corrupt: args.corrupt,
+            seed: args.seed,
+            tx_mode: args.tx_mode,
+            recv_keys: args.recv_keys,
+            no_payload: args.no_payload,
+        }
+    }
+
+    /// Each option by its id (clap's, e.g. `msg_size`) with its value as a command line gives
+    /// it (`""` for a flag that is set, `None` for one not given).
+    fn flags(&self) -> Vec<(&'static str, Option<String>)> {
+        fn name(v: impl ValueEnum) -> Option<String> {
+            v.to_possible_value().map(|p| p.get_name().to_string())
+        }
+        let some = |v: &dyn std::fmt::Display| Some(v.to_string());
+        vec![
+            ("transport", name(self.transport)),
+            ("flows", some(&self.flows)),
+            ("qps_per_flow", some(&self.qps_per_flow)),
+            ("engines", some(&self.engines)),
+            ("msg_size", some(&self.msg_size)),
+            ("chunk_size", some(&self.chunk_size)),
+            ("messages", self.messages.map(|n| n.to_string())),
+            ("duration", self.duration_s.map(|d| d.to_string())),
+            ("inflight", some(&self.inflight)),
+            ("loss", some(&self.loss)),
+            ("reorder", some(&self.reorder)),
+            ("duplicate", some(&self.duplicate)),
+            ("corrupt", some(&self.corrupt)),
+            ("seed", some(&self.seed)),
+            ("tx_mode", name(self.tx_mode)),
+            ("recv_keys", name(self.recv_keys)),
+            ("no_payload", self.no_payload.then(String::new)),
+        ]
+    }
+
+    /// `args` running this run (what else `args` say stays: the device, the port, `--json`).
+    /// Values the command line could not have given are refused, naming them.
+    fn apply(&self, args: &Args) -> Result<Args, String> {
+        let counts = [
+            ("--flows", u64::from(self.flows)),
+            ("--qps-per-flow", u64::from(self.qps_per_flow)),
+            ("--engines", u64::from(self.engines)),
+            ("--chunk-size", self.chunk_size),
+            ("--messages", self.messages.unwrap_or(1)),
+            ("--inflight", u64::from(self.inflight)),
+        ];
+        if let Some((flag, _)) = counts.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{flag} 0"));
+        }
+        if self.messages.is_some() == self.duration_s.is_some() {
+            return Err("both or neither of --messages and --duration".into());
+        }
+        let duration = match self.duration_s {
+            Some(d) if d > 0.0 && d <= 1e6 => Duration::try_from_secs_f64(d).ok(),
+            Some(d) => return Err(format!("--duration {d}")),
+            None => None,
+        };
+        let faults = [
+            ("--loss", self.loss),
+            ("--reorder", self.reorder),
+            ("--duplicate", self.duplicate),
+            ("--corrupt", self.corrupt),
+        ];
+        if let Some((flag, p)) = faults.iter().find(|(_, p)| !(0.0..=1.0).contains(p)) {
+            return Err(format!("{flag} {p}"));
+        }
+        let mut a = args.clone();
+        a.transport = self.transport;
+        a.flows = self.flows;
+        a.qps_per_flow = self.qps_per_flow;
+        a.engines = self.engines;
+        a.msg_size = Some(self.msg_size);
+        a.chunk_size = self.chunk_size;
+        a.messages = self.messages;
+        a.duration = duration;
+        a.inflight = Some(self.inflight);
+        a.loss = Some(self.loss);
+        a.reorder = self.reorder;
+        a.duplicate = self.duplicate;
+        a.corrupt = self.corrupt;
+        a.seed = self.seed;
+        a.tx_mode = self.tx_mode;
+        a.recv_keys = self.recv_keys;
+        a.no_payload = self.no_payload;
+        a.check()?;
+        Ok(a)
+    }
+}
+
+/// `--msg-size 65536`, `--no-payload`, or `no --messages`: an option as a command line has it.
+fn flag_text(id: &str, value: &Option<String>) -> String {
+    let flag = format!("--{}", id.replace('_', "-"));
+    match value {
+        None => format!("no {flag}"),
+        Some(v) if v.is_empty() => flag,
+        Some(v) => format!("{flag} {v}"),
+    }
+}
+
+/// The server's options given on its command line that the client's run differs in: (this
+/// server's, the client's), as command lines have them.
+fn conflicts(server: &Args, client: &RunOptions) -> (Vec<String>, Vec<String>) {
+    let ours = RunOptions::of(server).flags();
+    let mut differ = (Vec::new(), Vec::new());
+    for ((id, mine), (_, theirs)) in ours.iter().zip(client.flags()) {
+        if *mine != theirs && server.given.iter().any(|g| g == id) {
+            differ.0.push(flag_text(id, mine));
+            differ.1.push(flag_text(id, &theirs));
+        }
+    }
+    differ
+}
+
+/// Reads one line (at most [`MAX_LINE`] bytes) of `s`.
+fn read_line(s: &TcpStream) -> Result<String, String> {
+    let mut line = String::new();
+    BufReader::new(s.take(MAX_LINE))
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    if line.is_empty() {
+        return Err("the connection closed".into());
+    }
+    Ok(line)
+}
+
+/// Writes `value` as one JSON line to `s`.
+fn write_line(mut s: &TcpStream, value: &impl Serialize) -> Result<(), String> {
+    let mut line = serde_json::to_string(value).map_err(|e| e.to_string())?;
+    line.push('\n');
+    s.write_all(line.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// The server's side: takes the first connection on `listener`, reads the client's run and
+/// answers. The options to run with (`args` with the client's run), or why not.
+pub(super) fn serve(listener: &TcpListener, args: &Args) -> Result<Args, String> {
+    let (s, peer) = listener
+        .accept()
+        .map_err(|e| format!("accepting the client: {e}"))?;
+    let _ = s.set_read_timeout(Some(TIMEOUT));
+    let _ = s.set_write_timeout(Some(TIMEOUT));
+    let hello: Hello = read_line(&s)
+        .and_then(|l| serde_json::from_str(&l).map_err(|e| e.to_string()))
+        .map_err(|e| {
+            format!(
+                "the first connection to port {} (from {peer}) sent no uccl-perf run options \
+                 ({e}): a client of another version?",
+                args.port
+            )
+        })?;
+    let refuse = |why: String| {
+        let _ = write_line(&s, &Answer::Refused(why.clone()));
+        format!("refused the client at {peer}: {why}")
+    };
+    if hello.uccl_perf != VERSION {
+        return Err(refuse(format!(
+            "the client speaks version {} of the run options, this server {VERSION}",
+            hello.uccl_perf
+        )));
+    }
+    let (ours, theirs) = conflicts(args, &hello.run);
+    if !ours.is_empty() {
+        return Err(refuse(format!(
+            "the server was started with {}, the client asks for {} (start the server \
+             without them: it adopts the client's run options; or with the same)",
+            ours.join(" "),
+            theirs.join(" ")
+        )));
+    }
+    let adopted = hello
+        .run
+        .apply(args)
+        .map_err(|e| refuse(format!("the client's run options are not valid: {e}")))?;
+    write_line(&s, &Answer::Ok).map_err(|e| format!("answering the client at {peer}: {e}"))?;
+    let changed: Vec<String> = RunOptions::of(args)
+        .flags()
+        .into_iter()
+        .zip(hello.run.flags())
+        // What the client set (its `--duration` says it has no `--messages`).
+        .filter(|((_, mine), (_, theirs))| mine != theirs && theirs.is_some())
+        .map(|(_, (id, theirs))| flag_text(id, &theirs))
+        .collect();
+    say(
+        &adopted,
+        &if changed.is_empty() {
+            format!("uccl-perf: the client at {peer} runs this server's options")
+        } else {
+            format!("uccl-perf: the client at {peer} runs {}", changed.join(" "))
+        },
+    );
+    Ok(adopted)
+}
+
+/// The client's side: sends `args`' run to the server at `addr` and waits for its answer.
+pub(super) fn ask(addr: &str, args: &Args) -> Result<(), String> {
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("resolving {addr}: {e}"))?
+        .collect();
+    let mut last = format!("resolving {addr}: no address");
+    let mut stream = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, TIMEOUT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = format!("connecting to {a}: {e} (is `uccl-perf --server` running?)"),
+        }
+    }
+    let s = stream.ok_or(last)?;
+    let _ = s.set_read_timeout(Some(TIMEOUT));
+    let _ = s.set_write_timeout(Some(TIMEOUT));
+    let hello = Hello {
+        uccl_perf: VERSION,
+        run: RunOptions::of(args),
+    };
+    let talk = || -> Result<Answer, String> {
+        write_line(&s, &hello)?;
+        let line = read_line(&s)?;
+        serde_json::from_str(&line).map_err(|e| format!("{e}: {}", line.trim()))
+    };
+    match talk().map_err(|e| format!("agreeing on the run with the server at {addr}: {e}"))? {
+        Answer::Ok => Ok(()),
+        Answer::Refused(why) => Err(format!("the server at {addr} refused the run: {why}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn args(line: &str) -> Args {
+        let mut a = Args::parse_from(std::iter::once("uccl-perf").chain(line.split_whitespace()));
+        // As main's parse notes them: the options the line gave.
+        a.given = line
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("--"))
+            .map(|w| w.replace('-', "_"))
+            .collect();
+        a
+    }
+
+    #[test]
+    fn a_server_adopts_a_clients_run_and_names_what_it_was_given_that_differs() {
+        let client = RunOptions::of(&args(
+            "--client h --msg-size 4KiB --duration 2.5 --flows 3 --transport rc --no-payload",
+        ));
+        let server = args("--server --json");
+        assert_eq!(conflicts(&server, &client), (vec![], vec![]));
+        let a = client.apply(&server).unwrap();
+        assert!(a.server && a.json, "the server's own options stay");
+        assert_eq!(RunOptions::of(&a), client, "the client's run");
+        assert_eq!(a.duration, Some(Duration::from_millis(2500)));
+        let given = args("--server --flows 3 --messages 10 --seed 1");
+        assert_eq!(
+            conflicts(&given, &client),
+            (
+                vec!["--messages 10".to_string()],
+                vec!["no --messages".to_string()]
+            ),
+            "--flows 3 and --seed 1 are the client's too"
+        );
+    }
+
+    #[test]
+    fn options_no_command_line_could_give_are_refused() {
+        let server = args("--server");
+        let mut run = RunOptions::of(&args("--client h"));
+        run.engines = 0;
+        assert_eq!(run.apply(&server).unwrap_err(), "--engines 0");
+        let mut run = RunOptions::of(&args("--client h"));
+        run.loss = 2.0;
+        assert_eq!(run.apply(&server).unwrap_err(), "--loss 2");
+        let mut run = RunOptions::of(&args("--client h"));
+        run.duration_s = Some(5.0);
+        assert!(run.apply(&server).unwrap_err().contains("both or neither"));
+        let mut run = RunOptions::of(&args("--client h --duration 1"));
+        run.duration_s = Some(f64::NAN);
+        assert_eq!(run.apply(&server).unwrap_err(), "--duration NaN");
+        let mut run = RunOptions::of(&args("--client h"));
+        run.flows = 2;
+        run.engines = 3;
+        assert!(
+            run.apply(&server)
+                .unwrap_err()
+                .contains("every engine pair")
+        );
+    }
+}
