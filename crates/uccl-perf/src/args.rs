@@ -95,8 +95,8 @@ pub(crate) struct Args {
     #[arg(long, default_value = "1", value_parser = count::<u16>, allow_negative_numbers = true)]
     pub(crate) engines: u16,
     /// Bytes per message (suffixes K, KiB, M, MiB, G, GiB; binary). Default 1 MiB; 4 KiB for
-    /// the raw verbs tests.
-    #[arg(long, value_parser = size, value_name = "SIZE", allow_hyphen_values = true)]
+    /// the raw verbs tests. 0: messages without payload (the message rate alone).
+    #[arg(long, value_parser = byte_count, value_name = "SIZE", allow_hyphen_values = true)]
     pub(crate) msg_size: Option<u64>,
     /// Bytes per chunk (one RDMA WRITE_WITH_IMM each). 16 KiB, the engine's default: on UC a
     /// chunk that loses any of its packets is sent again whole, so at 1% packet loss a 16 KiB
@@ -277,6 +277,13 @@ impl Args {
                 return Err("--inflight is at most 127 (receives advertised per flow)".into());
             }
         } else {
+            if self.msg_size() == 0 {
+                return Err(
+                    "--msg-size 0 runs in the engine test only (a raw verbs WRITE moves at \
+                     least 1 byte here)"
+                        .into(),
+                );
+            }
             if self.duration.is_some() {
                 return Err(
                     "--duration is for the engine test; the raw verbs tests take \
@@ -365,9 +372,17 @@ fn seconds(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// A byte count: digits, then an optional binary suffix (K/KiB/KB, M/MiB/MB, G/GiB/GB, B), in
-/// any case; never zero.
+/// A byte count that is never zero (see [`byte_count`]).
 pub(crate) fn size(s: &str) -> Result<u64, String> {
+    match byte_count(s)? {
+        0 => Err("must be at least 1 byte".into()),
+        v => Ok(v),
+    }
+}
+
+/// A byte count: digits, then an optional binary suffix (K/KiB/KB, M/MiB/MB, G/GiB/GB, B), in
+/// any case; zero too.
+pub(crate) fn byte_count(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
@@ -382,13 +397,8 @@ pub(crate) fn size(s: &str) -> Result<u64, String> {
         "g" | "gb" | "gib" => 30,
         _ => return Err(bad()),
     };
-    let v = n
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))?;
-    if v == 0 {
-        return Err("must be at least 1 byte".into());
-    }
-    Ok(v)
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// `1.5 MiB`, `64 KiB`, `100 B`: a size as people read it.
@@ -424,6 +434,9 @@ mod tests {
         assert!(size("1.5MiB").is_err());
         assert!(size("1TiB").is_err());
         assert!(size("99999999999999999999G").is_err());
+        assert_eq!(byte_count("0"), Ok(0));
+        assert_eq!(byte_count("0KiB"), Ok(0));
+        assert!(byte_count("-1").is_err());
         assert_eq!(human_size(1 << 20), "1 MiB");
         assert_eq!(human_size(1536), "1.5 KiB");
         assert_eq!(human_size(100), "100 B");

@@ -280,21 +280,35 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         ),
         (
             "goodput",
-            format!(
-                "{goodput:.2} Gb/s, {:.0} messages/s (a memcpy in this run: {:.1} Gb/s; \
-                 {vs_memcpy:.2}x)",
-                per_s(m.messages_received.max(m.messages_sent), m.elapsed),
-                m.memcpy_gbps,
-            ),
+            if args.msg_size() == 0 {
+                format!(
+                    "{:.0} messages/s of 0 bytes (no payload)",
+                    per_s(m.messages_received.max(m.messages_sent), m.elapsed),
+                )
+            } else {
+                format!(
+                    "{goodput:.2} Gb/s, {:.0} messages/s (a memcpy in this run: {:.1} Gb/s; \
+                     {vs_memcpy:.2}x)",
+                    per_s(m.messages_received.max(m.messages_sent), m.elapsed),
+                    m.memcpy_gbps,
+                )
+            },
         ),
     ];
     if let Some(v) = m.virtual_time {
         rows.push((
             "simulated",
-            format!(
-                "{:.1} Gb/s on the simulated 100 Gb/s links",
-                gbps(m.bytes_received, v)
-            ),
+            if args.msg_size() == 0 {
+                format!(
+                    "{:.0} messages/s on the simulated 100 Gb/s links",
+                    per_s(m.messages_received, v)
+                )
+            } else {
+                format!(
+                    "{:.1} Gb/s on the simulated 100 Gb/s links",
+                    gbps(m.bytes_received, v)
+                )
+            },
         ));
     }
     if let Some(c) = cpu_per_chunk {

@@ -210,7 +210,11 @@ fn bad_arguments_get_one_line() {
             "too large (at most 18446744073709551615)",
         ),
         ("--messages 0", "at least 1"),
-        ("--msg-size 0", "at least 1 byte"),
+        ("--chunk-size 0", "at least 1 byte"),
+        (
+            "--test verbs-write-bw --msg-size 0",
+            "--msg-size 0 runs in the engine test only",
+        ),
         ("--chunk-size lots", "not a size"),
         ("--transport tcp", "possible values: uc, rc"),
         ("--device nope0", "no RDMA device named \"nope0\""),
@@ -422,6 +426,42 @@ fn a_server_refuses_a_client_whose_options_differ_from_its_own_naming_the_option
         assert!(!err.contains("panicked"), "{who}: {err}");
     }
     assert_eq!(stderr(&client).lines().count(), 1, "{client:?}");
+}
+
+/// 0-byte messages (the message rate with no payload): allowed, counted, and reported without
+/// a division by zero, in one process and between two (whose end-of-flow marker is a 0-byte
+/// message when messages have bytes).
+#[test]
+fn zero_byte_messages_run_and_report_their_rate() {
+    for op in ["send", "write"] {
+        let j = json(&format!(
+            "--msg-size 0 --flows 2 --qps-per-flow 2 --messages 100 --op {op}"
+        ));
+        assert_eq!(j["messages_received"], 200, "{op}: {j}");
+        assert_eq!(j["bytes_received"], 0, "{op}: {j}");
+        assert_eq!(j["goodput_gbps"], 0.0, "{op}: {j}");
+        assert!(
+            j["messages_per_s"].as_f64().is_some_and(|r| r > 0.0),
+            "{op}: {j}"
+        );
+        for k in ["memcpy_gbps", "goodput_vs_memcpy", "wrs_per_post"] {
+            assert!(j[k].as_f64().is_some_and(f64::is_finite), "{op} {k}: {j}");
+        }
+    }
+    let out = perf("--msg-size 0 --flows 1 --messages 10");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        !text.contains("NaN") && !text.contains("inf") && text.contains("0 B messages"),
+        "{text}"
+    );
+    let (server, client) = server_and_client(
+        "--json",
+        "--json --msg-size 0 --flows 2 --qps-per-flow 2 --messages 50 --loss 0",
+    );
+    let (s, c) = (json_of("server", &server), json_of("client", &client));
+    assert_eq!(s["messages_received"], 100, "{s}");
+    assert_eq!(c["messages_sent"], 100, "{c}");
 }
 
 #[test]

@@ -330,7 +330,7 @@ mod tests {
     #[test]
     fn a_server_adopts_a_clients_run_and_names_what_it_was_given_that_differs() {
         let client = RunOptions::of(&args(
-            "--client h --msg-size 4KiB --duration 2.5 --flows 3 --transport rc --no-payload",
+            "--client h --msg-size 0 --duration 2.5 --flows 3 --transport rc --no-payload",
         ));
         let server = args("--server --json");
         assert_eq!(conflicts(&server, &client), (vec![], vec![]));

@@ -32,6 +32,7 @@ pub(super) fn execute(
         window,
         limit,
         marker,
+        marker_len: u64::from(marker && msg == 0),
         bar: new_bar(args, if args.duration.is_some() { 0 } else { total }),
         flows,
         engines,
@@ -106,7 +107,12 @@ pub(super) fn execute(
         cpu,
         check: run.payload.time,
         nic_time: virtual_time.map(|_| run.nic_time),
-        memcpy_gbps: softnic::baseline::memcpy_gbps(moved.max(msg), msg, working),
+        // Nothing to copy with 0-byte messages.
+        memcpy_gbps: if msg == 0 {
+            0.0
+        } else {
+            softnic::baseline::memcpy_gbps(moved.max(msg), msg, working)
+        },
     })
 }
 

@@ -125,10 +125,11 @@ pub(crate) fn engine_config(args: &Args, conns: u32) -> EngineConfig {
     cfg
 }
 
-/// Messages per flow in flight: `--inflight`, or as many as fit in 4 MiB (2 to 32).
+/// Messages per flow in flight: `--inflight`, or as many as fit in 4 MiB (2 to 32; 32 of 0
+/// bytes).
 pub(crate) fn inflight(args: &Args) -> u32 {
     args.inflight
-        .unwrap_or_else(|| ((4 << 20) / args.msg_size()).clamp(2, 32) as u32)
+        .unwrap_or_else(|| ((4 << 20) / args.msg_size().max(1)).clamp(2, 32) as u32)
 }
 
 /// What to say when there is no device `name` (`available` are the ones there are).
@@ -154,8 +155,9 @@ fn open(verbs: &Verbs, name: &str) -> Result<std::sync::Arc<Context>, String> {
     })
 }
 
-/// A buffer of `len` bytes registered with `e`.
+/// A buffer of `len` bytes (at least 1, for 0-byte messages) registered with `e`.
 fn buffer(e: &mut Engine, len: u64) -> Result<Buffer, String> {
+    let len = len.max(1);
     e.register(len as usize)
         .map_err(|err| format!("registering {len} bytes: {err}"))
 }

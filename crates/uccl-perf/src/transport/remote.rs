@@ -1,7 +1,7 @@
 //! Two processes: this one runs the receivers (`--server`) or the senders (`--client`) of every
 //! flow, on engines of a real device, or of a softnic device on the UDP link (RoCEv2 between
-//! the two processes, each on its own 127.0.0.x), connected over TCP. A 0-byte message from
-//! the sender ends each flow.
+//! the two processes, each on its own 127.0.0.x), connected over TCP. A message of another
+//! size than the run's (0 bytes, or 1 when messages have none) from the sender ends each flow.
 
 use std::net::TcpListener;
 

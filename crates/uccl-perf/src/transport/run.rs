@@ -16,8 +16,11 @@ pub(super) struct Run<'a> {
     pub(super) window: u64,
     /// Messages per flow (`u64::MAX` until `--duration` runs out).
     pub(super) limit: u64,
-    /// Two processes: a 0-byte message ends each flow.
+    /// Two processes: a message of [`Run::marker_len`] bytes ends each flow.
     pub(super) marker: bool,
+    /// The end-of-flow message's length: 0 bytes, or 1 when messages have none (receives
+    /// then take up to 1 byte, so that the two can be told apart).
+    pub(super) marker_len: u64,
     pub(super) flows: Vec<Flow>,
     pub(super) engines: Vec<Engine>,
     /// The device of each engine, for messages and counters.
@@ -60,6 +63,7 @@ impl Run<'_> {
     fn step_rx(&mut self, i: usize) -> Result<bool, String> {
         let mut progress = false;
         let (msg, window, limit, marker) = (self.msg, self.window, self.limit, self.marker);
+        let marker_len = self.marker_len;
         let Some(rx) = self.flows[i].rx.as_mut() else {
             return Ok(false);
         };
@@ -76,7 +80,7 @@ impl Run<'_> {
                 res.map_err(|e| format!("flow {id} message {m}: the receive failed: {e}"))?;
             self.flows[i].rx.as_mut().expect("rx").reqs.pop_front();
             progress = true;
-            if marker && done.len == 0 {
+            if marker && done.len == marker_len {
                 self.flows[i].rx.as_mut().expect("rx").ended = true;
                 break;
             }
@@ -95,7 +99,7 @@ impl Run<'_> {
             let m = rx.next_post;
             let off = (m % window) * msg;
             let r = self.engines[rx.engine]
-                .recv(rx.conn, &rx.dst, off, msg)
+                .recv(rx.conn, &rx.dst, off, msg.max(marker_len))
                 .map_err(|e| format!("flow {id} message {m}: posting the receive: {e}"))?;
             rx.reqs.push_back((m, r));
             rx.next_post += 1;
@@ -169,7 +173,7 @@ impl Run<'_> {
         let tx = self.flows[i].tx.as_mut().expect("tx");
         if marker && !tx.marker_sent && tx.next == limit && tx.completed == limit {
             let r = self.engines[tx.engine]
-                .send(tx.conn, &tx.src, 0, 0)
+                .send(tx.conn, &tx.src, 0, self.marker_len)
                 .map_err(|e| format!("flow {id}: posting the end-of-flow message: {e}"))?;
             tx.reqs.push_back((u64::MAX, r));
             tx.marker_sent = true;
