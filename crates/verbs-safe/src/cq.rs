@@ -255,7 +255,8 @@ impl Failure<'_> {
 /// The handler lives in its context's table under a slot index and a generation, and the
 /// `wr_id` names that slot, not an address: no `wr_id` can be forged into a pointer. Once the
 /// handle is dropped, later completions carrying its `wr_id` go to the poller's caller as
-/// plain completions.
+/// plain completions: the `wr_id` never names anything again (a slot is retired rather than
+/// let its generation come round).
 pub struct CompletionContext {
     tracker: Arc<Tracker>,
     wr_id: u64,

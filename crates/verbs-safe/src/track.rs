@@ -4,7 +4,10 @@
 //! A tracked `wr_id` is [`WR_ID_TAG`] | generation (31 bits) << 32 | slot index (32 bits). The
 //! slot is found in O(1) and the generation must match, so a `wr_id` can at worst name no
 //! live entry (and is then delivered as a plain completion): it can never be turned into a
-//! pointer, whatever bits a caller puts in it.
+//! pointer, whatever bits a caller puts in it. A slot's generation grows with every reuse and
+//! never comes round: a slot whose last generation is freed is retired for good (one slot per
+//! 2^31 uses), so a `wr_id` that outlived its entry (a dropped handler's, a purged post's)
+//! never names a later one.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -110,8 +113,12 @@ impl std::fmt::Debug for Tracker {
     }
 }
 
+/// The generations a slot goes through (31 bits of the key) before it is retired.
+const GENERATIONS: u32 = 1 << 31;
+
 fn key(index: u32, generation: u32) -> u64 {
-    WR_ID_TAG | (u64::from(generation & 0x7fff_ffff) << 32) | u64::from(index)
+    debug_assert!(generation < GENERATIONS);
+    WR_ID_TAG | (u64::from(generation) << 32) | u64::from(index)
 }
 
 impl Tracker {
@@ -129,7 +136,8 @@ impl Tracker {
                 key(i, slot.generation)
             }
             None => {
-                let i = s.slots.len() as u32;
+                // 2^32 slots would be hundreds of GiB of table: never reached.
+                let i = u32::try_from(s.slots.len()).expect("2^32 tracked WRs at once");
                 s.slots.push(Slot {
                     generation: 0,
                     entry: Some(e),
@@ -147,14 +155,18 @@ impl Tracker {
         let generation = ((wr_id >> 32) & 0x7fff_ffff) as u32;
         s.slots
             .get_mut((wr_id & 0xffff_ffff) as usize)
-            .filter(|slot| slot.generation & 0x7fff_ffff == generation && slot.entry.is_some())
+            .filter(|slot| slot.generation == generation && slot.entry.is_some())
     }
 
+    /// Takes the entry out; the slot is reused with the next generation, or retired (never
+    /// reused) when it had its last one, so no key it gave out ever names a later entry.
     fn free(s: &mut Slots, wr_id: u64) -> Option<Entry> {
         let slot = Self::slot(s, wr_id)?;
         let e = slot.entry.take();
-        slot.generation = slot.generation.wrapping_add(1);
-        s.free.push((wr_id & 0xffff_ffff) as u32);
+        if slot.generation + 1 < GENERATIONS {
+            slot.generation += 1;
+            s.free.push((wr_id & 0xffff_ffff) as u32);
+        }
         e
     }
 
@@ -201,6 +213,13 @@ impl Tracker {
         dead.into_iter()
             .filter_map(|id| Self::free(&mut s, id))
             .collect()
+    }
+
+    /// Sets the generation of the slot `wr_id` names, as if it had been freed that many
+    /// times: lets a test reach the end of the generations without 2^31 frees.
+    #[cfg(test)]
+    fn set_generation(&self, wr_id: u64, generation: u32) {
+        self.lock().slots[(wr_id & 0xffff_ffff) as usize].generation = generation;
     }
 
     /// Safe posts not yet completed (for tests and leak checks).
@@ -255,6 +274,41 @@ mod tests {
             );
         }
         assert!(matches!(t.resolve(b), Resolved::Posted(p) if p.wr_id == 8));
+    }
+
+    /// A `wr_id` can outlive its entry (a dropped `CompletionContext` whose WRs are still in
+    /// flight, a post purged by a reset whose completion is still queued). However often its
+    /// slot is reused after that, the stale key never names a later entry: a slot whose
+    /// generations are used up is retired instead of coming round to an old key.
+    #[test]
+    fn a_stale_key_never_names_a_later_entry_when_generations_run_out() {
+        let t = Tracker::default();
+        let stale = t.insert(posted(1));
+        assert!(matches!(t.resolve(stale), Resolved::Posted(p) if p.wr_id == 1));
+        // 2^31 - 1 frees of that slot later, its last generation:
+        t.set_generation(stale, (1 << 31) - 1);
+        let last = t.insert(posted(2));
+        assert_eq!(last & 0xffff_ffff, stale & 0xffff_ffff, "the same slot");
+        assert!(matches!(t.resolve(last), Resolved::Posted(p) if p.wr_id == 2));
+        let later: Vec<u64> = (3..8).map(|i| t.insert(posted(i))).collect();
+        for (i, &k) in later.iter().enumerate() {
+            assert!(
+                k != stale && k != last,
+                "entry {} took an old key {k:#x}",
+                i + 3
+            );
+        }
+        assert!(
+            matches!(t.resolve(stale), Resolved::Unknown),
+            "stale key names an entry"
+        );
+        assert!(
+            matches!(t.resolve(last), Resolved::Unknown),
+            "stale key names an entry"
+        );
+        for (i, &k) in later.iter().enumerate() {
+            assert!(matches!(t.resolve(k), Resolved::Posted(p) if p.wr_id == i as u64 + 3));
+        }
     }
 
     /// Queues are told apart by an id that is never reused: a queue made after another is
