@@ -297,6 +297,13 @@ impl Pd {
     pub fn as_raw(&self) -> *mut ibv_pd {
         self.raw
     }
+
+    /// "protection domain <handle> of <device>", for errors that name two of them.
+    pub(crate) fn describe(&self) -> String {
+        // SAFETY: a live PD's struct is readable, and the provider never changes its handle.
+        let handle = unsafe { (*self.raw).handle };
+        format!("protection domain {handle} of {}", self.ctx.name)
+    }
 }
 
 /// An address handle: where a UD send goes.

@@ -38,7 +38,8 @@ pub(crate) fn add_delta(d: &mut Deltas, pin: u32, n: u32) {
 /// What a pin keeps alive.
 enum Held {
     Region(#[allow(dead_code)] Arc<DmaBuf>),
-    Ah(#[allow(dead_code)] Arc<Ah>),
+    /// Its protection domain is checked against the posting QP's.
+    Ah(Arc<Ah>),
 }
 
 /// One pinned object, and the facts the checker compares SGEs with.
@@ -168,7 +169,8 @@ impl Pins {
     }
 
     /// Pins an address handle: UD slot posts may name it; it lives until unpinned and no
-    /// posted WR names it.
+    /// posted WR names it. A table may serve QPs of several protection domains: a post
+    /// refuses a handle of another PD than its QP's.
     pub fn pin_ah(&self, ah: &Arc<Ah>) {
         let mut t = self.write();
         let key = ah.raw as usize;
@@ -258,9 +260,13 @@ pub(crate) struct Checker<'a> {
 const NO_REGION: (u64, u64, u32, u32) = (u64::MAX, 0, 0, u32::MAX);
 
 impl Checker<'_> {
-    /// The pin of address handle `ah`, if pinned.
-    pub(crate) fn ah(&self, ah: *mut ibv_ah) -> Option<u32> {
-        self.t.ahs.get(&(ah as usize)).copied()
+    /// The pin of address handle `ah`, if pinned, and the handle (pinned, so alive).
+    pub(crate) fn ah(&self, ah: *mut ibv_ah) -> Option<(u32, &Arc<Ah>)> {
+        let &id = self.t.ahs.get(&(ah as usize))?;
+        match &self.t.slab[id as usize].held {
+            Some(Held::Ah(a)) => Some((id, a)),
+            _ => None,
+        }
     }
 
     /// The pin of the region holding `addr..end` with key `lkey`, if any.

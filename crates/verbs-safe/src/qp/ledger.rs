@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ibverbs_sys::ibv_send_flags;
 
+use crate::context::Pd;
 use crate::error::{Error, Result};
 use crate::pins::{Deltas, Pins, add_delta};
 use crate::slots::{RecvSlot, WrSlot, check_send_op, check_slot, link};
@@ -57,12 +58,13 @@ impl Books {
     }
 
     /// Checks, counts and posts the send slots `order` names with `post` (given the chain's
-    /// head); see [`Qp::post_slots`](crate::Qp::post_slots). `ud`: the QP is UD.
+    /// head); see [`Qp::post_slots`](crate::Qp::post_slots). `ud`: the QP is UD, of this
+    /// protection domain (its WRs' address handles must be too).
     pub(crate) fn post_sends<X: AsMut<WrSlot<N>>, const N: usize>(
         &self,
         tracker: &Tracker,
         (slots, order): (&mut [X], &[u32]),
-        (max_sge, ud): (u32, bool),
+        (max_sge, ud): (u32, Option<&Arc<Pd>>),
         post: impl FnOnce(*mut WrSlot<N>) -> Result<()>,
     ) -> Result<()> {
         // Held through the post: the queue's order is the order marks take `open` in.
@@ -77,15 +79,27 @@ impl Books {
         let linked = link(slots, order, |k, s: &mut WrSlot<N>| {
             let start = l.named.len() as u32;
             check_slot(&pins, k, s, max_sge, |p| l.named.push(p))?;
-            check_send_op(k, s, ud)?;
-            if ud {
+            check_send_op(k, s, ud.is_some())?;
+            if let Some(pd) = ud {
                 // SAFETY: on a UD QP the `wr` union holds the `ud` member (plain data); only
                 // the address is compared, never followed.
                 let ah = unsafe { s.wr.wr.ud }.ah;
-                let p = pins.ah(ah).ok_or_else(|| Error::InvalidWr {
+                let (p, pinned) = pins.ah(ah).ok_or_else(|| Error::InvalidWr {
                     index: k,
                     reason: "its address handle is not pinned to this QP".into(),
                 })?;
+                // The provider follows the handle as its own struct: one of another PD (or
+                // context, or provider) must never reach it.
+                if !Arc::ptr_eq(pinned.pd(), pd) {
+                    return Err(Error::InvalidWr {
+                        index: k,
+                        reason: format!(
+                            "its address handle belongs to {}, the QP's is {}",
+                            pinned.pd().describe(),
+                            pd.describe()
+                        ),
+                    });
+                }
                 l.named.push(p);
             }
             l.spans[k] = (start, l.named.len() as u32);

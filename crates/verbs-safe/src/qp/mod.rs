@@ -501,7 +501,8 @@ impl<T: Transport, S: QpState> Qp<T, S> {
         self.inner.books.pins.pin(buf);
     }
 
-    /// Pins an address handle to this QP's table: UD slot posts may name it.
+    /// Pins an address handle to this QP's table: UD slot posts may name it (posts on a QP
+    /// of another protection domain than the handle's refuse it).
     pub fn pin_ah(&self, ah: &Arc<Ah>) {
         self.inner.books.pins.pin_ah(ah);
     }
@@ -529,7 +530,7 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
     ///
     /// Each slot's SGE list is pointed at its own SGEs (`num_sge` of them), every SGE must be
     /// non-empty and inside a region [pinned](Self::pin) to this QP's table, a UD WR's address
-    /// handle must be [pinned](Self::pin_ah), `wr_id`s keep bit 63 clear, and no slot may be
+    /// handle must be [pinned](Self::pin_ah) and of this QP's protection domain, `wr_id`s keep bit 63 clear, and no slot may be
     /// named twice. Only data operations may be posted (SEND, WRITE, READ and atomics, with or
     /// without immediate; on UD only SENDs), never inline (the NIC driver would copy the bytes
     /// on this thread, racing whoever writes the region). A slot that breaks a rule is named
@@ -547,7 +548,7 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
         order: &[u32],
     ) -> Result<()> {
         let i = &self.inner;
-        let ud = T::QP_TYPE == verbs_sys::ibv_qp_type::IBV_QPT_UD;
+        let ud = (T::QP_TYPE == verbs_sys::ibv_qp_type::IBV_QPT_UD).then_some(&i.pd);
         let tracker = &i.pd.ctx.tracker;
         i.books
             .post_sends(tracker, (slots, order), (i.caps.max_send_sge, ud), |head| {
@@ -555,7 +556,8 @@ impl<T: Transport, S: CanPostSend> Qp<T, S> {
                 // pointing at its own SGEs; every SGE lies in a region of this QP's table,
                 // counted against it until the WR is done (so the table keeps it alive), and
                 // whose bytes safe code only reaches by copies; every UD address handle is
-                // counted the same way; no wr_id carries the tracker's tag but the marks'.
+                // of this QP's PD (so of its provider) and counted the same way; no wr_id
+                // carries the tracker's tag but the marks'.
                 unsafe { post::post_send_chain(i.raw, i.qpn, i.post_send, head.cast()) }
             })
     }
@@ -633,7 +635,11 @@ impl<S: CanPostSend> Qp<Ud, S> {
         if let Some(k) = wrs.iter().position(|w| !Arc::ptr_eq(w.ah().pd(), &i.pd)) {
             return Err(Error::InvalidWr {
                 index: k,
-                reason: "its address handle belongs to another protection domain".into(),
+                reason: format!(
+                    "its address handle belongs to {}, the QP's is {}",
+                    wrs[k].ah().pd().describe(),
+                    i.pd.describe()
+                ),
             });
         }
         post_tracked(&i.pd.ctx.tracker, i.owner(), wrs, |wrs| {

@@ -228,3 +228,57 @@ fn an_unpinned_address_handle_lives_until_its_sends_are_done() {
     assert!(weak.upgrade().is_none());
     assert_eq!(drain(&b.cq, 1)[0].byte_len, 40 + 64);
 }
+
+/// A UD slot post names an address handle of its QP's protection domain only: a handle of
+/// another PD (of the same device or another one; of another provider it would be a pointer
+/// into the wrong driver) is refused, pinned or not, naming both PDs.
+#[test]
+fn an_address_handle_of_another_protection_domain_is_refused() {
+    let (_f, _v, a, b) = fabric();
+    let (da, db) = (ud_qp(&a), ud_qp(&b));
+    let src = Arc::new(a.pd.alloc_dma(64, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    da.pin(&src);
+    let other_pd = a.ctx.alloc_pd().unwrap();
+    let foreign = [
+        other_pd.create_ah(FROM, 0, Some(b.gid)).unwrap(),
+        b.pd.create_ah(FROM, 0, Some(a.gid)).unwrap(),
+    ];
+    for (n, ah) in foreign.iter().enumerate() {
+        da.pin_ah(ah);
+        let mut s = [WrSlot::<1>::default()];
+        s[0].wr.wr_id = 9;
+        s[0].wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        s[0].wr.wr.ud.ah = ah.as_raw();
+        s[0].wr.wr.ud.remote_qpn = db.qpn();
+        s[0].wr.wr.ud.remote_qkey = QKEY;
+        s[0].sges[0] = src.sge(0, 64).unwrap();
+        s[0].wr.num_sge = 1;
+        let e = da.post_slots(&mut s, &[0]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::InvalidWr { index: 0, .. })
+                && msg.contains("address handle belongs to protection domain")
+                && msg.contains("the QP's is protection domain"),
+            "handle {n}: {msg}"
+        );
+        let device = if n == 0 { "soft0" } else { "soft1" };
+        assert!(msg.contains(&format!("of {device}, the QP's")), "{msg}");
+        assert_eq!(s[0].wr.wr_id, 9, "the slot keeps its id");
+    }
+    assert!(drain(&a.cq, 1).is_empty(), "nothing was posted");
+    // The QP's own handle still goes.
+    let own = a.pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
+    da.pin_ah(&own);
+    let recv = b.pd.alloc_mr(128, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    db.post_recv_bufs(&mut [RecvWr::new(1).buf(recv, 0, 128)])
+        .unwrap();
+    let mut s = [WrSlot::<1>::default()];
+    s[0].wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+    s[0].wr.wr.ud.ah = own.as_raw();
+    s[0].wr.wr.ud.remote_qpn = db.qpn();
+    s[0].wr.wr.ud.remote_qkey = QKEY;
+    s[0].sges[0] = src.sge(0, 64).unwrap();
+    s[0].wr.num_sge = 1;
+    da.post_slots(&mut s, &[0]).unwrap();
+    assert_eq!(drain(&a.cq, 1)[0].status, WcStatus::Success);
+}
