@@ -610,6 +610,12 @@ impl Poller {
                 c.wr_id = m.wr_id;
                 plain(c);
             }
+            Resolved::Bind(b) => {
+                // A memory-window bind: its outcome settles what the window may reach.
+                c.wr_id = b.wr_id;
+                b.completed(c.wc.status);
+                plain(c);
+            }
             Resolved::Unknown => plain(c),
         }
     }

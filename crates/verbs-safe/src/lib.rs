@@ -44,7 +44,10 @@
 //!   promises what the types above guarantee.
 //! - Keys that reach exactly what is offered: [`DmaBuf::register_range`] registers part of a
 //!   buffer on its own ([`DmaRange`]), and a memory window ([`Mw`], [`Qp::bind_mw`]) is a key
-//!   over part of a buffer that moves with one work request and dies when unbound.
+//!   over part of a buffer that moves with one work request and dies when unbound. A window
+//!   keeps alive every buffer its keys may still reach: what it left until the bind that moved
+//!   it is seen to succeed (a failed or flushed bind leaves it where it was), what it moved to
+//!   until a later bind is seen to succeed or the window is dropped.
 //! - Memory is freed only once the NIC cannot reach it: a deregistration or destroy the
 //!   provider refuses keeps the memory it may reach, and counts it ([`leaks`]).
 //!

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::cq::Completion;
 use crate::memory::MrBuf;
 use crate::pins::{Deltas, Pins};
+use crate::window::PendingBind;
 
 /// The `wr_id` bit that marks an id this crate issued for a tracked WR (a
 /// [`CompletionContext`](crate::CompletionContext) or a safe post); plain `wr_id`s keep it
@@ -69,6 +70,8 @@ pub(crate) enum Entry {
     Posted(Posted),
     /// One signaled slot WR (taken out by its completion).
     Mark(Mark),
+    /// One memory-window bind (taken out by its completion).
+    Bind(PendingBind),
 }
 
 impl Entry {
@@ -77,6 +80,7 @@ impl Entry {
             Entry::Handler(_) => None,
             Entry::Posted(p) => Some(p.owner),
             Entry::Mark(m) => Some(m.owner),
+            Entry::Bind(b) => Some(b.owner),
         }
     }
 }
@@ -86,6 +90,7 @@ pub(crate) enum Resolved {
     Handler(Handler),
     Posted(Posted),
     Mark(Mark),
+    Bind(PendingBind),
     /// Not (or no longer) a live entry: a plain completion.
     Unknown,
 }
@@ -183,6 +188,7 @@ impl Tracker {
             Some(_) => match Self::free(&mut s, wr_id) {
                 Some(Entry::Posted(p)) => Resolved::Posted(p),
                 Some(Entry::Mark(m)) => Resolved::Mark(m),
+                Some(Entry::Bind(b)) => Resolved::Bind(b),
                 _ => Resolved::Unknown,
             },
             None => Resolved::Unknown,
@@ -227,13 +233,13 @@ impl Tracker {
         self.lock()
             .slots
             .iter()
-            .filter(|s| matches!(s.entry, Some(Entry::Posted(_))))
+            .filter(|s| matches!(s.entry, Some(Entry::Posted(_) | Entry::Bind(_))))
             .count()
     }
 }
 
 /// Drops what [`Tracker::purge`] took out: posts give up their buffers, marks retire their
-/// pins.
+/// pins, binds (whose outcome is now unknown) leave their targets to their windows.
 pub(crate) fn release(entries: Vec<Entry>) {
     for e in entries {
         if let Entry::Mark(m) = e {

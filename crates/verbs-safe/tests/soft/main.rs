@@ -11,3 +11,4 @@ mod posting;
 mod slots;
 mod transports;
 mod typestate;
+mod windows;

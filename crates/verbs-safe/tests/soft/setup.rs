@@ -2,9 +2,13 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub use verbs_safe::*;
+
+/// Held by tests that leak on purpose or count leaks ([`leaks`] is per process, and the tests
+/// of this binary run in parallel).
+pub static LEAKS: Mutex<()> = Mutex::new(());
 
 pub struct Side {
     pub ctx: Arc<Context>,
