@@ -99,13 +99,16 @@ impl World {
             }
             b.mr
         };
+        // The last step that can fail comes first: a refused bind changes nothing.
+        let key = self.devices[dev].keys.retag(key, b.tag)?;
+        if let Some(m) = self.mws.get_mut(&b.mw) {
+            m.key = key;
+        }
         self.unbind(b.mw);
         if let Some(m) = target.and_then(|id| self.mrs.get_mut(&id)) {
             m.windows += 1;
         }
-        let keys = &mut self.devices[dev].keys;
-        let key = keys.retag(key, b.tag)?;
-        if let Some(r) = keys.get_mut(key) {
+        if let Some(r) = self.devices[dev].keys.get_mut(key) {
             *r = Region {
                 pd: mw_pd,
                 addr: b.addr,
@@ -118,7 +121,6 @@ impl World {
             };
         }
         if let Some(m) = self.mws.get_mut(&b.mw) {
-            m.key = key;
             m.mr = target;
         }
         Some(())
@@ -170,5 +172,70 @@ impl World {
         let m = self.mws.remove(&mw)?;
         self.devices[m.dev].keys.remove(m.key);
         Some(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CONTROL, Fabric};
+
+    /// A bind that fails at its last step (the window's key cannot be retagged) changes
+    /// nothing: the window stays bound to its region, and no region's window count moves.
+    /// (It used to unbind the window and count it on the new region first.)
+    #[test]
+    fn a_bind_that_fails_late_changes_no_count() {
+        let f = Fabric::default();
+        let dev = f.device("soft0").unwrap();
+        // SAFETY: a device of a live fabric, then its context.
+        let pd = unsafe { (CONTROL.alloc_pd)((CONTROL.open_device)(dev)) };
+        assert!(!pd.is_null());
+        let mut mem = vec![0u8; 2 * 4096];
+        let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | MW_BIND) as i32;
+        let (a, b) = mem.split_at_mut(4096);
+        // SAFETY: a live PD; `mem` outlives the MRs (the fabric goes first).
+        let (ma, mb) = unsafe {
+            (
+                (CONTROL.reg_mr)(pd, a.as_mut_ptr().cast(), 4096, access),
+                (CONTROL.reg_mr)(pd, b.as_mut_ptr().cast(), 4096, access),
+            )
+        };
+        assert!(!ma.is_null() && !mb.is_null());
+        // SAFETY: a live PD.
+        let mw = unsafe { crate::control::alloc_mw(pd, ibverbs_sys::IBV_MW_TYPE_1) };
+        assert!(!mw.is_null());
+        let mut st = f.shared.lock_any();
+        let w = &mut st.w;
+        let (ra, rb, id) = (
+            w.region_id(ma).unwrap(),
+            w.region_id(mb).unwrap(),
+            w.window_id(mw).unwrap(),
+        );
+        let pd_id = w.mrs[&ra].pd;
+        let bind = |mr: u32, addr: *mut u8, tag: u8| Bind {
+            mw: id,
+            mr: Some(mr),
+            addr: addr as u64,
+            len: 64,
+            access: REMOTE_WRITE,
+            tag,
+        };
+        assert!(
+            w.bind_window((0, pd_id, 0), &bind(ra, a.as_mut_ptr(), 1))
+                .is_some()
+        );
+        assert_eq!((w.mrs[&ra].windows, w.mws[&id].mr), (1, Some(ra)));
+        // The window's key is gone from the device's table: retagging it fails.
+        let key = w.mws[&id].key;
+        assert!(w.devices[0].keys.remove(key).is_some());
+        assert!(
+            w.bind_window((0, pd_id, 0), &bind(rb, b.as_mut_ptr(), 2))
+                .is_none()
+        );
+        assert_eq!(
+            (w.mrs[&ra].windows, w.mrs[&rb].windows, w.mws[&id].mr),
+            (1, 0, Some(ra)),
+            "a failed bind moved the counts"
+        );
     }
 }
