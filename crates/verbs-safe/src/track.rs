@@ -195,13 +195,19 @@ impl Tracker {
         }
     }
 
-    /// Sets the pins mark `wr_id` retires (filled in once the chain it is part of was counted,
-    /// before it is posted).
-    pub(crate) fn fill_mark(&self, wr_id: u64, deltas: Deltas) {
+    /// Sets the pins each mark `(wr_id, deltas)` of `fills` retires (filled in once the chain
+    /// they are part of was counted, before it is posted), under one lock; empties `fills`.
+    pub(crate) fn fill_marks(&self, fills: &mut Vec<(u64, Deltas)>) {
+        if fills.is_empty() {
+            return;
+        }
         let mut s = self.lock();
-        if let Some(Entry::Mark(m)) = Self::slot(&mut s, wr_id).and_then(|slot| slot.entry.as_mut())
-        {
-            m.deltas = deltas;
+        for (wr_id, deltas) in fills.drain(..) {
+            if let Some(Entry::Mark(m)) =
+                Self::slot(&mut s, wr_id).and_then(|slot| slot.entry.as_mut())
+            {
+                m.deltas = deltas;
+            }
         }
     }
 

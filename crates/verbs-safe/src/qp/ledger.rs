@@ -33,6 +33,8 @@ pub(crate) struct Ledger {
     spans: Vec<(u32, u32)>,
     /// The signaled WRs of one post: (position, mark key, the caller's `wr_id`).
     marks: Vec<(usize, u64, u64)>,
+    /// What each mark of one post retires, (mark key, deltas): filled in under one lock.
+    fills: Vec<(u64, Deltas)>,
 }
 
 /// A QP's ledger with what posting needs to know of the QP.
@@ -138,9 +140,10 @@ impl Books {
                 add_delta(&mut all, p, 1);
             }
             if let Some(&(_, key, _)) = marks.next_if(|m| m.0 == k) {
-                tracker.fill_mark(key, std::mem::take(&mut l.open));
+                l.fills.push((key, std::mem::take(&mut l.open)));
             }
         }
+        tracker.fill_marks(&mut l.fills);
         // Counted under the table's read lock: no unpin releases anything named in between.
         pins.count(&all);
         drop(pins);

@@ -169,6 +169,40 @@ fn a_post_failing_half_way_counts_only_the_posted_wrs() {
     );
 }
 
+/// Each signaled WR of a chain retires what it and the WRs since the previous signaled one
+/// named, and nothing after it (the marks of one post are filled in together).
+#[test]
+fn each_signaled_wr_of_a_chain_retires_what_came_before_it() {
+    let (_f, _v, a, b) = fabric();
+    let (qa, _qb) = rc_pair(&a, &b, QpCaps::default(), false);
+    let dst = dst(&b);
+    let (x, wx) = pinned_src(&a, qa.pins(), 1024);
+    let (y, wy) = pinned_src(&a, qa.pins(), 1024);
+    let mut slots = writes(&x, &dst, 8);
+    for (i, s) in slots.iter_mut().enumerate() {
+        if i >= 4 {
+            s.sges[0] = y.sge(i * 64, 64).unwrap();
+        }
+        s.wr.send_flags = if i == 3 || i == 7 {
+            ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+    }
+    let order: Vec<u32> = (0..8).collect();
+    qa.post_slots(&mut slots, &order).unwrap();
+    qa.pins().unpin(&x);
+    qa.pins().unpin(&y);
+    drop((x, y));
+    let first = drain(&a.cq, 1);
+    assert_eq!(first[0].wr_id, 3);
+    // WR 7 may have completed too; until it is polled, y is named.
+    assert!(wx.upgrade().is_none(), "WRs 0-3 retired");
+    assert!(wy.upgrade().is_some(), "WRs 4-7 still name it");
+    assert_eq!(drain(&a.cq, 1)[0].wr_id, 7);
+    assert!(wy.upgrade().is_none());
+}
+
 /// A region a receive slot names is held until the QP is reset or destroyed, whatever is
 /// unpinned meanwhile.
 #[test]
