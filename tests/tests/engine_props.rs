@@ -192,6 +192,13 @@ fn check(c: &Case) -> Result<(), String> {
     };
     workload::run(&mut sim, &links, &ops, pacing)?;
     workload::drain(&mut sim, Duration::from_secs(60))?;
+    // Honest senders, however lossy the fabric, never come near their receive credit.
+    for (i, e) in sim.engines.iter().enumerate() {
+        let s = e.stats();
+        if s.throttled > 0 {
+            return Err(format!("engine {i} throttled an honest connection: {s:?}"));
+        }
+    }
     workload::close_all(&mut sim, &links, Duration::from_secs(60))
 }
 

@@ -133,6 +133,8 @@ impl Engine {
             tag: c.peer_tag,
             ..c.rx.ack(c.peer_fid, grant, now)
         };
+        let (next, beyond) = c.rx.ack_point();
+        c.police.acked(grant, next, beyond);
         c.ack_due = None;
         self.stats.acks_sent += 1;
         if self.cfg.mode == Mode::Rc {

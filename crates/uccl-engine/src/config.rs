@@ -22,7 +22,7 @@ pub enum RecvKeys {
     /// A memory window per receive, bound over exactly the receive's range when it is posted
     /// and unbound before it completes: the peer reaches that range only, only while the
     /// receive is posted. A bind and an unbind per receive (two work requests on the
-    /// connection's control QP, no system call). Needs memory windows (type 1): on a device
+    /// engine's window QP, a QP of its own, no system call). Needs memory windows (type 1): on a device
     /// without them [`Engine::new`](crate::Engine::new) refuses to run (a `Config` error
     /// naming `recv_keys`).
     #[default]
@@ -44,7 +44,15 @@ pub struct EngineConfig {
     pub max_conns: u32,
     /// Send queue depth of each data QP (at most the device's `max_qp_wr`).
     pub sq_depth: u32,
-    /// Depth of the shared receive queue (at most the device's `max_srq_wr`).
+    /// Depth of the shared receive queue (at most the device's `max_srq_wr`). Every chunk a
+    /// peer sends takes one of its buffers, on UC and RC alike: `srq_depth - srq_refill` is
+    /// shared out among the connections as receive credits (a grant each, carried by the
+    /// ACKs), and the grants are enforced. A connection that sends a new chunk its grant
+    /// (the largest it was given) plus 16 beyond what the last ACK acknowledged, or that
+    /// wastes more than 3 grants plus 16 buffers per `tx.rto_min_us` (and one per new chunk) on
+    /// duplicates, chunks out of its window and malformed ones, is throttled (its grant goes to 0) and, if it
+    /// goes on for its old grant plus 16 more, failed: "exceeded its receive credit by N".
+    /// An honest sender never comes near either bound.
     pub srq_depth: u32,
     /// Receive WQEs owed before the SRQ is refilled (one chained post); at most half the depth.
     pub srq_refill: u32,

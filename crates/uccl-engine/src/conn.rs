@@ -322,6 +322,8 @@ pub(crate) struct Conn {
     pub(crate) paths: Vec<PathId>,
     pub(crate) ctl: Ctl,
     pub(crate) rx: RxFlow,
+    /// What it took of the shared receive queue, against its grant (see `police.rs`).
+    pub(crate) police: crate::police::Police,
     /// Posted receives by request id (`seq % 128`).
     pub(crate) recvs: Box<[Option<PostedRecv>]>,
     /// The memory window of each request id, allocated at its first receive

@@ -121,6 +121,12 @@ impl Credits {
         }
     }
 
+    /// Connection `c` took more than its grant allows: it gets nothing more (its share goes
+    /// to the others) until it closes.
+    pub(crate) fn throttle(&mut self, c: u16, now: u64) {
+        self.close(c, now);
+    }
+
     /// A chunk of connection `c` arrived: in token rotation, its token moves on.
     pub(crate) fn arrived(&mut self, c: u16, now: u64) {
         if self.share() >= 1 || self.grant(c) == 0 {

@@ -219,10 +219,10 @@ impl Engine {
             RegionPool::<u32, LocalPool, _>::new(HdrMem(Arc::clone(&hdrs)), HDR_SLOT, hdrs.lkey())
                 .map_err(|e| EngineError::Tx(e.into()))?;
         let tx = Tx::new(tx_config(&cfg), pool)?;
-        let budget = match cfg.mode {
-            Mode::Uc => cfg.srq_depth - cfg.srq_refill,
-            Mode::Rc => u32::MAX,
-        };
+        // What senders may have in flight together: the SRQ, less what a refill may still owe
+        // (on RC as on UC: a sender past its grant would take buffers RNR then denies the
+        // others).
+        let budget = cfg.srq_depth - cfg.srq_refill;
         let turn = cfg.tx.rto_initial_us * 1000;
         let credits = Credits::new(budget, cfg.tx.flow_window, turn);
         let id = ENGINES.fetch_add(1, Ordering::Relaxed);

@@ -105,6 +105,7 @@ mod io;
 mod keepalive;
 mod memory;
 mod peers;
+mod police;
 mod proto;
 mod qpn;
 mod receive;

@@ -9,6 +9,7 @@ use crate::config::Mode;
 use crate::conn::WRITE_RID;
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::police::Taken;
 use crate::proto::Ctl;
 use crate::request::Done;
 use crate::round::Cqe;
@@ -36,6 +37,8 @@ impl Engine {
             return;
         };
         let (ci, lane) = ((v >> 8) as u16, (v & 0xff) as u16);
+        // Whatever it is, it took a buffer of the shared queue: judged against its grant, as
+        // what it turns out to be (see `police.rs`).
         match (e.opcode, e.imm, self.cfg.mode) {
             (Some(WcOpcode::RecvRdmaWithImm), Some(imm), _) => {
                 self.chunk(ci, lane, Imm::decode(imm), e.byte_len, None, now);
@@ -57,11 +60,17 @@ impl Engine {
                         });
                         self.chunk(ci, lane, Imm::decode(h.imm), len, copy, now);
                     }
-                    None => self.stats.dropped_invalid += 1,
+                    None => self.malformed(ci, now),
                 }
             }
-            _ => self.stats.dropped_invalid += 1,
+            _ => self.malformed(ci, now),
         }
+    }
+
+    /// Connection `ci` sent something that is no chunk.
+    fn malformed(&mut self, ci: u16, now: u64) {
+        self.stats.dropped_invalid += 1;
+        self.took_buffer(ci, Taken::Waste, now);
     }
 
     /// One chunk of connection `ci` arrived on lane `lane`. A retransmission (`copy`: its SRQ
@@ -80,23 +89,20 @@ impl Engine {
             .as_ref()
             .filter(|c| c.is_open() && imm.fid == ci)
         else {
-            self.stats.dropped_invalid += 1;
-            return;
+            return self.malformed(ci, now);
         };
         if let Some(Retransmitted { slot, remote, rkey }) = copy
             && c.rx.expects(imm.csn)
         {
             let Some((dst, off)) = self.target(ci, imm.rid, (remote, len), rkey) else {
-                self.stats.dropped_invalid += 1;
                 self.refuse_chunk(ci, imm.csn, remote, rkey);
-                return;
+                return self.malformed(ci, now);
             };
             let ring = &self.io.srq_ring;
             let at = slot as usize * ring.slot_size + RETR_HDR_LEN;
             let src = ring.buf.as_ref().expect("UC SRQ buffers");
             if src.copy_to(at, dst, off, len as usize).is_err() {
-                self.stats.dropped_invalid += 1;
-                return;
+                return self.malformed(ci, now);
             }
         }
         let mut delivered = std::mem::take(&mut self.scratch.delivered);
@@ -113,6 +119,16 @@ impl Engine {
             Arrival::Duplicate => self.stats.dropped_duplicate += 1,
             Arrival::OutOfWindow => self.stats.dropped_out_of_window += 1,
         }
+        let taken = match a {
+            Arrival::New => Taken::New(imm.csn),
+            Arrival::Duplicate | Arrival::OutOfWindow => Taken::Waste,
+        };
+        self.took_buffer(ci, taken, now);
+        let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
+            // Failed for it: what it delivered goes with the connection's requests.
+            self.scratch.delivered = delivered;
+            return;
+        };
         // An ACK now once it covers enough; this round if the sender needs the news (a
         // message done, a retransmission or duplicate seen); else it may wait a little for
         // more chunks to cover (a gap is no hurry: chunks of several paths interleave, and a

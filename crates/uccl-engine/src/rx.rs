@@ -88,6 +88,11 @@ impl RxFlow {
         self.cum % CSN_SPACE as u16
     }
 
+    /// The next CSN expected, and how many chunks beyond it arrived (what an ACK reports).
+    pub(crate) fn ack_point(&self) -> (u16, u32) {
+        (self.next(), self.sack.iter().map(|w| w.count_ones()).sum())
+    }
+
     /// Chunks received since the last ACK, and their bytes.
     pub(crate) fn since_ack(&self) -> (u32, u64) {
         (self.since_ack, self.since_ack_bytes)

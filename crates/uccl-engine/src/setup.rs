@@ -327,6 +327,7 @@ impl Engine {
                 copies: vec![0; depth as usize].into_boxed_slice(),
             },
             rx: RxFlow::default(),
+            police: crate::police::Police::new(mine.credit),
             recvs: (0..RECV_IDS).map(|_| None).collect(),
             windows: (0..RECV_IDS).map(|_| None).collect(),
             window_ops: 0,

@@ -70,6 +70,9 @@ pub struct Stats {
     pub bytes_received: u64,
     /// One-sided writes received whole (the peer's requests; nothing completes here).
     pub writes_received: u64,
+    /// Connections throttled for taking more receive buffers than their grant allows (see
+    /// [`EngineConfig`](crate::EngineConfig): credits are enforced).
+    pub throttled: u64,
 }
 
 impl Stats {

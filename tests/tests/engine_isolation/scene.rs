@@ -421,7 +421,10 @@ impl Scene {
 
     /// UC: every guessed WRITE is dropped by the victim's NIC (its engine sees none), and every
     /// guessed key in a forged retransmission header (at `forged_at`, a one-sided write's) is
-    /// refused and reported, four at a time (the engine notes a few refusals per round).
+    /// refused and reported, four at a time (the engine notes a few refusals per round). Each
+    /// forged retransmission takes a buffer of the victim's receive queue and delivers nothing,
+    /// which the victim allows a peer only a few dozen times per minimum RTO (more, and it
+    /// fails the connection: see `engine_hostile.rs`): the attacker guesses at that pace.
     fn guess_uc(&mut self, a: &mut Attacker, keys: &[u32], targets: &[u64], forged_at: u64) {
         let what = format!("{} guessed keys", keys.len());
         let ctx = format!("{}: {what}", self.ctx());
@@ -455,7 +458,10 @@ impl Scene {
         );
         let invalid = stats.dropped_invalid;
         let first = a.peer.unplaceable.len();
-        for batch in keys.chunks(4) {
+        for (k, batch) in keys.chunks(4).enumerate() {
+            if k % 2 == 1 {
+                self.sim.fabric.advance(Duration::from_millis(1));
+            }
             let mut bytes = Vec::new();
             for &rkey in batch {
                 let imm = a.imm(WRITE_RID);

@@ -1,0 +1,225 @@
+//! A hostile peer contained: a peer that completes a normal handshake, then floods the victim
+//! engine through its own raw verbs with WRITE_WITH_IMMs (zero bytes each: no key is checked,
+//! every one takes a buffer of the victim's shared receive queue), either new chunk numbers
+//! past its grant (and each twice) or one chunk number again and again. Each flood runs for
+//! 20 us of virtual time while the victim's engine looks away, its NIC alone answering (an
+//! attacker faster than the engine: in the simulation the engine's rounds take no virtual
+//! time), then the engine looks. The victim's 8 honest connections keep >= 0.9 of the goodput
+//! they have alone (both on the virtual clock, same seed), no honest request fails, and the
+//! hostile connection fails, naming its credit. UC and RC. Without the enforcement (credits
+//! only counted, as before) the hostile connection lives on, UC's honest messages fail with
+//! TooManyRetransmits (their chunks find the SRQ empty) and RC's honest goodput falls to 0.78
+//! (receiver-not-ready backoff).
+
+use std::time::Duration;
+
+use uccl_engine::{ConnId, EngineConfig, EngineError, Mode, Request};
+use uccl_integration::pattern;
+use uccl_integration::raw_peer::{RawPeer, SQ_DEPTH, sim_with_raw_devices};
+use uccl_tx::wire::Imm;
+use verbs_safe::SendOp;
+
+const VICTIM: usize = 0;
+const HONEST: usize = 1;
+/// Honest connections, messages each, bytes each.
+const CONNS: usize = 8;
+const MSGS: u64 = 24;
+const LEN: u64 = 256 << 10;
+/// How long the flood runs each time before the victim's engine looks.
+const SPAN: Duration = Duration::from_micros(20);
+
+fn cfg(mode: Mode) -> EngineConfig {
+    EngineConfig {
+        mode,
+        // 8 paths of the raw peer's send queues hold as many WRs as the SRQ has buffers.
+        qps_per_conn: 8,
+        max_conns: 16,
+        ..EngineConfig::default()
+    }
+}
+
+/// What the raw peer sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flood {
+    /// New chunk numbers, past its grant, and each one twice.
+    PastGrant,
+    /// One chunk number, again and again.
+    Duplicates,
+}
+
+/// What one run measured.
+struct Run {
+    /// Honest bytes over the virtual time they took.
+    goodput_gbps: f64,
+    /// The hostile connection's failure, if there was one.
+    hostile: Option<EngineError>,
+}
+
+/// The honest workload (every honest engine's connection sends `MSGS` messages of `LEN` into
+/// receives the victim posts, every byte checked), with a raw peer flooding if `flood` says
+/// how.
+fn run(mode: Mode, seed: u64, flood: Option<Flood>) -> Run {
+    let dups = flood == Some(Flood::Duplicates);
+    let flood = flood.is_some();
+    let (mut sim, dev) = sim_with_raw_devices(seed, 2, 1, &cfg(mode));
+    let fabric = sim.fabric.clone();
+    let links: Vec<(ConnId, ConnId)> = (0..CONNS)
+        .map(|_| {
+            let l = sim.connect(VICTIM, HONEST).unwrap();
+            (l.ca, l.cb)
+        })
+        .collect();
+    let (mut peer, hostile) = RawPeer::connect(&fabric, &dev[0], &mut sim.engines[VICTIM], seed)
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    // A receive on the hostile connection: how it ends tells why the connection failed.
+    let probe_buf = sim.engines[VICTIM].register(4096).unwrap();
+    let probe = sim.engines[VICTIM]
+        .recv(hostile, &probe_buf, 0, 4096)
+        .unwrap();
+    let total = CONNS as u64 * MSGS * LEN;
+    let mut reqs: Vec<(Request, usize, u64)> = Vec::new();
+    let mut dsts = Vec::new();
+    for (k, &(cv, ch)) in links.iter().enumerate() {
+        let src = sim.engines[HONEST].register((MSGS * LEN) as usize).unwrap();
+        src.write_at(0, &pattern(seed, k as u64, 0, (MSGS * LEN) as usize))
+            .unwrap();
+        let dst = sim.engines[VICTIM].register((MSGS * LEN) as usize).unwrap();
+        for m in 0..MSGS {
+            let r = sim.engines[VICTIM].recv(cv, &dst, m * LEN, LEN).unwrap();
+            reqs.push((r, k, m));
+            let s = sim.engines[HONEST].send(ch, &src, m * LEN, LEN).unwrap();
+            reqs.push((s, k, m));
+        }
+        dsts.push(dst);
+    }
+    let start = fabric.now();
+    let done = |reqs: &[(Request, usize, u64)]| reqs.iter().all(|(r, _, _)| r.is_done());
+    let paths = peer.paths();
+    let mut csn = 0u16;
+    while !done(&reqs) {
+        if flood && sim.engines[VICTIM].is_open(hostile) {
+            // For `SPAN` of virtual time the victim's engine looks away (its NIC alone
+            // answers: an attacker faster than the engine) while the raw peer keeps every send
+            // queue full: new chunk numbers past the grant, and each one again.
+            let until = fabric.now() + SPAN;
+            while fabric.now() < until {
+                for i in peer.outstanding()..SQ_DEPTH as usize * paths {
+                    let imm = Imm {
+                        fid: peer.victim.fid,
+                        rid: 0,
+                        csn: csn % 2048,
+                        last: false,
+                    }
+                    .encode()
+                    .unwrap();
+                    if i % 2 == 1 && !dups {
+                        csn = csn.wrapping_add(1);
+                    }
+                    let op = SendOp::WriteWithImm {
+                        remote_addr: 0,
+                        rkey: 0,
+                        imm,
+                    };
+                    if peer.post(i % paths, op, &[]).is_err() {
+                        break;
+                    }
+                }
+                // Until the queues have room again (on RC, receiver-not-ready may stop them).
+                let left = until.saturating_sub(fabric.now());
+                if peer
+                    .drive(&fabric, left, |p| p.outstanding() < paths)
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            // Then it looks, as long as it has anything to do.
+            let mut busy = true;
+            while busy {
+                busy = false;
+                for e in &mut sim.engines {
+                    busy |= e.poll().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                }
+            }
+        }
+        peer.run(&mut sim, Duration::from_secs(30), |s, p| {
+            done(&reqs) || (flood && s.engines[VICTIM].is_open(hostile) && p.outstanding() == 0)
+        })
+        .unwrap_or_else(|e| panic!("seed {seed} ({mode:?}, flood {flood}): {e}"));
+    }
+    let took = fabric.now() - start;
+    for (r, k, m) in &reqs {
+        let got = r.test().unwrap();
+        assert!(
+            got.is_ok(),
+            "seed {seed} ({mode:?}, flood {flood}): honest connection {k}'s message {m}: {got:?}"
+        );
+    }
+    for (k, dst) in dsts.iter().enumerate() {
+        let mut got = vec![0u8; (MSGS * LEN) as usize];
+        dst.read_at(0, &mut got).unwrap();
+        let want = pattern(seed, k as u64, 0, (MSGS * LEN) as usize);
+        assert!(
+            got == want,
+            "seed {seed} ({mode:?}): connection {k}'s bytes differ"
+        );
+    }
+    if flood {
+        peer.run(&mut sim, Duration::from_secs(5), |_, _| probe.is_done())
+            .unwrap_or_else(|e| panic!("seed {seed} ({mode:?}): the hostile connection: {e}"));
+    }
+    Run {
+        goodput_gbps: total as f64 * 8.0 / took.as_nanos() as f64,
+        hostile: probe.test().and_then(Result::err),
+    }
+}
+
+fn flood_is_contained(mode: Mode, how: Flood) {
+    for seed in [1, 2] {
+        let alone = run(mode, seed, None);
+        assert!(
+            alone.hostile.is_none(),
+            "seed {seed} ({mode:?}): no flood, no failure"
+        );
+        let attacked = run(mode, seed, Some(how));
+        let ratio = attacked.goodput_gbps / alone.goodput_gbps;
+        eprintln!(
+            "{mode:?} {how:?} seed {seed}: honest goodput {:.1} Gb/s alone, {:.1} under the flood ({ratio:.3})",
+            alone.goodput_gbps, attacked.goodput_gbps
+        );
+        assert!(
+            ratio >= 0.9,
+            "seed {seed} ({mode:?}): honest goodput {:.1} Gb/s under the flood, {:.1} alone",
+            attacked.goodput_gbps,
+            alone.goodput_gbps
+        );
+        let why = attacked
+            .hostile
+            .unwrap_or_else(|| panic!("seed {seed} ({mode:?}): the hostile connection lives"))
+            .to_string();
+        assert!(
+            why.contains("exceeded its receive credit by"),
+            "seed {seed} ({mode:?}): {why}"
+        );
+    }
+}
+
+#[test]
+fn a_flood_past_the_grant_is_throttled_then_failed_uc() {
+    flood_is_contained(Mode::Uc, Flood::PastGrant);
+}
+
+#[test]
+fn a_flood_past_the_grant_is_throttled_then_failed_rc() {
+    flood_is_contained(Mode::Rc, Flood::PastGrant);
+}
+
+#[test]
+fn a_flood_of_duplicates_is_throttled_then_failed_uc() {
+    flood_is_contained(Mode::Uc, Flood::Duplicates);
+}
+
+#[test]
+fn a_flood_of_duplicates_is_throttled_then_failed_rc() {
+    flood_is_contained(Mode::Rc, Flood::Duplicates);
+}
