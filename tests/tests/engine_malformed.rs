@@ -318,3 +318,86 @@ fn uc_malformed_frames_are_dropped_and_transfers_complete() {
 fn rc_malformed_frames_are_dropped_and_transfers_complete() {
     malformed(52, Mode::Rc);
 }
+
+/// One message from engine 1 to engine 0 over `link`, byte-exact, or why not.
+fn one_message(sim: &mut Sim, link: &workload::Link, n: u64) -> Result<(), String> {
+    let len = 5000 + n as usize;
+    let data = pattern(sim.seed, 0x51, n, len);
+    let dst = sim.engines[0].register(len).unwrap();
+    let src = sim.engines[1].register(len).unwrap();
+    src.write_at(0, &data).unwrap();
+    let recv = sim.engines[0].recv(link.ca, &dst, 0, len as u64).unwrap();
+    let send = sim.engines[1].send(link.cb, &src, 0, len as u64).unwrap();
+    let limit = sim.fabric.now() + Duration::from_secs(10);
+    sim.run(limit, |_| recv.is_done() && send.is_done())?;
+    recv.test()
+        .unwrap()
+        .map_err(|e| format!("the receive: {e}"))?;
+    send.test().unwrap().map_err(|e| format!("the send: {e}"))?;
+    let mut got = vec![0u8; len];
+    dst.read_at(0, &mut got).unwrap();
+    (got == data).then_some(()).ok_or("the bytes differ".into())
+}
+
+/// Well-formed packets at every QP number an engine's device may have given out (RC and UC
+/// WRITEs with any key and SENDs, at PSN 0 and at random PSNs), from no peer: the engine's
+/// own QPs include the one its receive windows are bound on, which the first such WRITE used
+/// to move to ERROR (an RC responder's access error), failing every receive after it on
+/// every connection. Receives keep working on the connection there was and on a new one.
+fn stray_packets(seed: u64, mode: Mode) {
+    let cfg = EngineConfig {
+        mode,
+        qps_per_conn: 2,
+        max_conns: 8,
+        ..EngineConfig::default()
+    };
+    let mut sim = Sim::new(seed, 2, Faults::default(), &cfg);
+    let link = sim.connect(0, 1).unwrap();
+    one_message(&mut sim, &link, 0).unwrap_or_else(|e| panic!("seed {seed}: before: {e}"));
+    let mut rng = Rng(seed);
+    for qpn in 0..1024u32 {
+        for op in [
+            opcode::RC_WRITE_ONLY,
+            opcode::UC | opcode::RC_WRITE_ONLY,
+            opcode::RC_SEND_ONLY,
+        ] {
+            for psn in [0, rng.below(1 << 24) as u32] {
+                let l = layout(op).expect("known");
+                let h = Headers {
+                    opcode: op,
+                    pkey: 0xffff,
+                    dest_qp: qpn,
+                    psn,
+                    reth: l.reth.then(|| Reth {
+                        va: rng.next(),
+                        rkey: rng.next() as u32,
+                        len: 8,
+                    }),
+                    ..Headers::default()
+                };
+                let sgid = rng.bytes(16).try_into().unwrap();
+                sim.fabric
+                    .inject("soft0", sgid, &frame(h, &rng.bytes(8)))
+                    .unwrap();
+            }
+        }
+        sim.engines[0].poll().unwrap();
+    }
+    for n in 1..4 {
+        one_message(&mut sim, &link, n)
+            .unwrap_or_else(|e| panic!("seed {seed} ({mode:?}): message {n} after: {e}"));
+    }
+    let fresh = sim.connect(0, 1).unwrap();
+    one_message(&mut sim, &fresh, 9)
+        .unwrap_or_else(|e| panic!("seed {seed} ({mode:?}): a new connection: {e}"));
+}
+
+#[test]
+fn uc_stray_packets_at_every_qp_leave_receives_working() {
+    stray_packets(53, Mode::Uc);
+}
+
+#[test]
+fn rc_stray_packets_at_every_qp_leave_receives_working() {
+    stray_packets(54, Mode::Rc);
+}

@@ -268,10 +268,25 @@ pub(crate) struct PostedRecv {
     pub(crate) req: Request,
     /// Its window is bound and its advertisement queued (with buffer keys: at once).
     pub(crate) advertised: bool,
+    /// Where its window is (with buffer keys: always `Idle`).
+    pub(crate) window: Win,
     /// The peer was asked to drop its advertisement, and why (see `cancel.rs`).
     pub(crate) withdrawing: Option<crate::cancel::Why>,
     /// Ended with this result, waiting for its window to be unbound before it is reported.
     pub(crate) ending: Option<Result<Done>>,
+}
+
+/// Where a receive's memory window is (see `window.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Win {
+    /// Not bound to the receive, nothing in flight.
+    Idle,
+    /// Its bind is in flight.
+    Binding,
+    /// Bound over the receive.
+    Bound,
+    /// Its unbind is in flight.
+    Unbinding,
 }
 
 /// A message handed to the transmit side.
@@ -447,20 +462,39 @@ impl Conn {
         }
     }
 
-    /// Fails every request of the connection with `e`. Its receive windows go first (their
-    /// keys die at once), so a receive that had ended and waited for its window's unbind
-    /// reports how it ended.
-    pub(crate) fn fail_requests(&mut self, e: &EngineError) {
-        self.windows.iter_mut().for_each(|w| *w = None);
+    /// Fails every request of the connection with `e`. Its idle receive windows go first
+    /// (their keys die at once), so a receive that had ended and waited for its window's
+    /// unbind reports how it ended; a receive whose window has an operation in flight ends
+    /// with `e` (or how it had ended) and is reported once the operation completed and the
+    /// window is gone (see `Engine::on_window`). When the engine stops (`stopping`), every
+    /// window goes at once and every request is reported.
+    pub(crate) fn fail_requests(&mut self, e: &EngineError, stopping: bool) {
+        let busy = |r: &Option<PostedRecv>| {
+            !stopping
+                && r.as_ref()
+                    .is_some_and(|r| matches!(r.window, Win::Binding | Win::Unbinding))
+        };
+        for (w, r) in self.windows.iter_mut().zip(&self.recvs) {
+            if !busy(r) {
+                *w = None;
+            }
+        }
         for s in self.sends.drain(..) {
             s.req.fail(e.clone());
         }
         for m in self.inflight.drain(..).flatten() {
             m.req.fail(e.clone());
         }
-        for r in self.recvs.iter_mut().filter_map(Option::take) {
-            r.req.complete(r.ending.unwrap_or_else(|| Err(e.clone())));
+        let mut kept = 0;
+        for slot in self.recvs.iter_mut() {
+            if busy(slot) {
+                let r = slot.as_mut().expect("busy");
+                r.ending.get_or_insert_with(|| Err(e.clone()));
+                kept += 1;
+            } else if let Some(r) = slot.take() {
+                r.req.complete(r.ending.unwrap_or_else(|| Err(e.clone())));
+            }
         }
-        self.recvs_posted = 0;
+        self.recvs_posted = kept;
     }
 }

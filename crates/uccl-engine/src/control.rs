@@ -199,7 +199,7 @@ impl Engine {
         }
         tracing::warn!(conn = ci, error = %e, "connection torn down");
         c.state = State::Draining(e.clone());
-        c.fail_requests(&e);
+        c.fail_requests(&e, false);
         c.cts.clear();
         c.ctl.backlog.clear();
         self.unstage_ack(ci);

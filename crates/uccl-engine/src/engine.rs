@@ -192,15 +192,30 @@ impl Engine {
     /// Fails every request of every connection with `e` (the engine cannot go on).
     pub(crate) fn fail_all(&mut self, e: &EngineError) {
         for c in self.conns.iter_mut().flatten() {
-            c.fail_requests(e);
+            c.fail_requests(e, true);
         }
     }
 
     /// An engine on `ctx` built as `cfg` says, reading time from `clock`.
     pub fn new(ctx: &Arc<Context>, cfg: EngineConfig, clock: Clock) -> Result<Engine> {
         cfg.validate()?;
-        let io = Io::new(ctx, &cfg)?;
-        if cfg.recv_keys == RecvKeys::Window && io.pd.alloc_mw().is_err() {
+        let mut rng = crate::rng::Rng::new(&clock, ctx.name());
+        let io = Io::new(ctx, &cfg, rng.psn())?;
+        let probe = match cfg.recv_keys {
+            RecvKeys::Window => io.pd.alloc_mw().err(),
+            RecvKeys::Buffer => None,
+        };
+        let unsupported = |e: &verbs_safe::Error| match e {
+            verbs_safe::Error::Unsupported(_) => true,
+            // EOPNOTSUPP, ENOSYS, EINVAL (no such window type): the device has none.
+            verbs_safe::Error::Create { errno, .. } => [95, 38, 22].contains(&errno.0),
+            _ => false,
+        };
+        if let Some(e) = probe {
+            if !unsupported(&e) {
+                // The device has windows; allocating one failed for another reason.
+                return Err(EngineError::verbs("allocating a first memory window")(e));
+            }
             return Err(EngineError::Config {
                 field: "recv_keys",
                 value: 0,
@@ -229,7 +244,6 @@ impl Engine {
         let memory = crate::memory::Memory::new(id);
         // The retransmission headers are named by data WRs of every connection: pinned for good.
         memory.pins.pin(&hdrs);
-        let rng = crate::rng::Rng::new(&clock, ctx.name());
         Ok(Engine {
             id,
             credits,

@@ -255,7 +255,8 @@ fn ipv4_gid_index(ctx: &Context, port: u8, len: u32) -> Result<u8> {
 const CTRL_DEPTH: u32 = 256;
 
 impl Io {
-    pub(crate) fn new(ctx: &Arc<Context>, cfg: &EngineConfig) -> Result<Io> {
+    /// `window_psn`: the window QP's first PSN (random: see `window.rs`).
+    pub(crate) fn new(ctx: &Arc<Context>, cfg: &EngineConfig, window_psn: u32) -> Result<Io> {
         let pd = ctx
             .alloc_pd()
             .map_err(EngineError::verbs("allocating a PD"))?;
@@ -354,9 +355,13 @@ impl Io {
             .rts(SqPsn(0))
             .map_err(|e| up(e.error))?;
         let windows = match cfg.recv_keys {
-            crate::RecvKeys::Window => {
-                Some(crate::window::WindowQp::new(&pd, &cq, cfg, from, windows)?)
-            }
+            crate::RecvKeys::Window => Some(crate::window::WindowQp::new(
+                &pd,
+                &cq,
+                cfg,
+                (from, window_psn),
+                windows,
+            )?),
             crate::RecvKeys::Buffer => None,
         };
         let ctrl_recv = RecvRing::new(&pd, CTRL_DEPTH, GRH + mtu as usize, crate::wrid::ud_recv)?;

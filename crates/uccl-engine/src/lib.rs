@@ -54,11 +54,20 @@
 //! advertised with the key of a memory window bound over exactly its range while the receive
 //! is posted ([`RecvKeys::Window`], the default; [`RecvKeys::Buffer`] advertises the whole
 //! buffer's key instead, for devices without windows); an export has a key of its own over
-//! exactly its range until it is withdrawn ([`Engine::withdraw_export`]). Keys, first PSNs and
-//! ACK tags are drawn at random (softnic draws keys from a keyed permutation). Everything else
-//! a peer sends (immediates, retransmission headers, ACKs, control messages) is checked before
-//! use, and a retransmitted chunk is copied only inside the range, and with the key, its
-//! original WRITE had.
+//! exactly its range until it is withdrawn ([`Engine::withdraw_export`]). First PSNs and ACK
+//! tags come from a keyed pseudo-random function (SipHash under a key from the OS). Everything
+//! else a peer sends (immediates, retransmission headers, ACKs, control messages) is checked
+//! before use, and a retransmitted chunk is copied only inside the range, and with the key,
+//! its original WRITE had. A connection that takes more of the shared receive queue than its
+//! grant allows is throttled, then failed (see [`EngineConfig::srq_depth`]).
+//!
+//! Where that rests on the device: windows (type 1) and exports are not tied to a connection,
+//! so between the connections of one engine isolation rests on the secrecy of 32-bit keys.
+//! softnic draws them from a keyed permutation, so a key tells nothing of the next; on
+//! hardware a key is an index plus an 8-bit tag (on mlx5 and rxe a window's tag advances by 1
+//! per bind), and a UC write with a wrong key is dropped silently, so guessing costs an
+//! attacker only packets. rxe checks a WRITE's key on its first packet only, so a multi-packet
+//! WRITE begun before an unbind may still land after it; softnic checks every packet.
 //!
 //! Two engines on one softnic fabric, a message from one to the other:
 //!

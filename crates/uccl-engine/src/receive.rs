@@ -183,7 +183,8 @@ impl Engine {
             let c = self.conns[usize::from(ci)].as_ref()?;
             let r = c.recvs[usize::from(rid)].as_ref()?;
             let inside = remote >= r.addr && end <= r.addr.checked_add(r.len)?;
-            (inside && r.rkey == rkey && r.ending.is_none()).then_some(&r.use_.mem)?
+            (inside && r.advertised && r.rkey == rkey && r.ending.is_none())
+                .then_some(&r.use_.mem)?
         } else {
             self.memory.export_holding(rkey, remote, end)?.region.buf()
         };
@@ -248,6 +249,16 @@ mod tests {
         let d = b.export(&exported, 4096, 4096).unwrap();
         let _r = b.recv(cb, &posted, 0, 8192).unwrap();
         let ci = cb.index;
+        // Advertised (so reachable) once its window's bind completed.
+        let advertised = |b: &Engine| {
+            b.conns[usize::from(ci)].as_ref().unwrap().recvs[0]
+                .as_ref()
+                .is_some_and(|r| r.advertised)
+        };
+        assert!(!advertised(&b));
+        while !advertised(&b) {
+            b.poll().unwrap();
+        }
         let w = super::WRITE_RID;
         let at = |t: Option<(&verbs_safe::DmaBuf, usize)>| t.map(|(m, off)| (m.addr(), off));
         let r = b.conns[usize::from(ci)].as_ref().unwrap().recvs[0].as_ref();

@@ -6,36 +6,46 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 use crate::clock::Clock;
 
-/// SplitMix64 over a seed no peer knows.
-pub(crate) struct Rng(u64);
+/// SipHash-2-4 of a counter under a 128-bit key no peer knows: a pseudo-random function, so
+/// the values a peer sees (24-bit PSNs, 7-bit tags) tell it nothing of the others, where a
+/// plain generator's state could be solved for from a few of its outputs.
+pub(crate) struct Rng {
+    keys: (u64, u64),
+    n: u64,
+}
 
 impl Rng {
     /// A generator for an engine on device `device` reading time from `clock`.
     pub(crate) fn new(clock: &Clock, device: &str) -> Rng {
-        let seed = match clock {
+        let keys = match clock {
             Clock::Fabric(f) => {
                 let cfg = f.config();
                 if cfg.clock == softnic::Clock::Virtual {
                     // std's default hasher is SipHash with fixed keys: the same everywhere.
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    (cfg.seed, device).hash(&mut h);
-                    h.finish()
+                    let key = |k: u8| {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        (cfg.seed, device, k).hash(&mut h);
+                        h.finish()
+                    };
+                    (key(0), key(1))
                 } else {
-                    random()
+                    (random(), random())
                 }
             }
-            Clock::Wall(_) => random(),
+            Clock::Wall(_) => (random(), random()),
         };
-        Rng(seed)
+        Rng { keys, n: 0 }
     }
 
     /// The next 64 random bits.
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // SipHasher is deprecated as a `Hasher` for maps (std's RandomState picks its keys);
+        // here it is the keyed PRF itself, with keys of our own.
+        #[allow(deprecated)]
+        let mut h = std::hash::SipHasher::new_with_keys(self.keys.0, self.keys.1);
+        h.write_u64(self.n);
+        self.n += 1;
+        h.finish()
     }
 
     /// A random 24-bit packet sequence number.

@@ -73,6 +73,9 @@ pub struct Stats {
     /// Connections throttled for taking more receive buffers than their grant allows (see
     /// [`EngineConfig`](crate::EngineConfig): credits are enforced).
     pub throttled: u64,
+    /// Times the QP receive windows are bound on was brought back after an operation on it
+    /// failed (see [`RecvKeys::Window`](crate::RecvKeys::Window)).
+    pub window_qp_recoveries: u64,
 }
 
 impl Stats {

@@ -5,7 +5,7 @@ use uccl_tx::Message;
 
 use crate::cancel::Opts;
 use crate::config::RecvKeys;
-use crate::conn::{PendingSend, PostedRecv, RECV_IDS, WRITE_RID};
+use crate::conn::{PendingSend, PostedRecv, RECV_IDS, WRITE_RID, Win};
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
 use crate::memory::{Buffer, Descriptor};
@@ -179,6 +179,8 @@ impl Engine {
     ) -> Result<()> {
         let (use_, addr, _) = self.memory.take_use(buf, offset, len)?;
         let max = self.cfg.max_recvs;
+        // With windows, the advertisement leaves once the window is bound (see `window.rs`).
+        let windows = self.cfg.recv_keys == RecvKeys::Window;
         let c = self.conn_for_request(conn)?;
         if c.recvs_posted >= max {
             return Err(EngineError::Limit {
@@ -196,16 +198,7 @@ impl Engine {
                 limit: RECV_IDS as u64,
             });
         }
-        // With windows, the advertisement leaves once the window is bound (see `window.rs`).
-        let windows = self.cfg.recv_keys == RecvKeys::Window;
-        let rkey = if windows {
-            self.bind_window(conn.index, slot, &use_.mem, addr, len)?
-        } else {
-            use_.mem.rkey()
-        };
-        let c = self.open_conn(conn)?;
-        c.next_seq = c.next_seq.wrapping_add(1);
-        c.recvs_posted += 1;
+        let rkey = use_.mem.rkey();
         c.recvs[slot] = Some(PostedRecv {
             seq,
             use_,
@@ -214,9 +207,18 @@ impl Engine {
             rkey,
             req: req.clone(),
             advertised: !windows,
+            window: Win::Idle,
             withdrawing: None,
             ending: None,
         });
+        if windows && let Err(e) = self.bind_window(conn.index, slot) {
+            let c = self.open_conn(conn)?;
+            c.recvs[slot] = None;
+            return Err(e);
+        }
+        let c = self.open_conn(conn)?;
+        c.next_seq = c.next_seq.wrapping_add(1);
+        c.recvs_posted += 1;
         if !windows {
             let cts = Ctl::Cts {
                 seq,

@@ -5,25 +5,36 @@
 //! - Each connection has a window per request id (allocated at the id's first receive, never
 //!   shared with another connection, so a key a peer saw tells it nothing of another peer's).
 //! - Binds and unbinds go on a QP of their own, which carries nothing else (so they complete
-//!   at once, whatever the connections' queues hold): the window QP, connected to itself.
+//!   at once, whatever the connections' queues hold): the window QP, a UC QP connected to
+//!   itself at a random PSN. UC, so that no packet can move it to ERROR: a UC responder drops
+//!   what it refuses, where an RC one (rxe, softnic) fails the QP for every connection.
 //! - A receive's advertisement leaves once its window's bind completed: the key works by the
 //!   time the peer reads it. Binds complete in the order they were posted, so advertisements
 //!   keep the order of the receives.
-//! - A receive that ends (its message arrived, or it was refused) posts an unbind, and is
+//! - A receive has at most one window operation in flight. One that ends (its message
+//!   arrived, it was refused or withdrawn) posts an unbind, once its bind completed, and is
 //!   reported only once the unbind completed: by then the peer can no longer write the buffer.
-//! - A connection that fails deallocates its windows at once (their keys die with them).
+//! - A connection that fails deallocates its idle windows at once (their keys die with them),
+//!   the others as their operation completes, and reports each receive then.
+//! - A window operation that fails leaves the QP in ERROR (the ones after it are flushed):
+//!   each window it concerned is deallocated (so its key is dead whatever the NIC did), an
+//!   ended receive reported, a receive still to be advertised bound again, once every
+//!   operation in flight has completed and the QP is back up (RESET to RTS, a new PSN). Other
+//!   connections see a late advertisement, nothing else.
 //!
 //! Type 1 windows, not type 2: a type-2 window works only through the QP that bound it, and a
 //! connection's chunks arrive on all its data QPs.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use verbs_safe::{
-    AccessFlags, ConnInit, Cq, DeviceLimits, DmaBuf, LocalPort, Pd, Qp, QpCaps, QpInit, Rc, RcRtr,
-    RcRts, Remote, Rts,
+    AccessFlags, ConnInit, Cq, DeviceLimits, LocalPort, Pd, Qp, QpCaps, QpInit, Remote, Rts, SqPsn,
+    Uc, UcRtr,
 };
 
 use crate::config::EngineConfig;
+use crate::conn::Win;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::proto::Ctl;
@@ -32,8 +43,8 @@ use crate::round::Cqe;
 use crate::wrid;
 
 /// Window operations the window QP may have outstanding: one per receive every connection may
-/// have posted (a receive's bind completes before its data arrives, its unbind after), at most
-/// what the device allows.
+/// have posted (a receive's bind completes before its unbind is posted), at most what the
+/// device allows.
 pub(crate) fn depth(cfg: &EngineConfig, limits: &DeviceLimits) -> u32 {
     let want = u64::from(cfg.max_conns) * u64::from(cfg.max_recvs);
     want.min(u64::from(limits.max_qp_wr)) as u32
@@ -41,20 +52,32 @@ pub(crate) fn depth(cfg: &EngineConfig, limits: &DeviceLimits) -> u32 {
 
 /// The QP receive windows are bound and unbound on.
 pub(crate) struct WindowQp {
-    qp: Qp<Rc, Rts>,
+    /// `None` once it could not be brought back after a failure.
+    qp: Option<Qp<Uc, Rts>>,
+    /// Itself, as its own peer (the PSN changes when it is brought back).
+    me: Remote,
+    from: LocalPort,
+    port: u8,
     depth: u32,
     /// Binds and unbinds posted and not completed.
     ops: u32,
+    /// An operation failed: the QP is in ERROR until every operation in flight completed and
+    /// it is brought back.
+    broken: bool,
+    /// Receives to bind once it is back: connection, request id, receive sequence number.
+    rebind: VecDeque<(u16, usize, u32)>,
+    /// Why it could not be brought back.
+    dead: Option<EngineError>,
 }
 
 impl WindowQp {
-    /// An RC QP connected to itself (it never sends a packet: binds are local), with room for
-    /// `depth` window operations, completing into `cq`.
+    /// A UC QP connected to itself at PSN `psn` (it never sends a packet: binds are local),
+    /// with room for `depth` window operations, completing into `cq`.
     pub(crate) fn new(
         pd: &Arc<Pd>,
         cq: &Arc<Cq>,
         cfg: &EngineConfig,
-        from: LocalPort,
+        (from, psn): (LocalPort, u32),
         depth: u32,
     ) -> Result<WindowQp> {
         let up = EngineError::verbs("bringing up the memory-window QP");
@@ -71,51 +94,80 @@ impl WindowQp {
             },
             sig_all: true,
         };
-        let qp = Qp::<Rc, _>::new(pd, init).map_err(up)?;
+        let qp = Qp::<Uc, _>::new(pd, init).map_err(up)?;
         let ctx = pd.context();
         let gid = ctx.query_gid(cfg.port, from.gid_index.into()).map_err(up)?;
         let lid = ctx.query_port(cfg.port).map_err(up)?.lid;
         let me = Remote {
             qpn: qp.qpn(),
-            psn: 0,
+            psn,
             lid,
             gid: Some(gid),
         };
-        let qp = qp
-            .init(ConnInit {
-                port: cfg.port,
-                ..ConnInit::default()
-            })
-            .map_err(|e| up(e.error))?
-            .rtr(RcRtr::new(me, from))
-            .map_err(|e| up(e.error))?
-            .rts(RcRts::new(0))
-            .map_err(|e| up(e.error))?;
-        Ok(WindowQp { qp, depth, ops: 0 })
+        let mut w = WindowQp {
+            qp: None,
+            me,
+            from,
+            port: cfg.port,
+            depth,
+            ops: 0,
+            broken: false,
+            rebind: VecDeque::new(),
+            dead: None,
+        };
+        w.qp = Some(w.up(qp)?);
+        Ok(w)
+    }
+
+    /// RESET -> RTS, connected to itself.
+    fn up(&self, qp: Qp<Uc, verbs_safe::Reset>) -> Result<Qp<Uc, Rts>> {
+        let up = EngineError::verbs("bringing up the memory-window QP");
+        qp.init(ConnInit {
+            port: self.port,
+            ..ConnInit::default()
+        })
+        .map_err(|e| up(e.error))?
+        .rtr(UcRtr::new(self.me, self.from))
+        .map_err(|e| up(e.error))?
+        .rts(SqPsn(self.me.psn))
+        .map_err(|e| up(e.error))
+    }
+
+    /// Brings the QP back after a failure, at PSN `psn`.
+    fn recover(&mut self, psn: u32) -> Result<()> {
+        let qp = self.qp.take().expect("a QP to bring back");
+        let reset = qp
+            .reset()
+            .map_err(|e| EngineError::verbs("resetting the memory-window QP")(e.error))?;
+        self.me.psn = psn;
+        self.qp = Some(self.up(reset)?);
+        Ok(())
     }
 }
 
 impl Engine {
-    /// Binds the window of request id `slot` of connection `ci` over `len` bytes at `addr` of
-    /// `mem`; returns its key. The receive is advertised once the bind completes.
-    pub(crate) fn bind_window(
-        &mut self,
-        ci: u16,
-        slot: usize,
-        mem: &Arc<DmaBuf>,
-        addr: u64,
-        len: u64,
-    ) -> Result<u32> {
+    /// Binds the window of receive `slot` of connection `ci` over the receive's range, and
+    /// records the key it is to be advertised with; the advertisement leaves once the bind
+    /// completed. While the window QP is being brought back, the bind waits for it.
+    pub(crate) fn bind_window(&mut self, ci: u16, slot: usize) -> Result<()> {
         let w = self.io.windows.as_mut().expect("receive windows");
+        if let Some(e) = &w.dead {
+            return Err(e.clone());
+        }
+        let c = self.conns[usize::from(ci)]
+            .as_mut()
+            .expect("an open connection");
+        let r = c.recvs[slot].as_mut().expect("a posted receive");
+        if w.broken {
+            w.rebind.push_back((ci, slot, r.seq));
+            return Ok(());
+        }
         if w.ops >= w.depth {
             return Err(EngineError::Limit {
                 what: "receive windows being bound or unbound at once",
                 limit: w.depth.into(),
             });
         }
-        let c = self.conns[usize::from(ci)]
-            .as_mut()
-            .expect("an open connection");
         let mw = match &mut c.windows[slot] {
             Some(mw) => mw,
             none @ None => none.insert(
@@ -125,22 +177,25 @@ impl Engine {
                     .map_err(EngineError::verbs("allocating a receive's memory window"))?,
             ),
         };
-        let target = Some((mem, (addr - mem.addr()) as usize, len as usize));
-        let rkey =
-            w.qp.bind_mw(
+        let mem = &r.use_.mem;
+        let target = Some((mem, (r.addr - mem.addr()) as usize, r.len as usize));
+        let qp = w.qp.as_ref().expect("a live window QP");
+        r.rkey = qp
+            .bind_mw(
                 mw,
                 wrid::mw_bind(ci, slot as u32),
                 target,
                 AccessFlags::REMOTE_WRITE,
             )
             .map_err(EngineError::verbs("binding a receive's memory window"))?;
+        r.window = Win::Binding;
         w.ops += 1;
         c.window_ops += 1;
-        Ok(rkey)
+        Ok(())
     }
 
     /// Ends receive `slot` of connection `ci` with `result`: reported at once with buffer
-    /// keys; with windows once its window is unbound.
+    /// keys, and with windows once its window is unbound (or was never bound).
     pub(crate) fn end_recv(&mut self, ci: u16, slot: usize, result: Result<Done>) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
@@ -148,79 +203,249 @@ impl Engine {
         let Some(r) = c.recvs[slot].as_mut().filter(|r| r.ending.is_none()) else {
             return;
         };
-        let Some(w) = self.io.windows.as_mut() else {
-            let r = c.recvs[slot].take().expect("checked");
-            c.recvs_posted -= 1;
-            r.req.complete(result);
-            return;
-        };
         r.ending = Some(result);
-        let unbound = match &c.windows[slot] {
-            Some(mw) => {
-                w.qp.bind_mw(
+        match r.window {
+            // Unbound once its bind completes.
+            Win::Binding | Win::Unbinding => {}
+            Win::Bound => self.unbind_window(ci, slot),
+            Win::Idle => self.report_recv(ci, slot),
+        }
+    }
+
+    /// Posts the unbind of receive `slot`'s window (bound, no operation in flight: there is
+    /// room, the receive's own); if it cannot be posted, the window is deallocated instead.
+    fn unbind_window(&mut self, ci: u16, slot: usize) {
+        let w = self.io.windows.as_mut().expect("receive windows");
+        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+        let r = c.recvs[slot].as_mut().expect("checked");
+        let posted = match (&w.qp, &c.windows[slot], w.broken) {
+            (Some(qp), Some(mw), false) => qp
+                .bind_mw(
                     mw,
                     wrid::mw_unbind(ci, slot as u32),
                     None,
                     AccessFlags::empty(),
                 )
-                .map_err(|e| e.to_string())
-            }
-            None => Err("it has no window".into()),
+                .is_ok(),
+            _ => false,
         };
-        match unbound {
-            Ok(_) => {
-                w.ops += 1;
-                c.window_ops += 1;
-            }
-            Err(why) => {
-                // Its key must die before the receive is reported: the connection's windows
-                // are deallocated with it.
-                let why = format!("unbinding a receive's memory window failed: {why}");
-                self.fail_conn(ci, why, true);
-            }
+        if posted {
+            r.window = Win::Unbinding;
+            w.ops += 1;
+            c.window_ops += 1;
+        } else {
+            // Its key dies with it.
+            c.windows[slot] = None;
+            r.window = Win::Idle;
+            self.report_recv(ci, slot);
+        }
+    }
+
+    /// Reports receive `slot` of connection `ci`, which ended and whose window no longer
+    /// reaches it.
+    fn report_recv(&mut self, ci: u16, slot: usize) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        if let Some(r) = c.recvs[slot].take() {
+            c.recvs_posted -= 1;
+            debug_assert!(r.ending.is_some(), "a receive reported that had not ended");
+            r.req
+                .complete(r.ending.unwrap_or(Err(EngineError::Stopped)));
         }
     }
 
     /// A bind (or, `unbind`, an unbind) of window `slot` of connection `ci` completed: a bound
-    /// receive is advertised, an unbound one reported.
+    /// receive is advertised (or unbound, if it ended meanwhile), an unbound one reported.
     pub(crate) fn on_window(&mut self, ci: u16, slot: u32, unbind: bool, e: Cqe) {
-        if let Some(w) = self.io.windows.as_mut() {
-            w.ops = w.ops.saturating_sub(1);
-        }
-        let Some(c) = self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut) else {
+        let slot = slot as usize;
+        let Some(w) = self.io.windows.as_mut() else {
             return;
         };
-        c.window_ops = c.window_ops.saturating_sub(1);
+        w.ops = w.ops.saturating_sub(1);
         if !e.ok {
-            if c.is_open() {
-                let what = if unbind { "unbinding" } else { "binding" };
+            w.broken = true;
+        }
+        let broken = w.broken;
+        let op_of = |c: &crate::conn::Conn| {
+            c.recvs
+                .get(slot)
+                .and_then(Option::as_ref)
+                .is_some_and(|r| matches!(r.window, Win::Binding | Win::Unbinding))
+        };
+        if let Some(c) = self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut)
+            && op_of(c)
+        {
+            c.window_ops = c.window_ops.saturating_sub(1);
+            let open = c.is_open();
+            let r = c.recvs[slot].as_mut().expect("checked");
+            if !e.ok {
+                // Whatever the NIC did, the key dies with the window.
+                c.windows[slot] = None;
+                r.window = Win::Idle;
                 let status = e
                     .status
                     .map_or("an unknown status".into(), |s| format!("{s:?}"));
-                let why = format!("{what} a receive's memory window failed ({status})");
+                let what = if unbind { "an unbind" } else { "a bind" };
+                tracing::warn!(
+                    conn = ci,
+                    slot,
+                    "{what} of a receive window failed: {status}"
+                );
+                if !unbind && open && r.ending.is_none() {
+                    let seq = r.seq;
+                    let w = self.io.windows.as_mut().expect("checked");
+                    w.rebind.push_back((ci, slot, seq));
+                } else {
+                    self.report_recv(ci, slot);
+                }
+            } else if unbind {
+                r.window = Win::Idle;
+                self.report_recv(ci, slot);
+            } else {
+                r.window = Win::Bound;
+                if !open {
+                    c.windows[slot] = None;
+                    r.window = Win::Idle;
+                    self.report_recv(ci, slot);
+                } else if r.ending.is_some() || broken {
+                    // Ended while it was being bound (or the QP failed since: deallocated).
+                    self.unbind_window(ci, slot);
+                } else {
+                    r.advertised = true;
+                    let cts = Ctl::Cts {
+                        seq: r.seq,
+                        addr: r.addr,
+                        len: r.len,
+                        rkey: r.rkey,
+                    };
+                    c.ctl.backlog.push_back(cts.to_bytes());
+                    self.mark_ctl(ci);
+                }
+            }
+        }
+        let w = self.io.windows.as_ref().expect("checked");
+        if w.broken && w.ops == 0 {
+            self.recover_windows();
+        }
+    }
+
+    /// Brings the window QP back once every operation in flight completed after a failure, and
+    /// binds the receives that wait for it; if it cannot come back, their connections fail.
+    fn recover_windows(&mut self) {
+        let psn = self.rng.psn();
+        self.stats.window_qp_recoveries += 1;
+        let w = self.io.windows.as_mut().expect("receive windows");
+        w.broken = false;
+        let back = w.recover(psn);
+        let waiting = std::mem::take(&mut w.rebind);
+        if let Err(e) = &back {
+            tracing::error!("the memory-window QP could not be brought back: {e}");
+            w.dead = Some(e.clone());
+        }
+        for (ci, slot, seq) in waiting {
+            let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
+                self.report_recv(ci, slot);
+                continue;
+            };
+            let waits = c.recvs[slot]
+                .as_ref()
+                .is_some_and(|r| r.seq == seq && r.window == Win::Idle);
+            if !waits {
+                continue;
+            }
+            if c.recvs[slot].as_ref().is_some_and(|r| r.ending.is_some()) {
+                self.report_recv(ci, slot);
+            } else if let Err(e) = self.bind_window(ci, slot) {
+                let why = format!("binding a receive's memory window again failed: {e}");
                 self.fail_conn(ci, why, true);
             }
-            return;
         }
-        let Some(r) = c.recvs.get_mut(slot as usize).and_then(Option::as_mut) else {
-            return;
-        };
-        if unbind {
-            if r.ending.is_some() {
-                let r = c.recvs[slot as usize].take().expect("checked");
-                c.recvs_posted -= 1;
-                r.req.complete(r.ending.expect("checked"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use softnic::{Fabric, FabricConfig};
+    use verbs_safe::{Context, Verbs};
+
+    use super::*;
+    use crate::{Clock, connect_pair};
+
+    impl Engine {
+        /// Posts a bind the device refuses (a region without `MW_BIND` access) on the window
+        /// QP, for no connection: the QP goes to ERROR, as any failed window operation leaves
+        /// it.
+        fn break_window_qp(&mut self) {
+            let mw = self.io.pd.alloc_mw().unwrap();
+            let bad = self
+                .io
+                .pd
+                .alloc_dma(4096, 64, AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            let w = self.io.windows.as_mut().unwrap();
+            let qp = w.qp.as_ref().unwrap();
+            let wr = wrid::mw_bind(u16::MAX >> 4, 0);
+            qp.bind_mw(
+                &mw,
+                wr,
+                Some((&Arc::new(bad), 0, 64)),
+                AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+            w.ops += 1;
+            std::mem::forget(mw);
+        }
+    }
+
+    /// A window operation that fails (and the ones flushed after it) costs no receive: the
+    /// QP is brought back, the receives whose bind did not run are bound again and
+    /// advertised, in order, and every message arrives.
+    #[test]
+    fn a_failed_window_operation_is_recovered_from() {
+        let fabric = Fabric::new(FabricConfig {
+            devices: 2,
+            seed: 7,
+            auto_advance: false,
+            ..Default::default()
+        });
+        let verbs = Verbs::soft(&fabric);
+        let mut e: Vec<Engine> = (0..2)
+            .map(|i| {
+                let ctx = Context::open_by_name(&verbs, &format!("soft{i}")).unwrap();
+                let cfg = EngineConfig::default();
+                Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
+            })
+            .collect();
+        let (a, b) = e.split_at_mut(1);
+        let (ca, cb) = connect_pair(&mut a[0], &mut b[0]).unwrap();
+        let dst = e[0].register(64 << 10).unwrap();
+        let src = e[1].register(64 << 10).unwrap();
+        src.write_at(0, &[0x5a; 64 << 10]).unwrap();
+        let mut reqs = Vec::new();
+        for k in 0..16u64 {
+            if k == 4 {
+                e[0].break_window_qp();
             }
-        } else if !r.advertised && r.ending.is_none() {
-            r.advertised = true;
-            let cts = Ctl::Cts {
-                seq: r.seq,
-                addr: r.addr,
-                len: r.len,
-                rkey: r.rkey,
-            };
-            c.ctl.backlog.push_back(cts.to_bytes());
-            self.mark_ctl(ci);
+            reqs.push(e[0].recv(ca, &dst, k * 4096, 4096).unwrap());
         }
+        for k in 0..16u64 {
+            reqs.push(e[1].send(cb, &src, k * 4096, 4096).unwrap());
+        }
+        let end = fabric.now() + std::time::Duration::from_secs(5);
+        while !reqs.iter().all(|r| r.is_done()) {
+            assert!(fabric.now() < end, "not done: {:?}", e[0].stats());
+            let busy = e.iter_mut().fold(false, |b, e| e.poll().unwrap() | b);
+            if !busy {
+                fabric.advance(std::time::Duration::from_micros(1));
+            }
+        }
+        for r in &reqs {
+            assert!(r.test().unwrap().is_ok(), "{:?}", r.test());
+        }
+        assert_eq!(e[0].stats().window_qp_recoveries, 1);
+        let mut got = vec![0; 64 << 10];
+        dst.read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 0x5a));
     }
 }
