@@ -285,3 +285,160 @@ fn two_tasks_awaiting_clones_of_a_request_are_both_woken() {
 }
 
 use std::future::Future;
+
+/// An engine on a one-device fabric of its own on the UDP link (as in its own process), on
+/// the wall clock, on a thread of its own.
+fn udp_engine(cfg: EngineConfig) -> (softnic::Fabric, uccl_engine::EngineHandle) {
+    let fabric = softnic::Fabric::new(softnic::FabricConfig {
+        devices: 1,
+        link: softnic::Link::Udp { addr: None },
+        ..Default::default()
+    });
+    let ctx = verbs_safe::Context::open_by_name(&verbs_safe::Verbs::soft(&fabric), "soft0")
+        .expect("device");
+    let e = uccl_engine::Engine::new(&ctx, cfg, uccl_engine::Clock::wall()).expect("engine");
+    (fabric, e.spawn().expect("thread"))
+}
+
+/// Streams messages from `b` to `a` for `dur` (8 in flight, every one checked done): the
+/// goodput in Gb/s.
+fn stream(
+    (a, ca): (&uccl_engine::EngineHandle, uccl_engine::ConnId),
+    (b, cb): (&uccl_engine::EngineHandle, uccl_engine::ConnId),
+    bufs: &(uccl_engine::Buffer, uccl_engine::Buffer),
+    dur: Duration,
+) -> f64 {
+    const MSG: u64 = 256 << 10;
+    const WINDOW: u64 = 4;
+    let post = |k: u64| {
+        let at = k % WINDOW * MSG;
+        let r = a.recv(ca, &bufs.0, at, MSG).unwrap();
+        let s = b.send(cb, &bufs.1, at, MSG).unwrap();
+        (r, s)
+    };
+    let start = std::time::Instant::now();
+    let mut inflight: std::collections::VecDeque<_> = (0..WINDOW).map(post).collect();
+    let mut done = 0u64;
+    let mut k = WINDOW;
+    while let Some((r, s)) = inflight.pop_front() {
+        for q in [&r, &s] {
+            let got = q.wait_timeout(Duration::from_secs(10));
+            assert!(matches!(got, Some(Ok(_))), "a streamed message: {got:?}");
+        }
+        done += 1;
+        if start.elapsed() < dur {
+            inflight.push_back(post(k));
+            k += 1;
+        }
+    }
+    (done * MSG * 8) as f64 / start.elapsed().as_nanos() as f64
+}
+
+/// While a transfer runs between two engines on the UDP link, the receiving engine (a service
+/// with a listener) is also asked to connect 16 times to a listener that never answers, and
+/// two clients reach its listener: one trickling its handshake a byte a second, one sending
+/// garbage. Each fails alone with its reason (the deadline, at reading the peer's handshake;
+/// not a uccl-rs engine), and the transfer keeps at least 0.9 of the goodput it has alone
+/// (the lower of two phases, before and after, in the same run), with no request failed (no
+/// PeerSilent). (Before: `connect` and `accept` blocked the engine on TCP, up to 30 s per
+/// read, and UC connections with chunks in flight failed with PeerSilent after a second.)
+#[test]
+fn set_ups_in_flight_never_stall_a_running_transfer() {
+    use std::io::Write;
+    let cfg = EngineConfig {
+        handshake_timeout_ms: 1500,
+        max_conns: 32,
+        ..EngineConfig::default()
+    };
+    let (_fa, a) = udp_engine(cfg.clone());
+    let (_fb, b) = udp_engine(cfg);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    a.listen(listener).unwrap();
+    let cb = b.connect(addr).unwrap();
+    let ca = a.incoming().unwrap();
+    let wait = |c: &uccl_engine::Connecting| c.wait_timeout(Duration::from_secs(10));
+    let (ca, cb) = (wait(&ca).unwrap().unwrap(), wait(&cb).unwrap().unwrap());
+    let bufs = (a.register(8 << 20).unwrap(), b.register(8 << 20).unwrap());
+    let phase = Duration::from_millis(1500);
+    let rto = |e: &uccl_engine::EngineHandle| {
+        let s = e.call(|e| e.tx_stats()).unwrap();
+        (s.rto_retransmits, s.timeouts)
+    };
+    let start = (rto(&a), rto(&b));
+    let alone1 = stream((&a, ca), (&b, cb), &bufs, phase);
+    let before = (rto(&a), rto(&b));
+
+    // The disturbances.
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole = blackhole.local_addr().unwrap();
+    let dials: Vec<_> = (0..16).map(|_| a.connect(hole).unwrap()).collect();
+    let trickle = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        for &byte in b"UCCLRS" {
+            if s.write_all(&[byte]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let garbage = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let _ = s.write_all(&[0xab; 200]);
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    let attacked = stream((&a, ca), (&b, cb), &bufs, 2 * phase);
+    let after = (rto(&a), rto(&b));
+    let alone2 = stream((&a, ca), (&b, cb), &bufs, phase);
+    trickle.join().unwrap();
+    garbage.join().unwrap();
+    for d in &dials {
+        match wait(d) {
+            Some(Err(EngineError::Handshake { reason, .. })) => assert!(
+                reason.contains("timed out after 1500 ms reading the peer's handshake (0 of"),
+                "{reason}"
+            ),
+            other => panic!("a connect to the black hole: {other:?}"),
+        }
+    }
+    let why: Vec<String> = a
+        .incoming_failures()
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        why.iter().any(|w| w.contains("not a uccl-rs engine")),
+        "the garbage: {why:?}"
+    );
+    assert!(
+        why.iter()
+            .any(|w| w.contains("timed out after 1500 ms reading the peer's handshake")),
+        "the trickle: {why:?}"
+    );
+    // The goodput alone is the lower of the two: on two cores shared with this test's
+    // threads it varies by 15% from one phase to the next, set-ups or not. (A set-up that
+    // blocked the engine, as before, stalled it for the whole 1.5 s deadline.)
+    let alone = alone1.min(alone2);
+    eprintln!(
+        "goodput alone {alone1:.2} and {alone2:.2} Gb/s, while set-ups fail beside it \
+         {attacked:.2} Gb/s ({:.3})",
+        attacked / alone
+    );
+    // Retransmission timeouts are counted, not asserted: on this link (two engine threads
+    // spinning on as many cores as there are, beside the test's) a descheduled thread
+    // outlasts a 200 us RTO now and then, set-ups or not.
+    let end = (rto(&a), rto(&b));
+    eprintln!(
+        "(RTO retransmissions, timeouts) of the sender: {:?} alone, {:?} beside the set-ups, \
+         {:?} alone again",
+        (before.1.0 - start.1.0, before.1.1 - start.1.1),
+        (after.1.0 - before.1.0, after.1.1 - before.1.1),
+        (end.1.0 - after.1.0, end.1.1 - after.1.1),
+    );
+    assert!(
+        attacked >= 0.9 * alone,
+        "goodput {attacked:.2} Gb/s beside the set-ups, {alone:.2} alone"
+    );
+    assert_eq!(a.call(|e| e.handshakes()).unwrap(), 0);
+}

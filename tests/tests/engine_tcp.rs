@@ -46,10 +46,10 @@ fn handshake(
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = thread::spawn(move || {
-        let r = a.accept(&listener);
+        let r = a.accept(&listener).and_then(|c| a.wait(&c));
         (r, a)
     });
-    let rb = b.connect(addr);
+    let rb = b.connect(addr).and_then(|c| b.wait(&c));
     let (ra, a) = server.join().unwrap();
     (ra, rb, a, b)
 }
@@ -112,7 +112,7 @@ fn connecting_to_nobody_is_an_error_that_names_the_address() {
         .unwrap()
         .local_addr()
         .unwrap();
-    match b.connect(addr) {
+    match b.connect(addr).and_then(|c| b.wait(&c)) {
         Err(EngineError::Handshake { reason, .. }) => {
             assert!(reason.contains(&addr.to_string()), "{reason}")
         }
@@ -128,9 +128,120 @@ fn connecting_to_nobody_is_an_error_that_names_the_address() {
         thread::sleep(Duration::from_millis(100));
     });
     assert!(matches!(
-        b.connect(addr),
+        b.connect(addr).and_then(|c| b.wait(&c)),
         Err(EngineError::Handshake { .. })
     ));
     junk.join().unwrap();
     assert_eq!(b.usage().connections, 0);
+}
+
+/// Runs `b`'s `connect` to a server that does `serve` with the TCP connection; returns why
+/// the connect failed.
+fn connect_to(b: &mut Engine, serve: impl FnOnce(std::net::TcpStream) + Send + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || serve(listener.accept().unwrap().0));
+    let r = b.connect(addr).and_then(|c| b.wait(&c));
+    server.join().unwrap();
+    assert_eq!(b.handshakes(), 0, "the attempt is gone");
+    assert_eq!(b.usage().connections, 0, "nothing is left behind");
+    match r {
+        Err(EngineError::Handshake { reason, .. }) => reason,
+        other => panic!("expected a handshake error, got {other:?}"),
+    }
+}
+
+/// Every way a set-up fails says which, and at which step: refused, the peer closing, another
+/// version, the deadline (with the bytes it had).
+#[test]
+fn a_failed_set_up_says_why_and_at_which_step() {
+    use std::io::{Read, Write};
+    let (fabric, _a, mut b) = engines([Mode::Uc, Mode::Uc]);
+    // Refused: nothing listens.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let refused = match b.connect(addr).and_then(|c| b.wait(&c)) {
+        Err(EngineError::Handshake { reason, .. }) => reason,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        refused.contains("refused") && refused.contains(&addr.to_string()),
+        "{refused}"
+    );
+    // The peer closes before answering.
+    let closed = connect_to(&mut b, |mut s| {
+        let mut hello = [0u8; 64];
+        let _ = s.read(&mut hello);
+    });
+    assert!(
+        closed.contains("closed the connection")
+            && closed.contains("while reading the peer's handshake (0 of"),
+        "{closed}"
+    );
+    // A uccl-rs engine of another version: its fixed part says so.
+    let version = connect_to(&mut b, |mut s| {
+        let mut hello = [0u8; 512];
+        let n = s.read(&mut hello).unwrap();
+        hello[7] ^= 0x10;
+        let _ = s.write_all(&hello[..n]);
+        let _ = s.read(&mut hello);
+    });
+    assert!(
+        version.contains("speaks version 20, this engine"),
+        "{version}"
+    );
+    // Silence: the deadline, at the step it was at, with the bytes it had.
+    let cfg = EngineConfig {
+        handshake_timeout_ms: 300,
+        ..b.config().clone()
+    };
+    let ctx = Context::open_by_name(&Verbs::soft(&fabric), "soft0").unwrap();
+    let mut c = Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap();
+    let silent = connect_to(&mut c, |mut s| {
+        let _ = s.write_all(b"UCC");
+        thread::sleep(Duration::from_millis(600));
+    });
+    assert!(
+        silent.contains("timed out after 300 ms reading the peer's handshake (3 of"),
+        "{silent}"
+    );
+}
+
+/// A listener handed to the engine: clients that send garbage or nothing fail alone (and say
+/// why through `incoming_failures`), the engine's `incoming` handles get the real ones, in
+/// order.
+#[test]
+fn a_listening_engine_sets_up_real_clients_and_refuses_the_others() {
+    use std::io::Write;
+    let (_fabric, mut a, mut b) = engines([Mode::Uc, Mode::Uc]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    a.listen(listener).unwrap();
+    let mut junk = std::net::TcpStream::connect(addr).unwrap();
+    junk.write_all(&[0xab; 200]).unwrap();
+    let first = a.incoming().unwrap();
+    let c1 = b.connect(addr).unwrap();
+    let c2 = b.connect(addr).unwrap();
+    let second = a.incoming().unwrap();
+    let all = [&first, &second, &c1, &c2];
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !all.iter().all(|r| r.is_done()) {
+        assert!(std::time::Instant::now() < end, "not set up");
+        a.poll().unwrap();
+        b.poll().unwrap();
+    }
+    for r in all {
+        r.test().unwrap().unwrap();
+    }
+    let why = a.incoming_failures();
+    assert_eq!(why.len(), 1, "{why:?}");
+    assert!(
+        why[0].to_string().contains("not a uccl-rs engine"),
+        "{}",
+        why[0]
+    );
+    assert_eq!(a.stats().handshakes_failed, 1);
+    assert_eq!(a.usage().connections, 2);
 }

@@ -70,6 +70,10 @@ pub struct EngineConfig {
     pub ack_delay_us: u32,
     /// Receive buffers a connection may have advertised to its peer at once (at most 127).
     pub max_recvs: u32,
+    /// The longest a connection's set-up over TCP may take, from `connect` (or the client's
+    /// arrival at a listener) to the connection ready, in milliseconds: past it the handshake
+    /// fails with the step it was at.
+    pub handshake_timeout_ms: u64,
     /// What key receive buffers are advertised with ([`RecvKeys::Window`] by default).
     pub recv_keys: RecvKeys,
     /// Completions taken from the CQ per poll round: sends, receives and control share it, so
@@ -101,6 +105,7 @@ impl Default for EngineConfig {
             ack_bytes: 128 * 1024,
             ack_delay_us: 40,
             max_recvs: 64,
+            handshake_timeout_ms: 10_000,
             recv_keys: RecvKeys::Window,
             poll_budget: 192,
             port: 1,
@@ -154,6 +159,9 @@ impl EngineConfig {
         }
         if self.ack_bytes == 0 {
             return bad("ack_bytes", 0, "must be at least 1");
+        }
+        if self.handshake_timeout_ms == 0 {
+            return bad("handshake_timeout_ms", 0, "must be at least 1");
         }
         if !(1..=127).contains(&self.max_recvs) {
             return bad("max_recvs", self.max_recvs.into(), "must be 1..=127");

@@ -145,6 +145,8 @@ pub struct Engine {
     pub(crate) generation: u32,
     /// The ACK tag of the last connection in each slot (a new one gets another).
     pub(crate) last_tags: Vec<u8>,
+    /// Connection set-ups over TCP in flight, and listeners (see `dial.rs`).
+    pub(crate) dials: crate::dial::Dials,
     /// Data QP number -> connection index << 8 | lane.
     pub(crate) data_qpns: QpnTable,
     /// Transmit path -> (connection index, lane).
@@ -254,6 +256,7 @@ impl Engine {
             offers: Vec::new(),
             generation: 0,
             last_tags: Vec::new(),
+            dials: crate::dial::Dials::default(),
             data_qpns: QpnTable::default(),
             paths: Vec::new(),
             spare_paths: Vec::new(),

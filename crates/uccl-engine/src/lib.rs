@@ -108,6 +108,7 @@ mod conn;
 mod control;
 mod credits;
 mod cts;
+mod dial;
 mod engine;
 mod error;
 mod io;

@@ -94,6 +94,14 @@ impl Hello {
 
     /// The length of a handshake whose fixed part is `fixed` (to read the rest of it).
     pub(crate) fn total_len(fixed: &[u8; HELLO_FIXED_LEN]) -> Result<usize, HelloError> {
+        // What is not a uccl-rs engine, or not of this version, is refused at once.
+        if &fixed[..6] != MAGIC {
+            return Err(HelloError::NotUccl);
+        }
+        let version = u16::from_be_bytes([fixed[6], fixed[7]]);
+        if version != VERSION {
+            return Err(HelloError::Version(version));
+        }
         let n = u16::from_be_bytes([fixed[HELLO_FIXED - 2], fixed[HELLO_FIXED - 1]]);
         if n > 256 {
             return Err(HelloError::TooManyQps(n));

@@ -104,6 +104,9 @@ impl Engine {
         if self.scratch.rounds.is_multiple_of(ASYNC_EVERY) {
             self.async_events()?;
         }
+        if self.scratch.rounds.is_multiple_of(crate::dial::DIAL_EVERY) && self.dials.active() {
+            self.drive_dials()?;
+        }
         self.refill()?;
         self.send_acks(now)?;
         self.flush_ctl(now);
@@ -112,7 +115,8 @@ impl Engine {
     }
 
     /// The time (on the engine's clock) at which the engine has work to do even if nothing
-    /// arrives: a retransmission timer, or a receive credit changing hands.
+    /// arrives: a retransmission timer, a receive credit changing hands, a connection set-up
+    /// in flight.
     pub fn next_deadline(&self) -> Option<u64> {
         [
             self.tx.poll_timeout(),
@@ -122,6 +126,8 @@ impl Engine {
             self.deadlines.next(),
             // Possibly stale (its ACK went out early): then the round finds nothing due.
             self.scratch.delayed.front().map(|&(due, _)| due),
+            // Sockets to look at (TCP set-ups run on the wall clock: looked at this often).
+            (self.dials.active()).then(|| self.clock.now() + crate::dial::DIAL_PERIOD_NS),
         ]
         .into_iter()
         .flatten()

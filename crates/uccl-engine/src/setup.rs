@@ -1,11 +1,9 @@
 //! Connection set-up: each end creates its QPs and describes them in a handshake ([`Hello`]),
-//! the two handshakes are exchanged out of band (TCP, as rdma-core's pingpongs and perftest
-//! do, or in process), and each end connects its QPs to the other's.
+//! the two handshakes are exchanged out of band (over TCP, as rdma-core's pingpongs and
+//! perftest do, without blocking the engine: see `dial.rs`; or in process), and each end
+//! connects its QPs to the other's.
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
 
 use uccl_tx::PathId;
 use verbs_safe::{AccessFlags, Init, Mtu, Qp, QpCaps, QpInit, Rc, Remote, Uc};
@@ -16,7 +14,7 @@ use crate::cts::CtsOrder;
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
 use crate::io::{self, QKEY};
-use crate::proto::{CTL_LEN, HELLO_FIXED_LEN, Hello, feature};
+use crate::proto::{CTL_LEN, Hello, feature};
 use crate::rx::RxFlow;
 
 /// The QPs of a connection offered and not yet connected.
@@ -31,9 +29,6 @@ enum InitQp {
     Uc(Qp<Uc, Init>),
     Rc(Qp<Rc, Init>),
 }
-
-/// How long the TCP exchange may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The ACK tag of the connection whose control QP starts at `conn_psn`: its low 7 bits, which
 /// both ends know from the handshake.
@@ -417,97 +412,6 @@ impl Engine {
                 return psn;
             }
         }
-    }
-
-    /// Connects to the engine listening at `addr` (see [`accept`](Self::accept)): the
-    /// handshakes go over a TCP connection, which is closed afterwards.
-    pub fn connect(&mut self, addr: impl ToSocketAddrs) -> Result<ConnId> {
-        let io = |what: &str, e: std::io::Error| EngineError::Handshake {
-            peer: "the listener".into(),
-            reason: format!("{what}: {e}"),
-        };
-        let addrs: Vec<_> = addr
-            .to_socket_addrs()
-            .map_err(|e| io("resolving the address", e))?
-            .collect();
-        let mut last = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, HANDSHAKE_TIMEOUT) {
-                Ok(s) => return self.handshake(s, true, a.to_string()),
-                Err(e) => last = Some(io(&format!("connecting to {a}"), e)),
-            }
-        }
-        Err(last
-            .unwrap_or_else(|| io("resolving the address", std::io::ErrorKind::NotFound.into())))
-    }
-
-    /// Accepts one connection on `listener` from an engine calling [`connect`](Self::connect).
-    pub fn accept(&mut self, listener: &TcpListener) -> Result<ConnId> {
-        let (s, peer) = listener.accept().map_err(|e| EngineError::Handshake {
-            peer: "a connecting engine".into(),
-            reason: format!("accepting: {e}"),
-        })?;
-        self.handshake(s, false, peer.to_string())
-    }
-
-    /// Exchanges handshakes on `s` (the connector speaks first), connects, then exchanges a
-    /// byte so that neither end sends before the other's QPs are ready to receive.
-    fn handshake(&mut self, mut s: TcpStream, first: bool, peer: String) -> Result<ConnId> {
-        let _span = tracing::info_span!("handshake", %peer, connector = first).entered();
-        let err = |reason: String| EngineError::Handshake {
-            peer: peer.clone(),
-            reason,
-        };
-        let io = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
-        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-            .and_then(|()| s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
-            .map_err(|e| err(io("socket")(e)))?;
-        s.set_nodelay(true).map_err(|e| err(io("socket")(e)))?;
-        let read_hello = |s: &mut TcpStream| -> std::result::Result<Vec<u8>, String> {
-            let mut fixed = [0u8; HELLO_FIXED_LEN];
-            s.read_exact(&mut fixed)
-                .map_err(io("reading the handshake"))?;
-            let n = Hello::total_len(&fixed).map_err(|e| e.to_string())?;
-            let mut all = fixed.to_vec();
-            all.resize(n, 0);
-            s.read_exact(&mut all[HELLO_FIXED_LEN..])
-                .map_err(io("reading the handshake"))?;
-            Ok(all)
-        };
-        let theirs = if first {
-            None
-        } else {
-            Some(read_hello(&mut s).map_err(err)?)
-        };
-        let (id, mine) = self.offer()?;
-        let exchange = |s: &mut TcpStream, theirs: Option<Vec<u8>>| {
-            s.write_all(&mine).map_err(io("sending the handshake"))?;
-            match theirs {
-                Some(t) => Ok(t),
-                None => read_hello(s),
-            }
-        };
-        let theirs = match exchange(&mut s, theirs) {
-            Ok(t) => t,
-            Err(reason) => {
-                self.withdraw(id);
-                return Err(err(reason));
-            }
-        };
-        self.complete(id, &theirs).map_err(|e| match e {
-            EngineError::Handshake { reason, .. } => err(reason),
-            other => other,
-        })?;
-        let mut ready = [1u8];
-        let sync = s
-            .write_all(&ready)
-            .and_then(|()| s.read_exact(&mut ready))
-            .map_err(io("waiting for the peer to be ready"));
-        if let Err(reason) = sync {
-            self.close(id)?;
-            return Err(err(reason));
-        }
-        Ok(id)
     }
 
     /// Withdraws an offer that will not complete (its peer is gone, or the out-of-band

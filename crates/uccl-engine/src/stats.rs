@@ -76,6 +76,9 @@ pub struct Stats {
     /// Times the QP receive windows are bound on was brought back after an operation on it
     /// failed (see [`RecvKeys::Window`](crate::RecvKeys::Window)).
     pub window_qp_recoveries: u64,
+    /// Incoming handshakes on the engine's listener that failed (see
+    /// [`Engine::incoming_failures`](crate::Engine::incoming_failures)).
+    pub handshakes_failed: u64,
 }
 
 impl Stats {

@@ -312,9 +312,9 @@ impl EngineHandle {
     }
 
     /// Runs `f` on the engine thread between two rounds and returns what it returns: for the
-    /// control path (registering memory, exporting, connecting, closing, statistics). While
-    /// `f` runs the engine makes no progress, so keep it short (a TCP handshake in `f` stalls
-    /// every connection of the engine until it ends).
+    /// control path (registering memory, exporting, closing, statistics). While `f` runs the
+    /// engine makes no progress, so keep it short (connection set-up has methods of its own,
+    /// which return at once: [`connect`](Self::connect), [`accept`](Self::accept)).
     pub fn call<R: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Engine) -> R + Send + 'static,
@@ -356,6 +356,43 @@ impl EngineHandle {
     /// [`Engine::close`] on the engine thread.
     pub fn close(&self, conn: ConnId) -> Result<()> {
         self.call(move |e| e.close(conn))?
+    }
+
+    /// [`Engine::connect`]: the address is resolved here (a host name may block this thread,
+    /// never the engine's), the handshake runs in the engine thread's rounds.
+    pub fn connect(&self, addr: impl std::net::ToSocketAddrs) -> Result<crate::Connecting> {
+        let addrs: Vec<std::net::SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| EngineError::Handshake {
+                peer: "the listener".into(),
+                reason: format!("resolving the address: {e}"),
+            })?
+            .collect();
+        self.call(move |e| e.connect(&addrs[..]))?
+    }
+
+    /// [`Engine::accept`] on the engine thread.
+    pub fn accept(&self, listener: &std::net::TcpListener) -> Result<crate::Connecting> {
+        let l = listener.try_clone().map_err(|e| EngineError::Handshake {
+            peer: "a connecting engine".into(),
+            reason: format!("taking the listener: {e}"),
+        })?;
+        self.call(move |e| e.accept(&l))?
+    }
+
+    /// [`Engine::listen`] on the engine thread.
+    pub fn listen(&self, listener: std::net::TcpListener) -> Result<()> {
+        self.call(move |e| e.listen(listener))?
+    }
+
+    /// [`Engine::incoming`] on the engine thread.
+    pub fn incoming(&self) -> Result<crate::Connecting> {
+        self.call(move |e| e.incoming())?
+    }
+
+    /// [`Engine::incoming_failures`] on the engine thread.
+    pub fn incoming_failures(&self) -> Result<Vec<EngineError>> {
+        self.call(move |e| e.incoming_failures())
     }
 
     /// Stops the engine thread once it has taken every request queued so far, and gives the

@@ -108,6 +108,7 @@ pub(super) fn run_side(
             Side::Server(listener) => {
                 let conn = e
                     .accept(listener)
+                    .and_then(|c| e.wait(&c))
                     .map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
                 (None, Some(RxSide::new(engine, conn, dst, None)))
@@ -115,6 +116,7 @@ pub(super) fn run_side(
             Side::Client(addr) => {
                 let conn = e
                     .connect(addr)
+                    .and_then(|c| e.wait(&c))
                     .map_err(|err| format!("connecting flow {f} to {addr}: {err}"))?;
                 let src = buffer(e, window * msg)?;
                 (Some(TxSide::new(engine, conn, src)), None)

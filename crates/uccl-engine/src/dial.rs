@@ -1,0 +1,361 @@
+//! Connection set-up that never blocks the engine: every TCP handshake in flight is a state
+//! machine ([`Attempt`]) on a non-blocking socket, driven by [`Engine::poll`] (every
+//! `DIAL_EVERY` rounds, one `epoll_wait` of no timeout for all of them), with one deadline
+//! for the whole handshake ([`EngineConfig::handshake_timeout_ms`](crate::EngineConfig)).
+//!
+//! - [`Engine::connect`] returns at once with a [`Connecting`] handle; the attempt connects
+//!   (each resolved address in turn), sends this end's handshake, reads the peer's, connects
+//!   the QPs, then exchanges a ready byte so that neither end sends before the other's QPs
+//!   can receive.
+//! - [`Engine::accept`] takes one connection of a listener the caller keeps;
+//!   [`Engine::listen`] hands a listener to the engine, which accepts while it runs (at most
+//!   `MAX_INCOMING` handshakes at once; the kernel's backlog holds the rest), and
+//!   [`Engine::incoming`] hands out the connections it set up, in order. An accepting end
+//!   reads the peer's handshake before it creates any QP, so a client that sends nothing, too
+//!   little or garbage costs it a socket until the deadline and nothing else.
+//! - A handshake fails alone, with a precise reason: refused, timed out (at which step, with
+//!   how many bytes), the peer closed (at which step), not a uccl-rs engine, another version,
+//!   a mismatched configuration. A failed incoming handshake fails no handle:
+//!   [`Engine::incoming_failures`] tells what became of it.
+
+use std::collections::VecDeque;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use crate::engine::{ConnId, Engine};
+use crate::error::{EngineError, Result};
+use crate::request::{Connecting, Request};
+
+mod handshake;
+
+use handshake::{Attempt, Progress, Step, Target};
+
+/// Rounds between two looks at the sockets.
+pub(crate) const DIAL_EVERY: u32 = 16;
+/// An idle engine with sockets to look at looks this often (ns of its clock).
+pub(crate) const DIAL_PERIOD_NS: u64 = 100_000;
+/// Incoming handshakes a listener has in flight at once.
+const MAX_INCOMING: usize = 64;
+/// Failed incoming handshakes kept for [`Engine::incoming_failures`].
+const FAILURES_KEPT: usize = 64;
+/// The token of the engine's listener; one-shot listeners count down from it.
+const LISTENER: usize = usize::MAX;
+
+/// The engine's handshakes in flight and its listeners.
+#[derive(Default)]
+pub(crate) struct Dials {
+    /// Created with the first socket.
+    poll: Option<(Poll, Events)>,
+    attempts: Vec<Option<Attempt>>,
+    live: usize,
+    listener: Option<TcpListener>,
+    /// The listener has connections waiting that were not taken (too many in flight).
+    backlogged: bool,
+    /// One-shot accepts: a duplicate of the caller's listener, and who gets the connection.
+    once: Vec<Option<(TcpListener, Connecting)>>,
+    /// Connections the listener set up, and handles waiting for one.
+    ready: VecDeque<ConnId>,
+    waiting: VecDeque<Connecting>,
+    failures: VecDeque<EngineError>,
+}
+
+impl Dials {
+    /// Whether any socket needs looking at.
+    pub(crate) fn active(&self) -> bool {
+        self.live > 0 || self.listener.is_some() || self.once.iter().any(Option::is_some)
+    }
+
+    fn poll(&mut self) -> Result<&Poll> {
+        if self.poll.is_none() {
+            let p = Poll::new().map_err(|e| io_err("a socket poller", "creating it", e))?;
+            self.poll = Some((p, Events::with_capacity(256)));
+        }
+        Ok(&self.poll.as_ref().expect("created").0)
+    }
+
+    /// Registers `a` and keeps it; returns its slot, which is its token.
+    fn add(&mut self, mut a: Attempt) -> Result<usize> {
+        let slot = match self.attempts.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.attempts.push(None);
+                self.attempts.len() - 1
+            }
+        };
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        self.poll()?
+            .registry()
+            .register(&mut a.stream, Token(slot), interest)
+            .map_err(|e| io_err(&a.peer.to_string(), "registering the socket", e))?;
+        self.attempts[slot] = Some(a);
+        self.live += 1;
+        Ok(slot)
+    }
+
+    fn remove(&mut self, slot: usize) -> Option<Attempt> {
+        let mut a = self.attempts.get_mut(slot)?.take()?;
+        self.live -= 1;
+        if let Some((p, _)) = &self.poll {
+            let _ = p.registry().deregister(&mut a.stream);
+        }
+        Some(a)
+    }
+
+    fn failed_incoming(&mut self, e: EngineError) {
+        if self.failures.len() == FAILURES_KEPT {
+            self.failures.pop_front();
+        }
+        self.failures.push_back(e);
+    }
+
+    /// Hands out connections the listener set up to the handles waiting for them.
+    fn match_incoming(&mut self) {
+        while !self.ready.is_empty() && !self.waiting.is_empty() {
+            let c = self.ready.pop_front().expect("checked");
+            self.waiting.pop_front().expect("checked").complete(Ok(c));
+        }
+    }
+}
+
+fn io_err(peer: &str, what: &str, e: std::io::Error) -> EngineError {
+    EngineError::Handshake {
+        peer: peer.into(),
+        reason: format!("{what}: {e}"),
+    }
+}
+
+impl Engine {
+    /// Connects to the engine listening at `addr` (see [`accept`](Self::accept) and
+    /// [`listen`](Self::listen)): the handshakes go over a TCP connection, closed afterwards.
+    /// Returns at once (resolving a host name may block: pass an address to never block);
+    /// the handle completes, as the engine polls, with the connection or with why not:
+    /// refused, timed out (at which step), the peer closed, another version or mode.
+    pub fn connect(&mut self, addr: impl ToSocketAddrs) -> Result<Connecting> {
+        let mut addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| io_err("the listener", "resolving the address", e))?
+            .collect();
+        if addrs.is_empty() {
+            let e = std::io::Error::from(ErrorKind::NotFound);
+            return Err(io_err("the listener", "resolving the address", e));
+        }
+        addrs.reverse();
+        let first = addrs.pop().expect("checked");
+        let req = Request::of_engine(self.id, None);
+        let stream = TcpStream::connect(first)
+            .map_err(|e| io_err(&first.to_string(), &format!("connecting to {first}"), e))?;
+        let mut a = Attempt::new(stream, first, Target::Handle(req.clone()));
+        (a.connector, a.rest, a.step) = (true, addrs, Step::Connecting);
+        self.dials.add(a)?;
+        Ok(req)
+    }
+
+    /// Accepts one connection on `listener` (which the caller keeps: the engine holds a
+    /// duplicate of it until a client connects) from an engine calling
+    /// [`connect`](Self::connect). Returns at once; the handle completes as the engine polls,
+    /// with the connection or with why that client's handshake failed.
+    pub fn accept(&mut self, listener: &std::net::TcpListener) -> Result<Connecting> {
+        let dup = listener
+            .try_clone()
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| io_err("a connecting engine", "taking the listener", e))?;
+        let mut l = TcpListener::from_std(dup);
+        let slot = match self.dials.once.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.dials.once.push(None);
+                self.dials.once.len() - 1
+            }
+        };
+        self.dials
+            .poll()?
+            .registry()
+            .register(&mut l, Token(LISTENER - 1 - slot), Interest::READABLE)
+            .map_err(|e| io_err("a connecting engine", "registering the listener", e))?;
+        let req = Request::of_engine(self.id, None);
+        self.dials.once[slot] = Some((l, req.clone()));
+        // A client may be waiting already (no readiness event would come for it).
+        self.take_once(slot)?;
+        Ok(req)
+    }
+
+    /// Hands `listener` to the engine, which accepts connections on it while it runs (see
+    /// [`incoming`](Self::incoming)); replaces a listener handed over before.
+    pub fn listen(&mut self, listener: std::net::TcpListener) -> Result<()> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("a connecting engine", "taking the listener", e))?;
+        let mut l = TcpListener::from_std(listener);
+        self.dials
+            .poll()?
+            .registry()
+            .register(&mut l, Token(LISTENER), Interest::READABLE)
+            .map_err(|e| io_err("a connecting engine", "registering the listener", e))?;
+        if let Some(mut old) = self.dials.listener.replace(l)
+            && let Some((p, _)) = &self.dials.poll
+        {
+            let _ = p.registry().deregister(&mut old);
+        }
+        self.dials.backlogged = true;
+        Ok(())
+    }
+
+    /// The next connection set up on the listener handed over with [`listen`](Self::listen),
+    /// in order: one that is ready, or a handle that completes with the next. An error if no
+    /// listener was handed over.
+    pub fn incoming(&mut self) -> Result<Connecting> {
+        if self.dials.listener.is_none() {
+            return Err(EngineError::Handshake {
+                peer: "a connecting engine".into(),
+                reason: "no listener: hand one to the engine with Engine::listen first".into(),
+            });
+        }
+        let req = Request::of_engine(self.id, None);
+        self.dials.waiting.push_back(req.clone());
+        self.dials.match_incoming();
+        Ok(req)
+    }
+
+    /// Why incoming handshakes on the engine's listener failed since the last call (the last
+    /// 64 at most), oldest first.
+    pub fn incoming_failures(&mut self) -> Vec<EngineError> {
+        self.dials.failures.drain(..).collect()
+    }
+
+    /// Handshakes in flight (outgoing and incoming).
+    pub fn handshakes(&self) -> usize {
+        self.dials.live
+    }
+
+    /// Looks at every socket that has something for it, and fails the handshakes past their
+    /// deadline. Called by [`poll`](Self::poll) every `DIAL_EVERY` rounds while any is active.
+    pub(crate) fn drive_dials(&mut self) -> Result<()> {
+        let Some((poll, events)) = self.dials.poll.as_mut() else {
+            return Ok(());
+        };
+        if let Err(e) = poll.poll(events, Some(Duration::ZERO))
+            && e.kind() != ErrorKind::Interrupted
+        {
+            return Err(io_err("the sockets", "polling", e));
+        }
+        let tokens: Vec<usize> = events.iter().map(|e| e.token().0).collect();
+        for t in tokens {
+            if t == LISTENER {
+                self.dials.backlogged = true;
+            } else if t >= LISTENER - self.dials.once.len() {
+                self.take_once(LISTENER - 1 - t)?;
+            } else {
+                self.step_attempt(t);
+            }
+        }
+        if self.dials.backlogged {
+            self.take_incoming()?;
+        }
+        let limit = Duration::from_millis(self.cfg.handshake_timeout_ms);
+        let late: Vec<usize> = (self.dials.attempts.iter().enumerate())
+            .filter(|(_, a)| a.as_ref().is_some_and(|a| a.started.elapsed() > limit))
+            .map(|(i, _)| i)
+            .collect();
+        for slot in late {
+            let a = self.dials.attempts[slot].as_ref().expect("late");
+            let (got, want) = match a.step {
+                Step::ReadHello => (a.hello.len(), a.want),
+                Step::ReadReady => (0, 1),
+                _ => (a.sent, a.out.len()),
+            };
+            let bytes = match a.step {
+                Step::Connecting => String::new(),
+                _ => format!(" ({got} of {want} bytes)"),
+            };
+            let reason = format!(
+                "timed out after {} ms {}{bytes}",
+                limit.as_millis(),
+                a.step.doing()
+            );
+            self.end_attempt(slot, Progress::Failed(self.handshake_err(slot, reason)));
+        }
+        Ok(())
+    }
+
+    /// Accepts from the engine's listener while it has room for more handshakes.
+    fn take_incoming(&mut self) -> Result<()> {
+        let incoming = |d: &crate::dial::Dials| {
+            (d.attempts.iter().flatten())
+                .filter(|a| matches!(a.target, Target::Listener))
+                .count()
+        };
+        loop {
+            if incoming(&self.dials) >= MAX_INCOMING {
+                self.dials.backlogged = true;
+                return Ok(());
+            }
+            let Some(l) = &self.dials.listener else {
+                return Ok(());
+            };
+            match l.accept() {
+                Ok((stream, peer)) => self.start_incoming(stream, peer, Target::Listener)?,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.dials.backlogged = false;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // The client went away before it was accepted (ECONNABORTED), or the
+                    // process is out of descriptors: that client fails, the listener stays.
+                    self.dials
+                        .failed_incoming(io_err("a connecting engine", "accepting", e));
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Accepts one connection for one-shot accept `slot`, if one is waiting.
+    fn take_once(&mut self, slot: usize) -> Result<()> {
+        let Some((l, _)) = self.dials.once.get(slot).and_then(Option::as_ref) else {
+            return Ok(());
+        };
+        let accepted = match l.accept() {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                return Ok(());
+            }
+            other => other,
+        };
+        let (mut l, req) = self.dials.once[slot].take().expect("checked");
+        if let Some((p, _)) = &self.dials.poll {
+            let _ = p.registry().deregister(&mut l);
+        }
+        match accepted {
+            Ok((stream, peer)) => self.start_incoming(stream, peer, Target::Handle(req)),
+            Err(e) => {
+                req.fail(io_err("a connecting engine", "accepting", e));
+                Ok(())
+            }
+        }
+    }
+
+    /// An accepted client: its handshake starts with reading the peer's.
+    fn start_incoming(
+        &mut self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        target: Target,
+    ) -> Result<()> {
+        let _ = stream.set_nodelay(true);
+        let slot = self.dials.add(Attempt::new(stream, peer, target))?;
+        // Its first bytes may be in already (no readiness event would come for them).
+        self.step_attempt(slot);
+        Ok(())
+    }
+
+    fn handshake_err(&self, slot: usize, reason: String) -> EngineError {
+        let peer = self.dials.attempts[slot]
+            .as_ref()
+            .map_or("peer".into(), |a| a.peer.to_string());
+        EngineError::Handshake { peer, reason }
+    }
+}
