@@ -275,6 +275,13 @@ fn two_tasks_awaiting_clones_of_a_request_are_both_woken() {
             .is_some_and(|r| r.is_ok())
     );
     assert!(recv.wait_timeout(Duration::from_secs(30)).is_some());
+    // The engine thread wakes the tasks just after it sets the result a waiting thread sees.
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while tasks.iter().any(|(c, _)| c.0.load(Ordering::SeqCst) == 0)
+        && std::time::Instant::now() < end
+    {
+        std::thread::yield_now();
+    }
     for (count, req) in &tasks {
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "every task woken once");
         let waker = Waker::from(Arc::clone(count));

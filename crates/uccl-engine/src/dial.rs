@@ -38,6 +38,14 @@ use handshake::{Attempt, Progress, Step, Target};
 pub(crate) const DIAL_EVERY: u32 = 16;
 /// An idle engine with sockets to look at looks this often (ns of its clock).
 pub(crate) const DIAL_PERIOD_NS: u64 = 100_000;
+/// Connections whose QPs are created or connected per look. That control-path work runs on
+/// the engine's thread, between its rounds (creating a connection's QPs and connecting them
+/// costs a softnic engine tens of microseconds, a hardware one a few system calls); while the
+/// engine also moves data, set-ups take at most `SETUP_SHARE` of its time, so that many
+/// arriving together take turns with the data path rather than stall it.
+const SETUPS_PER_LOOK: u32 = 2;
+/// The share of its time (1/n) an engine that moves data gives set-ups.
+pub(super) const SETUP_SHARE: u32 = 5;
 /// Incoming handshakes a listener has in flight at once.
 const MAX_INCOMING: usize = 64;
 /// Failed incoming handshakes kept for [`Engine::incoming_failures`].
@@ -61,12 +69,24 @@ pub(crate) struct Dials {
     ready: VecDeque<ConnId>,
     waiting: VecDeque<Connecting>,
     failures: VecDeque<EngineError>,
+    /// Set-up steps left this look, and attempts waiting for the next.
+    budget: u32,
+    parked: VecDeque<usize>,
+    /// The engine moved data in the round before this look, and when the next set-up step
+    /// may run then.
+    data_busy: bool,
+    next_setup: Option<std::time::Instant>,
 }
 
 impl Dials {
     /// Whether any socket needs looking at.
     pub(crate) fn active(&self) -> bool {
         self.live > 0 || self.listener.is_some() || self.once.iter().any(Option::is_some)
+    }
+
+    /// Whether set-ups wait for their turn (the engine should come back soon).
+    pub(crate) fn waiting(&self) -> bool {
+        !self.parked.is_empty()
     }
 
     fn poll(&mut self) -> Result<&Poll> {
@@ -232,8 +252,19 @@ impl Engine {
     }
 
     /// Looks at every socket that has something for it, and fails the handshakes past their
-    /// deadline. Called by [`poll`](Self::poll) every `DIAL_EVERY` rounds while any is active.
-    pub(crate) fn drive_dials(&mut self) -> Result<()> {
+    /// deadline. Called by [`poll`](Self::poll) every `DIAL_EVERY` rounds while any is active;
+    /// `data_busy`: that round moved data.
+    pub(crate) fn drive_dials(&mut self, data_busy: bool) -> Result<()> {
+        self.dials.budget = SETUPS_PER_LOOK;
+        self.dials.data_busy = data_busy;
+        while self.dials.budget > 0
+            && let Some(slot) = self.dials.parked.pop_front()
+        {
+            if let Some(a) = self.dials.attempts.get_mut(slot).and_then(Option::as_mut) {
+                a.parked = false;
+                self.step_attempt(slot);
+            }
+        }
         let Some((poll, events)) = self.dials.poll.as_mut() else {
             return Ok(());
         };

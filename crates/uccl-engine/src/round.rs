@@ -105,8 +105,9 @@ impl Engine {
             self.async_events()?;
         }
         if self.scratch.rounds.is_multiple_of(crate::dial::DIAL_EVERY) && self.dials.active() {
-            self.drive_dials()?;
+            self.drive_dials(busy)?;
         }
+        busy |= self.dials.waiting();
         self.refill()?;
         self.send_acks(now)?;
         self.flush_ctl(now);

@@ -15,7 +15,9 @@
 //! 6. softnic goodput relative to a memcpy of the same bytes;
 //! 7. memory and keys: register+deregister and export+withdraw per call at 1024 connections vs
 //!    none, and receives advertised with a memory window vs the whole buffer's key
-//!    ([`memory`]).
+//!    ([`memory`]);
+//! 8. connection set-up: set-ups per second one at a time vs 100 at once, and a transfer's
+//!    goodput alone vs while 100 clients connect to its engine ([`setup`]).
 //!
 //! Rows 1, 5, 6 and 7 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
@@ -24,6 +26,7 @@
 mod cq;
 mod memory;
 mod perf;
+mod setup;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -45,24 +48,24 @@ Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 8],
+    rows: [bool; 9],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 8];
+        let mut rows = [true; 9];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 8];
+                    rows = [false; 9];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=7) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-7)")),
+                            Ok(n @ 1..=8) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-8)")),
                         }
                     }
                 }
@@ -150,24 +153,24 @@ fn run() -> Result<(), String> {
     let mut out = Out::default();
     let want = |n: usize| opts.rows[n];
     if want(1) {
-        eprintln!("[1/7] chained vs single posts (uccl-perf, no payload)");
+        eprintln!("[1/8] chained vs single posts (uccl-perf, no payload)");
         post_rows(&opts.perf, &mut out)?;
     }
     if want(2) {
-        eprintln!("[2/7] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
+        eprintln!("[2/8] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
         cq_rows(&mut out)?;
     }
     if want(3) {
-        eprintln!("[3/7] SRQ vs per-QP receive queues (computed)");
+        eprintln!("[3/8] SRQ vs per-QP receive queues (computed)");
         srq_rows(&mut out);
     }
     if want(4) {
-        eprintln!("[4/7] bufpool vs ArrayQueue");
+        eprintln!("[4/8] bufpool vs ArrayQueue");
         pool_rows(&mut out)?;
     }
     // Row 6's engine line reads the default runs of row 5.
     let losses = if want(5) || want(6) {
-        eprintln!("[5/7] goodput under loss (uccl-perf default runs)");
+        eprintln!("[5/8] goodput under loss (uccl-perf default runs)");
         Some(perf::loss(&opts.perf, LOSS_SEEDS)?)
     } else {
         None
@@ -176,12 +179,16 @@ fn run() -> Result<(), String> {
         loss_rows(l, &mut out);
     }
     if let Some(l) = losses.as_deref().filter(|_| want(6)) {
-        eprintln!("[6/7] softnic vs memcpy");
+        eprintln!("[6/8] softnic vs memcpy");
         memcpy_rows(&opts.perf, &l[1], &mut out)?;
     }
     if want(7) {
-        eprintln!("[7/7] memory and keys (engines on softnic; uccl-perf --recv-keys)");
+        eprintln!("[7/8] memory and keys (engines on softnic; uccl-perf --recv-keys)");
         memory_rows(&opts.perf, &mut out)?;
+    }
+    if want(8) {
+        eprintln!("[8/8] connection set-up (three engines on threads, wall clock)");
+        setup_rows(&mut out)?;
     }
     let load1 = loadavg();
     println!("{}", header(load0, load1, t0.elapsed()));
@@ -289,6 +296,43 @@ fn memory_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
          and an unbind per receive on the engine's window QP, and their completions).",
         memory::CONNS,
         w.args
+    ));
+    Ok(())
+}
+
+/// Row 8: connection set-up.
+fn setup_rows(out: &mut Out) -> Result<(), String> {
+    let s = setup::set_ups(5)?;
+    let n = setup::CLIENTS;
+    let case = "in-process softnic, wall clock, engines on threads, TCP on 127.0.0.1";
+    out.rows.push(Row::new(
+        "8",
+        format!("set-ups per second: one at a time vs **{n} at once**"),
+        case,
+        format!("{:.0}", s.per_s[0]),
+        format!("{:.0}", s.per_s[1]),
+        s.per_s[1] / s.per_s[0],
+        "",
+    ));
+    out.rows.push(Row::new(
+        "8",
+        format!("transfer goodput, Gb/s: alone vs **while {n} clients connect** (100/s)"),
+        case,
+        format!("{:.2}", s.gbps[0]),
+        format!("{:.2}", s.gbps[1]),
+        s.gbps[1] / s.gbps[0],
+        ">= 0.9",
+    ));
+    out.notes.push(format!(
+        "Row 8: three engines (a server with a listener, the transfer's other end, the \
+         clients'), each on a thread of its own, on one in-process fabric on the wall clock; \
+         {n} connections set up and closed per round, one at a time or all in flight at once \
+         (the handshakes run in the engines' rounds on non-blocking sockets, looked at every \
+         16 rounds; while the engine moves data, set-ups take at most a fifth of its time); \
+         the transfer streams 256 KiB messages, 4 in flight, into the server, for 1 s alone, \
+         then for as long as {n} clients take to connect to the server, one every 10 ms (all \
+         at once, the clients' engine takes the cores the transfer runs on: on 2 cores two \
+         threads that only burn CPU as long cut it to a tenth); medians of 5 rounds."
     ));
     Ok(())
 }

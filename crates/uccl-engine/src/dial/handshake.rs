@@ -22,6 +22,10 @@ pub(super) enum Step {
     Connecting,
     ReadHello,
     SendHello,
+    /// Waiting to create the connection's QPs (at most `SETUPS_PER_LOOK` per look).
+    Offer,
+    /// Waiting to connect the QPs to the peer's.
+    Complete,
     SendReady,
     ReadReady,
 }
@@ -32,6 +36,8 @@ impl Step {
             Step::Connecting => "connecting",
             Step::ReadHello => "reading the peer's handshake",
             Step::SendHello => "sending the handshake",
+            Step::Offer => "creating the connection's QPs",
+            Step::Complete => "connecting the QPs",
             Step::SendReady => "sending the ready byte",
             Step::ReadReady => "waiting for the peer to be ready",
         }
@@ -63,6 +69,8 @@ pub(super) struct Attempt {
     pub(super) offer: Option<ConnId>,
     pub(super) conn: Option<ConnId>,
     pub(super) started: Instant,
+    /// Waiting in `Dials::parked` for a look with set-up budget left.
+    pub(super) parked: bool,
     pub(super) target: Target,
 }
 
@@ -82,6 +90,7 @@ impl Attempt {
             offer: None,
             conn: None,
             started: Instant::now(),
+            parked: false,
             target,
         }
     }
@@ -130,18 +139,39 @@ impl Engine {
                     Err(e) => return self.next_address(slot, e).map(|()| true),
                 }
                 let _ = a.stream.set_nodelay(true);
-                self.offer_hello(slot)?;
+                a.step = Step::Offer;
+            }
+            Step::Offer | Step::Complete => {
+                let now = Instant::now();
+                let turn = self.dials.next_setup.is_none_or(|t| now >= t);
+                if self.dials.budget == 0 || (self.dials.data_busy && !turn) {
+                    if !a.parked {
+                        a.parked = true;
+                        self.dials.parked.push_back(slot);
+                    }
+                    return Ok(false);
+                }
+                self.dials.budget -= 1;
+                let r = if a.step == Step::Offer {
+                    self.offer_hello(slot)
+                } else {
+                    self.complete_hello(slot)
+                };
+                // While data moves, the next set-up step waits its turn (see `SETUP_SHARE`).
+                let took = now.elapsed();
+                self.dials.next_setup = Some(now + took * super::SETUP_SHARE);
+                r?;
             }
             Step::SendHello | Step::SendReady => match a.stream.write(&a.out[a.sent..]) {
                 Ok(n) => {
                     a.sent += n;
                     if a.sent == a.out.len() {
                         a.sent = 0;
-                        match (a.step, a.connector) {
-                            (Step::SendReady, _) => a.step = Step::ReadReady,
-                            (_, true) => a.step = Step::ReadHello,
-                            (_, false) => self.complete_hello(slot)?,
-                        }
+                        a.step = match (a.step, a.connector) {
+                            (Step::SendReady, _) => Step::ReadReady,
+                            (_, true) => Step::ReadHello,
+                            (_, false) => Step::Complete,
+                        };
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
@@ -185,11 +215,11 @@ impl Engine {
                         return Ok(true);
                     }
                 }
-                if a.connector {
-                    self.complete_hello(slot)?;
+                a.step = if a.connector {
+                    Step::Complete
                 } else {
-                    self.offer_hello(slot)?;
-                }
+                    Step::Offer
+                };
             }
         }
         Ok(true)
