@@ -21,26 +21,58 @@ use std::time::Duration;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::notes::Note;
 use crate::proto::Ctl;
 use crate::request::Request;
 
 /// Options of a request ([`Engine::send_with`], [`Engine::recv_with`],
-/// [`Engine::write_with`]). `Opts::default()` has none.
+/// [`Engine::write_with`], [`Engine::read_with`], [`Engine::write_v_with`],
+/// [`Engine::read_v_with`]). `Opts::default()` has none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Opts {
     /// How long the request may take, from the call, on the engine's clock (`None`: as long
     /// as it takes).
     pub timeout: Option<Duration>,
+    /// The note a write carries to the target's application.
+    note: Option<Note>,
 }
 
 impl Opts {
     /// A request that fails with [`EngineError::TimedOut`] if it has not completed within
     /// `timeout` (see each call for what then becomes of its connection).
     pub fn timeout(timeout: Duration) -> Opts {
-        Opts {
-            timeout: Some(timeout),
-        }
+        Opts::default().with_timeout(timeout)
+    }
+
+    /// These options with a `timeout` (see [`Opts::timeout`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Opts {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// These options with a note of `data` (at most [`MAX_NOTE`](crate::MAX_NOTE) bytes,
+    /// else [`EngineError::Limit`]): a write, or the last block of a
+    /// [`write_v`](Engine::write_v), carries it to the target engine, which delivers it to its
+    /// application ([`Engine::notifications`]) once every byte of the write is in place, in
+    /// order with the connection's other deliveries. Other requests refuse a note. At most 32
+    /// notified writes may be outstanding on a connection.
+    pub fn note(mut self, data: &[u8]) -> Result<Opts, EngineError> {
+        self.note = Some(Note::new(data).ok_or(EngineError::Limit {
+            what: "bytes of a note",
+            limit: crate::notes::MAX_NOTE as u64,
+        })?);
+        Ok(self)
+    }
+
+    /// Whether it carries a note.
+    pub(crate) fn has_note(&self) -> bool {
+        self.note.is_some()
+    }
+
+    /// Its note.
+    pub(crate) fn the_note(&self) -> Option<&Note> {
+        self.note.as_ref()
     }
 }
 
@@ -197,15 +229,34 @@ impl Engine {
             self.mark_ctl(ci);
             return;
         }
-        let Some((msg, m)) = c.message_of(req) else {
+        let mut msgs = std::mem::take(&mut self.scratch.msgs);
+        msgs.clear();
+        msgs.extend(c.messages_of(req));
+        let Some(&first) = msgs.first() else {
+            self.scratch.msgs = msgs;
+            self.withdraw_read(ci, req, why);
             return;
         };
-        if m.write && self.tx.cancel(ci, msg) {
-            m.withdrawn = Some(why);
+        // A write (or every block of a vectored one) none of whose chunks went out.
+        let write = c.message(first).is_some_and(|m| m.write);
+        let withdrawable = write && msgs.iter().all(|&m| self.tx.started(ci, m) == Some(false));
+        if withdrawable {
+            for &msg in &msgs {
+                self.tx.cancel(ci, msg);
+                let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+                let m = c.message(msg).expect("tracked");
+                m.withdrawn = Some(why);
+                if let Some(serial) = m.note {
+                    self.unnote(ci, serial);
+                }
+            }
+        }
+        self.scratch.msgs = msgs;
+        if withdrawable {
             return;
         }
         if why == Why::Deadline {
-            m.req.fail(EngineError::TimedOut(
+            req.fail(EngineError::TimedOut(
                 "the peer was being written when it passed",
             ));
             let what = "a send or write passed its deadline after it started";

@@ -23,6 +23,8 @@ use crate::rx::RxFlow;
 pub(crate) const RECV_IDS: usize = 128;
 /// Request ids from this one on are one-sided writes (no receive buffer is matched).
 pub(crate) const WRITE_RID: u8 = 0x80;
+/// Request ids from this one on are notified writes: `NOTE_RID | serial % 64` (see `notes.rs`).
+pub(crate) const NOTE_RID: u8 = 0xc0;
 
 /// A data QP in the connection's mode; kept after a failure until its flushes are polled.
 pub(crate) enum DataQp {
@@ -44,9 +46,9 @@ impl DataQp {
     }
 
     /// Posts a chain of slots (see verbs-safe's `Qp::post_slots`); a failed QP refuses.
-    pub(crate) fn post_slots(
+    pub(crate) fn post_slots<X: AsMut<verbs_safe::WrSlot<N>>, const N: usize>(
         &self,
-        slots: &mut [uccl_tx::WrEx],
+        slots: &mut [X],
         order: &[u32],
     ) -> verbs_safe::Result<()> {
         match self {
@@ -274,6 +276,30 @@ pub(crate) struct PostedRecv {
     pub(crate) withdrawing: Option<crate::cancel::Why>,
     /// Ended with this result, waiting for its window to be unbound before it is reported.
     pub(crate) ending: Option<Result<Done>>,
+    /// A read (UC): the peer's engine writes it from there (see `read.rs`); else a receive.
+    pub(crate) read: Option<crate::read::ReadFrom>,
+}
+
+impl PostedRecv {
+    /// What tells the peer of it: an advertisement, or a read.
+    pub(crate) fn advert(&self) -> CtlMsg {
+        match self.read {
+            None => CtlMsg::Cts {
+                seq: self.seq,
+                addr: self.addr,
+                len: self.len,
+                rkey: self.rkey,
+            },
+            Some(from) => CtlMsg::Read {
+                seq: self.seq,
+                addr: self.addr,
+                len: self.len,
+                rkey: self.rkey,
+                src: from.src,
+                src_rkey: from.rkey,
+            },
+        }
+    }
 }
 
 /// Where a receive's memory window is (see `window.rs`).
@@ -300,6 +326,8 @@ pub(crate) struct InFlight {
     pub(crate) write: bool,
     /// Withdrawn from the transmit side before it started, and why.
     pub(crate) withdrawn: Option<crate::cancel::Why>,
+    /// The serial of its note, if it is a notified write (see `notes.rs`).
+    pub(crate) note: Option<u32>,
     /// The buffer it reads (held until it is reported).
     _use: BufUse,
 }
@@ -358,6 +386,17 @@ pub(crate) struct Conn {
     pub(crate) inflight: VecDeque<Option<InFlight>>,
     pub(crate) first_msg: u64,
     pub(crate) next_write: u8,
+    /// Reads waiting to be issued, in order (see `read.rs`), and whether the connection is
+    /// in the engine's list of those with some.
+    pub(crate) reads: VecDeque<crate::read::ReadPiece>,
+    pub(crate) in_reads: bool,
+    /// The path the next RDMA READ tries first (RC).
+    pub(crate) read_lane: usize,
+    /// Notes of writes: the serial of the next one sent, how many of those were reported,
+    /// and those arriving (see `notes.rs`).
+    pub(crate) next_note: u32,
+    pub(crate) notes_done: u32,
+    pub(crate) inbox: crate::notes::Inbox,
     /// Whether this connection is in the round's lists already.
     pub(crate) in_ready: bool,
     pub(crate) in_acks: bool,
@@ -380,6 +419,12 @@ impl Conn {
         matches!(self.state, State::Open)
     }
 
+    /// Whether a receive (or a read) can be posted now: fewer than `max` posted, and the
+    /// request id of the next one free.
+    pub(crate) fn recv_room(&self, max: u32) -> bool {
+        self.recvs_posted < max && self.recvs[self.next_seq as usize % RECV_IDS].is_none()
+    }
+
     /// Records the transmit side's message `msg` as request `req` of `len` bytes (a one-sided
     /// write if `write`), reading the buffer `use_` holds.
     pub(crate) fn track(
@@ -388,7 +433,7 @@ impl Conn {
         req: Request,
         (len, write): (u64, bool),
         use_: BufUse,
-    ) {
+    ) -> &mut InFlight {
         if self.inflight.is_empty() {
             self.first_msg = msg;
         }
@@ -396,14 +441,15 @@ impl Conn {
         while self.inflight.len() <= i {
             self.inflight.push_back(None);
         }
-        self.inflight[i] = Some(InFlight {
+        self.inflight[i].insert(InFlight {
             req,
             len,
             done: false,
             write,
             withdrawn: None,
+            note: None,
             _use: use_,
-        });
+        })
     }
 
     /// Notes that the transmit side completed message `msg` (every chunk acknowledged). It is
@@ -423,35 +469,36 @@ impl Conn {
 
     /// The oldest message, if the transmit side completed it: its request and length.
     pub(crate) fn pop_done(&mut self) -> Option<(Request, u64)> {
-        let m = self
-            .inflight
-            .front_mut()?
-            .take_if(|m| m.done)
-            .map(|m| (m.req, m.len));
+        let m = self.inflight.front_mut()?.take_if(|m| m.done)?;
+        self.notes_done += u32::from(m.note.is_some());
         self.drop_reported();
-        m
+        Some((m.req, m.len))
     }
 
     /// The request of message `msg`, taken out (it failed), and why it was withdrawn if it was.
     pub(crate) fn untrack(&mut self, msg: u64) -> Option<(Request, Option<crate::cancel::Why>)> {
         let i = usize::try_from(msg.checked_sub(self.first_msg)?).ok()?;
-        let r = self
-            .inflight
-            .get_mut(i)?
-            .take()
-            .map(|m| (m.req, m.withdrawn));
+        let m = self.inflight.get_mut(i)?.take()?;
+        self.notes_done += u32::from(m.note.is_some());
         self.drop_reported();
-        r
+        Some((m.req, m.withdrawn))
     }
 
-    /// The transmit side's id of the message of request `req`, and whether it is a write.
-    pub(crate) fn message_of(&mut self, req: &Request) -> Option<(u64, &mut InFlight)> {
+    /// The transmit side's ids of the messages of request `req` (one, or a vectored write's
+    /// blocks).
+    pub(crate) fn messages_of<'a>(&'a self, req: &'a Request) -> impl Iterator<Item = u64> + 'a {
         let first = self.first_msg;
-        self.inflight.iter_mut().enumerate().find_map(|(i, m)| {
-            m.as_mut()
+        self.inflight.iter().enumerate().filter_map(move |(i, m)| {
+            m.as_ref()
                 .filter(|m| m.req.same(req))
-                .map(|m| (first + i as u64, m))
+                .map(|_| first + i as u64)
         })
+    }
+
+    /// Message `msg`, if it is tracked and not reported.
+    pub(crate) fn message(&mut self, msg: u64) -> Option<&mut InFlight> {
+        let i = usize::try_from(msg.checked_sub(self.first_msg)?).ok()?;
+        self.inflight.get_mut(i)?.as_mut()
     }
 
     /// Moves `first_msg` past the messages reported.
@@ -485,6 +532,10 @@ impl Conn {
         for m in self.inflight.drain(..).flatten() {
             m.req.fail(e.clone());
         }
+        for p in self.reads.drain(..) {
+            p.fail(e.clone());
+        }
+        self.inbox = crate::notes::Inbox::default();
         let mut kept = 0;
         for slot in self.recvs.iter_mut() {
             if busy(slot) {

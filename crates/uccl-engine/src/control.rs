@@ -88,6 +88,28 @@ impl Engine {
             Some(Ctl::Ping) => {}
             Some(Ctl::Withdraw { seq }) => self.on_withdraw(ci, seq),
             Some(Ctl::Withdrawn { seq, ok }) => self.on_withdrawn(ci, seq, ok),
+            Some(Ctl::Read {
+                seq,
+                addr,
+                len,
+                rkey,
+                src,
+                src_rkey,
+            }) => {
+                let from = crate::read::ReadFrom {
+                    src,
+                    rkey: src_rkey,
+                };
+                self.serve_read(ci, seq, (addr, len, rkey), from);
+            }
+            Some(Ctl::ReadRefused { seq, why }) => self.on_read_refused(ci, seq, why),
+            Some(Ctl::Note {
+                serial,
+                last,
+                len,
+                data,
+            }) => self.on_note(ci, serial, last, &data[..usize::from(len)]),
+            Some(Ctl::Unnote { serial }) => self.on_unnote(ci, serial),
             _ => self.stats.dropped_invalid += 1,
         }
     }

@@ -136,7 +136,7 @@ impl Dials {
     fn match_incoming(&mut self) {
         while !self.ready.is_empty() && !self.waiting.is_empty() {
             let c = self.ready.pop_front().expect("checked");
-            self.waiting.pop_front().expect("checked").complete(Ok(c));
+            self.waiting.pop_front().expect("checked").finish(Ok(c));
         }
     }
 }

@@ -123,6 +123,8 @@ pub(crate) struct Scratch {
     pub(crate) failed: Vec<(u16, &'static str)>,
     pub(crate) cqes: Vec<crate::round::Cqe>,
     pub(crate) bytes: Vec<u8>,
+    /// Messages of a request being withdrawn.
+    pub(crate) msgs: Vec<u64>,
 }
 
 static ENGINES: AtomicU64 = AtomicU64::new(1);
@@ -170,6 +172,10 @@ pub struct Engine {
     pub(crate) scratch: Scratch,
     pub(crate) stats: Stats,
     pub(crate) poller: Poller,
+    /// RDMA READs in flight and connections with reads to issue (see `read.rs`).
+    pub(crate) reads: crate::read::Reads,
+    /// Notes delivered, for the application (see `notes.rs`).
+    pub(crate) notifications: crate::notes::Notifications,
 }
 
 impl std::fmt::Debug for Engine {
@@ -196,6 +202,7 @@ impl Engine {
         for c in self.conns.iter_mut().flatten() {
             c.fail_requests(e, true);
         }
+        self.reads.fail_all(e);
     }
 
     /// An engine on `ctx` built as `cfg` says, reading time from `clock`.
@@ -270,6 +277,8 @@ impl Engine {
             scratch: Scratch::default(),
             stats: Stats::default(),
             poller: Poller::new(),
+            reads: Default::default(),
+            notifications: Default::default(),
             cfg,
         })
     }

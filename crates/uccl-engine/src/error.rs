@@ -80,6 +80,29 @@ pub enum EngineError {
     /// No export of this engine has this descriptor (never exported, or withdrawn already).
     #[error("no export of this engine at {:#x}+{} with rkey {:#x}", .0.addr, .0.len, .0.rkey)]
     NoExport(crate::Descriptor),
+    /// A block of a vectored transfer ([`Engine::write_v`](crate::Engine::write_v),
+    /// [`Engine::read_v`](crate::Engine::read_v)) was refused: which one, and why. Nothing of
+    /// the transfer was started.
+    #[error("block {index}: {error}")]
+    Block {
+        /// The block's index in the list.
+        index: usize,
+        /// Why it was refused.
+        error: Box<EngineError>,
+    },
+    /// The export does not grant what the request needs: a read of a region exported for
+    /// writes only, or a write of one exported for reads only.
+    #[error("the export at {:#x}+{} (rkey {:#x}) grants {:?}, not {needs:?}", .export.addr, .export.len, .export.rkey, .export.access)]
+    NotGranted {
+        /// The descriptor.
+        export: crate::Descriptor,
+        /// The right needed.
+        needs: crate::Access,
+    },
+    /// The peer's engine refused a read (UC, where it serves reads itself): why. Nothing was
+    /// moved; the connection goes on.
+    #[error("the peer refused the read: {0}")]
+    ReadRefused(&'static str),
     /// The request was cancelled ([`Request::cancel`](crate::Request::cancel)) before it
     /// started.
     #[error("the request was cancelled before it started")]

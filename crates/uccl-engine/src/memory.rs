@@ -24,6 +24,7 @@ use crossbeam_queue::SegQueue;
 use verbs_safe::{AccessFlags, DmaBuf, DmaRange, Pins};
 
 use crate::config::RecvKeys;
+use crate::descriptor::{Access, Descriptor};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 
@@ -124,37 +125,37 @@ impl Buffer {
     }
 }
 
-/// A region exported for one-sided writes: what a peer needs to write into it. Send it out of
-/// band ([`to_bytes`](Self::to_bytes)). Its key reaches exactly `addr..addr + len`, until the
-/// owner withdraws it ([`Engine::withdraw_export`]).
+/// Why this engine refuses a peer's read of an export (told to the reader in its reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Descriptor {
-    /// The first byte's address at the owner.
-    pub addr: u64,
-    /// The length.
-    pub len: u64,
-    /// The owner's rkey for it.
-    pub rkey: u32,
+pub(crate) enum ReadRefusal {
+    /// No export has the key (never given, or withdrawn).
+    NoExport = 1,
+    /// The range is not inside the export.
+    OutOfRange = 2,
+    /// The export may not be read.
+    NotReadable = 3,
 }
 
-impl Descriptor {
-    /// 20 bytes, big-endian.
-    pub fn to_bytes(&self) -> [u8; 20] {
-        let mut b = [0u8; 20];
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..16].copy_from_slice(&self.len.to_be_bytes());
-        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
-        b
+impl ReadRefusal {
+    /// From its code on the wire.
+    pub(crate) fn from_code(c: u8) -> Option<ReadRefusal> {
+        match c {
+            1 => Some(ReadRefusal::NoExport),
+            2 => Some(ReadRefusal::OutOfRange),
+            3 => Some(ReadRefusal::NotReadable),
+            _ => None,
+        }
     }
 
-    /// Reads one back (`None` unless exactly 20 bytes).
-    pub fn from_bytes(b: &[u8]) -> Option<Descriptor> {
-        let b: &[u8; 20] = b.try_into().ok()?;
-        Some(Descriptor {
-            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
-            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
-            rkey: u32::from_be_bytes(b[16..].try_into().ok()?),
-        })
+    /// What the reader is told.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            ReadRefusal::NoExport => {
+                "the peer has no export with that key (never given, or withdrawn)"
+            }
+            ReadRefusal::OutOfRange => "the range is not inside the peer's export",
+            ReadRefusal::NotReadable => "the peer's export may not be read (exported for writes)",
+        }
     }
 }
 
@@ -176,6 +177,8 @@ impl Drop for BufUse {
 pub(crate) struct Export {
     pub(crate) region: DmaRange,
     buf: BufferId,
+    /// What peers may do there (the region's access flags say the same to the NIC).
+    access: Access,
 }
 
 struct Entry {
@@ -240,11 +243,42 @@ impl Memory {
         self.exports.len()
     }
 
-    /// The export with key `rkey` holding `addr..end`.
-    pub(crate) fn export_holding(&self, rkey: u32, addr: u64, end: u64) -> Option<&Export> {
-        self.exports
-            .get(&rkey)
-            .filter(|x| addr >= x.region.addr() && end <= x.region.addr() + x.region.len() as u64)
+    /// The export with key `rkey` holding `addr..end` and allowing `access`.
+    pub(crate) fn export_holding(
+        &self,
+        rkey: u32,
+        (addr, end): (u64, u64),
+        access: Access,
+    ) -> Option<&Export> {
+        self.exports.get(&rkey).filter(|x| {
+            x.access.allows(access)
+                && addr >= x.region.addr()
+                && end <= x.region.addr() + x.region.len() as u64
+        })
+    }
+
+    /// A use of `addr..end` of the export with key `rkey` (for a peer's read: it must allow
+    /// reading), and the lkey to read it with; else why not.
+    pub(crate) fn read_use(
+        &mut self,
+        rkey: u32,
+        (addr, end): (u64, u64),
+    ) -> std::result::Result<(BufUse, u32), ReadRefusal> {
+        let x = self.exports.get(&rkey).ok_or(ReadRefusal::NoExport)?;
+        if addr < x.region.addr() || end > x.region.addr() + x.region.len() as u64 {
+            return Err(ReadRefusal::OutOfRange);
+        }
+        if !x.access.allows(Access::READ) {
+            return Err(ReadRefusal::NotReadable);
+        }
+        let id = x.buf;
+        let done = Arc::clone(&self.done);
+        let e = self.live_slot(id).ok_or(ReadRefusal::NoExport)?;
+        e.uses += 1;
+        let mem = Arc::clone(&e.mem);
+        // The buffer's own lkey: its region is pinned to every data QP (the export's is not).
+        let lkey = mem.lkey();
+        Ok((BufUse { id, mem, done }, lkey))
     }
 
     /// The live (not given back) entry of `buf`.
@@ -417,22 +451,44 @@ impl Engine {
     /// this end's NIC), until [`withdraw_export`](Self::withdraw_export) or the buffer is given
     /// back. Each export is a registration of its own (a system call on hardware).
     pub fn export(&mut self, buf: &Buffer, offset: u64, len: u64) -> Result<Descriptor> {
+        self.export_with(buf, offset, len, Access::WRITE)
+    }
+
+    /// [`export`](Self::export) with the rights peers get: to read the range
+    /// ([`Engine::read`]), to write it, or both. A right not given fails at this end's NIC on
+    /// RC (the region's access flags lack it) and is refused by this engine on UC, where reads
+    /// are served by it.
+    pub fn export_with(
+        &mut self,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Descriptor> {
         buf.check_range(offset, len)?;
         let e = self.memory.entry(buf)?;
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mut flags = AccessFlags::LOCAL_WRITE;
+        if access.allows(Access::READ) {
+            flags |= AccessFlags::REMOTE_READ;
+        }
+        if access.allows(Access::WRITE) {
+            flags |= AccessFlags::REMOTE_WRITE;
+        }
         let region = e
             .mem
-            .register_range(offset as usize, len as usize, access)
+            .register_range(offset as usize, len as usize, flags)
             .map_err(EngineError::verbs("registering an export"))?;
         let d = Descriptor {
             addr: region.addr(),
             len,
             rkey: region.rkey(),
+            access,
         };
         e.exports.push(d.rkey);
         let x = Export {
             region,
             buf: buf.id(),
+            access,
         };
         self.memory.exports.insert(d.rkey, x);
         Ok(d)

@@ -7,8 +7,9 @@ use verbs_safe::Gid;
 /// The handshake's magic and version: `b"UCCLRS"` then the version.
 const MAGIC: &[u8; 6] = b"UCCLRS";
 /// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
-/// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn).
-pub(crate) const VERSION: u16 = 4;
+/// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn; 5:
+/// reads, notes).
+pub(crate) const VERSION: u16 = 5;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {
@@ -217,7 +218,35 @@ pub(crate) enum Ctl {
     /// Its delivery is acknowledged by the peer's NIC; a peer that is gone fails it (the RC
     /// retries run out), and with it the connection.
     Ping,
+    /// A read (UC, where the engine serves them): the peer's export `src..src + len` with key
+    /// `src_rkey` is to be written into this end's receive buffer `seq` (`addr`, `rkey`), a
+    /// message of its own in the peer's flow. The buffer is advertised by this message (it
+    /// takes the sequence number of an advertisement, and is never matched with a send).
+    Read {
+        seq: u32,
+        addr: u64,
+        len: u64,
+        rkey: u32,
+        src: u64,
+        src_rkey: u32,
+    },
+    /// The answer to a [`Ctl::Read`] this end will not serve, and why
+    /// ([`ReadRefusal`](crate::memory::ReadRefusal)'s code).
+    ReadRefused { seq: u32, why: u8 },
+    /// A fragment of the note of notified write `serial` (see `notes.rs`): `len` bytes of
+    /// `data`, the last fragment if `last`.
+    Note {
+        serial: u32,
+        last: bool,
+        len: u8,
+        data: [u8; NOTE_FRAGMENT],
+    },
+    /// Notified write `serial` was withdrawn before it started: its note is dropped.
+    Unnote { serial: u32 },
 }
+
+/// Bytes of a note in one control message.
+pub(crate) const NOTE_FRAGMENT: usize = CTL_LEN - 8;
 
 impl Ctl {
     /// The encoded message.
@@ -258,6 +287,43 @@ impl Ctl {
                 b[4..8].copy_from_slice(&seq.to_be_bytes());
                 b[8..16].copy_from_slice(&len.to_be_bytes());
             }
+            Ctl::Read {
+                seq,
+                addr,
+                len,
+                rkey,
+                src,
+                src_rkey,
+            } => {
+                b[0] = 9;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+                b[8..16].copy_from_slice(&addr.to_be_bytes());
+                b[16..24].copy_from_slice(&len.to_be_bytes());
+                b[24..28].copy_from_slice(&rkey.to_be_bytes());
+                b[28..36].copy_from_slice(&src.to_be_bytes());
+                b[36..40].copy_from_slice(&src_rkey.to_be_bytes());
+            }
+            Ctl::ReadRefused { seq, why } => {
+                b[0] = 10;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+                b[8] = why;
+            }
+            Ctl::Note {
+                serial,
+                last,
+                len,
+                data,
+            } => {
+                b[0] = 11;
+                b[1] = u8::from(last);
+                b[2] = len;
+                b[4..8].copy_from_slice(&serial.to_be_bytes());
+                b[8..].copy_from_slice(&data);
+            }
+            Ctl::Unnote { serial } => {
+                b[0] = 12;
+                b[4..8].copy_from_slice(&serial.to_be_bytes());
+            }
             Ctl::Ack(a) => {
                 b[0] = 4;
                 // An AckRepr always encodes (its fields are within range by construction).
@@ -295,6 +361,27 @@ impl Ctl {
                 rkey: u32::from_be_bytes(b[16..20].try_into().ok()?),
             }),
             7 => Some(Ctl::Withdraw { seq: r.u32().ok()? }),
+            9 => Some(Ctl::Read {
+                seq: r.u32().ok()?,
+                addr: r.u64().ok()?,
+                len: r.u64().ok()?,
+                rkey: r.u32().ok()?,
+                src: r.u64().ok()?,
+                src_rkey: r.u32().ok()?,
+            }),
+            10 => Some(Ctl::ReadRefused {
+                seq: r.u32().ok()?,
+                why: b[8],
+            }),
+            11 if b[1] <= 1 && usize::from(b[2]) <= NOTE_FRAGMENT => Some(Ctl::Note {
+                serial: r.u32().ok()?,
+                last: b[1] == 1,
+                len: b[2],
+                data: b[8..].try_into().ok()?,
+            }),
+            12 => Some(Ctl::Unnote {
+                serial: r.u32().ok()?,
+            }),
             8 => Some(Ctl::Withdrawn {
                 seq: r.u32().ok()?,
                 ok: match b[8] {
@@ -422,6 +509,22 @@ mod tests {
                 len: u64::MAX - 1,
             },
             Ctl::Withdraw { seq: u32::MAX },
+            Ctl::Read {
+                seq: 3,
+                addr: u64::MAX,
+                len: 1 << 33,
+                rkey: 0xabcd,
+                src: 0x1234_5678_9abc,
+                src_rkey: u32::MAX,
+            },
+            Ctl::ReadRefused { seq: 9, why: 2 },
+            Ctl::Note {
+                serial: 77,
+                last: true,
+                len: NOTE_FRAGMENT as u8,
+                data: [0x5a; NOTE_FRAGMENT],
+            },
+            Ctl::Unnote { serial: 1 },
             Ctl::Withdrawn { seq: 5, ok: true },
             Ctl::Withdrawn { seq: 6, ok: false },
             Ctl::Ack(AckRepr {
@@ -434,6 +537,14 @@ mod tests {
             assert_eq!(Ctl::parse(&c.to_bytes()), Some(c));
         }
         assert_eq!(Ctl::parse(&[0; CTL_LEN]), None);
+        // A note fragment longer than a fragment, or with a bad flag, is garbage.
+        let mut note = [0u8; CTL_LEN];
+        note[0] = 11;
+        note[2] = NOTE_FRAGMENT as u8 + 1;
+        assert_eq!(Ctl::parse(&note), None);
+        note[2] = 1;
+        note[1] = 2;
+        assert_eq!(Ctl::parse(&note), None);
         assert_eq!(Ctl::parse(&[1; 5]), None);
     }
 }

@@ -23,10 +23,19 @@ pub struct Done {
     pub len: u64,
 }
 
+/// What a request holds while it runs. A request may be in parts ([`Request::set_parts`]: a
+/// vectored transfer, a read in pieces): each part completes it once
+/// ([`Request::complete`]), and it completes once every part has, with the sum of their
+/// bytes, or at the first that fails.
 struct State<T> {
     result: Option<Result<T>>,
     /// The tasks awaiting the request (each once, whichever clone it awaits).
     wakers: Vec<Waker>,
+    /// Parts still to complete (a vectored transfer, a read in pieces: see
+    /// [`Request::of_parts`]); 1 for a plain request.
+    parts: u64,
+    /// Bytes of the parts completed so far.
+    sum: u64,
 }
 
 /// Where a transfer's [`Request::cancel`] goes: its engine's queue of cancellations, and its
@@ -86,6 +95,8 @@ impl<T: Clone> Request<T> {
                 state: Mutex::new(State {
                     result: None,
                     wakers: Vec::new(),
+                    parts: 1,
+                    sum: 0,
                 }),
                 ready: Condvar::new(),
             }),
@@ -140,7 +151,7 @@ impl<T: Clone> Request<T> {
 
     /// Completes the request (once; later calls are ignored) and wakes whoever waits on it:
     /// blocked threads and every task awaiting it.
-    pub(crate) fn complete(&self, r: Result<T>) {
+    pub(crate) fn finish(&self, r: Result<T>) {
         let wakers = {
             let mut s = self.lock();
             if s.result.is_some() {
@@ -156,9 +167,9 @@ impl<T: Clone> Request<T> {
         }
     }
 
-    /// Fails the request with `e`.
+    /// Fails the request with `e` (all of it, if it is in parts).
     pub(crate) fn fail(&self, e: EngineError) {
-        self.complete(Err(e));
+        self.finish(Err(e));
     }
 
     /// Whether `other` is a handle to this same request.
@@ -168,6 +179,36 @@ impl<T: Clone> Request<T> {
 }
 
 impl Request {
+    /// Makes the request one of `parts` parts (0 counts as 1), before any completes.
+    pub(crate) fn set_parts(&self, parts: u64) {
+        self.lock().parts = parts.max(1);
+    }
+
+    /// Completes one part of the request with `r` (the whole request, if it is not in parts):
+    /// a failure ends it at once; a success ends it with the bytes of every part once it is
+    /// the last.
+    pub(crate) fn complete(&self, r: Result<Done>) {
+        let mut s = self.lock();
+        if s.result.is_some() {
+            return;
+        }
+        match r {
+            Ok(d) if s.parts > 1 => {
+                s.parts -= 1;
+                s.sum += d.len;
+            }
+            Ok(d) => {
+                let len = s.sum + d.len;
+                drop(s);
+                self.finish(Ok(Done { len }));
+            }
+            Err(e) => {
+                drop(s);
+                self.finish(Err(e));
+            }
+        }
+    }
+
     /// Asks the engine to withdraw the request, if it still can: a send not yet matched with
     /// the peer's receive buffer, a write none of whose chunks went out, or a receive the
     /// peer's engine has not matched with a send (it is told, and matches its next send with

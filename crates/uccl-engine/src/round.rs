@@ -86,6 +86,7 @@ impl Engine {
         self.withdrawals(now);
         let mut busy = self.poll_cq(now)?;
         self.match_sends();
+        busy |= self.issue_reads();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
             let before = self.tx.stats().rto_retransmits;
             self.tx.handle_timeout(now);
@@ -165,6 +166,7 @@ impl Engine {
                 Some(Wr::CtlSend(ci, slot)) => self.on_ctl_sent(ci, slot, e),
                 Some(Wr::MwBind(ci, slot)) => self.on_window(ci, slot, false, e),
                 Some(Wr::MwUnbind(ci, slot)) => self.on_window(ci, slot, true, e),
+                Some(Wr::Read(_, slot)) => self.on_read_done(slot, e),
                 None => self.stats.dropped_invalid += 1,
             }
         }
@@ -211,7 +213,9 @@ impl Engine {
                 };
                 let rid = (cts.seq % crate::conn::RECV_IDS as u32) as u8;
                 match self.tx.send_as(ci, m, rid) {
-                    Ok(msg) => c.track(msg, s.req, (s.len, false), s.use_),
+                    Ok(msg) => {
+                        c.track(msg, s.req, (s.len, false), s.use_);
+                    }
                     Err(e) => s.req.fail(e.into()),
                 }
             }

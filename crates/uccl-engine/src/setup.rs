@@ -111,7 +111,12 @@ impl Engine {
         };
         let pins = &self.memory.pins;
         let verbs = EngineError::verbs("creating a data QP");
-        let access = AccessFlags::REMOTE_WRITE;
+        // Peers write and (RC) read through the QP; what they reach is what the keys of exports
+        // and receives grant, each with its own rights.
+        let access = match cfg.mode {
+            Mode::Uc => AccessFlags::REMOTE_WRITE,
+            Mode::Rc => AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        };
         let mut data = Vec::with_capacity(usize::from(cfg.qps_per_conn));
         let mut qps = Vec::with_capacity(data.capacity());
         for _ in 0..cfg.qps_per_conn {
@@ -334,6 +339,12 @@ impl Engine {
             inflight: VecDeque::new(),
             first_msg: 0,
             next_write: 0,
+            reads: Default::default(),
+            in_reads: false,
+            read_lane: 0,
+            next_note: 0,
+            notes_done: 0,
+            inbox: Default::default(),
             in_ready: false,
             in_acks: false,
             ack_due: None,

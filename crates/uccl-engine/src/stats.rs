@@ -70,6 +70,17 @@ pub struct Stats {
     pub bytes_received: u64,
     /// One-sided writes received whole (the peer's requests; nothing completes here).
     pub writes_received: u64,
+    /// Notes of notified writes delivered to the application.
+    pub notes_received: u64,
+    /// RDMA READs posted (RC).
+    pub read_wrs: u64,
+    /// Bytes of reads in place at this end.
+    pub bytes_read: u64,
+    /// Peers' reads this engine served (UC).
+    pub reads_served: u64,
+    /// Peers' reads this engine refused (UC: no such export, a range outside it, or an
+    /// export not readable).
+    pub reads_refused: u64,
     /// Connections throttled for taking more receive buffers than their grant allows (see
     /// [`EngineConfig`](crate::EngineConfig): credits are enforced).
     pub throttled: u64,

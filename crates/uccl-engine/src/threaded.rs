@@ -15,12 +15,15 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 
 use crate::cancel::Opts;
+use crate::descriptor::Descriptor;
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
-use crate::memory::{Buffer, Descriptor};
+use crate::memory::Buffer;
+use crate::notes::Notifications;
 use crate::request::CancelTo;
 use crate::request::Request;
 use crate::transfer::Op;
+use crate::vectored::Block;
 
 /// Requests the queue towards the engine thread holds at most; beyond that
 /// [`EngineHandle`]'s calls fail with [`EngineError::Limit`].
@@ -41,6 +44,14 @@ enum Command {
         buf: Buffer,
         range: (u64, u64),
         op: Op,
+        req: Request,
+        opts: Opts,
+    },
+    /// A vectored write (or, `read`, read) of `blocks` on `conn`.
+    Vector {
+        conn: ConnId,
+        blocks: Vec<Block>,
+        read: bool,
         req: Request,
         opts: Opts,
     },
@@ -65,13 +76,28 @@ impl Command {
                     req.fail(err);
                 }
             }
+            Command::Vector {
+                conn,
+                blocks,
+                read,
+                req,
+                opts,
+            } => {
+                let r = match read {
+                    true => e.start_reads(conn, &blocks, &req, opts, true),
+                    false => e.start_writes(conn, &blocks, &req, opts, true),
+                };
+                if let Err(err) = r {
+                    req.fail(err);
+                }
+            }
         }
     }
 
     /// Fails the command's request: the engine is gone.
     fn cancel(self) {
         match self {
-            Command::Io { req, .. } => req.fail(EngineError::Stopped),
+            Command::Io { req, .. } | Command::Vector { req, .. } => req.fail(EngineError::Stopped),
             // Dropping the closure drops its reply channel: the caller sees `Stopped`.
             Command::Call(_) => {}
         }
@@ -95,6 +121,7 @@ pub struct EngineHandle {
     engine_id: u64,
     /// The engine's queue of cancelled requests (the requests made here cancel through it).
     cancels: Arc<crossbeam_queue::SegQueue<Request>>,
+    notifications: Notifications,
     thread: Thread,
     join: Option<JoinHandle<Engine>>,
 }
@@ -120,6 +147,7 @@ impl Engine {
         });
         let engine_id = self.id;
         let cancels = Arc::clone(&self.cancels);
+        let notifications = self.notifications();
         let name = format!("uccl-engine-{}", self.io.ctx.name());
         let s = Arc::clone(&shared);
         let join = thread::Builder::new()
@@ -130,6 +158,7 @@ impl Engine {
             shared,
             engine_id,
             cancels,
+            notifications,
             thread: join.thread().clone(),
             join: Some(join),
         })
@@ -235,11 +264,7 @@ impl EngineHandle {
             return Err(EngineError::BadRange("a buffer of another engine"));
         }
         buf.check_range(offset, len)?;
-        let cancel = CancelTo {
-            queue: Arc::clone(&self.cancels),
-            conn,
-        };
-        let req = Request::of_engine(self.engine_id, Some(cancel));
+        let req = self.request(conn);
         self.push(Command::Io {
             conn,
             buf: buf.clone(),
@@ -309,6 +334,79 @@ impl EngineHandle {
     ) -> Result<Request> {
         let dst = *dst;
         self.io(conn, buf, range, Op::Write { dst, dst_offset }, opts)
+    }
+
+    /// [`Engine::read`] on the engine thread.
+    pub fn read(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        range: (u64, u64),
+        src: &Descriptor,
+        src_offset: u64,
+    ) -> Result<Request> {
+        self.read_with(conn, buf, range, src, src_offset, Opts::default())
+    }
+
+    /// [`Engine::read_with`] on the engine thread.
+    pub fn read_with(
+        &self,
+        conn: ConnId,
+        buf: &Buffer,
+        range: (u64, u64),
+        src: &Descriptor,
+        src_offset: u64,
+        opts: Opts,
+    ) -> Result<Request> {
+        let src = *src;
+        self.io(conn, buf, range, Op::Read { src, src_offset }, opts)
+    }
+
+    /// [`Engine::write_v`] on the engine thread.
+    pub fn write_v(&self, conn: ConnId, blocks: &[Block]) -> Result<Request> {
+        self.vector(conn, blocks, false, Opts::default())
+    }
+
+    /// [`Engine::write_v_with`] on the engine thread.
+    pub fn write_v_with(&self, conn: ConnId, blocks: &[Block], opts: Opts) -> Result<Request> {
+        self.vector(conn, blocks, false, opts)
+    }
+
+    /// [`Engine::read_v`] on the engine thread.
+    pub fn read_v(&self, conn: ConnId, blocks: &[Block]) -> Result<Request> {
+        self.vector(conn, blocks, true, Opts::default())
+    }
+
+    /// [`Engine::read_v_with`] on the engine thread.
+    pub fn read_v_with(&self, conn: ConnId, blocks: &[Block], opts: Opts) -> Result<Request> {
+        self.vector(conn, blocks, true, opts)
+    }
+
+    /// The notes the engine delivered ([`Engine::notifications`]).
+    pub fn notifications(&self) -> Notifications {
+        self.notifications.clone()
+    }
+
+    /// A request of this engine on `conn`.
+    fn request(&self, conn: ConnId) -> Request {
+        let cancel = CancelTo {
+            queue: Arc::clone(&self.cancels),
+            conn,
+        };
+        Request::of_engine(self.engine_id, Some(cancel))
+    }
+
+    /// Queues a vectored write (`read`: read) of `blocks` on `conn`.
+    fn vector(&self, conn: ConnId, blocks: &[Block], read: bool, opts: Opts) -> Result<Request> {
+        let req = self.request(conn);
+        self.push(Command::Vector {
+            conn,
+            blocks: blocks.to_vec(),
+            read,
+            req: req.clone(),
+            opts,
+        })?;
+        Ok(req)
     }
 
     /// Runs `f` on the engine thread between two rounds and returns what it returns: for the

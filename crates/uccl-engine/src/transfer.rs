@@ -1,15 +1,14 @@
 //! The calls that move data: [`Engine::send`], [`Engine::recv`] and [`Engine::write`], and
-//! their `_with` forms, which take [`Opts`] (a deadline).
-
-use uccl_tx::Message;
+//! their `_with` forms, which take [`Opts`] (a deadline, a note); reads are in `read.rs`,
+//! vectored transfers in `vectored.rs`.
 
 use crate::cancel::Opts;
 use crate::config::RecvKeys;
-use crate::conn::{PendingSend, PostedRecv, RECV_IDS, WRITE_RID, Win};
+use crate::conn::{PendingSend, PostedRecv, RECV_IDS, Win};
+use crate::descriptor::Descriptor;
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
-use crate::memory::{Buffer, Descriptor};
-use crate::proto::Ctl;
+use crate::memory::Buffer;
 use crate::request::{CancelTo, Request};
 
 /// What a transfer does.
@@ -18,6 +17,7 @@ pub(crate) enum Op {
     Send,
     Recv,
     Write { dst: Descriptor, dst_offset: u64 },
+    Read { src: Descriptor, src_offset: u64 },
 }
 
 impl Engine {
@@ -85,7 +85,8 @@ impl Engine {
 
     /// [`write`](Self::write) with options: with a [timeout](Opts::timeout), a write none of
     /// whose chunks went out by then fails with [`EngineError::TimedOut`] (the connection going
-    /// on); one that started fails the connection.
+    /// on); one that started fails the connection. With a [note](Opts::note), the peer's
+    /// application is handed the note once the write is in place.
     #[allow(clippy::too_many_arguments)] // write's arguments, and the options
     pub fn write_with(
         &mut self,
@@ -120,11 +121,15 @@ impl Engine {
 
     /// A request of a transfer on `conn` (it may be cancelled).
     pub(crate) fn new_request(&self, conn: ConnId) -> Request {
-        let cancel = CancelTo {
+        Request::of_engine(self.id, Some(self.cancel_to(conn)))
+    }
+
+    /// Where the cancellation of a request on `conn` goes.
+    pub(crate) fn cancel_to(&self, conn: ConnId) -> CancelTo {
+        CancelTo {
             queue: std::sync::Arc::clone(&self.cancels),
             conn,
-        };
-        Request::of_engine(self.id, Some(cancel))
+        }
     }
 
     /// Starts `op` of `range` of `buf` on `conn`, completing `req`, with `opts`.
@@ -137,17 +142,44 @@ impl Engine {
         req: &Request,
         opts: Opts,
     ) -> Result<()> {
+        let block = |remote| crate::vectored::Block {
+            buf: buf.clone(),
+            offset,
+            remote,
+            remote_offset: 0,
+            len,
+        };
         match op {
+            Op::Write { dst, dst_offset } => {
+                let b = crate::vectored::Block {
+                    remote_offset: dst_offset,
+                    ..block(dst)
+                };
+                return self.start_writes(conn, std::slice::from_ref(&b), req, opts, false);
+            }
+            Op::Read { src, src_offset } => {
+                let b = crate::vectored::Block {
+                    remote_offset: src_offset,
+                    ..block(src)
+                };
+                return self.start_reads(conn, std::slice::from_ref(&b), req, opts, false);
+            }
+            _ if opts.has_note() => {
+                return Err(EngineError::BadRange("a note rides on a write"));
+            }
             Op::Send => self.start_send(conn, buf, (offset, len), req)?,
             Op::Recv => self.start_recv(conn, buf, (offset, len), req)?,
-            Op::Write { dst, dst_offset } => {
-                self.start_write(conn, buf, (offset, len), (&dst, dst_offset), req)?
-            }
         }
+        self.armed(conn, req, opts);
+        Ok(())
+    }
+
+    /// Arms `req`'s deadline, if `opts` has one, and `conn`'s keep-alive: a request on it
+    /// started.
+    pub(crate) fn armed(&mut self, conn: ConnId, req: &Request, opts: Opts) {
         let now = self.clock.now();
         self.arm_deadline(req, opts, now);
         self.arm_keepalive(conn.index, now);
-        Ok(())
     }
 
     fn start_send(
@@ -178,6 +210,19 @@ impl Engine {
         req: &Request,
     ) -> Result<()> {
         let (use_, addr, _) = self.memory.take_use(buf, offset, len)?;
+        self.post_recv(conn, use_, (addr, len), req, None)
+    }
+
+    /// Posts `addr..addr + len` (in the buffer `use_` holds) as the next receive of `conn`,
+    /// or as a read from `read` (see `read.rs`), and advertises it.
+    pub(crate) fn post_recv(
+        &mut self,
+        conn: ConnId,
+        use_: crate::memory::BufUse,
+        (addr, len): (u64, u64),
+        req: &Request,
+        read: Option<crate::read::ReadFrom>,
+    ) -> Result<()> {
         let max = self.cfg.max_recvs;
         // With windows, the advertisement leaves once the window is bound (see `window.rs`).
         let windows = self.cfg.recv_keys == RecvKeys::Window;
@@ -210,6 +255,7 @@ impl Engine {
             window: Win::Idle,
             withdrawing: None,
             ending: None,
+            read,
         });
         if windows && let Err(e) = self.bind_window(conn.index, slot) {
             let c = self.open_conn(conn)?;
@@ -220,51 +266,10 @@ impl Engine {
         c.next_seq = c.next_seq.wrapping_add(1);
         c.recvs_posted += 1;
         if !windows {
-            let cts = Ctl::Cts {
-                seq,
-                addr,
-                len,
-                rkey,
-            };
-            c.ctl.backlog.push_back(cts.to_bytes());
+            let advert = c.recvs[slot].as_ref().expect("posted").advert();
+            c.ctl.backlog.push_back(advert.to_bytes());
         }
         self.mark_ctl(conn.index);
-        Ok(())
-    }
-
-    fn start_write(
-        &mut self,
-        conn: ConnId,
-        buf: &Buffer,
-        (offset, len): (u64, u64),
-        (dst, dst_offset): (&Descriptor, u64),
-        req: &Request,
-    ) -> Result<()> {
-        let (use_, local, lkey) = self.memory.take_use(buf, offset, len)?;
-        if dst_offset.checked_add(len).is_none_or(|e| e > dst.len) {
-            return Err(EngineError::BadRange(
-                "the write runs past the exported region",
-            ));
-        }
-        let fid = conn.index;
-        let c = self.conn_for_request(conn)?;
-        let rid = WRITE_RID | (c.next_write & 0x7f);
-        c.next_write = c.next_write.wrapping_add(1);
-        let m = Message {
-            local_addr: local,
-            lkey,
-            len,
-            remote_addr: dst
-                .addr
-                .checked_add(dst_offset)
-                .ok_or(EngineError::BadRange(
-                    "the write runs past the address space",
-                ))?,
-            rkey: dst.rkey,
-        };
-        let msg = self.tx.send_as(fid, m, rid)?;
-        let c = self.open_conn(conn)?;
-        c.track(msg, req.clone(), (len, true), use_);
         Ok(())
     }
 }

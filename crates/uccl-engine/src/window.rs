@@ -37,7 +37,6 @@ use crate::config::EngineConfig;
 use crate::conn::Win;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::proto::Ctl;
 use crate::request::Done;
 use crate::round::Cqe;
 use crate::wrid;
@@ -313,13 +312,7 @@ impl Engine {
                     self.unbind_window(ci, slot);
                 } else {
                     r.advertised = true;
-                    let cts = Ctl::Cts {
-                        seq: r.seq,
-                        addr: r.addr,
-                        len: r.len,
-                        rkey: r.rkey,
-                    };
-                    c.ctl.backlog.push_back(cts.to_bytes());
+                    c.ctl.backlog.push_back(r.advert().to_bytes());
                     self.mark_ctl(ci);
                 }
             }

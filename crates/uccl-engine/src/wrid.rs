@@ -43,6 +43,8 @@ pub(crate) enum Wr {
     MwBind(u16, u32),
     /// An unbind of a connection's receive window: connection, request id.
     MwUnbind(u16, u32),
+    /// An RDMA READ (RC): connection, slot of the engine's reads in flight.
+    Read(u16, u32),
 }
 
 fn id(kind: u64, conn: u16, slot: u32) -> u64 {
@@ -70,6 +72,9 @@ pub(crate) fn mw_bind(conn: u16, slot: u32) -> u64 {
 pub(crate) fn mw_unbind(conn: u16, slot: u32) -> u64 {
     id(6, conn, slot)
 }
+pub(crate) fn read(conn: u16, slot: u32) -> u64 {
+    id(7, conn, slot)
+}
 
 /// What completion `wr_id` names, if it names one.
 pub(crate) fn decode(wr_id: u64) -> Option<Wr> {
@@ -86,6 +91,7 @@ pub(crate) fn decode(wr_id: u64) -> Option<Wr> {
         4 => Some(Wr::CtlSend(conn, slot)),
         5 => Some(Wr::MwBind(conn, slot)),
         6 => Some(Wr::MwUnbind(conn, slot)),
+        7 => Some(Wr::Read(conn, slot)),
         _ => None,
     }
 }
@@ -105,6 +111,7 @@ mod tests {
             Wr::CtlSend(1, 0),
             Wr::MwBind(7, 127),
             Wr::MwUnbind(4095, 0),
+            Wr::Read(3, u32::MAX),
         ] {
             let id = match c {
                 Wr::Data => unreachable!(),
@@ -115,6 +122,7 @@ mod tests {
                 Wr::CtlSend(k, s) => ctl_send(k, s),
                 Wr::MwBind(k, s) => mw_bind(k, s),
                 Wr::MwUnbind(k, s) => mw_unbind(k, s),
+                Wr::Read(k, s) => read(k, s),
             };
             assert_eq!(id >> 63, 0);
             assert_eq!(decode(id), Some(c));

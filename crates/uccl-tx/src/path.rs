@@ -92,6 +92,8 @@ pub(crate) struct Path {
     /// The last WR posted is unsignaled and nothing follows it (a post failed half-way).
     pub(crate) owe_signal: bool,
     pub(crate) staged: Staged,
+    /// Send-queue slots the caller took for WRs of its own ([`Tx::reserve`](crate::Tx::reserve)).
+    pub(crate) reserved: u32,
 }
 
 impl Path {
@@ -110,6 +112,7 @@ impl Path {
             users: Vec::new(),
             owe_signal: false,
             staged: Staged::default(),
+            reserved: 0,
         }
     }
 
@@ -125,6 +128,7 @@ impl Path {
     pub(crate) fn room(&self) -> u32 {
         self.depth
             .saturating_sub((self.posted - self.completed) as u32)
+            .saturating_sub(self.reserved)
     }
 
     /// Whether a WR may be staged on this path now: not failed, room in its send queue, and

@@ -394,6 +394,29 @@ impl Tx {
         self.paths.get(usize::from(path.0)).map_or(0, Path::room)
     }
 
+    /// Takes `n` send-queue slots of `path` for WRs the caller posts itself (an RDMA READ, say):
+    /// the transmit side leaves them free until [`unreserve`](Self::unreserve). False (nothing
+    /// taken) if the path has fewer free slots, or failed.
+    pub fn reserve(&mut self, path: PathId, n: u32) -> bool {
+        match self.paths.get_mut(usize::from(path.0)) {
+            Some(p) if !p.failed && p.room() >= n => {
+                p.reserved += n;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives back `n` slots of `path` taken with [`reserve`](Self::reserve) (their WRs
+    /// completed); flows waiting for room on it are woken.
+    pub fn unreserve(&mut self, path: PathId, n: u32) {
+        let p = usize::from(path.0);
+        if let Some(q) = self.paths.get_mut(p) {
+            q.reserved = q.reserved.saturating_sub(n);
+            self.path_changed(p);
+        }
+    }
+
     /// The smoothed RTT of `path` in ns, once there was a sample.
     pub fn path_srtt(&self, path: PathId) -> Option<u64> {
         self.paths

@@ -111,3 +111,23 @@ fn a_closed_flow_drains_its_wrs_before_its_id_is_free() {
     t.open_flow(1, &[p], 256).unwrap();
     assert!(t.flow_info(2).is_some());
 }
+
+/// Slots reserved for the caller's own WRs (an engine's RDMA READs) are never handed to a
+/// flow: the flow waits for them, and is woken when they are given back; a reservation larger
+/// than the room is refused whole.
+#[test]
+fn reserved_send_queue_slots_are_left_to_the_caller() {
+    let mut t = tx(chunks_of_100());
+    let p = t.add_path(4).unwrap();
+    t.open_flow(1, &[p], 64).unwrap();
+    assert!(!t.reserve(p, 5), "more than the queue holds");
+    assert!(t.reserve(p, 3));
+    assert_eq!(t.path_room(p), 1);
+    t.send(1, msg(400)).unwrap();
+    let first = post_all(&mut t, 0).0;
+    assert_eq!(first.len(), 1, "one slot was left");
+    assert!(post_all(&mut t, 0).0.is_empty());
+    t.unreserve(p, 3);
+    assert_eq!(post_all(&mut t, 0).0.len(), 3, "the flow was woken");
+    assert_eq!(t.path_room(p), 0);
+}

@@ -310,7 +310,7 @@ impl Engine {
             }
         };
         match (a.target, result) {
-            (Target::Handle(req), r) => req.complete(r),
+            (Target::Handle(req), r) => req.finish(r),
             (Target::Listener, Ok(c)) => {
                 self.dials.ready.push_back(c);
                 self.dials.match_incoming();
