@@ -36,6 +36,9 @@ pub(crate) enum OpArg {
     Send,
     /// `write` into a region the receiver exported.
     Write,
+    /// `read` by the receiver of a region the sender exported for reading (RDMA READ on RC;
+    /// served by the sender's engine on UC).
+    Read,
 }
 
 /// How the transmit side posts its work requests.
@@ -112,7 +115,7 @@ pub(crate) struct Args {
     /// Messages in flight per flow (default: as many as fit in 4 MiB, 2 to 32).
     #[arg(long, value_parser = count::<u32>, value_name = "N", allow_negative_numbers = true)]
     pub(crate) inflight: Option<u32>,
-    /// Two-sided (send/recv) or one-sided (write into an exported region).
+    /// Two-sided (send/recv) or one-sided (write into an exported region, read from one).
     #[arg(long, value_enum, default_value = "send")]
     pub(crate) op: OpArg,
     /// softnic: probability that a packet is lost [default: 0.01 for the engine test, 0 for
@@ -222,10 +225,11 @@ impl Args {
 
     /// Checks what the parser could not check alone: combinations. One line on error.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if (self.server || self.client.is_some()) && self.op == OpArg::Write {
+        if (self.server || self.client.is_some()) && self.op != OpArg::Send {
             return Err(
-                "--op write runs in one process only (the receiver could not tell when \
-                        a write landed); use --op send with --server/--client"
+                "--op write and --op read run in one process only for now (the two processes \
+                        do not exchange export descriptors yet); use --op send with \
+                        --server/--client"
                     .into(),
             );
         }

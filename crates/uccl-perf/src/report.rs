@@ -216,6 +216,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         match args.op {
             OpArg::Send => "send/recv",
             OpArg::Write => "one-sided write",
+            OpArg::Read => "one-sided read",
         },
         if args.virtual_clock() {
             "softnic (virtual clock)".to_string()

@@ -85,6 +85,29 @@ fn a_default_shaped_run_verifies_every_byte() {
     }
 }
 
+/// Reads, UC (served by the sender's engine) and RC (RDMA READs), under faults: every byte
+/// verified, and a byte changed after the read is caught.
+#[test]
+fn reads_run_under_faults_and_every_byte_is_verified() {
+    for mode in ["uc", "rc"] {
+        let j = json(&format!(
+            "--transport {mode} --op read --flows 2 --qps-per-flow 2 --msg-size 100000 \
+             --messages 20 --loss 0.02 --reorder 0.02 --duplicate 0.02"
+        ));
+        assert_eq!(j["messages_received"], 40, "{mode}: {j}");
+        assert_eq!(j["verified"], true, "{mode}: {j}");
+        let out = perf(&format!(
+            "--transport {mode} --op read --messages 5 --tamper 0:3:7"
+        ));
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("message 3: byte 7"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
 #[test]
 fn every_mode_runs_and_the_table_shows_it() {
     let j = json(
@@ -218,7 +241,14 @@ fn bad_arguments_get_one_line() {
         ("--chunk-size lots", "not a size"),
         ("--transport tcp", "possible values: uc, rc"),
         ("--device nope0", "no RDMA device named \"nope0\""),
-        ("--server --op write", "--op write runs in one process only"),
+        (
+            "--server --op write",
+            "--op write and --op read run in one process only",
+        ),
+        (
+            "--client 127.0.0.1 --op read",
+            "--op write and --op read run in one process only",
+        ),
         ("--engines 5", "every engine pair needs a flow"),
         ("--duration x", "not a number"),
         ("--poll-interval-ns 2000000", "0..=1000000"),
@@ -433,7 +463,7 @@ fn a_server_refuses_a_client_whose_options_differ_from_its_own_naming_the_option
 /// message when messages have bytes).
 #[test]
 fn zero_byte_messages_run_and_report_their_rate() {
-    for op in ["send", "write"] {
+    for op in ["send", "write", "read"] {
         let j = json(&format!(
             "--msg-size 0 --flows 2 --qps-per-flow 2 --messages 100 --op {op}"
         ));

@@ -2,7 +2,7 @@
 //! its faults (the same seed gives the same run); on a real device, in loopback on the wall
 //! clock. Flow `f` runs from the even engine to the odd one of pair `f % --engines`.
 
-use uccl_engine::{Clock, Engine, connect_pair};
+use uccl_engine::{Access, Clock, Engine, connect_pair};
 use verbs_safe::Verbs;
 
 use super::flow::{Flow, RxSide, TxSide};
@@ -58,6 +58,12 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
             OpArg::Write => Some(
                 receiver
                     .export(&dst, 0, window * msg)
+                    .map_err(|e| format!("exporting flow {f}'s region: {e}"))?,
+            ),
+            // The receiver reads the sender's buffer.
+            OpArg::Read => Some(
+                sender
+                    .export_with(&src, 0, window * msg, Access::READ)
                     .map_err(|e| format!("exporting flow {f}'s region: {e}"))?,
             ),
         };

@@ -5,7 +5,7 @@ use indicatif::ProgressBar;
 use uccl_engine::Engine;
 
 use super::flow::{Flow, Payload};
-use crate::args::Args;
+use crate::args::{Args, OpArg};
 
 /// A run in progress.
 pub(super) struct Run<'a> {
@@ -120,10 +120,10 @@ impl Run<'_> {
         while let Some((m, r)) = self.flows[i].tx.as_ref().and_then(|t| t.reqs.front()) {
             let m = *m;
             let Some(res) = r.test() else { break };
-            let what = if self.flows[i].rx.as_ref().is_some_and(|r| r.desc.is_some()) {
-                "write"
-            } else {
-                "send"
+            let what = match self.args.op {
+                OpArg::Send => "send",
+                OpArg::Write => "write",
+                OpArg::Read => "read",
             };
             let done = res.map_err(|e| match m {
                 u64::MAX => format!("flow {id}: the end-of-flow message failed: {e}"),
@@ -141,8 +141,9 @@ impl Run<'_> {
                     done.len
                 ));
             }
-            if what == "write" {
-                // In process: the write is acknowledged, so every byte is in place.
+            if what != "send" {
+                // In process: the write is acknowledged (the read complete), so every byte is
+                // in place.
                 self.payload.verify(&self.flows[i], m)?;
                 self.flows[i].rx.as_mut().expect("rx").received += 1;
                 self.received += 1;
@@ -160,10 +161,17 @@ impl Run<'_> {
             let off = (m % window) * msg;
             let f = &mut self.flows[i];
             let tx = f.tx.as_mut().expect("tx");
-            let e = &mut self.engines[tx.engine];
-            let r = match f.rx.as_ref().and_then(|r| r.desc.as_ref()) {
-                Some(desc) => e.write(tx.conn, &tx.src, off, msg, desc, off),
-                None => e.send(tx.conn, &tx.src, off, msg),
+            let r = match (self.args.op, f.rx.as_ref()) {
+                (OpArg::Write, Some(rx)) => {
+                    let desc = rx.desc.as_ref().expect("exported");
+                    self.engines[tx.engine].write(tx.conn, &tx.src, off, msg, desc, off)
+                }
+                // The receiver reads what the sender filled.
+                (OpArg::Read, Some(rx)) => {
+                    let desc = rx.desc.as_ref().expect("exported");
+                    self.engines[rx.engine].read(rx.conn, &rx.dst, off, desc, off, msg)
+                }
+                _ => self.engines[tx.engine].send(tx.conn, &tx.src, off, msg),
             }
             .map_err(|e| format!("flow {id} message {m}: posting: {e}"))?;
             tx.reqs.push_back((m, r));
