@@ -15,7 +15,13 @@
 //!   with the peer's next advertisement and written there chunk by chunk with RDMA WRITE with
 //!   immediate (the immediate names the flow, the request and the chunk).
 //! - **One-sided**: [`Engine::export`] describes a region ([`Descriptor`]); a peer
-//!   [`write`](Engine::write)s into it with the same reliability.
+//!   [`write`](Engine::write)s into it with the same reliability, or, if it was exported for
+//!   reading ([`Engine::export_with`], [`Access`]), [`read`](Engine::read)s it: RDMA READs on
+//!   RC; on UC, which has no READ, the exporting engine serves the read after checking it.
+//!   A write may carry a note ([`Opts::note`]) that the target's application gets
+//!   ([`Engine::notifications`]) once every byte is in place.
+//! - **Vectored**: [`Engine::write_v`] and [`Engine::read_v`] move a list of [`Block`]s,
+//!   scattered in both memories, as one request.
 //! - **Reliability** ([`Mode`]): on UC, ACKs, SACKs and retransmission; a retransmitted chunk
 //!   is a SEND of `[header | payload]` into an SRQ buffer, copied to its place only after its
 //!   target is checked to lie inside the receive buffer or exported region it belongs to. On
