@@ -150,10 +150,7 @@ fn a_read_of_what_was_not_offered_fails_and_moves_nothing() {
 fn vectored_transfers_of_4096_blocks_complete_once_with_every_block_in_place() {
     for mode in [Mode::Uc, Mode::Rc] {
         let (mut sim, ca, _cb) = faulty_pair(11, mode, faults(0.02));
-        let n: u64 = std::env::var("NBLK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4096);
+        let n = 4096u64;
         let blk = KIB;
         let len = 2 * n * blk;
         let theirs = sim.engines[1].register(len as usize).unwrap();
@@ -173,14 +170,8 @@ fn vectored_transfers_of_4096_blocks_complete_once_with_every_block_in_place() {
                 len: blk,
             })
             .collect();
-        let t = std::time::Instant::now();
         let r = sim.engines[0].read_v(ca, &blocks).unwrap();
         ok(&mut sim, &[&r]);
-        eprintln!(
-            "{mode:?} read_v {:?} virtual {:?}",
-            t.elapsed(),
-            sim.fabric.now()
-        );
         assert_eq!(r.test().unwrap().unwrap().len, n * blk);
         for b in &blocks {
             assert_eq!(
@@ -220,11 +211,6 @@ fn vectored_transfers_of_4096_blocks_complete_once_with_every_block_in_place() {
             w.is_done() && seen.is_some()
         })
         .unwrap();
-        eprintln!(
-            "{mode:?} write_v {:?} virtual {:?}",
-            t.elapsed(),
-            sim.fabric.now()
-        );
         assert_eq!(seen.unwrap().data, b"all 4096 blocks");
         assert!(w.test().unwrap().is_ok());
     }
