@@ -39,6 +39,22 @@ pub(crate) enum OpArg {
     /// `read` by the receiver of a region the sender exported for reading (RDMA READ on RC;
     /// served by the sender's engine on UC).
     Read,
+    /// `write_v`: each message is `--iov` blocks of `--block-size`, scattered in both buffers.
+    Writev,
+    /// `read_v`: each message is `--iov` blocks of `--block-size`, scattered in both buffers.
+    Readv,
+}
+
+impl OpArg {
+    /// Whether the receiver of the run's data issues the requests (reads).
+    pub(crate) fn reads(self) -> bool {
+        matches!(self, OpArg::Read | OpArg::Readv)
+    }
+
+    /// Whether a message is a list of blocks.
+    pub(crate) fn vectored(self) -> bool {
+        matches!(self, OpArg::Writev | OpArg::Readv)
+    }
 }
 
 /// How the transmit side posts its work requests.
@@ -118,6 +134,12 @@ pub(crate) struct Args {
     /// Two-sided (send/recv) or one-sided (write into an exported region, read from one).
     #[arg(long, value_enum, default_value = "send")]
     pub(crate) op: OpArg,
+    /// `--op writev|readv`: blocks per message.
+    #[arg(long, default_value = "16", value_parser = count::<u32>, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) iov: u32,
+    /// `--op writev|readv`: bytes per block (a message is `--iov` of them).
+    #[arg(long, default_value = "4KiB", value_parser = size, value_name = "SIZE", allow_hyphen_values = true)]
+    pub(crate) block_size: u64,
     /// softnic: probability that a packet is lost [default: 0.01 for the engine test, 0 for
     /// the raw verbs tests].
     #[arg(long, value_parser = probability, value_name = "P", allow_negative_numbers = true)]
@@ -205,6 +227,9 @@ impl Args {
 
     /// The message size in bytes.
     pub(crate) fn msg_size(&self) -> u64 {
+        if self.op.vectored() {
+            return u64::from(self.iov).saturating_mul(self.block_size);
+        }
         self.msg_size.unwrap_or(match self.test {
             Test::Engine => 1 << 20,
             _ => 4096,
@@ -230,6 +255,13 @@ impl Args {
                 "--op write and --op read run in one process only for now (the two processes \
                         do not exchange export descriptors yet); use --op send with \
                         --server/--client"
+                    .into(),
+            );
+        }
+        if self.op.vectored() && self.msg_size.is_some() {
+            return Err(
+                "--op writev|readv: a message is --iov blocks of --block-size; --msg-size \
+                        does not apply"
                     .into(),
             );
         }

@@ -24,6 +24,7 @@ mod args;
 mod cpu;
 mod pattern;
 mod report;
+mod scatter;
 mod transport;
 mod verbs;
 

@@ -217,6 +217,8 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             OpArg::Send => "send/recv",
             OpArg::Write => "one-sided write",
             OpArg::Read => "one-sided read",
+            OpArg::Writev => "vectored write",
+            OpArg::Readv => "vectored read",
         },
         if args.virtual_clock() {
             "softnic (virtual clock)".to_string()

@@ -8,6 +8,7 @@ use uccl_engine::{Buffer, ConnId, Descriptor, Request};
 
 use crate::args::Args;
 use crate::pattern;
+use crate::scatter::Scatter;
 
 /// The sending end of a flow.
 pub(super) struct TxSide {
@@ -96,11 +97,18 @@ pub(super) struct Payload<'a> {
     window: u64,
     /// One message's bytes.
     scratch: Vec<u8>,
+    /// Vectored messages: where their blocks lie, and a message's bytes put back in order.
+    scatter: Option<(Scatter, Vec<u8>)>,
     /// The time spent writing and checking.
     pub(super) time: Duration,
 }
 
 impl<'a> Payload<'a> {
+    /// Where the blocks of vectored messages lie (`--op writev|readv`).
+    pub(super) fn scatter(&self) -> Option<&Scatter> {
+        self.scatter.as_ref().map(|(s, _)| s)
+    }
+
     /// The payload of `args`' flows: `msg`-byte messages in `window` slots.
     pub(super) fn new(args: &'a Args, msg: u64, window: u64) -> Self {
         Payload {
@@ -108,6 +116,11 @@ impl<'a> Payload<'a> {
             msg,
             window,
             scratch: vec![0u8; msg as usize],
+            scatter: args.op.vectored().then(|| {
+                let writes = !args.op.reads();
+                let sc = Scatter::new(u64::from(args.iov), args.block_size, args.seed, writes);
+                (sc, vec![0u8; msg as usize])
+            }),
             time: Duration::ZERO,
         }
     }
@@ -144,7 +157,14 @@ impl<'a> Payload<'a> {
         {
             *b ^= 0x40;
         }
-        let bad = pattern::first_mismatch(self.args.seed, f.id, m, &self.scratch);
+        let got = match &mut self.scatter {
+            Some((sc, back)) => {
+                sc.gather(&self.scratch, back);
+                &back[..]
+            }
+            None => &self.scratch[..],
+        };
+        let bad = pattern::first_mismatch(self.args.seed, f.id, m, got);
         self.time += t.elapsed();
         match bad {
             None => Ok(()),

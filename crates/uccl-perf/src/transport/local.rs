@@ -55,13 +55,13 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
         let dst = buffer(receiver, window * msg)?;
         let desc = match args.op {
             OpArg::Send => None,
-            OpArg::Write => Some(
+            OpArg::Write | OpArg::Writev => Some(
                 receiver
                     .export(&dst, 0, window * msg)
                     .map_err(|e| format!("exporting flow {f}'s region: {e}"))?,
             ),
             // The receiver reads the sender's buffer.
-            OpArg::Read => Some(
+            OpArg::Read | OpArg::Readv => Some(
                 sender
                     .export_with(&src, 0, window * msg, Access::READ)
                     .map_err(|e| format!("exporting flow {f}'s region: {e}"))?,

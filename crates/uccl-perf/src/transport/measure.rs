@@ -34,6 +34,7 @@ pub(super) fn execute(
         marker,
         marker_len: u64::from(marker && msg == 0),
         bar: new_bar(args, if args.duration.is_some() { 0 } else { total }),
+        blocks: Vec::new(),
         flows,
         engines,
         names,

@@ -39,6 +39,8 @@ pub(super) struct Run<'a> {
     pub(super) sent: u64,
     /// The progress bar (shown after a second, on a terminal).
     pub(super) bar: ProgressBar,
+    /// The blocks of a vectored message being posted (reused).
+    pub(super) blocks: Vec<uccl_engine::Block>,
 }
 
 impl Run<'_> {
@@ -124,6 +126,8 @@ impl Run<'_> {
                 OpArg::Send => "send",
                 OpArg::Write => "write",
                 OpArg::Read => "read",
+                OpArg::Writev => "write_v",
+                OpArg::Readv => "read_v",
             };
             let done = res.map_err(|e| match m {
                 u64::MAX => format!("flow {id}: the end-of-flow message failed: {e}"),
@@ -170,6 +174,18 @@ impl Run<'_> {
                 (OpArg::Read, Some(rx)) => {
                     let desc = rx.desc.as_ref().expect("exported");
                     self.engines[rx.engine].read(rx.conn, &rx.dst, off, desc, off, msg)
+                }
+                (OpArg::Writev, Some(rx)) => {
+                    let desc = rx.desc.as_ref().expect("exported");
+                    let sc = self.payload.scatter().expect("vectored");
+                    sc.blocks((&tx.src, off), (desc, off), &mut self.blocks);
+                    self.engines[tx.engine].write_v(tx.conn, &self.blocks)
+                }
+                (OpArg::Readv, Some(rx)) => {
+                    let desc = rx.desc.as_ref().expect("exported");
+                    let sc = self.payload.scatter().expect("vectored");
+                    sc.blocks((&rx.dst, off), (desc, off), &mut self.blocks);
+                    self.engines[rx.engine].read_v(rx.conn, &self.blocks)
                 }
                 _ => self.engines[tx.engine].send(tx.conn, &tx.src, off, msg),
             }
