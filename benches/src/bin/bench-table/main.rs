@@ -17,15 +17,18 @@
 //!    none, and receives advertised with a memory window vs the whole buffer's key
 //!    ([`memory`]);
 //! 8. connection set-up: set-ups per second one at a time vs 100 at once, and a transfer's
-//!    goodput alone vs while 100 clients connect to its engine ([`setup`]).
+//!    goodput alone vs while 100 clients connect to its engine ([`setup`]);
+//! 9. one-sided reads and vectored transfers: READ vs WRITE goodput at 64 KiB (UC and RC), and
+//!    one `write_v` of 1024 blocks of 4 KiB vs 1024 `write`s ([`reads`]).
 //!
-//! Rows 1, 5, 6 and 7 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
+//! Rows 1, 5, 6, 7 and 9 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
 //! to stderr, the table to stdout.
 
 mod cq;
 mod memory;
 mod perf;
+mod reads;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -42,30 +45,30 @@ usage: bench-table [--perf PATH] [--only ROWS]
 
 Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
   --perf PATH   the uccl-perf binary (default: the one next to this program)
-  --only ROWS   only these rows, e.g. 2 or 1,4 (1-7; the whole table by default)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-9; the whole table by default)
 ";
 
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 9],
+    rows: [bool; 10],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 9];
+        let mut rows = [true; 10];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 9];
+                    rows = [false; 10];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=8) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-8)")),
+                            Ok(n @ 1..=9) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-9)")),
                         }
                     }
                 }
@@ -82,7 +85,7 @@ impl Opts {
                 .map_err(|e| format!("where is this program? {e}"))?
                 .with_file_name("uccl-perf"),
         };
-        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] {
+        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] | rows[9] {
             return Err(format!(
                 "no uccl-perf at {} (build it: cargo build --release -p uccl-perf, or pass \
                  --perf)",
@@ -153,24 +156,24 @@ fn run() -> Result<(), String> {
     let mut out = Out::default();
     let want = |n: usize| opts.rows[n];
     if want(1) {
-        eprintln!("[1/8] chained vs single posts (uccl-perf, no payload)");
+        eprintln!("[1/9] chained vs single posts (uccl-perf, no payload)");
         post_rows(&opts.perf, &mut out)?;
     }
     if want(2) {
-        eprintln!("[2/8] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
+        eprintln!("[2/9] one shared CQ vs one CQ per QP (verbs-safe on softnic)");
         cq_rows(&mut out)?;
     }
     if want(3) {
-        eprintln!("[3/8] SRQ vs per-QP receive queues (computed)");
+        eprintln!("[3/9] SRQ vs per-QP receive queues (computed)");
         srq_rows(&mut out);
     }
     if want(4) {
-        eprintln!("[4/8] bufpool vs ArrayQueue");
+        eprintln!("[4/9] bufpool vs ArrayQueue");
         pool_rows(&mut out)?;
     }
     // Row 6's engine line reads the default runs of row 5.
     let losses = if want(5) || want(6) {
-        eprintln!("[5/8] goodput under loss (uccl-perf default runs)");
+        eprintln!("[5/9] goodput under loss (uccl-perf default runs)");
         Some(perf::loss(&opts.perf, LOSS_SEEDS)?)
     } else {
         None
@@ -179,16 +182,20 @@ fn run() -> Result<(), String> {
         loss_rows(l, &mut out);
     }
     if let Some(l) = losses.as_deref().filter(|_| want(6)) {
-        eprintln!("[6/8] softnic vs memcpy");
+        eprintln!("[6/9] softnic vs memcpy");
         memcpy_rows(&opts.perf, &l[1], &mut out)?;
     }
     if want(7) {
-        eprintln!("[7/8] memory and keys (engines on softnic; uccl-perf --recv-keys)");
+        eprintln!("[7/9] memory and keys (engines on softnic; uccl-perf --recv-keys)");
         memory_rows(&opts.perf, &mut out)?;
     }
     if want(8) {
-        eprintln!("[8/8] connection set-up (three engines on threads, wall clock)");
+        eprintln!("[8/9] connection set-up (three engines on threads, wall clock)");
         setup_rows(&mut out)?;
+    }
+    if want(9) {
+        eprintln!("[9/9] reads and vectored writes (uccl-perf --op read|write|writev)");
+        read_rows(&opts.perf, &mut out)?;
     }
     let load1 = loadavg();
     println!("{}", header(load0, load1, t0.elapsed()));
@@ -296,6 +303,51 @@ fn memory_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
          and an unbind per receive on the engine's window QP, and their completions).",
         memory::CONNS,
         w.args
+    ));
+    Ok(())
+}
+
+/// Row 9: one-sided reads and vectored transfers.
+fn read_rows(perf: &Path, out: &mut Out) -> Result<(), String> {
+    for rw in reads::read_vs_write(perf, 3)? {
+        out.rows.push(Row::new(
+            "9",
+            "goodput Gb/s: WRITE vs **READ**, 64 KiB",
+            format!(
+                "{}, one process, virtual clock, no loss",
+                rw.mode.to_uppercase()
+            ),
+            format!("{:.2}", rw.gbps[0]),
+            format!("{:.2}", rw.gbps[1]),
+            rw.gbps[1] / rw.gbps[0],
+            "",
+        ));
+    }
+    let v = reads::vectored(perf, 3)?;
+    let n = reads::BLOCKS;
+    let case = "4 KiB blocks, UC, 1 flow x 2 QPs, no payload, no loss";
+    for (what, [base, ours], prec) in [
+        ("post calls per block", v.posts, 3),
+        ("stack CPU ns per block", v.cpu_ns, 0),
+        ("virtual us per 1024 blocks", v.virtual_us, 1),
+    ] {
+        out.rows.push(Row::new(
+            "9",
+            format!("{what}: {n} `write`s vs **one `write_v` of {n}**"),
+            case,
+            format!("{base:.prec$}"),
+            format!("{ours:.prec$}"),
+            ours / base,
+            "",
+        ));
+    }
+    out.notes.push(format!(
+        "Row 9: READ vs WRITE = `uccl-perf --transport uc|rc --op write|read --msg-size 64KiB \
+         --messages 2000 --loss 0`, medians of 3 runs each, alternating (two processes: not \
+         yet, uccl-perf's one-sided ops run in one process); write_v = `uccl-perf {}` vs \
+         `uccl-perf {}`, medians of 3 each, alternating (each block one chunk; in flight: \
+         32 writes of 4 KiB, or 2 write_v of 4 MiB).",
+        v.args[1], v.args[0]
     ));
     Ok(())
 }
