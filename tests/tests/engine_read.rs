@@ -215,3 +215,72 @@ fn vectored_transfers_of_4096_blocks_complete_once_with_every_block_in_place() {
         assert!(w.test().unwrap().is_ok());
     }
 }
+
+/// Reads, vectored reads and noted writes leave nothing behind: with some in flight when the
+/// connection is closed (they fail, with why), every slot, credit, reservation, send-queue
+/// slot left to RDMA READs, buffer and export comes back.
+#[test]
+fn reads_in_flight_at_a_close_fail_and_everything_comes_back() {
+    use uccl_integration::workload::{Link, back_to_baseline, close_all, memory_back_to_baseline};
+    for mode in [Mode::Uc, Mode::Rc] {
+        let cfg = small_config(mode);
+        let mut sim = Sim::new(5, 2, faults(0.02), &cfg);
+        let link: Link = sim.connect(0, 1).unwrap();
+        let (ca, cb) = (link.ca, link.cb);
+        let theirs = sim.engines[1].register(4 * MIB as usize).unwrap();
+        let d = sim.engines[1]
+            .export_with(&theirs, 0, 4 * MIB, Access::READ_WRITE)
+            .unwrap();
+        let mine = sim.engines[0].register(4 * MIB as usize).unwrap();
+        // Some complete...
+        let r = sim.engines[0].read(ca, &mine, 0, &d, 0, MIB).unwrap();
+        let blocks: Vec<Block> = (0..64)
+            .map(|k| Block {
+                buf: mine.clone(),
+                offset: MIB + k * 4 * KIB,
+                remote: d,
+                remote_offset: 2 * MIB + k * 8 * KIB,
+                len: 4 * KIB,
+            })
+            .collect();
+        let rv = sim.engines[0].read_v(ca, &blocks).unwrap();
+        let opts = Opts::default().note(b"x").unwrap();
+        let w = sim.engines[0]
+            .write_with(ca, &mine, 0, 64 * KIB, &d, 3 * MIB, opts)
+            .unwrap();
+        ok(&mut sim, &[&r, &rv, &w]);
+        // ...and some are in flight when the peer closes.
+        let late = sim.engines[0].read(ca, &mine, 0, &d, 0, 4 * MIB).unwrap();
+        let late_v = sim.engines[0].read_v(ca, &blocks).unwrap();
+        sim.engines[0].poll().unwrap();
+        sim.engines[1].close(cb).unwrap();
+        finish(&mut sim, 30, &[&late, &late_v]).unwrap();
+        for l in [&late, &late_v] {
+            // Either it made it before the close, or it failed saying the connection did.
+            if let Err(e) = l.test().unwrap() {
+                assert!(
+                    matches!(e, EngineError::ConnectionFailed { .. }),
+                    "{mode:?}: {e}"
+                );
+            }
+        }
+        close_all(&mut sim, &[link], Duration::from_secs(30)).unwrap();
+        sim.engines[1].withdraw_export(&d).unwrap();
+        drop((mine, theirs, blocks));
+        for i in 0..2 {
+            sim.engines[i].poll().unwrap();
+            assert!(
+                back_to_baseline(&sim, i),
+                "{mode:?} engine {i}: {:?}",
+                sim.engines[i].usage()
+            );
+            assert!(
+                memory_back_to_baseline(&sim, i),
+                "{mode:?} engine {i}: {:?}",
+                sim.engines[i].usage()
+            );
+        }
+        let notes = sim.engines[1].notifications();
+        assert_eq!(notes.pop().map(|n| n.data), Some(b"x".to_vec()));
+    }
+}
