@@ -56,7 +56,9 @@ impl Opts {
     /// [`write_v`](Engine::write_v), carries it to the target engine, which delivers it to its
     /// application ([`Engine::notifications`]) once every byte of the write is in place, in
     /// order with the connection's other deliveries. Other requests refuse a note. At most 32
-    /// notified writes may be outstanding on a connection.
+    /// notified writes may be outstanding on a connection. A notified write is never withdrawn
+    /// (its note may be on its way): [`Request::cancel`](crate::Request::cancel) leaves it to
+    /// complete, and a deadline that passes fails the connection.
     pub fn note(mut self, data: &[u8]) -> Result<Opts, EngineError> {
         self.note = Some(Note::new(data).ok_or(EngineError::Limit {
             what: "bytes of a note",
@@ -205,6 +207,12 @@ impl Engine {
             .recvs
             .iter()
             .position(|r| r.as_ref().is_some_and(|r| r.req.same(req)));
+        if slot.is_some_and(|s| c.recvs[s].as_ref().is_some_and(|r| r.read.is_some())) {
+            // A read (UC): the peer takes it as served at once, so it is withdrawn only while
+            // none of it was issued.
+            self.withdraw_read(ci, req, why);
+            return;
+        }
         if let Some(slot) = slot {
             let r = c.recvs[slot].as_mut().expect("found");
             if r.ending.is_some() {
@@ -237,18 +245,21 @@ impl Engine {
             self.withdraw_read(ci, req, why);
             return;
         };
-        // A write (or every block of a vectored one) none of whose chunks went out.
+        // A write (or every block of a vectored one: none reported yet) none of whose chunks
+        // went out, and without a note (which may be on its way).
         let write = c.message(first).is_some_and(|m| m.write);
-        let withdrawable = write && msgs.iter().all(|&m| self.tx.started(ci, m) == Some(false));
+        let noted = msgs
+            .iter()
+            .any(|&m| c.message(m).is_some_and(|m| m.note.is_some()));
+        let withdrawable = write
+            && !noted
+            && !req.any_part_done()
+            && msgs.iter().all(|&m| self.tx.started(ci, m) == Some(false));
         if withdrawable {
             for &msg in &msgs {
                 self.tx.cancel(ci, msg);
                 let c = self.conns[usize::from(ci)].as_mut().expect("checked");
-                let m = c.message(msg).expect("tracked");
-                m.withdrawn = Some(why);
-                if let Some(serial) = m.note {
-                    self.unnote(ci, serial);
-                }
+                c.message(msg).expect("tracked").withdrawn = Some(why);
             }
         }
         self.scratch.msgs = msgs;

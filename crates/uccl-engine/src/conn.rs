@@ -328,6 +328,8 @@ pub(crate) struct InFlight {
     pub(crate) withdrawn: Option<crate::cancel::Why>,
     /// The serial of its note, if it is a notified write (see `notes.rs`).
     pub(crate) note: Option<u32>,
+    /// A peer's read this end serves (UC): the export's key, and the read's sequence number.
+    pub(crate) served: Option<(u32, u32)>,
     /// The buffer it reads (held until it is reported).
     _use: BufUse,
 }
@@ -396,6 +398,8 @@ pub(crate) struct Conn {
     /// and those arriving (see `notes.rs`).
     pub(crate) next_note: u32,
     pub(crate) notes_done: u32,
+    /// The peer's reads this end is serving (UC; at most [`RECV_IDS`]).
+    pub(crate) serving: u32,
     pub(crate) inbox: crate::notes::Inbox,
     /// Whether this connection is in the round's lists already.
     pub(crate) in_ready: bool,
@@ -448,6 +452,7 @@ impl Conn {
             write,
             withdrawn: None,
             note: None,
+            served: None,
             _use: use_,
         })
     }
@@ -471,6 +476,7 @@ impl Conn {
     pub(crate) fn pop_done(&mut self) -> Option<(Request, u64)> {
         let m = self.inflight.front_mut()?.take_if(|m| m.done)?;
         self.notes_done += u32::from(m.note.is_some());
+        self.serving -= u32::from(m.served.is_some());
         self.drop_reported();
         Some((m.req, m.len))
     }
@@ -480,6 +486,7 @@ impl Conn {
         let i = usize::try_from(msg.checked_sub(self.first_msg)?).ok()?;
         let m = self.inflight.get_mut(i)?.take()?;
         self.notes_done += u32::from(m.note.is_some());
+        self.serving -= u32::from(m.served.is_some());
         self.drop_reported();
         Some((m.req, m.withdrawn))
     }

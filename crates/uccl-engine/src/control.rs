@@ -109,7 +109,6 @@ impl Engine {
                 len,
                 data,
             }) => self.on_note(ci, serial, last, &data[..usize::from(len)]),
-            Some(Ctl::Unnote { serial }) => self.on_unnote(ci, serial),
             _ => self.stats.dropped_invalid += 1,
         }
     }

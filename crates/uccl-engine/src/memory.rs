@@ -134,6 +134,9 @@ pub(crate) enum ReadRefusal {
     OutOfRange = 2,
     /// The export may not be read.
     NotReadable = 3,
+    /// The peer could not take the read on (its connection is going, or the export was
+    /// withdrawn before the read started).
+    Withdrawn = 4,
 }
 
 impl ReadRefusal {
@@ -143,6 +146,7 @@ impl ReadRefusal {
             1 => Some(ReadRefusal::NoExport),
             2 => Some(ReadRefusal::OutOfRange),
             3 => Some(ReadRefusal::NotReadable),
+            4 => Some(ReadRefusal::Withdrawn),
             _ => None,
         }
     }
@@ -155,6 +159,9 @@ impl ReadRefusal {
             }
             ReadRefusal::OutOfRange => "the range is not inside the peer's export",
             ReadRefusal::NotReadable => "the peer's export may not be read (exported for writes)",
+            ReadRefusal::Withdrawn => {
+                "the peer withdrew the export (or was closing) before the read started"
+            }
         }
     }
 }
@@ -316,6 +323,18 @@ impl Memory {
         Ok((u, addr, lkey))
     }
 
+    /// Another hold on the buffer `u` holds (a piece of the same request).
+    pub(crate) fn dup(&mut self, u: &BufUse) -> BufUse {
+        if let Some(e) = self.live_slot(u.id) {
+            e.uses += 1;
+        }
+        BufUse {
+            id: u.id,
+            mem: Arc::clone(&u.mem),
+            done: Arc::clone(&self.done),
+        }
+    }
+
     /// Takes in the handles dropped and the uses ended since the last call: buffers given back
     /// with nothing in flight go.
     pub(crate) fn settle(&mut self) {
@@ -440,9 +459,12 @@ impl Engine {
     /// ([`withdraw_export`](Self::withdraw_export)) and keep it meanwhile. Fails with
     /// [`EngineError::Deregistered`] if it was given back already.
     pub fn deregister(&mut self, buf: &Buffer) -> Result<()> {
-        self.memory.entry(buf)?;
+        let exports = self.memory.entry(buf)?.exports.clone();
         self.memory.give_back(buf.id(), true);
         self.memory.settle();
+        for rkey in exports {
+            self.stop_serving(rkey);
+        }
         Ok(())
     }
 
@@ -496,8 +518,10 @@ impl Engine {
 
     /// Withdraws an export: its region is deregistered, so a peer's write through `d` fails
     /// from now on (at this end's NIC on RC; on UC the write is dropped, and a retransmission
-    /// is refused and reported to the sender). Fails with [`EngineError::NoExport`] for a
-    /// descriptor this engine did not give (or withdrew already).
+    /// is refused and reported to the sender). A peer's read of it that this engine serves (UC)
+    /// and has not started is refused; one started runs to its end, as a READ a NIC had begun
+    /// does. Fails with [`EngineError::NoExport`] for a descriptor this engine
+    /// did not give (or withdrew already).
     pub fn withdraw_export(&mut self, d: &Descriptor) -> Result<()> {
         let m = &mut self.memory;
         let matches = m
@@ -514,6 +538,7 @@ impl Engine {
                 m.finish(x.buf);
             }
         }
+        self.stop_serving(d.rkey);
         Ok(())
     }
 }

@@ -5,14 +5,15 @@
 //!
 //! - **Sender**: a notified write (of a [`write_v`](crate::Engine::write_v), its last block)
 //!   takes request id `NOTE_RID | serial % 64`, where `serial` counts the connection's notified
-//!   writes, and its note goes over the control QP at once, in fragments (`Ctl::Note`). A
-//!   notified write withdrawn before it started sends `Ctl::Unnote`. At most [`MAX_NOTED`]
-//!   notified writes are outstanding per connection, so a request id names its note without
-//!   doubt.
+//!   writes, and its note goes over the control QP once the write is handed to the transmit
+//!   side, in fragments (`Ctl::Note`). A notified write is never withdrawn (its note may be on
+//!   its way): a cancel leaves it to complete, a deadline past fails the connection. At most
+//!   [`MAX_NOTED`] notified writes are outstanding per connection, so a request id names its
+//!   note without doubt.
 //! - **Receiver**: notes and writes arrive by different QPs, each in order. A notified write
 //!   whose every byte arrived (the flow's cumulative point passed it) is delivered with the
 //!   oldest note waiting, which must be its own; until that note is in, it and every delivery
-//!   after it on the connection are held. A peer that breaks this (a note too long, too many
+//!   after it on the connection that the application sees (receives, notes) are held. A peer that breaks this (a note too long, too many
 //!   notes or held deliveries) fails its connection, and only it.
 
 use std::collections::VecDeque;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 
 use crossbeam_queue::SegQueue;
 
-use crate::conn::NOTE_RID;
+use crate::conn::{NOTE_RID, WRITE_RID};
 use crate::engine::{ConnId, Engine};
 use crate::proto::{Ctl, NOTE_FRAGMENT};
 use crate::rx::Delivered;
@@ -122,9 +123,9 @@ impl Engine {
         self.notifications.clone()
     }
 
-    /// The request id of the next notified write of connection `ci`, after queuing its note;
-    /// or the limit, if [`MAX_NOTED`] are outstanding.
-    pub(crate) fn send_note(&mut self, conn: ConnId, note: &Note) -> crate::Result<(u8, u32)> {
+    /// The request id and serial of the next notified write of `conn`; or the limit, if
+    /// [`MAX_NOTED`] are outstanding.
+    pub(crate) fn next_noted(&mut self, conn: ConnId) -> crate::Result<(u8, u32)> {
         let c = self.conn_for_request(conn)?;
         if c.next_note.wrapping_sub(c.notes_done) >= MAX_NOTED {
             return Err(crate::EngineError::Limit {
@@ -132,6 +133,13 @@ impl Engine {
                 limit: MAX_NOTED.into(),
             });
         }
+        Ok((NOTE_RID | (c.next_note % 64) as u8, c.next_note))
+    }
+
+    /// Sends `note`, of the notified write of `conn` just handed to the transmit side (the
+    /// serial [`next_noted`](Self::next_noted) gave).
+    pub(crate) fn send_note(&mut self, conn: ConnId, note: &Note) -> crate::Result<()> {
+        let c = self.conn_for_request(conn)?;
         let serial = c.next_note;
         c.next_note = c.next_note.wrapping_add(1);
         let bytes = note.bytes();
@@ -150,15 +158,7 @@ impl Engine {
             c.ctl.backlog.push_back(frag.to_bytes());
         }
         self.mark_ctl(conn.index);
-        Ok((NOTE_RID | (serial % 64) as u8, serial))
-    }
-
-    /// Tells the peer of connection `ci` that notified write `serial` was withdrawn.
-    pub(crate) fn unnote(&mut self, ci: u16, serial: u32) {
-        if let Some(c) = self.conns[usize::from(ci)].as_mut() {
-            c.ctl.backlog.push_back(Ctl::Unnote { serial }.to_bytes());
-            self.mark_ctl(ci);
-        }
+        Ok(())
     }
 
     /// A fragment of note `serial` of connection `ci` arrived.
@@ -185,28 +185,16 @@ impl Engine {
         self.release_held(ci);
     }
 
-    /// Notified write `serial` of connection `ci` was withdrawn before it started: its note
-    /// goes.
-    pub(crate) fn on_unnote(&mut self, ci: u16, serial: u32) {
-        let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
-            return;
-        };
-        match c.inbox.arrived.iter().position(|(s, _)| *s == serial) {
-            Some(i) => {
-                c.inbox.arrived.remove(i);
-                self.release_held(ci);
-            }
-            None => self.stats.dropped_invalid += 1,
-        }
-    }
-
     /// A message of connection `ci` arrived whole: delivered now, or held behind a notified
     /// write whose note is not in yet.
     pub(crate) fn deliver(&mut self, ci: u16, d: Delivered) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
-        if c.inbox.held.is_empty() && self.try_deliver(ci, d) {
+        // A plain write shows nothing to the application: it is counted, never held.
+        if (c.inbox.held.is_empty() || (WRITE_RID..NOTE_RID).contains(&d.rid))
+            && self.try_deliver(ci, d)
+        {
             return;
         }
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
@@ -237,7 +225,7 @@ impl Engine {
     }
 
     /// Delivers `d` of connection `ci` unless it is a notified write whose note is not the
-    /// oldest waiting (not in yet, or one withdrawn whose `Unnote` is on its way).
+    /// oldest waiting (not in yet).
     fn try_deliver(&mut self, ci: u16, d: Delivered) -> bool {
         if d.rid < NOTE_RID {
             self.deliver_now(ci, d);

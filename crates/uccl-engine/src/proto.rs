@@ -241,8 +241,6 @@ pub(crate) enum Ctl {
         len: u8,
         data: [u8; NOTE_FRAGMENT],
     },
-    /// Notified write `serial` was withdrawn before it started: its note is dropped.
-    Unnote { serial: u32 },
 }
 
 /// Bytes of a note in one control message.
@@ -320,10 +318,6 @@ impl Ctl {
                 b[4..8].copy_from_slice(&serial.to_be_bytes());
                 b[8..].copy_from_slice(&data);
             }
-            Ctl::Unnote { serial } => {
-                b[0] = 12;
-                b[4..8].copy_from_slice(&serial.to_be_bytes());
-            }
             Ctl::Ack(a) => {
                 b[0] = 4;
                 // An AckRepr always encodes (its fields are within range by construction).
@@ -378,9 +372,6 @@ impl Ctl {
                 last: b[1] == 1,
                 len: b[2],
                 data: b[8..].try_into().ok()?,
-            }),
-            12 => Some(Ctl::Unnote {
-                serial: r.u32().ok()?,
             }),
             8 => Some(Ctl::Withdrawn {
                 seq: r.u32().ok()?,
@@ -524,7 +515,6 @@ mod tests {
                 len: NOTE_FRAGMENT as u8,
                 data: [0x5a; NOTE_FRAGMENT],
             },
-            Ctl::Unnote { serial: 1 },
             Ctl::Withdrawn { seq: 5, ok: true },
             Ctl::Withdrawn { seq: 6, ok: false },
             Ctl::Ack(AckRepr {

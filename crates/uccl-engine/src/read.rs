@@ -24,6 +24,7 @@ use verbs_safe::sys::{ibv_send_flags, ibv_sge, ibv_wr_opcode};
 
 use crate::cancel::{Opts, Why};
 use crate::config::Mode;
+use crate::conn::RECV_IDS;
 use crate::descriptor::{Access, Descriptor};
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
@@ -36,6 +37,10 @@ use crate::vectored::{Block, named};
 /// The most bytes one RDMA READ asks for (RC): a read is cut into pieces this long, spread
 /// over the connection's paths, so they are answered together.
 pub(crate) const READ_PIECE: u64 = 256 << 10;
+
+/// The most RDMA READs in flight on one path: what a NIC answers at once (`max_rd_atomic`,
+/// 16 on the engine's QPs).
+const MAX_READS_PER_PATH: u8 = 16;
 
 /// Where a read's bytes come from at the peer: its address and the export's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,12 +86,15 @@ pub(crate) struct Reads {
     waiting: Vec<u16>,
     /// A chain of READs per path of the connection being issued (reused).
     chains: Vec<Vec<WrSlot<1>>>,
+    /// RDMA READs in flight on each path (by [`PathId`]).
+    per_path: Vec<u8>,
 }
 
 impl Reads {
-    /// Fails every read in flight with `e` (the engine stops).
+    /// Fails every read in flight with `e` (the engine stops). Their slots stay until their
+    /// completions (flushes) are polled, which give their send-queue room back.
     pub(crate) fn fail_all(&mut self, e: &EngineError) {
-        for r in self.slots.iter_mut().filter_map(Option::take) {
+        for r in self.slots.iter().flatten() {
             r.req.fail(e.clone());
         }
     }
@@ -158,25 +166,27 @@ impl Engine {
             return Err(EngineError::BadRange("a note rides on a write, not a read"));
         }
         self.conn_for_request(conn)?;
-        let rc = self.cfg.mode == Mode::Rc;
-        let piece = if rc { READ_PIECE } else { u64::MAX };
+        let piece = match self.cfg.mode {
+            Mode::Rc => READ_PIECE,
+            Mode::Uc => u64::MAX,
+        };
         let name = |index: usize, e: EngineError| named(vectored, index, e);
         let mut parts = 0u64;
         let mut pieces = Vec::with_capacity(blocks.len());
         for (i, b) in blocks.iter().enumerate() {
             let src = b.remote_place(Access::READ).map_err(|e| name(i, e))?;
             b.buf.check_range(b.offset, b.len).map_err(|e| name(i, e))?;
-            let n = b.len.div_ceil(piece).max(1);
-            parts += n;
-            for k in 0..n {
-                let at = k * piece;
-                let len = (b.len - at.min(b.len)).min(piece);
-                let (use_, local, lkey) = self
-                    .memory
-                    .take_use(&b.buf, b.offset + at, len)
-                    .map_err(|e| name(i, e))?;
-                pieces.push((use_, local, lkey, len, src + at, b.remote.rkey));
-            }
+            // Cut into pieces as they are issued (see `issue_rc`): counted now.
+            parts += b.len.div_ceil(piece).max(1);
+            let (use_, local, lkey) = self
+                .memory
+                .take_use(&b.buf, b.offset, b.len)
+                .map_err(|e| name(i, e))?;
+            pieces.push((use_, local, lkey, b.len, src, b.remote.rkey));
+        }
+        if pieces.is_empty() {
+            req.complete(Ok(Done { len: 0 }));
+            return Ok(());
         }
         req.set_parts(parts);
         let c = self.open_conn(conn)?;
@@ -242,23 +252,55 @@ impl Engine {
             r.chains.resize_with(lanes, Vec::new);
         }
         'pieces: while let Some(p) = c.reads.front() {
+            if p.req.is_done() {
+                // Its read failed (a piece refused, a post that failed): nothing more of it.
+                c.reads.pop_front();
+                continue;
+            }
             if p.len == 0 {
                 let p = c.reads.pop_front().expect("checked");
                 p.req.complete(Ok(Done { len: 0 }));
                 continue;
             }
-            // The next path with a free slot, round robin.
+            // The next path with a free slot and fewer than MAX_READS_PER_PATH reads, round
+            // robin (beyond what the NIC answers at once, READs would only hold up the
+            // path's writes behind them).
             let mut lane = None;
             for k in 0..lanes {
                 let l = (c.read_lane + k) % lanes;
-                if self.tx.reserve(c.paths[l], 1) {
+                let path = usize::from(c.paths[l].0);
+                if r.per_path.len() <= path {
+                    r.per_path.resize(path + 1, 0);
+                }
+                if r.per_path[path] < MAX_READS_PER_PATH && self.tx.reserve(c.paths[l], 1) {
+                    r.per_path[path] += 1;
                     lane = Some(l);
                     break;
                 }
             }
             let Some(l) = lane else { break 'pieces };
             c.read_lane = (l + 1) % lanes;
-            let p = c.reads.pop_front().expect("checked");
+            // The block's next piece: the whole of what is left, or READ_PIECE of it.
+            let front = c.reads.front_mut().expect("checked");
+            let p = if front.len <= READ_PIECE {
+                c.reads.pop_front().expect("checked")
+            } else {
+                let len = READ_PIECE;
+                let piece = ReadPiece {
+                    req: front.req.clone(),
+                    use_: self.memory.dup(&front.use_),
+                    local: front.local,
+                    lkey: front.lkey,
+                    len,
+                    from: front.from,
+                    first: front.first,
+                };
+                front.local += len;
+                front.len -= len;
+                front.from.src += len;
+                front.first = false;
+                piece
+            };
             let slot = r.free.pop().unwrap_or_else(|| {
                 r.slots.push(None);
                 (r.slots.len() - 1) as u32
@@ -311,6 +353,7 @@ impl Engine {
                 let slot = w.wr.wr_id as u32;
                 if let Some(x) = r.slots[slot as usize].take() {
                     self.tx.unreserve(x.path, 1);
+                    r.per_path[usize::from(x.path.0)] -= 1;
                     x.req
                         .fail(EngineError::BadRange("a read could not be posted"));
                 }
@@ -335,6 +378,9 @@ impl Engine {
                 return;
             }
             let p = c.reads.pop_front().expect("checked");
+            if p.req.is_done() {
+                continue;
+            }
             let id = c.id;
             let req = p.req.clone();
             if let Err(e) = self.post_recv(id, p.use_, (p.local, p.len), &p.req, Some(p.from)) {
@@ -355,6 +401,7 @@ impl Engine {
             return;
         };
         self.reads.free.push(slot);
+        self.reads.per_path[usize::from(x.path.0)] -= 1;
         self.tx.unreserve(x.path, 1);
         if e.ok {
             self.stats.bytes_read += x.len;
@@ -394,6 +441,11 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         }
+        // An honest peer has at most a receive's worth of reads posted, and takes the answers.
+        if c.serving >= RECV_IDS as u32 || c.ctl.backlog.len() >= 4 * RECV_IDS {
+            let why = "the peer asked for more reads at once than it can have posted";
+            return self.fail_conn(ci, why, true);
+        }
         self.mark_ready(ci);
         let used = from
             .src
@@ -403,16 +455,7 @@ impl Engine {
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         let (use_, lkey) = match used {
             Ok(u) => u,
-            Err(why) => {
-                self.stats.reads_refused += 1;
-                let no = Ctl::ReadRefused {
-                    seq,
-                    why: why as u8,
-                };
-                c.ctl.backlog.push_back(no.to_bytes());
-                self.mark_ctl(ci);
-                return;
-            }
+            Err(why) => return self.refuse_read(ci, seq, why),
         };
         let m = uccl_tx::Message {
             local_addr: from.src,
@@ -421,15 +464,61 @@ impl Engine {
             remote_addr: addr,
             rkey,
         };
-        let rid = (seq as usize % crate::conn::RECV_IDS) as u8;
+        let rid = (seq as usize % RECV_IDS) as u8;
         match self.tx.send_as(ci, m, rid) {
             Ok(msg) => {
                 self.stats.reads_served += 1;
                 // Nobody waits for it here: the reader learns of it as a receive.
                 let req = Request::of_engine(self.id, None);
-                c.track(msg, req, (len, false), use_);
+                c.track(msg, req, (len, false), use_).served = Some((from.rkey, seq));
+                c.serving += 1;
             }
-            Err(e) => tracing::warn!(conn = ci, error = %e, "serving a read failed"),
+            Err(e) => {
+                tracing::warn!(conn = ci, error = %e, "serving a read failed");
+                self.refuse_read(ci, seq, ReadRefusal::Withdrawn);
+            }
+        }
+    }
+
+    /// Tells the peer of connection `ci` that its read `seq` is refused, and why.
+    fn refuse_read(&mut self, ci: u16, seq: u32, why: ReadRefusal) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        self.stats.reads_refused += 1;
+        let no = Ctl::ReadRefused {
+            seq,
+            why: why as u8,
+        };
+        c.ctl.backlog.push_back(no.to_bytes());
+        self.mark_ctl(ci);
+    }
+
+    /// The export with key `rkey` was withdrawn: the peers' reads of it this engine serves and
+    /// has not started are refused; one started runs to its end (as a READ a NIC had begun
+    /// does). O(connections x messages in flight): a control-path call.
+    pub(crate) fn stop_serving(&mut self, rkey: u32) {
+        for ci in 0..self.conns.len() as u16 {
+            let mut msgs = std::mem::take(&mut self.scratch.msgs);
+            msgs.clear();
+            if let Some(c) = self.conns[usize::from(ci)].as_ref().filter(|c| c.is_open()) {
+                let first = c.first_msg;
+                msgs.extend(c.inflight.iter().enumerate().filter_map(|(i, m)| {
+                    m.as_ref()
+                        .filter(|m| m.served.is_some_and(|(k, _)| k == rkey))
+                        .map(|_| first + i as u64)
+                }));
+            }
+            for &msg in &msgs {
+                if self.tx.started(ci, msg) == Some(false) && self.tx.cancel(ci, msg) {
+                    let c = self.conns[usize::from(ci)].as_mut().expect("open");
+                    let m = c.message(msg).expect("tracked");
+                    m.withdrawn = Some(Why::Cancel);
+                    let seq = m.served.map_or(0, |(_, s)| s);
+                    self.refuse_read(ci, seq, ReadRefusal::Withdrawn);
+                }
+            }
+            self.scratch.msgs = msgs;
         }
     }
 
@@ -438,7 +527,7 @@ impl Engine {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
-        let slot = seq as usize % crate::conn::RECV_IDS;
+        let slot = seq as usize % RECV_IDS;
         let ours = c.recvs[slot]
             .as_ref()
             .is_some_and(|r| r.seq == seq && r.read.is_some() && r.ending.is_none());

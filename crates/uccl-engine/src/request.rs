@@ -32,8 +32,10 @@ struct State<T> {
     /// The tasks awaiting the request (each once, whichever clone it awaits).
     wakers: Vec<Waker>,
     /// Parts still to complete (a vectored transfer, a read in pieces: see
-    /// [`Request::of_parts`]); 1 for a plain request.
+    /// [`Request::set_parts`]); 1 for a plain request.
     parts: u64,
+    /// Whether a part completed.
+    some_done: bool,
     /// Bytes of the parts completed so far.
     sum: u64,
 }
@@ -97,6 +99,7 @@ impl<T: Clone> Request<T> {
                     wakers: Vec::new(),
                     parts: 1,
                     sum: 0,
+                    some_done: false,
                 }),
                 ready: Condvar::new(),
             }),
@@ -179,6 +182,11 @@ impl<T: Clone> Request<T> {
 }
 
 impl Request {
+    /// Whether a part of it completed (some of its work is done).
+    pub(crate) fn any_part_done(&self) -> bool {
+        self.lock().some_done
+    }
+
     /// Makes the request one of `parts` parts (0 counts as 1), before any completes.
     pub(crate) fn set_parts(&self, parts: u64) {
         self.lock().parts = parts.max(1);
@@ -196,6 +204,7 @@ impl Request {
             Ok(d) if s.parts > 1 => {
                 s.parts -= 1;
                 s.sum += d.len;
+                s.some_done = true;
             }
             Ok(d) => {
                 let len = s.sum + d.len;
@@ -210,8 +219,9 @@ impl Request {
     }
 
     /// Asks the engine to withdraw the request, if it still can: a send not yet matched with
-    /// the peer's receive buffer, a write none of whose chunks went out, or a receive the
-    /// peer's engine has not matched with a send (it is told, and matches its next send with
+    /// the peer's receive buffer, a write (every block of a vectored one) none of whose chunks
+    /// went out and that carries no note, a read none of whose pieces was issued, or a receive
+    /// the peer's engine has not matched with a send (it is told, and matches its next send with
     /// the next receive). The request then fails with [`EngineError::Cancelled`]; otherwise it
     /// completes as it would have. Returns at once (the engine acts in its next round);
     /// does nothing for a request that completed.

@@ -344,6 +344,7 @@ impl Engine {
             read_lane: 0,
             next_note: 0,
             notes_done: 0,
+            serving: 0,
             inbox: Default::default(),
             in_ready: false,
             in_acks: false,

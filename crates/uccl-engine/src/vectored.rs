@@ -126,13 +126,16 @@ impl Engine {
             msgs.push((m, use_));
         }
         if msgs.is_empty() {
+            if opts.has_note() {
+                return Err(EngineError::BadRange("a note needs a block to ride on"));
+            }
             req.complete(Ok(Done { len: 0 }));
             return Ok(());
         }
         req.set_parts(msgs.len() as u64);
         // The last block carries the note: it is delivered after it, so after every block.
         let note = match opts.the_note() {
-            Some(n) => Some(self.send_note(conn, n)?),
+            Some(_) => Some(self.next_noted(conn)?),
             None => None,
         };
         let last = msgs.len() - 1;
@@ -147,9 +150,6 @@ impl Engine {
                 Ok(msg) => msg,
                 Err(e) => {
                     // The blocks before it went: the request fails (its blocks are lost to it).
-                    if let Some(s) = serial {
-                        self.unnote(conn.index, s);
-                    }
                     let e = EngineError::from(e);
                     req.fail(e.clone());
                     return Err(e);
@@ -157,6 +157,9 @@ impl Engine {
             };
             let c = self.open_conn(conn)?;
             c.track(msg, req.clone(), (m.len, true), use_).note = serial;
+            if let (Some(n), Some(_)) = (opts.the_note(), serial) {
+                self.send_note(conn, n)?;
+            }
         }
         self.armed(conn, req, opts);
         Ok(())

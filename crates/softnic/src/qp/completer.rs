@@ -227,6 +227,12 @@ impl Qp {
     }
 
     fn on_nak(&mut self, w: &mut World, psn: u32, syn: u8) {
+        // A NAK of a PSN completed already is stale: the answer to a duplicate request (a READ
+        // re-issued after its responses were reordered, met by a key withdrawn since). It
+        // concerns no WQE outstanding; rxe drops it too.
+        if psn_diff(psn, self.req.comp_psn) < 0 {
+            return;
+        }
         if self.ack_up_to(w, psn, false) != Acked::All {
             return;
         }

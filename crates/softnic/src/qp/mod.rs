@@ -251,6 +251,8 @@ pub(crate) struct ReadReply {
     pub(crate) remaining: u64,
     /// The MSN the READ's AETHs carry (the responder's MSN once it executed the READ).
     pub(crate) msn: u32,
+    /// The answer to a duplicate request of a READ executed already.
+    pub(crate) replay: bool,
 }
 
 /// Responder (receive side) progress.

@@ -56,6 +56,7 @@ impl Qp {
             rkey: reth.rkey,
             remaining: len,
             msn: self.resp.msn,
+            replay: false,
         });
         self.wake(w);
     }
@@ -100,6 +101,7 @@ impl Qp {
             rkey: reth.rkey,
             remaining: u64::from(reth.len),
             msn: self.resp.msn,
+            replay: true,
         });
         self.wake(w);
     }
@@ -187,6 +189,14 @@ impl Qp {
         let mut payload = w.spare.take(chunk as usize);
         if chunk > 0 {
             if !w.check_remote(self.at(), r.rkey, r.va, chunk, REMOTE_READ) {
+                if r.replay {
+                    // The answer to a duplicate of a READ answered already, whose region went
+                    // since: the requester has its bytes (or asks again and times out), and
+                    // this end's QP stays up (rxe replays from the resource, which holds the
+                    // region).
+                    self.resp.replies.pop_front();
+                    return true;
+                }
                 // The region was deregistered under an executing READ.
                 self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, r.psn);
                 return true;
