@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use uccl_engine::{Buffer, ConnId, Descriptor, Request, Stats};
+use uccl_engine::{Access, Block, Buffer, ConnId, Descriptor, Request, Stats};
 
 pub use crate::settle::{
     back_to_baseline, close_all, drain, memory_back_to_baseline, quiet, usage_table,
@@ -44,6 +44,32 @@ pub enum Kind {
     /// One-sided: the receiver exports `len + slack` bytes, the sender writes `len` of them at
     /// offset `slack / 2`.
     Write,
+    /// As [`Kind::Write`], as one vectored write ([`uccl_engine::Engine::write_v`]) of the
+    /// message cut in up to three blocks ([`write_v_cuts`]), listed last first.
+    WriteV,
+    /// One-sided, the other way: the sender exports its `len` bytes for reading, and the
+    /// receiver reads them ([`uccl_engine::Engine::read`]) into its buffer of `len + slack`
+    /// bytes at offset `slack / 2`. The request is the receiver's.
+    Read,
+}
+
+impl Kind {
+    /// Whether the bytes land at offset `slack / 2` of the receiver's range (one-sided).
+    fn one_sided(self) -> bool {
+        self != Kind::Send
+    }
+}
+
+/// The blocks a [`Kind::WriteV`] of `len` bytes is cut in: (offset in the message, length),
+/// last block first. One block of 0 bytes for an empty message.
+pub fn write_v_cuts(len: usize) -> Vec<(usize, usize)> {
+    let n = len.clamp(1, 3);
+    let each = len / n;
+    let mut cuts: Vec<(usize, usize)> = (0..n)
+        .map(|k| (k * each, if k + 1 == n { len - k * each } else { each }))
+        .collect();
+    cuts.reverse();
+    cuts
 }
 
 /// One message of a workload.
@@ -95,12 +121,14 @@ pub struct Report {
     pub sender_out_of_order: u64,
 }
 
-/// Which requests of a stream: receives, sends, writes (each must complete in posting order).
+/// Which requests of a stream: receives (which must complete in posting order), sends,
+/// writes, reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Class {
     Recv,
     Send,
     Write,
+    Read,
 }
 
 /// A request being watched.
@@ -213,11 +241,22 @@ pub fn run_with(
         arenas[r]
             .dst_ranges
             .push((p.dst, p.dst + op.len + op.slack, label));
-        if op.kind == Kind::Write {
-            let room = (op.len + op.slack) as u64;
-            let d = sim.engines[r]
-                .export(&arenas[r].dst, p.dst as u64, room)
-                .map_err(|e| format!("seed {seed}: exporting for op {k}: {e}"))?;
+        let exported = match op.kind {
+            Kind::Send => None,
+            Kind::Write | Kind::WriteV => {
+                let room = (op.len + op.slack) as u64;
+                Some(sim.engines[r].export(&arenas[r].dst, p.dst as u64, room))
+            }
+            // A region of at least a byte (a guard byte follows every message).
+            Kind::Read => Some(sim.engines[s].export_with(
+                &arenas[s].src,
+                p.src as u64,
+                op.len.max(1) as u64,
+                Access::READ,
+            )),
+        };
+        if let Some(d) = exported {
+            let d = d.map_err(|e| format!("seed {seed}: exporting for op {k}: {e}"))?;
             descs[k] = Some(d);
         }
     }
@@ -332,6 +371,35 @@ pub fn run_with(
                             )
                             .map(|q| watch(q, Class::Write))
                     }
+                    Kind::WriteV => {
+                        let d = descs[k].expect("exported");
+                        let blocks: Vec<Block> = write_v_cuts(op.len)
+                            .into_iter()
+                            .map(|(at, len)| Block {
+                                buf: arenas[s].src.clone(),
+                                offset: (p.src + at) as u64,
+                                remote: d,
+                                remote_offset: (op.slack / 2 + at) as u64,
+                                len: len as u64,
+                            })
+                            .collect();
+                        sim.engines[s]
+                            .write_v(cs, &blocks)
+                            .map(|q| watch(q, Class::Write))
+                    }
+                    Kind::Read => {
+                        let d = descs[k].expect("exported");
+                        sim.engines[r]
+                            .read(
+                                cr,
+                                &arenas[r].dst,
+                                (p.dst + op.slack / 2) as u64,
+                                &d,
+                                0,
+                                op.len as u64,
+                            )
+                            .map(|q| watch(q, Class::Read))
+                    }
                 };
                 if let Err(e) = posted {
                     post_error = Some(format!("posting op {k} ({op:?}): {e}"));
@@ -383,12 +451,7 @@ pub fn run_with(
         let (s, r, _, _) = ends(links, op);
         let bytes = op_bytes(seed, op, k);
         want_src[s][p.src..p.src + op.len].copy_from_slice(&bytes);
-        let at = p.dst
-            + if op.kind == Kind::Write {
-                op.slack / 2
-            } else {
-                0
-            };
+        let at = p.dst + if op.kind.one_sided() { op.slack / 2 } else { 0 };
         want_dst[r][at..at + op.len].copy_from_slice(&bytes);
     }
     for (i, a) in arenas.iter().enumerate() {
@@ -417,22 +480,30 @@ pub fn run_with(
             }
         }
     }
-    // Exactly once: each receiver counted each of its messages once.
+    // Exactly once: each receiver counted each of its messages (each block of a vectored
+    // write) once, and the bytes of its reads once.
     let stats: Vec<Stats> = sim.engines.iter().map(|e| e.stats()).collect();
     for i in 0..n {
-        let to_me = |kind| {
+        let to_me = |kind, count: fn(&Op) -> u64| -> u64 {
             ops.iter()
                 .filter(|op| op.kind == kind && ends(links, op).1 == i)
-                .count() as u64
+                .map(count)
+                .sum()
         };
+        let one = |_: &Op| 1;
+        let want = (
+            to_me(Kind::Send, one),
+            to_me(Kind::Write, one) + to_me(Kind::WriteV, |op| write_v_cuts(op.len).len() as u64),
+            to_me(Kind::Read, |op| op.len as u64),
+        );
         let got = (
             stats[i].messages_received - before[i].messages_received,
             stats[i].writes_received - before[i].writes_received,
+            stats[i].bytes_read - before[i].bytes_read,
         );
-        if got != (to_me(Kind::Send), to_me(Kind::Write)) {
+        if got != want {
             return Err(fail(format!(
-                "engine {i} received {got:?} (messages, writes), expected {:?}",
-                (to_me(Kind::Send), to_me(Kind::Write))
+                "engine {i} received {got:?} (messages, writes, bytes read), expected {want:?}"
             )));
         }
     }
