@@ -28,8 +28,9 @@ use crate::rx::Delivered;
 
 /// The most bytes a note may carry.
 pub const MAX_NOTE: usize = 256;
-/// Notified writes a connection may have outstanding (sent and not yet complete).
-pub(crate) const MAX_NOTED: u32 = 32;
+/// Notified writes a connection may have outstanding (sent and not yet complete); one more
+/// is refused with [`EngineError::Limit`](crate::EngineError::Limit).
+pub const MAX_NOTED: u32 = 32;
 /// Notes a connection may have delivered ahead of their writes.
 const MAX_ARRIVED: usize = 2 * MAX_NOTED as usize;
 /// Deliveries a connection may have held behind a note not yet in.

@@ -29,7 +29,7 @@ pub(crate) enum TransportArg {
 }
 
 /// Two-sided messages or one-sided writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum OpArg {
     /// `send` matched with the receiver's posted `recv`.
@@ -250,11 +250,11 @@ impl Args {
 
     /// Checks what the parser could not check alone: combinations. One line on error.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if (self.server || self.client.is_some()) && self.op != OpArg::Send {
+        if (self.server || self.client.is_some()) && !matches!(self.op, OpArg::Send | OpArg::Write)
+        {
             return Err(
-                "--op write and --op read run in one process only for now (the two processes \
-                        do not exchange export descriptors yet); use --op send with \
-                        --server/--client"
+                "--op read, writev and readv run in one process only for now; use --op send \
+                        or --op write with --server/--client"
                     .into(),
             );
         }

@@ -16,7 +16,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use super::{inflight, say};
-use crate::args::{Args, RecvKeysArg, TransportArg, TxMode};
+use crate::args::{Args, OpArg, RecvKeysArg, TransportArg, TxMode};
 
 /// The version of the exchange; a client and a server of different versions refuse each other.
 const VERSION: u32 = 1;
@@ -29,6 +29,9 @@ const MAX_LINE: u64 = 64 << 10;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RunOptions {
     transport: TransportArg,
+    /// What the messages are (`--op`): sends, or notified writes.
+    #[serde(default = "send_op")]
+    op: OpArg,
     flows: u16,
     qps_per_flow: u16,
     engines: u16,
@@ -46,6 +49,11 @@ pub(crate) struct RunOptions {
     tx_mode: TxMode,
     recv_keys: RecvKeysArg,
     no_payload: bool,
+}
+
+/// `--op`'s default, for a client that does not say.
+fn send_op() -> OpArg {
+    OpArg::Send
 }
 
 /// The client's line.
@@ -68,6 +76,7 @@ impl RunOptions {
     pub(crate) fn of(args: &Args) -> Self {
         RunOptions {
             transport: args.transport,
+            op: args.op,
             flows: args.flows,
             qps_per_flow: args.qps_per_flow,
             engines: args.engines,
@@ -99,6 +108,7 @@ impl RunOptions {
         let some = |v: &dyn std::fmt::Display| Some(v.to_string());
         vec![
             ("transport", name(self.transport)),
+            ("op", name(self.op)),
             ("flows", some(&self.flows)),
             ("qps_per_flow", some(&self.qps_per_flow)),
             ("engines", some(&self.engines)),
@@ -151,6 +161,7 @@ impl RunOptions {
         }
         let mut a = args.clone();
         a.transport = self.transport;
+        a.op = self.op;
         a.flows = self.flows;
         a.qps_per_flow = self.qps_per_flow;
         a.engines = self.engines;

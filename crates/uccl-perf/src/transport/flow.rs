@@ -26,6 +26,30 @@ pub(super) struct TxSide {
     pub(super) marker_sent: bool,
     /// The end marker's send completed.
     pub(super) marker_done: bool,
+    /// Two processes, `--op write`: the receiver's export, and its credits (see [`Credits`]).
+    pub(super) remote: Option<(Descriptor, Credits)>,
+}
+
+/// Two processes, `--op write`: the receiver hands a slot back (a 0-byte send) once it checked
+/// the message in it, so a write never lands in a slot still being checked. The sender's side:
+/// the small buffer the credits arrive in, the receives posted for them, and how many came.
+pub(super) struct Credits {
+    pub(super) buf: Buffer,
+    pub(super) reqs: VecDeque<Request>,
+    pub(super) posted: u64,
+    pub(super) got: u64,
+}
+
+impl Credits {
+    /// Credits arriving in `buf`, none yet.
+    pub(super) fn new(buf: Buffer) -> Credits {
+        Credits {
+            buf,
+            reqs: VecDeque::new(),
+            posted: 0,
+            got: 0,
+        }
+    }
 }
 
 impl TxSide {
@@ -40,6 +64,7 @@ impl TxSide {
             completed: 0,
             marker_sent: false,
             marker_done: false,
+            remote: None,
         }
     }
 }
@@ -60,6 +85,8 @@ pub(super) struct RxSide {
     pub(super) received: u64,
     /// The end marker arrived (two processes only).
     pub(super) ended: bool,
+    /// Two processes, `--op write`: the buffer credits are sent from, and the sends in flight.
+    pub(super) credits: Option<(Buffer, VecDeque<Request>)>,
 }
 
 impl RxSide {
@@ -75,6 +102,7 @@ impl RxSide {
             next_post: 0,
             received: 0,
             ended: false,
+            credits: None,
         }
     }
 }

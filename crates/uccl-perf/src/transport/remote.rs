@@ -5,13 +5,13 @@
 
 use std::net::TcpListener;
 
-use uccl_engine::{Clock, Engine};
+use uccl_engine::{Clock, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
 
-use super::flow::{Flow, RxSide, TxSide};
+use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
 use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
-use crate::args::Args;
+use crate::args::{Args, OpArg};
 
 /// Which end of every flow this process runs, and how it reaches the other process.
 #[derive(Debug, Clone, Copy)]
@@ -111,7 +111,21 @@ pub(super) fn run_side(
                     .and_then(|c| e.wait(&c))
                     .map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
-                (None, Some(RxSide::new(engine, conn, dst, None)))
+                let mut rx = RxSide::new(engine, conn, dst, None);
+                if args.op == OpArg::Write {
+                    // The export goes to the sender as the flow's first message.
+                    let err = |err| format!("flow {f}: handing the export over: {err}");
+                    let desc = e.export(&rx.dst, 0, window * msg).map_err(err)?;
+                    let small = buffer(e, 64)?;
+                    small.write_at(0, &desc.to_bytes()).map_err(err)?;
+                    let r = e
+                        .send(conn, &small, 0, DESCRIPTOR_LEN as u64)
+                        .map_err(err)?;
+                    e.wait(&r).map_err(err)?;
+                    rx.desc = Some(desc);
+                    rx.credits = Some((small, Default::default()));
+                }
+                (None, Some(rx))
             }
             Side::Client(addr) => {
                 let conn = e
@@ -119,7 +133,19 @@ pub(super) fn run_side(
                     .and_then(|c| e.wait(&c))
                     .map_err(|err| format!("connecting flow {f} to {addr}: {err}"))?;
                 let src = buffer(e, window * msg)?;
-                (Some(TxSide::new(engine, conn, src)), None)
+                let mut tx = TxSide::new(engine, conn, src);
+                if args.op == OpArg::Write {
+                    let err = |err| format!("flow {f}: taking the receiver's export: {err}");
+                    let small = buffer(e, 64)?;
+                    let r = e.recv(conn, &small, 0, 64).map_err(err)?;
+                    let len = e.wait(&r).map_err(err)?.len as usize;
+                    let mut b = [0u8; 64];
+                    small.read_at(0, &mut b[..len]).map_err(err)?;
+                    let desc = Descriptor::from_bytes(&b[..len])
+                        .ok_or_else(|| format!("flow {f}: the receiver's export is garbled"))?;
+                    tx.remote = Some((desc, Credits::new(small)));
+                }
+                (Some(tx), None)
             }
         };
         flows.push(Flow {

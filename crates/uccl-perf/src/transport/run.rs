@@ -2,7 +2,7 @@
 //! whether (and where) the run is done.
 
 use indicatif::ProgressBar;
-use uccl_engine::Engine;
+use uccl_engine::{Engine, Opts};
 
 use super::flow::{Flow, Payload};
 use crate::args::{Args, OpArg};
@@ -46,7 +46,7 @@ pub(super) struct Run<'a> {
 impl Run<'_> {
     /// Completes and posts what it can on every flow; whether anything changed.
     pub(super) fn step(&mut self) -> Result<bool, String> {
-        let mut progress = false;
+        let mut progress = self.take_notes()?;
         for i in 0..self.flows.len() {
             progress |= self.step_rx(i)?;
             progress |= self.step_tx(i)?;
@@ -71,8 +71,11 @@ impl Run<'_> {
         };
         if rx.desc.is_some() {
             // One-sided: nothing completes at the receiver; the writer's completion says the
-            // bytes are in place (in process).
-            return Ok(false);
+            // bytes are in place (in process), or its note does (two processes).
+            return match marker {
+                true => self.step_noted_rx(i),
+                false => Ok(false),
+            };
         }
         let id = self.flows[i].id;
         while let Some((m, r)) = self.flows[i].rx.as_ref().and_then(|rx| rx.reqs.front()) {
@@ -145,7 +148,7 @@ impl Run<'_> {
                     done.len
                 ));
             }
-            if what != "send" {
+            if what != "send" && self.flows[i].rx.is_some() {
                 // In process: the write is acknowledged (the read complete), so every byte is
                 // in place.
                 self.payload.verify(&self.flows[i], m)?;
@@ -155,10 +158,20 @@ impl Run<'_> {
             self.flows[i].tx.as_mut().expect("tx").completed += 1;
             self.sent += 1;
         }
+        progress |= self.take_credits(i)?;
         loop {
             let tx = self.flows[i].tx.as_ref().expect("tx");
             let m = tx.next;
-            if m >= limit || m >= tx.completed + window {
+            // Two processes, `--op write`: a slot is free once the receiver handed it back, and
+            // the engine takes MAX_NOTED notified writes at once.
+            let (freed, window) = match &tx.remote {
+                Some((_, c)) => (
+                    c.got.min(tx.completed),
+                    window.min(u64::from(uccl_engine::MAX_NOTED)),
+                ),
+                None => (tx.completed, window),
+            };
+            if m >= limit || m >= freed + window {
                 break;
             }
             self.payload.fill(&self.flows[i], m)?;
@@ -187,6 +200,12 @@ impl Run<'_> {
                     sc.blocks((&rx.dst, off), (desc, off), &mut self.blocks);
                     self.engines[rx.engine].read_v(rx.conn, &self.blocks)
                 }
+                // Two processes: the note tells the receiver which message is in place.
+                (OpArg::Write, None) => {
+                    let (desc, _) = tx.remote.as_ref().expect("the receiver's export");
+                    let note = Opts::default().note(&m.to_le_bytes()).expect("8 bytes");
+                    self.engines[tx.engine].write_with(tx.conn, &tx.src, off, msg, desc, off, note)
+                }
                 _ => self.engines[tx.engine].send(tx.conn, &tx.src, off, msg),
             }
             .map_err(|e| format!("flow {id} message {m}: posting: {e}"))?;
@@ -201,6 +220,114 @@ impl Run<'_> {
                 .map_err(|e| format!("flow {id}: posting the end-of-flow message: {e}"))?;
             tx.reqs.push_back((u64::MAX, r));
             tx.marker_sent = true;
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Two processes, `--op write`, the receiver: the notes of the writes that landed (each
+    /// names its message), each message checked in its slot and the slot handed back (a 0-byte
+    /// send); whether any came.
+    fn take_notes(&mut self) -> Result<bool, String> {
+        if !self.marker || self.args.op != OpArg::Write {
+            return Ok(false);
+        }
+        let mut progress = false;
+        for e in 0..self.engines.len() {
+            let notes = self.engines[e].notifications();
+            while let Some(n) = notes.pop() {
+                progress = true;
+                let i = self
+                    .flows
+                    .iter()
+                    .position(|f| f.rx.as_ref().is_some_and(|r| r.conn == n.conn))
+                    .ok_or_else(|| format!("a note on no flow of this run ({:?})", n.conn))?;
+                let id = self.flows[i].id;
+                let rx = self.flows[i].rx.as_ref().expect("found");
+                let m = <[u8; 8]>::try_from(&n.data[..])
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| format!("flow {id}: a note of {} bytes", n.data.len()))?;
+                if m != rx.received {
+                    return Err(format!(
+                        "flow {id}: the note of message {m} came when {} was due",
+                        rx.received
+                    ));
+                }
+                self.payload.verify(&self.flows[i], m)?;
+                let rx = self.flows[i].rx.as_mut().expect("found");
+                rx.received += 1;
+                self.received += 1;
+                let (buf, sends) = rx.credits.as_mut().expect("two processes, --op write");
+                let r = self.engines[rx.engine]
+                    .send(rx.conn, buf, 0, 0)
+                    .map_err(|e| format!("flow {id} message {m}: handing the slot back: {e}"))?;
+                sends.push_back(r);
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Two processes, `--op write`, the receiver of flow `i`: the slots handed back (their
+    /// sends completing), and the end marker's receive; whether anything changed.
+    fn step_noted_rx(&mut self, i: usize) -> Result<bool, String> {
+        let id = self.flows[i].id;
+        let rx = self.flows[i].rx.as_mut().expect("rx");
+        let (buf, sends) = rx.credits.as_mut().expect("two processes, --op write");
+        let mut progress = false;
+        while let Some(r) = sends.front() {
+            match r.test() {
+                None => break,
+                Some(Ok(_)) => {
+                    sends.pop_front();
+                    progress = true;
+                }
+                Some(Err(e)) => return Err(format!("flow {id}: handing a slot back failed: {e}")),
+            }
+        }
+        if let Some((_, r)) = rx.reqs.front()
+            && let Some(res) = r.test()
+        {
+            res.map_err(|e| format!("flow {id}: the end-of-flow message failed: {e}"))?;
+            rx.reqs.pop_front();
+            rx.ended = true;
+            return Ok(true);
+        }
+        if rx.reqs.is_empty() && !rx.ended {
+            let r = self.engines[rx.engine]
+                .recv(rx.conn, buf, 0, 1)
+                .map_err(|e| format!("flow {id}: posting the end-of-flow receive: {e}"))?;
+            rx.reqs.push_back((u64::MAX, r));
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Two processes, `--op write`, the sender of flow `i`: the slots the receiver handed back,
+    /// and receives posted for the next ones; whether anything changed.
+    fn take_credits(&mut self, i: usize) -> Result<bool, String> {
+        let (id, window, limit) = (self.flows[i].id, self.window, self.limit);
+        let tx = self.flows[i].tx.as_mut().expect("tx");
+        let Some((_, c)) = tx.remote.as_mut() else {
+            return Ok(false);
+        };
+        let mut progress = false;
+        while let Some(r) = c.reqs.front() {
+            match r.test() {
+                None => break,
+                Some(Ok(_)) => {
+                    c.reqs.pop_front();
+                    c.got += 1;
+                    progress = true;
+                }
+                Some(Err(e)) => return Err(format!("flow {id}: a slot handed back failed: {e}")),
+            }
+        }
+        while c.posted < limit && (c.reqs.len() as u64) < window {
+            let r = self.engines[tx.engine]
+                .recv(tx.conn, &c.buf, 0, 1)
+                .map_err(|e| format!("flow {id}: posting a receive for a slot: {e}"))?;
+            c.reqs.push_back(r);
+            c.posted += 1;
             progress = true;
         }
         Ok(progress)
