@@ -51,6 +51,12 @@ impl OpArg {
         matches!(self, OpArg::Read | OpArg::Readv)
     }
 
+    /// Whether messages are writes that carry a note naming them (two processes: the
+    /// receiver learns of each from its note).
+    pub(crate) fn notes(self) -> bool {
+        matches!(self, OpArg::Write | OpArg::Writev)
+    }
+
     /// Whether a message is a list of blocks.
     pub(crate) fn vectored(self) -> bool {
         matches!(self, OpArg::Writev | OpArg::Readv)
@@ -250,11 +256,10 @@ impl Args {
 
     /// Checks what the parser could not check alone: combinations. One line on error.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if (self.server || self.client.is_some()) && !matches!(self.op, OpArg::Send | OpArg::Write)
-        {
+        if (self.server || self.client.is_some()) && self.op.reads() {
             return Err(
-                "--op read, writev and readv run in one process only for now; use --op send \
-                        or --op write with --server/--client"
+                "--op read and readv run in one process only for now; use --op send, write \
+                        or writev with --server/--client"
                     .into(),
             );
         }

@@ -272,11 +272,11 @@ fn bad_arguments_get_one_line() {
         ("--device nope0", "no RDMA device named \"nope0\""),
         (
             "--server --op readv",
-            "--op read, writev and readv run in one process only",
+            "--op read and readv run in one process only",
         ),
         (
             "--client 127.0.0.1 --op read",
-            "--op read, writev and readv run in one process only",
+            "--op read and readv run in one process only",
         ),
         ("--engines 5", "every engine pair needs a flow"),
         ("--duration x", "not a number"),
@@ -444,6 +444,19 @@ fn notified_writes_run_between_two_processes() {
         assert_eq!(s["verified"], true, "{mode}: {s}");
         assert_eq!(c["messages_sent"], 12, "{mode}: {c}");
     }
+    // A vectored write of 16 blocks of 1000 bytes, scattered in both buffers.
+    let (server, client) = server_and_client(
+        "--json",
+        "--json --flows 2 --op writev --iov 16 --block-size 1000 --messages 10",
+    );
+    let (s, c) = (json_of("server", &server), json_of("client", &client));
+    assert_eq!(s["config"]["op"], "writev", "{s}");
+    assert_eq!(s["messages_received"], 20, "{s}");
+    assert_eq!(s["bytes_received"], 20 * 16 * 1000, "{s}");
+    assert_eq!(
+        (s["verified"].clone(), c["messages_sent"].clone()),
+        (true.into(), 20.into())
+    );
     let (server, _) = server_and_client(
         "--json --tamper 1:4:9",
         &format!("--json --flows 2 --op write {SMALL}"),

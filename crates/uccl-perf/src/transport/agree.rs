@@ -32,6 +32,11 @@ pub(crate) struct RunOptions {
     /// What the messages are (`--op`): sends, or notified writes.
     #[serde(default = "send_op")]
     op: OpArg,
+    /// `--op writev`: blocks per message and their size.
+    #[serde(default)]
+    iov: u32,
+    #[serde(default)]
+    block_size: u64,
     flows: u16,
     qps_per_flow: u16,
     engines: u16,
@@ -77,6 +82,8 @@ impl RunOptions {
         RunOptions {
             transport: args.transport,
             op: args.op,
+            iov: args.iov,
+            block_size: args.block_size,
             flows: args.flows,
             qps_per_flow: args.qps_per_flow,
             engines: args.engines,
@@ -109,6 +116,8 @@ impl RunOptions {
         vec![
             ("transport", name(self.transport)),
             ("op", name(self.op)),
+            ("iov", some(&self.iov)),
+            ("block_size", some(&self.block_size)),
             ("flows", some(&self.flows)),
             ("qps_per_flow", some(&self.qps_per_flow)),
             ("engines", some(&self.engines)),
@@ -162,10 +171,17 @@ impl RunOptions {
         let mut a = args.clone();
         a.transport = self.transport;
         a.op = self.op;
+        if self.op.vectored() {
+            // The message is the blocks.
+            (a.iov, a.block_size) = (self.iov, self.block_size);
+            if a.iov == 0 || a.block_size == 0 {
+                return Err("--iov 0 or --block-size 0".into());
+            }
+        }
         a.flows = self.flows;
         a.qps_per_flow = self.qps_per_flow;
         a.engines = self.engines;
-        a.msg_size = Some(self.msg_size);
+        a.msg_size = (!self.op.vectored()).then_some(self.msg_size);
         a.chunk_size = self.chunk_size;
         a.messages = self.messages;
         a.duration = duration;

@@ -11,7 +11,7 @@ use verbs_safe::Verbs;
 use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
 use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
-use crate::args::{Args, OpArg};
+use crate::args::Args;
 
 /// Which end of every flow this process runs, and how it reaches the other process.
 #[derive(Debug, Clone, Copy)]
@@ -112,7 +112,7 @@ pub(super) fn run_side(
                     .map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
                 let mut rx = RxSide::new(engine, conn, dst, None);
-                if args.op == OpArg::Write {
+                if args.op.notes() {
                     // The export goes to the sender as the flow's first message.
                     let err = |err| format!("flow {f}: handing the export over: {err}");
                     let desc = e.export(&rx.dst, 0, window * msg).map_err(err)?;
@@ -134,7 +134,7 @@ pub(super) fn run_side(
                     .map_err(|err| format!("connecting flow {f} to {addr}: {err}"))?;
                 let src = buffer(e, window * msg)?;
                 let mut tx = TxSide::new(engine, conn, src);
-                if args.op == OpArg::Write {
+                if args.op.notes() {
                     let err = |err| format!("flow {f}: taking the receiver's export: {err}");
                     let small = buffer(e, 64)?;
                     let r = e.recv(conn, &small, 0, 64).map_err(err)?;

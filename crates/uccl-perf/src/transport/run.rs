@@ -206,6 +206,13 @@ impl Run<'_> {
                     let note = Opts::default().note(&m.to_le_bytes()).expect("8 bytes");
                     self.engines[tx.engine].write_with(tx.conn, &tx.src, off, msg, desc, off, note)
                 }
+                (OpArg::Writev, None) => {
+                    let (desc, _) = tx.remote.as_ref().expect("the receiver's export");
+                    let note = Opts::default().note(&m.to_le_bytes()).expect("8 bytes");
+                    let sc = self.payload.scatter().expect("vectored");
+                    sc.blocks((&tx.src, off), (desc, off), &mut self.blocks);
+                    self.engines[tx.engine].write_v_with(tx.conn, &self.blocks, note)
+                }
                 _ => self.engines[tx.engine].send(tx.conn, &tx.src, off, msg),
             }
             .map_err(|e| format!("flow {id} message {m}: posting: {e}"))?;
@@ -229,7 +236,7 @@ impl Run<'_> {
     /// names its message), each message checked in its slot and the slot handed back (a 0-byte
     /// send); whether any came.
     fn take_notes(&mut self) -> Result<bool, String> {
-        if !self.marker || self.args.op != OpArg::Write {
+        if !self.marker || !self.args.op.notes() {
             return Ok(false);
         }
         let mut progress = false;
