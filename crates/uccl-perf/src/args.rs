@@ -256,13 +256,6 @@ impl Args {
 
     /// Checks what the parser could not check alone: combinations. One line on error.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if (self.server || self.client.is_some()) && self.op.reads() {
-            return Err(
-                "--op read and readv run in one process only for now; use --op send, write \
-                        or writev with --server/--client"
-                    .into(),
-            );
-        }
         if self.op.vectored() && self.msg_size.is_some() {
             return Err(
                 "--op writev|readv: a message is --iov blocks of --block-size; --msg-size \

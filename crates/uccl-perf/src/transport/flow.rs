@@ -87,6 +87,8 @@ pub(super) struct RxSide {
     pub(super) ended: bool,
     /// Two processes, `--op write`: the buffer credits are sent from, and the sends in flight.
     pub(super) credits: Option<(Buffer, VecDeque<Request>)>,
+    /// Two processes, `--op read|readv`: the reads in flight, by message.
+    pub(super) reads: VecDeque<(u64, Request)>,
 }
 
 impl RxSide {
@@ -103,6 +105,7 @@ impl RxSide {
             received: 0,
             ended: false,
             credits: None,
+            reads: VecDeque::new(),
         }
     }
 }

@@ -5,11 +5,12 @@
 
 use std::net::TcpListener;
 
-use uccl_engine::{Clock, DESCRIPTOR_LEN, Descriptor, Engine};
+use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
 
 use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
+use super::run::{NOTICE, NOTICES_AT};
 use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
 use crate::args::Args;
 
@@ -88,6 +89,16 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
+/// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
+/// least) of engine `e`'s connection `conn`.
+fn take_export(e: &mut Engine, conn: ConnId, small: &Buffer) -> Result<Descriptor, String> {
+    let r = e.recv(conn, small, 0, 64).map_err(|e| e.to_string())?;
+    let len = e.wait(&r).map_err(|e| e.to_string())?.len as usize;
+    let mut b = [0u8; 64];
+    small.read_at(0, &mut b[..len]).map_err(|e| e.to_string())?;
+    Descriptor::from_bytes(&b[..len]).ok_or_else(|| "it came garbled".to_string())
+}
+
 /// Runs the `side` end of `args.flows` flows (flow `f` on engine `f % engines`): as the
 /// server, until each sender ends its flow; as the client, until each flow is sent and ended.
 pub(super) fn run_side(
@@ -112,6 +123,13 @@ pub(super) fn run_side(
                     .map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
                 let mut rx = RxSide::new(engine, conn, dst, None);
+                if args.op.reads() {
+                    // The sender's export comes as the flow's first message.
+                    let err = |err| format!("flow {f}: taking the sender's export: {err}");
+                    let small = buffer(e, NOTICES_AT + window * NOTICE)?;
+                    rx.desc = Some(take_export(e, conn, &small).map_err(err)?);
+                    rx.credits = Some((small, Default::default()));
+                }
                 if args.op.notes() {
                     // The export goes to the sender as the flow's first message.
                     let err = |err| format!("flow {f}: handing the export over: {err}");
@@ -137,12 +155,21 @@ pub(super) fn run_side(
                 if args.op.notes() {
                     let err = |err| format!("flow {f}: taking the receiver's export: {err}");
                     let small = buffer(e, 64)?;
-                    let r = e.recv(conn, &small, 0, 64).map_err(err)?;
-                    let len = e.wait(&r).map_err(err)?.len as usize;
-                    let mut b = [0u8; 64];
-                    small.read_at(0, &mut b[..len]).map_err(err)?;
-                    let desc = Descriptor::from_bytes(&b[..len])
-                        .ok_or_else(|| format!("flow {f}: the receiver's export is garbled"))?;
+                    let desc = take_export(e, conn, &small).map_err(err)?;
+                    tx.remote = Some((desc, Credits::new(small)));
+                }
+                if args.op.reads() {
+                    // The export goes to the reader as the flow's first message.
+                    let err = |err| format!("flow {f}: handing the export over: {err}");
+                    let desc = e
+                        .export_with(&tx.src, 0, window * msg, Access::READ)
+                        .map_err(err)?;
+                    let small = buffer(e, NOTICES_AT + window * NOTICE)?;
+                    small.write_at(0, &desc.to_bytes()).map_err(err)?;
+                    let r = e
+                        .send(conn, &small, 0, DESCRIPTOR_LEN as u64)
+                        .map_err(err)?;
+                    e.wait(&r).map_err(err)?;
                     tx.remote = Some((desc, Credits::new(small)));
                 }
                 (Some(tx), None)

@@ -7,6 +7,11 @@ use uccl_engine::{Engine, Opts};
 use super::flow::{Flow, Payload};
 use crate::args::{Args, OpArg};
 
+/// Two processes, `--op read|readv`: the bytes of a notice that a message is ready (its number),
+/// and where notices lie in the small buffer of each end (after the export's descriptor).
+pub(super) const NOTICE: u64 = 8;
+pub(super) const NOTICES_AT: u64 = 64;
+
 /// A run in progress.
 pub(super) struct Run<'a> {
     pub(super) args: &'a Args,
@@ -72,9 +77,10 @@ impl Run<'_> {
         if rx.desc.is_some() {
             // One-sided: nothing completes at the receiver; the writer's completion says the
             // bytes are in place (in process), or its note does (two processes).
-            return match marker {
-                true => self.step_noted_rx(i),
-                false => Ok(false),
+            return match (marker, self.args.op.reads()) {
+                (true, false) => self.step_noted_rx(i),
+                (true, true) => self.step_reading_rx(i),
+                (false, _) => Ok(false),
             };
         }
         let id = self.flows[i].id;
@@ -142,9 +148,12 @@ impl Run<'_> {
                 self.flows[i].tx.as_mut().expect("tx").marker_done = true;
                 continue;
             }
-            if done.len != msg {
+            // Two processes, `--op read|readv`: what completes here is the message's notice.
+            let notice = self.marker && self.args.op.reads();
+            let expect = if notice { NOTICE } else { msg };
+            if done.len != expect {
                 return Err(format!(
-                    "flow {id} message {m}: the {what} moved {} bytes of {msg}",
+                    "flow {id} message {m}: the {what} moved {} bytes of {expect}",
                     done.len
                 ));
             }
@@ -206,6 +215,15 @@ impl Run<'_> {
                     let note = Opts::default().note(&m.to_le_bytes()).expect("8 bytes");
                     self.engines[tx.engine].write_with(tx.conn, &tx.src, off, msg, desc, off, note)
                 }
+                // Two processes: the receiver reads the message once told it is ready.
+                (OpArg::Read | OpArg::Readv, None) => {
+                    let (_, c) = tx.remote.as_ref().expect("two processes");
+                    let at = NOTICES_AT + (m % window) * NOTICE;
+                    c.buf
+                        .write_at(at as usize, &m.to_le_bytes())
+                        .map_err(|e| format!("flow {id} message {m}: {e}"))?;
+                    self.engines[tx.engine].send(tx.conn, &c.buf, at, NOTICE)
+                }
                 (OpArg::Writev, None) => {
                     let (desc, _) = tx.remote.as_ref().expect("the receiver's export");
                     let note = Opts::default().note(&m.to_le_bytes()).expect("8 bytes");
@@ -221,7 +239,10 @@ impl Run<'_> {
             progress = true;
         }
         let tx = self.flows[i].tx.as_mut().expect("tx");
-        if marker && !tx.marker_sent && tx.next == limit && tx.completed == limit {
+        // The end, once every message is out and (two processes, one-sided) every slot was
+        // handed back: the receiver is done with this end's memory.
+        let handed_back = tx.remote.as_ref().is_none_or(|(_, c)| c.got >= limit);
+        if marker && !tx.marker_sent && tx.next == limit && tx.completed == limit && handed_back {
             let r = self.engines[tx.engine]
                 .send(tx.conn, &tx.src, 0, self.marker_len)
                 .map_err(|e| format!("flow {id}: posting the end-of-flow message: {e}"))?;
@@ -309,6 +330,108 @@ impl Run<'_> {
         Ok(progress)
     }
 
+    /// Two processes, `--op read|readv`, the reader of flow `i`: notices of messages ready (a
+    /// receive each, in order), the read of each message ready, each read checked when it
+    /// completes and its slot handed back, and the end marker; whether anything changed.
+    fn step_reading_rx(&mut self, i: usize) -> Result<bool, String> {
+        let (msg, window, id) = (self.msg, self.window, self.flows[i].id);
+        let mut progress = false;
+        // Reads complete in order of notice: each checked, its slot handed back.
+        loop {
+            let rx = self.flows[i].rx.as_mut().expect("rx");
+            let Some((m, r)) = rx.reads.front() else {
+                break;
+            };
+            let Some(res) = r.test() else { break };
+            let m = *m;
+            res.map_err(|e| format!("flow {id} message {m}: the read failed: {e}"))?;
+            rx.reads.pop_front();
+            self.payload.verify(&self.flows[i], m)?;
+            let rx = self.flows[i].rx.as_mut().expect("rx");
+            rx.received += 1;
+            self.received += 1;
+            let (buf, sends) = rx.credits.as_mut().expect("two processes");
+            let r = self.engines[rx.engine]
+                .send(rx.conn, buf, 0, 0)
+                .map_err(|e| format!("flow {id} message {m}: handing the slot back: {e}"))?;
+            sends.push_back(r);
+            progress = true;
+        }
+        let marker_len = self.marker_len;
+        let rx = self.flows[i].rx.as_mut().expect("rx");
+        let (buf, sends) = rx.credits.as_mut().expect("two processes");
+        while let Some(r) = sends.front() {
+            match r.test() {
+                None => break,
+                Some(Ok(_)) => {
+                    sends.pop_front();
+                }
+                Some(Err(e)) => return Err(format!("flow {id}: handing a slot back failed: {e}")),
+            }
+        }
+        // Notices, in order: the k-th names message k.
+        while let Some((k, r)) = rx.reqs.front() {
+            let k = *k;
+            let Some(res) = r.test() else { break };
+            let done = res.map_err(|e| format!("flow {id}: a notice failed: {e}"))?;
+            rx.reqs.pop_front();
+            progress = true;
+            if done.len == marker_len {
+                rx.ended = true;
+                break;
+            }
+            let mut b = [0u8; NOTICE as usize];
+            let at = NOTICES_AT + (k % window) * NOTICE;
+            buf.read_at(at as usize, &mut b)
+                .map_err(|e| format!("flow {id}: {e}"))?;
+            if done.len != NOTICE || u64::from_le_bytes(b) != k {
+                return Err(format!(
+                    "flow {id}: notice {k} is garbled ({} bytes)",
+                    done.len
+                ));
+            }
+            let desc = rx.desc.as_ref().expect("the sender's export");
+            let off = (k % window) * msg;
+            let e = &mut self.engines[rx.engine];
+            let r = match self.payload.scatter() {
+                Some(sc) => {
+                    sc.blocks((&rx.dst, off), (desc, off), &mut self.blocks);
+                    e.read_v(rx.conn, &self.blocks)
+                }
+                None => e.read(rx.conn, &rx.dst, off, desc, off, msg),
+            }
+            .map_err(|e| format!("flow {id} message {k}: reading: {e}"))?;
+            rx.reads.push_back((k, r));
+        }
+        // On UC each block read takes a receive's id (128 a connection, in order): notices
+        // posted far ahead would hold ids the reads before them wait for.
+        let ahead = match self.args.transport {
+            crate::args::TransportArg::Uc => {
+                let per_msg = 1 + if self.args.op.vectored() {
+                    u64::from(self.args.iov)
+                } else {
+                    1
+                };
+                (96 / per_msg).clamp(1, window)
+            }
+            crate::args::TransportArg::Rc => window,
+        };
+        while !rx.ended && rx.next_post < rx.received + ahead {
+            let k = rx.next_post;
+            let at = NOTICES_AT + (k % window) * NOTICE;
+            let r = match self.engines[rx.engine].recv(rx.conn, buf, at, NOTICE) {
+                Ok(r) => r,
+                // On UC the reads in flight hold receive slots too: post it later.
+                Err(uccl_engine::EngineError::Limit { .. }) => break,
+                Err(e) => return Err(format!("flow {id}: posting a notice's receive: {e}")),
+            };
+            rx.reqs.push_back((k, r));
+            rx.next_post += 1;
+            progress = true;
+        }
+        Ok(progress)
+    }
+
     /// Two processes, `--op write`, the sender of flow `i`: the slots the receiver handed back,
     /// and receives posted for the next ones; whether anything changed.
     fn take_credits(&mut self, i: usize) -> Result<bool, String> {
@@ -348,7 +471,7 @@ impl Run<'_> {
                     .is_none_or(|t| t.completed == self.limit && (!self.marker || t.marker_done));
             let rx_done = f.rx.as_ref().is_none_or(|r| {
                 if self.marker {
-                    r.ended
+                    r.ended && r.reads.is_empty()
                 } else {
                     r.received == self.limit
                 }
