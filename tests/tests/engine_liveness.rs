@@ -184,3 +184,60 @@ fn an_advertisement_held_back_by_a_stalled_control_qp_is_copied_over_ud() {
         "the second message missed its buffer"
     );
 }
+
+/// A read (UC, served by the peer's engine) held back by a stalled control QP is copied over
+/// the UD QP as an advertisement is: it completes within a few probe intervals, not after the
+/// RC timeout (it took 67 ms before reads were copied too), and the original, arriving later,
+/// is taken as a copy (served once).
+#[test]
+fn a_read_held_back_by_a_stalled_control_qp_is_copied_over_ud() {
+    const RC_SEND_ONLY: u8 = 0x04;
+    let cfg = EngineConfig {
+        mode: Mode::Uc,
+        qps_per_conn: 1,
+        ..EngineConfig::default()
+    };
+    let mut sim = Sim::new(63, 2, Faults::NONE, &cfg);
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, _cb) = connect_pair(a, b).unwrap();
+    let theirs = sim.engines[1].register(4096).unwrap();
+    theirs.write_at(0, &[5; 4096]).unwrap();
+    let d = sim.engines[1]
+        .export_with(&theirs, 0, 4096, uccl_engine::Access::READ)
+        .unwrap();
+    let mine = sim.engines[0].register(4096).unwrap();
+    let dropped = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&dropped);
+    sim.fabric
+        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+            let ctl = p.from == 0 && p.to == 1 && p.opcode == RC_SEND_ONLY;
+            if ctl && seen.fetch_add(1, Ordering::Relaxed) < 2 {
+                Verdict::Drop
+            } else {
+                Verdict::Pass
+            }
+        })));
+    let start = sim.fabric.now();
+    let r = sim.engines[0].read(ca, &mine, 0, &d, 0, 4096).unwrap();
+    sim.run(start + Duration::from_secs(1), |_| r.is_done())
+        .unwrap();
+    let took = sim.fabric.now() - start;
+    assert!(dropped.load(Ordering::Relaxed) >= 2, "not lost");
+    assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
+    let mut got = [0u8; 4096];
+    mine.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 5));
+    assert!(
+        took < Duration::from_millis(5),
+        "the held-back read took {took:?} of virtual time"
+    );
+    assert!(sim.engines[0].stats().ctl_copies >= 1);
+    // The original comes after the RC timeout: taken as a copy, not served again.
+    let later = sim.fabric.now() + Duration::from_millis(200);
+    sim.run(later + Duration::from_secs(1), |s| s.fabric.now() >= later)
+        .unwrap();
+    assert_eq!(sim.engines[1].stats().reads_served, 1);
+    assert_eq!(sim.engines[1].stats().dropped_invalid, 0);
+}

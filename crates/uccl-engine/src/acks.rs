@@ -55,17 +55,7 @@ impl Engine {
     /// connection's control QP, if it comes from the connection's peer with the connection's
     /// tag (an earlier connection with the same id has another).
     fn on_ctl_copy(&mut self, b: &[u8], from: AckSource) {
-        let Some((
-            fid,
-            tag,
-            Ctl::Cts {
-                seq,
-                addr,
-                len,
-                rkey,
-            },
-        )) = parse_ctl_copy(b)
-        else {
+        let Some((fid, tag, msg)) = parse_ctl_copy(b) else {
             self.stats.dropped_invalid += 1;
             return;
         };
@@ -73,13 +63,37 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         }
-        let cts = Cts {
-            seq,
-            addr,
-            len,
-            rkey,
-        };
-        self.take_cts(fid, cts);
+        match msg {
+            Ctl::Cts {
+                seq,
+                addr,
+                len,
+                rkey,
+            } => {
+                let cts = Cts {
+                    seq,
+                    addr,
+                    len,
+                    rkey,
+                };
+                self.take_cts(fid, cts);
+            }
+            Ctl::Read {
+                seq,
+                addr,
+                len,
+                rkey,
+                src,
+                src_rkey,
+            } => {
+                let from = crate::read::ReadFrom {
+                    src,
+                    rkey: src_rkey,
+                };
+                self.serve_read(fid, seq, (addr, len, rkey), from);
+            }
+            _ => self.stats.dropped_invalid += 1,
+        }
     }
 
     /// The ACK tag of open connection `fid`, if `from` is its peer (the peer engine's UD QP and

@@ -80,23 +80,23 @@ impl CtsOrder {
     }
 
     /// Takes sequence number `seq` for something that is not matched with a send (a read the
-    /// peer asks this end to serve): later advertisements come after it. Whether it was new
-    /// (not a copy, not beyond what the peer can have outstanding).
-    pub(crate) fn skip(&mut self, seq: u32, ready: &mut VecDeque<Cts>) -> bool {
+    /// peer asks this end to serve, from its control QP or copied over the UD QP): later
+    /// advertisements come after it.
+    pub(crate) fn skip(&mut self, seq: u32, ready: &mut VecDeque<Cts>) -> Taken {
         let ahead = seq.wrapping_sub(self.next);
-        if ahead as i32 <= -1
-            || ahead as usize >= RECV_IDS
-            || ready.len() + ahead as usize >= RECV_IDS
-        {
-            return false;
+        if ahead as i32 <= -1 {
+            return Taken::Copy;
+        }
+        if ahead as usize >= RECV_IDS || ready.len() + ahead as usize >= RECV_IDS {
+            return Taken::Invalid;
         }
         let slot = &mut self.early[seq as usize % RECV_IDS];
         if *slot != Early::None {
-            return false;
+            return Taken::Copy;
         }
         *slot = Early::Withdrawn;
         self.advance(ready);
-        true
+        Taken::New
     }
 
     /// Takes what is in order from the early slots.
@@ -205,15 +205,19 @@ mod tests {
     #[test]
     fn a_read_takes_its_sequence_number_and_is_never_matched() {
         let (mut o, mut q) = (CtsOrder::default(), VecDeque::new());
-        assert!(o.skip(1, &mut q), "ahead of 0: waits for it");
-        assert!(!o.skip(1, &mut q), "once");
+        assert_eq!(o.skip(1, &mut q), Taken::New, "ahead of 0: waits for it");
+        assert_eq!(o.skip(1, &mut q), Taken::Copy, "once");
         assert_eq!(o.take(cts(2), &mut q), Taken::New);
         assert!(q.is_empty());
         assert_eq!(o.take(cts(0), &mut q), Taken::New);
         assert_eq!(seqs(&q), [0, 2], "1 is a read");
-        assert!(!o.skip(0, &mut q), "behind");
+        assert_eq!(o.skip(0, &mut q), Taken::Copy, "behind");
         assert!(!o.withdraw(1, &mut q), "a read cannot be withdrawn");
-        assert!(!o.skip(3 + RECV_IDS as u32, &mut q), "too far ahead");
+        assert_eq!(
+            o.skip(3 + RECV_IDS as u32, &mut q),
+            Taken::Invalid,
+            "too far ahead"
+        );
     }
 
     #[test]

@@ -128,7 +128,8 @@ impl Engine {
     }
 
     /// Connection `ci`'s control QP is still stalled a probe interval after its probe: the
-    /// advertisements it holds back go again as copies over the UD QP (O(control send slots),
+    /// advertisements (and reads, which take an advertisement's place) it holds back go again
+    /// as copies over the UD QP (O(control send slots),
     /// only while stalled). The peer takes each once, in order, whichever copy comes first.
     fn copy_advertisements(&mut self, ci: u16) {
         let Some(slots) = self.conns[usize::from(ci)]
@@ -147,7 +148,7 @@ impl Engine {
             let mut msg = [0u8; CTL_LEN];
             if c.ctl.copies[i as usize] >= COPY_ROUNDS
                 || !c.ctl.send.read_taken(i, &mut msg)
-                || !matches!(Ctl::parse(&msg), Some(Ctl::Cts { .. }))
+                || !matches!(Ctl::parse(&msg), Some(Ctl::Cts { .. } | Ctl::Read { .. }))
             {
                 continue;
             }

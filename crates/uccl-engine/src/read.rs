@@ -25,6 +25,7 @@ use verbs_safe::sys::{ibv_send_flags, ibv_sge, ibv_wr_opcode};
 use crate::cancel::{Opts, Why};
 use crate::config::Mode;
 use crate::conn::RECV_IDS;
+use crate::cts::Taken;
 use crate::descriptor::{Access, Descriptor};
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
@@ -437,9 +438,18 @@ impl Engine {
             return;
         };
         // It takes the sequence number of an advertisement: later ones are matched after it.
-        if self.cfg.mode != Mode::Uc || !c.cts_order.skip(seq, &mut c.cts) {
-            self.stats.dropped_invalid += 1;
-            return;
+        // The second of its two copies (control QP, UD QP) is dropped.
+        match c.cts_order.skip(seq, &mut c.cts) {
+            _ if self.cfg.mode != Mode::Uc => {
+                self.stats.dropped_invalid += 1;
+                return;
+            }
+            Taken::New => {}
+            Taken::Copy => return,
+            Taken::Invalid => {
+                self.stats.dropped_invalid += 1;
+                return;
+            }
         }
         // An honest peer has at most a receive's worth of reads posted, and takes the answers.
         if c.serving >= RECV_IDS as u32 || c.ctl.backlog.len() >= 4 * RECV_IDS {
