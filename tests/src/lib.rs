@@ -5,8 +5,10 @@
 //! and [`workload`]: workloads of messages over many connections, run with every invariant of
 //! delivery checked (exactly once, in order, byte-exact, guard bytes untouched), and the
 //! checks that pools, credits and CQ reservations come back afterwards; and [`misuse`]: what
-//! the tests of the API's misuse share (a wall-clock hang guard, a connected pair).
+//! the tests of the API's misuse share (a wall-clock hang guard, a connected pair); and
+//! [`exec`]: the smallest executor, for the tests that await requests.
 
+pub mod exec;
 pub mod misuse;
 pub mod raw_peer;
 mod settle;

@@ -1,15 +1,13 @@
 //! The threaded engine: application threads hand requests to engines running on threads of
 //! their own, wait on them, and await them as futures from a small executor.
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::thread;
 use std::time::Duration;
 
 use softnic::{Clock as FabricClock, Fabric, FabricConfig};
 use uccl_engine::{Clock, Engine, EngineConfig, EngineError, Mode, connect_pair};
+use uccl_integration::exec::block_on;
 use uccl_integration::pattern;
 use verbs_safe::{Context, Verbs};
 
@@ -103,29 +101,6 @@ fn four_application_threads_share_each_threaded_engine() {
             "{mode:?} {u:?}"
         );
         assert_eq!(a.stats().messages_sent, (THREADS * MSGS) as u64);
-    }
-}
-
-/// A waker that unparks the thread blocked in [`block_on`].
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// The smallest executor: polls `f` on this thread, parking between wake-ups.
-fn block_on<F: Future>(f: F) -> F::Output {
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = TaskContext::from_waker(&waker);
-    let mut f = pin!(f);
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        // A wake-up before this park makes it return at once: none is lost.
-        thread::park();
     }
 }
 

@@ -5,11 +5,7 @@
 //! connection's other deliveries, and never for a write withdrawn; the threaded handle does the
 //! same, and its requests are futures.
 
-use std::future::Future;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use softnic::{Clock as FabricClock, Fabric, FabricConfig, Faults};
@@ -17,6 +13,7 @@ use uccl_engine::{
     Access, Block, Buffer, Clock, ConnId, Descriptor, Done, Engine, EngineConfig, EngineError,
     EngineHandle, Mode, Notification, Notifications, Opts, Request, connect_pair,
 };
+use uccl_integration::exec::block_on;
 use uccl_integration::misuse::{finish, pair, small_config};
 use uccl_integration::workload::quiet;
 use uccl_integration::{Sim, pattern};
@@ -1201,28 +1198,6 @@ fn the_threaded_handle_reads_writes_blocks_and_delivers_notes() {
         let a = t.a.shutdown().unwrap();
         let u = a.usage();
         assert_eq!((u.wrs_in_use, u.unacked), (0, 0), "{mode:?} {u:?}");
-    }
-}
-
-/// A waker that unparks the thread blocked in [`block_on`].
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// The smallest executor: polls `f` on this thread, parking between wake-ups.
-fn block_on<F: Future>(f: F) -> F::Output {
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = TaskContext::from_waker(&waker);
-    let mut f = pin!(f);
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        thread::park();
     }
 }
 

@@ -7,7 +7,6 @@ use uccl_tx::wire::{ACK_LEN, AckRepr};
 use verbs_safe::Gid;
 
 use crate::config::Mode;
-use crate::cts::Cts;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::io::{GRH, QKEY};
@@ -63,37 +62,7 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         }
-        match msg {
-            Ctl::Cts {
-                seq,
-                addr,
-                len,
-                rkey,
-            } => {
-                let cts = Cts {
-                    seq,
-                    addr,
-                    len,
-                    rkey,
-                };
-                self.take_cts(fid, cts);
-            }
-            Ctl::Read {
-                seq,
-                addr,
-                len,
-                rkey,
-                src,
-                src_rkey,
-            } => {
-                let from = crate::read::ReadFrom {
-                    src,
-                    rkey: src_rkey,
-                };
-                self.serve_read(fid, seq, (addr, len, rkey), from);
-            }
-            _ => self.stats.dropped_invalid += 1,
-        }
+        self.take_advert(fid, msg);
     }
 
     /// The ACK tag of open connection `fid`, if `from` is its peer (the peer engine's UD QP and

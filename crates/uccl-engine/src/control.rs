@@ -41,20 +41,7 @@ impl Engine {
             .then(|| Ctl::parse(&b))
             .flatten();
         match msg {
-            Some(Ctl::Cts {
-                seq,
-                addr,
-                len,
-                rkey,
-            }) => {
-                let cts = Cts {
-                    seq,
-                    addr,
-                    len,
-                    rkey,
-                };
-                self.take_cts(ci, cts);
-            }
+            Some(m @ (Ctl::Cts { .. } | Ctl::Read { .. })) => self.take_advert(ci, m),
             Some(Ctl::Refuse { seq, len }) => {
                 let i = seq as usize % crate::conn::RECV_IDS;
                 match c.recvs[i]
@@ -88,20 +75,6 @@ impl Engine {
             Some(Ctl::Ping) => {}
             Some(Ctl::Withdraw { seq }) => self.on_withdraw(ci, seq),
             Some(Ctl::Withdrawn { seq, ok }) => self.on_withdrawn(ci, seq, ok),
-            Some(Ctl::Read {
-                seq,
-                addr,
-                len,
-                rkey,
-                src,
-                src_rkey,
-            }) => {
-                let from = crate::read::ReadFrom {
-                    src,
-                    rkey: src_rkey,
-                };
-                self.serve_read(ci, seq, (addr, len, rkey), from);
-            }
             Some(Ctl::ReadRefused { seq, why }) => self.on_read_refused(ci, seq, why),
             Some(Ctl::Note {
                 serial,
@@ -109,6 +82,43 @@ impl Engine {
                 len,
                 data,
             }) => self.on_note(ci, serial, last, &data[..usize::from(len)]),
+            _ => self.stats.dropped_invalid += 1,
+        }
+    }
+
+    /// What takes a sequence number of connection `ci`'s advertisements, from its control QP
+    /// or copied over the UD QP: a receive buffer (`Ctl::Cts`), or a read to serve
+    /// (`Ctl::Read`). Anything else is dropped.
+    pub(crate) fn take_advert(&mut self, ci: u16, msg: Ctl) {
+        match msg {
+            Ctl::Cts {
+                seq,
+                addr,
+                len,
+                rkey,
+            } => {
+                let cts = Cts {
+                    seq,
+                    addr,
+                    len,
+                    rkey,
+                };
+                self.take_cts(ci, cts);
+            }
+            Ctl::Read {
+                seq,
+                addr,
+                len,
+                rkey,
+                src,
+                src_rkey,
+            } => {
+                let from = crate::read::ReadFrom {
+                    src,
+                    rkey: src_rkey,
+                };
+                self.serve_read(ci, seq, (addr, len, rkey), from);
+            }
             _ => self.stats.dropped_invalid += 1,
         }
     }

@@ -33,7 +33,7 @@ use crate::memory::{BufUse, Buffer, ReadRefusal};
 use crate::proto::Ctl;
 use crate::request::{Done, Request};
 use crate::round::Cqe;
-use crate::vectored::{Block, named};
+use crate::vectored::Block;
 
 /// The most bytes one RDMA READ asks for (RC): a read is cut into pieces this long, spread
 /// over the connection's paths, so they are answered together.
@@ -166,39 +166,34 @@ impl Engine {
         if opts.has_note() {
             return Err(EngineError::BadRange("a note rides on a write, not a read"));
         }
-        self.conn_for_request(conn)?;
-        let piece = match self.cfg.mode {
-            Mode::Rc => READ_PIECE,
-            Mode::Uc => u64::MAX,
-        };
-        let name = |index: usize, e: EngineError| named(vectored, index, e);
-        let mut parts = 0u64;
-        let mut pieces = Vec::with_capacity(blocks.len());
-        for (i, b) in blocks.iter().enumerate() {
-            let src = b.remote_place(Access::READ).map_err(|e| name(i, e))?;
-            b.buf.check_range(b.offset, b.len).map_err(|e| name(i, e))?;
-            // Cut into pieces as they are issued (see `issue_rc`): counted now.
-            parts += b.len.div_ceil(piece).max(1);
-            let (use_, local, lkey) = self
-                .memory
-                .take_use(&b.buf, b.offset, b.len)
-                .map_err(|e| name(i, e))?;
-            pieces.push((use_, local, lkey, b.len, src, b.remote.rkey));
-        }
+        let pieces = self.claim(conn, blocks, Access::READ, vectored)?;
         if pieces.is_empty() {
             req.complete(Ok(Done { len: 0 }));
             return Ok(());
         }
-        req.set_parts(parts);
+        // Cut into pieces as they are issued (see `issue_rc`): counted now.
+        let piece = match self.cfg.mode {
+            Mode::Rc => READ_PIECE,
+            Mode::Uc => u64::MAX,
+        };
+        req.set_parts(
+            pieces
+                .iter()
+                .map(|(m, _)| m.len.div_ceil(piece).max(1))
+                .sum(),
+        );
         let c = self.open_conn(conn)?;
-        for (k, (use_, local, lkey, len, src, rkey)) in pieces.into_iter().enumerate() {
+        for (k, (m, use_)) in pieces.into_iter().enumerate() {
             c.reads.push_back(ReadPiece {
                 req: req.clone(),
                 use_,
-                local,
-                lkey,
-                len,
-                from: ReadFrom { src, rkey },
+                local: m.local_addr,
+                lkey: m.lkey,
+                len: m.len,
+                from: ReadFrom {
+                    src: m.remote_addr,
+                    rkey: m.rkey,
+                },
                 first: k == 0,
             });
         }

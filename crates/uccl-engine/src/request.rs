@@ -155,15 +155,18 @@ impl<T: Clone> Request<T> {
     /// Completes the request (once; later calls are ignored) and wakes whoever waits on it:
     /// blocked threads and every task awaiting it.
     pub(crate) fn finish(&self, r: Result<T>) {
-        let wakers = {
-            let mut s = self.lock();
-            if s.result.is_some() {
-                return;
-            }
-            s.result = Some(r);
-            self.inner.done.store(true, Ordering::Release);
-            std::mem::take(&mut s.wakers)
-        };
+        self.finish_with(self.lock(), r);
+    }
+
+    /// [`finish`](Self::finish), under the lock `s` already held.
+    fn finish_with(&self, mut s: std::sync::MutexGuard<'_, State<T>>, r: Result<T>) {
+        if s.result.is_some() {
+            return;
+        }
+        s.result = Some(r);
+        self.inner.done.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut s.wakers);
+        drop(s);
         self.inner.ready.notify_all();
         for w in wakers {
             w.wake();
@@ -208,13 +211,9 @@ impl Request {
             }
             Ok(d) => {
                 let len = s.sum + d.len;
-                drop(s);
-                self.finish(Ok(Done { len }));
+                self.finish_with(s, Ok(Done { len }));
             }
-            Err(e) => {
-                drop(s);
-                self.finish(Err(e));
-            }
+            Err(e) => self.finish_with(s, Err(e)),
         }
     }
 

@@ -16,7 +16,7 @@ use crate::conn::WRITE_RID;
 use crate::descriptor::{Access, Descriptor};
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
-use crate::memory::Buffer;
+use crate::memory::{BufUse, Buffer};
 use crate::request::{Done, Request};
 
 /// One block of a vectored transfer: `len` bytes at `offset` of `buf`, and at `remote_offset`
@@ -52,7 +52,7 @@ impl Block {
 }
 
 /// `e`, as the error of block `index` of a vectored call (`vectored`), or as it is.
-pub(crate) fn named(vectored: bool, index: usize, e: EngineError) -> EngineError {
+fn named(vectored: bool, index: usize, e: EngineError) -> EngineError {
     match vectored {
         true => EngineError::Block {
             index,
@@ -97,6 +97,37 @@ impl Engine {
         Ok(req)
     }
 
+    /// Checks `blocks` for a transfer on `conn` that needs `needs` of their exports
+    /// (`vectored`: errors name the block) and holds their buffers: each block's local and
+    /// remote range. Nothing is held unless every block is good.
+    pub(crate) fn claim(
+        &mut self,
+        conn: ConnId,
+        blocks: &[Block],
+        needs: Access,
+        vectored: bool,
+    ) -> Result<Vec<(Message, BufUse)>> {
+        self.conn_for_request(conn)?;
+        let mut out = Vec::with_capacity(blocks.len());
+        for (i, b) in blocks.iter().enumerate() {
+            let name = |e| named(vectored, i, e);
+            let remote_addr = b.remote_place(needs).map_err(name)?;
+            let (use_, local_addr, lkey) = self
+                .memory
+                .take_use(&b.buf, b.offset, b.len)
+                .map_err(name)?;
+            let m = Message {
+                local_addr,
+                lkey,
+                len: b.len,
+                remote_addr,
+                rkey: b.remote.rkey,
+            };
+            out.push((m, use_));
+        }
+        Ok(out)
+    }
+
     /// Starts writes of `blocks` on `conn`, completing `req` (`vectored`: errors name the
     /// block). Nothing starts unless every block is good.
     pub(crate) fn start_writes(
@@ -107,24 +138,7 @@ impl Engine {
         opts: Opts,
         vectored: bool,
     ) -> Result<()> {
-        self.conn_for_request(conn)?;
-        let name = |index: usize, e: EngineError| named(vectored, index, e);
-        let mut msgs = Vec::with_capacity(blocks.len());
-        for (i, b) in blocks.iter().enumerate() {
-            let remote_addr = b.remote_place(Access::WRITE).map_err(|e| name(i, e))?;
-            let (use_, local_addr, lkey) = self
-                .memory
-                .take_use(&b.buf, b.offset, b.len)
-                .map_err(|e| name(i, e))?;
-            let m = Message {
-                local_addr,
-                lkey,
-                len: b.len,
-                remote_addr,
-                rkey: b.remote.rkey,
-            };
-            msgs.push((m, use_));
-        }
+        let msgs = self.claim(conn, blocks, Access::WRITE, vectored)?;
         if msgs.is_empty() {
             if opts.has_note() {
                 return Err(EngineError::BadRange("a note needs a block to ride on"));
