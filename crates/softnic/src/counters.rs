@@ -51,6 +51,13 @@ pub struct Counters {
     pub messages_dropped: u64,
     /// Completion queue entries written.
     pub cqes: u64,
+    /// Packets received marked Congestion Experienced by a switch (see [`crate::topology`]).
+    pub ecn_marked: u64,
+    /// Congestion notification packets sent (answering marked packets, at most one per QP
+    /// every [`CNP_INTERVAL_NS`](crate::topology::CNP_INTERVAL_NS)).
+    pub cnps_sent: u64,
+    /// Congestion notification packets received.
+    pub cnps_received: u64,
 }
 
 impl std::ops::AddAssign<&Counters> for Counters {
@@ -78,5 +85,8 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.duplicates_received += o.duplicates_received;
         self.messages_dropped += o.messages_dropped;
         self.cqes += o.cqes;
+        self.ecn_marked += o.ecn_marked;
+        self.cnps_sent += o.cnps_sent;
+        self.cnps_received += o.cnps_received;
     }
 }

@@ -16,6 +16,7 @@ use crate::link::udp::UdpPort;
 use crate::link::{Dest, Frame, Net};
 pub(crate) use crate::shared::{Shared, panic_message};
 use crate::state::{Device, State, World};
+use crate::topology::{PortStats, Topology};
 
 /// Which clock a fabric runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -114,6 +115,9 @@ pub struct FabricConfig {
     /// The network: the in-process [simulation](Link::Simulated) (the default) or
     /// [UDP](Link::Udp) between processes.
     pub link: Link,
+    /// Where the devices meet on the in-process network: [no switch](Topology::Direct) (the
+    /// default), one switch, or a leaf-spine fabric (see [`crate::topology`]).
+    pub topology: Topology,
 }
 
 impl Default for FabricConfig {
@@ -136,6 +140,7 @@ impl Default for FabricConfig {
             clock: Clock::Virtual,
             copy_payload: true,
             link: Link::Simulated,
+            topology: Topology::Direct,
         }
     }
 }
@@ -314,7 +319,10 @@ impl Fabric {
             poll_fds.push(w.raw());
             Some(w)
         };
+        let switches =
+            crate::link::switch::Switches::new(&cfg.topology, cfg.devices, cfg.gbps, cfg.seed);
         let w = World {
+            switches,
             on_udp: devices.iter().any(|d| d.udp.is_some()),
             rng: Rng::new(cfg.seed),
             cfg,
@@ -530,6 +538,8 @@ impl Fabric {
             bytes: bytes.to_vec(),
             sealed: true,
             gather: None,
+            ecn: 0,
+            at: None,
         };
         st.deliver(&frame);
         st.progress();
@@ -590,8 +600,21 @@ impl Fabric {
         st.next_event().map(Duration::from_nanos)
     }
 
-    /// Packets in flight now.
+    /// Packets in flight now (on links and in switch queues).
     pub fn in_flight(&self) -> usize {
         self.shared.lock_any().w.net.len()
+    }
+
+    /// What each switch's egress ports saw ([`FabricConfig::topology`]; empty without
+    /// switches), since the fabric was made or [`reset_switch_stats`](Self::reset_switch_stats).
+    pub fn switch_stats(&self) -> Vec<PortStats> {
+        self.shared.lock_any().w.switch_stats()
+    }
+
+    /// Starts the switches' statistics afresh (to measure a steady state after a warm-up).
+    pub fn reset_switch_stats(&self) {
+        if let Some(sw) = self.shared.lock_any().w.switches.as_mut() {
+            sw.reset_stats();
+        }
     }
 }

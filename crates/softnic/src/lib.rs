@@ -110,6 +110,7 @@ pub mod roce;
 mod shared;
 mod srq;
 mod state;
+pub mod topology;
 
 pub use abi::Wc;
 pub use control::{CONTROL, ControlPath, release_device, resize_cq};
@@ -118,4 +119,5 @@ pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
 pub use progress::ProgressThread;
+pub use topology::{PortStats, PortTo, Red, SwitchConfig, Topology};
 pub use qp::check_transition;

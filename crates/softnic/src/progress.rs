@@ -84,6 +84,8 @@ impl State {
                         bytes: d.bytes,
                         sealed: false,
                         gather: None,
+                        ecn: 0,
+                        at: None,
                     }),
                 }
             }
@@ -146,6 +148,10 @@ impl State {
         let mut did = false;
         while let Some(frame) = self.w.net.pop_due(self.w.now) {
             did = true;
+            if frame.at.is_some() {
+                self.w.forward(frame);
+                continue;
+            }
             match frame.to {
                 Dest::Local(_) => {
                     self.deliver(&frame);
@@ -194,6 +200,16 @@ impl State {
             return;
         }
         if let Some(qp) = self.qps.get_mut(&id) {
+            if pkt.hdr.opcode == crate::packet::opcode::CNP {
+                qp.count(&mut self.w, |c| {
+                    c.packets_received += 1;
+                    c.cnps_received += 1;
+                });
+                return;
+            }
+            if frame.ecn == crate::link::CE {
+                qp.congestion_experienced(&mut self.w, &pkt, frame.from);
+            }
             qp.receive(&mut self.w, &pkt, frame);
         }
     }

@@ -106,6 +106,8 @@ pub(crate) struct World {
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
     pub(crate) net: Net,
+    /// The switches of the in-process network (`None`: none, each port sends straight on).
+    pub(crate) switches: Option<crate::link::switch::Switches>,
     /// Buffers of delivered frames, for the next ones.
     pub(crate) spare: crate::link::Spare,
     /// Whether any device is on the UDP link (else progress never looks at sockets).

@@ -269,6 +269,7 @@ pub(crate) unsafe fn create_qp_with(
                 timer_entry: None,
                 tx_queued: false,
                 wire_gen: 0,
+                last_cnp: None,
             },
         );
         abi::register(p.cast(), Kind::Qp, shared, id);

@@ -13,6 +13,7 @@
 //! when due, without the simulated serialisation and latency.
 
 pub(crate) mod sim;
+pub(crate) mod switch;
 pub(crate) mod udp;
 
 use std::net::SocketAddrV4;
@@ -33,6 +34,11 @@ pub(crate) enum Dest {
     Udp(SocketAddrV4),
 }
 
+/// The IPv4 header's ECN field: ECN-capable transport (every packet softnic sends).
+pub(crate) const ECT0: u8 = 0b10;
+/// The IPv4 header's ECN field: Congestion Experienced (a switch marked it).
+pub(crate) const CE: u8 = 0b11;
+
 /// A packet on the wire: its bytes and where it goes.
 #[derive(Debug, Clone)]
 pub(crate) struct Frame {
@@ -51,6 +57,10 @@ pub(crate) struct Frame {
     /// The payload, when it is not in `bytes` (which then hold the headers, the pad and the
     /// ICRC, the payload's place between them left out): see [`Gather`].
     pub(crate) gather: Option<Gather>,
+    /// The ECN field of its IPv4 header ([`ECT0`], [`CE`], or 0 for not ECN-capable).
+    pub(crate) ecn: u8,
+    /// The switch it arrives at next (`None`: its destination device).
+    pub(crate) at: Option<u16>,
 }
 
 impl Frame {
@@ -181,11 +191,19 @@ impl World {
         let faults = self.faults_for(frame.from, to);
         // A frame for the UDP link leaves at once: the real network between here and there
         // has its own speed and latency.
+        // A frame to another device goes to its first switch if there are switches.
         let (wire_ns, latency) = match frame.to {
-            Dest::Local(_) => (
-                (wire_len as u64 * 8).div_ceil(self.cfg.gbps.max(1)),
-                self.cfg.latency_ns,
-            ),
+            Dest::Local(d) => {
+                let wire_ns = (wire_len as u64 * 8).div_ceil(self.cfg.gbps.max(1));
+                match self.switches.as_ref().filter(|_| d != frame.from) {
+                    Some(sw) => {
+                        let (first, latency) = sw.first_hop(frame.from);
+                        frame.at = Some(first);
+                        (wire_ns, latency)
+                    }
+                    None => (wire_ns, self.cfg.latency_ns),
+                }
+            }
             Dest::Udp(_) => (0, 0),
         };
         let port = &mut self.devices[frame.from];

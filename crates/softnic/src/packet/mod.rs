@@ -40,6 +40,9 @@ pub mod opcode {
     pub const UC: u8 = 0x20;
     pub const UD_SEND_ONLY: u8 = 0x64;
     pub const UD_SEND_ONLY_IMM: u8 = 0x65;
+    /// RoCEv2's congestion notification packet (Annex A17): BTH with BECN set, to the QP
+    /// whose packet arrived marked, and 16 reserved bytes.
+    pub const CNP: u8 = 0x81;
 }
 
 /// Bytes of each header.
@@ -147,6 +150,7 @@ pub fn layout(op: u8) -> Option<Layout> {
         },
         UD_SEND_ONLY => l(true, false, false, false, true, true),
         UD_SEND_ONLY_IMM => l(true, false, true, false, true, true),
+        CNP => l(false, false, false, false, true, true),
         _ => return None,
     })
 }

@@ -12,6 +12,7 @@
 //! - `rd_atomic`: the responder's READ responses and atomics, and the resources that answer
 //!   their duplicates.
 
+mod cnp;
 mod complete;
 mod completer;
 mod local;
@@ -329,6 +330,8 @@ pub(crate) struct Qp {
     /// dropped by a reset or a destroy): a [`Gather`] of an older generation still on the wire
     /// is not read, since the program may reuse that memory now.
     pub(crate) wire_gen: u32,
+    /// When the QP last sent a CNP (see [`crate::topology::CNP_INTERVAL_NS`]).
+    pub(crate) last_cnp: Option<u64>,
 }
 
 /// Bytes of an `ibv_mtu` value.
@@ -427,6 +430,8 @@ impl Qp {
             bytes,
             sealed: false,
             gather,
+            ecn: crate::link::ECT0,
+            at: None,
         });
         self.count(w, |c| {
             c.packets_dropped += u64::from(fate.dropped);

@@ -22,6 +22,7 @@ mod reads;
 mod rereg;
 mod robustness;
 mod srq;
+mod switches;
 mod udp;
 mod windows;
 mod wire;

@@ -1,0 +1,67 @@
+//! The notification point of RoCEv2's congestion control: a packet that arrives marked
+//! Congestion Experienced is answered with a CNP to the QP that sent it (see
+//! [`crate::topology`]).
+
+use super::{Qp, Transport};
+use crate::link::{Dest, Frame};
+use crate::packet::{Headers, Packet, opcode};
+use crate::state::World;
+use crate::topology::CNP_INTERVAL_NS;
+
+/// The BTH's BECN bit (byte 4, the byte before the destination QP).
+const BECN: u8 = 0x40;
+/// A CNP's reserved bytes after the BTH.
+const RESERVED: [u8; 16] = [0; 16];
+
+impl Qp {
+    /// `pkt` arrived from device `from` marked Congestion Experienced: counts it, and sends a
+    /// CNP to its sender unless this QP sent one within [`CNP_INTERVAL_NS`].
+    pub(crate) fn congestion_experienced(&mut self, w: &mut World, pkt: &Packet<'_>, from: usize) {
+        self.count(w, |c| c.ecn_marked += 1);
+        if self
+            .last_cnp
+            .is_some_and(|t| w.now.saturating_sub(t) < CNP_INTERVAL_NS)
+        {
+            return;
+        }
+        let dest_qp = match self.transport {
+            Transport::Ud => match pkt.hdr.deth {
+                Some(d) => d.src_qp,
+                None => return,
+            },
+            _ => self.attr.dest_qp_num,
+        };
+        let hdr = Headers {
+            opcode: opcode::CNP,
+            pkey: 0xffff,
+            dest_qp,
+            ..Headers::default()
+        };
+        let mut bytes = w.spare.take(hdr.wire_len(RESERVED.len()));
+        if hdr.emit_unsealed(&RESERVED, &mut bytes).is_err() {
+            debug_assert!(false, "softnic built an inconsistent CNP");
+            return;
+        }
+        bytes[4] |= BECN;
+        self.last_cnp = Some(w.now);
+        self.count(w, |c| {
+            c.cnps_sent += 1;
+            c.packets_sent += 1;
+            c.bytes_sent += bytes.len() as u64;
+        });
+        let frame = Frame {
+            from: self.dev,
+            to: Dest::Local(from),
+            sport: w.sport(self.dev, self.qpn),
+            sgid: w.devices[self.dev].gid,
+            bytes,
+            sealed: false,
+            gather: None,
+            // Not ECN-capable, as NICs send CNPs.
+            ecn: 0,
+            at: None,
+        };
+        let fate = w.transmit(frame);
+        self.count(w, |c| c.packets_dropped += u64::from(fate.dropped));
+    }
+}
