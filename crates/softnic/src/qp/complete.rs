@@ -37,6 +37,8 @@ pub(crate) struct Received {
     pub(crate) src_qp: u32,
     /// More `ibv_wc_flags` (`IBV_WC_GRH` for UD).
     pub(crate) flags: u32,
+    /// The completion's `sl` (UD: which network header the GRH area holds, see `ud.rs`).
+    pub(crate) sl: u8,
 }
 
 impl Qp {
@@ -125,6 +127,7 @@ impl Qp {
                 src_qp: r.src_qp,
                 wc_flags: flags,
                 pkey_index: 0,
+                sl: r.sl,
                 ..Wc::default()
             }
         } else {

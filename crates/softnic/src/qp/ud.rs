@@ -13,16 +13,27 @@ use crate::state::World;
 /// The bytes of the GRH a UD receive buffer gets in front of the payload.
 pub(crate) const GRH_LEN: usize = 40;
 
+/// The `sl` of a UD completion whose GRH area holds an IPv4 header, as mlx5 reports it on
+/// RoCE (the CQE's packet type: bit 3, a UDP header followed (RoCEv2); bits 2:0, the network
+/// header, 1 IPv6 and 2 IPv4). UCX's UD transport reads it there to know where the destination
+/// address is in the area (the last 4 bytes for IPv4, else the last 16) and drops a datagram
+/// whose address is not its own; rxe leaves it 0, which UCX takes for IPv6.
+pub(crate) const SL_ROCE_V2_IPV4: u8 = 0x8 | 0x2;
+/// The `sl` of a UD completion whose GRH area holds an IPv6 header (as above).
+pub(crate) const SL_ROCE_V2_IPV6: u8 = 0x8 | 0x1;
+
 /// What a UD receive buffer gets in its first 40 bytes: the network header of the RoCEv2
-/// frame the datagram came in (rxe's `union rdma_network_hdr`). Between IPv4-mapped GIDs that
-/// is 20 zero bytes then the IPv4 header; otherwise the IPv6 header. `ib_len` is the length of
-/// the InfiniBand part (BTH to ICRC) under the 8-byte UDP header.
-fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_LEN] {
+/// frame the datagram came in (rxe's `union rdma_network_hdr`), and the completion's `sl` that
+/// says which it is. Between IPv4-mapped GIDs that is 20 zero bytes then the IPv4 header;
+/// otherwise the IPv6 header. `ib_len` is the length of the InfiniBand part (BTH to ICRC)
+/// under the 8-byte UDP header.
+fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> ([u8; GRH_LEN], u8) {
     let udp_len = 8 + ib_len;
     let mut grh = [0u8; GRH_LEN];
     if let (Some(src), Some(dst)) = (roce::gid_ipv4(sgid), roce::gid_ipv4(dgid)) {
         let head = roce::ipv4_udp_header(src, 0, dst, roce::UDP_PORT, ib_len, 0);
         grh[20..].copy_from_slice(&head[..roce::IPV4_LEN]);
+        (grh, SL_ROCE_V2_IPV4)
     } else {
         grh[0] = 0x60; // IP version 6
         grh[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
@@ -30,8 +41,8 @@ fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> [u8; GRH_L
         grh[7] = 64; // hop limit
         grh[8..24].copy_from_slice(sgid);
         grh[24..40].copy_from_slice(dgid);
+        (grh, SL_ROCE_V2_IPV6)
     }
-    grh
 }
 
 impl Qp {
@@ -60,7 +71,7 @@ impl Qp {
             }
             return;
         }
-        let grh = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
+        let (grh, sl) = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
         let written = w
             .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
             .and_then(|()| {
@@ -80,6 +91,7 @@ impl Qp {
             imm: pkt.hdr.imm,
             src_qp: deth.src_qp,
             flags: ibv_wc_flags::IBV_WC_GRH.0,
+            sl,
             ..Received::default()
         };
         let ok = self.complete_recv(w, &wqe, from_srq, status, &r, pkt.hdr.se);

@@ -223,7 +223,10 @@ fn rc_moves_every_byte_between_two_fabrics_under_faults() {
 }
 
 /// A UD datagram across: the receiver's GRH area holds the IPv4 header of a packet from the
-/// sender's address, and the completion names the sending QP.
+/// sender's address, and the completion names the sending QP and, in `sl`, says what the area
+/// holds as mlx5 does on RoCE (bit 3: UDP, bits 2:0: 2 for IPv4): UCX reads it there to find the
+/// destination address and drops every datagram whose address it does not find (its UD
+/// wire-up never completed: `ud_ep.c:276 Fatal: UD endpoint ...: unhandled timeout error`).
 #[test]
 fn ud_across_fabrics_shows_the_sender_in_the_network_header() {
     let (a, b) = (udp_fabric(3), udp_fabric(4));
@@ -248,6 +251,7 @@ fn ud_across_fabrics_shows_the_sender_in_the_network_header() {
     let r = poll_until(nb.cq, 1)[0];
     assert!(ok(&r), "{r:?}");
     assert_eq!((r.byte_len as usize, r.src_qp), (40 + msg.len(), qpn(qa)));
+    assert_eq!(r.sl, 0x8 | 0x2, "an IPv4 network header, under UDP");
     let ip = &buf[20..40];
     assert_eq!(ip[0], 0x45);
     assert_eq!(ip[12..16], a.udp_addr("soft0").unwrap().octets());
