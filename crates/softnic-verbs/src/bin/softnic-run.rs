@@ -15,6 +15,11 @@
 //! softnic lacked would fall through to it with a softnic object). The flags become the
 //! `SOFTNIC_*` variables the library reads, and the program replaces this process (its exit
 //! status is the launcher's).
+//!
+//! The program also sees the device's files, as the kernel would show them: a character
+//! device at `/dev/infiniband/uverbs-soft0` and the sysfs directories of a RoCE device, in a
+//! mount namespace of its own, made without root (see `softnic-run/view.rs`; `--no-view` runs
+//! it without). UCX needs them to list the device.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -22,6 +27,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::Parser;
+
+#[path = "softnic-run/view.rs"]
+mod view;
 
 /// Runs a libibverbs program on softnic (RoCEv2 over UDP) instead of the system library.
 #[derive(Parser, Debug)]
@@ -56,6 +64,10 @@ struct Args {
     /// standard error when the program exits.
     #[arg(long)]
     stats: bool,
+    /// Do not show the device in /dev/infiniband and /sys/class (see below): run the program
+    /// in this mount namespace.
+    #[arg(long)]
+    no_view: bool,
     /// The program and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<OsString>,
@@ -104,6 +116,19 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     set("SOFTNIC_MTU", args.mtu.clone());
     set("SOFTNIC_ANNOUNCE", (!args.quiet).then(|| "1".to_string()));
     set("SOFTNIC_STATS", args.stats.then(|| "1".to_string()));
+    if !args.no_view {
+        let dev = view::Device {
+            name: "soft0".into(),
+            addr: args.addr,
+        };
+        if let Err(e) = view::enter(&dev) {
+            eprintln!(
+                "softnic-run: the program runs without /dev/infiniband/uverbs-soft0 and \
+                 /sys/class/infiniband/soft0 (programs that look for them, such as UCX, will \
+                 not see the device): {e}"
+            );
+        }
+    }
     let e = cmd.exec();
     Err(format!("cannot run {:?}: {e}", args.command[0]))
 }
