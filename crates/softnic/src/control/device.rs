@@ -328,40 +328,48 @@ pub(super) unsafe extern "C" fn get_async_event(
     }) else {
         return -1;
     };
-    // As in get_cq_event: the descriptor outlives a concurrent close_device.
-    if let Err(e) = fd.wait() {
-        set_errno(e);
-        return -1;
-    }
-    with(context.cast(), Kind::Context, -1, |_, st, id| {
-        let Some(ev) =
-            st.w.contexts
-                .get_mut(&id)
-                .and_then(|c| c.events.pop_front())
-        else {
-            set_errno(libc::EAGAIN);
+    // An event whose object was destroyed since is dropped, as the kernel drops the events
+    // of an object it destroys (each event holds one count of the descriptor: the loop takes
+    // the next with its count, blocking or failing with EAGAIN as the descriptor does).
+    loop {
+        // As in get_cq_event: the descriptor outlives a concurrent close_device.
+        if let Err(e) = fd.wait() {
+            set_errno(e);
             return -1;
-        };
-        let element = match ev.element {
-            Element::Cq(c) => ibv_async_event__bindgen_ty_1 {
-                cq: st.w.cqs.get_mut(&c).map_or(null_mut(), |c| c.shell.ptr()),
-            },
-            Element::Qp(q) => ibv_async_event__bindgen_ty_1 {
-                qp: st.qps.get_mut(&q).map_or(null_mut(), |q| q.shell.ptr()),
-            },
-            Element::Srq(s) => ibv_async_event__bindgen_ty_1 {
-                srq: st.w.srqs.get_mut(&s).map_or(null_mut(), |s| s.shell.ptr()),
-            },
-        };
-        // SAFETY: checked non-null; writable per the contract.
-        unsafe {
-            *event = ibv_async_event {
-                element,
-                event_type: ev.kind,
-            }
-        };
-        0
-    })
+        }
+        let taken = with(context.cast(), Kind::Context, Some(-1), |_, st, id| {
+            let Some(ev) =
+                st.w.contexts
+                    .get_mut(&id)
+                    .and_then(|c| c.events.pop_front())
+            else {
+                set_errno(libc::EAGAIN);
+                return Some(-1);
+            };
+            let element = match ev.element {
+                Element::Cq(c) => ibv_async_event__bindgen_ty_1 {
+                    cq: st.w.cqs.get_mut(&c).map(|c| c.shell.ptr())?,
+                },
+                Element::Qp(q) => ibv_async_event__bindgen_ty_1 {
+                    qp: st.qps.get_mut(&q).map(|q| q.shell.ptr())?,
+                },
+                Element::Srq(s) => ibv_async_event__bindgen_ty_1 {
+                    srq: st.w.srqs.get_mut(&s).map(|s| s.shell.ptr())?,
+                },
+            };
+            // SAFETY: checked non-null; writable per the contract.
+            unsafe {
+                *event = ibv_async_event {
+                    element,
+                    event_type: ev.kind,
+                }
+            };
+            Some(0)
+        });
+        if let Some(r) = taken {
+            return r;
+        }
+    }
 }
 
 pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {

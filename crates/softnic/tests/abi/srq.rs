@@ -158,3 +158,35 @@ fn srq_depth_counts_unpolled_completions_and_is_not_flushed_by_a_qp_error() {
     let ev = async_event(b.ctx).expect("an event");
     assert_eq!(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
 }
+
+/// A QP destroyed with an async event still queued for it takes the event with it, as the
+/// kernel's uverbs does when an object goes: no reader is ever handed an event whose QP pointer
+/// is null (UCX dereferences it: its rc_verbs teardown, which moves QPs on an SRQ to ERROR and
+/// destroys them, crashed in its async thread at `element.qp->qp_num`).
+#[test]
+fn a_destroyed_qp_takes_its_queued_events_with_it() {
+    let f = Fabric::default();
+    let b = Node::open(&f, "soft1");
+    let srq = b.srq(2, 1, 0);
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let (a, mk) = init_attr(ty);
+    let err = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_ERR,
+        ..Default::default()
+    };
+    let (q1, q2) = (
+        b.qp_with(ty, cap(2, 2), true, b.cq, b.cq, srq),
+        b.qp_with(ty, cap(2, 2), true, b.cq, b.cq, srq),
+    );
+    for q in [q1, q2] {
+        assert_eq!(modify(q, &a, mk), 0);
+        assert_eq!(modify(q, &err, m(ibv_qp_attr_mask::IBV_QP_STATE)), 0);
+    }
+    // SAFETY: a QP of this test, not used again.
+    assert_eq!(unsafe { (CONTROL.destroy_qp)(q1) }, 0);
+    let ev = async_event(b.ctx).expect("the event of the QP still there");
+    assert_eq!(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+    // SAFETY: the event's type says the union holds a QP.
+    assert_eq!(unsafe { ev.element.qp }, q2);
+    assert!(async_event(b.ctx).is_none(), "nothing else queued");
+}
