@@ -1,12 +1,15 @@
 //! `cargo xtask interop` (part of `test`): unmodified libibverbs programs (rdma-core's
 //! `ibverbs-utils`, `perftest`) run on softnic through `softnic-run`, each as a server
 //! process and a client process talking RoCEv2 over the loopback interface; every one must
-//! exit 0 with its own success output. A summary table ends the run.
+//! exit 0 with its own success output; then UCX and OpenMPI over UCX ([`ucx`]). A summary
+//! table ends the run.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::run::{cargo_cmd, cmd, status, target_bin};
+
+mod ucx;
 
 /// One program run: its arguments and how its success shows.
 struct Case {
@@ -109,6 +112,7 @@ pub(crate) fn interop() -> Result<(), String> {
     let launcher = target_bin("debug", "softnic-run");
     ibverbs_loopback()?;
     ext_verbs()?;
+    ucx::build_mpi()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
     for case in CASES.iter().chain(BUILT) {
@@ -134,17 +138,30 @@ pub(crate) fn interop() -> Result<(), String> {
         if let Err(why) = &result {
             failed.push(format!("{} {}:\n{why}", case.program, case.args));
         }
-        rows.push((case, ok, secs, line));
+        rows.push(ucx::Row {
+            program: case.program.into(),
+            args: case.args.into(),
+            ok,
+            secs,
+            line,
+        });
+    }
+    for row in ucx::run(&launcher) {
+        if !row.ok {
+            failed.push(format!("{} {}:\n{}", row.program, row.args, row.line));
+        }
+        rows.push(row);
     }
     println!("\n| program | arguments | result | time | reported |");
     println!("|---|---|---|---|---|");
-    for (case, ok, secs, line) in &rows {
+    for r in &rows {
         println!(
-            "| {} | {} | {} | {secs:.1} s | {} |",
-            case.program,
-            case.args,
-            if *ok { "ok" } else { "FAILED" },
-            line.trim()
+            "| {} | {} | {} | {:.1} s | {} |",
+            r.program,
+            r.args,
+            if r.ok { "ok" } else { "FAILED" },
+            r.secs,
+            r.line.lines().next().unwrap_or("").trim()
         );
     }
     if failed.is_empty() {

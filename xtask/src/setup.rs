@@ -18,6 +18,10 @@ const PACKAGES: &[&str] = &[
     // `cargo xtask interop` (part of `test`): libibverbs programs run on softnic.
     "ibverbs-utils",
     "perftest",
+    // `cargo xtask interop`: UCX (ucx_info, ucx_perftest) and OpenMPI over UCX on softnic.
+    "ucx-utils",
+    "openmpi-bin",
+    "libopenmpi-dev",
 ];
 
 /// Toolchain components `cargo xtask test` uses.
@@ -73,7 +77,8 @@ fn installed(package: &str) -> bool {
     .is_some_and(|s| s == "installed")
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root.
+pub(crate) fn is_root() -> bool {
     output(&mut cmd("id", &["-u"])).is_some_and(|uid| uid == "0")
 }
 

@@ -1,0 +1,323 @@
+//! The UCX and MPI part of `cargo xtask interop`: Debian's UCX 1.13 (`ucx-utils`) and OpenMPI
+//! over UCX (`openmpi-bin`, `libopenmpi-dev`), unmodified, on softnic through `softnic-run`.
+//!
+//! `ucx_info -d` must list softnic's device with UCX's `rc_verbs` and `ud_verbs` transports
+//! (as an ordinary user when run as root: the launcher's device view needs no root);
+//! `ucx_perftest` runs between a server and a client process (UCP tests with
+//! `UCX_TLS=rc_verbs,ud_verbs` and with `ud_verbs` alone, UCT tests on one transport, some under
+//! 1% loss); an MPI ping-pong and bandwidth test of ours (`tests/c/mpi_pingpong.c`, built with
+//! `mpicc`) runs on two ranks with `--mca pml ucx`, each rank its own softnic device. A run
+//! fails on a non-zero exit, on missing success output, and on any error line of UCX, MPI or
+//! the launcher in either process. Iteration counts are small: each run takes about a second.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{finish, wait_with_deadline};
+
+/// A row of the interop summary.
+pub(super) struct Row {
+    pub(super) program: String,
+    pub(super) args: String,
+    pub(super) ok: bool,
+    pub(super) secs: f64,
+    pub(super) line: String,
+}
+
+/// One `ucx_perftest` run: the transports, the client's arguments, the loss both devices
+/// inject.
+struct Perf {
+    tls: &'static str,
+    args: &'static str,
+    loss: Option<&'static str>,
+}
+
+const fn perf(tls: &'static str, args: &'static str) -> Perf {
+    Perf {
+        tls,
+        args,
+        loss: None,
+    }
+}
+
+const fn lossy(tls: &'static str, args: &'static str) -> Perf {
+    Perf {
+        tls,
+        args,
+        loss: Some("0.01"),
+    }
+}
+
+const BOTH: &str = "rc_verbs,ud_verbs";
+const UD: &str = "ud_verbs";
+/// UCT tests name their transport and device themselves.
+const UCT: &str = "";
+
+/// The matrix. UCX's UD transport has no put (UCX refuses `put_bw` on `ud_verbs` itself).
+const PERF: &[Perf] = &[
+    perf(BOTH, "-t ucp_put_bw -s 65536 -n 100 -w 10"),
+    perf(BOTH, "-t ucp_get -s 65536 -n 100 -w 10"),
+    perf(BOTH, "-t tag_bw -s 65536 -n 100 -w 10"),
+    perf(BOTH, "-t tag_lat -s 8 -n 1000 -w 100"),
+    perf(BOTH, "-t stream_bw -s 65536 -n 100 -w 10"),
+    perf(BOTH, "-t ucp_am_bw -s 65536 -n 100 -w 10"),
+    perf(UD, "-t ucp_put_bw -s 65536 -n 50 -w 10"),
+    perf(UD, "-t ucp_get -s 65536 -n 50 -w 10"),
+    perf(UD, "-t tag_bw -s 65536 -n 50 -w 10"),
+    perf(UD, "-t tag_lat -s 8 -n 200 -w 10"),
+    perf(UD, "-t stream_bw -s 65536 -n 50 -w 10"),
+    perf(UD, "-t ucp_am_bw -s 65536 -n 50 -w 10"),
+    perf(
+        UCT,
+        "-t put_bw -D bcopy -x rc_verbs -d soft0:1 -s 4096 -n 200 -w 10",
+    ),
+    perf(
+        UCT,
+        "-t put_bw -D zcopy -x rc_verbs -d soft0:1 -s 65536 -n 100 -w 10",
+    ),
+    perf(
+        UCT,
+        "-t am_bw -D short -x rc_verbs -d soft0:1 -s 8 -n 1000 -w 10",
+    ),
+    perf(
+        UCT,
+        "-t am_bw -D short -x ud_verbs -d soft0:1 -s 8 -n 1000 -w 10",
+    ),
+    perf(
+        UCT,
+        "-t am_bw -D bcopy -x ud_verbs -d soft0:1 -s 4000 -n 200 -w 10",
+    ),
+    lossy(BOTH, "-t ucp_put_bw -s 65536 -n 50 -w 10"),
+    lossy(BOTH, "-t tag_bw -s 65536 -n 50 -w 10"),
+    lossy(UD, "-t tag_bw -s 65536 -n 30 -w 5"),
+    lossy(UD, "-t tag_lat -s 8 -n 200 -w 10"),
+];
+
+/// The MPI runs: the transports UCX may use.
+const MPI: &[&str] = &[BOTH, UD];
+
+/// What marks an error in any process's output.
+const ERROR_LINES: &[&str] = &[
+    "UCX  ERROR",
+    "UCX  WARN",
+    "Fatal",
+    "Caught signal",
+    "mpi: FAILED",
+    "softnic-run:",
+    "softnic: ",
+];
+
+/// The longest one process may run.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The MPI test program, built by [`build_mpi`].
+pub(super) const MPI_PROGRAM: &str = "target/interop/mpi_pingpong";
+
+/// Builds the MPI test with `mpicc` (from `libopenmpi-dev`, installed by setup).
+pub(super) fn build_mpi() -> Result<(), String> {
+    let root = crate::run::workspace_root();
+    std::fs::create_dir_all(root.join("target/interop")).map_err(|e| e.to_string())?;
+    let source = root.join("crates/softnic-verbs/tests/c/mpi_pingpong.c");
+    let out = root.join(MPI_PROGRAM);
+    crate::run::status(&mut crate::run::cmd(
+        "mpicc",
+        &[
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            &out.to_string_lossy(),
+            &source.to_string_lossy(),
+        ],
+    ))
+}
+
+/// Runs every UCX and MPI case, reporting each as it ends.
+pub(super) fn run(launcher: &str) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut report = |program: &str, args: String, started: Instant, r: Result<String, String>| {
+        let line = match &r {
+            Ok(l) => l.clone(),
+            Err(why) => why.clone(),
+        };
+        eprintln!(
+            "xtask interop: {program} {args} {}: {}",
+            if r.is_ok() { "ok" } else { "FAILED" },
+            line.lines().next().unwrap_or("")
+        );
+        rows.push(Row {
+            program: program.into(),
+            args,
+            ok: r.is_ok(),
+            secs: started.elapsed().as_secs_f64(),
+            line,
+        });
+    };
+    let started = Instant::now();
+    let as_nobody = is_root();
+    report(
+        "ucx_info",
+        format!("-d{}", if as_nobody { " (as nobody)" } else { "" }),
+        started,
+        ucx_info(launcher, as_nobody),
+    );
+    for p in PERF {
+        let started = Instant::now();
+        let mut args = String::new();
+        if !p.tls.is_empty() {
+            args = format!("UCX_TLS={} ", p.tls);
+        }
+        if let Some(l) = p.loss {
+            args.push_str(&format!("--loss {l} "));
+        }
+        args.push_str(p.args);
+        report("ucx_perftest", args, started, perftest(launcher, p));
+    }
+    for tls in MPI {
+        let started = Instant::now();
+        let args = format!("-np 2 --mca pml ucx UCX_TLS={tls}");
+        report("mpirun", args, started, mpi(launcher, tls));
+    }
+    rows
+}
+
+/// Whether this process runs as root.
+fn is_root() -> bool {
+    crate::setup::is_root()
+}
+
+/// A command for the launcher, as `nobody` when asked (through `setpriv`).
+fn launch(launcher: &str, as_nobody: bool) -> Command {
+    let mut c = if as_nobody {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", launcher]);
+        c
+    } else {
+        Command::new(launcher)
+    };
+    c.arg("--quiet");
+    c
+}
+
+/// `ucx_info -d` lists softnic's device with both verbs transports.
+fn ucx_info(launcher: &str, as_nobody: bool) -> Result<String, String> {
+    let out = launch(launcher, as_nobody)
+        .args(["--", "ucx_info", "-d"])
+        .output();
+    let text = clean(finish(out, "ucx_info")?, "ucx_info")?;
+    let listed = |t: &str| text.contains(&format!("Transport: {t}"));
+    if text.contains("Device: soft0:1") && listed("rc_verbs") && listed("ud_verbs") {
+        Ok("soft0:1 with rc_verbs and ud_verbs".into())
+    } else {
+        Err(format!(
+            "soft0:1 with rc_verbs and ud_verbs not listed:\n{text}"
+        ))
+    }
+}
+
+/// A `ucx_perftest` server and, once it listens, a client; both must succeed.
+fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port()
+        .to_string();
+    let command = |client: bool| {
+        let mut c = launch(launcher, false);
+        if let Some(l) = p.loss {
+            c.args(["--loss", l]);
+        }
+        c.args(["--", "ucx_perftest", "-p", &port]);
+        if client {
+            c.arg("127.0.0.1").args(p.args.split_whitespace());
+        }
+        c.env("UCX_NET_DEVICES", "soft0:1");
+        if !p.tls.is_empty() {
+            c.env("UCX_TLS", p.tls);
+        }
+        c
+    };
+    let server = command(false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting ucx_perftest: {e}"))?;
+    let deadline = Instant::now() + DEADLINE;
+    // The client retries until the server listens.
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let out = finish(command(true).output(), "ucx_perftest")?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !text.contains("Connection refused") || Instant::now() > deadline
+        {
+            break out;
+        }
+    };
+    let server = wait_with_deadline(server, deadline, "ucx_perftest");
+    let client = clean(client, "client")?;
+    clean(server?, "server")?;
+    client
+        .lines()
+        .find(|l| l.starts_with("Final:"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .ok_or_else(|| format!("client: no 'Final:' line:\n{client}"))
+}
+
+/// The MPI test on two ranks over UCX with `tls`.
+fn mpi(launcher: &str, tls: &str) -> Result<String, String> {
+    let program = crate::run::workspace_root().join(MPI_PROGRAM);
+    let mut c = launch(launcher, false);
+    c.args(["--", "mpirun", "-np", "2", "--mca", "pml", "ucx"]);
+    if is_root() {
+        c.arg("--allow-run-as-root");
+    }
+    c.args([
+        "-x",
+        &format!("UCX_TLS={tls}"),
+        "-x",
+        "UCX_NET_DEVICES=soft0:1",
+    ])
+    .arg(&program)
+    .arg("100")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let child = c
+        .spawn()
+        .map_err(|e| format!("cannot run mpirun (cargo xtask setup installs it): {e}"))?;
+    let out = wait_with_deadline(child, Instant::now() + DEADLINE, "mpirun")?;
+    let text = clean(out, "mpirun")?;
+    if !text.contains("mpi: all checks passed") {
+        return Err(format!("no 'mpi: all checks passed':\n{text}"));
+    }
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("mpi: ping-pong 8") || l.starts_with("mpi: bandwidth"))
+        .map(|l| l.trim_start_matches("mpi: "))
+        .collect::<Vec<_>>()
+        .join("; "))
+}
+
+/// The output of a process that exited 0 with no error line; else why not.
+fn clean(out: Output, who: &str) -> Result<String, String> {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = text
+        .lines()
+        .find(|l| ERROR_LINES.iter().any(|e| l.contains(e)));
+    match (out.status.success(), bad) {
+        (true, None) => Ok(text),
+        (ok, bad) => Err(format!(
+            "{who}: {}{}:\n{text}",
+            if ok {
+                String::new()
+            } else {
+                format!("exit {}", out.status)
+            },
+            bad.map_or(String::new(), |l| format!(" error line {l:?}"))
+        )),
+    }
+}
