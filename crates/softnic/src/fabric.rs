@@ -346,6 +346,7 @@ impl Fabric {
             default_faults: Faults::NONE,
             filter: None,
             next_id: 0,
+            cm: Default::default(),
         };
         let started = w.started;
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

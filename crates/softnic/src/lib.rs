@@ -91,6 +91,7 @@
 
 mod abi;
 pub mod baseline;
+pub mod cm;
 mod control;
 mod counters;
 mod cq;

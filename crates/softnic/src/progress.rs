@@ -185,6 +185,10 @@ impl State {
                 return;
             }
         };
+        if pkt.hdr.dest_qp == 1 {
+            self.cm_receive(dev, &pkt, frame);
+            return;
+        }
         let Some(&id) = self.w.devices[dev].qpns.get(&pkt.hdr.dest_qp) else {
             self.w.devices[dev].counters.messages_dropped += 1;
             return;
@@ -222,6 +226,10 @@ impl State {
             }
             self.w.timers.pop_first();
             did = true;
+            if id == crate::cm::CM_TIMER {
+                self.cm_timers();
+                continue;
+            }
             if let Some(qp) = self.qps.get_mut(&id) {
                 qp.timer_due(&mut self.w, t);
             }

@@ -121,6 +121,8 @@ pub(crate) struct World {
     pub(crate) default_faults: Faults,
     pub(crate) filter: Option<PacketFilter>,
     pub(crate) next_id: u32,
+    /// The connection manager (QP1 of every device, and rdma_cm's ids above it).
+    pub(crate) cm: crate::cm::Cm,
 }
 
 pub(crate) struct State {

@@ -1,0 +1,273 @@
+//! The CM as [`Fabric`] methods: what librdmacm's calls become.
+
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+
+use ibverbs_sys::{ibv_qp, ibv_qp_attr, ibv_qp_state};
+
+use super::ids::{Channel, Id};
+use super::{
+    ChannelId, CmCounters, CmError, CmEvent, CmEventKind, CmId, ConnParam, PortSpace, err,
+};
+use crate::abi::{self, Kind};
+use crate::cq::EventFd;
+use crate::fabric::Fabric;
+use crate::state::State;
+
+impl Fabric {
+    /// Runs `f` on the state, then makes progress (what `f` sent leaves).
+    fn cm<R>(&self, f: impl FnOnce(&mut State) -> Result<R, CmError>) -> Result<R, CmError> {
+        let Some(mut st) = self.shared.lock() else {
+            return err(libc::EIO, "the fabric is broken");
+        };
+        let r = f(&mut st);
+        st.progress();
+        drop(st);
+        self.shared.wake_sleeper();
+        r
+    }
+
+    /// A new event channel (`rdma_create_event_channel`).
+    pub fn cm_create_channel(&self) -> Result<ChannelId, CmError> {
+        let Some(fd) = EventFd::new() else {
+            return err(libc::EMFILE, "creating an event channel's eventfd");
+        };
+        self.cm(|st| {
+            let cm = &mut st.w.cm;
+            if cm.secret == 0 {
+                cm.secret = match st.w.cfg.clock {
+                    crate::Clock::Virtual => st.w.cfg.seed ^ 0x636d_5f73_6563_7265,
+                    crate::Clock::Wall => {
+                        use std::hash::BuildHasher;
+                        std::collections::hash_map::RandomState::new()
+                            .hash_one(std::time::SystemTime::now())
+                            | 1
+                    }
+                };
+            }
+            cm.next += 1;
+            let id = cm.next;
+            cm.channels.insert(
+                id,
+                Channel {
+                    fd,
+                    events: Default::default(),
+                },
+            );
+            Ok(ChannelId(id))
+        })
+    }
+
+    /// The channel's file descriptor: readable while an event waits (as long as the channel
+    /// lives).
+    pub fn cm_channel_fd(&self, ch: ChannelId) -> Result<i32, CmError> {
+        self.cm(|st| match st.w.cm.channels.get(&ch.0) {
+            Some(c) => Ok(c.fd.raw()),
+            None => err(libc::EINVAL, "no such event channel"),
+        })
+    }
+
+    /// Destroys a channel (`rdma_destroy_event_channel`): EBUSY while ids are on it. A thread
+    /// blocked in [`cm_get_event`](Self::cm_get_event) wakes with EINVAL.
+    pub fn cm_destroy_channel(&self, ch: ChannelId) -> Result<(), CmError> {
+        self.cm(|st| {
+            if st.w.cm.ids.values().any(|i| i.chan == ch.0) {
+                return err(libc::EBUSY, "destroying an event channel ids are on");
+            }
+            match st.w.cm.channels.remove(&ch.0) {
+                Some(c) => {
+                    c.fd.wake_all();
+                    Ok(())
+                }
+                None => err(libc::EINVAL, "no such event channel"),
+            }
+        })
+    }
+
+    /// A new id on channel `ch` (`rdma_create_id`).
+    pub fn cm_create_id(&self, ch: ChannelId, ps: PortSpace) -> Result<CmId, CmError> {
+        self.cm(|st| {
+            let cm = &mut st.w.cm;
+            if !cm.channels.contains_key(&ch.0) {
+                return err(libc::EINVAL, "no such event channel");
+            }
+            cm.next += 1;
+            cm.ids.insert(cm.next, Id::new(ch.0, ps));
+            Ok(CmId(cm.next))
+        })
+    }
+
+    /// Moves an id (and its waiting events) to another channel (`rdma_migrate_id`).
+    pub fn cm_migrate_id(&self, id: CmId, ch: ChannelId) -> Result<(), CmError> {
+        self.cm(|st| {
+            let cm = &mut st.w.cm;
+            if !cm.channels.contains_key(&ch.0) {
+                return err(libc::EINVAL, "no such event channel");
+            }
+            let Some(i) = cm.ids.get_mut(&id.0) else {
+                return err(libc::EINVAL, "no such CM id");
+            };
+            let old = std::mem::replace(&mut i.chan, ch.0);
+            let mut moved = std::collections::VecDeque::new();
+            if let Some(c) = cm.channels.get_mut(&old) {
+                let (mine, rest) = c.events.drain(..).partition(|e| e.id == id);
+                c.events = rest;
+                moved = mine;
+            }
+            let to = cm.channels.get_mut(&ch.0).expect("checked above");
+            for e in moved {
+                to.events.push_back(e);
+                to.fd.signal();
+            }
+            Ok(())
+        })
+    }
+
+    /// Binds an id to an address (`rdma_bind_addr`): the unspecified address is every device;
+    /// port 0 takes a free one.
+    pub fn cm_bind(&self, id: CmId, addr: SocketAddrV4) -> Result<(), CmError> {
+        self.cm(|st| st.cm_bind(id.0, addr))
+    }
+
+    /// Resolves `dst` (`rdma_resolve_addr`): `ADDR_RESOLVED` (or `ADDR_ERROR`) on the channel.
+    pub fn cm_resolve_addr(
+        &self,
+        id: CmId,
+        src: Option<SocketAddrV4>,
+        dst: SocketAddrV4,
+    ) -> Result<(), CmError> {
+        self.cm(|st| st.cm_resolve_addr(id.0, src, dst))
+    }
+
+    /// Resolves the route (`rdma_resolve_route`): `ROUTE_RESOLVED`.
+    pub fn cm_resolve_route(&self, id: CmId) -> Result<(), CmError> {
+        self.cm(|st| st.cm_resolve_route(id.0))
+    }
+
+    /// Listens (`rdma_listen`).
+    pub fn cm_listen(&self, id: CmId, backlog: i32) -> Result<(), CmError> {
+        self.cm(|st| st.cm_listen(id.0, backlog))
+    }
+
+    /// Gives the id its QP (`rdma_create_qp` does it with the QP it made): the QP, in RESET,
+    /// of the id's device, RC for `RDMA_PS_TCP` and UD for `RDMA_PS_UDP`, goes to INIT (RC) or
+    /// RTS (UD), and the CM moves it from then on. Returns the QP number.
+    pub fn cm_attach_qp(&self, id: CmId, qp: *mut ibv_qp) -> Result<u32, CmError> {
+        let found = abi::lookup(qp.cast(), Kind::Qp)
+            .filter(|f| Arc::ptr_eq(&f.fabric, &self.shared))
+            .ok_or(CmError {
+                errno: libc::EINVAL,
+                what: "attaching a QP that is not one of this fabric's",
+            })?;
+        self.cm(|st| st.cm_attach_qp(id.0, found.id))
+    }
+
+    /// The id forgets its QP (`rdma_destroy_qp`, before the QP is destroyed).
+    pub fn cm_detach_qp(&self, id: CmId) -> Result<(), CmError> {
+        self.cm(|st| st.cm_detach_qp(id.0))
+    }
+
+    /// The attributes and mask that move the id's QP to `state` (`rdma_init_qp_attr`).
+    pub fn cm_init_qp_attr(
+        &self,
+        id: CmId,
+        state: ibv_qp_state::Type,
+    ) -> Result<(ibv_qp_attr, u32), CmError> {
+        self.cm(|st| st.cm_qp_attr(id.0, state))
+    }
+
+    /// Connects (`rdma_connect`): REQ or SIDR REQ with `private` (at most 56 or 180 bytes).
+    pub fn cm_connect(&self, id: CmId, param: ConnParam, private: &[u8]) -> Result<(), CmError> {
+        self.cm(|st| st.cm_connect(id.0, param, private))
+    }
+
+    /// Accepts a connection request (`rdma_accept`).
+    pub fn cm_accept(&self, id: CmId, param: ConnParam, private: &[u8]) -> Result<(), CmError> {
+        self.cm(|st| st.cm_accept(id.0, param, private))
+    }
+
+    /// Rejects a connection request (`rdma_reject`).
+    pub fn cm_reject(&self, id: CmId, private: &[u8]) -> Result<(), CmError> {
+        self.cm(|st| st.cm_reject(id.0, private))
+    }
+
+    /// Sends the RTU after a `CONNECT_RESPONSE` (`rdma_establish`).
+    pub fn cm_establish(&self, id: CmId) -> Result<(), CmError> {
+        self.cm(|st| st.cm_establish(id.0))
+    }
+
+    /// Disconnects (`rdma_disconnect`).
+    pub fn cm_disconnect(&self, id: CmId) -> Result<(), CmError> {
+        self.cm(|st| st.cm_disconnect(id.0))
+    }
+
+    /// Destroys an id (`rdma_destroy_id`).
+    pub fn cm_destroy_id(&self, id: CmId) -> Result<(), CmError> {
+        self.cm(|st| st.cm_destroy_id(id.0))
+    }
+
+    /// The device (its index) and the local and remote addresses of an id.
+    #[allow(clippy::type_complexity)]
+    pub fn cm_id_addrs(
+        &self,
+        id: CmId,
+    ) -> Result<(Option<usize>, Option<SocketAddrV4>, Option<SocketAddrV4>), CmError> {
+        self.cm(|st| {
+            let i = st.cm_id(id.0)?;
+            Ok((i.dev, i.src, i.dst))
+        })
+    }
+
+    /// The next event of a channel, if one waits; EAGAIN if none. Never blocks.
+    pub fn cm_poll_event(&self, ch: ChannelId) -> Result<CmEvent, CmError> {
+        let fd = self.cm(|st| match st.w.cm.channels.get(&ch.0) {
+            Some(c) if !c.events.is_empty() => Ok(c.fd.clone()),
+            Some(_) => err(libc::EAGAIN, "no event waits"),
+            None => err(libc::EINVAL, "no such event channel"),
+        })?;
+        self.cm_take_event(ch, &fd)
+    }
+
+    /// The next event of a channel (`rdma_get_cm_event`): blocks until one comes unless the
+    /// channel's descriptor was made non-blocking (then EAGAIN).
+    pub fn cm_get_event(&self, ch: ChannelId) -> Result<CmEvent, CmError> {
+        let fd = self.cm(|st| match st.w.cm.channels.get(&ch.0) {
+            Some(c) => Ok(c.fd.clone()),
+            None => err(libc::EINVAL, "no such event channel"),
+        })?;
+        self.cm_take_event(ch, &fd)
+    }
+
+    fn cm_take_event(&self, ch: ChannelId, fd: &EventFd) -> Result<CmEvent, CmError> {
+        loop {
+            if let Err(e) = fd.wait() {
+                return err(e, "waiting for a CM event");
+            }
+            // One count per event queued; events of a destroyed id leave theirs behind.
+            let ev = self.cm(|st| {
+                let cm = &mut st.w.cm;
+                let Some(c) = cm.channels.get_mut(&ch.0) else {
+                    return err(libc::EINVAL, "the event channel was destroyed");
+                };
+                let ev = c.events.pop_front();
+                if let Some(e) = &ev
+                    && e.kind == CmEventKind::ConnectRequest
+                    && let Some(l) = e.listen_id.and_then(|l| cm.ids.get_mut(&l.0))
+                {
+                    l.queued = l.queued.saturating_sub(1);
+                }
+                Ok(ev)
+            })?;
+            if let Some(ev) = ev {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// The CM counters of device `name`.
+    pub fn cm_counters(&self, name: &str) -> Option<CmCounters> {
+        let st = self.shared.lock_any();
+        let dev = st.w.devices.iter().position(|d| d.name == name)?;
+        Some(st.w.cm.counters.get(&dev).copied().unwrap_or_default())
+    }
+}

@@ -1,0 +1,539 @@
+//! What a caller asks of the CM (rdma_cm's calls), and the QP transitions it does for them.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use ibverbs_sys::{ibv_access_flags, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state};
+
+use super::ids::{Id, St};
+use super::mad::{self, IpHeader, Msg, Rej, Rep, SidrRep, private, reject};
+use super::{
+    CmError, CmEventKind, ConnParam, MAX_RETRIES, PortSpace, QP_TIMEOUT, RESPONSE_TIMEOUT, err,
+};
+use crate::qp::Transport;
+use crate::state::State;
+
+/// The path MTU code (`ibv_mtu`) of `bytes`.
+pub(crate) fn mtu_code(bytes: u32) -> u8 {
+    match bytes {
+        4096.. => 5,
+        2048.. => 4,
+        1024.. => 3,
+        512.. => 2,
+        _ => 1,
+    }
+}
+
+/// Device `dev`'s node GUID, as `ibv_query_device` reports it.
+fn node_guid(dev: usize) -> u64 {
+    0x0200_0000_0000_0000 | dev as u64
+}
+
+impl State {
+    pub(crate) fn cm_id(&mut self, id: u32) -> Result<&mut Id, CmError> {
+        self.w.cm.ids.get_mut(&id).ok_or(CmError {
+            errno: libc::EINVAL,
+            what: "no such CM id",
+        })
+    }
+
+    /// The IPv4 address of device `dev`.
+    pub(crate) fn dev_ip(&self, dev: usize) -> Ipv4Addr {
+        crate::roce::gid_ipv4(&self.w.devices[dev].gid).unwrap_or(Ipv4Addr::UNSPECIFIED)
+    }
+
+    fn dev_of_ip(&self, ip: Ipv4Addr) -> Option<usize> {
+        (0..self.w.devices.len()).find(|&d| self.dev_ip(d) == ip)
+    }
+
+    /// `rdma_bind_addr`.
+    pub(crate) fn cm_bind(&mut self, id: u32, addr: SocketAddrV4) -> Result<(), CmError> {
+        let i = self.cm_id(id)?;
+        if i.st != St::Idle {
+            return err(libc::EINVAL, "binding an id that is bound already");
+        }
+        let ps = i.ps;
+        let dev = if addr.ip().is_unspecified() {
+            None
+        } else {
+            match self.dev_of_ip(*addr.ip()) {
+                Some(d) => Some(d),
+                None => return err(libc::EADDRNOTAVAIL, "binding an address no device has"),
+            }
+        };
+        let Some(port) = self.w.cm.take_port(ps, addr.port()) else {
+            return err(libc::EADDRINUSE, "binding a port in use");
+        };
+        let i = self.cm_id(id)?;
+        i.st = St::Bound;
+        i.dev = dev;
+        i.src = Some(SocketAddrV4::new(*addr.ip(), port));
+        Ok(())
+    }
+
+    /// `rdma_resolve_addr`: the device and the peer's GID; `ADDR_RESOLVED`, or `ADDR_ERROR`
+    /// with `-EHOSTUNREACH` for an address the link does not reach.
+    pub(crate) fn cm_resolve_addr(
+        &mut self,
+        id: u32,
+        src: Option<SocketAddrV4>,
+        dst: SocketAddrV4,
+    ) -> Result<(), CmError> {
+        if dst.ip().is_unspecified() || dst.ip().is_broadcast() || dst.ip().is_multicast() {
+            return err(libc::EINVAL, "resolving an address that names no one port");
+        }
+        if self.cm_id(id)?.st == St::Idle {
+            let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+            self.cm_bind(id, src.unwrap_or(any))?;
+        }
+        let i = self.cm_id(id)?;
+        if i.st != St::Bound {
+            return err(libc::EINVAL, "resolving an address on an id in use");
+        }
+        let bound = i.dev;
+        let dev = bound.or_else(|| self.dev_of_ip(*dst.ip())).unwrap_or(0);
+        let gid = crate::roce::ipv4_gid(*dst.ip());
+        if self.w.route(dev, &gid).is_none() {
+            self.w
+                .cm
+                .event(id, CmEventKind::AddrError, -libc::EHOSTUNREACH);
+            return Ok(());
+        }
+        let ip = self.dev_ip(dev);
+        let i = self.cm_id(id)?;
+        i.dev = Some(dev);
+        let port = i.src.map_or(0, |s| s.port());
+        i.src = Some(SocketAddrV4::new(ip, port));
+        i.dst = Some(dst);
+        i.peer_gid = gid;
+        i.st = St::AddrResolved;
+        self.w.cm.event(id, CmEventKind::AddrResolved, 0);
+        Ok(())
+    }
+
+    /// `rdma_resolve_route`.
+    pub(crate) fn cm_resolve_route(&mut self, id: u32) -> Result<(), CmError> {
+        let i = self.cm_id(id)?;
+        if i.st != St::AddrResolved {
+            return err(libc::EINVAL, "resolving a route before the address");
+        }
+        i.st = St::RouteResolved;
+        self.w.cm.event(id, CmEventKind::RouteResolved, 0);
+        Ok(())
+    }
+
+    /// `rdma_listen` (a backlog of 0 or over 1024 is 1024, as the kernel's).
+    pub(crate) fn cm_listen(&mut self, id: u32, backlog: i32) -> Result<(), CmError> {
+        if self.cm_id(id)?.st == St::Idle {
+            self.cm_bind(id, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))?;
+        }
+        let i = self.cm_id(id)?;
+        if i.st != St::Bound {
+            return err(libc::EINVAL, "listening on an id in use");
+        }
+        i.st = St::Listen;
+        i.backlog = if (1..=1024).contains(&backlog) {
+            backlog as u32
+        } else {
+            1024
+        };
+        Ok(())
+    }
+
+    /// Attaches QP id `qp` (in RESET, of the id's device and the port space's type) and
+    /// moves it as `rdma_create_qp` does: INIT for RC, RTS for UD.
+    pub(crate) fn cm_attach_qp(&mut self, id: u32, qp: u32) -> Result<u32, CmError> {
+        let i = self.cm_id(id)?;
+        let (dev, ps) = (i.dev, i.ps);
+        let Some(q) = self.qps.get(&qp) else {
+            return err(libc::EINVAL, "attaching a QP that is not one");
+        };
+        let want = match ps {
+            PortSpace::Tcp => Transport::Rc,
+            PortSpace::Udp => Transport::Ud,
+        };
+        if Some(q.dev) != dev || q.transport != want {
+            return err(libc::EINVAL, "attaching a QP of another device or type");
+        }
+        if q.state != ibv_qp_state::IBV_QPS_RESET {
+            return err(libc::EINVAL, "attaching a QP that is not in RESET");
+        }
+        let qpn = q.qpn;
+        let i = self.cm_id(id)?;
+        i.qp = Some(qp);
+        i.qpn = qpn;
+        self.cm_move(id, ibv_qp_state::IBV_QPS_INIT)?;
+        if ps == PortSpace::Udp {
+            self.cm_move(id, ibv_qp_state::IBV_QPS_RTR)?;
+            self.cm_move(id, ibv_qp_state::IBV_QPS_RTS)?;
+        }
+        Ok(qpn)
+    }
+
+    /// `rdma_destroy_qp`: the id forgets its QP.
+    pub(crate) fn cm_detach_qp(&mut self, id: u32) -> Result<(), CmError> {
+        self.cm_id(id)?.qp = None;
+        Ok(())
+    }
+
+    /// `rdma_init_qp_attr`: the attributes and mask that move the id's QP to `state`.
+    pub(crate) fn cm_qp_attr(
+        &mut self,
+        id: u32,
+        state: ibv_qp_state::Type,
+    ) -> Result<(ibv_qp_attr, u32), CmError> {
+        use ibv_qp_attr_mask as m;
+        let i = self.cm_id(id)?;
+        let (ps, st) = (i.ps, i.st);
+        let (peer, remote_qpn, remote_psn, psn, mtu, p) = (
+            i.peer_gid,
+            i.remote_qpn,
+            i.remote_psn,
+            i.psn,
+            i.mtu,
+            i.param,
+        );
+        let Some(dev) = i.dev else {
+            return err(libc::EINVAL, "QP attributes of an id on no device");
+        };
+        let mut a = ibv_qp_attr {
+            qp_state: state,
+            ..Default::default()
+        };
+        let connected = matches!(
+            st,
+            St::RepRcvd | St::ReqRcvd | St::RepSent | St::Established
+        );
+        let mask = match (state, ps) {
+            (ibv_qp_state::IBV_QPS_INIT, PortSpace::Tcp) => {
+                a.port_num = 1;
+                a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                    | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+                    | ibv_access_flags::IBV_ACCESS_REMOTE_READ
+                    | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
+                    .0;
+                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS
+            }
+            (ibv_qp_state::IBV_QPS_INIT, PortSpace::Udp) => {
+                a.port_num = 1;
+                a.qkey = mad::UDP_QKEY;
+                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY
+            }
+            (ibv_qp_state::IBV_QPS_RTR, PortSpace::Tcp) if connected => {
+                a.ah_attr.is_global = 1;
+                a.ah_attr.port_num = 1;
+                a.ah_attr.grh.dgid.raw = peer;
+                a.ah_attr.grh.hop_limit = 64;
+                a.ah_attr.grh.sgid_index = (self.w.devices[dev].gids().count() - 1) as u8;
+                a.path_mtu = u32::from(mtu);
+                a.dest_qp_num = remote_qpn;
+                a.rq_psn = remote_psn;
+                a.max_dest_rd_atomic = p.responder_resources;
+                a.min_rnr_timer = 12;
+                m::IBV_QP_STATE
+                    | m::IBV_QP_AV
+                    | m::IBV_QP_PATH_MTU
+                    | m::IBV_QP_DEST_QPN
+                    | m::IBV_QP_RQ_PSN
+                    | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | m::IBV_QP_MIN_RNR_TIMER
+            }
+            (ibv_qp_state::IBV_QPS_RTS, PortSpace::Tcp) if connected => {
+                a.timeout = QP_TIMEOUT;
+                a.retry_cnt = p.retry_count.min(7);
+                a.rnr_retry = p.rnr_retry_count.min(7);
+                a.sq_psn = psn;
+                a.max_rd_atomic = p.initiator_depth;
+                m::IBV_QP_STATE
+                    | m::IBV_QP_TIMEOUT
+                    | m::IBV_QP_RETRY_CNT
+                    | m::IBV_QP_RNR_RETRY
+                    | m::IBV_QP_SQ_PSN
+                    | m::IBV_QP_MAX_QP_RD_ATOMIC
+            }
+            (ibv_qp_state::IBV_QPS_RTR, PortSpace::Udp) => m::IBV_QP_STATE,
+            (ibv_qp_state::IBV_QPS_RTS, PortSpace::Udp) => m::IBV_QP_STATE | m::IBV_QP_SQ_PSN,
+            (ibv_qp_state::IBV_QPS_ERR | ibv_qp_state::IBV_QPS_RESET, _) => m::IBV_QP_STATE,
+            _ => {
+                return err(
+                    libc::EINVAL,
+                    "QP attributes for a state the id is not ready for",
+                );
+            }
+        };
+        Ok((a, mask.0))
+    }
+
+    /// Moves the id's QP to `state` with the attributes the CM has.
+    fn cm_move(&mut self, id: u32, state: ibv_qp_state::Type) -> Result<(), CmError> {
+        let (a, mask) = self.cm_qp_attr(id, state)?;
+        let Some(qp) = self.cm_id(id)?.qp else {
+            return Ok(());
+        };
+        let State { qps, w } = self;
+        let Some(q) = qps.get_mut(&qp) else {
+            return err(libc::EINVAL, "the id's QP is gone");
+        };
+        if q.modify(w, &a, mask) != 0 {
+            return err(libc::EINVAL, "moving the id's QP");
+        }
+        Ok(())
+    }
+
+    /// RTR then RTS: the QP of a connection whose REQ and REP are both known.
+    pub(crate) fn cm_ready_qp(&mut self, id: u32) -> Result<(), CmError> {
+        self.cm_move(id, ibv_qp_state::IBV_QPS_RTR)?;
+        self.cm_move(id, ibv_qp_state::IBV_QPS_RTS)
+    }
+
+    /// The id's QP (if any) to ERROR, as a disconnect does.
+    pub(crate) fn cm_qp_error(&mut self, id: u32) {
+        let _ = self.cm_move(id, ibv_qp_state::IBV_QPS_ERR);
+    }
+
+    /// `rdma_connect`: a REQ (RC) or SIDR REQ (UD) with `data` after the IP header.
+    pub(crate) fn cm_connect(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
+        let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
+        let comm = self.w.cm.comm_id();
+        let tid = u64::from(self.w.cm.fresh());
+        let mtu = mtu_code(self.w.cfg.mtu);
+        let i = self.cm_id(id)?;
+        if i.st != St::RouteResolved {
+            return err(libc::EINVAL, "connecting before the route is resolved");
+        }
+        let room = match i.ps {
+            PortSpace::Tcp => private::REQ,
+            PortSpace::Udp => private::SIDR_REQ,
+        } - mad::IP_HDR_LEN;
+        if data.len() > room {
+            return err(libc::EINVAL, "private data longer than a REQ carries");
+        }
+        let (Some(src), Some(dst), Some(dev)) = (i.src, i.dst, i.dev) else {
+            return err(libc::EINVAL, "connecting an id with no address");
+        };
+        let qpn = if i.qp.is_some() { i.qpn } else { p.qp_num };
+        i.param = p;
+        i.psn = psn;
+        i.local_comm = comm;
+        i.tid = tid;
+        i.mtu = mtu;
+        i.st = St::ReqSent;
+        let ps = i.ps;
+        self.w.cm.by_comm.insert(comm, id);
+        let mut private = [0u8; private::SIDR_REQ];
+        IpHeader {
+            src: *src.ip(),
+            src_port: src.port(),
+            dst: *dst.ip(),
+        }
+        .emit(&mut private);
+        private[mad::IP_HDR_LEN..][..data.len()].copy_from_slice(data);
+        let sid = mad::service_id(ps.code(), dst.port());
+        let msg = match ps {
+            PortSpace::Udp => Msg::SidrReq(comm, sid, Box::new(private)),
+            PortSpace::Tcp => Msg::Req(Box::new(mad::Req {
+                local_comm_id: comm,
+                service_id: sid,
+                ca_guid: node_guid(dev),
+                qpn,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                remote_cm_timeout: RESPONSE_TIMEOUT,
+                transport: 0,
+                flow_control: p.flow_control,
+                starting_psn: psn,
+                local_cm_timeout: RESPONSE_TIMEOUT,
+                retry_count: p.retry_count.min(7),
+                mtu,
+                rnr_retry: p.rnr_retry_count.min(7),
+                max_cm_retries: MAX_RETRIES,
+                srq: p.srq,
+                local_gid: self.w.devices[dev].gid,
+                remote_gid: self.w.cm.ids[&id].peer_gid,
+                ack_timeout: QP_TIMEOUT,
+                private: private[..private::REQ].try_into().expect("92 of 216 bytes"),
+            })),
+        };
+        self.w.cm_send(id, &msg, true);
+        Ok(())
+    }
+
+    /// `rdma_accept`: RTR and RTS, then the REP (RC); the SIDR REP (UD).
+    pub(crate) fn cm_accept(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
+        let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
+        let i = self.cm_id(id)?;
+        if i.st != St::ReqRcvd {
+            return err(libc::EINVAL, "accepting an id with no connection request");
+        }
+        let room = match i.ps {
+            PortSpace::Tcp => private::REP,
+            PortSpace::Udp => private::SIDR_REP,
+        };
+        if data.len() > room {
+            return err(libc::EINVAL, "private data longer than a REP carries");
+        }
+        let qpn = if i.qp.is_some() { i.qpn } else { p.qp_num };
+        let peer = i.peer;
+        i.psn = psn;
+        i.param = ConnParam {
+            responder_resources: p.responder_resources.min(peer.initiator_depth),
+            initiator_depth: p.initiator_depth.min(peer.responder_resources),
+            retry_count: peer.retry_count,
+            rnr_retry_count: peer.rnr_retry_count,
+            ..p
+        };
+        let (local, remote, ps, dev) = (i.local_comm, i.remote_comm, i.ps, i.dev.unwrap_or(0));
+        let param = i.param;
+        if ps == PortSpace::Udp {
+            let mut private = [0u8; private::SIDR_REP];
+            private[..data.len()].copy_from_slice(data);
+            let sid = mad::service_id(ps.code(), i.src.map_or(0, |s| s.port()));
+            i.st = St::Established;
+            let qkey = if p.qkey != 0 { p.qkey } else { mad::UDP_QKEY };
+            let rep = Msg::SidrRep(Box::new(SidrRep {
+                request_id: remote,
+                status: 0,
+                qpn,
+                service_id: sid,
+                qkey,
+                private,
+            }));
+            self.w.cm_send(id, &rep, false);
+            return Ok(());
+        }
+        if self.cm_id(id)?.qp.is_some() {
+            self.cm_ready_qp(id)?;
+        }
+        let mut private = [0u8; private::REP];
+        private[..data.len()].copy_from_slice(data);
+        let rep = Msg::Rep(Box::new(Rep {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            qpn,
+            starting_psn: psn,
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            flow_control: p.flow_control,
+            rnr_retry: p.rnr_retry_count.min(7),
+            srq: p.srq,
+            ca_guid: node_guid(dev),
+            private,
+        }));
+        self.cm_id(id)?.st = St::RepSent;
+        self.w.cm_send(id, &rep, true);
+        Ok(())
+    }
+
+    /// `rdma_reject`: a REJ, consumer-defined (RC), or a SIDR REP "rejected" (UD).
+    pub(crate) fn cm_reject(&mut self, id: u32, data: &[u8]) -> Result<(), CmError> {
+        let i = self.cm_id(id)?;
+        if i.st != St::ReqRcvd {
+            return err(libc::EINVAL, "rejecting an id with no connection request");
+        }
+        let room = match i.ps {
+            PortSpace::Tcp => private::REJ,
+            PortSpace::Udp => private::SIDR_REP,
+        };
+        if data.len() > room {
+            return err(libc::EINVAL, "private data longer than a REJ carries");
+        }
+        i.st = St::Done;
+        let (local, remote, ps, dev) = (i.local_comm, i.remote_comm, i.ps, i.dev.unwrap_or(0));
+        let port = i.src.map_or(0, |s| s.port());
+        let msg = match ps {
+            PortSpace::Tcp => {
+                let mut private = [0u8; private::REJ];
+                private[..data.len()].copy_from_slice(data);
+                Msg::Rej(Box::new(Rej {
+                    local_comm_id: local,
+                    remote_comm_id: remote,
+                    msg_rejected: 0,
+                    reason: reject::CONSUMER_DEFINED,
+                    private,
+                }))
+            }
+            PortSpace::Udp => {
+                let mut private = [0u8; private::SIDR_REP];
+                private[..data.len()].copy_from_slice(data);
+                Msg::SidrRep(Box::new(SidrRep {
+                    request_id: remote,
+                    status: 2,
+                    qpn: 0,
+                    service_id: mad::service_id(ps.code(), port),
+                    qkey: 0,
+                    private,
+                }))
+            }
+        };
+        self.w.cm.count(dev, |c| c.rejects_sent += 1);
+        self.w.cm_send(id, &msg, false);
+        Ok(())
+    }
+
+    /// `rdma_establish`: the RTU of an active id whose caller moved its own QP.
+    pub(crate) fn cm_establish(&mut self, id: u32) -> Result<(), CmError> {
+        if self.cm_id(id)?.st != St::RepRcvd {
+            return err(libc::EINVAL, "establishing an id with no REP");
+        }
+        self.cm_send_rtu(id);
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: the QP to ERROR and a DREQ (nothing more once the peer's came).
+    pub(crate) fn cm_disconnect(&mut self, id: u32) -> Result<(), CmError> {
+        let i = self.cm_id(id)?;
+        match (i.st, i.ps) {
+            (St::Established | St::RepSent | St::RepRcvd, PortSpace::Tcp) => {}
+            (St::DreqSent | St::TimeWait | St::Done, _) | (St::Established, PortSpace::Udp) => {
+                return Ok(());
+            }
+            _ => return err(libc::EINVAL, "disconnecting an id that is not connected"),
+        }
+        let dreq = Msg::Dreq(i.local_comm, i.remote_comm, i.remote_qpn);
+        i.st = St::DreqSent;
+        self.cm_qp_error(id);
+        self.w.cm_settle(id);
+        self.w.cm_send(id, &dreq, true);
+        Ok(())
+    }
+
+    /// `rdma_destroy_id`: says goodbye as the kernel's CM does (a REJ for a request not
+    /// decided, one DREQ for a connection up), forgets the id and its events.
+    pub(crate) fn cm_destroy_id(&mut self, id: u32) -> Result<(), CmError> {
+        let i = self.cm_id(id)?;
+        let (st, ps) = (i.st, i.ps);
+        let (local, remote, qpn) = (i.local_comm, i.remote_comm, i.remote_qpn);
+        let bye = match (st, ps) {
+            (St::ReqRcvd, _) => {
+                let _ = self.cm_reject(id, &[]);
+                None
+            }
+            (St::ReqSent, PortSpace::Tcp) => Some(Msg::Rej(Box::new(Rej {
+                local_comm_id: local,
+                remote_comm_id: remote,
+                msg_rejected: 2,
+                reason: reject::TIMEOUT,
+                private: [0; private::REJ],
+            }))),
+            (St::Established | St::RepSent | St::RepRcvd, PortSpace::Tcp) => {
+                Some(Msg::Dreq(local, remote, qpn))
+            }
+            _ => None,
+        };
+        if let Some(m) = bye {
+            self.w.cm_send(id, &m, false);
+        }
+        let cm = &mut self.w.cm;
+        let i = cm.ids.remove(&id).expect("looked up above");
+        cm.by_comm.remove(&i.local_comm);
+        if let Some(dev) = i.dev {
+            cm.by_remote.remove(&(dev, i.peer_gid, i.remote_comm));
+        }
+        if let Some(src) = i.src {
+            cm.release_port(i.ps, src.port());
+        }
+        if let Some(c) = cm.channels.get_mut(&i.chan) {
+            c.events.retain(|e| e.id.0 != id);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,113 @@
+//! Lost, duplicated and reordered MADs: the handshake completes, once, and replays.
+
+use std::sync::{Arc, Mutex};
+
+use super::common::*;
+use super::*;
+use softnic::{PacketInfo, Verdict};
+
+/// Drops the MADs (packets to QP1) whose numbers, in send order, are in `drop`.
+fn drop_mads(f: &Fabric, drop: &'static [usize]) -> Arc<Mutex<usize>> {
+    let n = Arc::new(Mutex::new(0usize));
+    let seen = n.clone();
+    f.set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+        if p.dest_qp != 1 {
+            return Verdict::Pass;
+        }
+        let mut k = seen.lock().unwrap();
+        *k += 1;
+        if drop.contains(&(*k - 1)) {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    })));
+    n
+}
+
+#[test]
+fn a_lost_req_rep_or_rtu_is_sent_again() {
+    // MADs in order: REQ, REP, RTU. Lose each in turn (and a retransmission of it).
+    for drop in [&[0usize][..], &[0, 1], &[1], &[1, 2], &[2]] {
+        let e = ends(10);
+        let drop: &'static [usize] = Box::leak(drop.to_vec().into_boxed_slice());
+        drop_mads(&e.fabric, drop);
+        let (_, qa, _, qb) = connect(&e);
+        send_works(&e.a, qa, &e.b, qb, 100);
+        let retx = e.fabric.cm_counters("soft0").unwrap().retransmits
+            + e.fabric.cm_counters("soft1").unwrap().retransmits;
+        assert!(retx >= 1, "{drop:?}");
+    }
+}
+
+#[test]
+fn duplicated_and_reordered_mads_connect_once() {
+    for seed in 0..20 {
+        let e = ends(100 + seed);
+        let faults = Faults {
+            duplicate: 0.5,
+            reorder: 0.5,
+            reorder_delay_ns: 20_000,
+            loss: 0.2,
+            ..Faults::NONE
+        };
+        e.fabric.set_default_faults(faults);
+        let (c, qa, s, qb) = connect(&e);
+        e.fabric.set_default_faults(Faults::NONE);
+        send_works(&e.a, qa, &e.b, qb, 500);
+        e.fabric.set_default_faults(faults);
+        e.fabric.cm_disconnect(c).unwrap();
+        expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+        expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+        e.fabric.cm_disconnect(s).unwrap();
+        expect(&e.fabric, e.ca, CmEventKind::TimewaitExit);
+        expect(&e.fabric, e.cb, CmEventKind::TimewaitExit);
+        // Exactly one of each: nothing more comes.
+        assert_eq!(
+            next_event(&e.fabric, e.ca, Duration::from_secs(60)),
+            None,
+            "seed {seed}"
+        );
+        assert_eq!(
+            next_event(&e.fabric, e.cb, Duration::from_secs(60)),
+            None,
+            "seed {seed}"
+        );
+    }
+}
+
+/// Every event of both ends and the CM counters of a lossy run.
+fn lossy_run(seed: u64) -> (Vec<CmEvent>, String) {
+    let e = ends(seed);
+    e.fabric.set_default_faults(Faults {
+        loss: 0.3,
+        duplicate: 0.3,
+        reorder: 0.3,
+        reorder_delay_ns: 50_000,
+        ..Faults::NONE
+    });
+    let l = listen(&e, PortSpace::Tcp, 8);
+    let mut events = Vec::new();
+    let c = client(&e, PortSpace::Tcp);
+    let req = handshake_without_qps(&e, c, b"x");
+    assert_eq!(req.listen_id, Some(l));
+    events.push(req);
+    for ch in [e.ca, e.cb] {
+        while let Some(ev) = next_event(&e.fabric, ch, Duration::from_secs(30)) {
+            events.push(ev);
+        }
+    }
+    let counters = format!(
+        "{:?} {:?}",
+        e.fabric.cm_counters("soft0"),
+        e.fabric.cm_counters("soft1")
+    );
+    (events, counters)
+}
+
+#[test]
+fn a_seed_replays_the_same_exchange() {
+    for seed in [1, 2, 3] {
+        assert_eq!(lossy_run(seed), lossy_run(seed));
+    }
+}

@@ -1,0 +1,370 @@
+//! softnic's connection manager on the virtual clock: real CM MADs on QP1 between two devices
+//! of a simulated fabric, with the faults of the link, replayed from the seed.
+
+#![allow(unreachable_pub, missing_docs)]
+
+#[path = "../abi/common.rs"]
+#[allow(unused_imports)]
+mod common;
+mod hostile;
+mod lossy;
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use common::*;
+use softnic::cm::{ChannelId, CmEvent, CmEventKind, CmId, ConnParam, PortSpace};
+
+pub const SERVER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 7174);
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+
+/// Both ends: soft0 the client, soft1 the server, each with its own channel.
+pub struct Ends {
+    pub fabric: Fabric,
+    pub a: Node,
+    pub b: Node,
+    pub ca: ChannelId,
+    pub cb: ChannelId,
+}
+
+pub fn ends(seed: u64) -> Ends {
+    let fabric = Fabric::new(FabricConfig {
+        seed,
+        ..Default::default()
+    });
+    let a = Node::open(&fabric, "soft0");
+    let b = Node::open(&fabric, "soft1");
+    let ca = fabric.cm_create_channel().unwrap();
+    let cb = fabric.cm_create_channel().unwrap();
+    Ends {
+        fabric,
+        a,
+        b,
+        ca,
+        cb,
+    }
+}
+
+pub fn param() -> ConnParam {
+    ConnParam {
+        responder_resources: 4,
+        initiator_depth: 4,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    }
+}
+
+/// The next event of `ch`, moving the virtual clock in small steps (at most `limit`).
+pub fn next_event(f: &Fabric, ch: ChannelId, limit: Duration) -> Option<CmEvent> {
+    let end = f.now() + limit;
+    loop {
+        if let Ok(ev) = f.cm_poll_event(ch) {
+            return Some(ev);
+        }
+        if f.now() >= end {
+            return None;
+        }
+        let step = f
+            .next_event()
+            .map_or(limit, |t| t.saturating_sub(f.now()))
+            .max(Duration::from_nanos(1));
+        f.advance(step.min(end - f.now()));
+    }
+}
+
+pub fn expect(f: &Fabric, ch: ChannelId, kind: CmEventKind) -> CmEvent {
+    let ev = next_event(f, ch, Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("no {kind:?} event in 120 s of virtual time"));
+    assert_eq!(ev.kind, kind, "{ev:?}");
+    ev
+}
+
+/// A server listening on [`SERVER`] with `backlog`.
+pub fn listen(e: &Ends, ps: PortSpace, backlog: i32) -> CmId {
+    let l = e.fabric.cm_create_id(e.cb, ps).unwrap();
+    e.fabric.cm_bind(l, SERVER).unwrap();
+    e.fabric.cm_listen(l, backlog).unwrap();
+    l
+}
+
+/// A client id with its address and route resolved to [`SERVER`].
+pub fn client(e: &Ends, ps: PortSpace) -> CmId {
+    let id = e.fabric.cm_create_id(e.ca, ps).unwrap();
+    let src = SocketAddrV4::new(CLIENT_IP, 0);
+    e.fabric.cm_resolve_addr(id, Some(src), SERVER).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
+    e.fabric.cm_resolve_route(id).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::RouteResolved);
+    id
+}
+
+/// An RC connection set up through the CM: (client id, client QP, server id, server QP).
+pub fn connect(e: &Ends) -> (CmId, *mut ibv_qp, CmId, *mut ibv_qp) {
+    let l = listen(e, PortSpace::Tcp, 8);
+    let c = client(e, PortSpace::Tcp);
+    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(16, 16), true);
+    e.fabric.cm_attach_qp(c, qa).unwrap();
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_INIT);
+    e.fabric
+        .cm_connect(c, param(), b"hello from the client")
+        .unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    assert_eq!(&req.private[..21], b"hello from the client");
+    assert_eq!(req.private.len(), 56, "92 bytes less rdma_cm's IP header");
+    assert_eq!(req.param.qp_num, qpn(qa));
+    let (local, remote) = req.addrs.unwrap();
+    assert_eq!(local, SERVER);
+    assert_eq!(*remote.ip(), CLIENT_IP);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(16, 16), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    e.fabric.cm_accept(req.id, param(), b"welcome").unwrap();
+    let est = expect(&e.fabric, e.ca, CmEventKind::Established);
+    assert_eq!(&est.private[..7], b"welcome");
+    assert_eq!(est.param.qp_num, qpn(qb));
+    expect(&e.fabric, e.cb, CmEventKind::Established);
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_RTS);
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_RTS);
+    (c, qa, req.id, qb)
+}
+
+/// A SEND of `n` bytes from `qa` (on `a`) to `qb` (on `b`), checked byte for byte.
+pub fn send_works(a: &Node, qa: *mut ibv_qp, b: &Node, qb: *mut ibv_qp, n: usize) {
+    let mut src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+    let mut dst = vec![0u8; n];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(2, &[sge(&dst, dmr)])]).unwrap();
+    let wr = send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
+    post_send(qa, &mut [wr]).unwrap();
+    let sent = poll_n(a.cq, 1);
+    let got = poll_n(b.cq, 1);
+    assert!(ok(&sent[0]) && ok(&got[0]), "{sent:?} {got:?}");
+    assert_eq!(src, dst);
+}
+
+/// Client `c` connects and the server accepts, with QP numbers but no QPs (the CM exchange
+/// alone): the connection request.
+pub fn handshake_without_qps(e: &Ends, c: CmId, data: &[u8]) -> CmEvent {
+    let client = ConnParam {
+        qp_num: 0x100,
+        ..param()
+    };
+    e.fabric.cm_connect(c, client, data).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    let server = ConnParam {
+        qp_num: 0x200,
+        ..param()
+    };
+    e.fabric.cm_accept(req.id, server, &[]).unwrap();
+    req
+}
+
+#[test]
+fn rc_connects_carries_data_and_disconnects() {
+    let e = ends(1);
+    let (c, qa, s, qb) = connect(&e);
+    send_works(&e.a, qa, &e.b, qb, 3000);
+    send_works(&e.b, qb, &e.a, qa, 10_000);
+    e.fabric.cm_disconnect(c).unwrap();
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
+    // A disconnect after the peer's is nothing more.
+    e.fabric.cm_disconnect(s).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::TimewaitExit);
+    expect(&e.fabric, e.cb, CmEventKind::TimewaitExit);
+    e.fabric.cm_destroy_id(c).unwrap();
+    e.fabric.cm_destroy_id(s).unwrap();
+    let ca = e.fabric.cm_counters("soft0").unwrap();
+    assert_eq!(
+        (ca.retransmits, ca.malformed, ca.unexpected),
+        (0, 0, 0),
+        "{ca:?}"
+    );
+}
+
+#[test]
+fn simultaneous_disconnects_give_one_event_each() {
+    let e = ends(2);
+    let (c, qa, s, qb) = connect(&e);
+    e.fabric.cm_disconnect(c).unwrap();
+    e.fabric.cm_disconnect(s).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    expect(&e.fabric, e.ca, CmEventKind::TimewaitExit);
+    expect(&e.fabric, e.cb, CmEventKind::TimewaitExit);
+    assert_eq!(next_event(&e.fabric, e.ca, Duration::from_secs(60)), None);
+    assert_eq!(next_event(&e.fabric, e.cb, Duration::from_secs(60)), None);
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
+}
+
+#[test]
+fn a_request_to_a_port_nobody_listens_on_is_rejected() {
+    let e = ends(3);
+    let c = client(&e, PortSpace::Tcp);
+    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(c, qa).unwrap();
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let rej = expect(&e.fabric, e.ca, CmEventKind::Rejected);
+    assert_eq!(
+        rej.status, 8,
+        "IB_CM_REJ_INVALID_SERVICE_ID, as ib_cm answers"
+    );
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    assert_eq!(e.fabric.cm_counters("soft1").unwrap().rejects_sent, 1);
+}
+
+#[test]
+fn a_full_backlog_rejects_until_a_request_is_taken() {
+    let e = ends(4);
+    let l = listen(&e, PortSpace::Tcp, 1);
+    let c1 = client(&e, PortSpace::Tcp);
+    e.fabric
+        .cm_connect(
+            c1,
+            ConnParam {
+                qp_num: 0x100,
+                ..param()
+            },
+            &[],
+        )
+        .unwrap();
+    // The first request waits in the server's channel, untaken: the backlog is full.
+    e.fabric.advance(Duration::from_micros(50));
+    let c2 = client(&e, PortSpace::Tcp);
+    e.fabric
+        .cm_connect(
+            c2,
+            ConnParam {
+                qp_num: 0x101,
+                ..param()
+            },
+            &[],
+        )
+        .unwrap();
+    let rej = expect(&e.fabric, e.ca, CmEventKind::Rejected);
+    assert_eq!(
+        (rej.id, rej.status),
+        (c2, 28),
+        "consumer-defined, as rdma_cm's"
+    );
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    // Taken: room for the next one.
+    let c3 = client(&e, PortSpace::Tcp);
+    e.fabric
+        .cm_connect(
+            c3,
+            ConnParam {
+                qp_num: 0x102,
+                ..param()
+            },
+            &[],
+        )
+        .unwrap();
+    let req3 = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req3.param.qp_num, 0x102);
+    e.fabric.cm_reject(req.id, b"no").unwrap();
+    let rej = expect(&e.fabric, e.ca, CmEventKind::Rejected);
+    assert_eq!(
+        (rej.id, rej.status, &rej.private[..2]),
+        (c1, 28, &b"no"[..])
+    );
+}
+
+#[test]
+fn a_peer_that_vanishes_mid_handshake_is_unreachable() {
+    let e = ends(5);
+    listen(&e, PortSpace::Tcp, 8);
+    let c = client(&e, PortSpace::Tcp);
+    e.fabric
+        .set_faults(
+            "soft1",
+            "soft0",
+            Faults {
+                link_down: true,
+                ..Faults::NONE
+            },
+        )
+        .unwrap();
+    let req = handshake_without_qps(&e, c, &[]);
+    let ev = expect(&e.fabric, e.ca, CmEventKind::Unreachable);
+    assert_eq!(ev.status, -libc::ETIMEDOUT);
+    let ev = expect(&e.fabric, e.cb, CmEventKind::Unreachable);
+    assert_eq!((ev.id, ev.status), (req.id, -libc::ETIMEDOUT));
+    let ca = e.fabric.cm_counters("soft0").unwrap();
+    assert_eq!((ca.timeouts, ca.retransmits), (1, 15), "{ca:?}");
+}
+
+#[test]
+fn ud_resolves_by_sidr_and_carries_a_datagram() {
+    let e = ends(6);
+    listen(&e, PortSpace::Udp, 8);
+    let c = client(&e, PortSpace::Udp);
+    let qa = e.a.qp(ibv_qp_type::IBV_QPT_UD, cap(4, 4), true);
+    e.fabric.cm_attach_qp(c, qa).unwrap();
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_RTS);
+    e.fabric
+        .cm_connect(c, ConnParam::default(), b"ud?")
+        .unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private[..3], b"ud?");
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_UD, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    e.fabric
+        .cm_accept(req.id, ConnParam::default(), b"ud!")
+        .unwrap();
+    let est = expect(&e.fabric, e.ca, CmEventKind::Established);
+    assert_eq!((est.param.qp_num, est.param.qkey), (qpn(qb), 0x0123_4567));
+    assert_eq!(&est.private[..3], b"ud!");
+    // A datagram to what SIDR said.
+    let mut src = b"datagram".to_vec();
+    let mut dst = vec![0u8; 40 + 8];
+    let smr = e.a.reg(&mut src, LOCAL_WRITE);
+    let dmr = e.b.reg(&mut dst, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(2, &[sge(&dst, dmr)])]).unwrap();
+    let ah = e.a.ah(&e.b);
+    let wr = send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
+    post_send(qa, &mut [with_ud(wr, ah, est.param.qp_num, est.param.qkey)]).unwrap();
+    assert!(ok(&poll_n(e.b.cq, 1)[0]));
+    assert_eq!(&dst[40..], b"datagram");
+}
+
+#[test]
+fn sidr_to_nobody_is_unreachable() {
+    let e = ends(7);
+    let c = client(&e, PortSpace::Udp);
+    e.fabric.cm_connect(c, ConnParam::default(), &[]).unwrap();
+    let ev = expect(&e.fabric, e.ca, CmEventKind::Unreachable);
+    assert_eq!(ev.status, 1, "SIDR status: service ID not supported");
+}
+
+#[test]
+fn addresses_the_link_does_not_reach_fail_clearly() {
+    let e = ends(8);
+    let id = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    let far = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 1);
+    e.fabric.cm_resolve_addr(id, None, far).unwrap();
+    let ev = expect(&e.fabric, e.ca, CmEventKind::AddrError);
+    assert_eq!(ev.status, -libc::EHOSTUNREACH);
+    let id2 = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    let nowhere = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 1);
+    assert_eq!(
+        e.fabric.cm_bind(id2, nowhere).unwrap_err().errno,
+        libc::EADDRNOTAVAIL
+    );
+    e.fabric.cm_bind(id2, SERVER).unwrap();
+    let id3 = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    assert_eq!(
+        e.fabric.cm_bind(id3, SERVER).unwrap_err().errno,
+        libc::EADDRINUSE
+    );
+    assert_eq!(
+        e.fabric.cm_destroy_channel(e.ca).unwrap_err().errno,
+        libc::EBUSY
+    );
+}
