@@ -71,6 +71,9 @@ pub(crate) struct Context {
     pub(crate) dev: usize,
     pub(crate) shell: Shell<ibv_context, crate::extended::VerbsContext>,
     pub(crate) async_fd: std::sync::Arc<crate::cq::EventFd>,
+    /// The descriptor `ibv_context.cmd_fd` names: held, never read, so that it is closed
+    /// with the context.
+    pub(crate) _cmd_fd: std::sync::Arc<crate::cq::EventFd>,
     pub(crate) events: VecDeque<AsyncEvent>,
 }
 

@@ -37,12 +37,18 @@ pub(super) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
             let Some(fd) = EventFd::new() else {
                 return null_mut();
             };
+            // The kernel's `cmd_fd` is the open device file; softnic's is a descriptor of its
+            // own (an event descriptor nothing signals), so that `dup` and `fcntl` on it work
+            // as on any device's; importing it elsewhere (`ibv_import_device`) is EOPNOTSUPP.
+            let Some(cmd) = EventFd::new() else {
+                return null_mut();
+            };
             let id = st.w.alloc_id();
             let ops = crate::ops::context_ops();
             let ctx = ibv_context {
                 device: st.w.devices[idx as usize].shell.ptr().cast(),
                 ops,
-                cmd_fd: -1,
+                cmd_fd: cmd.raw(),
                 async_fd: fd.raw(),
                 num_comp_vectors: 1,
                 ..Default::default()
@@ -55,6 +61,7 @@ pub(super) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
                     dev: idx as usize,
                     shell,
                     async_fd: fd,
+                    _cmd_fd: cmd,
                     events: VecDeque::new(),
                 },
             );

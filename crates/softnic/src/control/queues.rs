@@ -185,6 +185,15 @@ pub(crate) unsafe fn create_qp_with(
             ibv_qp_type::IBV_QPT_RC => Some(Transport::Rc),
             ibv_qp_type::IBV_QPT_UC => Some(Transport::Uc),
             ibv_qp_type::IBV_QPT_UD => Some(Transport::Ud),
+            // Types the verbs define that softnic does not serve: EOPNOTSUPP, as rxe's
+            // rxe_qp_chk_init answers them (an unknown type is EINVAL, below).
+            ibv_qp_type::IBV_QPT_RAW_PACKET
+            | ibv_qp_type::IBV_QPT_XRC_SEND
+            | ibv_qp_type::IBV_QPT_XRC_RECV
+            | ibv_qp_type::IBV_QPT_DRIVER => {
+                set_errno(libc::EOPNOTSUPP);
+                return null_mut();
+            }
             _ => None,
         };
         let c = &st.w.cfg;

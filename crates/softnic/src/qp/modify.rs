@@ -115,10 +115,17 @@ impl Qp {
         }
     }
 
-    /// `ibv_modify_qp`: 0 or EINVAL. On EINVAL nothing has changed.
+    /// `ibv_modify_qp`: 0, EINVAL, or ENETUNREACH (an address vector toward a GID the link
+    /// cannot reach). On an error nothing has changed.
     pub(crate) fn modify(&mut self, w: &mut World, attr: &ibv_qp_attr, mask: u32) -> i32 {
         if self.validate(w, attr, mask).is_err() {
             return libc::EINVAL;
+        }
+        if mask & AV != 0 {
+            let dgid = crate::abi::gid_bytes(&attr.ah_attr.grh.dgid);
+            if let Err(e) = reachable(w, self.dev, &dgid) {
+                return e;
+            }
         }
         self.apply(w, attr, mask);
         0
@@ -245,4 +252,27 @@ impl Qp {
             }
         }
     }
+}
+
+/// Whether device `dev`'s link carries packets to `dgid`, as the kernel's address resolution
+/// of a RoCE device finds out when a QP is given an address vector (rdma-core programs print a
+/// routing diagnostic on its error): on the UDP link the GID must name an IPv4 address (the
+/// wire is IPv4: an IPv4-mapped GID or softnic's `fe80::ffff:a.b.c.d`) to which the host has a
+/// route from the device's address; else ENETUNREACH. The kernel's other answer, ETIMEDOUT
+/// when no neighbour answers, has no counterpart: UDP finds no neighbour, RC's retries find a
+/// silent peer. A device of this fabric is always reached; on the in-process network a GID of
+/// no device is accepted, as before, its packets lost.
+fn reachable(w: &World, dev: usize, dgid: &[u8; 16]) -> Result<(), i32> {
+    let Some(port) = w.devices[dev].udp.as_ref() else {
+        return Ok(());
+    };
+    if w.devices.iter().any(|d| d.gids().any(|g| &g == dgid)) {
+        return Ok(());
+    }
+    let ip = crate::roce::gid_address(dgid).ok_or(libc::ENETUNREACH)?;
+    // Connecting a datagram socket bound to the device's address looks the route up (a
+    // loopback source toward another host has none: EINVAL) and sends nothing.
+    std::net::UdpSocket::bind((port.ip, 0))
+        .and_then(|s| s.connect((ip, crate::roce::UDP_PORT)))
+        .map_err(|_| libc::ENETUNREACH)
 }

@@ -173,7 +173,7 @@ fn qp_creation_checks_its_attributes() {
     let cases = [
         mk(null_mut(), a.cq, rc, cap(4, 4)),
         mk(a.cq, b.cq, rc, cap(4, 4)), // a CQ of another context
-        mk(a.cq, a.cq, ibv_qp_type::IBV_QPT_XRC_SEND, cap(4, 4)),
+        mk(a.cq, a.cq, 42, cap(4, 4)), // no such type
         mk(a.cq, a.cq, rc, cap(1 << 20, 4)),
         mk(
             a.cq,
@@ -198,6 +198,18 @@ fn qp_creation_checks_its_attributes() {
         // SAFETY: valid PD and init struct; softnic validates the rest.
         assert!(unsafe { (CONTROL.create_qp)(a.pd, &mut c) }.is_null());
         assert_eq!(errno(), libc::EINVAL);
+    }
+    // Types the verbs define that softnic does not serve: EOPNOTSUPP, as rxe answers them.
+    for ty in [
+        ibv_qp_type::IBV_QPT_RAW_PACKET,
+        ibv_qp_type::IBV_QPT_XRC_SEND,
+        ibv_qp_type::IBV_QPT_XRC_RECV,
+        ibv_qp_type::IBV_QPT_DRIVER,
+    ] {
+        let mut c = mk(a.cq, a.cq, ty, cap(4, 4));
+        // SAFETY: valid PD and init struct.
+        assert!(unsafe { (CONTROL.create_qp)(a.pd, &mut c) }.is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP, "QP type {ty}");
     }
     // CQ of size 0 or above the device limit; comp vector 1 does not exist.
     // SAFETY: valid context.

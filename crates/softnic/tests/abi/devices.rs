@@ -94,3 +94,21 @@ fn ops_table_is_filled_for_the_hot_path() {
     // SAFETY: as above.
     assert_eq!(unsafe { (*n.ctx).num_comp_vectors }, 1);
 }
+
+/// A context's `cmd_fd` is a real descriptor, as the kernel's open device file is: `dup` and
+/// `fcntl` work on it, and it is closed with the context.
+#[test]
+fn cmd_fd_is_a_real_descriptor() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    // SAFETY: a live context's `ibv_context` is readable.
+    let fd = unsafe { (*a.ctx).cmd_fd };
+    assert!(fd >= 0, "cmd_fd {fd}");
+    // SAFETY: plain descriptor calls on a descriptor number.
+    unsafe {
+        assert!(libc::fcntl(fd, libc::F_GETFD) >= 0);
+        let copy = libc::dup(fd);
+        assert!(copy >= 0, "dup failed");
+        assert_eq!(libc::close(copy), 0);
+    }
+}

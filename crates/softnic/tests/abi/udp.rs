@@ -307,3 +307,31 @@ fn hostile_datagrams_are_counted_and_dropped() {
     counters_until(&f, "a valid packet for no QP", |c| c.messages_dropped == 1);
     assert!(f.broken().is_none());
 }
+
+/// RTR toward a GID the UDP link cannot reach fails with ENETUNREACH, as the kernel's address
+/// resolution at RTR fails for a RoCE device (programs print a routing diagnostic on it), and
+/// the QP stays in INIT: a GID that names no IPv4 address (the wire is IPv4), and an IPv4
+/// address the host has no route to from the device's loopback address. The peer's GID works
+/// after.
+#[test]
+fn rtr_toward_an_unreachable_gid_fails_with_enetunreach() {
+    let (a, b) = (udp_fabric(21), udp_fabric(22));
+    let (na, nb) = (Node::open(&a, "soft0"), Node::open(&b, "soft0"));
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let (qa, qb) = (na.qp(ty, cap(8, 8), true), nb.qp(ty, cap(8, 8), true));
+    let (init, mk) = init_attr(ty);
+    assert_eq!(modify(qa, &init, mk), 0);
+    let ipv6 = ibv_gid {
+        raw: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    };
+    let far = ibv_gid {
+        raw: roce::ipv4_gid(Ipv4Addr::new(10, 1, 2, 3)),
+    };
+    for (what, gid) in [("IPv6", ipv6), ("no route", far)] {
+        let (rtr, mk) = rtr_attr(ty, gid, qpn(qb), 100);
+        assert_eq!(modify(qa, &rtr, mk), libc::ENETUNREACH, "{what}");
+        assert_eq!(state(qa), ibv_qp_state::IBV_QPS_INIT);
+    }
+    let (rtr, mk) = rtr_attr(ty, nb.gid, qpn(qb), 100);
+    assert_eq!(modify(qa, &rtr, mk), 0);
+}
