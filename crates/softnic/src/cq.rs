@@ -29,11 +29,23 @@ pub(crate) enum Arm {
     Solicited,
 }
 
+/// When a completion was made: the fabric's clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`,
+/// in ticks of `hca_core_clock`, 1 GHz: nanoseconds) and, for a CQ that asked for it, the
+/// real time (`_WALLCLOCK`, nanoseconds since the epoch; 0 otherwise).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub(crate) at: u64,
+    pub(crate) wall: u64,
+}
+
 pub(crate) struct Cq {
     pub(crate) ctx: u32,
     pub(crate) channel: Option<u32>,
     pub(crate) capacity: usize,
-    pub(crate) entries: VecDeque<(Wc, Reclaim)>,
+    pub(crate) entries: VecDeque<(Wc, Reclaim, Stamp)>,
+    /// Whether completions carry the real time (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`
+    /// asked at creation: reading the clock costs, so only then).
+    pub(crate) wallclock: bool,
     pub(crate) arm: Arm,
     /// A completion did not fit: the CQ is in error (CQ_ERR was raised).
     pub(crate) overflowed: bool,
@@ -153,7 +165,15 @@ impl World {
             }
             return false;
         }
-        c.entries.push_back((wc, reclaim));
+        let wall = if c.wallclock {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        } else {
+            0
+        };
+        c.entries
+            .push_back((wc, reclaim, Stamp { at: self.now, wall }));
         let fire = match c.arm {
             Arm::Off => false,
             Arm::Next => true,

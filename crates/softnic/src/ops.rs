@@ -9,7 +9,7 @@ use ibverbs_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv
 
 use crate::abi::Kind;
 use crate::control::try_with;
-use crate::cq::{Arm, Reclaim};
+use crate::cq::{Arm, Reclaim, Stamp};
 use crate::state::State;
 
 /// Events one `poll_cq` call may move the virtual clock through while its CQ stays empty.
@@ -102,6 +102,21 @@ unsafe fn post_result<W>(r: Result<(), (c_int, *mut W)>, bad_wr: *mut *mut W) ->
 /// written, or `-EINVAL` (unknown CQ, bad arguments), `-EIO` (broken fabric), or `-EOVERFLOW`
 /// once a CQ that overflowed has been drained.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: the caller's contract is `poll_cq`'s; no stamps asked.
+    unsafe { poll_stamped(cq, num, wc, std::ptr::null_mut()) }
+}
+
+/// `poll_cq`, also writing each completion's [`Stamp`] to `stamps` unless it is null (the
+/// extended CQ's timestamps).
+///
+/// # Safety
+/// As `poll_cq`; `stamps` is null or has room for `num` stamps.
+pub(crate) unsafe fn poll_stamped(
+    cq: *mut ibv_cq,
+    num: c_int,
+    wc: *mut ibv_wc,
+    stamps: *mut Stamp,
+) -> c_int {
     let r = try_with(cq.cast(), Kind::Cq, |shared, st, id| {
         if num < 0 || (num > 0 && wc.is_null()) {
             return -libc::EINVAL;
@@ -116,12 +131,17 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ib
         }
         let mut n = 0;
         while n < num as usize {
-            let Some((entry, reclaim)) = st.w.cqs.get_mut(&id).and_then(|c| c.entries.pop_front())
+            let Some((entry, reclaim, stamp)) =
+                st.w.cqs.get_mut(&id).and_then(|c| c.entries.pop_front())
             else {
                 break;
             };
             // SAFETY: `wc` has room for `num` entries per the ibv_poll_cq contract.
             unsafe { wc.add(n).write(entry.to_ibv()) };
+            if !stamps.is_null() {
+                // SAFETY: non-null, room for `num` stamps per this function's contract.
+                unsafe { stamps.add(n).write(stamp) };
+            }
             n += 1;
             st.reclaim(reclaim);
         }

@@ -109,6 +109,7 @@ pub(super) unsafe extern "C" fn create_cq(
                     channel: ch.as_ref().map(|c| c.id),
                     capacity: cqe as usize,
                     entries: VecDeque::new(),
+                    wallclock: false,
                     arm: Arm::Off,
                     overflowed: false,
                     shell,

@@ -16,11 +16,15 @@ use ibverbs_sys::*;
 
 use crate::abi::{self, Holds, Kind, Wc, set_errno};
 use crate::control::CONTROL;
-use crate::ops::poll_cq;
+use crate::cq::Stamp;
+use crate::ops::poll_stamped;
 
-/// The completion fields softnic reports (`IBV_WC_EX_WITH_*`); asking for others (timestamps,
-/// CVLAN, flow tag, tag matching) is EOPNOTSUPP.
+/// The completion fields softnic reports (`IBV_WC_EX_WITH_*`; the timestamps in ticks of the
+/// device's `hca_core_clock`, 1 GHz, and in real nanoseconds); asking for others (CVLAN, flow
+/// tag, tag matching) is EOPNOTSUPP.
 const SUPPORTED_WC_FLAGS: u64 = (IBV_WC_EX_WITH_BYTE_LEN
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
     | IBV_WC_EX_WITH_IMM
     | IBV_WC_EX_WITH_QP_NUM
     | IBV_WC_EX_WITH_SRC_QP
@@ -38,6 +42,8 @@ pub(crate) struct CqEx {
     poller: AtomicUsize,
     /// The completion in hand.
     current: UnsafeCell<Wc>,
+    /// When it was made.
+    stamp: UnsafeCell<Stamp>,
 }
 
 // The head of `ibv_cq_ex` is `ibv_cq`, field for field.
@@ -91,10 +97,13 @@ impl CqEx {
                 read_slid: Some(read_slid),
                 read_sl: Some(read_sl),
                 read_dlid_path_bits: Some(read_dlid_path_bits),
+                read_completion_ts: Some(read_completion_ts),
+                read_completion_wallclock_ns: Some(read_completion_wallclock_ns),
                 ..Default::default()
             },
             poller: AtomicUsize::new(0),
             current: UnsafeCell::new(Wc::default()),
+            stamp: UnsafeCell::new(Stamp::default()),
         }
     }
 }
@@ -146,6 +155,15 @@ pub(super) unsafe extern "C" fn create_cq_ex(
     let (user, channel) = (field!(cq_context), field!(channel));
     // SAFETY: the verb checks the context and channel pointers itself.
     let cq = unsafe { (CONTROL.create_cq)(context, cqe, user, channel, vector) };
+    if !cq.is_null()
+        && field!(wc_flags) & u64::from(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) != 0
+    {
+        crate::control::with(cq.cast(), Kind::Cq, (), |_, st, id| {
+            if let Some(c) = st.w.cqs.get_mut(&id) {
+                c.wallclock = true;
+            }
+        });
+    }
     cq.cast()
 }
 
@@ -160,16 +178,18 @@ fn shell_of(cq: *mut ibv_cq_ex) -> Option<*mut CqEx> {
 /// `shell` is a CQ shell softnic made and the calling thread is its poller.
 unsafe fn poll_one(shell: *mut CqEx) -> c_int {
     let mut wc = Wc::default().to_ibv();
-    // SAFETY: `wc` has room for one completion; the verb checks the CQ pointer.
-    let n = unsafe { poll_cq(shell.cast(), 1, &mut wc) };
+    let mut stamp = Stamp::default();
+    // SAFETY: `wc` and `stamp` have room for one completion; the verb checks the CQ pointer.
+    let n = unsafe { poll_stamped(shell.cast(), 1, &mut wc, &mut stamp) };
     match n {
         1 => {
             let wc = *Wc::from_ibv(&wc);
             // SAFETY: the shell lives forever; this thread is its poller, the only one
-            // touching `current`, `status` and `wr_id` (outside the `ibv_cq` head softnic
-            // updates under its fabric lock).
+            // touching `current`, `stamp`, `status` and `wr_id` (outside the `ibv_cq` head
+            // softnic updates under its fabric lock).
             unsafe {
                 *(*shell).current.get() = wc;
+                *(*shell).stamp.get() = stamp;
                 (&raw mut (*shell).ex.status).write(wc.status);
                 (&raw mut (*shell).ex.wr_id).write(wc.wr_id);
             }
@@ -262,4 +282,19 @@ readers! {
     read_slid -> u32 = |wc| u32::from(wc.slid);
     read_sl -> u8 = |wc| wc.sl;
     read_dlid_path_bits -> u8 = |wc| wc.dlid_path_bits;
+}
+
+/// `ibv_cq_ex.read_completion_ts`: the fabric's clock when the completion was made (1 GHz
+/// ticks: nanoseconds, virtual on the virtual clock).
+unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: called as `cq->read_completion_ts(cq)` by the thread polling `cq` (a softnic
+    // shell, never freed), the only one writing `stamp`.
+    unsafe { (*(*cq.cast::<CqEx>()).stamp.get()).at }
+}
+
+/// `ibv_cq_ex.read_completion_wallclock_ns`: the real time the completion was made
+/// (nanoseconds since the epoch).
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: as `read_completion_ts`.
+    unsafe { (*(*cq.cast::<CqEx>()).stamp.get()).wall }
 }

@@ -39,6 +39,7 @@ type QueryDeviceEx = unsafe extern "C" fn(
 type CreateCqEx =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
 type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 
 /// rdma-core's `struct verbs_context` (ibverbs-sys does not generate it): the extended ops,
 /// then `sz`, then the `ibv_context` callers hold, which must be last. Ops softnic does not
@@ -48,8 +49,9 @@ pub(crate) struct VerbsContext {
     query_port: Option<QueryPort>,
     /// `advise_mr`, `alloc_null_mr`, counters, device memory, flow actions, rate limits,
     /// parent and thread domains, `modify_cq`, `post_srq_ops`, work queues and indirection
-    /// tables, `query_rt_values`.
-    unserved_a: [usize; 24],
+    /// tables.
+    unserved_a: [usize; 23],
+    query_rt_values: Option<QueryRtValues>,
     create_cq_ex: Option<CreateCqEx>,
     /// `priv`: libibverbs' own; never read by the inline helpers.
     private: usize,
@@ -68,6 +70,7 @@ pub(crate) struct VerbsContext {
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(offset_of!(VerbsContext, unserved_a) == 8); // advise_mr
+    assert!(offset_of!(VerbsContext, query_rt_values) == 192);
     assert!(offset_of!(VerbsContext, create_cq_ex) == 200);
     assert!(offset_of!(VerbsContext, private) == 208);
     assert!(offset_of!(VerbsContext, query_device_ex) == 216);
@@ -92,7 +95,8 @@ impl VerbsContext {
     pub(crate) fn new(context: ibv_context) -> Self {
         VerbsContext {
             query_port: Some(query_port),
-            unserved_a: [0; 24],
+            unserved_a: [0; 23],
+            query_rt_values: Some(query_rt_values),
             create_cq_ex: Some(cq::create_cq_ex),
             private: 0,
             query_device_ex: Some(query_device_ex),
@@ -145,8 +149,9 @@ unsafe extern "C" fn query_port(
     r
 }
 
-/// `verbs_context.query_device_ex`: `ibv_device_attr` with the extended fields zero (no ODP,
-/// TSO, RSS, tag matching, device memory, timestamps), one port.
+/// `verbs_context.query_device_ex`: `ibv_device_attr`, one port, completion timestamps (a
+/// 64-bit counter at 1 GHz: `hca_core_clock` is in kHz), the other extended fields zero (no
+/// ODP, TSO, RSS, tag matching, device memory).
 unsafe extern "C" fn query_device_ex(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -166,8 +171,46 @@ unsafe extern "C" fn query_device_ex(
     if r == 0 {
         a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
         a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
+        a.completion_timestamp_mask = u64::MAX;
+        a.hca_core_clock = CORE_CLOCK_KHZ;
         // SAFETY: the caller gave `len` writable bytes at `attr` (the helper's contract).
         unsafe { write_sized(attr, len, &a) };
     }
     r
+}
+
+/// The device clock's rate in kHz (`hca_core_clock`): 1 GHz, so that its ticks, the
+/// completion timestamps, are the fabric's nanoseconds.
+const CORE_CLOCK_KHZ: u64 = 1_000_000;
+
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex`): the device clock now, in
+/// `raw_clock` as mlx5 gives it (the ticks in `tv_nsec`, `tv_sec` 0) when
+/// `IBV_VALUES_MASK_RAW_CLOCK` is asked; `comp_mask` says what was filled.
+unsafe extern "C" fn query_rt_values(
+    context: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    if values.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: non-null, a valid `ibv_values_ex` (the helper's contract).
+    let v = unsafe { &mut *values };
+    let now = crate::control::try_with(context.cast(), crate::abi::Kind::Context, |_, st, _| {
+        st.sync_clock();
+        st.w.now
+    });
+    let now = match now {
+        Ok(n) => n,
+        Err(e) => return e,
+    };
+    let mut filled = 0;
+    if v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+        v.raw_clock = timespec {
+            tv_sec: 0,
+            tv_nsec: now as i64,
+        };
+        filled |= IBV_VALUES_MASK_RAW_CLOCK;
+    }
+    v.comp_mask = filled;
+    0
 }

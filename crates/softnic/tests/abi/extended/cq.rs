@@ -56,8 +56,118 @@ fn extended_cqs_poll_with_start_next_end_and_read_callbacks() {
     }
     // Fields softnic does not report are refused at creation.
     assert_eq!(
-        create_cq_ex(p.a.ctx, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP),
+        create_cq_ex(p.a.ctx, IBV_WC_EX_WITH_CVLAN),
         Err(libc::EOPNOTSUPP)
+    );
+}
+
+/// Completion timestamps (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, `_WALLCLOCK`): the device
+/// clock at 1 GHz (`hca_core_clock` 1000000 kHz, all 64 bits valid), never before an earlier
+/// completion's, never after the clock `ibv_query_rt_values_ex` reads next; the real time
+/// within the real times around the run.
+#[test]
+fn completions_carry_timestamps_of_the_device_clock_and_the_real_time() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    let flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    let (cqa, cqb) = (
+        create_cq_ex(a.ctx, flags).unwrap(),
+        create_cq_ex(b.ctx, flags).unwrap(),
+    );
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let qa = a.qp_with(ty, cap(8, 8), true, cqa.cast(), cqa.cast(), null_mut());
+    let qb = b.qp_with(ty, cap(8, 8), true, cqb.cast(), cqb.cast(), null_mut());
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    let (mut src, mut dst) = (vec![1u8; 64], vec![0u8; 64 * 4]);
+    let (smr, dmr) = (a.reg(&mut src, ALL_ACCESS), b.reg(&mut dst, ALL_ACCESS));
+    for i in 0..4 {
+        post_recv(
+            qb,
+            &mut [recv_wr(i, &[sge(&dst[i as usize * 64..][..64], dmr)])],
+        )
+        .unwrap();
+    }
+    let wall = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    };
+    let before = wall();
+    for i in 0..4 {
+        let wr = send_wr(i, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
+        post_send(qa, &mut [wr]).unwrap();
+        f.advance(std::time::Duration::from_micros(50));
+    }
+    let mut stamps = Vec::new();
+    for _ in 0..1000 {
+        if stamps.len() == 4 {
+            break;
+        }
+        f.step();
+        // SAFETY: a live extended CQ; its callbacks are set.
+        let c = unsafe { &*cqb };
+        // SAFETY: as above.
+        if unsafe { c.start_poll.unwrap()(cqb, null_mut()) } != 0 {
+            continue;
+        }
+        loop {
+            // SAFETY: between start_poll and end_poll; the callbacks are set.
+            unsafe {
+                assert_eq!(c.status, ibv_wc_status::IBV_WC_SUCCESS);
+                stamps.push((
+                    c.read_completion_ts.unwrap()(cqb),
+                    c.read_completion_wallclock_ns.unwrap()(cqb),
+                ));
+                if c.next_poll.unwrap()(cqb) != 0 {
+                    break;
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { c.end_poll.unwrap()(cqb) };
+    }
+    let after = wall();
+    assert_eq!(stamps.len(), 4, "every receive completed");
+    let ticks: Vec<u64> = stamps.iter().map(|s| s.0).collect();
+    assert!(ticks.windows(2).all(|w| w[0] <= w[1]), "{ticks:?}");
+    assert!(
+        ticks[3] - ticks[0] >= 150_000,
+        "50 us apart on the fabric's clock: {ticks:?}"
+    );
+    assert!(
+        stamps.iter().all(|s| (before..=after).contains(&s.1)),
+        "{stamps:?}"
+    );
+
+    type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+    let query_rt: QueryRtValues = vctx_op(b.ctx, 192);
+    let mut v = ibv_values_ex {
+        comp_mask: IBV_VALUES_MASK_RAW_CLOCK,
+        ..Default::default()
+    };
+    // SAFETY: a live context and a writable struct.
+    assert_eq!(unsafe { query_rt(b.ctx, &mut v) }, 0);
+    assert_eq!(v.comp_mask, IBV_VALUES_MASK_RAW_CLOCK);
+    assert_eq!(v.raw_clock.tv_sec, 0);
+    assert!(v.raw_clock.tv_nsec as u64 >= ticks[3]);
+
+    type QueryDeviceEx = unsafe extern "C" fn(
+        *mut ibv_context,
+        *const ibv_query_device_ex_input,
+        *mut ibv_device_attr_ex,
+        usize,
+    ) -> c_int;
+    let query: QueryDeviceEx = vctx_op(a.ctx, 216);
+    let mut attr = ibv_device_attr_ex::default();
+    let len = size_of::<ibv_device_attr_ex>();
+    // SAFETY: a writable struct of the size given.
+    assert_eq!(unsafe { query(a.ctx, std::ptr::null(), &mut attr, len) }, 0);
+    assert_eq!(
+        (attr.hca_core_clock, attr.completion_timestamp_mask),
+        (1_000_000, u64::MAX)
     );
 }
 
