@@ -64,6 +64,36 @@ pub(crate) const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
 pub(crate) const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
 pub(crate) const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
 pub(crate) const REMOTE_ATOMIC: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+pub(crate) const ON_DEMAND: u32 = ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
+
+/// Brings in the pages of `len` bytes at `addr` as the NIC's page fault of an on-demand region
+/// does (rxe's ODP faults them through `hmm_range_fault`): `MADV_POPULATE_READ`, or
+/// `_WRITE` if `write`. False if they cannot be: not mapped, or not readable (writable) as
+/// asked. Zero bytes always can.
+pub(crate) fn fault_in(addr: u64, len: u64, write: bool) -> bool {
+    if len == 0 {
+        return true;
+    }
+    const PAGE: u64 = 4096;
+    let start = addr & !(PAGE - 1);
+    let Some(end) = addr
+        .checked_add(len)
+        .and_then(|e| e.checked_next_multiple_of(PAGE))
+    else {
+        return false;
+    };
+    let Ok(span) = usize::try_from(end - start) else {
+        return false;
+    };
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
+    };
+    // SAFETY: MADV_POPULATE_* only faults pages of existing mappings in, as touching them
+    // would (without a signal where that would fail); it changes no mapping and no byte.
+    unsafe { libc::madvise(start as usize as *mut std::ffi::c_void, span, advice) == 0 }
+}
 
 impl World {
     /// Checks a local SGE of a WR on a QP of `dev` in `pd`: an MR of that device and PD with
@@ -86,6 +116,14 @@ impl World {
             Some(mr) if write && mr.access & LOCAL_WRITE == 0 => {
                 Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR)
             }
+            // An on-demand region's pages are faulted in at each access; one that cannot be
+            // (not mapped) fails the WR as a protection error.
+            Some(mr)
+                if mr.access & ON_DEMAND != 0
+                    && !fault_in(sge.addr, u64::from(sge.length), write) =>
+            {
+                Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR)
+            }
             Some(_) => Ok(()),
             None => Err(ibv_wc_status::IBV_WC_LOC_PROT_ERR),
         }
@@ -102,10 +140,51 @@ impl World {
         len: u64,
         access: u32,
     ) -> bool {
-        self.devices[dev]
-            .keys
-            .get(rkey)
-            .is_some_and(|r| r.allows_remote(pd, qp, va, len, access))
+        self.devices[dev].keys.get(rkey).is_some_and(|r| {
+            r.allows_remote(pd, qp, va, len, access)
+                && (r.access & ON_DEMAND == 0 || fault_in(va, len, access != REMOTE_READ))
+        })
+    }
+
+    /// `ibv_advise_mr` on PD `pd` of device `dev`: each SGE must lie in a region of the PD
+    /// with that lkey (with local write access to prefetch for writing: `write`), and its pages
+    /// are faulted in now, as an on-demand region's first access would (`no_fault`: only
+    /// hinted, `MADV_WILLNEED`, never failing). 0, or EFAULT as the man page has it: a bad
+    /// key or range, or pages that cannot be brought in.
+    pub(crate) fn advise(
+        &self,
+        dev: usize,
+        pd: u32,
+        sges: &[ibv_sge],
+        write: bool,
+        no_fault: bool,
+    ) -> i32 {
+        for sge in sges {
+            let len = u64::from(sge.length);
+            let ok = self.devices[dev].keys.get(sge.lkey).is_some_and(|r| {
+                r.kind == KeyKind::Mr
+                    && r.pd == pd
+                    && r.contains(sge.addr, len)
+                    && (!write || r.access & LOCAL_WRITE != 0)
+            });
+            if !ok {
+                return libc::EFAULT;
+            }
+            if no_fault {
+                // SAFETY: a hint only: MADV_WILLNEED changes no mapping and no byte (its
+                // failure, on a range not mapped, is ignored: no fault is asked for).
+                let _ = unsafe {
+                    libc::madvise(
+                        (sge.addr & !4095) as usize as *mut std::ffi::c_void,
+                        (len + (sge.addr & 4095)) as usize,
+                        libc::MADV_WILLNEED,
+                    )
+                };
+            } else if !fault_in(sge.addr, len, write) {
+                return libc::EFAULT;
+            }
+        }
+        0
     }
 
     /// Appends `len` bytes starting `offset` bytes into the data described by `sges` to `out`,

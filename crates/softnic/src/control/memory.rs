@@ -14,7 +14,8 @@ const MR_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0
     | ibv_access_flags::IBV_ACCESS_MW_BIND.0
-    | ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+    | ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0
+    | ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
 
 /// Whether `access` is a region's: known bits, and remote write or atomic access only with
 /// local write (the kernel's `ib_check_mr_access`).
@@ -22,12 +23,22 @@ fn access_ok(access: u32) -> bool {
     let needs_local_write =
         ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0 | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
     let local_write = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-    access & !MR_ACCESS == 0 && (access & needs_local_write == 0 || access & local_write != 0)
+    // Windows are not bound to on-demand regions: a window's accesses would not fault their
+    // pages in.
+    let odp_bind =
+        ibv_access_flags::IBV_ACCESS_ON_DEMAND.0 | ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+    access & !MR_ACCESS == 0
+        && (access & needs_local_write == 0 || access & local_write != 0)
+        && access & odp_bind != odp_bind
 }
 
-/// Whether `length` bytes at `addr` are an address range (a null address only if empty).
-fn range_ok(addr: *mut c_void, length: usize) -> bool {
-    (!addr.is_null() || length == 0) && (addr as usize).checked_add(length).is_some()
+/// Whether `length` bytes at `addr` are an address range (a null address only if empty, or
+/// for the whole address space of an implicit on-demand region: `NULL`, `SIZE_MAX`).
+fn range_ok(addr: *mut c_void, length: usize, access: u32) -> bool {
+    let implicit = addr.is_null()
+        && length == usize::MAX
+        && access & ibv_access_flags::IBV_ACCESS_ON_DEMAND.0 != 0;
+    implicit || ((!addr.is_null() || length == 0) && (addr as usize).checked_add(length).is_some())
 }
 
 pub(super) unsafe extern "C" fn reg_mr(
@@ -38,7 +49,7 @@ pub(super) unsafe extern "C" fn reg_mr(
 ) -> *mut ibv_mr {
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
         let access = access as u32;
-        if !access_ok(access) || !range_ok(addr, length) {
+        if !access_ok(access) || !range_ok(addr, length, access) {
             set_errno(libc::EINVAL);
             return null_mut();
         }
@@ -145,7 +156,7 @@ pub(super) unsafe extern "C" fn rereg_mr(
         let bad = flags == 0
             || new_pd.is_some_and(|p| p.is_none_or(|p| st.w.pds[&p].ctx != ctx))
             || (changes_access && !access_ok(access as u32))
-            || (translation && !range_ok(addr, length));
+            || (translation && !range_ok(addr, length, 0));
         if bad {
             return Err(libc::EINVAL);
         }

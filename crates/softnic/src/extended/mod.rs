@@ -40,6 +40,7 @@ type CreateCqEx =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
 type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 
 /// rdma-core's `struct verbs_context` (ibverbs-sys does not generate it): the extended ops,
 /// then `sz`, then the `ibv_context` callers hold, which must be last. Ops softnic does not
@@ -47,10 +48,10 @@ type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) 
 #[repr(C)]
 pub(crate) struct VerbsContext {
     query_port: Option<QueryPort>,
-    /// `advise_mr`, `alloc_null_mr`, counters, device memory, flow actions, rate limits,
-    /// parent and thread domains, `modify_cq`, `post_srq_ops`, work queues and indirection
-    /// tables.
-    unserved_a: [usize; 23],
+    advise_mr: Option<AdviseMr>,
+    /// `alloc_null_mr`, counters, device memory, flow actions, rate limits, parent and thread
+    /// domains, `modify_cq`, `post_srq_ops`, work queues and indirection tables.
+    unserved_a: [usize; 22],
     query_rt_values: Option<QueryRtValues>,
     create_cq_ex: Option<CreateCqEx>,
     /// `priv`: libibverbs' own; never read by the inline helpers.
@@ -69,7 +70,7 @@ pub(crate) struct VerbsContext {
 // Offsets from rdma-core's verbs.h (the same in v44, Debian 12's, and v55, ibverbs-sys's).
 const _: () = {
     use std::mem::{offset_of, size_of};
-    assert!(offset_of!(VerbsContext, unserved_a) == 8); // advise_mr
+    assert!(offset_of!(VerbsContext, advise_mr) == 8);
     assert!(offset_of!(VerbsContext, query_rt_values) == 192);
     assert!(offset_of!(VerbsContext, create_cq_ex) == 200);
     assert!(offset_of!(VerbsContext, private) == 208);
@@ -95,7 +96,8 @@ impl VerbsContext {
     pub(crate) fn new(context: ibv_context) -> Self {
         VerbsContext {
             query_port: Some(query_port),
-            unserved_a: [0; 23],
+            advise_mr: Some(advise_mr),
+            unserved_a: [0; 22],
             query_rt_values: Some(query_rt_values),
             create_cq_ex: Some(cq::create_cq_ex),
             private: 0,
@@ -150,8 +152,9 @@ unsafe extern "C" fn query_port(
 }
 
 /// `verbs_context.query_device_ex`: `ibv_device_attr`, one port, completion timestamps (a
-/// 64-bit counter at 1 GHz: `hca_core_clock` is in kHz), the other extended fields zero (no
-/// ODP, TSO, RSS, tag matching, device memory).
+/// 64-bit counter at 1 GHz: `hca_core_clock` is in kHz), on-demand paging (explicit and
+/// implicit; every operation of each transport), the other extended fields zero (no TSO, RSS,
+/// tag matching, device memory).
 unsafe extern "C" fn query_device_ex(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -173,6 +176,21 @@ unsafe extern "C" fn query_device_ex(
         a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
         a.completion_timestamp_mask = u64::MAX;
         a.hca_core_clock = CORE_CLOCK_KHZ;
+        a.odp_caps.general_caps = u64::from(IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT);
+        let (send, recv, srq) = (
+            IBV_ODP_SUPPORT_SEND,
+            IBV_ODP_SUPPORT_RECV,
+            IBV_ODP_SUPPORT_SRQ_RECV,
+        );
+        let t = &mut a.odp_caps.per_transport_caps;
+        t.rc_odp_caps = send
+            | recv
+            | srq
+            | IBV_ODP_SUPPORT_WRITE
+            | IBV_ODP_SUPPORT_READ
+            | IBV_ODP_SUPPORT_ATOMIC;
+        t.uc_odp_caps = send | recv | srq | IBV_ODP_SUPPORT_WRITE;
+        t.ud_odp_caps = send | recv | srq;
         // SAFETY: the caller gave `len` writable bytes at `attr` (the helper's contract).
         unsafe { write_sized(attr, len, &a) };
     }
@@ -213,4 +231,40 @@ unsafe extern "C" fn query_rt_values(
     }
     v.comp_mask = filled;
     0
+}
+
+/// `ibv_advise_mr`'s advice (`enum ibv_advise_mr_advice`) and flag.
+const PREFETCH: u32 = 0;
+const PREFETCH_WRITE: u32 = 1;
+const PREFETCH_NO_FAULT: u32 = 2;
+const ADVISE_FLAG_FLUSH: u32 = 1;
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): prefetches the pages of each SGE's range of a
+/// region of `pd` (see `World::advise`), synchronously, so `IBV_ADVISE_MR_FLAG_FLUSH` is
+/// honoured whatever it says. EINVAL for unknown flags or no SGEs, EOPNOTSUPP (ENOTSUP) for an
+/// advice other than the three prefetches, EFAULT for a bad key or range or pages that cannot
+/// be brought in.
+unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sges: *mut ibv_sge,
+    num: u32,
+) -> c_int {
+    if flags & !ADVISE_FLAG_FLUSH != 0 || sges.is_null() || num == 0 {
+        return libc::EINVAL;
+    }
+    let (write, no_fault) = match advice {
+        PREFETCH => (false, false),
+        PREFETCH_WRITE => (true, false),
+        PREFETCH_NO_FAULT => (false, true),
+        _ => return libc::EOPNOTSUPP,
+    };
+    // SAFETY: `num` SGEs at `sges`, per the verb's contract.
+    let sges = unsafe { std::slice::from_raw_parts(sges, num as usize) };
+    let r = crate::control::try_with(pd.cast(), crate::abi::Kind::Pd, |_, st, pd_id| {
+        let dev = st.w.contexts[&st.w.pds[&pd_id].ctx].dev;
+        st.w.advise(dev, pd_id, sges, write, no_fault)
+    });
+    r.unwrap_or_else(|e| e)
 }

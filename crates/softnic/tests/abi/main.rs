@@ -15,6 +15,7 @@ mod extended;
 mod faults;
 mod keys;
 mod mrs;
+mod odp;
 mod opcodes;
 mod props;
 mod qp_state;
