@@ -41,6 +41,7 @@
 
 #[macro_use]
 mod export;
+mod cm;
 mod compat;
 mod exports;
 mod strings;

@@ -5,7 +5,9 @@
 //! ```
 //!
 //! The program runs with softnic's `libibverbs.so.1` (built next to this launcher by
-//! `cargo build --release -p softnic-verbs`) in place of the system library, and one device,
+//! `cargo build --release -p softnic-verbs`) in place of the system library, with softnic's
+//! `librdmacm.so.1` too when it is built beside (`cargo build -p softnic-rdmacm`: rdma_cm
+//! programs such as rping then connect over softnic's connection manager), and one device,
 //! `soft0`, whose GID is `::ffff:127.0.0.N`, on softnic's UDP link: two programs started this
 //! way (a server and a client, on one host or two) talk RoCEv2 to each other.
 //!
@@ -160,15 +162,27 @@ fn library_dir() -> Result<PathBuf, String> {
         }
     };
     let dir = base.join("softnic-verbs");
-    let link = dir.join("libibverbs.so.1");
-    if link.exists() {
-        return Ok(dir);
-    }
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    match std::os::unix::fs::symlink("../libibverbs.so", &link) {
-        Ok(()) => Ok(dir),
+    link(&dir, "libibverbs.so.1", "libibverbs.so")?;
+    // softnic's librdmacm (crates/softnic-rdmacm), when it is built: rdma_cm programs then
+    // connect over softnic's connection manager; without it they find the system's, which
+    // needs the kernel's rdma_cm and fails.
+    if base.join("librdmacm.so").exists() {
+        link(&dir, "librdmacm.so.1", "librdmacm.so")?;
+    }
+    Ok(dir)
+}
+
+/// `dir/name`, a link to `../target`, made unless it is there.
+fn link(dir: &Path, name: &str, target: &str) -> Result<(), String> {
+    let link = dir.join(name);
+    if link.exists() {
+        return Ok(());
+    }
+    match std::os::unix::fs::symlink(Path::new("..").join(target), &link) {
+        Ok(()) => Ok(()),
         // Another launcher made it first.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(format!("linking {}: {e}", link.display())),
     }
 }

@@ -68,17 +68,16 @@ impl Fabric {
     }
 
     /// Destroys a channel (`rdma_destroy_event_channel`): EBUSY while ids are on it. A thread
-    /// blocked in [`cm_get_event`](Self::cm_get_event) wakes with EINVAL.
+    /// blocked in [`cm_get_event`](Self::cm_get_event) stays blocked, as one blocked in
+    /// librdmacm's does when the kernel's channel is closed under it (programs such as rping
+    /// destroy the channel under their event thread, then exit).
     pub fn cm_destroy_channel(&self, ch: ChannelId) -> Result<(), CmError> {
         self.cm(|st| {
             if st.w.cm.ids.values().any(|i| i.chan == ch.0) {
                 return err(libc::EBUSY, "destroying an event channel ids are on");
             }
             match st.w.cm.channels.remove(&ch.0) {
-                Some(c) => {
-                    c.fd.wake_all();
-                    Ok(())
-                }
+                Some(_) => Ok(()),
                 None => err(libc::EINVAL, "no such event channel"),
             }
         })

@@ -222,8 +222,9 @@ impl State {
         let id = cm.next;
         cm.by_comm.insert(child.local_comm, id);
         cm.by_remote.insert((dev, from, remote_comm), id);
+        // A connection request's id shares its listener's port without holding it (as the
+        // kernel's: the port can be bound again once the listener is gone).
         cm.ids.insert(id, child);
-        cm.share_port(ps, port);
         if let Some(l) = cm.ids.get_mut(&listener) {
             l.queued += 1;
         }

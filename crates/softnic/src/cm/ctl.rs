@@ -528,7 +528,7 @@ impl State {
         if let Some(dev) = i.dev {
             cm.by_remote.remove(&(dev, i.peer_gid, i.remote_comm));
         }
-        if let Some(src) = i.src {
+        if let Some(src) = i.src.filter(|_| i.listener.is_none()) {
             cm.release_port(i.ps, src.port());
         }
         if let Some(c) = cm.channels.get_mut(&i.chan) {

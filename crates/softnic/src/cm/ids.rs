@@ -153,7 +153,7 @@ pub(crate) struct Cm {
     pub(crate) by_comm: BTreeMap<u32, u32>,
     /// (device, peer GID, peer's communication ID) -> id, for duplicate REQs.
     pub(crate) by_remote: BTreeMap<(usize, [u8; 16], u32), u32>,
-    /// (port space, port) taken, and by how many ids (a listener's children share its port).
+    /// (port space, port) taken, and by how many ids.
     pub(crate) ports: BTreeMap<(PortSpace, u16), u32>,
     /// (due, id) of every id waiting for a timer.
     pub(crate) timers: BTreeSet<(u64, u32)>,
@@ -234,11 +234,7 @@ impl Cm {
         Some(free)
     }
 
-    /// One more id on a taken port (a listener's child).
-    pub(crate) fn share_port(&mut self, ps: PortSpace, port: u16) {
-        *self.ports.entry((ps, port)).or_default() += 1;
-    }
-
+    /// Gives a port back.
     pub(crate) fn release_port(&mut self, ps: PortSpace, port: u16) {
         if let Some(n) = self.ports.get_mut(&(ps, port)) {
             *n -= 1;

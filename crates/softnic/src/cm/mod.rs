@@ -35,6 +35,7 @@
 pub mod mad;
 
 mod api;
+pub mod cabi;
 mod core;
 mod ctl;
 mod ids;
@@ -126,6 +127,7 @@ pub enum CmEventKind {
 }
 
 /// Connection parameters (`struct rdma_conn_param`) and what a UD peer answered.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ConnParam {
     /// RDMA READs this side answers at once (its QP's `max_dest_rd_atomic`).

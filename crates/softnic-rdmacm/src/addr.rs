@@ -1,0 +1,221 @@
+//! Socket addresses in and out (IPv4 only: softnic's link is IPv4), `rdma_getaddrinfo`.
+
+use std::ffi::{CStr, c_char, c_int};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::ptr::null_mut;
+
+use softnic::cm::cabi::CAddr;
+
+use crate::types::{
+    RAI_PASSIVE, RDMA_PS_TCP, RDMA_PS_UDP, rdma_addrinfo, rdma_cm_id, sockaddr_storage,
+};
+use crate::{fail, set_errno};
+
+/// The IPv4 address and port of a caller's `sockaddr`: `AF_INET`, or `AF_INET6` that is the
+/// unspecified address or IPv4-mapped. `Err(EAFNOSUPPORT)` for anything else.
+///
+/// # Safety
+/// `sa` is null or points to a `sockaddr` of its family's size.
+pub(crate) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Result<Option<CAddr>, c_int> {
+    if sa.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null and readable per the contract.
+    match c_int::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a `sockaddr_in`.
+            let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Ok(Some(CAddr {
+                ip: u32::from_be(sin.sin_addr.s_addr),
+                port: u16::from_be(sin.sin_port),
+            }))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
+            let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            let ip6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let ip = if ip6.is_unspecified() {
+                Ipv4Addr::UNSPECIFIED
+            } else {
+                ip6.to_ipv4_mapped().ok_or(libc::EAFNOSUPPORT)?
+            };
+            Ok(Some(CAddr {
+                ip: u32::from(ip),
+                port: u16::from_be(sin6.sin6_port),
+            }))
+        }
+        _ => Err(libc::EAFNOSUPPORT),
+    }
+}
+
+/// A `sockaddr_in` of `a`.
+pub(crate) fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// Writes `a` as a `sockaddr_in` into `to`.
+pub(crate) fn store(to: &mut sockaddr_storage, a: SocketAddrV4) {
+    let sin = sockaddr_in(a);
+    to.0 = [0; 128];
+    // SAFETY: a `sockaddr_in` (16 bytes) fits the 128-byte, 8-aligned storage.
+    unsafe { std::ptr::write(to.0.as_mut_ptr().cast::<libc::sockaddr_in>(), sin) };
+}
+
+/// The port stored in `s` (network order), 0 if none.
+fn port_of(s: &sockaddr_storage) -> u16 {
+    u16::from_ne_bytes([s.0[2], s.0[3]])
+}
+
+export! {
+    /// The id's local port, in network byte order.
+    "RDMACM_1.0" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+        // SAFETY: null or an id of this library per the contract.
+        unsafe { id.as_ref() }.map_or(0, |i| port_of(&i.route.addr.src))
+    }
+
+    /// The id's peer port, in network byte order.
+    "RDMACM_1.0" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+        // SAFETY: null or an id of this library per the contract.
+        unsafe { id.as_ref() }.map_or(0, |i| port_of(&i.route.addr.dst))
+    }
+
+    /// Resolves a numeric address or host name and a port into an `rdma_addrinfo` (IPv4).
+    "RDMACM_1.0" fn rdma_getaddrinfo(
+        node: *const c_char,
+        service: *const c_char,
+        hints: *const rdma_addrinfo,
+        res: *mut *mut rdma_addrinfo,
+    ) -> c_int {
+        if res.is_null() || (node.is_null() && service.is_null()) {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: null or valid hints per the contract.
+        let hints = unsafe { hints.as_ref() };
+        let flags = hints.map_or(0, |h| h.ai_flags);
+        let port = if service.is_null() {
+            Ok(0)
+        } else {
+            // SAFETY: a NUL-terminated string per the contract.
+            let s = unsafe { CStr::from_ptr(service) }.to_string_lossy();
+            s.parse::<u16>().map_err(|_| libc::EINVAL)
+        };
+        let Ok(port) = port else {
+            return fail(libc::EINVAL);
+        };
+        let ip = if node.is_null() {
+            Ok(Ipv4Addr::UNSPECIFIED)
+        } else {
+            // SAFETY: a NUL-terminated string per the contract.
+            resolve(unsafe { CStr::from_ptr(node) })
+        };
+        let ip = match ip {
+            Ok(ip) => ip,
+            Err(e) => return fail(e),
+        };
+        let at = SocketAddrV4::new(ip, port);
+        let boxed = |a: SocketAddrV4| Box::into_raw(Box::new(sockaddr_in(a))).cast::<libc::sockaddr>();
+        let len = size_of::<libc::sockaddr_in>() as u32;
+        let mut ai = rdma_addrinfo {
+            ai_flags: flags,
+            ai_family: libc::AF_INET,
+            ai_qp_type: hints.map_or(0, |h| h.ai_qp_type),
+            ai_port_space: hints.map_or(0, |h| h.ai_port_space),
+            ai_src_len: 0,
+            ai_dst_len: 0,
+            ai_src_addr: null_mut(),
+            ai_dst_addr: null_mut(),
+            ai_src_canonname: null_mut(),
+            ai_dst_canonname: null_mut(),
+            ai_route_len: 0,
+            ai_route: null_mut(),
+            ai_connect_len: 0,
+            ai_connect: null_mut(),
+            ai_next: null_mut(),
+        };
+        if ai.ai_port_space == 0 {
+            ai.ai_port_space = if ai.ai_qp_type == ibverbs_sys::ibv_qp_type::IBV_QPT_UD as c_int {
+                RDMA_PS_UDP
+            } else {
+                RDMA_PS_TCP
+            };
+        }
+        if ai.ai_qp_type == 0 {
+            ai.ai_qp_type = if ai.ai_port_space == RDMA_PS_UDP {
+                ibverbs_sys::ibv_qp_type::IBV_QPT_UD as c_int
+            } else {
+                ibverbs_sys::ibv_qp_type::IBV_QPT_RC as c_int
+            };
+        }
+        if flags & RAI_PASSIVE != 0 {
+            ai.ai_src_addr = boxed(at);
+            ai.ai_src_len = len;
+        } else {
+            ai.ai_dst_addr = boxed(at);
+            ai.ai_dst_len = len;
+            // A source the hints name.
+            // SAFETY: null or a valid address per the contract.
+            let src = hints.map(|h| unsafe { from_sockaddr(h.ai_src_addr) });
+            if let Some(Ok(Some(s))) = src {
+                ai.ai_src_addr = boxed(s.into());
+                ai.ai_src_len = len;
+            }
+        }
+        // SAFETY: non-null out-pointer per the contract.
+        unsafe { res.write(Box::into_raw(Box::new(ai))) };
+        0
+    }
+
+    /// Frees what `rdma_getaddrinfo` returned.
+    "RDMACM_1.0" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+        let mut next = res;
+        while !next.is_null() {
+            // SAFETY: every node and address came from Box::into_raw in rdma_getaddrinfo.
+            let ai = unsafe { Box::from_raw(next) };
+            for a in [ai.ai_src_addr, ai.ai_dst_addr] {
+                if !a.is_null() {
+                    // SAFETY: as above.
+                    drop(unsafe { Box::from_raw(a.cast::<libc::sockaddr_in>()) });
+                }
+            }
+            next = ai.ai_next;
+        }
+    }
+}
+
+/// A numeric IPv4 address or a host name's first IPv4 address.
+fn resolve(node: &CStr) -> Result<Ipv4Addr, c_int> {
+    if let Ok(ip) = node.to_string_lossy().parse::<Ipv4Addr>() {
+        return Ok(ip);
+    }
+    let hints = libc::addrinfo {
+        ai_flags: 0,
+        ai_family: libc::AF_INET,
+        ai_socktype: libc::SOCK_STREAM,
+        ai_protocol: 0,
+        ai_addrlen: 0,
+        ai_addr: null_mut(),
+        ai_canonname: null_mut(),
+        ai_next: null_mut(),
+    };
+    let mut res: *mut libc::addrinfo = null_mut();
+    // SAFETY: a NUL-terminated name, valid hints and out-pointer.
+    let r = unsafe { libc::getaddrinfo(node.as_ptr(), std::ptr::null(), &hints, &mut res) };
+    if r != 0 || res.is_null() {
+        set_errno(libc::EADDRNOTAVAIL);
+        return Err(libc::EADDRNOTAVAIL);
+    }
+    // SAFETY: getaddrinfo's AF_INET result holds a sockaddr_in.
+    let ip = unsafe { &*(*res).ai_addr.cast::<libc::sockaddr_in>() }
+        .sin_addr
+        .s_addr;
+    // SAFETY: freeing what getaddrinfo returned.
+    unsafe { libc::freeaddrinfo(res) };
+    Ok(Ipv4Addr::from(u32::from_be(ip)))
+}

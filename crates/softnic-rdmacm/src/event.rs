@@ -1,0 +1,142 @@
+//! Events: taken from softnic's CM and laid out as `struct rdma_cm_event`.
+
+use std::ffi::{c_char, c_int};
+use std::ptr::null_mut;
+
+use ibverbs_sys::ibv_ah_attr;
+use softnic::cm::cabi::CEvent;
+
+use crate::id::{Channel, id_by_cm, new_id};
+use crate::types::*;
+use crate::{EVENT_NAMES, fail, lib};
+
+/// An event as handed out: the struct programs read, then its private data.
+#[repr(C)]
+struct Event {
+    ev: rdma_cm_event,
+    private: [u8; 256],
+}
+
+const CONNECT_REQUEST: u32 = 4;
+
+export! {
+    /// The next event of the channel: blocks until one comes, unless the channel's `fd` was
+    /// made non-blocking (then -1 with `EAGAIN`).
+    "RDMACM_1.0" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
+        let l = match lib() {
+            Ok(l) => l,
+            Err(e) => return fail(e),
+        };
+        if channel.is_null() || event.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: a channel this library handed out.
+        let cm = unsafe { (*channel.cast::<Channel>()).cm };
+        let mut c = CEvent::default();
+        // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
+        let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
+        if e != 0 {
+            return fail(e);
+        }
+        let mut out = Box::new(Event {
+            ev: rdma_cm_event {
+                id: null_mut(),
+                listen_id: null_mut(),
+                event: c.kind as c_int,
+                status: c.status,
+                param: rdma_cm_event_param {
+                    ud: rdma_ud_param {
+                        private_data: std::ptr::null(),
+                        private_data_len: 0,
+                        ah_attr: ibv_ah_attr::default(),
+                        qp_num: 0,
+                        qkey: 0,
+                    },
+                },
+            },
+            private: c.private,
+        });
+        let id = if c.kind == CONNECT_REQUEST {
+            let Some(listener) = id_by_cm(c.listen_id) else {
+                return fail(libc::EINVAL);
+            };
+            out.ev.listen_id = &mut listener.id;
+            let (ps, ctx) = (listener.id.ps, listener.id.context);
+            let chan = if listener.sync { null_mut() } else { listener.id.channel };
+            match new_id(l, chan, ctx, ps, Some(c.id)) {
+                // SAFETY: just made.
+                Ok(p) => unsafe { &mut *p },
+                Err(e) => return fail(e),
+            }
+        } else {
+            match id_by_cm(c.id) {
+                Some(i) => i,
+                None => return fail(libc::EINVAL),
+            }
+        };
+        id.refresh(l);
+        out.ev.id = &mut id.id;
+        let private = if c.private_len > 0 {
+            out.private.as_ptr().cast()
+        } else {
+            std::ptr::null()
+        };
+        let len = c.private_len.min(255) as u8;
+        if id.id.ps == RDMA_PS_UDP {
+            let mut ah = ibv_ah_attr {
+                is_global: 1,
+                port_num: 1,
+                ..Default::default()
+            };
+            ah.grh.dgid.raw = c.peer_gid;
+            ah.grh.hop_limit = 64;
+            ah.grh.sgid_index = if id.id.verbs.is_null() {
+                0
+            } else {
+                crate::id::sgid_index(id.id.verbs)
+            };
+            out.ev.param.ud = rdma_ud_param {
+                private_data: private,
+                private_data_len: len,
+                ah_attr: ah,
+                qp_num: c.param.qp_num,
+                qkey: c.param.qkey,
+            };
+        } else {
+            let p = c.param;
+            out.ev.param.conn = rdma_conn_param {
+                private_data: private,
+                private_data_len: len,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                flow_control: u8::from(p.flow_control),
+                retry_count: p.retry_count,
+                rnr_retry_count: p.rnr_retry_count,
+                srq: u8::from(p.srq),
+                qp_num: p.qp_num,
+            };
+        }
+        let raw = Box::into_raw(out);
+        // SAFETY: `Event` starts with the `rdma_cm_event`; a valid out-pointer.
+        unsafe { event.write(raw.cast()) };
+        0
+    }
+
+    /// Frees an event.
+    "RDMACM_1.0" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+        if event.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: an event rdma_get_cm_event handed out (an `Event` made by Box::into_raw).
+        drop(unsafe { Box::from_raw(event.cast::<Event>()) });
+        0
+    }
+
+    /// The name of an event type.
+    "RDMACM_1.0" fn rdma_event_str(event: c_int) -> *const c_char {
+        usize::try_from(event)
+            .ok()
+            .and_then(|e| EVENT_NAMES.get(e))
+            .map_or(c"UNKNOWN EVENT".as_ptr(), |n| n.as_ptr())
+    }
+}

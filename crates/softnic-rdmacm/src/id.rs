@@ -1,0 +1,540 @@
+//! Event channels and ids: what `rdma_create_id` hands out, and the calls on an id.
+
+use std::ffi::{c_int, c_void};
+use std::net::SocketAddrV4;
+use std::ptr::null_mut;
+
+use ibverbs_sys::{ibv_context, ibv_qp_init_attr};
+use softnic::cm::ConnParam;
+use softnic::cm::cabi::{CAddr, CIdInfo};
+
+use crate::addr::{from_sockaddr, store};
+use crate::types::*;
+use crate::{IDS, Lib, fail, lib, status};
+
+/// An event channel: the struct programs see, then the CM's channel.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) ch: rdma_event_channel,
+    pub(crate) cm: u32,
+}
+
+/// An id: the `rdma_cm_id` programs see (first), then the library's own.
+#[repr(C)]
+pub(crate) struct Id {
+    pub(crate) id: rdma_cm_id,
+    pub(crate) cm: u32,
+    /// Made without a channel: each call waits for its event on a channel of its own.
+    pub(crate) sync: bool,
+    /// The QP attributes `rdma_create_ep` was given for a listener (its requests get QPs).
+    pub(crate) ep_qp: Option<ibv_qp_init_attr>,
+    /// Whether `rdma_create_qp` made the CQs (and so destroys them).
+    pub(crate) own_cqs: bool,
+    /// Where `route.path_rec` points (zeros: RoCE has no subnet manager's path record).
+    path: [u64; 16],
+}
+
+/// A new channel of the CM: `Err(errno)`.
+pub(crate) fn new_channel(l: &Lib) -> Result<*mut Channel, c_int> {
+    let (mut cm, mut fd) = (0u32, -1);
+    // SAFETY: a context of the fabric and valid out-pointers.
+    let e = unsafe { (l.ops.create_channel)(l.ctx(), &mut cm, &mut fd) };
+    if e != 0 {
+        return Err(e);
+    }
+    Ok(Box::into_raw(Box::new(Channel {
+        ch: rdma_event_channel { fd },
+        cm,
+    })))
+}
+
+/// The library's id behind a caller's `rdma_cm_id` pointer (`None` for one it did not hand
+/// out, or destroyed).
+pub(crate) fn id_of<'a>(p: *mut rdma_cm_id) -> Option<&'a mut Id> {
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    ids.values().any(|&a| a == p as usize).then(|| {
+        // SAFETY: a live id of this library (in the registry), whose `Id` starts with the
+        // `rdma_cm_id`; the caller owns it as librdmacm's callers do.
+        unsafe { &mut *p.cast::<Id>() }
+    })
+}
+
+/// The library's id for CM id `cm`.
+pub(crate) fn id_by_cm<'a>(cm: u32) -> Option<&'a mut Id> {
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: a live id of this library (in the registry).
+    ids.get(&cm).map(|&a| unsafe { &mut *(a as *mut Id) })
+}
+
+/// A new id on `chan` (a channel of its own when null): `Err(errno)`.
+pub(crate) fn new_id(
+    l: &Lib,
+    chan: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: c_int,
+    cm: Option<u32>,
+) -> Result<*mut Id, c_int> {
+    let sync = chan.is_null();
+    let chan = if sync {
+        new_channel(l)?.cast::<rdma_event_channel>()
+    } else {
+        chan
+    };
+    // SAFETY: channels this library handed out start with the `rdma_event_channel`.
+    let ch = unsafe { &*chan.cast::<Channel>() };
+    let cm = match cm {
+        // A connection request's id: on the listener's channel in the CM, moved to its own
+        // when it is synchronous.
+        Some(c) if sync => {
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.migrate_id)(l.ctx(), c, ch.cm) };
+            if e != 0 {
+                return Err(e);
+            }
+            c
+        }
+        Some(c) => c,
+        None => {
+            let mut c = 0;
+            // SAFETY: a context of the fabric and a valid out-pointer.
+            let e = unsafe { (l.ops.create_id)(l.ctx(), ch.cm, ps as u16, &mut c) };
+            if e != 0 {
+                return Err(e);
+            }
+            c
+        }
+    };
+    let qp_type = if ps == RDMA_PS_UDP {
+        ibverbs_sys::ibv_qp_type::IBV_QPT_UD
+    } else {
+        ibverbs_sys::ibv_qp_type::IBV_QPT_RC
+    };
+    let zero = sockaddr_storage([0; 128]);
+    let id = Box::into_raw(Box::new(Id {
+        id: rdma_cm_id {
+            verbs: null_mut(),
+            channel: chan,
+            context,
+            qp: null_mut(),
+            route: rdma_route {
+                addr: rdma_addr {
+                    src: zero,
+                    dst: zero,
+                    ibaddr: rdma_ib_addr {
+                        sgid: ibverbs_sys::ibv_gid { raw: [0; 16] },
+                        dgid: ibverbs_sys::ibv_gid { raw: [0; 16] },
+                        pkey: 0xffff,
+                    },
+                },
+                path_rec: null_mut(),
+                num_paths: 0,
+            },
+            ps,
+            port_num: 0,
+            event: null_mut(),
+            send_cq_channel: null_mut(),
+            send_cq: null_mut(),
+            recv_cq_channel: null_mut(),
+            recv_cq: null_mut(),
+            srq: null_mut(),
+            pd: null_mut(),
+            qp_type: qp_type as c_int,
+        },
+        cm,
+        sync,
+        ep_qp: None,
+        own_cqs: false,
+        path: [0; 16],
+    }));
+    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    ids.insert(cm, id as usize);
+    Ok(id)
+}
+
+impl Id {
+    /// Takes the id's device and addresses from the CM into the fields programs read.
+    pub(crate) fn refresh(&mut self, l: &Lib) {
+        let mut info = CIdInfo::default();
+        // SAFETY: a context of the fabric and a valid out-pointer.
+        if unsafe { (l.ops.id_info)(l.ctx(), self.cm, &mut info) } != 0 {
+            return;
+        }
+        if let Some(ctx) = l.dev_ctx(info.dev) {
+            self.id.verbs = ctx;
+            self.id.port_num = 1;
+            self.id.route.addr.ibaddr.sgid = gid(ctx);
+        }
+        if info.has_local != 0 {
+            store(&mut self.id.route.addr.src, info.local.into());
+        }
+        if info.has_remote != 0 {
+            let dst: SocketAddrV4 = info.remote.into();
+            store(&mut self.id.route.addr.dst, dst);
+            self.id.route.addr.ibaddr.dgid.raw = dst.ip().to_ipv6_mapped().octets();
+        }
+    }
+
+    /// After route resolution: one path (of zeros).
+    pub(crate) fn set_route(&mut self) {
+        self.id.route.path_rec = self.path.as_mut_ptr().cast();
+        self.id.route.num_paths = 1;
+    }
+
+    /// librdmacm's `ucma_complete`: a synchronous id waits for its call's event, kept in
+    /// `id->event`; its status becomes the call's error.
+    pub(crate) fn complete(&mut self) -> c_int {
+        if !self.sync {
+            return 0;
+        }
+        if !self.id.event.is_null() {
+            // SAFETY: an event this library handed out and nobody acked.
+            unsafe { crate::event::rdma_ack_cm_event(self.id.event) };
+            self.id.event = null_mut();
+        }
+        let mut ev = null_mut();
+        // SAFETY: the id's own channel and a valid out-pointer.
+        if unsafe { crate::event::rdma_get_cm_event(self.id.channel, &mut ev) } != 0 {
+            return -1;
+        }
+        self.id.event = ev;
+        // SAFETY: the event just taken.
+        let e = unsafe { &*ev };
+        match e.status {
+            0 => 0,
+            _ if e.event == 8 => fail(libc::ECONNREFUSED),
+            s if s < 0 => fail(-s),
+            s => fail(s),
+        }
+    }
+}
+
+/// The GID index of the device's IPv4-mapped GID: 1 on softnic's UDP link (after the
+/// link-local one, as rxe's table is), else 0.
+pub(crate) fn sgid_index(ctx: *mut ibv_context) -> u8 {
+    let mut g = ibverbs_sys::ibv_gid { raw: [0; 16] };
+    // SAFETY: a context of this library and a valid out-pointer.
+    let has_second = unsafe { ibverbs_sys::ibv_query_gid(ctx, 1, 1, &mut g) } == 0;
+    u8::from(has_second)
+}
+
+/// The device's IPv4-mapped GID.
+pub(crate) fn gid(ctx: *mut ibv_context) -> ibverbs_sys::ibv_gid {
+    let mut g = ibverbs_sys::ibv_gid { raw: [0; 16] };
+    // SAFETY: a context of this library and a valid out-pointer.
+    unsafe { ibverbs_sys::ibv_query_gid(ctx, 1, c_int::from(sgid_index(ctx)), &mut g) };
+    g
+}
+
+/// `ConnParam` of a caller's `rdma_conn_param` (null: librdmacm's defaults), and its
+/// private data.
+///
+/// # Safety
+/// `p` is null or valid, its private data valid for its length.
+pub(crate) unsafe fn conn_param<'a>(p: *const rdma_conn_param) -> (ConnParam, &'a [u8]) {
+    // SAFETY: per the contract.
+    let Some(p) = (unsafe { p.as_ref() }) else {
+        let d = ConnParam {
+            responder_resources: 16,
+            initiator_depth: 16,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        };
+        return (d, &[]);
+    };
+    let data = if p.private_data.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: valid for its length per the contract.
+        unsafe { std::slice::from_raw_parts(p.private_data.cast(), p.private_data_len.into()) }
+    };
+    let c = ConnParam {
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        flow_control: p.flow_control != 0,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+        srq: p.srq != 0,
+        qp_num: p.qp_num,
+        qkey: 0,
+    };
+    (c, data)
+}
+
+/// Runs `f(lib, id)` for a live id, or fails with EINVAL (ENODEV without softnic).
+pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&Lib, &mut Id) -> c_int) -> c_int {
+    let l = match lib() {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    match id_of(p) {
+        Some(id) => f(l, id),
+        None => fail(libc::EINVAL),
+    }
+}
+
+export! {
+    /// A new event channel whose `fd` is readable while events wait.
+    "RDMACM_1.0" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+        let made = lib().and_then(new_channel);
+        match made {
+            Ok(c) => c.cast(),
+            Err(e) => {
+                crate::set_errno(e);
+                null_mut()
+            }
+        }
+    }
+
+    /// Destroys a channel (every id on it must be destroyed first).
+    "RDMACM_1.0" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+        let Ok(l) = lib() else { return };
+        if channel.is_null() {
+            return;
+        }
+        // SAFETY: a channel this library handed out.
+        let ch = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+        // SAFETY: a context of the fabric.
+        let _ = unsafe { (l.ops.destroy_channel)(l.ctx(), ch.cm) };
+    }
+
+    /// A new id (synchronous when `channel` is null).
+    "RDMACM_1.0" fn rdma_create_id(
+        channel: *mut rdma_event_channel,
+        id: *mut *mut rdma_cm_id,
+        context: *mut c_void,
+        ps: c_int,
+    ) -> c_int {
+        if id.is_null() {
+            return fail(libc::EINVAL);
+        }
+        match lib().and_then(|l| new_id(l, channel, context, ps, None)) {
+            Ok(new) => {
+                // SAFETY: a valid out-pointer per the contract.
+                unsafe { id.write(new.cast()) };
+                0
+            }
+            Err(e) => fail(e),
+        }
+    }
+
+    /// Destroys an id (its QP must be destroyed first, as librdmacm's callers do).
+    "RDMACM_1.0" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+        with_id(id, |l, i| {
+            if !i.id.event.is_null() {
+                // SAFETY: the synchronous id's last event, not acked.
+                unsafe { crate::event::rdma_ack_cm_event(i.id.event) };
+            }
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.destroy_id)(l.ctx(), i.cm) };
+            IDS.lock().unwrap_or_else(|e| e.into_inner()).remove(&i.cm);
+            if i.sync {
+                // SAFETY: the id's own channel, made with it.
+                unsafe { rdma_destroy_event_channel(i.id.channel) };
+            }
+            // SAFETY: made by Box::into_raw in new_id, and out of the registry now.
+            drop(unsafe { Box::from_raw((i as *mut Id).cast::<Id>()) });
+            status(e)
+        })
+    }
+
+    /// Binds the id to an address (0.0.0.0: every device; port 0: a free one).
+    "RDMACM_1.0" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a caller's address per the contract.
+            let a = match unsafe { from_sockaddr(addr) } {
+                Ok(Some(a)) => a,
+                Ok(None) => return fail(libc::EINVAL),
+                Err(e) => return fail(e),
+            };
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.bind)(l.ctx(), i.cm, a) };
+            i.refresh(l);
+            status(e)
+        })
+    }
+
+    /// Resolves the peer's address: `RDMA_CM_EVENT_ADDR_RESOLVED` (or `ADDR_ERROR`).
+    "RDMACM_1.0" fn rdma_resolve_addr(
+        id: *mut rdma_cm_id,
+        src: *mut libc::sockaddr,
+        dst: *mut libc::sockaddr,
+        _timeout_ms: c_int,
+    ) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: caller's addresses per the contract.
+            let (s, d) = match unsafe { (from_sockaddr(src), from_sockaddr(dst)) } {
+                (Ok(s), Ok(Some(d))) => (s, d),
+                (Err(e), _) | (_, Err(e)) => return fail(e),
+                _ => return fail(libc::EINVAL),
+            };
+            let sp = s.as_ref().map_or(std::ptr::null(), |s| s as *const CAddr);
+            // SAFETY: a context of the fabric and a valid (or null) source.
+            let e = unsafe { (l.ops.resolve_addr)(l.ctx(), i.cm, sp, d) };
+            if e != 0 {
+                return fail(e);
+            }
+            i.refresh(l);
+            i.complete()
+        })
+    }
+
+    /// Resolves the route: `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    "RDMACM_1.0" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.resolve_route)(l.ctx(), i.cm) };
+            if e != 0 {
+                return fail(e);
+            }
+            i.set_route();
+            i.complete()
+        })
+    }
+
+    /// Listens for connection requests (`backlog` of 0: the kernel's 1024).
+    "RDMACM_1.0" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.listen)(l.ctx(), i.cm, backlog) };
+            i.refresh(l);
+            status(e)
+        })
+    }
+
+    /// Connects: a REQ (RC) or SIDR REQ (UD) with the caller's private data.
+    "RDMACM_1.0" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a caller's parameters per the contract.
+            let (p, data) = unsafe { conn_param(param) };
+            // SAFETY: a context of the fabric; `data` is valid for its length.
+            let e = unsafe { (l.ops.connect)(l.ctx(), i.cm, &p, data.as_ptr(), data.len() as u32) };
+            if e != 0 {
+                return fail(e);
+            }
+            i.complete()
+        })
+    }
+
+    /// Accepts a connection request (the CM moves an attached QP to RTR and RTS).
+    "RDMACM_1.0" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a caller's parameters per the contract.
+            let (p, data) = unsafe { conn_param(param) };
+            // SAFETY: a context of the fabric; `data` is valid for its length.
+            let e = unsafe { (l.ops.accept)(l.ctx(), i.cm, &p, data.as_ptr(), data.len() as u32) };
+            if e != 0 {
+                return fail(e);
+            }
+            if i.id.ps == RDMA_PS_UDP {
+                return 0;
+            }
+            i.complete()
+        })
+    }
+
+    /// Rejects a connection request, with private data.
+    "RDMACM_1.0" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+        with_id(id, |l, i| {
+            let data = if data.is_null() { std::ptr::null() } else { data.cast::<u8>() };
+            let len = if data.is_null() { 0 } else { u32::from(len) };
+            // SAFETY: a context of the fabric; `data` valid for `len` per the contract.
+            status(unsafe { (l.ops.reject)(l.ctx(), i.cm, data, len) })
+        })
+    }
+
+    /// Sends the RTU after a `CONNECT_RESPONSE` (for callers that move their own QP).
+    "RDMACM_1.2" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a context of the fabric.
+            status(unsafe { (l.ops.establish)(l.ctx(), i.cm) })
+        })
+    }
+
+    /// Disconnects: the QP to ERROR and a DREQ.
+    "RDMACM_1.0" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+        with_id(id, |l, i| {
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.disconnect)(l.ctx(), i.cm) };
+            if e != 0 {
+                return fail(e);
+            }
+            i.complete()
+        })
+    }
+
+    /// Moves the id to another channel (null: a channel of its own, synchronous).
+    "RDMACM_1.0" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+        with_id(id, |l, i| {
+            let (chan, sync) = if channel.is_null() {
+                match new_channel(l) {
+                    Ok(c) => (c.cast::<rdma_event_channel>(), true),
+                    Err(e) => return fail(e),
+                }
+            } else {
+                (channel, false)
+            };
+            // SAFETY: channels of this library start with the `rdma_event_channel`.
+            let cm = unsafe { (*chan.cast::<Channel>()).cm };
+            // SAFETY: a context of the fabric.
+            let e = unsafe { (l.ops.migrate_id)(l.ctx(), i.cm, cm) };
+            if e != 0 {
+                return fail(e);
+            }
+            let old = std::mem::replace(&mut i.id.channel, chan);
+            if std::mem::replace(&mut i.sync, sync) {
+                // SAFETY: the id's own channel, made with it.
+                unsafe { rdma_destroy_event_channel(old) };
+            }
+            0
+        })
+    }
+
+    /// Options: accepted and ignored (softnic's CM has one way of doing each).
+    "RDMACM_1.0" fn rdma_set_option(
+        id: *mut rdma_cm_id,
+        _level: c_int,
+        _optname: c_int,
+        _optval: *mut c_void,
+        _optlen: usize,
+    ) -> c_int {
+        with_id(id, |_, _| 0)
+    }
+
+    /// An event of the id's QP the CM should know of: nothing to do.
+    "RDMACM_1.0" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+        with_id(id, |_, _| 0)
+    }
+
+    /// The opened devices, NULL-terminated (free with `rdma_free_devices`).
+    "RDMACM_1.0" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+        let l = match lib() {
+            Ok(l) => l,
+            Err(e) => {
+                crate::set_errno(e);
+                return null_mut();
+            }
+        };
+        let mut v: Vec<*mut ibv_context> = l.devs.iter().map(|d| d.ctx).collect();
+        if !num.is_null() {
+            // SAFETY: a valid out-pointer per the contract.
+            unsafe { num.write(v.len() as c_int) };
+        }
+        v.push(null_mut());
+        Box::into_raw(v.into_boxed_slice()).cast()
+    }
+
+    /// Frees what `rdma_get_devices` returned.
+    "RDMACM_1.0" fn rdma_free_devices(list: *mut *mut ibv_context) {
+        if list.is_null() {
+            return;
+        }
+        let mut n = 0;
+        // SAFETY: a NULL-terminated array from rdma_get_devices.
+        while !unsafe { *list.add(n) }.is_null() {
+            n += 1;
+        }
+        // SAFETY: made by Box::into_raw of a boxed slice of n + 1 pointers.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
+    }
+}

@@ -1,0 +1,188 @@
+//! softnic as a drop-in `librdmacm.so.1`: unmodified rdma_cm programs (rping, ucmatose,
+//! udaddy, rdma_server/rdma_client, perftest's `-R`, libfabric's verbs provider) connect over
+//! softnic's connection manager, which exchanges real InfiniBand CM MADs on QP1 over
+//! softnic's RoCEv2-on-UDP link, as the kernel's rdma_cm does over rxe.
+//!
+//! This crate builds a shared library with librdmacm's soname and symbol versions
+//! (`RDMACM_1.0` .. `RDMACM_1.3`, Debian 12's), that `softnic-run` puts beside softnic's
+//! `libibverbs.so.1`:
+//!
+//! ```text
+//! cargo build --release -p softnic-verbs -p softnic-rdmacm
+//! target/release/softnic-run --addr 127.0.0.2 -- rping -s -a 127.0.0.2 -v -C 3 &
+//! target/release/softnic-run --addr 127.0.0.3 -- rping -c -a 127.0.0.2 -v -C 3
+//! ```
+//!
+//! The connection manager itself lives in softnic (`softnic::cm`, where it is tested on the
+//! virtual clock); this library is its C face, and reaches it through the process's
+//! libibverbs (`softnic_cm_ops`, exported by softnic's libibverbs only), so that both
+//! libraries work on the one fabric of the process. Run with another libibverbs, every call
+//! fails with `ENODEV` after saying why on standard error.
+//!
+//! What it serves: event channels whose `fd` is a real descriptor, readable while events wait
+//! (`poll` it; make it non-blocking and `rdma_get_cm_event` fails with `EAGAIN`); ids on
+//! `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, resolved by SIDR), synchronous ids (no channel:
+//! each call waits for its event, as librdmacm's do); IPv4 addresses (the link's: the
+//! device's own and any other softnic port; IPv6 fails with `EAFNOSUPPORT`); events with the
+//! fields librdmacm fills; `rdma_create_qp` (with CQs and completion channels of its own
+//! when the caller gives none, as `rdma_verbs.h`'s helpers expect), `rdma_create_ep`,
+//! `rdma_get_request`, `rdma_getaddrinfo` of numeric addresses and host names.
+//!
+//! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), multicast
+//! (`ENOSYS`), ECE (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses.
+
+#[macro_use]
+mod export;
+mod addr;
+mod event;
+mod id;
+mod qp;
+pub mod types;
+mod unsupported;
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_int};
+use std::sync::{Mutex, OnceLock};
+
+use ibverbs_sys::{ibv_context, ibv_pd};
+use softnic::cm::cabi::{CEvent, CM_OPS_VERSION, CmOps};
+
+/// One device, opened through the process's libibverbs.
+struct Dev {
+    ctx: *mut ibv_context,
+    /// The device's PD for callers that give none (allocated on first use).
+    pd: Mutex<*mut ibv_pd>,
+}
+
+/// The library's view of the process: softnic's CM and the devices.
+struct Lib {
+    ops: &'static CmOps,
+    devs: Vec<Dev>,
+}
+
+// SAFETY: the raw pointers are libibverbs objects that live as long as the process and that
+// libibverbs lets any thread use; the PD slot is behind a mutex.
+unsafe impl Send for Lib {}
+// SAFETY: as for Send: nothing is mutated but through the mutex.
+unsafe impl Sync for Lib {}
+
+static LIB: OnceLock<Result<Lib, c_int>> = OnceLock::new();
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for writes.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// librdmacm's failure: -1 with `errno`.
+pub(crate) fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+/// 0, or -1 with `errno` for a CM call's errno value.
+pub(crate) fn status(e: c_int) -> c_int {
+    if e == 0 { 0 } else { fail(e) }
+}
+
+fn lib() -> Result<&'static Lib, c_int> {
+    LIB.get_or_init(|| {
+        open().map_err(|(e, why)| {
+            eprintln!("softnic librdmacm: {why}");
+            e
+        })
+    })
+    .as_ref()
+    .map_err(|&e| e)
+}
+
+/// Finds softnic's CM in the process's libibverbs and opens every device.
+fn open() -> Result<Lib, (c_int, String)> {
+    let name = c"softnic_cm_ops";
+    // SAFETY: dlsym with the default handle and a NUL-terminated name.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if sym.is_null() {
+        let why = "this libibverbs is not softnic's (run the program with softnic-run)";
+        return Err((libc::ENODEV, why.to_string()));
+    }
+    // SAFETY: softnic's libibverbs exports `softnic_cm_ops` as `fn() -> *const CmOps`.
+    let get: unsafe extern "C" fn() -> *const CmOps = unsafe { std::mem::transmute(sym) };
+    // SAFETY: it returns a pointer to a static table.
+    let ops = unsafe { &*get() };
+    if ops.version != CM_OPS_VERSION || ops.event_size as usize != size_of::<CEvent>() {
+        let why = "softnic's libibverbs and librdmacm come from different builds";
+        return Err((libc::ENODEV, why.to_string()));
+    }
+    let mut n: c_int = 0;
+    // SAFETY: libibverbs call with a valid out-pointer.
+    let list = unsafe { ibverbs_sys::ibv_get_device_list(&mut n) };
+    if list.is_null() || n <= 0 {
+        return Err((libc::ENODEV, "no softnic device".to_string()));
+    }
+    let mut devs = Vec::new();
+    for i in 0..n as usize {
+        // SAFETY: `list` holds `n` device pointers.
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: a device of the list just taken.
+        let ctx = unsafe { ibverbs_sys::ibv_open_device(dev) };
+        if ctx.is_null() {
+            return Err((libc::ENODEV, format!("opening device {i} failed")));
+        }
+        devs.push(Dev {
+            ctx,
+            pd: Mutex::new(std::ptr::null_mut()),
+        });
+    }
+    Ok(Lib { ops, devs })
+}
+
+impl Lib {
+    /// The context the CM's calls name the fabric by.
+    fn ctx(&self) -> *mut ibv_context {
+        self.devs[0].ctx
+    }
+
+    /// The context of device `dev` (`None` for one the library does not know).
+    fn dev_ctx(&self, dev: c_int) -> Option<*mut ibv_context> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.devs.get(d))
+            .map(|d| d.ctx)
+    }
+
+    /// The default PD of the device of `ctx`, allocated on first use.
+    fn default_pd(&self, ctx: *mut ibv_context) -> *mut ibv_pd {
+        let Some(d) = self.devs.iter().find(|d| d.ctx == ctx) else {
+            return std::ptr::null_mut();
+        };
+        let mut pd = d.pd.lock().unwrap_or_else(|e| e.into_inner());
+        if pd.is_null() {
+            // SAFETY: a context this library opened.
+            *pd = unsafe { ibverbs_sys::ibv_alloc_pd(ctx) };
+        }
+        *pd
+    }
+}
+
+/// Every live id, by CM id: its address as handed out (a `*mut id::Id`).
+static IDS: Mutex<BTreeMap<u32, usize>> = Mutex::new(BTreeMap::new());
+
+/// `rdma_event_str`'s names, by event number.
+const EVENT_NAMES: [&CStr; 16] = [
+    c"RDMA_CM_EVENT_ADDR_RESOLVED",
+    c"RDMA_CM_EVENT_ADDR_ERROR",
+    c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+    c"RDMA_CM_EVENT_ROUTE_ERROR",
+    c"RDMA_CM_EVENT_CONNECT_REQUEST",
+    c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+    c"RDMA_CM_EVENT_CONNECT_ERROR",
+    c"RDMA_CM_EVENT_UNREACHABLE",
+    c"RDMA_CM_EVENT_REJECTED",
+    c"RDMA_CM_EVENT_ESTABLISHED",
+    c"RDMA_CM_EVENT_DISCONNECTED",
+    c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+    c"RDMA_CM_EVENT_MULTICAST_JOIN",
+    c"RDMA_CM_EVENT_MULTICAST_ERROR",
+    c"RDMA_CM_EVENT_ADDR_CHANGE",
+    c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+];

@@ -1,0 +1,33 @@
+//! What softnic's librdmacm does not serve: rsocket (a socket API over RDMA, built on the
+//! rest), multicast, ECE, extended SRQs. Each fails with `ENOSYS` (ECE: `EOPNOTSUPP`).
+
+use std::ffi::c_int;
+
+use crate::fail;
+use crate::types::rdma_cm_id;
+
+unsupported!("RDMACM_1.0":
+    rsocket rbind rlisten raccept rconnect rshutdown rclose rrecv rrecvfrom rrecvmsg rsend
+    rsendto rsendmsg rread rreadv rwrite rwritev rpoll rselect rgetpeername rgetsockname
+    rsetsockopt rgetsockopt rfcntl riomap riounmap riowrite
+    rdma_join_multicast rdma_leave_multicast rdma_create_srq_ex);
+
+unsupported!("RDMACM_1.1": rdma_join_multicast_ex);
+
+export! {
+    /// ECE is not negotiated: `EOPNOTSUPP`.
+    "RDMACM_1.3" fn rdma_set_local_ece(_id: *mut rdma_cm_id, _ece: *mut libc::c_void) -> c_int {
+        fail(libc::EOPNOTSUPP)
+    }
+
+    /// ECE is not negotiated: `EOPNOTSUPP`.
+    "RDMACM_1.3" fn rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut libc::c_void) -> c_int {
+        fail(libc::EOPNOTSUPP)
+    }
+
+    /// Rejects as `rdma_reject` does (no ECE).
+    "RDMACM_1.3" fn rdma_reject_ece(id: *mut rdma_cm_id, data: *const libc::c_void, len: u8) -> c_int {
+        // SAFETY: passed on with the caller's contract.
+        unsafe { crate::id::rdma_reject(id, data, len) }
+    }
+}

@@ -1,0 +1,159 @@
+//! Unmodified rdma_cm programs (rdma-core's rdmacm-utils) connect over softnic: a server and a
+//! client process, each on softnic's libibverbs and librdmacm (both built by cargo for this
+//! test, in the directory of its binary), talking RoCEv2 over UDP on loopback addresses.
+//! A program that is not installed is skipped, saying so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A directory where `libibverbs.so.1` and `librdmacm.so.1` are softnic's.
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("this test binary");
+    let deps = exe.parent().expect("deps/").to_path_buf();
+    let dir = deps.join(format!("softnic-rdmacm-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the links");
+    for (name, target) in [
+        ("libibverbs.so.1", "libibverbs.so"),
+        ("librdmacm.so.1", "librdmacm.so"),
+    ] {
+        let built = deps.join(target);
+        assert!(built.exists(), "{} was not built", built.display());
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&built, &link).expect("linking the library");
+    }
+    dir
+}
+
+fn installed(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| Path::new(&d).join(program).is_file()))
+}
+
+/// Starts `args` on softnic with its device on `addr`.
+fn start(lib: &Path, addr: &str, args: &[&str]) -> Child {
+    Command::new(args[0])
+        .args(&args[1..])
+        .env("LD_LIBRARY_PATH", lib)
+        .env("SOFTNIC_ADDR", addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", args[0]))
+}
+
+/// Waits for `child` (killed at `deadline`): whether it succeeded, and what it said.
+fn finish(mut child: Child, deadline: Instant) -> (bool, String) {
+    while child.try_wait().expect("waiting").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().expect("its output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Runs a server and then a client; both must succeed. Returns their output.
+fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, String)> {
+    if !installed(server[0]) {
+        eprintln!(
+            "skipped: {} is not installed (apt-get install rdmacm-utils)",
+            server[0]
+        );
+        return None;
+    }
+    let lib = library_dir();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let s = start(&lib, addrs[0], server);
+    // The client's REQ is sent again if it comes before the server listens; this only saves
+    // the two seconds of a first timeout.
+    std::thread::sleep(Duration::from_millis(300));
+    let c = start(&lib, addrs[1], client);
+    let (c_ok, c_text) = finish(c, deadline);
+    let (s_ok, s_text) = finish(s, deadline);
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(
+        c_ok,
+        "client {client:?} failed:\n{c_text}\nserver said:\n{s_text}"
+    );
+    assert!(
+        s_ok,
+        "server {server:?} failed:\n{s_text}\nclient said:\n{c_text}"
+    );
+    Some((s_text, c_text))
+}
+
+#[test]
+fn rping_verifies_its_data() {
+    let Some((s, c)) = pair(
+        &["rping", "-s", "-a", "127.0.26.1", "-C", "20", "-v"],
+        &["rping", "-c", "-a", "127.0.26.1", "-C", "20", "-v"],
+        ["127.0.26.1", "127.0.26.2"],
+    ) else {
+        return;
+    };
+    assert_eq!(c.matches("ping data: rdma-ping-").count(), 20, "{c}");
+    assert!(s.contains("server ping data: rdma-ping-19"), "{s}");
+}
+
+#[test]
+fn ucmatose_connects_several_rc_connections() {
+    pair(
+        &["ucmatose", "-b", "127.0.26.3", "-c", "8", "-C", "10"],
+        &["ucmatose", "-s", "127.0.26.3", "-c", "8", "-C", "10"],
+        ["127.0.26.3", "127.0.26.4"],
+    );
+}
+
+#[test]
+fn udaddy_resolves_ud_services() {
+    pair(
+        &["udaddy", "-b", "127.0.26.5", "-c", "4", "-C", "10"],
+        &["udaddy", "-s", "127.0.26.5", "-c", "4", "-C", "10"],
+        ["127.0.26.5", "127.0.26.6"],
+    );
+}
+
+#[test]
+fn rdma_server_and_client_use_synchronous_endpoints() {
+    let Some((s, c)) = pair(
+        &["rdma_server", "-s", "127.0.26.7", "-p", "7471"],
+        &["rdma_client", "-s", "127.0.26.7", "-p", "7471"],
+        ["127.0.26.7", "127.0.26.8"],
+    ) else {
+        return;
+    };
+    assert!(s.contains("rdma_server: end 0"), "{s}");
+    assert!(c.contains("rdma_client: end 0"), "{c}");
+}
+
+#[test]
+fn without_softnic_s_libibverbs_every_call_fails_with_enodev() {
+    if !installed("rping") {
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    let deps = exe.parent().expect("deps/");
+    let dir = deps.join(format!("softnic-rdmacm-alone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let link = dir.join("librdmacm.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(deps.join("librdmacm.so"), &link).expect("linking");
+    let c = start(
+        &dir,
+        "127.0.26.9",
+        &["rping", "-c", "-a", "127.0.26.1", "-C", "1"],
+    );
+    let (ok, text) = finish(c, Instant::now() + Duration::from_secs(20));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok, "{text}");
+    assert!(text.contains("not softnic's"), "{text}");
+}
