@@ -228,10 +228,8 @@ fn advise_mr_prefetches_what_a_region_holds() {
     }
     let mut resident = [0u8; 4];
     // SAFETY: `pages` is a live mapping of 4 pages; `resident` has a byte per page.
-    assert_eq!(
-        unsafe { libc::mincore(pages.0.cast(), pages.1, resident.as_mut_ptr()) },
-        0
-    );
+    let r = unsafe { libc::mincore(pages.0.cast(), pages.1, resident.as_mut_ptr()) };
+    assert_eq!(r, 0);
     assert!(resident.iter().all(|&r| r & 1 == 1), "{resident:?}");
     let beyond = at(pages.addr() + 4096, pages.1 as u32, mr);
     let stranger = ibv_sge {
