@@ -85,16 +85,25 @@ const BUILT: &[Case] = &[
         pair: false,
         says: "all checks passed",
     },
+    Case {
+        program: CONFORM,
+        args: "",
+        pair: false,
+        says: "conform: all checks passed",
+    },
 ];
 
 const LOOPBACK: &str = "ibverbs crate: loopback";
 const EXT_VERBS: &str = "ext_verbs.c";
+/// softnic-verbs' C test of what a conformance suite asks (`tests/c/conform.c`).
+const CONFORM: &str = "conform.c";
 
 /// The path of a program: where [`build_local`] put a built one, else its name.
 fn path_of(program: &str) -> String {
     let built = match program {
         LOOPBACK => "target/ibverbs-crate/debug/examples/loopback",
         EXT_VERBS => "target/interop/ext_verbs",
+        CONFORM => "target/interop/conform",
         _ => return program.to_string(),
     };
     crate::run::workspace_root()
@@ -111,7 +120,8 @@ pub(crate) fn interop() -> Result<(), String> {
     crate::run::build_workspace()?;
     let launcher = target_bin("debug", "softnic-run");
     ibverbs_loopback()?;
-    ext_verbs()?;
+    c_test(EXT_VERBS)?;
+    c_test(CONFORM)?;
     ucx::build_mpi()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
@@ -197,13 +207,14 @@ fn figure(out: &str) -> String {
         .map_or(String::new(), |l| l.trim().to_string())
 }
 
-/// Compiles the C test of the extended verbs against the system's `<infiniband/verbs.h>`
-/// and libibverbs (`libibverbs-dev`, installed by setup), as any C program is.
-fn ext_verbs() -> Result<(), String> {
+/// Compiles a C test of softnic-verbs (`tests/c/<name>`) against the system's
+/// `<infiniband/verbs.h>` and libibverbs (`libibverbs-dev`, installed by setup), as any C
+/// program is.
+fn c_test(name: &str) -> Result<(), String> {
     let root = crate::run::workspace_root();
-    let out = path_of(EXT_VERBS);
+    let out = path_of(name);
     std::fs::create_dir_all(root.join("target/interop")).map_err(|e| e.to_string())?;
-    let source = root.join("crates/softnic-verbs/tests/c/ext_verbs.c");
+    let source = root.join("crates/softnic-verbs/tests/c").join(name);
     let source = source.to_string_lossy();
     status(&mut cmd(
         "cc",

@@ -82,7 +82,9 @@ export! {
         0
     }
 
-    /// softnic has no sysfs files: -1 with ENOENT.
+    /// A provider's variadic sysfs read (a format and its arguments, which this function
+    /// cannot take): -1 with ENOENT. Programs read the device's files with
+    /// `ibv_read_sysfs_file`.
     "IBVERBS_PRIVATE_34" fn ibv_read_ibdev_sysfs_file(_buf: *mut c_void, _size: usize, _dev: *const c_void, _fmt: *const c_void) -> c_int {
         set_errno(libc::ENOENT);
         -1

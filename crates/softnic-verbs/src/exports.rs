@@ -243,18 +243,35 @@ export! {
         0
     }
 
-    /// The whole GID table (`ibv_query_gid_table`): how many entries were written.
+    /// The whole GID table (`ibv_query_gid_table`): how many entries were written; `-EINVAL`
+    /// if `max` cannot hold them all (the kernel's `rdma_query_gid_table` fails so, writing
+    /// what fitted).
     "IBVERBS_1.11" fn _ibv_query_gid_table(context: *mut ibv_context, entries: *mut ibv_gid_entry, max: usize, flags: u32, entry_size: usize) -> isize {
         if (entries.is_null() && max > 0) || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
             return -(libc::EINVAL as isize);
         }
         let mut n = 0;
-        while n < max {
-            // SAFETY: `entries` has room for `max` entries of `entry_size` bytes.
+        loop {
+            let mut probe = ibv_gid::default();
+            let Ok(index) = c_int::try_from(n) else { break };
+            // SAFETY: softnic checks the context; `probe` is a valid out-pointer.
+            let r = unsafe { (CONTROL.query_gid)(context, 1, index, &mut probe) };
+            if r == libc::EINVAL && n > 0 {
+                // Past the table's end.
+                break;
+            }
+            if r != 0 {
+                return -(r as isize);
+            }
+            if n == max {
+                return -(libc::EINVAL as isize);
+            }
+            // SAFETY: `entries` has room for `max > n` entries of `entry_size` bytes.
             let e = unsafe { entries.cast::<u8>().add(n * entry_size).cast::<ibv_gid_entry>() };
             // SAFETY: as above.
-            if unsafe { _ibv_query_gid_ex(context, 1, n as u32, e, 0, entry_size) } != 0 {
-                break;
+            let r = unsafe { _ibv_query_gid_ex(context, 1, n as u32, e, 0, entry_size) };
+            if r != 0 {
+                return -(r as isize);
             }
             n += 1;
         }
@@ -532,10 +549,45 @@ export! {
         strings::mbps_to_rate(mbps)
     }
 
-    /// softnic has no sysfs files: -1 with ENOENT.
-    "IBVERBS_1.0" fn ibv_read_sysfs_file(_dir: *const c_char, _file: *const c_char, _buf: *mut c_char, _size: usize) -> c_int {
-        set_errno(libc::ENOENT);
-        -1
+    /// Reads `dir/file` into `buf` as libibverbs does: at most `size` bytes, a final newline
+    /// replaced by a NUL (or a NUL added when there is room; -1 when the contents fill `buf`
+    /// with no newline); the length read, or -1 with errno. Under `softnic-run` the device's
+    /// sysfs files are there (`/sys/class/infiniband/soft0/...`).
+    "IBVERBS_1.0" fn ibv_read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, size: usize) -> c_int {
+        if dir.is_null() || file.is_null() || (buf.is_null() && size > 0) {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: non-null NUL-terminated strings, per the contract.
+        let (dir, file) = unsafe { (std::ffi::CStr::from_ptr(dir), std::ffi::CStr::from_ptr(file)) };
+        let mut path = dir.to_bytes().to_vec();
+        path.push(b'/');
+        path.extend_from_slice(file.to_bytes());
+        let path: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(path);
+        let mut f = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        if size == 0 {
+            return 0;
+        }
+        // SAFETY: `buf` has `size` writable bytes, per the contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) };
+        let mut len = match std::io::Read::read(&mut f, out) {
+            Ok(n) => n,
+            Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        if len > 0 {
+            if out[len - 1] == b'\n' {
+                len -= 1;
+                out[len] = 0;
+            } else if len < size {
+                out[len] = 0;
+            } else {
+                // No room for the terminating NUL.
+                return minus_one(libc::EOVERFLOW);
+            }
+        }
+        c_int::try_from(len).unwrap_or(c_int::MAX)
     }
 
     /// Where sysfs would be.

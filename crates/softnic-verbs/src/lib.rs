@@ -22,9 +22,12 @@
 //! `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*` fields),
 //! `ibv_create_qp_ex` with send ops and `ibv_qp_to_qp_ex` (the `ibv_wr_*` post API: sends,
 //! writes, reads and atomics, window binds and invalidations, SGE lists, inline data, UD
-//! addresses; `ibv_wr_complete` posts a batch all or nothing). What is not served fails
-//! cleanly (`EOPNOTSUPP`, or `NULL` with `errno`: `ibv_advise_mr`, device memory, flows,
-//! XRC, timestamps), never by reaching the system library with one of softnic's objects.
+//! addresses; `ibv_wr_complete` posts a batch all or nothing), on-demand paging (explicit and
+//! implicit regions, `ibv_advise_mr`), completion timestamps and `ibv_query_rt_values_ex`.
+//! What is not served fails cleanly (`EOPNOTSUPP`, or `NULL` with `errno`: device memory,
+//! flows, XRC, raw packet QPs), never by reaching the system library with one of softnic's
+//! objects. A context's `cmd_fd` is a real descriptor; `ibv_read_sysfs_file` reads the
+//! device's sysfs view that `softnic-run` shows (`/sys/class/infiniband/soft0`).
 //!
 //! The port's GID table is rxe's on a RoCE port: index 0 the link-local GID
 //! `fe80::ffff:a.b.c.d`, index 1 the IPv4-mapped `::ffff:a.b.c.d`, both RoCE v2 and both
