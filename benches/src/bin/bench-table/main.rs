@@ -19,7 +19,10 @@
 //! 8. connection set-up: set-ups per second one at a time vs 100 at once, and a transfer's
 //!    goodput alone vs while 100 clients connect to its engine ([`setup`]);
 //! 9. one-sided reads and vectored transfers: READ vs WRITE goodput at 64 KiB (UC and RC), and
-//!    one `write_v` of 1024 blocks of 4 KiB vs 1024 `write`s ([`reads`]).
+//!    one `write_v` of 1024 blocks of 4 KiB vs 1024 `write`s ([`reads`]);
+//! 10. UCX on softnic: `ucx_perftest` (`ucp_put_bw`, `tag_bw` at 64 KiB, `tag_lat` at 8 B)
+//!     against `ib_write_bw`/`ib_send_lat` on the same softnic link, and against UCX over TCP
+//!     on the loopback interface ([`ucx`]; needs `softnic-run` next to this program).
 //!
 //! Rows 1, 5, 6, 7 and 9 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
@@ -30,6 +33,7 @@ mod memory;
 mod perf;
 mod reads;
 mod setup;
+mod ucx;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -45,30 +49,30 @@ usage: bench-table [--perf PATH] [--only ROWS]
 
 Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
   --perf PATH   the uccl-perf binary (default: the one next to this program)
-  --only ROWS   only these rows, e.g. 2 or 1,4 (1-9; the whole table by default)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-10; the whole table by default)
 ";
 
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 10],
+    rows: [bool; 11],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 10];
+        let mut rows = [true; 11];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 10];
+                    rows = [false; 11];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=9) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-9)")),
+                            Ok(n @ 1..=10) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-10)")),
                         }
                     }
                 }
@@ -197,6 +201,10 @@ fn run() -> Result<(), String> {
         eprintln!("[9/9] reads and vectored writes (uccl-perf --op read|write|writev)");
         read_rows(&opts.perf, &mut out)?;
     }
+    if want(10) {
+        eprintln!("[10/10] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
+        ucx_rows(&mut out)?;
+    }
     let load1 = loadavg();
     println!("{}", header(load0, load1, t0.elapsed()));
     println!();
@@ -205,6 +213,52 @@ fn run() -> Result<(), String> {
     for n in out.notes {
         println!("- {n}");
     }
+    Ok(())
+}
+
+/// Row 10: UCX on softnic against perftest on the same link and against UCX over TCP.
+fn ucx_rows(out: &mut Out) -> Result<(), String> {
+    let rows = ucx::ucx_rows(3)?;
+    for r in &rows {
+        let fmt = |v: f64| format!("{v:.1} {}", r.unit);
+        // Latency: the ratio of rates (baseline / ours), so that above 1 is faster either way.
+        let ratio = |base: f64, ours: f64| {
+            if r.unit == "MB/s" {
+                ours / base
+            } else {
+                base / ours
+            }
+        };
+        out.rows.push(Row::new(
+            "10",
+            format!("UCX {} vs {} (softnic, same link)", r.what, r.perftest),
+            "2 processes, UCX_TLS=rc_verbs,ud_verbs, softnic UDP link on loopback",
+            fmt(r.perftest_value),
+            fmt(r.ucx_softnic),
+            ratio(r.perftest_value, r.ucx_softnic),
+            "near 1: UCX's overhead over raw verbs",
+        ));
+        out.rows.push(Row::new(
+            "10",
+            format!("UCX {}: softnic vs UCX_TLS=tcp on lo", r.what),
+            "2 processes, same ucx_perftest arguments",
+            fmt(r.ucx_tcp),
+            fmt(r.ucx_softnic),
+            ratio(r.ucx_tcp, r.ucx_softnic),
+            "report (TCP is what a user without softnic runs)",
+        ));
+    }
+    out.notes.push(
+        "Row 10: medians of 3 runs each of `softnic-run -- ucx_perftest` (server and client, \
+         UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=soft0:1; `-t ucp_put_bw|tag_bw -s 65536 -n \
+         5000 -w 500`, `-t tag_lat -s 8 -n 50000 -w 5000`), `softnic-run -- ib_write_bw -d \
+         soft0 -x 1 -s 65536 -n 5000`, `softnic-run -- ib_send_lat -d soft0 -x 1 -s 8 -n \
+         50000`, and the same ucx_perftest runs without softnic with UCX_TLS=tcp \
+         UCX_NET_DEVICES=lo. Bandwidth: overall MB/s (UCX) and BW average (perftest); latency: \
+         average one-way µs (UCX's average, perftest's t_avg); the latency ratio is baseline / \
+         ours."
+            .into(),
+    );
     Ok(())
 }
 

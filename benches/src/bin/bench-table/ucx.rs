@@ -1,0 +1,211 @@
+//! Row 10: UCX on softnic (issue 25). Debian's `ucx_perftest` between two processes under
+//! `softnic-run` (`UCX_TLS=rc_verbs,ud_verbs`) against perftest's `ib_write_bw` and
+//! `ib_send_lat` on the same softnic link, and against the same `ucx_perftest` runs over TCP on
+//! the loopback interface (`UCX_TLS=tcp`, what a user without softnic would run): `ucp_put_bw`
+//! and `tag_bw` at 64 KiB (MB/s), `tag_lat` at 8 B (average one-way µs, as perftest's `t_avg`).
+//! Each figure is the median of `reps` runs; the programs come from setup's packages, the
+//! launcher is the `softnic-run` next to this program.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::perf::median;
+
+/// One measurement: what, how, and the medians (softnic perftest, softnic UCX, TCP UCX).
+pub(crate) struct UcxRow {
+    pub(crate) what: &'static str,
+    pub(crate) perftest: &'static str,
+    pub(crate) unit: &'static str,
+    pub(crate) perftest_value: f64,
+    pub(crate) ucx_softnic: f64,
+    pub(crate) ucx_tcp: f64,
+}
+
+/// The three measurements: (name, ucx_perftest arguments, perftest program and arguments).
+const CASES: [(&str, &str, &str); 3] = [
+    (
+        "ucp_put_bw 64 KiB",
+        "-t ucp_put_bw -s 65536 -n 5000 -w 500",
+        "ib_write_bw -d soft0 -x 1 -s 65536 -n 5000",
+    ),
+    (
+        "tag_bw 64 KiB",
+        "-t tag_bw -s 65536 -n 5000 -w 500",
+        "ib_write_bw -d soft0 -x 1 -s 65536 -n 5000",
+    ),
+    (
+        "tag_lat 8 B",
+        "-t tag_lat -s 8 -n 50000 -w 5000",
+        "ib_send_lat -d soft0 -x 1 -s 8 -n 50000",
+    ),
+];
+
+/// The longest one process may run.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs every case `reps` times (softnic perftest, softnic UCX, TCP UCX in turn).
+pub(crate) fn ucx_rows(reps: usize) -> Result<Vec<UcxRow>, String> {
+    let launcher = std::env::current_exe()
+        .map_err(|e| format!("where is this program? {e}"))?
+        .with_file_name("softnic-run");
+    if !launcher.is_file() {
+        return Err(format!(
+            "no softnic-run at {} (cargo build --release -p softnic-verbs)",
+            launcher.display()
+        ));
+    }
+    let mut port = 20_000 + (std::process::id() % 20_000) as u16;
+    let mut rows = Vec::new();
+    for (what, ucx, perftest) in CASES {
+        let lat = what.contains("lat");
+        let mut v = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..reps {
+            for (k, runs) in v.iter_mut().enumerate() {
+                port += 1;
+                let figure = match k {
+                    0 => perftest_figure(&pair(&launcher, port, perftest, &[])?, lat)?,
+                    1 => ucx_figure(&pair(&launcher, port, ucx, SOFTNIC)?, lat)?,
+                    _ => ucx_figure(&pair(Path::new(""), port, ucx, TCP)?, lat)?,
+                };
+                runs.push(figure);
+            }
+        }
+        rows.push(UcxRow {
+            what,
+            perftest: perftest.split_whitespace().next().unwrap_or(""),
+            unit: if lat { "µs" } else { "MB/s" },
+            perftest_value: median(&v[0]),
+            ucx_softnic: median(&v[1]),
+            ucx_tcp: median(&v[2]),
+        });
+    }
+    Ok(rows)
+}
+
+const SOFTNIC: &[(&str, &str)] = &[
+    ("UCX_TLS", "rc_verbs,ud_verbs"),
+    ("UCX_NET_DEVICES", "soft0:1"),
+];
+const TCP: &[(&str, &str)] = &[("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
+
+/// A server and a client of `program` (its arguments after the name; the client's are given
+/// only to the client for `ucx_perftest`, to both for perftest), under `launcher` unless it
+/// is empty; the client's output.
+fn pair(launcher: &Path, port: u16, command: &str, env: &[(&str, &str)]) -> Result<String, String> {
+    let mut words = command.split_whitespace();
+    let program = words.next().unwrap_or("");
+    let args: Vec<&str> = words.collect();
+    let ucx = program.is_empty() || command.starts_with("-t");
+    let (program, args) = if ucx {
+        (
+            "ucx_perftest",
+            command.split_whitespace().collect::<Vec<_>>(),
+        )
+    } else {
+        (program, args)
+    };
+    let port = port.to_string();
+    let build = |client: bool| {
+        let mut c = if launcher.as_os_str().is_empty() {
+            Command::new(program)
+        } else {
+            let mut c = Command::new(launcher);
+            c.args(["--quiet", "--", program]);
+            c
+        };
+        if !ucx || client {
+            c.args(&args);
+        }
+        c.args(["-p", &port]);
+        if client {
+            c.arg("127.0.0.1");
+        }
+        c.envs(env.iter().copied());
+        c
+    };
+    eprintln!(
+        "  $ {} ({})",
+        command,
+        if launcher.as_os_str().is_empty() {
+            "tcp"
+        } else {
+            "softnic"
+        }
+    );
+    let server = build(false)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {program}: {e}"))?;
+    let deadline = Instant::now() + DEADLINE;
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let out = build(true)
+            .output()
+            .map_err(|e| format!("running {program}: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        let early = text.contains("refused") || text.contains("couldn't connect");
+        if out.status.success() || !early || Instant::now() > deadline {
+            break out;
+        }
+    };
+    reap(server, deadline);
+    let text = output_text(&client);
+    if client.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("{program} failed ({}):\n{text}", client.status))
+    }
+}
+
+/// Waits for the server until `deadline`, then kills it.
+fn reap(mut server: Child, deadline: Instant) {
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = server.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `ucx_perftest`'s final line: overall bandwidth (MB/s) or average latency (µs).
+fn ucx_figure(out: &str, lat: bool) -> Result<f64, String> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Final:"))
+        .ok_or_else(|| format!("no 'Final:' line in:\n{out}"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let i = if lat { 3 } else { 6 };
+    f.get(i)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no figure in {line:?}"))
+}
+
+/// perftest's result row: average bandwidth (MB/s, `ib_write_bw`) or `t_avg` (µs,
+/// `ib_send_lat`).
+fn perftest_figure(out: &str, lat: bool) -> Result<f64, String> {
+    let lines: Vec<&str> = out.lines().collect();
+    let i = lines
+        .iter()
+        .position(|l| l.contains("#bytes"))
+        .ok_or_else(|| format!("no result header in:\n{out}"))?;
+    let row: Vec<&str> = lines
+        .get(i + 1)
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    let col = if lat { 5 } else { 3 };
+    row.get(col)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no figure in {:?}", lines.get(i + 1)))
+}
