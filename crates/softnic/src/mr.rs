@@ -384,3 +384,16 @@ pub(crate) unsafe fn atomic_op(addr: u64, swap: bool, swap_add: u64, compare: u6
         cell.fetch_add(swap_add, SeqCst)
     }
 }
+
+/// Stores the 8 bytes `value` (host byte order) at `addr` at once, after every store before it
+/// (a release store, as rxe's `smp_store_release` for an ATOMIC WRITE).
+///
+/// # Safety
+/// `addr` must be 8-byte aligned and `addr..addr + 8` valid for writes for the call
+/// (registered memory with remote write access).
+pub(crate) unsafe fn atomic_store(addr: u64, value: u64) {
+    use std::sync::atomic::{AtomicU64, Ordering::Release};
+    // SAFETY: aligned and valid for the call, per this function's contract.
+    let cell = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+    cell.store(value, Release);
+}

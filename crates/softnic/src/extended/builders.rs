@@ -208,8 +208,7 @@ pub(super) unsafe extern "C" fn wr_bind_mw(
     }
 }
 
-/// Fails the batch with EOPNOTSUPP: a builder softnic does not serve (TSO, XRC, atomic write,
-/// flush).
+/// Fails the batch with EOPNOTSUPP: a builder softnic does not serve (TSO, XRC, flush).
 ///
 /// # Safety
 /// As for [`building`].
@@ -230,14 +229,40 @@ pub(super) unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _: *mut c_void, 
     unsafe { unserved(qp) }
 }
 
+/// `ibv_wr_atomic_write`: an RDMA ATOMIC WRITE of the 8 bytes at `atomic_wr` (copied now, as
+/// rxe's provider copies them into the WQE) to `remote_addr`, which must be 8-byte aligned.
+/// The bytes travel as the WR's inline data. A null `atomic_wr` fails the batch (EINVAL).
 pub(super) unsafe extern "C" fn wr_atomic_write(
     qp: *mut ibv_qp_ex,
-    _: u32,
-    _: u64,
-    _: *const c_void,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
 ) {
-    // SAFETY: as above.
-    unsafe { unserved(qp) }
+    // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
+    let Some(mut b) = (unsafe { building(qp) }) else {
+        return;
+    };
+    // SAFETY: 8 readable bytes, or null (the API's contract).
+    let value: Option<[u8; 8]> =
+        unsafe { caller_slice(atomic_wr.cast::<u8>(), 8) }.and_then(|v| v.try_into().ok());
+    let Some(value) = value else {
+        return b.batch.fail(libc::EINVAL);
+    };
+    let op = ibv_wr_opcode::IBV_WR_ATOMIC_WRITE;
+    let Some(wr) = push(&mut b, op, IBV_QP_EX_WITH_ATOMIC_WRITE) else {
+        return;
+    };
+    wr.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+    let batch = &mut *b.batch;
+    let start = batch.inline.len() as u64;
+    batch.inline.extend_from_slice(&value);
+    // An offset into `inline` until the batch is linked, as `wr_set_inline_data`'s.
+    let sge = ibv_sge {
+        addr: start,
+        length: 8,
+        lkey: 0,
+    };
+    batch.set_list([sge], true);
 }
 
 pub(super) unsafe extern "C" fn wr_flush(

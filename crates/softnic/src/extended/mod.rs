@@ -172,7 +172,7 @@ unsafe extern "C" fn query_device_ex(
     // SAFETY: `orig_attr` is a writable `ibv_device_attr`; the context is checked by the verb.
     let r = unsafe { (CONTROL.query_device)(context, &mut a.orig_attr) };
     if r == 0 {
-        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
+        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags) | DEVICE_ATOMIC_WRITE;
         a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
         a.completion_timestamp_mask = u64::MAX;
         a.hca_core_clock = CORE_CLOCK_KHZ;
@@ -196,6 +196,10 @@ unsafe extern "C" fn query_device_ex(
     }
     r
 }
+
+/// The kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE` bit of `device_cap_flags_ex`: RDMA ATOMIC
+/// WRITE is served (rxe sets it).
+const DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 
 /// The device clock's rate in kHz (`hca_core_clock`): 1 GHz, so that its ticks, the
 /// completion timestamps, are the fabric's nanoseconds.

@@ -38,7 +38,8 @@ const RC_SEND_OPS: u32 = UC_SEND_OPS
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 /// What a QP was made with that its builders check. Set before the QP is registered, never
 /// changed.

@@ -36,6 +36,9 @@ pub mod opcode {
     pub const RC_FETCH_ADD: u8 = 0x14;
     pub const RC_SEND_LAST_INV: u8 = 0x16;
     pub const RC_SEND_ONLY_INV: u8 = 0x17;
+    /// RDMA ATOMIC WRITE (IBTA 1.5): RETH and 8 bytes written at once, answered as a READ of
+    /// no bytes (an RDMA READ Response Only with its AETH), as rxe does.
+    pub const RC_ATOMIC_WRITE: u8 = 0x1d;
     /// UC opcodes are the RC SEND/WRITE ones with this transport prefix.
     pub const UC: u8 = 0x20;
     pub const UD_SEND_ONLY: u8 = 0x64;
@@ -130,7 +133,9 @@ pub fn layout(op: u8) -> Option<Layout> {
         RC_SEND_ONLY => l(false, false, false, false, true, true),
         RC_SEND_ONLY_IMM => l(false, false, true, false, true, true),
         RC_WRITE_FIRST => l(false, true, false, false, true, false),
-        RC_WRITE_ONLY | RC_READ_REQUEST => l(false, true, false, false, true, true),
+        RC_WRITE_ONLY | RC_READ_REQUEST | RC_ATOMIC_WRITE => {
+            l(false, true, false, false, true, true)
+        }
         RC_WRITE_ONLY_IMM => l(false, true, true, false, true, true),
         RC_READ_RESPONSE_FIRST => l(false, false, false, true, true, false),
         RC_READ_RESPONSE_MIDDLE => l(false, false, false, false, false, false),

@@ -109,10 +109,16 @@ impl SendWqe {
         self.opcode == ibv_wr_opcode::IBV_WR_RDMA_READ
     }
 
-    /// A READ or an atomic: answered with data, counted against `max_rd_atomic`, and never
-    /// acknowledged by a plain ACK.
+    /// A READ or an atomic (an ATOMIC WRITE too): answered by a response of its own, counted
+    /// against `max_rd_atomic`, and never acknowledged by a plain ACK.
     pub(crate) fn is_rd_atomic(&self) -> bool {
         self.is_read() || self.atomic.is_some()
+    }
+
+    /// An RDMA ATOMIC WRITE: 8 bytes of its data written at once at the remote address,
+    /// answered by a READ response of no bytes.
+    pub(crate) fn is_atomic_write(&self) -> bool {
+        self.opcode == ibv_wr_opcode::IBV_WR_ATOMIC_WRITE
     }
 
     /// A BIND_MW or LOCAL_INV, which the requester executes itself.
@@ -238,6 +244,10 @@ pub(crate) enum Resource {
     Atomic {
         psn: u32,
         orig: u64,
+    },
+    /// An ATOMIC WRITE executed: a duplicate gets its (empty) response again.
+    AtomicWrite {
+        psn: u32,
     },
 }
 

@@ -153,6 +153,7 @@ impl Qp {
                     | IBV_WR_RDMA_READ
                     | IBV_WR_ATOMIC_CMP_AND_SWP
                     | IBV_WR_ATOMIC_FETCH_AND_ADD
+                    | IBV_WR_ATOMIC_WRITE
                     | IBV_WR_BIND_MW
                     | IBV_WR_LOCAL_INV
                     | IBV_WR_SEND_WITH_INV
@@ -210,11 +211,29 @@ impl Qp {
                     swap: a.swap,
                 },
             ))
+        } else if op == IBV_WR_ATOMIC_WRITE {
+            // SAFETY: an ATOMIC WRITE is addressed as an RDMA WRITE: the `wr` union holds the
+            // `rdma` member (plain data).
+            let a = unsafe { r.wr.rdma };
+            // rxe: the WR's data is the 8 bytes written, to an 8-byte aligned address (they
+            // travel in the WQE, inline or not, whatever `max_inline_data` says).
+            if len != 8 || a.remote_addr % 8 != 0 {
+                return Err(libc::EINVAL);
+            }
+            Some((
+                a.remote_addr,
+                a.rkey,
+                AtomicArgs {
+                    compare_add: 0,
+                    swap: 0,
+                },
+            ))
         } else {
             None
         };
         let payload = if inline {
-            if op == IBV_WR_RDMA_READ || len > u64::from(self.cap.max_inline_data) {
+            let too_long = len > u64::from(self.cap.max_inline_data) && op != IBV_WR_ATOMIC_WRITE;
+            if op == IBV_WR_RDMA_READ || too_long {
                 return Err(libc::EINVAL);
             }
             let mut data = Vec::with_capacity(len as usize);

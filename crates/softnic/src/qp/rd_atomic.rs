@@ -5,7 +5,7 @@
 use ibverbs_sys::ibv_qp_state;
 
 use super::{Qp, ReadReply, Resource};
-use crate::mr::{REMOTE_ATOMIC, REMOTE_READ, atomic_op, read_mem};
+use crate::mr::{REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE, atomic_op, atomic_store, read_mem};
 use crate::packet::{Aeth, Headers, Packet, opcode, psn_add, psn_diff, syndrome};
 use crate::state::World;
 
@@ -147,6 +147,67 @@ impl Qp {
         if let Some(orig) = orig {
             self.send_atomic_ack(w, psn, orig);
         }
+    }
+
+    /// Executes an RDMA ATOMIC WRITE as rxe's `atomic_write_reply` does: its 8 bytes stored at
+    /// once (a release store, after everything before it) at an 8-byte aligned address of a
+    /// region with remote write access, on a QP that grants remote writes; answered by a READ
+    /// response of no bytes, and remembered so that a duplicate is answered, not executed.
+    pub(super) fn start_atomic_write(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(reth) = pkt.hdr.reth else {
+            return;
+        };
+        let value = <[u8; 8]>::try_from(pkt.payload).ok();
+        let Some(value) = value.filter(|_| {
+            self.attr.qp_access_flags & REMOTE_WRITE != 0
+                && self.attr.max_dest_rd_atomic > 0
+                && reth.len == 8
+                && reth.va % 8 == 0
+        }) else {
+            return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
+        };
+        if !w.check_remote(self.at(), reth.rkey, reth.va, 8, REMOTE_WRITE) {
+            return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);
+        }
+        // SAFETY: `va..va + 8` lies in a live MR with remote write access and is 8-byte
+        // aligned (both checked just above); registration promised the memory stays valid.
+        unsafe { atomic_store(reth.va, u64::from_ne_bytes(value)) };
+        self.remember(Resource::AtomicWrite { psn });
+        self.resp.epsn = psn_add(psn, 1);
+        self.resp.ack_psn = self.resp.epsn;
+        self.resp.msn = psn_add(self.resp.msn, 1);
+        self.send_empty_read_response(w, psn);
+    }
+
+    /// A duplicate ATOMIC WRITE: its response again if it is remembered (never executed
+    /// twice), else dropped.
+    pub(super) fn replay_atomic_write(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let known = self
+            .resp
+            .resources
+            .iter()
+            .any(|r| matches!(*r, Resource::AtomicWrite { psn: p } if p == psn));
+        if known {
+            self.send_empty_read_response(w, psn);
+        }
+    }
+
+    /// The response to an ATOMIC WRITE: an RDMA READ Response Only of no bytes, with its AETH.
+    fn send_empty_read_response(&mut self, w: &mut World, psn: u32) {
+        let hdr = Headers {
+            opcode: opcode::RC_READ_RESPONSE_ONLY,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            psn,
+            aeth: Some(Aeth {
+                syndrome: syndrome::ACK,
+                msn: self.resp.msn,
+            }),
+            ..Headers::default()
+        };
+        self.send_packet(w, self.dest_dev, &hdr, &[]);
     }
 
     fn send_atomic_ack(&mut self, w: &mut World, psn: u32, orig: u64) {

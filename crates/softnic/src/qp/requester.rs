@@ -153,7 +153,9 @@ impl Qp {
             }
             return true;
         }
-        if wqe.is_rd_atomic() {
+        if wqe.is_atomic_write() {
+            self.send_atomic_write(w, &wqe)
+        } else if wqe.is_rd_atomic() {
             self.send_rd_atomic_request(w, &wqe, mtu);
             true
         } else {
@@ -170,8 +172,9 @@ impl Qp {
         let wqe = self.sq.get_mut(seq).expect("started WQE exists");
         if let Payload::Sges(sges) = &wqe.payload {
             for sge in sges {
-                // READ and atomic results are written into the local buffers.
-                w.check_local(dev, pd, sge, wqe.is_rd_atomic())?;
+                // READ and atomic results are written into the local buffers (an ATOMIC
+                // WRITE's data is read).
+                w.check_local(dev, pd, sge, wqe.is_rd_atomic() && !wqe.is_atomic_write())?;
             }
         }
         if wqe.len > u64::from(w.cfg.max_msg_size) {
@@ -252,6 +255,58 @@ impl Qp {
         self.req.psn = psn_add(wqe.first_psn, wqe.npkts);
         self.req.noack = 0;
         self.advance_wqe();
+    }
+
+    /// Sends an ATOMIC WRITE (again, when retried): RETH and the WR's 8 bytes, gathered now
+    /// (rxe copies them into the WQE at post time; softnic's inline WRs hold them already).
+    /// False as `send_data`, if its memory went away.
+    fn send_atomic_write(&mut self, w: &mut World, wqe: &super::SendWqe) -> bool {
+        let psn = wqe.first_psn;
+        let hdr = Headers {
+            opcode: opcode::RC_ATOMIC_WRITE,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            ack_req: true,
+            psn,
+            // The address is the caller's and only the responder checks it.
+            reth: Some(Reth {
+                va: wqe.remote_addr,
+                rkey: wqe.rkey,
+                len: 8,
+            }),
+            ..Headers::default()
+        };
+        let mut data = w.spare.take(8);
+        let queued = &self
+            .sq
+            .get(wqe.seq)
+            .expect("the WQE being sent exists")
+            .payload;
+        let gathered = match queued {
+            Payload::Inline(d) => {
+                data.extend_from_slice(d);
+                Ok(())
+            }
+            Payload::Sges(sges) => w.gather(self.dev, self.pd, sges, (0, 8), true, &mut data),
+        };
+        if let Err(status) = gathered {
+            w.spare.give(data);
+            if self.sq.head_seq() == wqe.seq {
+                self.fail_send(w, status);
+                return true;
+            }
+            if let Some(q) = self.sq.get_mut(wqe.seq) {
+                q.error = Some(status);
+            }
+            return false;
+        }
+        self.send_packet(w, self.dest_dev, &hdr, &data);
+        w.spare.give(data);
+        self.note_sent(w, psn, psn);
+        self.req.psn = psn_add(psn, 1);
+        self.req.noack = 0;
+        self.advance_wqe();
+        true
     }
 
     /// Sends the next packet of `wqe`. False if it could not (its memory went away while an

@@ -33,6 +33,7 @@ enum Op {
     Write,
     Read,
     Atomic,
+    AtomicWrite,
 }
 
 fn op_of(opcode: u8) -> Option<Op> {
@@ -41,6 +42,7 @@ fn op_of(opcode: u8) -> Option<Op> {
         0x06..=0x0b => Some(Op::Write),
         0x0c => Some(Op::Read),
         0x13 | 0x14 => Some(Op::Atomic),
+        opcode::RC_ATOMIC_WRITE => Some(Op::AtomicWrite),
         _ => None,
     }
 }
@@ -187,6 +189,7 @@ impl Qp {
             match op {
                 Op::Read => self.replay_read(w, pkt),
                 Op::Atomic => self.replay_atomic(w, pkt),
+                Op::AtomicWrite => self.replay_atomic_write(w, pkt),
                 Op::Send | Op::Write => {
                     let prev = psn_add(self.resp.ack_psn, packet::PSN_MASK);
                     self.send_ack(w, syndrome::ACK, prev);
@@ -207,6 +210,7 @@ impl Qp {
         match op {
             Op::Read => return self.start_read(w, pkt),
             Op::Atomic => return self.start_atomic(w, pkt),
+            Op::AtomicWrite => return self.start_atomic_write(w, pkt),
             Op::Send | Op::Write => {}
         }
         match self.execute(w, pkt, gather, l, op) {
@@ -281,7 +285,7 @@ impl Qp {
         op: Op,
     ) {
         let psn = pkt.hdr.psn;
-        if matches!(op, Op::Read | Op::Atomic) {
+        if matches!(op, Op::Read | Op::Atomic | Op::AtomicWrite) {
             return;
         }
         if self.resp.drop_msg || psn != self.resp.epsn {

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod atomic_write;
 mod atomics;
 mod bad_input;
 mod clock;

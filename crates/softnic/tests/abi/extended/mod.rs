@@ -58,7 +58,7 @@ pub(super) fn create_cq_ex(ctx: *mut ibv_context, wc_flags: u32) -> Result<*mut 
     }
 }
 
-pub(super) const ALL_SEND_OPS: u64 = (IBV_QP_EX_WITH_SEND
+pub(crate) const ALL_SEND_OPS: u64 = (IBV_QP_EX_WITH_SEND
     | IBV_QP_EX_WITH_SEND_WITH_IMM
     | IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
@@ -88,17 +88,17 @@ pub(super) fn create_qp_ex(n: &Node, cq: *mut ibv_cq, send_ops: u64) -> Result<*
 }
 
 /// Two extended RC QPs on two devices, each with one extended CQ for both directions.
-pub(super) struct ExPair {
-    pub(super) a: Node,
-    pub(super) b: Node,
-    pub(super) cqa: *mut ibv_cq_ex,
-    pub(super) cqb: *mut ibv_cq_ex,
-    pub(super) qa: *mut ibv_qp,
-    pub(super) qb: *mut ibv_qp,
-    pub(super) xa: *mut ibv_qp_ex,
+pub(crate) struct ExPair {
+    pub(crate) a: Node,
+    pub(crate) b: Node,
+    pub(crate) cqa: *mut ibv_cq_ex,
+    pub(crate) cqb: *mut ibv_cq_ex,
+    pub(crate) qa: *mut ibv_qp,
+    pub(crate) qb: *mut ibv_qp,
+    pub(crate) xa: *mut ibv_qp_ex,
 }
 
-pub(super) fn ex_pair(f: &Fabric, send_ops: u64) -> ExPair {
+pub(crate) fn ex_pair(f: &Fabric, send_ops: u64) -> ExPair {
     let a = Node::open(f, "soft0");
     let b = Node::open(f, "soft1");
     let flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM;
@@ -131,18 +131,18 @@ pub(super) fn ex_pair(f: &Fabric, send_ops: u64) -> ExPair {
 
 /// One completion as the `read_*` callbacks report it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Polled {
-    pub(super) status: u32,
-    pub(super) wr_id: u64,
-    pub(super) opcode: u32,
-    pub(super) byte_len: u32,
-    pub(super) imm: u32,
-    pub(super) qp_num: u32,
-    pub(super) flags: u32,
+pub(crate) struct Polled {
+    pub(crate) status: u32,
+    pub(crate) wr_id: u64,
+    pub(crate) opcode: u32,
+    pub(crate) byte_len: u32,
+    pub(crate) imm: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) flags: u32,
 }
 
 /// The completion in hand of `cq` (after a successful start_poll or next_poll).
-pub(super) fn read(cq: *mut ibv_cq_ex) -> Polled {
+pub(crate) fn read(cq: *mut ibv_cq_ex) -> Polled {
     // SAFETY: a live extended CQ, polled by this thread; every callback is set.
     unsafe {
         let c = &*cq;
@@ -159,7 +159,7 @@ pub(super) fn read(cq: *mut ibv_cq_ex) -> Polled {
 }
 
 /// Polls `cq` with start/next/end_poll until `n` completions came (or the fabric idles).
-pub(super) fn poll_ex(cq: *mut ibv_cq_ex, n: usize) -> Vec<Polled> {
+pub(crate) fn poll_ex(cq: *mut ibv_cq_ex, n: usize) -> Vec<Polled> {
     let mut out = Vec::new();
     for _ in 0..8 {
         if out.len() >= n {
@@ -195,7 +195,7 @@ macro_rules! wr {
 }
 
 /// Sets the WR id and flags the next builder takes.
-pub(super) fn next_wr(qp: *mut ibv_qp_ex, wr_id: u64, flags: u32) {
+pub(crate) fn next_wr(qp: *mut ibv_qp_ex, wr_id: u64, flags: u32) {
     // SAFETY: a live extended QP; these fields are the caller's to set.
     unsafe {
         (*qp).wr_id = wr_id;
