@@ -196,8 +196,14 @@ impl Qp {
 
     /// The response to an ATOMIC WRITE: an RDMA READ Response Only of no bytes, with its AETH.
     fn send_empty_read_response(&mut self, w: &mut World, psn: u32) {
-        let hdr = Headers {
-            opcode: opcode::RC_READ_RESPONSE_ONLY,
+        let hdr = self.response(opcode::RC_READ_RESPONSE_ONLY, psn);
+        self.send_packet(w, self.dest_dev, &hdr, &[]);
+    }
+
+    /// The headers of a response of `op` to the request with PSN `psn`: its AETH says ACK.
+    fn response(&self, op: u8, psn: u32) -> Headers {
+        Headers {
+            opcode: op,
             pkey: 0xffff,
             dest_qp: self.attr.dest_qp_num,
             psn,
@@ -206,22 +212,13 @@ impl Qp {
                 msn: self.resp.msn,
             }),
             ..Headers::default()
-        };
-        self.send_packet(w, self.dest_dev, &hdr, &[]);
+        }
     }
 
     fn send_atomic_ack(&mut self, w: &mut World, psn: u32, orig: u64) {
         let hdr = Headers {
-            opcode: opcode::RC_ATOMIC_ACKNOWLEDGE,
-            pkey: 0xffff,
-            dest_qp: self.attr.dest_qp_num,
-            psn,
-            aeth: Some(Aeth {
-                syndrome: syndrome::ACK,
-                msn: self.resp.msn,
-            }),
             atomic_ack: Some(orig),
-            ..Headers::default()
+            ..self.response(opcode::RC_ATOMIC_ACKNOWLEDGE, psn)
         };
         self.send_packet(w, self.dest_dev, &hdr, &[]);
     }

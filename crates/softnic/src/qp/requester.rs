@@ -257,6 +257,20 @@ impl Qp {
         self.advance_wqe();
     }
 
+    /// The memory of WQE `seq` went away since it started (an MR deregistered under it): it
+    /// fails now if it is the oldest, else once every WR before it has completed. What
+    /// `send_data` returns then.
+    fn memory_gone(&mut self, w: &mut World, seq: u64, status: ibv_wc_status::Type) -> bool {
+        if self.sq.head_seq() == seq {
+            self.fail_send(w, status);
+            return true;
+        }
+        if let Some(q) = self.sq.get_mut(seq) {
+            q.error = Some(status);
+        }
+        false
+    }
+
     /// Sends an ATOMIC WRITE (again, when retried): RETH and the WR's 8 bytes, gathered now
     /// (rxe copies them into the WQE at post time; softnic's inline WRs hold them already).
     /// False as `send_data`, if its memory went away.
@@ -291,14 +305,7 @@ impl Qp {
         };
         if let Err(status) = gathered {
             w.spare.give(data);
-            if self.sq.head_seq() == wqe.seq {
-                self.fail_send(w, status);
-                return true;
-            }
-            if let Some(q) = self.sq.get_mut(wqe.seq) {
-                q.error = Some(status);
-            }
-            return false;
+            return self.memory_gone(w, wqe.seq, status);
         }
         self.send_packet(w, self.dest_dev, &hdr, &data);
         w.spare.give(data);
@@ -455,15 +462,7 @@ impl Qp {
             }
         };
         if let Err(status) = gathered {
-            // The memory went away since the WR started (an MR deregistered under it).
-            if self.sq.head_seq() == wqe.seq {
-                self.fail_send(w, status);
-                return true;
-            }
-            if let Some(q) = self.sq.get_mut(wqe.seq) {
-                q.error = Some(status);
-            }
-            return false;
+            return self.memory_gone(w, wqe.seq, status);
         }
         Headers::emit_tail(n, &mut bytes);
         self.req.noack = if ack_req { 0 } else { noack };
