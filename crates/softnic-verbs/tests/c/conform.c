@@ -10,6 +10,7 @@
  *    never touched, ibv_advise_mr prefetches;
  *  - completion timestamps (device clock and wall clock) and ibv_query_rt_values_ex;
  *  - RTR toward a GID the IPv4 wire cannot reach fails with ENETUNREACH;
+ *  - RDMA ATOMIC WRITE through ibv_wr_atomic_write;
  *  - the device's sysfs files, read through ibv_read_sysfs_file.
  *
  * Prints "conform: all checks passed" and exits 0, or names the first failed check and exits 1.
@@ -222,6 +223,57 @@ static void odp_and_timestamps(void)
     munmap(dst, 8192);
 }
 
+/* RDMA ATOMIC WRITE through ibv_wr_atomic_write between two QPs of this device. */
+static void atomic_write(void)
+{
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(cq, "a CQ");
+    struct ibv_qp *qp[2];
+    for (int i = 0; i < 2; i++) {
+        struct ibv_qp_init_attr_ex a = {
+            .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+            .cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+            .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = pd,
+            .send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE,
+        };
+        qp[i] = ibv_create_qp_ex(ctx, &a);
+        CHECK(qp[i], "an extended QP with IBV_QP_EX_WITH_ATOMIC_WRITE");
+        struct ibv_qp_attr init = {
+            .qp_state = IBV_QPS_INIT, .port_num = 1,
+            .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+        };
+        CHECK(!ibv_modify_qp(qp[i], &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                               IBV_QP_ACCESS_FLAGS), "to INIT");
+    }
+    union ibv_gid gid;
+    CHECK(!ibv_query_gid(ctx, 1, 1, &gid), "query GID 1");
+    CHECK(!to_rtr(qp[0], gid, qp[1]->qp_num) && !to_rtr(qp[1], gid, qp[0]->qp_num), "RTR");
+    to_rts(qp[0]);
+    to_rts(qp[1]);
+    static uint64_t target __attribute__((aligned(8)));
+    struct ibv_mr *mr = ibv_reg_mr(pd, &target, sizeof(target),
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    CHECK(mr, "register the target");
+    uint64_t value = 0x0123456789abcdefull;
+    struct ibv_qp_ex *x = ibv_qp_to_qp_ex(qp[0]);
+    CHECK(x, "ibv_qp_to_qp_ex");
+    ibv_wr_start(x);
+    x->wr_id = 9;
+    x->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_atomic_write(x, mr->rkey, (uintptr_t)&target, &value);
+    CHECK(!ibv_wr_complete(x), "ibv_wr_complete");
+    struct ibv_wc wc;
+    int n = 0;
+    for (int spin = 0; n == 0 && spin < 10000000; spin++)
+        n = ibv_poll_cq(cq, 1, &wc);
+    CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE &&
+          wc.wr_id == 9, "an ATOMIC_WRITE completion (%d, %s, opcode %d)", n,
+          n == 1 ? ibv_wc_status_str(wc.status) : "-", n == 1 ? (int)wc.opcode : -1);
+    CHECK(target == value, "the 8 bytes landed: %#llx", (unsigned long long)target);
+    CHECK(!ibv_destroy_qp(qp[0]) && !ibv_destroy_qp(qp[1]) && !ibv_dereg_mr(mr) &&
+          !ibv_destroy_cq(cq), "clean up");
+}
+
 int main(void)
 {
     int n;
@@ -234,6 +286,7 @@ int main(void)
     unserved();
     gids_and_fds();
     odp_and_timestamps();
+    atomic_write();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);
     printf("conform: all checks passed\n");
