@@ -20,6 +20,19 @@ use softnic::{Fabric, FabricConfig, Faults};
 use uccl_engine::{Clock, Engine, EngineConfig, Usage, connect_pair};
 use verbs_safe::{Context, Verbs};
 
+/// A property test's configuration: the environment's `PROPTEST_*` settings, else `cases`
+/// cases and a shrink of at most `shrink` steps (each case is a whole simulation).
+pub fn proptest_config(cases: u32, shrink: u32) -> proptest::test_runner::Config {
+    let mut c = proptest::test_runner::Config::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        c.cases = cases;
+    }
+    if std::env::var_os("PROPTEST_MAX_SHRINK_ITERS").is_none() {
+        c.max_shrink_iters = shrink;
+    }
+    c
+}
+
 /// Engines on one softnic fabric, driven round by round on the fabric's virtual clock: the
 /// same seed and the same calls give the same run, bit for bit.
 pub struct Sim {
@@ -37,11 +50,24 @@ pub struct Sim {
 impl Sim {
     /// `n` engines built as `cfg`, the fabric faulty as `faults` (every direction), seeded.
     pub fn new(seed: u64, n: usize, faults: Faults, cfg: &EngineConfig) -> Sim {
+        Sim::with_topology(seed, n, faults, cfg, softnic::Topology::Direct)
+    }
+
+    /// As [`Sim::new`], the devices meeting as `topology` says (switches: see
+    /// [`softnic::topology`]).
+    pub fn with_topology(
+        seed: u64,
+        n: usize,
+        faults: Faults,
+        cfg: &EngineConfig,
+        topology: softnic::Topology,
+    ) -> Sim {
         trace_from_env();
         let fabric = Fabric::new(FabricConfig {
             devices: n,
             seed,
             auto_advance: false,
+            topology,
             ..Default::default()
         });
         fabric.set_default_faults(faults);

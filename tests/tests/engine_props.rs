@@ -17,19 +17,6 @@ use uccl_engine::{EngineConfig, Mode};
 use uccl_integration::Sim;
 use uccl_integration::workload::{self, Kind, Op, Pacing};
 
-/// The configuration: the environment's `PROPTEST_*` settings, else 16 cases and a bounded
-/// shrink (each case is a whole simulation).
-fn config() -> ProptestConfig {
-    let mut c = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = 16;
-    }
-    if std::env::var_os("PROPTEST_MAX_SHRINK_ITERS").is_none() {
-        c.max_shrink_iters = 64;
-    }
-    c
-}
-
 /// A fault schedule: each rate in `0..=0.1`.
 fn faults() -> impl Strategy<Value = Faults> {
     let rate = || prop_oneof![Just(0.0), 0.0..=0.1f64];
@@ -216,7 +203,7 @@ fn check(c: &Case) -> Result<(), String> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(uccl_integration::proptest_config(16, 64))]
 
     #[test]
     fn every_message_arrives_once_in_order_and_exact_under_any_faults(c in case()) {

@@ -205,18 +205,20 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
     let engine_cases = (cases.parse::<u32>().unwrap_or(20_000) / 50)
         .max(16)
         .to_string();
-    status(
-        cargo_cmd(&[
-            "test",
-            "--release",
-            "--locked",
-            "--package",
-            "uccl-integration",
-            "--test",
-            "engine_props",
-        ])
-        .env("PROPTEST_CASES", &engine_cases),
-    )?;
+    for test in ["engine_props", "engine_switches"] {
+        status(
+            cargo_cmd(&[
+                "test",
+                "--release",
+                "--locked",
+                "--package",
+                "uccl-integration",
+                "--test",
+                test,
+            ])
+            .env("PROPTEST_CASES", &engine_cases),
+        )?;
+    }
     eprintln!("xtask soak: {cases} cases each ({engine_cases} for the engine), all green");
     Ok(())
 }

@@ -16,8 +16,9 @@
 //! In a leaf-spine fabric, device `i` hangs off leaf `i % leaves` and every leaf is linked to
 //! every spine; a leaf sends a packet for another leaf up to the spine an ECMP hash of the
 //! packet's addresses and RoCEv2 UDP source port picks, so that a QP's path is its source
-//! port, as on real fabrics. Everything runs on the fabric's clock and draws from its seed:
-//! a run replays bit for bit. Frames between processes (the UDP link) and a device's frames to
+//! port, as on real fabrics. Packets that reach a switch in the same nanosecond are taken in
+//! an order drawn from the seed (a fair arbiter; every other tie goes by sending sequence).
+//! Everything runs on the fabric's clock and draws from its seed: a run replays bit for bit. Frames between processes (the UDP link) and a device's frames to
 //! itself never pass a switch.
 //!
 //! ```

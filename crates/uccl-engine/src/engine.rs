@@ -288,6 +288,18 @@ impl Engine {
         &self.cfg
     }
 
+    /// The RTT samples of this engine's ACKs (ns, the receiver's hold time left out), since it
+    /// started or [`reset_rtt_samples`](Self::reset_rtt_samples): see
+    /// [`uccl_tx::Tx::rtt_samples`].
+    pub fn rtt_samples(&self) -> &uccl_tx::Histogram<u64> {
+        self.tx.rtt_samples()
+    }
+
+    /// Forgets the RTT samples so far.
+    pub fn reset_rtt_samples(&mut self) {
+        self.tx.reset_rtt_samples();
+    }
+
     /// Counters (the transmit side's are in [`tx_stats`](Self::tx_stats)).
     pub fn stats(&self) -> Stats {
         let t = self.tx.stats();

@@ -197,6 +197,9 @@ pub(crate) struct Args {
     /// device, in loopback).
     #[arg(long, help_heading = "Raw verbs tests")]
     pub(crate) peer_device: Option<String>,
+    /// Switches and congestion control (softnic, in one process).
+    #[command(flatten)]
+    pub(crate) fabric: crate::fabric_args::FabricArgs,
     /// The options given on the command line (by id, e.g. `msg_size`), not by default.
     #[arg(skip)]
     pub(crate) given: Vec<String>,

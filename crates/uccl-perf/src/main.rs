@@ -22,6 +22,7 @@
 
 mod args;
 mod cpu;
+mod fabric_args;
 mod pattern;
 mod report;
 mod scatter;

@@ -96,6 +96,9 @@ struct EngineJson<'a> {
     stack_cpu_ns_per_chunk: Option<f64>,
     memcpy_gbps: f64,
     goodput_vs_memcpy: f64,
+    /// The steady state on switches or in an incast (`--senders`, `--topology`).
+    #[serde(flatten)]
+    congestion: Option<&'a crate::transport::Congestion>,
     config: Config<'a>,
 }
 
@@ -185,6 +188,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             stack_cpu_ns_per_chunk: stack_per_chunk,
             memcpy_gbps: m.memcpy_gbps,
             goodput_vs_memcpy: vs_memcpy,
+            congestion: m.congestion.as_ref(),
             config: config(args, m),
         };
         match serde_json::to_string(&j) {
@@ -312,6 +316,28 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
                     gbps(m.bytes_received, v)
                 )
             },
+        ));
+    }
+    if let Some(c) = &m.congestion {
+        rows.push((
+            "steady",
+            format!(
+                "{:.0} us: bottleneck {:.3} used, {} drops ({:.1e}), {} ECN marks, queue p99 \
+                 {} B; RTT p50 {:.1} / mean {:.1} / p99 {:.1} us; Jain {:.3}; messages p99 \
+                 {}",
+                c.window_us,
+                c.bottleneck_utilization,
+                c.drops,
+                c.drop_ratio,
+                c.ecn_marks,
+                c.queue_p99_bytes,
+                c.rtt_p50_us,
+                c.rtt_mean_us,
+                c.rtt_p99_us,
+                c.jain_fairness,
+                c.message_p99_us
+                    .map_or_else(|| "none posted".into(), |p| format!("{p:.1} us")),
+            ),
         ));
     }
     if let Some(c) = cpu_per_chunk {

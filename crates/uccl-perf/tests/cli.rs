@@ -7,30 +7,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Runs uccl-perf with `args` (split at spaces).
-fn perf(args: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_uccl-perf"))
-        .args(args.split_whitespace())
-        .output()
-        .expect("uccl-perf runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The one JSON object a `--json` run prints.
-fn json(args: &str) -> serde_json::Value {
-    let out = perf(&format!("--json {args}"));
-    assert!(out.status.success(), "{args}: {}", stderr(&out));
-    let text = stdout(&out);
-    assert_eq!(text.lines().count(), 1, "one line: {text}");
-    serde_json::from_str(&text).expect("one JSON object")
-}
+mod common;
+use common::{json, perf, stderr, stdout};
 
 /// Small, but with the defaults' shape: 4 flows x 8 QPs, 1% loss, UC.
 const SMALL: &str = "--msg-size 256KiB --chunk-size 16KiB --messages 6";

@@ -1,89 +1,170 @@
-//! Congestion control: a delay-based window per flow, Swift's rule in its simplest form.
+//! Congestion control: a delay-based window per flow (across all its paths, which share the
+//! receiver's downlink), after Swift (Kumar et al., SIGCOMM 2020, Algorithm 1).
 //!
 //! The receiver's credit bounds what a flow may have in flight by what the receiver can
-//! absorb; nothing bounds what the network queues. Without a second bound, a few flows with
-//! full windows keep hundreds of microseconds of chunks queued in front of the NIC: RTTs swing
-//! from microseconds to a millisecond, the retransmission timeout cannot follow (it fires
-//! spuriously, or waits long), and tail-loss probes wait as long. So each flow also keeps a
-//! congestion window, steered by the RTT samples its ACKs give (the receiver's hold time
-//! taken out), against a target of the smallest RTT the flow has seen plus the queueing delay
-//! it may add (`TxConfig::target_delay_us`; Swift's fabric target, with the base RTT learnt):
+//! absorb; nothing bounds what the network queues. So each flow also keeps a congestion
+//! window, steered by the fabric delay its ACKs measure: the RTT sample with the receiver's
+//! hold time taken out (the ACK carries it), so that a slow host does not look like a queue.
+//! Its target (`TxConfig`) is Swift's:
 //!
-//! - below the target it grows by one chunk per window acknowledged (additive);
-//! - above it, it shrinks in proportion to the excess, `1 - 0.8 * (rtt - target) / rtt`, by at
-//!   most half and at most once per smoothed RTT (so one queue is not counted twice), once
-//!   every sample for a smoothed RTT has been above it: a queue that persists, not one late
-//!   sample (on a software NIC sharing cores with the programs it serves, a descheduled
-//!   thread makes RTT spikes that are not queues);
-//! - it never falls below one chunk, nor rises above the flow's SACK window.
+//! - the base: the smallest RTT the flow has seen (Swift configures it; here it is learnt),
+//!   plus `target_delay_us`, the queueing delay a flow may add;
+//! - plus `hops * hop_delay_ns` (Swift's per-hop scaling: a longer path queues at more
+//!   switches);
+//! - plus the flow-scaling term, `flow_scaling_us` scaled by where the window stands between
+//!   [`FS_MIN`] and [`FS_MAX`] chunks in `1/sqrt(cwnd)` (Swift's `fs_range`, `fs_min_cwnd`,
+//!   `fs_max_cwnd`): small windows, the many flows of an incast, get a larger target, so
+//!   that the queue their sum builds is not read by each as its own, and they converge to
+//!   fair shares.
+//!
+//! Below the target the window grows additively, by about one chunk per RTT (`+1/cwnd` per
+//! chunk acknowledged; below one chunk, `+1/256` of a chunk per chunk acknowledged, which a
+//! paced flow gets a few of per RTT). At or above the target it shrinks in proportion to the
+//! excess, `1 - 0.8 * (delay - target) / delay`, by at most half (Swift's `max_mdf`), and at most once per
+//! RTT (so one queue is not counted twice). It never rises above the flow's SACK window, nor
+//! falls below [`MIN`] (1/1024 chunk).
+//!
+//! A window below one chunk does not collapse to one chunk in flight: the flow sends one
+//! chunk at a time, each `srtt / cwnd` after the last (pacing; the transmit side parks it on
+//! its timers until then), so that 64 flows sharing a 15-chunk path keep 15 chunks in
+//! flight, not 64. With `TxConfig::pacing` off (the negative control), such a window counts as
+//! one chunk in flight, as before.
 //!
 //! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
 //! delay already says which.
 
-/// Fixed point: the window is kept in 1/256 chunks, so that additive increase (1/cwnd per
-/// chunk acknowledged) accumulates.
-const ONE: u32 = 256;
+/// Fixed point: the window is kept in 1/1024 chunks.
+pub(crate) const ONE: u64 = 1024;
+
+/// The smallest window (1/1024 chunk): Swift's `min_cwnd` is 0.001 packets.
+pub(crate) const MIN: u64 = ONE / 64;
 
 /// The window a flow starts with, in chunks (at most its SACK window).
-const INITIAL: u32 = 16;
+const INITIAL: u64 = 16;
 
-/// Shrink factor per unit of relative excess delay (Swift's beta).
-const BETA: u64 = 205; // 0.8 * 256
+/// Shrink factor per unit of relative excess delay (Swift's beta: 0.8), in 1/256.
+const BETA: u64 = 205;
+
+/// The largest cut at once (Swift's `max_mdf`: 0.5), in 1/256 kept at least.
+const MAX_MDF_KEEP: u64 = 128;
+
+/// The window (chunks) at and below which the flow-scaling term is whole (Swift's
+/// `fs_min_cwnd`: 0.1).
+pub(crate) const FS_MIN: f64 = 0.1;
+
+/// The window (chunks) at and above which the flow-scaling term is nothing (Swift's
+/// `fs_max_cwnd`: 100).
+pub(crate) const FS_MAX: f64 = 100.0;
+
+/// What a flow's target is made of, in ns (from `TxConfig`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Target {
+    /// `target_delay_us`.
+    pub(crate) queueing: u64,
+    /// `hops * hop_delay_ns`.
+    pub(crate) hops: u64,
+    /// `flow_scaling_us`.
+    pub(crate) fs_range: u64,
+    /// `additive_increase`: chunks per RTT, in 1/[`ONE`].
+    pub(crate) ai: u64,
+    /// `base_rtt_ns` (0: learnt).
+    pub(crate) base: u64,
+}
+
+impl Target {
+    /// The flow-scaling term for a window of `cwnd` (in 1/[`ONE`] chunks).
+    fn flow_scaling(&self, cwnd: u64) -> u64 {
+        if self.fs_range == 0 {
+            return 0;
+        }
+        let inv = |c: f64| 1.0 / c.sqrt();
+        let c = (cwnd as f64 / ONE as f64).clamp(FS_MIN, FS_MAX);
+        let share = (inv(c) - inv(FS_MAX)) / (inv(FS_MIN) - inv(FS_MAX));
+        (self.fs_range as f64 * share) as u64
+    }
+}
 
 /// A flow's congestion window.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Window {
     /// Chunks, times [`ONE`].
-    cwnd: u32,
+    cwnd: u64,
     /// The most it may grow to, times [`ONE`].
-    max: u32,
+    max: u64,
     /// When it last shrank (ns), if ever.
     cut_at: Option<u64>,
-    /// The smallest RTT sample so far (ns): the path's delay without a queue.
+    /// The smallest fabric delay so far (ns): the path's delay without a queue.
     min_rtt: u64,
-    /// Since when every sample has been above the target (ns), if the last one was.
-    over_since: Option<u64>,
+    /// Below one chunk with pacing: the earliest the next chunk may go (ns).
+    next_send: u64,
 }
 
 impl Window {
     /// A window for a flow whose SACK window is `max` chunks.
     pub(crate) fn new(max: u16) -> Window {
-        let max = u32::from(max.max(1)) * ONE;
+        let max = u64::from(max.max(1)) * ONE;
         Window {
             cwnd: (INITIAL * ONE).min(max),
             max,
             cut_at: None,
             min_rtt: u64::MAX,
-            over_since: None,
+            next_send: 0,
         }
     }
 
-    /// The window in whole chunks (at least 1).
+    /// The chunks the flow may have in flight (at least 1).
     pub(crate) fn chunks(&self) -> u16 {
         (self.cwnd / ONE).max(1) as u16
     }
 
-    /// `acked` chunks were newly acknowledged, and the ACK gave the RTT sample `rtt` (ns);
-    /// `queueing` is the delay the flow may add to the smallest RTT it has seen, and `srtt`
-    /// the smoothed RTT of the sample's path.
-    pub(crate) fn on_sample(&mut self, now: u64, rtt: u64, queueing: u64, srtt: u64, acked: u32) {
-        self.min_rtt = self.min_rtt.min(rtt);
-        let target = self.min_rtt.saturating_add(queueing);
-        if rtt <= target {
-            self.over_since = None;
-            let grow = acked.saturating_mul(ONE * ONE) / self.cwnd.max(ONE);
-            self.cwnd = self.cwnd.saturating_add(grow).min(self.max);
+    /// The window in 1/1024 chunks.
+    #[cfg(test)]
+    pub(crate) fn raw(&self) -> u64 {
+        self.cwnd
+    }
+
+    /// With pacing, when a window below one chunk lets the next chunk go (`None`: now, or
+    /// the window is a chunk or more).
+    pub(crate) fn paced_until(&self, now: u64) -> Option<u64> {
+        (self.cwnd < ONE && now < self.next_send).then_some(self.next_send)
+    }
+
+    /// A chunk left at `now` on a path of smoothed RTT `srtt`: below one chunk, the next one
+    /// waits `srtt / cwnd`.
+    pub(crate) fn on_send(&mut self, now: u64, srtt: u64) {
+        if self.cwnd < ONE {
+            self.next_send = now.saturating_add(srtt.saturating_mul(ONE) / self.cwnd.max(MIN));
+        }
+    }
+
+    /// The target the fabric delay is held to now.
+    pub(crate) fn target(&self, t: &Target) -> u64 {
+        let base = if t.base > 0 { t.base } else { self.min_rtt };
+        base.saturating_add(t.queueing)
+            .saturating_add(t.hops)
+            .saturating_add(t.flow_scaling(self.cwnd))
+    }
+
+    /// `acked` chunks were newly acknowledged, and the ACK gave the fabric delay `delay` (ns,
+    /// the receiver's hold time out) at `now`; `srtt` is the smoothed RTT of the sample's path.
+    pub(crate) fn on_sample(&mut self, now: u64, delay: u64, t: &Target, srtt: u64, acked: u32) {
+        self.min_rtt = self.min_rtt.min(delay);
+        let target = self.target(t);
+        let acked = u64::from(acked);
+        if delay < target {
+            // `ai` per RTT: `ai / cwnd` per chunk acknowledged; below one chunk, Swift's `ai`
+            // per chunk acknowledged.
+            let grow = (acked * t.ai * ONE / self.cwnd.max(MIN)).min(acked * t.ai);
+            self.cwnd = (self.cwnd + grow).min(self.max);
             return;
         }
-        let since = *self.over_since.get_or_insert(now);
-        let recent = |at: u64| now.saturating_sub(at) < srtt;
-        if recent(since) || self.cut_at.is_some_and(recent) {
+        if self.cut_at.is_some_and(|at| now.saturating_sub(at) < srtt) {
             return;
         }
-        // 1 - 0.8 * (rtt - target) / rtt, at least 1/2: in 1/256.
-        let excess = (rtt - target).saturating_mul(BETA) / rtt.max(1);
-        let keep = 256u64.saturating_sub(excess).max(128);
-        self.cwnd = ((u64::from(self.cwnd) * keep / 256) as u32).max(ONE);
+        // 1 - 0.8 * (delay - target) / delay, at least 1 - max_mdf: in 1/256.
+        let excess = (delay - target).saturating_mul(BETA) / delay.max(1);
+        let keep = 256u64.saturating_sub(excess).max(MAX_MDF_KEEP);
+        self.cwnd = (self.cwnd * keep / 256).max(MIN);
         self.cut_at = Some(now);
     }
 }
@@ -92,18 +173,26 @@ impl Window {
 mod tests {
     use super::*;
 
+    const T: Target = Target {
+        queueing: 40,
+        hops: 0,
+        fs_range: 0,
+        ai: ONE,
+        base: 0,
+    };
+
     #[test]
     fn it_grows_a_chunk_per_window_below_the_target() {
         let mut w = Window::new(256);
         assert_eq!(w.chunks(), 16);
         // Two windows acknowledged below the target: about a chunk per window.
         for _ in 0..32 {
-            w.on_sample(0, 10, 40, 10, 1);
+            w.on_sample(0, 10, &T, 10, 1);
         }
         assert_eq!(w.chunks(), 17);
         // It stops at the SACK window.
         for _ in 0..100_000 {
-            w.on_sample(0, 10, 40, 10, 1);
+            w.on_sample(0, 10, &T, 10, 1);
         }
         assert_eq!(w.chunks(), 256);
         assert_eq!(Window::new(4).chunks(), 4);
@@ -112,29 +201,80 @@ mod tests {
     #[test]
     fn it_shrinks_with_the_excess_delay_once_per_rtt_by_at_most_half() {
         let mut w = Window::new(256);
-        // The smallest RTT, 10, makes the target 10 + 40 = 50.
-        w.on_sample(0, 10, 40, 10, 1);
-        // One sample above it is not a queue yet; a smoothed RTT of them is. RTT twice the
-        // target: keep 1 - 0.8 * 1/2 = 60%.
-        w.on_sample(1_000, 100, 40, 100, 1);
-        assert_eq!(w.chunks(), 16);
-        w.on_sample(1_100, 100, 40, 100, 1);
+        // The smallest delay, 10, makes the target 10 + 40 = 50.
+        w.on_sample(0, 10, &T, 10, 1);
+        assert_eq!(w.target(&T), 50);
+        // A delay twice the target: keep 1 - 0.8 * 1/2 = 60%.
+        w.on_sample(1_000, 100, &T, 100, 1);
         assert_eq!(w.chunks(), 9); // 16.06 * 0.6 = 9.6
         // Within the same smoothed RTT: no second cut for the same queue.
-        w.on_sample(1_150, 1_000, 40, 100, 1);
+        w.on_sample(1_050, 1_000, &T, 100, 1);
         assert_eq!(w.chunks(), 9);
         // A later, far larger excess: at most half.
-        w.on_sample(1_200, 1_000_000, 40, 100, 1);
+        w.on_sample(1_100, 1_000_000, &T, 100, 1);
         assert_eq!(w.chunks(), 4);
-        // A sample under the target ends the queue (and grows the window a little): the next
-        // one above starts anew.
-        w.on_sample(1_300, 10, 40, 100, 1);
-        w.on_sample(1_400, 1_000_000, 40, 100, 1);
-        assert_eq!(w.chunks(), 5);
-        // Never below one chunk.
-        for k in 0..20 {
-            w.on_sample(2_000 + k * 1_000, 1_000_000, 40, 100, 1);
+        // Below one chunk it goes on shrinking (pacing takes over), never below MIN.
+        for k in 0..40 {
+            w.on_sample(2_000 + k * 1_000, 1_000_000, &T, 100, 1);
         }
+        assert_eq!(w.raw(), MIN);
         assert_eq!(w.chunks(), 1);
+    }
+
+    #[test]
+    fn below_one_chunk_it_paces_at_srtt_over_cwnd() {
+        let mut w = Window::new(256);
+        w.on_sample(0, 10, &T, 10, 1);
+        // Halve it down to about a quarter chunk (16 + 1/16 chunks, halved six times).
+        for k in 0..6 {
+            w.on_sample(1_000 * (k + 1), 1_000_000, &T, 100, 1);
+        }
+        assert_eq!(w.raw(), ONE / 4 + 1);
+        assert_eq!(w.chunks(), 1);
+        assert_eq!(w.paced_until(0), None, "nothing sent yet");
+        // A chunk sent at 10_000 on a path of srtt 2_000: the next may go srtt / cwnd later.
+        w.on_send(10_000, 2_000);
+        let gap = 2_000 * ONE / (ONE / 4 + 1);
+        assert_eq!(gap, 7_968);
+        assert_eq!(w.paced_until(10_001), Some(10_000 + gap));
+        assert_eq!(w.paced_until(10_000 + gap), None);
+        // Below the target again: it grows by `ai` per chunk acknowledged (Swift's rule
+        // below one chunk), here a whole chunk; a smaller `ai` a little.
+        let mut v = w;
+        w.on_sample(20_000, 10, &T, 100, 1);
+        assert_eq!(w.raw(), ONE / 4 + 1 + ONE);
+        v.on_sample(20_000, 10, &Target { ai: 8, ..T }, 100, 1);
+        assert_eq!(v.raw(), ONE / 4 + 1 + 8);
+    }
+
+    #[test]
+    fn the_target_adds_hops_and_scales_with_small_windows() {
+        let t = Target {
+            queueing: 1_000,
+            hops: 2_000,
+            fs_range: 50_000,
+            ai: ONE,
+            base: 0,
+        };
+        let mut w = Window::new(256);
+        w.on_sample(0, 5_000, &t, 5_000, 1);
+        // 16 chunks: (1/4 - 1/10) / (1/sqrt(0.1) - 1/10) of 50 us = 2.51 us.
+        let fs = w.target(&t) - 8_000;
+        assert!((2_400..2_600).contains(&fs), "{fs}");
+        // At the smallest windows the whole range.
+        for k in 0..40 {
+            w.on_sample(100_000 * (k + 1), 1_000_000_000, &t, 100, 1);
+        }
+        assert_eq!(w.target(&t), 5_000 + 1_000 + 2_000 + 50_000);
+        // None above FS_MAX.
+        let big = Target {
+            fs_range: 50_000,
+            ..T
+        };
+        let mut w = Window::new(256);
+        for _ in 0..100_000 {
+            w.on_sample(0, 10, &big, 10, 1);
+        }
+        assert_eq!(w.target(&big), 10 + 40);
     }
 }

@@ -45,6 +45,33 @@ pub struct TxConfig {
     /// acknowledged, above it shrinks in proportion to the excess (see the crate's congestion
     /// window). 0: no congestion window, only the receiver's credit bounds a flow.
     pub target_delay_us: u64,
+    /// Swift's per-hop term of the target, in nanoseconds per hop (Swift, SIGCOMM 2020,
+    /// section 3.1: a path through more switches may queue at each); with [`hops`](Self::hops).
+    pub hop_delay_ns: u64,
+    /// The fabric's RTT without queues, in nanoseconds (Swift's base target, which Swift
+    /// configures per fabric): the base of the congestion window's target. 0: learnt, as the
+    /// smallest RTT each flow has seen, which a flow that starts into a standing queue (an
+    /// incast) learns too high.
+    pub base_rtt_ns: u64,
+    /// The switches on the flows' paths (Swift counts them from the IP TTL, which a verbs
+    /// consumer does not see: the topology's, given here). 0: no per-hop term.
+    pub hops: u8,
+    /// Swift's flow-scaling range, in microseconds (`fs_range`): a flow whose window is 0.1
+    /// chunk or less may add this much to its target, one of 100 chunks or more nothing, and
+    /// in between in proportion to `1/sqrt(window)`. Many flows into one receiver have small
+    /// windows, so their target grows with their number and the queue their sum keeps is not
+    /// read by each as its own (Swift's section 3.3; its evaluation uses 5 times the base
+    /// target). 0: off.
+    pub flow_scaling_us: u64,
+    /// Swift's additive increase (`ai`), in 1/1024 chunks per RTT: below the target a window
+    /// of at least one chunk grows by `additive_increase / window` per chunk acknowledged, a
+    /// smaller one (paced) by `additive_increase` per chunk acknowledged (Swift's Algorithm
+    /// 1). 1024 (a chunk per RTT) by default; at least 1.
+    pub additive_increase: u32,
+    /// Whether a congestion window below one chunk paces the flow (one chunk every
+    /// `srtt / window`, parked on the transmit side's timers) rather than counting as one
+    /// chunk in flight (Swift's pacing, section 3.2). Off only as a negative control.
+    pub pacing: bool,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged for a probe timeout (two
     /// smoothed RTTs, or `srtt + 4 rttvar` if more) plus `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
     /// delivery proves the lane's earlier transmissions lost without waiting for their
@@ -86,6 +113,12 @@ impl Default for TxConfig {
             rto_initial_us: 1_000,
             peer_ack_delay_us: 0,
             target_delay_us: 0,
+            hop_delay_ns: 0,
+            base_rtt_ns: 0,
+            hops: 0,
+            flow_scaling_us: 0,
+            additive_increase: 1024,
+            pacing: true,
             tail_probes: true,
             max_retransmits: 16,
             max_silence_us: 1_000_000,
@@ -127,6 +160,9 @@ impl TxConfig {
             ("rto_initial_us", self.rto_initial_us),
             ("peer_ack_delay_us", self.peer_ack_delay_us),
             ("target_delay_us", self.target_delay_us),
+            ("flow_scaling_us", self.flow_scaling_us),
+            ("hop_delay_ns", self.hop_delay_ns / 1000),
+            ("base_rtt_ns", self.base_rtt_ns / 1000),
             ("max_silence_us", self.max_silence_us),
         ] {
             if us > MAX_TIME_US {
@@ -143,6 +179,9 @@ impl TxConfig {
                 self.flow_window.into(),
                 "must be 1..=256 (the SACK bitmap)",
             );
+        }
+        if self.additive_increase == 0 {
+            return bad("additive_increase", 0, "must be at least 1");
         }
         if self.engine_window == 0 {
             return bad("engine_window", 0, "must be at least 1");

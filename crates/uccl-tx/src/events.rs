@@ -81,6 +81,8 @@ pub struct TxStats {
     pub credit_stalls: u64,
     /// Times a flow with something to send (and credit) found its congestion window full.
     pub window_stalls: u64,
+    /// Times a flow whose congestion window is below one chunk waited for its pacing time.
+    pub pacing_stalls: u64,
     /// Times staging stopped because the WR pool was empty.
     pub wr_pool_empty: u64,
     /// Times staging stopped because the retransmission header pool was empty.

@@ -223,6 +223,8 @@ pub(crate) struct Flow {
     pub(crate) inflight: u16,
     /// The congestion window (used with a target delay).
     pub(crate) cc: Window,
+    /// The deadline of its pacing timer's live entry (a window below one chunk).
+    pub(crate) paced: Option<u64>,
     /// The last ACK progress, or [`IDLE`].
     pub(crate) last_progress: u64,
     /// The deadline of the silence timer's live entry.
@@ -260,6 +262,7 @@ impl Flow {
             credit,
             inflight: 0,
             cc: Window::new(window),
+            paced: None,
             last_progress: IDLE,
             silence: None,
             active: false,

@@ -70,13 +70,20 @@
 //!
 //! # Congestion window
 //!
-//! With [`TxConfig::target_delay_us`], each flow also keeps a delay-based congestion window
-//! (Swift's rule in its simplest form): it starts at 16 chunks, grows by a chunk per window
-//! acknowledged while the RTT stays under the smallest RTT seen plus the target delay, and
-//! shrinks in proportion to the excess above it (by at most half, once per RTT). RTT samples leave out how long the receiver held
-//! the chunk before acknowledging it (the ACK's `queue_ns`, believed up to
-//! [`TxConfig::peer_ack_delay_us`]). Short queues keep the RTT, and with it the retransmission
-//! timeout and the tail-loss probe, short.
+//! With [`TxConfig::target_delay_us`], each flow (across all its paths, which share the
+//! receiver's downlink) also keeps a delay-based congestion window after Swift (SIGCOMM 2020):
+//! it starts at 16 chunks; while the fabric delay (the RTT less how long the receiver held the
+//! chunk before acknowledging it: the ACK's `queue_ns`, believed up to
+//! [`TxConfig::peer_ack_delay_us`]) stays under its target it grows by
+//! [`TxConfig::additive_increase`] per RTT; above it, it shrinks in proportion to the excess
+//! (by at most half, once per RTT). The target is the base RTT ([`TxConfig::base_rtt_ns`], or
+//! the smallest RTT the flow has seen), plus the target delay, plus
+//! [`TxConfig::hops`] times [`TxConfig::hop_delay_ns`], plus a flow-scaling term
+//! ([`TxConfig::flow_scaling_us`]) that grows as the window shrinks, so that the many small
+//! windows of an incast converge to fair shares. A window below one chunk paces the flow (one
+//! chunk every `srtt / window`, [`TxConfig::pacing`]) instead of keeping a chunk in flight at
+//! all times. [`Tx::rtt_samples`] keeps every sample. Short queues keep the RTT, and with it
+//! the retransmission timeout and the tail-loss probe, short.
 //!
 //! # Completions and buffers
 //!
@@ -124,5 +131,7 @@ pub use error::TxError;
 pub use events::{Event, TxStats};
 pub use path::PathId;
 pub use transmit::{Chain, Transmit};
-pub use tx::{FlowInfo, Message, Tx};
+pub use tx::{FlowInfo, Message, RTT_RANGE_NS, Tx};
+/// The histogram type of [`Tx::rtt_samples`].
+pub use hdrhistogram::Histogram;
 pub use wr::{WrEx, WrId};

@@ -21,7 +21,7 @@ use crate::error::TxError;
 use crate::events::Event;
 use crate::flow::{IDLE, Status, open_mut};
 use crate::path::PathId;
-use crate::timers::{PROBE, SILENCE};
+use crate::timers::{PACE, PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
 use crate::wire::{AckRepr, csn_add};
@@ -129,14 +129,15 @@ impl Tx {
     fn sample(&mut self, fid: u16, p: PathId, now: u64, rtt: u64, held: u32, acked: u32) {
         let held = u64::from(held).min(self.cfg.peer_ack_delay_us * 1000);
         let rtt = rtt.saturating_sub(held);
+        self.rtts.saturating_record(rtt.max(1));
         let est = &mut self.paths[usize::from(p.0)].rtt;
         est.sample(rtt);
         let srtt = est.srtt().unwrap_or(rtt);
-        let target = self.cfg.target_delay_us * 1000;
-        if target > 0
-            && let Some(f) = self.open_flow_mut(fid)
-        {
-            f.cc.on_sample(now, rtt, target, srtt, acked);
+        if self.cfg.target_delay_us > 0 {
+            let target = self.cc_target();
+            if let Some(f) = self.open_flow_mut(fid) {
+                f.cc.on_sample(now, rtt, &target, srtt, acked);
+            }
         }
     }
 
@@ -279,12 +280,26 @@ impl Tx {
             }
             if lane == SILENCE {
                 self.silence_due(fid, deadline, now);
+            } else if lane == PACE {
+                self.pace_due(fid, deadline);
             } else if lane & PROBE != 0 {
                 self.probe_due(fid, lane & !PROBE, deadline, now);
             } else {
                 self.rto_due(fid, lane, deadline, now);
             }
         }
+    }
+
+    /// A paced flow's next chunk may go: it is active again.
+    fn pace_due(&mut self, fid: u16, deadline: u64) {
+        let Some(f) = self
+            .open_flow_mut(fid)
+            .filter(|f| f.paced == Some(deadline))
+        else {
+            return;
+        };
+        f.paced = None;
+        self.activate(fid);
     }
 
     fn rto_due(&mut self, fid: u16, lane: u16, deadline: u64, now: u64) {

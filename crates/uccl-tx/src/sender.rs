@@ -6,6 +6,7 @@ use verbs_safe::sys::{ibv_send_wr, ibv_sge, ibv_wr_opcode};
 
 use crate::flow::Status;
 use crate::path::PathId;
+use crate::timers::PACE;
 use crate::tracking::{Cause, NIL, State, Track};
 use crate::transmit::Transmit;
 use crate::tx::Tx;
@@ -124,6 +125,7 @@ impl Tx {
             (u32::from(self.cfg.flow_window), self.cfg.engine_window);
         let unacked = self.unacked;
         let congestion = self.cfg.target_delay_us > 0;
+        let (pacing, now) = (congestion && self.cfg.pacing, self.now);
         let f = self.open_flow_mut(fid).expect("caller checked");
         // Entries of chunks acknowledged since they were queued are stale.
         while let Some(&csn) = f.retx.front() {
@@ -143,6 +145,15 @@ impl Tx {
         }
         if congestion && f.inflight >= f.cc.chunks() {
             self.stats.window_stalls += 1;
+            return Outcome::Idle;
+        }
+        if pacing && let Some(at) = f.cc.paced_until(now) {
+            let arm = f.paced.is_none_or(|p| p != at);
+            f.paced = Some(at);
+            self.stats.pacing_stalls += 1;
+            if arm {
+                self.timers.arm(at, fid, PACE);
+            }
             return Outcome::Idle;
         }
         if matches!(what, Send::New) && unacked >= engine_window {
@@ -179,6 +190,12 @@ impl Tx {
             let _ = self.wrs.free(h);
             self.stats.hdr_pool_empty += 1;
             return Outcome::Stop;
+        }
+        if pacing {
+            let srtt = self.lane_srtt(fid, lane);
+            if let Some(f) = self.open_flow_mut(fid) {
+                f.cc.on_send(now, srtt);
+            }
         }
         Outcome::Staged
     }

@@ -53,6 +53,9 @@ pub struct FlowInfo {
     pub failed: bool,
 }
 
+/// The largest RTT sample [`Tx::rtt_samples`] tells apart, in ns (a minute).
+pub const RTT_RANGE_NS: u64 = 60_000_000_000;
+
 /// The transmit side of an engine: sans-IO. It never calls a verb and never reads a clock;
 /// the caller feeds it time, ACKs and send completions, and posts the chains it hands out.
 /// See the [crate documentation](crate) for the protocol.
@@ -87,6 +90,8 @@ pub struct Tx {
     /// Inner-loop steps taken (the cost test counts them).
     #[cfg(test)]
     pub(crate) work: u64,
+    /// Every RTT sample (ns, the receiver's hold time out), for [`Tx::rtt_samples`].
+    pub(crate) rtts: hdrhistogram::Histogram<u64>,
 }
 
 impl std::fmt::Debug for Tx {
@@ -140,6 +145,8 @@ impl Tx {
             now: 0,
             calls: 0,
             stats: TxStats::default(),
+            rtts: hdrhistogram::Histogram::new_with_bounds(1, RTT_RANGE_NS, 2)
+                .expect("valid bounds"),
             #[cfg(test)]
             work: 0,
         })
@@ -219,7 +226,7 @@ impl Tx {
                 reason: "flow ids are 12 bits",
             });
         }
-        if paths.is_empty() || paths.len() >= usize::from(PROBE) {
+        if paths.is_empty() || paths.len() >= usize::from(PROBE) - 2 {
             return bad("1..32767 paths");
         }
         if paths.iter().any(|p| usize::from(p.0) >= self.paths.len()) {
@@ -417,6 +424,19 @@ impl Tx {
         }
     }
 
+    /// Every RTT sample the ACKs gave (ns, the receiver's hold time left out: the delay the
+    /// congestion window steers by), since the transmit side began or
+    /// [`reset_rtt_samples`](Self::reset_rtt_samples). Recording allocates nothing; samples
+    /// above [`RTT_RANGE_NS`] count as that.
+    pub fn rtt_samples(&self) -> &hdrhistogram::Histogram<u64> {
+        &self.rtts
+    }
+
+    /// Forgets the RTT samples so far (to measure a steady state after a warm-up).
+    pub fn reset_rtt_samples(&mut self) {
+        self.rtts.reset();
+    }
+
     /// The smoothed RTT of `path` in ns, once there was a sample.
     pub fn path_srtt(&self, path: PathId) -> Option<u64> {
         self.paths
@@ -577,6 +597,27 @@ impl Tx {
                 f.waits_engine = false;
                 self.activate(fid);
             }
+        }
+    }
+
+    /// The smoothed RTT (ns) of the path of `lane` of flow `fid`, or the initial RTO before a
+    /// sample on it.
+    pub(crate) fn lane_srtt(&self, fid: u16, lane: u16) -> u64 {
+        self.flow(fid)
+            .and_then(|f| f.lanes.get(usize::from(lane)))
+            .and_then(|l| self.paths[usize::from(l.path.0)].rtt.srtt())
+            .unwrap_or(self.cfg.rto_initial_us * 1000)
+    }
+
+    /// What the congestion window's target is made of (see `cc`).
+    pub(crate) fn cc_target(&self) -> crate::cc::Target {
+        let c = &self.cfg;
+        crate::cc::Target {
+            queueing: c.target_delay_us * 1000,
+            hops: u64::from(c.hops) * c.hop_delay_ns,
+            fs_range: c.flow_scaling_us * 1000,
+            ai: u64::from(c.additive_increase),
+            base: c.base_rtt_ns,
         }
     }
 

@@ -233,11 +233,25 @@ impl World {
             fate.reordered = true;
         }
         if verdict == Verdict::Duplicate || (pass && self.rng.chance(faults.duplicate)) {
-            self.net.push(at + 1, frame.clone());
+            self.send_on(at + 1, frame.clone());
             fate.duplicated = true;
         }
-        self.net.push(at, frame);
+        self.send_on(at, frame);
         fate
+    }
+
+    /// Puts a frame in flight to its next hop, arriving at `at`. Ties go by sending sequence,
+    /// except at a switch: the packets that reach one in the same nanosecond (from different
+    /// ports) are taken in an order drawn from the fabric's seed, as a fair arbiter takes
+    /// them. Engines that poll in lockstep on the virtual clock send at the same instants, and
+    /// an order by sending sequence would queue the same senders last every time.
+    pub(crate) fn send_on(&mut self, at: u64, frame: Frame) {
+        if frame.at.is_some() {
+            let tie = self.rng.next_u64();
+            self.net.push_ordered(at, tie, frame);
+        } else {
+            self.net.push(at, frame);
+        }
     }
 
     /// Puts a frame's payload into its bytes if it is still elsewhere ([`Gather`]). False if

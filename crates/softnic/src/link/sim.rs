@@ -37,9 +37,15 @@ impl Net {
         self.slots[slot as usize].take()
     }
 
-    /// Puts `frame` in flight, arriving at `at`.
+    /// Puts `frame` in flight, arriving at `at` (after the frames in flight arriving then).
     pub(super) fn push(&mut self, at: u64, frame: Frame) {
         self.seq += 1;
+        self.push_ordered(at, self.seq, frame);
+    }
+
+    /// Puts `frame` in flight, arriving at `at`, taken among the frames arriving then in the
+    /// order of `tie`.
+    pub(super) fn push_ordered(&mut self, at: u64, tie: u64, frame: Frame) {
         let slot = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(frame);
@@ -50,7 +56,7 @@ impl Net {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.heap.push(Reverse((at, self.seq, slot)));
+        self.heap.push(Reverse((at, tie, slot)));
     }
 
     /// Packets in flight.

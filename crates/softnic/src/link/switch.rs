@@ -221,7 +221,8 @@ impl World {
                     PortTo::Device(_) => None,
                     PortTo::Switch(next) => Some(next as u16),
                 };
-                self.net.push(at + sw.cfg.latency_ns, frame);
+                let at = at + sw.cfg.latency_ns;
+                self.send_on(at, frame);
             }
         }
     }

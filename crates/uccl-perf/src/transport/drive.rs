@@ -30,6 +30,9 @@ impl Run<'_> {
         let mut look = true;
         loop {
             let progress = look && self.step()?;
+            if self.steady.is_some() {
+                self.observe();
+            }
             if self.done() {
                 return Ok(start.elapsed());
             }

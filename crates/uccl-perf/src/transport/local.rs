@@ -1,6 +1,8 @@
 //! Both ends of every flow in this process: on softnic, on one fabric's virtual clock under
 //! its faults (the same seed gives the same run); on a real device, in loopback on the wall
-//! clock. Flow `f` runs from the even engine to the odd one of pair `f % --engines`.
+//! clock. Flow `f` runs from the even engine to the odd one of pair `f % --engines`; with
+//! `--senders N` (an incast), engine 0 receives every flow and engines 1..=N send `--flows`
+//! each.
 
 use uccl_engine::{Access, Clock, Engine, connect_pair};
 use verbs_safe::Verbs;
@@ -12,29 +14,44 @@ use crate::args::{Args, OpArg};
 
 /// Runs both ends of every flow in this process.
 pub(super) fn run(args: &Args) -> Result<Measured, String> {
-    let pairs = usize::from(args.engines);
-    let flows = usize::from(args.flows);
-    let per_engine = flows.div_ceil(pairs) as u32;
+    let senders = usize::from(args.fabric.senders);
+    let (devices, flows, per_engine) = if senders > 0 {
+        let flows = senders * usize::from(args.flows);
+        (senders + 1, flows, flows as u32)
+    } else {
+        let pairs = usize::from(args.engines);
+        let flows = usize::from(args.flows);
+        (2 * pairs, flows, flows.div_ceil(pairs) as u32)
+    };
+    // Flow f's sending and receiving engines.
+    let ends = |f: usize| match senders {
+        0 => {
+            let p = f % usize::from(args.engines);
+            (2 * p, 2 * p + 1)
+        }
+        n => (1 + f % n, 0),
+    };
     let cfg = engine_config(args, per_engine);
     let (fabric, verbs, names) = if args.soft() {
         let fabric = softnic::Fabric::new(softnic::FabricConfig {
-            devices: 2 * pairs,
+            devices,
             seed: args.seed,
             auto_advance: false,
             copy_payload: !args.no_payload,
+            topology: args.fabric.topology(),
             ..Default::default()
         });
         fabric.set_default_faults(args.faults());
         let verbs = Verbs::soft(&fabric);
-        let names = (0..2 * pairs).map(|i| format!("soft{i}")).collect();
+        let names = (0..devices).map(|i| format!("soft{i}")).collect();
         (Some(fabric), verbs, names)
     } else {
-        (None, Verbs::system(), vec![args.device.clone(); 2 * pairs])
+        (None, Verbs::system(), vec![args.device.clone(); devices])
     };
     let clock = fabric
         .as_ref()
         .map_or_else(Clock::wall, |f| Clock::Fabric(f.clone()));
-    let mut engines = Vec::with_capacity(2 * pairs);
+    let mut engines = Vec::with_capacity(devices);
     for name in &names {
         let ctx = open(&verbs, name)?;
         engines.push(
@@ -46,9 +63,8 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
     let msg = args.msg_size();
     let mut list = Vec::with_capacity(flows);
     for f in 0..flows {
-        let p = f % pairs;
-        let (a, b) = engines.split_at_mut(2 * p + 1);
-        let (sender, receiver) = (&mut a[2 * p], &mut b[0]);
+        let (s, r) = ends(f);
+        let (sender, receiver) = two(&mut engines, s, r);
         let (ca, cb) =
             connect_pair(sender, receiver).map_err(|e| format!("connecting flow {f}: {e}"))?;
         let src = buffer(sender, window * msg)?;
@@ -69,9 +85,20 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
         };
         list.push(Flow {
             id: f as u64,
-            tx: Some(TxSide::new(2 * p, ca, src)),
-            rx: Some(RxSide::new(2 * p + 1, cb, dst, desc)),
+            tx: Some(TxSide::new(s, ca, src)),
+            rx: Some(RxSide::new(r, cb, dst, desc)),
         });
     }
     execute(args, Role::Both, engines, names, fabric, list, false)
+}
+
+/// Engines `a` and `b` (different) of `all`, both mutable.
+fn two(all: &mut [Engine], a: usize, b: usize) -> (&mut Engine, &mut Engine) {
+    if a < b {
+        let (x, y) = all.split_at_mut(b);
+        (&mut x[a], &mut y[0])
+    } else {
+        let (x, y) = all.split_at_mut(a);
+        (&mut y[0], &mut x[b])
+    }
 }

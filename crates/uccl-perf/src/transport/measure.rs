@@ -26,6 +26,7 @@ pub(super) fn execute(
         None => args.messages.unwrap_or(64),
     };
     let total = limit.saturating_mul(flows.len() as u64);
+    let flows_len = flows.len();
     let mut run = Run {
         args,
         msg,
@@ -43,6 +44,8 @@ pub(super) fn execute(
         nic_time: std::time::Duration::ZERO,
         received: 0,
         sent: 0,
+        steady: (args.fabric.measured() && args.virtual_clock())
+            .then(|| super::congestion::Steady::new(args.fabric.warmup_us, flows_len, window)),
     };
     let cpu0 = crate::cpu::process_time();
     let v0 = run
@@ -52,6 +55,13 @@ pub(super) fn execute(
         .map(|f| f.now());
     let result = run.drive();
     run.bar.finish_and_clear();
+    if let Some(why) = run
+        .steady
+        .as_ref()
+        .and_then(super::congestion::Steady::unmeasured)
+    {
+        eprintln!("{why}");
+    }
     let elapsed = result?;
     if marker && args.duration.is_none() {
         // Two processes: each flow ended by its sender must hold every message.
@@ -114,6 +124,7 @@ pub(super) fn execute(
         } else {
             softnic::baseline::memcpy_gbps(moved.max(msg), msg, working)
         },
+        congestion: run.steady.as_mut().and_then(|s| s.result.take()),
     })
 }
 

@@ -16,6 +16,7 @@
 //! - [`measure`]: driving a run to the end and measuring it.
 
 mod agree;
+mod congestion;
 mod drive;
 mod flow;
 mod local;
@@ -29,6 +30,7 @@ use uccl_engine::{Buffer, Engine, EngineConfig, Mode, RecvKeys};
 use verbs_safe::{Context, Verbs};
 
 pub(crate) use self::agree::RunOptions;
+pub(crate) use self::congestion::Congestion;
 use crate::args::{Args, RecvKeysArg, TransportArg, TxMode};
 
 /// Which ends of the flows this process runs.
@@ -72,6 +74,8 @@ pub(crate) struct Measured {
     pub(crate) nic_time: Option<Duration>,
     /// A single-threaded memcpy of the same bytes, in this run.
     pub(crate) memcpy_gbps: f64,
+    /// The steady state of a run on switches or an incast (softnic's virtual clock).
+    pub(crate) congestion: Option<Congestion>,
 }
 
 /// Runs the engine test as `args` says; the options the run had (a server's are its
@@ -122,6 +126,7 @@ pub(crate) fn engine_config(args: &Args, conns: u32) -> EngineConfig {
     let depth = ((32 << 20) / slot).clamp(128, 1024) as u32;
     cfg.srq_depth = depth.next_power_of_two().min(1024);
     cfg.srq_refill = cfg.srq_refill.min(cfg.srq_depth / 4);
+    args.fabric.apply(&mut cfg);
     cfg
 }
 

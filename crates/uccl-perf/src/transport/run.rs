@@ -46,6 +46,8 @@ pub(super) struct Run<'a> {
     pub(super) bar: ProgressBar,
     /// The blocks of a vectored message being posted (reused).
     pub(super) blocks: Vec<uccl_engine::Block>,
+    /// The steady state of a run on switches or an incast (see [`super::congestion`]).
+    pub(super) steady: Option<super::congestion::Steady>,
 }
 
 impl Run<'_> {
@@ -166,6 +168,7 @@ impl Run<'_> {
             }
             self.flows[i].tx.as_mut().expect("tx").completed += 1;
             self.sent += 1;
+            self.note_completed(i, m);
         }
         progress |= self.take_credits(i)?;
         loop {
@@ -237,6 +240,7 @@ impl Run<'_> {
             tx.reqs.push_back((m, r));
             tx.next += 1;
             progress = true;
+            self.note_posted(i, m);
         }
         let tx = self.flows[i].tx.as_mut().expect("tx");
         // The end, once every message is out and (two processes, one-sided) every slot was
