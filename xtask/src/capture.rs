@@ -1,6 +1,9 @@
 //! `cargo xtask capture` (part of `test`): two softnic processes talk RoCEv2 over UDP on the
 //! loopback interface while tshark captures; every frame must decode as InfiniBand with
-//! nothing malformed, and carry the right ICRC over the headers the kernel really sent.
+//! nothing malformed, and carry the right ICRC over the headers the kernel really sent. An
+//! rping between two processes on softnic's librdmacm is captured too: its connection must
+//! show as InfiniBand CM MADs (ConnectRequest with the IP CM service header, ConnectReply,
+//! ReadyToUse, DisconnectRequest, DisconnectReply).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -35,7 +38,10 @@ pub(crate) fn capture() -> Result<(), String> {
         return Err(format!("tshark did not start capturing on lo: {said}"));
     }
     let perf = target_bin("debug", "uccl-perf");
-    let result = RUNS.iter().try_for_each(|run| two_processes(&perf, run));
+    let result = RUNS
+        .iter()
+        .try_for_each(|run| two_processes(&perf, run))
+        .and_then(|()| rping());
     // Let the last frames reach the capture, then stop it the way ^C does.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let _ = Command::new("kill")
@@ -56,6 +62,29 @@ pub(crate) fn capture() -> Result<(), String> {
     let ib = count("infiniband")?;
     let bad = count("_ws.malformed || _ws.expert.severity >= error")?;
     eprintln!("xtask capture: {all} frames, {ib} decoded as InfiniBand, {bad} malformed");
+    // The CM exchange of the rping: each message decoded (attribute IDs of IBTA 16.7.2), the
+    // REQ's private data as the IP CM service header.
+    for (name, attr) in [
+        ("ConnectRequest", "0x0010"),
+        ("ConnectReply", "0x0013"),
+        ("ReadyToUse", "0x0014"),
+        ("DisconnectRequest", "0x0015"),
+        ("DisconnectReply", "0x0016"),
+    ] {
+        let n = count(&format!(
+            "infiniband.mad.mgmtclass == 0x07 && infiniband.mad.attributeid == {attr}"
+        ))?;
+        if n == 0 {
+            return Err(format!(
+                "the capture {file} has no CM {name} of rping's connection"
+            ));
+        }
+    }
+    if count("infiniband.cm.req.ip_cm.dip4 == 127.0.28.1")? == 0 {
+        return Err(format!(
+            "the capture {file} has no REQ with the IP CM service header"
+        ));
+    }
     if all == 0 || ib != all || bad != 0 {
         return Err(format!(
             "the capture {file} has {all} frames, {ib} of them InfiniBand, {bad} malformed \
@@ -117,6 +146,49 @@ fn two_processes(perf: &str, opts: &str) -> Result<(), String> {
         Err(format!(
             "uccl-perf {opts}: client {client}, server {server}"
         ))
+    }
+}
+
+/// An rping (server 127.0.28.1, client 127.0.28.2) on softnic's librdmacm through
+/// `softnic-run`, packets one per datagram; both must succeed within a deadline.
+fn rping() -> Result<(), String> {
+    let run = target_bin("debug", "softnic-run");
+    let side = |addr: &str, args: &str| {
+        let mut c = Command::new(&run);
+        c.env("SOFTNIC_GSO", "0")
+            .args(["--quiet", "--addr", addr, "--", "rping"])
+            .args(args.split_whitespace())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    eprintln!("$ softnic-run --addr 127.0.28.1 -- rping -s -a 127.0.28.1 -C 3 -v & (and -c)");
+    let mut server = side("127.0.28.1", "-s -a 127.0.28.1 -C 3 -v")
+        .spawn()
+        .map_err(|e| format!("starting rping (cargo xtask setup installs it): {e}"))?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut client = side("127.0.28.2", "-c -a 127.0.28.1 -C 3 -v")
+        .spawn()
+        .map_err(|e| format!("starting rping: {e}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let wait = |child: &mut Child| -> Result<bool, String> {
+        loop {
+            if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+                return Ok(s.success());
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    let (c, s) = (wait(&mut client)?, wait(&mut server)?);
+    if c && s {
+        Ok(())
+    } else {
+        Err(format!("rping on softnic: client ok {c}, server ok {s}"))
     }
 }
 

@@ -1,14 +1,15 @@
 //! `cargo xtask interop` (part of `test`): unmodified libibverbs programs (rdma-core's
 //! `ibverbs-utils`, `perftest`) run on softnic through `softnic-run`, each as a server
 //! process and a client process talking RoCEv2 over the loopback interface; every one must
-//! exit 0 with its own success output; then UCX and OpenMPI over UCX ([`ucx`]). A summary
-//! table ends the run.
+//! exit 0 with its own success output; then UCX and OpenMPI over UCX ([`ucx`]), and the
+//! rdma_cm programs on softnic's librdmacm ([`rdmacm`]). A summary table ends the run.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::run::{cargo_cmd, cmd, status, target_bin};
 
+mod rdmacm;
 mod ucx;
 
 /// One program run: its arguments and how its success shows.
@@ -156,7 +157,7 @@ pub(crate) fn interop() -> Result<(), String> {
             line,
         });
     }
-    for row in ucx::run(&launcher) {
+    for row in ucx::run(&launcher).into_iter().chain(rdmacm::run_all(&launcher)) {
         if !row.ok {
             failed.push(format!("{} {}:\n{}", row.program, row.args, row.line));
         }

@@ -22,6 +22,11 @@ const PACKAGES: &[&str] = &[
     "ucx-utils",
     "openmpi-bin",
     "libopenmpi-dev",
+    // `cargo xtask interop`: rdma_cm programs (rping, ucmatose, udaddy, rdma_server/client)
+    // and libfabric's fi_pingpong on softnic's librdmacm; the rdma_cm headers for C tests.
+    "rdmacm-utils",
+    "libfabric-bin",
+    "librdmacm-dev",
 ];
 
 /// Toolchain components `cargo xtask test` uses.

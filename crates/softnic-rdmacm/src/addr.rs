@@ -93,33 +93,38 @@ export! {
         hints: *const rdma_addrinfo,
         res: *mut *mut rdma_addrinfo,
     ) -> c_int {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() {
             return fail(libc::EINVAL);
         }
         // SAFETY: null or valid hints per the contract.
         let hints = unsafe { hints.as_ref() };
         let flags = hints.map_or(0, |h| h.ai_flags);
-        let port = if service.is_null() {
-            Ok(0)
-        } else {
-            // SAFETY: a NUL-terminated string per the contract.
-            let s = unsafe { CStr::from_ptr(service) }.to_string_lossy();
-            s.parse::<u16>().map_err(|_| libc::EINVAL)
+        // Addresses the hints give (libfabric's verbs provider passes them with no name).
+        let hinted = |sa: fn(&rdma_addrinfo) -> *mut libc::sockaddr| {
+            let h = hints?;
+            // SAFETY: the hints' addresses are null or valid per the contract.
+            let a = unsafe { from_sockaddr(sa(h)) };
+            a.ok().flatten().map(SocketAddrV4::from)
         };
-        let Ok(port) = port else {
+        let (hint_src, hint_dst) = (hinted(|h| h.ai_src_addr), hinted(|h| h.ai_dst_addr));
+        let named = if node.is_null() && service.is_null() {
+            None
+        } else {
+            // SAFETY: NUL-terminated strings (or null) per the contract.
+            match unsafe { named(node, service) } {
+                Ok(a) => Some(a),
+                Err(e) => return fail(e),
+            }
+        };
+        let passive = flags & RAI_PASSIVE != 0;
+        let (src, dst) = if passive {
+            (named.or(hint_src), None)
+        } else {
+            (hint_src, named.or(hint_dst))
+        };
+        if src.is_none() && dst.is_none() {
             return fail(libc::EINVAL);
-        };
-        let ip = if node.is_null() {
-            Ok(Ipv4Addr::UNSPECIFIED)
-        } else {
-            // SAFETY: a NUL-terminated string per the contract.
-            resolve(unsafe { CStr::from_ptr(node) })
-        };
-        let ip = match ip {
-            Ok(ip) => ip,
-            Err(e) => return fail(e),
-        };
-        let at = SocketAddrV4::new(ip, port);
+        }
         let boxed = |a: SocketAddrV4| Box::into_raw(Box::new(sockaddr_in(a))).cast::<libc::sockaddr>();
         let len = size_of::<libc::sockaddr_in>() as u32;
         let mut ai = rdma_addrinfo {
@@ -153,19 +158,13 @@ export! {
                 ibverbs_sys::ibv_qp_type::IBV_QPT_RC as c_int
             };
         }
-        if flags & RAI_PASSIVE != 0 {
-            ai.ai_src_addr = boxed(at);
+        if let Some(src) = src {
+            ai.ai_src_addr = boxed(src);
             ai.ai_src_len = len;
-        } else {
-            ai.ai_dst_addr = boxed(at);
+        }
+        if let Some(dst) = dst {
+            ai.ai_dst_addr = boxed(dst);
             ai.ai_dst_len = len;
-            // A source the hints name.
-            // SAFETY: null or a valid address per the contract.
-            let src = hints.map(|h| unsafe { from_sockaddr(h.ai_src_addr) });
-            if let Some(Ok(Some(s))) = src {
-                ai.ai_src_addr = boxed(s.into());
-                ai.ai_src_len = len;
-            }
         }
         // SAFETY: non-null out-pointer per the contract.
         unsafe { res.write(Box::into_raw(Box::new(ai))) };
@@ -187,6 +186,27 @@ export! {
             next = ai.ai_next;
         }
     }
+}
+
+/// The address of a node name (null: the unspecified address) and a service (null: port 0).
+///
+/// # Safety
+/// Each is null or a NUL-terminated string.
+unsafe fn named(node: *const c_char, service: *const c_char) -> Result<SocketAddrV4, c_int> {
+    let port = if service.is_null() {
+        0
+    } else {
+        // SAFETY: a NUL-terminated string per the contract.
+        let s = unsafe { CStr::from_ptr(service) }.to_string_lossy();
+        s.parse::<u16>().map_err(|_| libc::EINVAL)?
+    };
+    let ip = if node.is_null() {
+        Ipv4Addr::UNSPECIFIED
+    } else {
+        // SAFETY: a NUL-terminated string per the contract.
+        resolve(unsafe { CStr::from_ptr(node) })?
+    };
+    Ok(SocketAddrV4::new(ip, port))
 }
 
 /// A numeric IPv4 address or a host name's first IPv4 address.

@@ -290,8 +290,20 @@ impl State {
         let _ = self.cm_move(id, ibv_qp_state::IBV_QPS_ERR);
     }
 
+    /// The device's limits on `p` (librdmacm clamps them too: callers ask for
+    /// `RDMA_MAX_RESP_RES`, 255, to mean as many as the device has).
+    fn clamp(&self, p: ConnParam) -> ConnParam {
+        let max = self.w.cfg.max_rd_atomic.min(255) as u8;
+        ConnParam {
+            responder_resources: p.responder_resources.min(max),
+            initiator_depth: p.initiator_depth.min(max),
+            ..p
+        }
+    }
+
     /// `rdma_connect`: a REQ (RC) or SIDR REQ (UD) with `data` after the IP header.
     pub(crate) fn cm_connect(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
+        let p = self.clamp(p);
         let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
         let comm = self.w.cm.comm_id();
         let tid = u64::from(self.w.cm.fresh());
@@ -359,6 +371,7 @@ impl State {
 
     /// `rdma_accept`: RTR and RTS, then the REP (RC); the SIDR REP (UD).
     pub(crate) fn cm_accept(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
+        let p = self.clamp(p);
         let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
         let i = self.cm_id(id)?;
         if i.st != St::ReqRcvd {

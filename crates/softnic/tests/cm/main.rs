@@ -368,3 +368,29 @@ fn addresses_the_link_does_not_reach_fail_clearly() {
         libc::EBUSY
     );
 }
+
+#[test]
+fn resources_asked_as_rdma_max_are_the_device_s() {
+    // libfabric asks for RDMA_MAX_RESP_RES and RDMA_MAX_INIT_DEPTH (255): the QPs get the
+    // device's 16, as librdmacm clamps them (the RTR with 255 failed before).
+    let e = ends(9);
+    listen(&e, PortSpace::Tcp, 8);
+    let c = client(&e, PortSpace::Tcp);
+    let most = ConnParam {
+        responder_resources: 255,
+        initiator_depth: 255,
+        ..param()
+    };
+    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(c, qa).unwrap();
+    e.fabric.cm_connect(c, most, &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.param.responder_resources, 16);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    e.fabric.cm_accept(req.id, most, &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Established);
+    let (a, b) = (query(qa), query(qb));
+    assert_eq!((a.max_rd_atomic, a.max_dest_rd_atomic), (16, 16));
+    assert_eq!((b.max_rd_atomic, b.max_dest_rd_atomic), (16, 16));
+}

@@ -1,0 +1,212 @@
+//! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
+//! (rdma-core's `rdmacm-utils`, perftest's `-R`, libfabric's verbs provider through
+//! `fi_pingpong` of `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
+//! through `softnic-run`: a server and a client process, each its own softnic device, talking
+//! RoCEv2 (CM MADs on QP1, then the data) over loopback addresses. RC runs again under 1%
+//! loss on both devices (the CM sends lost MADs again, RC retransmits); UD (udaddy) runs
+//! without loss, as a datagram lost is lost.
+//!
+//! A client that came before its server listened is rejected (REJ "invalid service ID") and
+//! is started again. libfabric's verbs provider looks for the device among the host's
+//! interface addresses, so `fi_pingpong`'s server device is 127.0.0.1 (the loopback
+//! interface's). Each process has a deadline; counts are small (about a second a run).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::ucx::Row;
+use super::wait_with_deadline;
+
+/// One run: the program, the server's and the client's arguments (`{S}`: the server's
+/// address; `program => args` for a client program of its own), what the client says on
+/// success, the loss both devices inject.
+struct Run {
+    program: &'static str,
+    server: &'static str,
+    client: &'static str,
+    says: &'static str,
+    loss: Option<&'static str>,
+}
+
+const fn run(
+    program: &'static str,
+    server: &'static str,
+    client: &'static str,
+    says: &'static str,
+) -> Run {
+    Run {
+        program,
+        server,
+        client,
+        says,
+        loss: None,
+    }
+}
+
+const fn lossy(r: Run) -> Run {
+    Run {
+        loss: Some("0.01"),
+        ..r
+    }
+}
+
+const RPING: Run = run(
+    "rping",
+    "-s -a {S} -C 100 -v",
+    "-c -a {S} -C 100 -v",
+    "ping data: rdma-ping-99:",
+);
+const UCMATOSE: Run = run(
+    "ucmatose",
+    "-b {S} -c 10 -C 10",
+    "-s {S} -c 10 -C 10",
+    "return status 0",
+);
+const RDMA_SERVER: Run = run(
+    "rdma_server",
+    "-s {S} -p 7471",
+    "rdma_client => -s {S} -p 7471",
+    "rdma_client: end 0",
+);
+const WRITE_BW: Run = run("ib_write_bw", "-R -n 200", "-R -n 200 {S}", "#bytes");
+const SEND_LAT: Run = run("ib_send_lat", "-R -n 200", "-R -n 200 {S}", "#bytes");
+const FI_PINGPONG: Run = run(
+    "fi_pingpong",
+    "-p verbs -e msg -I 100 -S 1024 -c",
+    "-p verbs -e msg -I 100 -S 1024 -c {S}",
+    "#sent",
+);
+
+/// The matrix.
+const RUNS: &[Run] = &[
+    RPING,
+    UCMATOSE,
+    run(
+        "udaddy",
+        "-b {S} -c 4 -C 10",
+        "-s {S} -c 4 -C 10",
+        "return status 0",
+    ),
+    RDMA_SERVER,
+    WRITE_BW,
+    SEND_LAT,
+    FI_PINGPONG,
+    lossy(RPING),
+    lossy(UCMATOSE),
+    lossy(RDMA_SERVER),
+    lossy(WRITE_BW),
+    lossy(SEND_LAT),
+    lossy(FI_PINGPONG),
+];
+
+/// The server's and the client's device addresses.
+const SERVER: &str = "127.0.27.1";
+const CLIENT: &str = "127.0.27.2";
+
+/// The longest one process may run.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs the matrix: a row each.
+pub(super) fn run_all(launcher: &str) -> Vec<Row> {
+    RUNS.iter()
+        .map(|r| {
+            let started = Instant::now();
+            let result = run_pair(launcher, r);
+            let args = match r.loss {
+                Some(p) => format!("{} (loss {p})", r.client),
+                None => r.client.to_string(),
+            };
+            let (ok, line) = match result {
+                Ok(line) => (true, line),
+                Err(why) => (false, why),
+            };
+            eprintln!(
+                "xtask interop: {} {args} {}: {}",
+                r.program,
+                if ok { "ok" } else { "FAILED" },
+                line.lines().next().unwrap_or("")
+            );
+            Row {
+                program: r.program.into(),
+                args,
+                ok,
+                secs: started.elapsed().as_secs_f64(),
+                line,
+            }
+        })
+        .collect()
+}
+
+/// The launcher's arguments for one side.
+fn side(r: &Run, addr: &str, args: &str, server: &str) -> Vec<String> {
+    let mut a = vec!["--quiet".to_string(), "--addr".into(), addr.into()];
+    if let Some(p) = r.loss {
+        a.extend(["--loss".into(), p.into()]);
+    }
+    let (program, args) = args.split_once(" => ").unwrap_or((r.program, args));
+    a.extend(["--".into(), program.into()]);
+    a.extend(
+        args.replace("{S}", server)
+            .split_whitespace()
+            .map(String::from),
+    );
+    a
+}
+
+/// A server, then its client (again while it is rejected for coming first): both must exit
+/// 0 and the client say what success says. Returns the client's figure line.
+fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
+    let server_addr = if r.program == "fi_pingpong" {
+        "127.0.0.1"
+    } else {
+        SERVER
+    };
+    let server = Command::new(launcher)
+        .args(side(r, server_addr, r.server, server_addr))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", r.program))?;
+    let deadline = Instant::now() + DEADLINE;
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut c = Command::new(launcher);
+        c.args(side(r, CLIENT, r.client, server_addr))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", r.program))?;
+        let out = wait_with_deadline(child, deadline, r.program)?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let early = ["REJECTED", "rejected", "refused", "Unknown error -8"];
+        let retry = !out.status.success() && early.iter().any(|w| text.contains(w));
+        if !retry || Instant::now() > deadline {
+            break (out.status.success(), text);
+        }
+    };
+    let server = wait_with_deadline(server, deadline, r.program)?;
+    let server_text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&server.stdout),
+        String::from_utf8_lossy(&server.stderr)
+    );
+    let (ok, text) = client;
+    if !ok || !text.contains(r.says) {
+        return Err(format!(
+            "client failed (wanted {:?}):\n{text}\nserver:\n{server_text}",
+            r.says
+        ));
+    }
+    if !server.status.success() {
+        return Err(format!(
+            "server failed ({}):\n{server_text}\nclient:\n{text}",
+            server.status
+        ));
+    }
+    Ok(super::figure(&text))
+}
