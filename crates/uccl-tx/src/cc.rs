@@ -26,7 +26,7 @@
 //!
 //! A window below one chunk does not collapse to one chunk in flight: the flow sends one
 //! chunk at a time, each `srtt / cwnd` after the last (pacing; the transmit side parks it on
-//! its timers until then), so that 64 flows sharing a 15-chunk path keep 15 chunks in
+//! its timing wheel until then), so that 64 flows sharing a 15-chunk path keep 15 chunks in
 //! flight, not 64. With `TxConfig::pacing` off (the negative control), such a window counts as
 //! one chunk in flight, as before.
 //!

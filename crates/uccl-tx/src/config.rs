@@ -69,7 +69,7 @@ pub struct TxConfig {
     /// 1). 1024 (a chunk per RTT) by default; at least 1.
     pub additive_increase: u32,
     /// Whether a congestion window below one chunk paces the flow (one chunk every
-    /// `srtt / window`, parked on the transmit side's timers) rather than counting as one
+    /// `srtt / window`, waiting on the transmit side's timing wheel) rather than counting as one
     /// chunk in flight (Swift's pacing, section 3.2). Off only as a negative control.
     pub pacing: bool,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged for a probe timeout (two

@@ -123,15 +123,16 @@ mod timers;
 mod tracking;
 mod transmit;
 mod tx;
+mod wheel;
 pub mod wire;
 mod wr;
 
 pub use config::{MAX_CHUNK, MAX_TIME_US, MAX_WR_POOL, TxConfig};
 pub use error::TxError;
 pub use events::{Event, TxStats};
+/// The histogram type of [`Tx::rtt_samples`].
+pub use hdrhistogram::Histogram;
 pub use path::PathId;
 pub use transmit::{Chain, Transmit};
 pub use tx::{FlowInfo, Message, RTT_RANGE_NS, Tx};
-/// The histogram type of [`Tx::rtt_samples`].
-pub use hdrhistogram::Histogram;
 pub use wr::{WrEx, WrId};

@@ -21,7 +21,7 @@ use crate::error::TxError;
 use crate::events::Event;
 use crate::flow::{IDLE, Status, open_mut};
 use crate::path::PathId;
-use crate::timers::{PACE, PROBE, SILENCE};
+use crate::timers::{PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
 use crate::wire::{AckRepr, csn_add};
@@ -264,7 +264,10 @@ impl Tx {
     /// When [`handle_timeout`](Self::handle_timeout) must next be called (ns), if ever. O(1);
     /// it may be early (then the call finds nothing due), never late.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.timers.next()
+        match (self.timers.next(), self.pacer.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Time passed: on each lane, chunks whose retransmission timeout expired are declared
@@ -273,6 +276,14 @@ impl Tx {
     /// again as a tail-loss probe; a flow with chunks outstanding and no ACK progress for
     /// `max_silence_us` fails.
     pub fn handle_timeout(&mut self, now: u64) {
+        let due = &mut self.paced_due;
+        self.pacer
+            .pop_due(now, |deadline, fid| due.push((deadline, fid)));
+        for i in 0..self.paced_due.len() {
+            let (deadline, fid) = self.paced_due[i];
+            self.pace_due(fid, deadline);
+        }
+        self.paced_due.clear();
         while let Some((deadline, fid, lane)) = self.timers.pop_due(now) {
             #[cfg(test)]
             {
@@ -280,8 +291,6 @@ impl Tx {
             }
             if lane == SILENCE {
                 self.silence_due(fid, deadline, now);
-            } else if lane == PACE {
-                self.pace_due(fid, deadline);
             } else if lane & PROBE != 0 {
                 self.probe_due(fid, lane & !PROBE, deadline, now);
             } else {

@@ -6,7 +6,6 @@ use verbs_safe::sys::{ibv_send_wr, ibv_sge, ibv_wr_opcode};
 
 use crate::flow::Status;
 use crate::path::PathId;
-use crate::timers::PACE;
 use crate::tracking::{Cause, NIL, State, Track};
 use crate::transmit::Transmit;
 use crate::tx::Tx;
@@ -152,7 +151,7 @@ impl Tx {
             f.paced = Some(at);
             self.stats.pacing_stalls += 1;
             if arm {
-                self.timers.arm(at, fid, PACE);
+                self.pacer.arm(at, fid);
             }
             return Outcome::Idle;
         }

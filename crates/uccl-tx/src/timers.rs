@@ -12,12 +12,8 @@ use std::collections::BinaryHeap;
 /// The "lane" of a flow's silence timer.
 pub(crate) const SILENCE: u16 = u16::MAX;
 
-/// The "lane" of a flow's pacing timer (a window below one chunk: see `cc`). Lanes stay below
-/// it with the probe bit set: `Tx::open_flow` refuses more than `PROBE - 2` paths.
-pub(crate) const PACE: u16 = u16::MAX - 1;
-
-/// Set in the "lane" of a lane's probe timer (a flow has fewer than 2^15 - 2 lanes:
-/// `Tx::open_flow` refuses more; [`SILENCE`] and [`PACE`] are told apart first).
+/// Set in the "lane" of a lane's probe timer (a flow has fewer than 2^15 lanes:
+/// `Tx::open_flow` refuses more; [`SILENCE`] is told apart first).
 pub(crate) const PROBE: u16 = 1 << 15;
 
 #[derive(Debug, Default)]

@@ -91,6 +91,10 @@ pub struct Tx {
     #[cfg(test)]
     pub(crate) work: u64,
     /// Every RTT sample (ns, the receiver's hold time out), for [`Tx::rtt_samples`].
+    /// Flows paced below one chunk, by their next send time.
+    pub(crate) pacer: crate::wheel::Wheel,
+    /// Scratch: the paced flows due in one `handle_timeout` (its room reused).
+    pub(crate) paced_due: Vec<(u64, u16)>,
     pub(crate) rtts: hdrhistogram::Histogram<u64>,
 }
 
@@ -145,6 +149,8 @@ impl Tx {
             now: 0,
             calls: 0,
             stats: TxStats::default(),
+            pacer: crate::wheel::Wheel::default(),
+            paced_due: Vec::new(),
             rtts: hdrhistogram::Histogram::new_with_bounds(1, RTT_RANGE_NS, 2)
                 .expect("valid bounds"),
             #[cfg(test)]
@@ -226,7 +232,7 @@ impl Tx {
                 reason: "flow ids are 12 bits",
             });
         }
-        if paths.is_empty() || paths.len() >= usize::from(PROBE) - 2 {
+        if paths.is_empty() || paths.len() >= usize::from(PROBE) {
             return bad("1..32767 paths");
         }
         if paths.iter().any(|p| usize::from(p.0) >= self.paths.len()) {
