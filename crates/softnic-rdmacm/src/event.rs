@@ -32,16 +32,38 @@ export! {
         }
         // SAFETY: a channel this library handed out.
         let cm = unsafe { (*channel.cast::<Channel>()).cm };
+        // Events of ids destroyed meanwhile (by another thread) are passed over, as the
+        // kernel drops them with the id; so is a request whose listener went (rejected).
         let mut c = CEvent::default();
-        // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
-        let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
-        if e != 0 {
-            return fail(e);
-        }
+        let (id, listen_id) = loop {
+            // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
+            let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
+            if e != 0 {
+                return fail(e);
+            }
+            if c.kind != CONNECT_REQUEST {
+                match id_by_cm(c.id) {
+                    Some(i) => break (i, null_mut()),
+                    None => continue,
+                }
+            }
+            let Some(listener) = id_by_cm(c.listen_id) else {
+                // SAFETY: a context of the fabric; the request's id, never handed out.
+                unsafe { (l.ops.destroy_id)(l.ctx(), c.id) };
+                continue;
+            };
+            let (ps, ctx) = (listener.id.ps, listener.id.context);
+            let chan = if listener.sync { null_mut() } else { listener.id.channel };
+            match new_id(l, chan, ctx, ps, Some(c.id)) {
+                // SAFETY: just made.
+                Ok(p) => break (unsafe { &mut *p }, &mut listener.id as *mut rdma_cm_id),
+                Err(e) => return fail(e),
+            }
+        };
         let mut out = Box::new(Event {
             ev: rdma_cm_event {
                 id: null_mut(),
-                listen_id: null_mut(),
+                listen_id,
                 event: c.kind as c_int,
                 status: c.status,
                 param: rdma_cm_event_param {
@@ -56,24 +78,6 @@ export! {
             },
             private: c.private,
         });
-        let id = if c.kind == CONNECT_REQUEST {
-            let Some(listener) = id_by_cm(c.listen_id) else {
-                return fail(libc::EINVAL);
-            };
-            out.ev.listen_id = &mut listener.id;
-            let (ps, ctx) = (listener.id.ps, listener.id.context);
-            let chan = if listener.sync { null_mut() } else { listener.id.channel };
-            match new_id(l, chan, ctx, ps, Some(c.id)) {
-                // SAFETY: just made.
-                Ok(p) => unsafe { &mut *p },
-                Err(e) => return fail(e),
-            }
-        } else {
-            match id_by_cm(c.id) {
-                Some(i) => i,
-                None => return fail(libc::EINVAL),
-            }
-        };
         id.refresh(l);
         out.ev.id = &mut id.id;
         let private = if c.private_len > 0 {

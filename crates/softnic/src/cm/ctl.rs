@@ -510,11 +510,21 @@ impl State {
     }
 
     /// `rdma_destroy_id`: says goodbye as the kernel's CM does (a REJ for a request not
-    /// decided, one DREQ for a connection up), forgets the id and its events.
+    /// decided, one DREQ for a connection up; a listener's requests not handed out yet are
+    /// rejected), forgets the id and its events.
     pub(crate) fn cm_destroy_id(&mut self, id: u32) -> Result<(), CmError> {
         let i = self.cm_id(id)?;
-        let (st, ps) = (i.st, i.ps);
+        let (st, ps, chan) = (i.st, i.ps, i.chan);
         let (local, remote, qpn) = (i.local_comm, i.remote_comm, i.remote_qpn);
+        if st == St::Listen {
+            let waiting: Vec<u32> = self.w.cm.channels.get(&chan).map_or(Vec::new(), |c| {
+                let mine = |e: &&super::CmEvent| e.listen_id == Some(super::CmId(id));
+                c.events.iter().filter(mine).map(|e| e.id.0).collect()
+            });
+            for child in waiting {
+                let _ = self.cm_destroy_id(child);
+            }
+        }
         let bye = match (st, ps) {
             (St::ReqRcvd, _) => {
                 let _ = self.cm_reject(id, &[]);

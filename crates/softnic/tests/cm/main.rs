@@ -394,3 +394,23 @@ fn resources_asked_as_rdma_max_are_the_device_s() {
     assert_eq!((a.max_rd_atomic, a.max_dest_rd_atomic), (16, 16));
     assert_eq!((b.max_rd_atomic, b.max_dest_rd_atomic), (16, 16));
 }
+
+#[test]
+fn a_listener_destroyed_rejects_the_requests_it_had_not_handed_out() {
+    let e = ends(11);
+    let l = listen(&e, PortSpace::Tcp, 8);
+    let c = client(&e, PortSpace::Tcp);
+    let p = ConnParam {
+        qp_num: 0x100,
+        ..param()
+    };
+    e.fabric.cm_connect(c, p, &[]).unwrap();
+    e.fabric.advance(Duration::from_micros(50));
+    e.fabric.cm_destroy_id(l).unwrap();
+    let rej = expect(&e.fabric, e.ca, CmEventKind::Rejected);
+    assert_eq!((rej.id, rej.status), (c, 28));
+    assert_eq!(next_event(&e.fabric, e.cb, Duration::from_secs(30)), None);
+    // Its port is free again.
+    let again = e.fabric.cm_create_id(e.cb, PortSpace::Tcp).unwrap();
+    e.fabric.cm_bind(again, SERVER).unwrap();
+}
