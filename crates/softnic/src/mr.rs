@@ -146,6 +146,33 @@ impl World {
         })
     }
 
+    /// Checks a FLUSH through `rkey` arriving at QP `qp` of device `dev` in `pd`: a memory
+    /// region's key (rxe's `lookup_mr`; a window's is refused) granting the placement types
+    /// asked (`ptype`: 1 global visibility, 2 persistence), holding `len` bytes at `va` unless
+    /// the whole region is flushed (`whole`: rxe skips the range check then).
+    pub(crate) fn check_flush(
+        &self,
+        (dev, pd, _qp): (usize, u32, u32),
+        rkey: u32,
+        (va, len): (u64, u64),
+        ptype: u8,
+        whole: bool,
+    ) -> bool {
+        let mut need = 0;
+        if ptype & 1 != 0 {
+            need |= ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
+        }
+        if ptype & 2 != 0 {
+            need |= ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
+        }
+        self.devices[dev].keys.get(rkey).is_some_and(|r| {
+            r.kind == KeyKind::Mr
+                && r.pd == pd
+                && r.access & need == need
+                && (whole || r.contains(va, len))
+        })
+    }
+
     /// `ibv_advise_mr` on PD `pd` of device `dev`: each SGE must lie in a region of the PD
     /// with that lkey (with local write access to prefetch for writing: `write`), and its pages
     /// are faulted in now, as an on-demand region's first access would (`no_fault`: only

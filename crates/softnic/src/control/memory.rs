@@ -15,7 +15,10 @@ const MR_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0
     | ibv_access_flags::IBV_ACCESS_MW_BIND.0
     | ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0
-    | ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
+    | ibv_access_flags::IBV_ACCESS_ON_DEMAND.0
+    // FLUSH to global visibility; persistence needs persistent memory, which softnic has
+    // none of: IBV_ACCESS_FLUSH_PERSISTENT is refused (EINVAL), as rxe refuses it outside pmem.
+    | ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
 
 /// Whether `access` is a region's: known bits, and remote write or atomic access only with
 /// local write (the kernel's `ib_check_mr_access`).

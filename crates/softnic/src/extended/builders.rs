@@ -208,7 +208,7 @@ pub(super) unsafe extern "C" fn wr_bind_mw(
     }
 }
 
-/// Fails the batch with EOPNOTSUPP: a builder softnic does not serve (TSO, XRC, flush).
+/// Fails the batch with EOPNOTSUPP: a builder softnic does not serve (TSO, XRC).
 ///
 /// # Safety
 /// As for [`building`].
@@ -265,16 +265,32 @@ pub(super) unsafe extern "C" fn wr_atomic_write(
     batch.set_list([sge], true);
 }
 
+/// `ibv_wr_flush`: an RDMA FLUSH of `len` bytes at `remote_addr` (or of the whole region,
+/// `level` `IBV_FLUSH_MR`) to global visibility and/or persistence (`ptype`). A length over
+/// the RETH's 32 bits fails the batch (EINVAL); the type and level are checked at
+/// `ibv_wr_complete`. They travel to the post path in fields a FLUSH WR has no use for (see
+/// softnic's `Qp::send_wqe`).
 pub(super) unsafe extern "C" fn wr_flush(
     qp: *mut ibv_qp_ex,
-    _: u32,
-    _: u64,
-    _: usize,
-    _: u8,
-    _: u8,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    ptype: u8,
+    level: u8,
 ) {
-    // SAFETY: as above.
-    unsafe { unserved(qp) }
+    // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
+    let Some(mut b) = (unsafe { building(qp) }) else {
+        return;
+    };
+    let Ok(len) = u32::try_from(len) else {
+        return b.batch.fail(libc::EINVAL);
+    };
+    let op = ibv_wr_opcode::IBV_WR_FLUSH;
+    if let Some(wr) = push(&mut b, op, IBV_QP_EX_WITH_FLUSH) {
+        wr.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        wr.__bindgen_anon_1.imm_data = u32::from(ptype) | (u32::from(level) << 8);
+        wr.qp_type.xrc.remote_srqn = len;
+    }
 }
 
 /// The caller's array of `n` items: empty for `n == 0`, `None` for a null pointer.

@@ -172,7 +172,8 @@ unsafe extern "C" fn query_device_ex(
     // SAFETY: `orig_attr` is a writable `ibv_device_attr`; the context is checked by the verb.
     let r = unsafe { (CONTROL.query_device)(context, &mut a.orig_attr) };
     if r == 0 {
-        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags) | DEVICE_ATOMIC_WRITE;
+        a.device_cap_flags_ex =
+            u64::from(a.orig_attr.device_cap_flags) | DEVICE_ATOMIC_WRITE | DEVICE_FLUSH_GLOBAL;
         a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
         a.completion_timestamp_mask = u64::MAX;
         a.hca_core_clock = CORE_CLOCK_KHZ;
@@ -200,6 +201,9 @@ unsafe extern "C" fn query_device_ex(
 /// The kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE` bit of `device_cap_flags_ex`: RDMA ATOMIC
 /// WRITE is served (rxe sets it).
 const DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
+/// The kernel's `IB_UVERBS_DEVICE_FLUSH_GLOBAL` bit: FLUSH to global visibility is served
+/// (`_FLUSH_PERSISTENT`, bit 39, is not: softnic has no persistent memory).
+const DEVICE_FLUSH_GLOBAL: u64 = 1 << 38;
 
 /// The device clock's rate in kHz (`hca_core_clock`): 1 GHz, so that its ticks, the
 /// completion timestamps, are the fabric's nanoseconds.

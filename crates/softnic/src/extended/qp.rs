@@ -39,7 +39,8 @@ const RC_SEND_OPS: u32 = UC_SEND_OPS
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
     | IBV_QP_EX_WITH_SEND_WITH_INV
-    | IBV_QP_EX_WITH_ATOMIC_WRITE;
+    | IBV_QP_EX_WITH_ATOMIC_WRITE
+    | IBV_QP_EX_WITH_FLUSH;
 
 /// What a QP was made with that its builders check. Set before the QP is registered, never
 /// changed.

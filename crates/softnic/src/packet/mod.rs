@@ -36,6 +36,8 @@ pub mod opcode {
     pub const RC_FETCH_ADD: u8 = 0x14;
     pub const RC_SEND_LAST_INV: u8 = 0x16;
     pub const RC_SEND_ONLY_INV: u8 = 0x17;
+    /// RDMA FLUSH (IBTA 1.5): FETH and RETH, answered as a READ of no bytes, as rxe does.
+    pub const RC_FLUSH: u8 = 0x1c;
     /// RDMA ATOMIC WRITE (IBTA 1.5): RETH and 8 bytes written at once, answered as a READ of
     /// no bytes (an RDMA READ Response Only with its AETH), as rxe does.
     pub const RC_ATOMIC_WRITE: u8 = 0x1d;
@@ -64,6 +66,8 @@ pub const IETH_LEN: usize = 4;
 pub const ATOMIC_ETH_LEN: usize = 28;
 /// Atomic acknowledge extended transport header length.
 pub const ATOMIC_ACK_ETH_LEN: usize = 8;
+/// FLUSH extended transport header length.
+pub const FETH_LEN: usize = 4;
 /// Invariant CRC length.
 pub const ICRC_LEN: usize = 4;
 /// The PSN space: 24 bits.
@@ -101,6 +105,8 @@ pub struct Layout {
     pub atomic_ack: bool,
     /// IETH present (SEND last or only with invalidate).
     pub ieth: bool,
+    /// FETH present (FLUSH).
+    pub feth: bool,
     /// First packet of a message (or only).
     pub first: bool,
     /// Last packet of a message (or only).
@@ -118,6 +124,7 @@ pub fn layout(op: u8) -> Option<Layout> {
         atomic: false,
         atomic_ack: false,
         ieth: false,
+        feth: false,
         first,
         last,
     };
@@ -144,6 +151,10 @@ pub fn layout(op: u8) -> Option<Layout> {
         RC_ATOMIC_ACKNOWLEDGE => Layout {
             atomic_ack: true,
             ..l(false, false, false, true, true, true)
+        },
+        RC_FLUSH => Layout {
+            feth: true,
+            ..l(false, true, false, false, true, true)
         },
         RC_COMPARE_SWAP | RC_FETCH_ADD => Layout {
             atomic: true,
@@ -231,6 +242,10 @@ pub struct Headers {
     pub atomic_ack: Option<u64>,
     /// IETH: the R_Key the responder invalidates, for SEND last or only with invalidate.
     pub ieth: Option<u32>,
+    /// FETH, for FLUSH: the placement type in bits 3:0 (1 global visibility, 2 persistence)
+    /// and the selectivity level in bits 5:4 (0 the RETH's range, 1 the whole region), as rxe
+    /// lays it out.
+    pub feth: Option<u32>,
 }
 
 /// Why a byte buffer is not a valid packet.
@@ -283,6 +298,7 @@ impl Headers {
             || l.atomic != self.atomic.is_some()
             || l.atomic_ack != self.atomic_ack.is_some()
             || l.ieth != self.ieth.is_some()
+            || l.feth != self.feth.is_some()
         {
             return Err(WireError::HeaderMismatch);
         }
@@ -297,6 +313,9 @@ impl Headers {
         if let Some(d) = self.deth {
             out.extend_from_slice(&d.qkey.to_be_bytes());
             out.extend_from_slice(&(d.src_qp & 0x00ff_ffff).to_be_bytes());
+        }
+        if let Some(f) = self.feth {
+            out.extend_from_slice(&f.to_be_bytes());
         }
         if let Some(r) = self.reth {
             out.extend_from_slice(&r.va.to_be_bytes());
@@ -337,6 +356,7 @@ impl Headers {
     pub fn wire_len(&self, payload_len: usize) -> usize {
         BTH_LEN
             + self.deth.map_or(0, |_| DETH_LEN)
+            + self.feth.map_or(0, |_| FETH_LEN)
             + self.reth.map_or(0, |_| RETH_LEN)
             + self.imm.map_or(0, |_| IMM_LEN)
             + self.ieth.map_or(0, |_| IETH_LEN)
@@ -408,6 +428,9 @@ impl<'a> Packet<'a> {
                 qkey: be32(&d[0..4]),
                 src_qp: be32(&d[4..8]) & 0x00ff_ffff,
             });
+        }
+        if l.feth {
+            hdr.feth = Some(be32(cur.take(FETH_LEN)?));
         }
         if l.reth {
             let r = cur.take(RETH_LEN)?;

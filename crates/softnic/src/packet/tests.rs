@@ -100,6 +100,31 @@ fn every_layout_round_trips() {
     );
     roundtrip(
         Headers {
+            opcode: RC_FLUSH,
+            feth: Some(0x11),
+            reth: Some(Reth {
+                va: 0x1000,
+                rkey: 9,
+                len: 4096,
+            }),
+            ..base
+        },
+        &[],
+    );
+    roundtrip(
+        Headers {
+            opcode: RC_ATOMIC_WRITE,
+            reth: Some(Reth {
+                va: 0x2000,
+                rkey: 9,
+                len: 8,
+            }),
+            ..base
+        },
+        &[7; 8],
+    );
+    roundtrip(
+        Headers {
             opcode: RC_COMPARE_SWAP,
             atomic: Some(AtomicEth {
                 va: 0x1000_0008,

@@ -19,6 +19,7 @@ fn wc_opcode(op: ibv_wr_opcode::Type) -> ibv_wc_opcode::Type {
         ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP => ibv_wc_opcode::IBV_WC_COMP_SWAP,
         ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD => ibv_wc_opcode::IBV_WC_FETCH_ADD,
         ibv_wr_opcode::IBV_WR_ATOMIC_WRITE => ibv_wc_opcode::IBV_WC_ATOMIC_WRITE,
+        ibv_wr_opcode::IBV_WR_FLUSH => ibv_wc_opcode::IBV_WC_FLUSH,
         ibv_wr_opcode::IBV_WR_BIND_MW => ibv_wc_opcode::IBV_WC_BIND_MW,
         ibv_wr_opcode::IBV_WR_LOCAL_INV => ibv_wc_opcode::IBV_WC_LOCAL_INV,
         _ => ibv_wc_opcode::IBV_WC_SEND,

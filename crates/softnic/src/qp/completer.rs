@@ -272,11 +272,11 @@ impl Qp {
             return;
         };
         let atomic_ack = pkt.hdr.opcode == opcode::RC_ATOMIC_ACKNOWLEDGE;
-        // An ATOMIC WRITE is answered as a READ of no bytes.
+        // An ATOMIC WRITE or a FLUSH is answered as a READ of no bytes.
         let kind_ok = if atomic_ack {
             front.atomic.is_some() && !front.is_atomic_write()
         } else {
-            front.is_read() || (front.is_atomic_write() && pkt.payload.is_empty())
+            front.is_read() || (front.answered_empty() && pkt.payload.is_empty())
         };
         let in_range = front.started
             && kind_ok
@@ -311,8 +311,8 @@ impl Qp {
             return;
         }
         let written = match &front.payload {
-            // Nothing comes back for an ATOMIC WRITE.
-            _ if front.is_atomic_write() => Ok(()),
+            // Nothing comes back for an ATOMIC WRITE or a FLUSH.
+            _ if front.answered_empty() => Ok(()),
             // READ data lands only if payloads are copied; an atomic's original value always.
             Payload::Sges(sges) => {
                 let copy = w.cfg.copy_payload || atomic_ack;

@@ -91,6 +91,9 @@ pub(crate) struct SendWqe {
     pub(crate) rkey: u32,
     pub(crate) ud: Option<UdDest>,
     pub(crate) atomic: Option<AtomicArgs>,
+    /// A FLUSH's placement type (`IBV_FLUSH_GLOBAL`, `_PERSISTENT`) and selectivity level
+    /// (`IBV_FLUSH_RANGE`, `_MR`); its range is `remote_addr`, `rkey` and `len`.
+    pub(crate) flush: Option<(u8, u8)>,
     /// A work request the requester executes itself (BIND_MW, LOCAL_INV): no packets, no
     /// PSNs; `started` once it was executed.
     pub(crate) local: Option<crate::mw::LocalOp>,
@@ -112,7 +115,12 @@ impl SendWqe {
     /// A READ or an atomic (an ATOMIC WRITE too): answered by a response of its own, counted
     /// against `max_rd_atomic`, and never acknowledged by a plain ACK.
     pub(crate) fn is_rd_atomic(&self) -> bool {
-        self.is_read() || self.atomic.is_some()
+        self.is_read() || self.atomic.is_some() || self.flush.is_some()
+    }
+
+    /// An ATOMIC WRITE or a FLUSH: answered by a READ response of no bytes.
+    pub(crate) fn answered_empty(&self) -> bool {
+        self.is_atomic_write() || self.flush.is_some()
     }
 
     /// An RDMA ATOMIC WRITE: 8 bytes of its data written at once at the remote address,
@@ -245,8 +253,8 @@ pub(crate) enum Resource {
         psn: u32,
         orig: u64,
     },
-    /// An ATOMIC WRITE executed: a duplicate gets its (empty) response again.
-    AtomicWrite {
+    /// An ATOMIC WRITE or a FLUSH executed: a duplicate gets its (empty) response again.
+    EmptyReply {
         psn: u32,
     },
 }

@@ -104,7 +104,9 @@ const KNOWN_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0
-    | ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+    | ibv_access_flags::IBV_ACCESS_MW_BIND.0
+    | ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0
+    | ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
 
 impl Qp {
     pub(crate) fn qp_type(&self) -> ibv_qp_type::Type {

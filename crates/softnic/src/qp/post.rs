@@ -63,7 +63,7 @@ impl Qp {
             // SAFETY: the caller guarantees every WR of the chain is valid.
             let r = unsafe { &*wr };
             // SAFETY: as above, for the WR's SGE list and inline data.
-            wqes.push(unsafe { self.check_send(w, r, wqes.len()) }?);
+            wqes.push(unsafe { self.check_send(w, r, wqes.len(), true) }?);
             wr = r.next;
         }
         for wqe in wqes {
@@ -91,7 +91,7 @@ impl Qp {
             // SAFETY: the caller guarantees every WR of the chain is valid.
             let r = unsafe { &*wr };
             // SAFETY: as above, for the WR's SGE list and inline data.
-            let wqe = unsafe { self.check_send(w, r, 0) }.map_err(|e| (e, wr))?;
+            let wqe = unsafe { self.check_send(w, r, 0, false) }.map_err(|e| (e, wr))?;
             self.queue_send(w, wqe);
             wr = r.next;
         }
@@ -99,17 +99,24 @@ impl Qp {
     }
 
     /// Checks that the send queue takes `r` after `ahead` more WRs than it holds now, and
-    /// copies what the queue keeps of it.
+    /// copies what the queue keeps of it (`built`: by the `ibv_wr_*` builders, see
+    /// [`Qp::send_wqe`]).
     ///
     /// # Safety
     /// As for [`Qp::send_wqe`].
-    unsafe fn check_send(&self, w: &World, r: &ibv_send_wr, ahead: usize) -> Result<SendWqe, i32> {
+    unsafe fn check_send(
+        &self,
+        w: &World,
+        r: &ibv_send_wr,
+        ahead: usize,
+        built: bool,
+    ) -> Result<SendWqe, i32> {
         use ibv_qp_state::*;
         if ahead >= MAX_CHAIN || matches!(self.state, IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR) {
             return Err(libc::EINVAL);
         }
         // SAFETY: passed on.
-        let wqe = unsafe { self.send_wqe(w, r) }?;
+        let wqe = unsafe { self.send_wqe(w, r, built) }?;
         if self.sq.occupied() + ahead >= self.cap.max_send_wr as usize {
             return Err(libc::ENOMEM);
         }
@@ -134,30 +141,35 @@ impl Qp {
         }
     }
 
-    /// Checks one send WR and copies what the queue keeps of it.
+    /// Checks one send WR and copies what the queue keeps of it. A FLUSH exists only as
+    /// `ibv_wr_flush` builds it (`built`; `ibv_send_wr` has no field for its placement type
+    /// and level): the builder puts them in `imm_data` (type, then level << 8) and its length
+    /// in `qp_type.xrc.remote_srqn`.
     ///
     /// # Safety
     /// `r`'s SGE list and (with `IBV_SEND_INLINE`) the memory it names must be readable.
-    unsafe fn send_wqe(&self, w: &World, r: &ibv_send_wr) -> Result<SendWqe, i32> {
+    unsafe fn send_wqe(&self, w: &World, r: &ibv_send_wr, built: bool) -> Result<SendWqe, i32> {
         use ibv_wr_opcode::*;
         let op = r.opcode;
         // rxe's opcode table: memory windows are bound on RC and UC, invalidated locally on RC;
         // SEND_WITH_INV is RC's (the IBTA gives UC and UD no opcode for it).
         let allowed = match self.transport {
-            Transport::Rc => matches!(
-                op,
-                IBV_WR_SEND
-                    | IBV_WR_SEND_WITH_IMM
-                    | IBV_WR_RDMA_WRITE
-                    | IBV_WR_RDMA_WRITE_WITH_IMM
-                    | IBV_WR_RDMA_READ
-                    | IBV_WR_ATOMIC_CMP_AND_SWP
-                    | IBV_WR_ATOMIC_FETCH_AND_ADD
-                    | IBV_WR_ATOMIC_WRITE
-                    | IBV_WR_BIND_MW
-                    | IBV_WR_LOCAL_INV
-                    | IBV_WR_SEND_WITH_INV
-            ),
+            Transport::Rc => {
+                matches!(
+                    op,
+                    IBV_WR_SEND
+                        | IBV_WR_SEND_WITH_IMM
+                        | IBV_WR_RDMA_WRITE
+                        | IBV_WR_RDMA_WRITE_WITH_IMM
+                        | IBV_WR_RDMA_READ
+                        | IBV_WR_ATOMIC_CMP_AND_SWP
+                        | IBV_WR_ATOMIC_FETCH_AND_ADD
+                        | IBV_WR_ATOMIC_WRITE
+                        | IBV_WR_BIND_MW
+                        | IBV_WR_LOCAL_INV
+                        | IBV_WR_SEND_WITH_INV
+                ) || (op == IBV_WR_FLUSH && built)
+            }
             Transport::Uc => matches!(
                 op,
                 IBV_WR_SEND
@@ -168,8 +180,8 @@ impl Qp {
             ),
             Transport::Ud => matches!(op, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM),
         };
-        // rxe's validate_send_wr: a bind carries no data.
-        let data_ok = op != IBV_WR_BIND_MW || r.num_sge == 0;
+        // rxe's validate_send_wr: a bind carries no data; nor does a FLUSH.
+        let data_ok = !matches!(op, IBV_WR_BIND_MW | IBV_WR_FLUSH) || r.num_sge == 0;
         if !allowed || !data_ok || r.num_sge < 0 || r.num_sge as u32 > self.cap.max_send_sge {
             return Err(libc::EINVAL);
         }
@@ -188,6 +200,28 @@ impl Qp {
             return Ok(SendWqe {
                 local,
                 ..self.wqe_of(r, Payload::Sges(SgeList::new()), 0)
+            });
+        }
+        if op == IBV_WR_FLUSH {
+            // SAFETY: plain u32s and the `rdma` member of the `wr` union, as the builder set
+            // them (see above).
+            let (ex, len, rdma) = unsafe {
+                (
+                    r.__bindgen_anon_1.imm_data,
+                    r.qp_type.xrc.remote_srqn,
+                    r.wr.rdma,
+                )
+            };
+            let (ptype, level) = ((ex & 0xff) as u8, (ex >> 8) as u8);
+            // Global visibility and/or persistence, of the range or of the whole region.
+            if !(1..=3).contains(&ptype) || level > 1 {
+                return Err(libc::EINVAL);
+            }
+            return Ok(SendWqe {
+                flush: Some((ptype, level)),
+                remote_addr: rdma.remote_addr,
+                rkey: rdma.rkey,
+                ..self.wqe_of(r, Payload::Sges(SgeList::new()), u64::from(len))
             });
         }
         // SAFETY: the caller guarantees the SGE list.
@@ -309,6 +343,7 @@ impl Qp {
             rkey: 0,
             ud: None,
             atomic: None,
+            flush: None,
             local: None,
             invalidate: None,
             started: false,

@@ -173,28 +173,55 @@ impl Qp {
         // SAFETY: `va..va + 8` lies in a live MR with remote write access and is 8-byte
         // aligned (both checked just above); registration promised the memory stays valid.
         unsafe { atomic_store(reth.va, u64::from_ne_bytes(value)) };
-        self.remember(Resource::AtomicWrite { psn });
+        self.remember(Resource::EmptyReply { psn });
         self.resp.epsn = psn_add(psn, 1);
         self.resp.ack_psn = self.resp.epsn;
         self.resp.msn = psn_add(self.resp.msn, 1);
         self.send_empty_read_response(w, psn);
     }
 
-    /// A duplicate ATOMIC WRITE: its response again if it is remembered (never executed
-    /// twice), else dropped.
-    pub(super) fn replay_atomic_write(&mut self, w: &mut World, pkt: &Packet<'_>) {
+    /// A duplicate ATOMIC WRITE or FLUSH: its response again if it is remembered (never
+    /// executed twice), else dropped.
+    pub(super) fn replay_empty(&mut self, w: &mut World, pkt: &Packet<'_>) {
         let psn = pkt.hdr.psn;
         let known = self
             .resp
             .resources
             .iter()
-            .any(|r| matches!(*r, Resource::AtomicWrite { psn: p } if p == psn));
+            .any(|r| matches!(*r, Resource::EmptyReply { psn: p } if p == psn));
         if known {
             self.send_empty_read_response(w, psn);
         }
     }
 
-    /// The response to an ATOMIC WRITE: an RDMA READ Response Only of no bytes, with its AETH.
+    /// Executes a FLUSH as rxe's `process_flush` does: its key must name a region of this
+    /// QP's PD granting the flush asked for (`IBV_ACCESS_FLUSH_GLOBAL`; no region grants
+    /// persistence, softnic has no persistent memory), holding the range unless the whole
+    /// region is asked for; then everything written before is made visible (a fence: softnic's
+    /// writes are in memory when executed) and the FLUSH is answered as an ATOMIC WRITE is.
+    pub(super) fn start_flush(&mut self, w: &mut World, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.psn;
+        let (Some(reth), Some(feth)) = (pkt.hdr.reth, pkt.hdr.feth) else {
+            return;
+        };
+        let (ptype, level) = ((feth & 0xf) as u8, ((feth >> 4) & 0x3) as u8);
+        if self.attr.max_dest_rd_atomic == 0 || !(1..=3).contains(&ptype) || level > 1 {
+            return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
+        }
+        let (va, len) = (reth.va, u64::from(reth.len));
+        if !w.check_flush(self.at(), reth.rkey, (va, len), ptype, level == 1) {
+            return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.remember(Resource::EmptyReply { psn });
+        self.resp.epsn = psn_add(psn, 1);
+        self.resp.ack_psn = self.resp.epsn;
+        self.resp.msn = psn_add(self.resp.msn, 1);
+        self.send_empty_read_response(w, psn);
+    }
+
+    /// The response to an ATOMIC WRITE or a FLUSH: an RDMA READ Response Only of no bytes,
+    /// with its AETH.
     fn send_empty_read_response(&mut self, w: &mut World, psn: u32) {
         let hdr = self.response(opcode::RC_READ_RESPONSE_ONLY, psn);
         self.send_packet(w, self.dest_dev, &hdr, &[]);

@@ -155,6 +155,9 @@ impl Qp {
         }
         if wqe.is_atomic_write() {
             self.send_atomic_write(w, &wqe)
+        } else if let Some((ptype, level)) = wqe.flush {
+            self.send_flush(w, &wqe, ptype, level);
+            true
         } else if wqe.is_rd_atomic() {
             self.send_rd_atomic_request(w, &wqe, mtu);
             true
@@ -182,9 +185,12 @@ impl Qp {
         }
         wqe.started = true;
         wqe.first_psn = psn;
-        wqe.npkts = match (transport, wqe.atomic) {
-            (_, Some(_)) | (Transport::Ud, _) => 1,
-            _ => wqe.len.div_ceil(mtu).max(1) as u32,
+        // An atomic, an ATOMIC WRITE or a FLUSH is one request packet, as is a UD send.
+        let single = wqe.atomic.is_some() || wqe.flush.is_some() || transport == Transport::Ud;
+        wqe.npkts = if single {
+            1
+        } else {
+            wqe.len.div_ceil(mtu).max(1) as u32
         };
         if wqe.is_rd_atomic() {
             self.req.rd_outstanding += 1;
@@ -257,6 +263,45 @@ impl Qp {
         self.advance_wqe();
     }
 
+    /// Sends a FLUSH (again, when retried): FETH (placement type, selectivity level << 4) and
+    /// RETH, no payload.
+    fn send_flush(&mut self, w: &mut World, wqe: &super::SendWqe, ptype: u8, level: u8) {
+        let psn = wqe.first_psn;
+        let hdr = Headers {
+            feth: Some(u32::from(ptype & 0xf) | (u32::from(level & 0x3) << 4)),
+            reth: Some(Reth {
+                va: wqe.remote_addr,
+                rkey: wqe.rkey,
+                len: wqe.len as u32,
+            }),
+            ..self.one_packet_request(opcode::RC_FLUSH, psn)
+        };
+        self.send_packet(w, self.dest_dev, &hdr, &[]);
+        self.sent_one_packet_request(w, psn);
+    }
+
+    /// The headers of a one-packet request of `op` with PSN `psn` (an ATOMIC WRITE, a FLUSH),
+    /// its extension headers to be added.
+    fn one_packet_request(&self, op: u8, psn: u32) -> Headers {
+        Headers {
+            opcode: op,
+            pkey: 0xffff,
+            dest_qp: self.attr.dest_qp_num,
+            ack_req: true,
+            psn,
+            ..Headers::default()
+        }
+    }
+
+    /// A request of one packet with PSN `psn` (an ATOMIC WRITE, a FLUSH) went out: the next
+    /// WQE's turn.
+    fn sent_one_packet_request(&mut self, w: &mut World, psn: u32) {
+        self.note_sent(w, psn, psn);
+        self.req.psn = psn_add(psn, 1);
+        self.req.noack = 0;
+        self.advance_wqe();
+    }
+
     /// The memory of WQE `seq` went away since it started (an MR deregistered under it): it
     /// fails now if it is the oldest, else once every WR before it has completed. What
     /// `send_data` returns then.
@@ -277,18 +322,13 @@ impl Qp {
     fn send_atomic_write(&mut self, w: &mut World, wqe: &super::SendWqe) -> bool {
         let psn = wqe.first_psn;
         let hdr = Headers {
-            opcode: opcode::RC_ATOMIC_WRITE,
-            pkey: 0xffff,
-            dest_qp: self.attr.dest_qp_num,
-            ack_req: true,
-            psn,
             // The address is the caller's and only the responder checks it.
             reth: Some(Reth {
                 va: wqe.remote_addr,
                 rkey: wqe.rkey,
                 len: 8,
             }),
-            ..Headers::default()
+            ..self.one_packet_request(opcode::RC_ATOMIC_WRITE, psn)
         };
         let mut data = w.spare.take(8);
         let queued = &self
@@ -309,10 +349,7 @@ impl Qp {
         }
         self.send_packet(w, self.dest_dev, &hdr, &data);
         w.spare.give(data);
-        self.note_sent(w, psn, psn);
-        self.req.psn = psn_add(psn, 1);
-        self.req.noack = 0;
-        self.advance_wqe();
+        self.sent_one_packet_request(w, psn);
         true
     }
 

@@ -34,6 +34,7 @@ enum Op {
     Read,
     Atomic,
     AtomicWrite,
+    Flush,
 }
 
 fn op_of(opcode: u8) -> Option<Op> {
@@ -43,6 +44,7 @@ fn op_of(opcode: u8) -> Option<Op> {
         0x0c => Some(Op::Read),
         0x13 | 0x14 => Some(Op::Atomic),
         opcode::RC_ATOMIC_WRITE => Some(Op::AtomicWrite),
+        opcode::RC_FLUSH => Some(Op::Flush),
         _ => None,
     }
 }
@@ -189,7 +191,7 @@ impl Qp {
             match op {
                 Op::Read => self.replay_read(w, pkt),
                 Op::Atomic => self.replay_atomic(w, pkt),
-                Op::AtomicWrite => self.replay_atomic_write(w, pkt),
+                Op::AtomicWrite | Op::Flush => self.replay_empty(w, pkt),
                 Op::Send | Op::Write => {
                     let prev = psn_add(self.resp.ack_psn, packet::PSN_MASK);
                     self.send_ack(w, syndrome::ACK, prev);
@@ -211,6 +213,7 @@ impl Qp {
             Op::Read => return self.start_read(w, pkt),
             Op::Atomic => return self.start_atomic(w, pkt),
             Op::AtomicWrite => return self.start_atomic_write(w, pkt),
+            Op::Flush => return self.start_flush(w, pkt),
             Op::Send | Op::Write => {}
         }
         match self.execute(w, pkt, gather, l, op) {
@@ -285,7 +288,7 @@ impl Qp {
         op: Op,
     ) {
         let psn = pkt.hdr.psn;
-        if matches!(op, Op::Read | Op::Atomic | Op::AtomicWrite) {
+        if matches!(op, Op::Read | Op::Atomic | Op::AtomicWrite | Op::Flush) {
             return;
         }
         if self.resp.drop_msg || psn != self.resp.epsn {

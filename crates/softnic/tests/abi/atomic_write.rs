@@ -3,7 +3,8 @@
 //! RETH and the 8 bytes (opcode 0x1d), the responder answers with an RDMA READ Response Only
 //! of no bytes, a duplicate is answered again, the requester completes it with
 //! `IBV_WC_ATOMIC_WRITE`. Posted with `ibv_post_send` (the bytes from the WR's one SGE or
-//! inline) and with `ibv_wr_atomic_write`.
+//! inline) and with `ibv_wr_atomic_write`. And RDMA FLUSH (opcode 0x1c, FETH and RETH),
+//! answered the same way, through `ibv_wr_flush`.
 
 use std::sync::{Arc, Mutex};
 
@@ -143,4 +144,111 @@ fn the_wr_builder_writes_the_bytes_it_was_given() {
     assert_eq!(got[0].status, ibv_wc_status::IBV_WC_SUCCESS);
     assert_eq!(got[0].opcode, ibv_wc_opcode::IBV_WC_ATOMIC_WRITE);
     assert_eq!(&remote[..], &0x0123_4567_89ab_cdef_u64.to_ne_bytes());
+}
+
+const FLUSH_GLOBAL: u32 = ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
+
+/// Builds and posts one FLUSH on `p`'s requester; `wr_complete`'s result.
+fn flush(
+    p: &crate::extended::ExPair,
+    wr_id: u64,
+    rkey: u32,
+    at: (u64, usize),
+    how: (u8, u8),
+) -> i32 {
+    // SAFETY: a live extended QP; the builders are called in order between start and complete.
+    unsafe {
+        let x = &*p.xa;
+        x.wr_start.unwrap()(p.xa);
+        next_wr(p.xa, wr_id, ibv_send_flags::IBV_SEND_SIGNALED.0);
+        x.wr_flush.unwrap()(p.xa, rkey, at.0, at.1, how.0, how.1);
+        x.wr_complete.unwrap()(p.xa)
+    }
+}
+
+/// RDMA FLUSH (`ibv_wr_flush`), as rxe has it: to global visibility, of a range or of the
+/// whole region (whose range is then not checked), through a region granting
+/// `IBV_ACCESS_FLUSH_GLOBAL`, answered as a READ of no bytes and completed as
+/// `IBV_WC_FLUSH`, once, through duplicated requests and lost responses. Refused: a region
+/// without the flush right (remote access error), persistence (no region may grant it:
+/// softnic has no persistent memory), an unknown type or level, and `ibv_post_send` (its WR
+/// cannot say the type).
+#[test]
+fn flush_makes_writes_visible_and_is_refused_where_rxe_refuses_it() {
+    let f = Fabric::default();
+    let ops = ALL_SEND_OPS | u64::from(ibverbs_sys::IBV_QP_EX_WITH_FLUSH);
+    let p = ex_pair(&f, ops);
+    let seen = Arc::new(Mutex::new(std::collections::BTreeMap::<u32, u32>::new()));
+    f.set_packet_filter(Some(Box::new(move |pk: &PacketInfo| match pk.opcode {
+        0x1c => Verdict::Duplicate,
+        0x10 => {
+            let mut seen = seen.lock().unwrap();
+            let n = seen.entry(pk.psn).or_default();
+            *n += 1;
+            if *n == 1 {
+                Verdict::Drop
+            } else {
+                Verdict::Pass
+            }
+        }
+        _ => Verdict::Pass,
+    })));
+    let mut remote = vec![0u8; 4096];
+    let rmr =
+        p.b.reg(&mut remote, LOCAL_WRITE | REMOTE_WRITE | FLUSH_GLOBAL);
+    let at = remote.as_ptr() as u64;
+    let (global, persistent, range, whole) = (1, 2, 0, 1);
+    assert_eq!(flush(&p, 1, rkey(rmr), (at + 64, 1024), (global, range)), 0);
+    assert_eq!(
+        flush(&p, 2, rkey(rmr), (at + (1 << 40), 64), (global, whole)),
+        0
+    );
+    let got = poll_ex(p.cqa, 2);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (i, c) in got.iter().enumerate() {
+        assert_eq!(c.status, ibv_wc_status::IBV_WC_SUCCESS, "{c:?}");
+        assert_eq!(
+            (c.wr_id, c.opcode),
+            (i as u64 + 1, ibv_wc_opcode::IBV_WC_FLUSH)
+        );
+    }
+    // Unknown type or level: the batch is refused at wr_complete.
+    assert_eq!(flush(&p, 3, rkey(rmr), (at, 64), (4, range)), libc::EINVAL);
+    assert_eq!(flush(&p, 4, rkey(rmr), (at, 64), (global, 2)), libc::EINVAL);
+    // ibv_post_send cannot carry a FLUSH.
+    let mut legacy = with_rdma(
+        send_wr(5, ibverbs_sys::ibv_wr_opcode::IBV_WR_FLUSH, &[], SIGNALED),
+        at,
+        rkey(rmr),
+    );
+    assert_eq!(
+        post_send(p.qa, std::slice::from_mut(&mut legacy)),
+        Err((libc::EINVAL, 0))
+    );
+    // No region grants persistence.
+    let mut other = vec![0u8; 64];
+    let both = (LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0) as i32;
+    // SAFETY: a live PD and buffer.
+    let mr = unsafe { (CONTROL.reg_mr)(p.b.pd, other.as_mut_ptr().cast(), other.len(), both) };
+    assert!(mr.is_null());
+    // Persistence asked of a region that grants global visibility only: a remote access error.
+    assert_eq!(flush(&p, 6, rkey(rmr), (at, 64), (persistent, range)), 0);
+    let c = poll_ex(p.cqa, 1);
+    assert_eq!(c[0].status, ibv_wc_status::IBV_WC_REM_ACCESS_ERR, "{c:?}");
+}
+
+/// A region without the flush right refuses a FLUSH (a remote access error).
+#[test]
+fn a_region_without_the_flush_right_refuses_it() {
+    let f = Fabric::default();
+    let ops = ALL_SEND_OPS | u64::from(ibverbs_sys::IBV_QP_EX_WITH_FLUSH);
+    let p = ex_pair(&f, ops);
+    let mut remote = vec![0u8; 64];
+    let rmr = p.b.reg(&mut remote, LOCAL_WRITE | REMOTE_WRITE);
+    assert_eq!(
+        flush(&p, 1, rkey(rmr), (remote.as_ptr() as u64, 64), (1, 0)),
+        0
+    );
+    let c = poll_ex(p.cqa, 1);
+    assert_eq!(c[0].status, ibv_wc_status::IBV_WC_REM_ACCESS_ERR, "{c:?}");
 }
