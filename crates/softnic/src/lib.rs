@@ -17,8 +17,10 @@
 //! the kernel's rxe driver; where hardware varies, softnic does what rxe does and says so):
 //! - RC, UC and UD queue pairs with the full state machine and the attribute masks of every
 //!   transition; SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ and the
-//!   atomics (compare-and-swap, fetch-and-add; `IBV_ATOMIC_HCA`) on RC; UD with address
-//!   handles, Q_Keys and the 40-byte network header; inline data, fences, selective signaling.
+//!   atomics (compare-and-swap, fetch-and-add; `IBV_ATOMIC_HCA`), RDMA ATOMIC WRITE and FLUSH
+//!   (to global visibility; IBTA 1.5, as rxe has them) on RC; UD with address handles, Q_Keys
+//!   and the 40-byte network header (its type in the completion's `sl`, as mlx5 reports it);
+//!   inline data, fences, selective signaling. Other QP types are EOPNOTSUPP.
 //! - RDMA READ as the IBTA has it: one request reserving a PSN per response, responses in PSN
 //!   order with every later request held back behind them, an ACK past an unfinished READ as
 //!   an implicit NAK, a READ re-issued for what is missing, duplicates answered again (a READ
@@ -27,7 +29,9 @@
 //!   no memory; every address sum from a WR or the wire is checked. Keys cannot be guessed
 //!   from one another (a keyed permutation per device, replayed from the seed on the virtual
 //!   clock, random on the wall clock). `rereg_mr` changes a region's translation, PD or
-//!   access in place.
+//!   access in place. On-demand regions (`IBV_ACCESS_ON_DEMAND`, implicit ones too) have
+//!   their pages faulted in at each access, and one not mapped fails the access, never the
+//!   process; `ibv_advise_mr` prefetches.
 //! - Memory windows as rxe has them (`ibv_context.ops.alloc_mw`, `bind_mw`, `dealloc_mw`):
 //!   type 1, bound by `ibv_bind_mw`, and type 2B, bound by an `IBV_WR_BIND_MW` work request to
 //!   the QP that posted it; invalidated by `IBV_WR_LOCAL_INV` or by a peer's
@@ -38,7 +42,9 @@
 //!   completes, which comes after): checked again then, and never read once its WR was
 //!   flushed or its region deregistered (the packet is lost).
 //! - Bounded CQs (overflow raises `IBV_EVENT_CQ_ERR`, never a silent loss), completion
-//!   channels with real file descriptors, SRQs with the one-shot limit event.
+//!   timestamps (the device clock at 1 GHz, and the wall clock), completion channels with real
+//!   file descriptors, SRQs with the one-shot limit event; async events of a destroyed object
+//!   go with it.
 //! - Messages cut into MTU packets with PSNs in the IBTA wire format ([`packet`]), on a network
 //!   with latency, port serialisation and seeded fault injection ([`Faults`]): loss, reordering,
 //!   duplication, corruption (caught by the ICRC), link down. RC recovers (ACK/NAK, go-back-N,
