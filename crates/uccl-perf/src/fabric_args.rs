@@ -49,6 +49,10 @@ pub(crate) struct FabricArgs {
     /// default 40): a window covers the fabric's RTT and this.
     #[arg(long, value_name = "US")]
     pub(crate) ack_delay_us: Option<u32>,
+    /// The window shrinks at the first RTT sample over its target (Swift's rule), not only
+    /// once they stay over it for a smoothed RTT (TxConfig's persistent_delay, the default).
+    #[arg(long)]
+    pub(crate) swift_decrease: bool,
     /// A window below one chunk counts as one chunk in flight instead of pacing (the
     /// negative control of congestion control).
     #[arg(long)]
@@ -112,6 +116,7 @@ impl FabricArgs {
         tx.base_rtt_ns = self.base_rtt_ns;
         tx.hops = self.hops();
         tx.pacing = !self.no_pacing;
+        tx.persistent_delay = !self.swift_decrease;
         tx.additive_increase = (self.additive_increase * 1024.0).round().clamp(1.0, 1e9) as u32;
     }
 

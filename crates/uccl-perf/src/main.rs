@@ -16,6 +16,8 @@
 //! uccl-perf --device mlx5_0 --server             # two processes on a real NIC ...
 //! uccl-perf --device mlx5_0 --client HOST        # ... the server runs the client's options
 //! uccl-perf --test verbs-write-bw                # raw verbs: chained vs one post per WR
+//! uccl-perf --op write --senders 64 --flows 1 --topology star --switch-buffer 1MB \
+//!     --target-delay-us 10 --flow-scaling-us 25 --base-rtt-ns 6000   # 64:1 incast, Swift
 //! ```
 
 #![deny(unsafe_code)]

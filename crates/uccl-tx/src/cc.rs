@@ -21,7 +21,9 @@
 //! chunk acknowledged; below one chunk, `+1/256` of a chunk per chunk acknowledged, which a
 //! paced flow gets a few of per RTT). At or above the target it shrinks in proportion to the
 //! excess, `1 - 0.8 * (delay - target) / delay`, by at most half (Swift's `max_mdf`), and at most once per
-//! RTT (so one queue is not counted twice). It never rises above the flow's SACK window, nor
+//! RTT (so one queue is not counted twice); with `TxConfig::persistent_delay` (the default)
+//! only once every sample for a smoothed RTT has been over the target (a queue that persists,
+//! not a descheduled thread's late sample), at the first such sample without (Swift's rule). It never rises above the flow's SACK window, nor
 //! falls below [`MIN`] (1/1024 chunk).
 //!
 //! A window below one chunk does not collapse to one chunk in flight: the flow sends one
@@ -69,6 +71,8 @@ pub(crate) struct Target {
     pub(crate) ai: u64,
     /// `base_rtt_ns` (0: learnt).
     pub(crate) base: u64,
+    /// `persistent_delay`.
+    pub(crate) persistent: bool,
 }
 
 impl Target {
@@ -93,6 +97,8 @@ pub(crate) struct Window {
     max: u64,
     /// When it last shrank (ns), if ever.
     cut_at: Option<u64>,
+    /// Since when every sample has been over the target (ns), if the last one was.
+    over_since: Option<u64>,
     /// The smallest fabric delay so far (ns): the path's delay without a queue.
     min_rtt: u64,
     /// Below one chunk with pacing: the earliest the next chunk may go (ns).
@@ -107,6 +113,7 @@ impl Window {
             cwnd: (INITIAL * ONE).min(max),
             max,
             cut_at: None,
+            over_since: None,
             min_rtt: u64::MAX,
             next_send: 0,
         }
@@ -152,13 +159,16 @@ impl Window {
         let target = self.target(t);
         let acked = u64::from(acked);
         if delay < target {
+            self.over_since = None;
             // `ai` per RTT: `ai / cwnd` per chunk acknowledged; below one chunk, Swift's `ai`
             // per chunk acknowledged.
             let grow = (acked * t.ai * ONE / self.cwnd.max(MIN)).min(acked * t.ai);
             self.cwnd = (self.cwnd + grow).min(self.max);
             return;
         }
-        if self.cut_at.is_some_and(|at| now.saturating_sub(at) < srtt) {
+        let since = *self.over_since.get_or_insert(now);
+        let recent = |at: u64| now.saturating_sub(at) < srtt;
+        if (t.persistent && recent(since)) || self.cut_at.is_some_and(recent) {
             return;
         }
         // 1 - 0.8 * (delay - target) / delay, at least 1 - max_mdf: in 1/256.
@@ -179,6 +189,7 @@ mod tests {
         fs_range: 0,
         ai: ONE,
         base: 0,
+        persistent: false,
     };
 
     #[test]
@@ -255,6 +266,7 @@ mod tests {
             fs_range: 50_000,
             ai: ONE,
             base: 0,
+            persistent: false,
         };
         let mut w = Window::new(256);
         w.on_sample(0, 5_000, &t, 5_000, 1);

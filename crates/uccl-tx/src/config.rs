@@ -72,6 +72,13 @@ pub struct TxConfig {
     /// `srtt / window`, waiting on the transmit side's timing wheel) rather than counting as one
     /// chunk in flight (Swift's pacing, section 3.2). Off only as a negative control.
     pub pacing: bool,
+    /// Whether the window shrinks only once every RTT sample for a smoothed RTT has been over
+    /// the target (a queue that persists) rather than at the first such sample (Swift's rule).
+    /// On a software NIC that shares its cores with the programs it serves, a descheduled
+    /// thread makes samples of hundreds of microseconds that are not queues (the wall clock's
+    /// two-process runs slowed by half when each was taken for one); on a simulated fabric
+    /// (the virtual clock) every sample is the network's. Either way at most once per RTT.
+    pub persistent_delay: bool,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged for a probe timeout (two
     /// smoothed RTTs, or `srtt + 4 rttvar` if more) plus `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
     /// delivery proves the lane's earlier transmissions lost without waiting for their
@@ -119,6 +126,7 @@ impl Default for TxConfig {
             flow_scaling_us: 0,
             additive_increase: 1024,
             pacing: true,
+            persistent_delay: true,
             tail_probes: true,
             max_retransmits: 16,
             max_silence_us: 1_000_000,

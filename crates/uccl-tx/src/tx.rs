@@ -624,6 +624,7 @@ impl Tx {
             fs_range: c.flow_scaling_us * 1000,
             ai: u64::from(c.additive_increase),
             base: c.base_rtt_ns,
+            persistent: c.persistent_delay,
         }
     }
 

@@ -525,15 +525,53 @@ fn a_flow_sends_bursts_of_chunks_on_one_path_within_a_call() {
     );
 }
 
-/// With a target delay, a flow's chunks in flight stay within its congestion window: 16 to
-/// start; an ACK whose RTT (less the receiver's hold time) exceeds the smallest RTT seen plus
-/// the target delay shrinks it in proportion (by at most half, at most once per smoothed
-/// RTT), ACKs below grow it by a chunk per window.
+/// With a target delay (and the default `persistent_delay`), a flow's chunks in flight stay
+/// within its congestion window: 16 to start; once the RTT (less the receiver's hold time) has
+/// stayed over the smallest RTT seen plus the target delay for a smoothed RTT, it shrinks in
+/// proportion to the excess (by at most half); ACKs below grow it by a chunk per window.
 #[test]
-fn a_congestion_window_bounds_the_chunks_in_flight_and_follows_the_delay() {
+fn a_congestion_window_shrinks_for_a_queue_that_persists() {
     let (mut t, _) = one_path(TxConfig {
         target_delay_us: 50,
         peer_ack_delay_us: 40,
+        ..chunks_of_100()
+    });
+    t.send(1, msg(100 * 100)).unwrap();
+    let (wrs, _) = post_all(&mut t, 0);
+    assert_eq!(wrs.len(), 16, "the initial window");
+    assert!(post_all(&mut t, 0).0.is_empty());
+    assert!(t.stats().window_stalls > 0);
+    // Chunk 0 acknowledged at 10 us: the smallest RTT, so the target is 10 + 50 = 60 us.
+    t.on_ack(10_000, &ack(1, 1, 0));
+    // Chunks 1-7 acknowledged at 200 us, held 40 us by the receiver: an RTT of 160 us, over
+    // the target, but one sample is not a queue yet.
+    let held = |cum, echo| AckRepr {
+        queue_ns: 40_000,
+        ..ack(1, cum, echo)
+    };
+    t.on_ack(200_000, &held(8, 7));
+    assert_eq!(t.flow_info(1).unwrap().window, 16);
+    // The rest 60 us later (more than the smoothed RTT, 53 us with this sample), still over:
+    // RTT 220 us, 160 over the target: keep 1 - 0.8 * 160 / 220 = 42%, at least half: 8.
+    t.on_ack(260_000, &held(16, 15));
+    assert_eq!(t.flow_info(1).unwrap().window, 8);
+    let (wrs, _) = post_all(&mut t, 300_000);
+    assert_eq!(wrs.len(), 8);
+    // Those 8 acknowledged 10 us later, under the target: one chunk more.
+    t.on_ack(310_000, &ack(1, 24, 23));
+    assert_eq!(t.flow_info(1).unwrap().window, 9);
+    assert_eq!(post_all(&mut t, 310_000).0.len(), 9);
+}
+
+/// With Swift's decrease (`persistent_delay` off), the first ACK whose RTT (less the
+/// receiver's hold time) exceeds the smallest RTT seen plus the target delay shrinks the window
+/// in proportion (by at most half, at most once per smoothed RTT).
+#[test]
+fn swifts_rule_shrinks_the_window_at_the_first_sample_over_the_target() {
+    let (mut t, _) = one_path(TxConfig {
+        target_delay_us: 50,
+        peer_ack_delay_us: 40,
+        persistent_delay: false,
         ..chunks_of_100()
     });
     t.send(1, msg(100 * 100)).unwrap();
@@ -630,6 +668,8 @@ fn a_window_below_one_chunk_paces_the_flow() {
             flow_window: 1,
             // The smallest increase, so that one ACK under the target leaves it below a chunk.
             additive_increase: 1,
+            // One sample over the target cuts the window (Swift's rule).
+            persistent_delay: false,
             pacing,
             ..chunks_of_100()
         });
