@@ -21,9 +21,10 @@
 //! `ibv_port_attr`), `ibv_query_device_ex`, `ibv_create_cq_ex` (an `ibv_cq_ex` with
 //! `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*` fields),
 //! `ibv_create_qp_ex` with send ops and `ibv_qp_to_qp_ex` (the `ibv_wr_*` post API: sends,
-//! writes, reads and atomics, window binds and invalidations, SGE lists, inline data, UD
-//! addresses; `ibv_wr_complete` posts a batch all or nothing), on-demand paging (explicit and
-//! implicit regions, `ibv_advise_mr`), completion timestamps and `ibv_query_rt_values_ex`.
+//! writes, reads, atomics, atomic writes and flushes, window binds and invalidations, SGE
+//! lists, inline data, UD addresses; `ibv_wr_complete` posts a batch all or nothing),
+//! on-demand paging (explicit and implicit regions, `ibv_advise_mr`), completion timestamps
+//! and `ibv_query_rt_values_ex`.
 //! What is not served fails cleanly (`EOPNOTSUPP`, or `NULL` with `errno`: device memory,
 //! flows, XRC, raw packet QPs), never by reaching the system library with one of softnic's
 //! objects. A context's `cmd_fd` is a real descriptor; `ibv_read_sysfs_file` reads the
