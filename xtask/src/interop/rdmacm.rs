@@ -208,5 +208,15 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
             server.status
         ));
     }
-    Ok(super::figure(&text))
+    // perftest's result row, else the client's last line (rping's last ping, ucmatose's
+    // status, fi_pingpong's figures).
+    if text.contains("#bytes") {
+        return Ok(super::figure(&text));
+    }
+    Ok(text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_string())
 }

@@ -178,6 +178,18 @@ impl State {
                 let mra = Msg::Mra(i.local_comm, remote_comm, 0, RESPONSE_TIMEOUT + 2);
                 self.w.cm_send(id, &mra, false);
             }
+            (St::TimeWait | St::Done, PortSpace::Tcp) => {
+                // A request of a connection that is over: stale (IBTA 12.9.8.3.1).
+                let rej = Msg::Rej(Box::new(Rej {
+                    local_comm_id: i.local_comm,
+                    remote_comm_id: remote_comm,
+                    msg_rejected: 0,
+                    reason: reject::STALE_CONN,
+                    private: [0; private::REJ],
+                }));
+                let tid = i.tid;
+                self.w.answer(dev, &from, tid, &rej);
+            }
             (St::RepSent, _) | (St::Established, PortSpace::Udp) => {
                 let last = i.resend.as_ref().map(|r| r.mad.clone()).or(i.last.clone());
                 if let Some(m) = last {

@@ -111,3 +111,31 @@ fn a_seed_replays_the_same_exchange() {
         assert_eq!(lossy_run(seed), lossy_run(seed));
     }
 }
+
+#[test]
+fn a_req_delayed_past_its_connection_is_rejected_as_stale() {
+    let e = ends(13);
+    // The first REQ arrives 5 s late; its retransmission (after the response timeout) sets
+    // the connection up, which is over by the time the original comes.
+    let mut first = true;
+    e.fabric
+        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+            if p.dest_qp == 1 && std::mem::take(&mut first) {
+                Verdict::Delay(5_000_000_000)
+            } else {
+                Verdict::Pass
+            }
+        })));
+    let (c, _, s, _) = connect(&e);
+    e.fabric.cm_disconnect(c).unwrap();
+    expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    e.fabric.cm_disconnect(s).unwrap();
+    e.fabric.advance(Duration::from_secs(6));
+    let sc = e.fabric.cm_counters("soft1").unwrap();
+    assert_eq!(sc.rejects_sent, 1, "{sc:?}");
+    // No second request, and the client's id took the REJ for nothing.
+    while let Ok(ev) = e.fabric.cm_poll_event(e.cb) {
+        assert_ne!(ev.kind, CmEventKind::ConnectRequest, "{ev:?}");
+    }
+}

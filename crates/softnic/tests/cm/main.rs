@@ -414,3 +414,45 @@ fn a_listener_destroyed_rejects_the_requests_it_had_not_handed_out() {
     let again = e.fabric.cm_create_id(e.cb, PortSpace::Tcp).unwrap();
     e.fabric.cm_bind(again, SERVER).unwrap();
 }
+
+/// Whether `fd` is readable now.
+fn readable(fd: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no timeout.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+#[test]
+fn a_channel_s_descriptor_is_readable_while_events_wait() {
+    let e = ends(12);
+    let fd = e.fabric.cm_channel_fd(e.ca).unwrap();
+    assert!(!readable(fd));
+    let id = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    e.fabric
+        .cm_resolve_addr(id, Some(SocketAddrV4::new(CLIENT_IP, 0)), SERVER)
+        .unwrap();
+    assert!(readable(fd));
+    e.fabric.cm_resolve_route(id).unwrap();
+    assert_eq!(
+        e.fabric.cm_poll_event(e.ca).unwrap().kind,
+        CmEventKind::AddrResolved
+    );
+    assert!(readable(fd), "one more event waits");
+    assert_eq!(
+        e.fabric.cm_get_event(e.ca).unwrap().kind,
+        CmEventKind::RouteResolved
+    );
+    assert!(!readable(fd));
+    assert_eq!(
+        e.fabric.cm_poll_event(e.ca).unwrap_err().errno,
+        libc::EAGAIN
+    );
+    // Made non-blocking, as a program may make it: EAGAIN, not a wait.
+    // SAFETY: fcntl on a descriptor of the fabric's channel.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
+    assert_eq!(e.fabric.cm_get_event(e.ca).unwrap_err().errno, libc::EAGAIN);
+}
