@@ -98,7 +98,8 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
 
 /// Builds release and runs `bench-table`, which runs the release `uccl-perf` for three rows.
 fn bench_table(args: &[String]) -> Result<(), String> {
-    build_release(&["uccl-perf", "uccl-benches"])?;
+    // softnic-verbs: `softnic-run` and its library, for the UCX row.
+    build_release(&["uccl-perf", "uccl-benches", "softnic-verbs"])?;
     let perf = release_bin("uccl-perf");
     let mut argv = vec!["--perf", &perf];
     argv.extend(args.iter().map(String::as_str));

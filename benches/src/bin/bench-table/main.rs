@@ -203,7 +203,10 @@ fn run() -> Result<(), String> {
     }
     if want(10) {
         eprintln!("[10/10] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
-        ucx_rows(&mut out)?;
+        // UCX and perftest come from setup's packages: without them the row says why.
+        if let Err(e) = ucx_rows(&mut out) {
+            out.notes.push(format!("Row 10 not measured: {e}"));
+        }
     }
     let load1 = loadavg();
     println!("{}", header(load0, load1, t0.elapsed()));
