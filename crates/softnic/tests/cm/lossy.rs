@@ -139,3 +139,27 @@ fn a_req_delayed_past_its_connection_is_rejected_as_stale() {
         assert_ne!(ev.kind, CmEventKind::ConnectRequest, "{ev:?}");
     }
 }
+
+#[test]
+fn a_server_slow_to_accept_keeps_its_client_waiting_with_mras() {
+    // 40 s is past the client's 15 retries of 2 s: only the MRAs the server's CM answers its
+    // REQs with (the request is being decided) keep it from giving up.
+    let e = ends(14);
+    listen(&e, PortSpace::Tcp, 8);
+    let c = client(&e, PortSpace::Tcp);
+    let p = ConnParam {
+        qp_num: 0x100,
+        ..param()
+    };
+    e.fabric.cm_connect(c, p, &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(next_event(&e.fabric, e.ca, Duration::from_secs(40)), None);
+    let server = ConnParam {
+        qp_num: 0x200,
+        ..param()
+    };
+    e.fabric.cm_accept(req.id, server, &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::ConnectResponse);
+    let sc = e.fabric.cm_counters("soft1").unwrap();
+    assert!(sc.duplicates > 0, "{sc:?}");
+}
