@@ -9,7 +9,8 @@
 //!
 //! How: the launcher enters a new mount namespace (inside a new user namespace when it does not
 //! run as root: the kernel lets any user do that where user namespaces are on; as root a mount
-//! namespace alone), makes every mount private to it, and *shadows* `/dev` and `/sys/class`: a
+//! namespace alone, or with a user namespace where root may not make one, as in a container
+//! without `CAP_SYS_ADMIN`), makes every mount private to it, and *shadows* `/dev` and `/sys/class`: a
 //! read-only tmpfs over each holds a bind mount of every original entry (so `/dev/null`,
 //! `/dev/shm`, `/dev/pts`, `/sys/class/net`... are what they were) plus softnic's entries:
 //! `/dev/infiniband/uverbs-<dev>` is `/dev/null` bound in (a real character device anyone may
@@ -55,30 +56,17 @@ pub(crate) struct Device {
 pub(crate) fn enter(dev: &Device) -> Result<(), String> {
     let uid = rustix::process::getuid();
     let gid = rustix::process::getgid();
-    let flags = if uid.is_root() {
-        UnshareFlags::NEWNS
-    } else {
-        UnshareFlags::NEWUSER | UnshareFlags::NEWNS
-    };
-    // SAFETY: the flags do not include FILES, so no descriptor table is unshared (the only
-    // thing that makes `unshare` unsafe); the launcher runs one thread, as NEWUSER requires.
-    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(|e| {
-        format!(
-            "cannot make a {} namespace ({e}){}",
-            if uid.is_root() {
-                "mount"
-            } else {
-                "user and mount"
-            },
-            if uid.is_root() {
-                ""
-            } else {
-                ": user namespaces look off here (kernel.unprivileged_userns_clone, \
-                 user.max_user_namespaces or an AppArmor policy)"
-            }
-        )
-    })?;
-    if !uid.is_root() {
+    // Root makes a mount namespace alone; where it may not (a container without
+    // CAP_SYS_ADMIN), or for any other user, a user namespace with it.
+    let own_userns = !uid.is_root() || unshare(UnshareFlags::NEWNS).is_err();
+    if own_userns {
+        unshare(UnshareFlags::NEWUSER | UnshareFlags::NEWNS).map_err(|e| {
+            format!(
+                "cannot make a user and mount namespace ({e}): user namespaces look off here \
+                 (kernel.unprivileged_userns_clone, user.max_user_namespaces, a seccomp or \
+                 AppArmor policy)"
+            )
+        })?;
         let write = |file: &str, what: String| {
             fs::write(file, &what).map_err(|e| format!("writing {what:?} to {file}: {e}"))
         };
@@ -110,6 +98,14 @@ pub(crate) fn enter(dev: &Device) -> Result<(), String> {
         return Err(e);
     }
     Ok(())
+}
+
+/// `unshare(flags)`.
+fn unshare(flags: UnshareFlags) -> rustix::io::Result<()> {
+    // SAFETY: the flags callers pass never include FILES, so no descriptor table is unshared
+    // (the only thing that makes `unshare` unsafe); the launcher runs one thread, as NEWUSER
+    // requires.
+    unsafe { rustix::thread::unshare_unsafe(flags) }
 }
 
 /// Mounts a tmpfs over `dir` holding a bind mount of each original entry (each symbolic link
