@@ -92,6 +92,36 @@ fn the_device_shows_to_an_ordinary_user() {
     check_view(true);
 }
 
+/// Root without `CAP_SYS_ADMIN` (a container's root) may not make a mount namespace: the
+/// launcher makes a user namespace with it and shows the device all the same.
+#[test]
+fn the_device_shows_to_root_without_cap_sys_admin() {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")));
+    if !root || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("not root, or no setpriv: nothing to take away");
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args(["--bounding-set=-sys_admin", "--inh-caps=-sys_admin"])
+        .arg(env!("CARGO_BIN_EXE_softnic-run"))
+        .args([
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            "test -c /dev/infiniband/uverbs-soft0 && echo chr",
+        ])
+        .output()
+        .expect("setpriv runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.lines().any(|l| l == "chr"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn no_view_shows_nothing() {
     let (ok, out) = under_launcher(
