@@ -66,6 +66,16 @@ pub(crate) const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
 pub(crate) const REMOTE_ATOMIC: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
 pub(crate) const ON_DEMAND: u32 = ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
 
+/// The size of the host's pages (4 KiB unless the kernel says otherwise).
+fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the process (from its auxiliary vector).
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n)
+        .ok()
+        .filter(|n| n.is_power_of_two())
+        .unwrap_or(4096)
+}
+
 /// Brings in the pages of `len` bytes at `addr` as the NIC's page fault of an on-demand region
 /// does (rxe's ODP faults them through `hmm_range_fault`): `MADV_POPULATE_READ`, or
 /// `_WRITE` if `write`. False if they cannot be: not mapped, or not readable (writable) as
@@ -74,11 +84,11 @@ pub(crate) fn fault_in(addr: u64, len: u64, write: bool) -> bool {
     if len == 0 {
         return true;
     }
-    const PAGE: u64 = 4096;
-    let start = addr & !(PAGE - 1);
+    let page = page_size();
+    let start = addr & !(page - 1);
     let Some(end) = addr
         .checked_add(len)
-        .and_then(|e| e.checked_next_multiple_of(PAGE))
+        .and_then(|e| e.checked_next_multiple_of(page))
     else {
         return false;
     };
@@ -202,8 +212,8 @@ impl World {
                 // failure, on a range not mapped, is ignored: no fault is asked for).
                 let _ = unsafe {
                     libc::madvise(
-                        (sge.addr & !4095) as usize as *mut std::ffi::c_void,
-                        (len + (sge.addr & 4095)) as usize,
+                        (sge.addr & !(page_size() - 1)) as usize as *mut std::ffi::c_void,
+                        (len + (sge.addr & (page_size() - 1))) as usize,
                         libc::MADV_WILLNEED,
                     )
                 };
