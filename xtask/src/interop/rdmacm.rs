@@ -1,5 +1,6 @@
 //! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
-//! (rdma-core's `rdmacm-utils`, perftest's `-R`, libfabric's verbs provider through
+//! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime;
+//! perftest's `-R`; libfabric's verbs provider through
 //! `fi_pingpong` of `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
 //! through `softnic-run`: a server and a client process, each its own softnic device, talking
 //! RoCEv2 (CM MADs on QP1, then the data) over loopback addresses. RC runs again under 1%
@@ -26,6 +27,8 @@ struct Run {
     client: &'static str,
     says: &'static str,
     loss: Option<&'static str>,
+    /// The server serves until stopped (cmtime's): it is killed once its client is done.
+    stays: bool,
 }
 
 const fn run(
@@ -40,6 +43,7 @@ const fn run(
         client,
         says,
         loss: None,
+        stays: false,
     }
 }
 
@@ -88,6 +92,11 @@ const RUNS: &[Run] = &[
         "return status 0",
     ),
     RDMA_SERVER,
+    // Connection set-up timed: 100 at once.
+    Run {
+        stays: true,
+        ..run("cmtime", "-b {S} -c 100", "-s {S} -c 100", "connect      :")
+    },
     WRITE_BW,
     SEND_LAT,
     FI_PINGPONG,
@@ -189,6 +198,10 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
             break (out.status.success(), text);
         }
     };
+    let mut server = server;
+    if r.stays {
+        let _ = server.kill();
+    }
     let server = wait_with_deadline(server, deadline, r.program)?;
     let server_text = format!(
         "{}{}",
@@ -202,16 +215,19 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
             r.says
         ));
     }
-    if !server.status.success() {
+    if !server.status.success() && !r.stays {
         return Err(format!(
             "server failed ({}):\n{server_text}\nclient:\n{text}",
             server.status
         ));
     }
-    // perftest's result row, else the client's last line (rping's last ping, ucmatose's
-    // status, fi_pingpong's figures).
+    // perftest's result row, cmtime's connect time, else the client's last line (rping's
+    // last ping, ucmatose's status, fi_pingpong's figures).
     if text.contains("#bytes") {
         return Ok(super::figure(&text));
+    }
+    if let Some(l) = text.lines().find(|l| l.starts_with("connect ")) {
+        return Ok(l.split_whitespace().collect::<Vec<_>>().join(" "));
     }
     Ok(text
         .lines()
