@@ -59,8 +59,8 @@ struct Case {
     qps: u16,
     engines: usize,
     topology: Topology,
-    /// The congestion window's target delay (0: none) and whether it paces.
-    cc: (u64, bool),
+    /// The congestion window's target delay (0: none), whether it paces, and its floor.
+    cc: (u64, bool, u32),
     loss: f64,
     /// (link, reverse, kind 0..4, bytes)
     msgs: Vec<(usize, bool, u8, usize)>,
@@ -73,7 +73,11 @@ fn case() -> impl Strategy<Value = Case> {
         1u16..=4,
         2usize..=5,
         topology(),
-        (prop_oneof![Just(0u64), Just(2), Just(20)], any::<bool>()),
+        (
+            prop_oneof![Just(0u64), Just(2), Just(20)],
+            any::<bool>(),
+            prop_oneof![Just(16u32), Just(1024)],
+        ),
         prop_oneof![Just(0.0), Just(0.01)],
         prop::collection::vec(
             (any::<usize>(), any::<bool>(), 0u8..4, 0usize..200_000),
@@ -104,6 +108,7 @@ fn check(c: &Case) -> Result<(), String> {
     cfg.tx.chunk_size = 4096;
     cfg.tx.target_delay_us = c.cc.0;
     cfg.tx.pacing = c.cc.1;
+    cfg.tx.min_window = c.cc.2;
     cfg.tx.flow_scaling_us = c.cc.0;
     // Drops at a small buffer are losses like any other: retransmissions must not run out.
     cfg.tx.max_retransmits = 1000;

@@ -30,21 +30,27 @@ pub(crate) struct FabricArgs {
     #[arg(long)]
     pub(crate) ecn: bool,
     /// The congestion window's target queueing delay in microseconds (TxConfig's
-    /// target_delay_us); 0: no congestion window.
-    #[arg(long, default_value_t = 0, value_name = "US")]
-    pub(crate) target_delay_us: u64,
-    /// Swift's flow-scaling range in microseconds (TxConfig's flow_scaling_us).
-    #[arg(long, default_value_t = 0, value_name = "US")]
-    pub(crate) flow_scaling_us: u64,
-    /// The fabric's RTT without queues in nanoseconds (TxConfig's base_rtt_ns); 0: learnt.
-    #[arg(long, default_value_t = 0, value_name = "NS")]
-    pub(crate) base_rtt_ns: u64,
-    /// Swift's per-hop term of the target in nanoseconds, times the switches on the path.
-    #[arg(long, default_value_t = 0, value_name = "NS")]
-    pub(crate) hop_delay_ns: u64,
-    /// Swift's additive increase in chunks per RTT (TxConfig's additive_increase, in 1/1024).
-    #[arg(long, default_value_t = 1.0, value_name = "CHUNKS")]
-    pub(crate) additive_increase: f64,
+    /// target_delay_us; the engine's default 50); 0: no congestion window.
+    #[arg(long, value_name = "US")]
+    pub(crate) target_delay_us: Option<u64>,
+    /// Swift's flow-scaling range in microseconds (TxConfig's flow_scaling_us; default 0).
+    #[arg(long, value_name = "US")]
+    pub(crate) flow_scaling_us: Option<u64>,
+    /// The fabric's RTT without queues in nanoseconds (TxConfig's base_rtt_ns; default 0:
+    /// learnt).
+    #[arg(long, value_name = "NS")]
+    pub(crate) base_rtt_ns: Option<u64>,
+    /// Swift's per-hop term of the target in nanoseconds, times the switches on the path
+    /// (TxConfig's hop_delay_ns; default 0).
+    #[arg(long, value_name = "NS")]
+    pub(crate) hop_delay_ns: Option<u64>,
+    /// Swift's additive increase in chunks per RTT (TxConfig's additive_increase; default 1).
+    #[arg(long, value_name = "CHUNKS")]
+    pub(crate) additive_increase: Option<f64>,
+    /// The smallest congestion window in chunks (TxConfig's min_window; default 1): below one
+    /// chunk a flow is paced.
+    #[arg(long, value_name = "CHUNKS")]
+    pub(crate) min_window: Option<f64>,
     /// The receiving engine's delayed ACK in microseconds (EngineConfig's ack_delay_us;
     /// default 40): a window covers the fabric's RTT and this.
     #[arg(long, value_name = "US")]
@@ -109,15 +115,22 @@ impl FabricArgs {
         if let Some(d) = self.ack_delay_us {
             cfg.ack_delay_us = d;
         }
+        // Only what was given: the engine's defaults stand otherwise.
         let tx = &mut cfg.tx;
-        tx.target_delay_us = self.target_delay_us;
-        tx.flow_scaling_us = self.flow_scaling_us;
-        tx.hop_delay_ns = self.hop_delay_ns;
-        tx.base_rtt_ns = self.base_rtt_ns;
+        let set = |field: &mut u64, value: Option<u64>| *field = value.unwrap_or(*field);
+        set(&mut tx.target_delay_us, self.target_delay_us);
+        set(&mut tx.flow_scaling_us, self.flow_scaling_us);
+        set(&mut tx.hop_delay_ns, self.hop_delay_ns);
+        set(&mut tx.base_rtt_ns, self.base_rtt_ns);
+        if let Some(m) = self.min_window {
+            tx.min_window = (m * 1024.0).round().clamp(1.0, 1024.0) as u32;
+        }
+        if let Some(ai) = self.additive_increase {
+            tx.additive_increase = (ai * 1024.0).round().clamp(1.0, 1e9) as u32;
+        }
         tx.hops = self.hops();
-        tx.pacing = !self.no_pacing;
-        tx.persistent_delay = !self.swift_decrease;
-        tx.additive_increase = (self.additive_increase * 1024.0).round().clamp(1.0, 1e9) as u32;
+        tx.pacing &= !self.no_pacing;
+        tx.persistent_delay &= !self.swift_decrease;
     }
 
     /// Whether the run measures congestion (switches or an incast).

@@ -15,7 +15,7 @@ const INCAST: &str = "--op write --senders 16 --flows 1 --qps-per-flow 4 --topol
 /// A congestion window whose target (the base RTT of this fabric, 6 us, given, plus 5 us and
 /// up to 10 us of flow scaling) keeps the queue within the buffer.
 const CC: &str = "--target-delay-us 5 --flow-scaling-us 10 --additive-increase 0.25 \
-     --base-rtt-ns 6000 --ack-delay-us 0";
+     --base-rtt-ns 6000 --ack-delay-us 0 --min-window 0.015625";
 
 fn field(v: &serde_json::Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"))
@@ -23,7 +23,7 @@ fn field(v: &serde_json::Value, k: &str) -> f64 {
 
 #[test]
 fn without_congestion_control_an_incast_overflows_the_switch_and_with_it_does_not() {
-    let without = json(INCAST);
+    let without = json(&format!("{INCAST} --target-delay-us 0"));
     assert!(
         field(&without, "drops") > 0.0,
         "the receiver's credit alone lets 16 senders overflow a 256 KB buffer: {without}"
@@ -55,7 +55,7 @@ fn without_congestion_control_an_incast_overflows_the_switch_and_with_it_does_no
 fn an_incast_run_replays_from_its_seed_with_its_drops_and_marks() {
     // Without a congestion window the queue passes RED's thresholds (100 and 400 KB, the
     // buffer 256 KB): marks, and drops.
-    let args = format!("{INCAST} --ecn --seed 7");
+    let args = format!("{INCAST} --target-delay-us 0 --ecn --seed 7");
     let (a, b) = (json(&args), json(&args));
     assert!(
         field(&a, "ecn_marks") > 0.0 && field(&a, "drops") > 0.0,

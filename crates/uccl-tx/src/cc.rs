@@ -17,20 +17,24 @@
 //!   that the queue their sum builds is not read by each as its own, and they converge to
 //!   fair shares.
 //!
-//! Below the target the window grows additively, by about one chunk per RTT (`+1/cwnd` per
-//! chunk acknowledged; below one chunk, `+1/256` of a chunk per chunk acknowledged, which a
-//! paced flow gets a few of per RTT). At or above the target it shrinks in proportion to the
-//! excess, `1 - 0.8 * (delay - target) / delay`, by at most half (Swift's `max_mdf`), and at most once per
-//! RTT (so one queue is not counted twice); with `TxConfig::persistent_delay` (the default)
-//! only once every sample for a smoothed RTT has been over the target (a queue that persists,
-//! not a descheduled thread's late sample), at the first such sample without (Swift's rule). It never rises above the flow's SACK window, nor
-//! falls below [`MIN`] (1/1024 chunk).
+//! Below the target the window grows additively, by `additive_increase` per RTT (`ai / cwnd`
+//! per chunk acknowledged; below one chunk Swift's `ai` per chunk acknowledged, which a paced
+//! flow gets a few of per RTT). At or above the target it shrinks in proportion to the excess,
+//! `1 - 0.8 * (delay - target) / delay`, by at most half (Swift's `max_mdf`), and at most once
+//! per RTT (so one queue is not counted twice); with `TxConfig::persistent_delay` (the
+//! default) only once every sample for a smoothed RTT has been over the target (a queue that
+//! persists, not a descheduled thread's late sample), at the first such sample without
+//! (Swift's rule). It never rises above the flow's SACK window, nor falls below
+//! `TxConfig::min_window`.
 //!
 //! A window below one chunk does not collapse to one chunk in flight: the flow sends one
 //! chunk at a time, each `srtt / cwnd` after the last (pacing; the transmit side parks it on
 //! its timing wheel until then), so that 64 flows sharing a 15-chunk path keep 15 chunks in
 //! flight, not 64. With `TxConfig::pacing` off (the negative control), such a window counts as
-//! one chunk in flight, as before.
+//! one chunk in flight. The default `min_window` is one chunk: where the delay is not only the
+//! network's (a software NIC on a busy host, whose scheduling makes samples long), windows
+//! below a chunk would pace a flow to a crawl; where it is (a simulated fabric, or a NIC that
+//! timestamps), a smaller floor lets many flows share a short path.
 //!
 //! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
 //! delay already says which.
@@ -38,8 +42,8 @@
 /// Fixed point: the window is kept in 1/1024 chunks.
 pub(crate) const ONE: u64 = 1024;
 
-/// The smallest window (1/1024 chunk): Swift's `min_cwnd` is 0.001 packets.
-pub(crate) const MIN: u64 = ONE / 64;
+/// The smallest window there is (1/1024 chunk, about Swift's `min_cwnd` of 0.001 packets).
+pub(crate) const MIN: u64 = 1;
 
 /// The window a flow starts with, in chunks (at most its SACK window).
 const INITIAL: u64 = 16;
@@ -73,6 +77,8 @@ pub(crate) struct Target {
     pub(crate) base: u64,
     /// `persistent_delay`.
     pub(crate) persistent: bool,
+    /// `min_window`, in 1/[`ONE`] (at least [`MIN`]).
+    pub(crate) min: u64,
 }
 
 impl Target {
@@ -174,7 +180,7 @@ impl Window {
         // 1 - 0.8 * (delay - target) / delay, at least 1 - max_mdf: in 1/256.
         let excess = (delay - target).saturating_mul(BETA) / delay.max(1);
         let keep = 256u64.saturating_sub(excess).max(MAX_MDF_KEEP);
-        self.cwnd = (self.cwnd * keep / 256).max(MIN);
+        self.cwnd = (self.cwnd * keep / 256).max(t.min);
         self.cut_at = Some(now);
     }
 }
@@ -190,6 +196,7 @@ mod tests {
         ai: ONE,
         base: 0,
         persistent: false,
+        min: ONE / 64,
     };
 
     #[test]
@@ -224,11 +231,11 @@ mod tests {
         // A later, far larger excess: at most half.
         w.on_sample(1_100, 1_000_000, &T, 100, 1);
         assert_eq!(w.chunks(), 4);
-        // Below one chunk it goes on shrinking (pacing takes over), never below MIN.
+        // Below one chunk it goes on shrinking (pacing takes over), never below the floor.
         for k in 0..40 {
             w.on_sample(2_000 + k * 1_000, 1_000_000, &T, 100, 1);
         }
-        assert_eq!(w.raw(), MIN);
+        assert_eq!(w.raw(), T.min);
         assert_eq!(w.chunks(), 1);
     }
 
@@ -267,6 +274,7 @@ mod tests {
             ai: ONE,
             base: 0,
             persistent: false,
+            min: ONE / 64,
         };
         let mut w = Window::new(256);
         w.on_sample(0, 5_000, &t, 5_000, 1);

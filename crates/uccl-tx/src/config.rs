@@ -79,6 +79,12 @@ pub struct TxConfig {
     /// two-process runs slowed by half when each was taken for one); on a simulated fabric
     /// (the virtual clock) every sample is the network's. Either way at most once per RTT.
     pub persistent_delay: bool,
+    /// The smallest congestion window, in 1/1024 chunks (1..=1024). 1024, one chunk, by
+    /// default: on a software NIC sharing a busy host, scheduling makes RTT samples long and
+    /// windows below a chunk would pace flows to a crawl. Lower it (Swift's `min_cwnd` is
+    /// 0.001 packets) where the delay is the network's, so that many flows share a short path
+    /// paced (see [`pacing`](Self::pacing)) rather than a chunk each in flight.
+    pub min_window: u32,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged for a probe timeout (two
     /// smoothed RTTs, or `srtt + 4 rttvar` if more) plus `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
     /// delivery proves the lane's earlier transmissions lost without waiting for their
@@ -127,6 +133,7 @@ impl Default for TxConfig {
             additive_increase: 1024,
             pacing: true,
             persistent_delay: true,
+            min_window: 1024,
             tail_probes: true,
             max_retransmits: 16,
             max_silence_us: 1_000_000,
@@ -186,6 +193,13 @@ impl TxConfig {
                 "flow_window",
                 self.flow_window.into(),
                 "must be 1..=256 (the SACK bitmap)",
+            );
+        }
+        if !(1..=1024).contains(&self.min_window) {
+            return bad(
+                "min_window",
+                self.min_window.into(),
+                "must be 1..=1024 (1/1024 chunks)",
             );
         }
         if self.additive_increase == 0 {

@@ -625,6 +625,7 @@ impl Tx {
             ai: u64::from(c.additive_increase),
             base: c.base_rtt_ns,
             persistent: c.persistent_delay,
+            min: u64::from(c.min_window).max(crate::cc::MIN),
         }
     }
 

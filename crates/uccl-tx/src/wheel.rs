@@ -107,15 +107,18 @@ impl Wheel {
         self.cursor = self.cursor.max(end);
         // Deadlines that came within reach move into the wheel (and are taken if due).
         if self.overflow_min >> TICK_SHIFT < self.cursor + SLOTS as u64 {
-            let far = std::mem::take(&mut self.overflow);
+            let mut far = std::mem::take(&mut self.overflow);
             self.overflow_min = u64::MAX;
             let mut again = false;
             for &(at, fid) in &far {
                 again |= at <= now;
                 self.arm(at, fid);
             }
-            self.overflow = far;
-            self.overflow.retain(|_| false);
+            // Those still beyond reach went back to `overflow`; keep its room otherwise.
+            if self.overflow.is_empty() {
+                far.clear();
+                self.overflow = far;
+            }
             if again {
                 self.pop_due(now, due);
             }
@@ -170,6 +173,20 @@ mod tests {
     }
 
     #[test]
+    fn deadlines_still_beyond_reach_stay_in_the_overflow() {
+        let mut w = Wheel::default();
+        // Both beyond reach; once the first is within it, the second still is not.
+        w.arm(1_000_000, 1);
+        w.arm(9_000_000, 2);
+        assert!(drain(&mut w, 900_000).is_empty());
+        assert_eq!(w.next(), Some(1_000_000));
+        assert_eq!(drain(&mut w, 1_000_000), [(1_000_000, 1)]);
+        assert_eq!(w.next(), Some(9_000_000), "not lost");
+        assert_eq!(drain(&mut w, 9_000_000), [(9_000_000, 2)]);
+        assert_eq!(w.next(), None);
+    }
+
+    #[test]
     fn it_wraps_around_and_reuses_its_slots() {
         let mut w = Wheel::default();
         let mut now = 0u64;
@@ -182,5 +199,35 @@ mod tests {
             assert_eq!(drain(&mut w, now), [(at, (round % 3) as u16)]);
         }
         assert_eq!(w.next(), None);
+    }
+
+    proptest::proptest! {
+        /// Against a sorted list: every entry comes out once, at the first pop at or after
+        /// its deadline, never before; `next` is never later than the earliest deadline.
+        #[test]
+        fn it_agrees_with_a_sorted_list(
+            steps in proptest::collection::vec((0u64..2_000_000, 0u64..600_000, proptest::bool::ANY), 1..200)
+        ) {
+            let mut w = Wheel::default();
+            let mut all: Vec<(u64, u16)> = Vec::new();
+            let mut now = 0u64;
+            for (k, &(ahead, step, arm)) in steps.iter().enumerate() {
+                if arm {
+                    let at = now + ahead;
+                    w.arm(at, k as u16);
+                    all.push((at, k as u16));
+                }
+                if let Some(earliest) = all.iter().map(|e| e.0).min() {
+                    proptest::prop_assert!(w.next().is_some_and(|t| t <= earliest));
+                }
+                now += step;
+                let mut got = drain(&mut w, now);
+                let mut want: Vec<_> = all.iter().copied().filter(|e| e.0 <= now).collect();
+                all.retain(|e| e.0 > now);
+                got.sort_unstable();
+                want.sort_unstable();
+                proptest::prop_assert_eq!(got, want);
+            }
+        }
     }
 }

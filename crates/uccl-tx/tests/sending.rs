@@ -668,8 +668,9 @@ fn a_window_below_one_chunk_paces_the_flow() {
             flow_window: 1,
             // The smallest increase, so that one ACK under the target leaves it below a chunk.
             additive_increase: 1,
-            // One sample over the target cuts the window (Swift's rule).
+            // One sample over the target cuts the window (Swift's rule), below one chunk.
             persistent_delay: false,
+            min_window: 16,
             pacing,
             ..chunks_of_100()
         });
