@@ -8,6 +8,7 @@
 mod common;
 mod hostile;
 mod lossy;
+mod udp;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;

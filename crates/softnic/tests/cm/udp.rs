@@ -1,0 +1,92 @@
+//! The CM between two fabrics on the UDP link (as two processes are): real MADs through the
+//! kernel's loopback, timers on the wall clock. The test waits for events with a deadline, and
+//! asserts only what happened, never how fast.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use softnic::Link;
+
+/// A fabric of one device on the UDP link at `ip`, losing its first MAD if `lose_first`.
+fn on_udp(ip: Ipv4Addr, lose_first: bool) -> Fabric {
+    let f = Fabric::new(FabricConfig {
+        devices: 1,
+        link: Link::Udp { addr: Some(ip) },
+        ..Default::default()
+    });
+    let mut first = lose_first;
+    f.set_packet_filter(Some(Box::new(move |p: &softnic::PacketInfo| {
+        if p.dest_qp == 1 && std::mem::take(&mut first) {
+            softnic::Verdict::Drop
+        } else {
+            softnic::Verdict::Pass
+        }
+    })));
+    f
+}
+
+/// The next event of `ch`, waiting up to 60 s.
+fn wait(f: &Fabric, ch: ChannelId, kind: CmEventKind) -> CmEvent {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f.cm_poll_event(ch) {
+            Ok(ev) => {
+                assert_eq!(ev.kind, kind, "{ev:?}");
+                return ev;
+            }
+            Err(e) if e.errno == libc::EAGAIN && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("no {kind:?}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn two_fabrics_connect_over_udp_even_when_mads_are_lost() {
+    // Then with the first REQ and the first REP lost: each is sent again after the response
+    // timeout (about 2 s each).
+    for (lose, last) in [(false, 21), (true, 23)] {
+        let (sip, cip) = (
+            Ipv4Addr::new(127, 0, 26, last - 1),
+            Ipv4Addr::new(127, 0, 26, last),
+        );
+        let (server, client) = (on_udp(sip, lose), on_udp(cip, lose));
+        let (cs, cc) = (
+            server.cm_create_channel().unwrap(),
+            client.cm_create_channel().unwrap(),
+        );
+        let l = server.cm_create_id(cs, PortSpace::Tcp).unwrap();
+        let at = SocketAddrV4::new(sip, 9000);
+        server.cm_bind(l, at).unwrap();
+        server.cm_listen(l, 4).unwrap();
+        let c = client.cm_create_id(cc, PortSpace::Tcp).unwrap();
+        client.cm_resolve_addr(c, None, at).unwrap();
+        wait(&client, cc, CmEventKind::AddrResolved);
+        client.cm_resolve_route(c).unwrap();
+        wait(&client, cc, CmEventKind::RouteResolved);
+        let p = ConnParam {
+            qp_num: 0x100,
+            ..param()
+        };
+        client.cm_connect(c, p, b"over udp").unwrap();
+        let req = wait(&server, cs, CmEventKind::ConnectRequest);
+        assert_eq!(&req.private[..8], b"over udp");
+        assert_eq!(*req.addrs.unwrap().1.ip(), cip);
+        let p = ConnParam {
+            qp_num: 0x200,
+            ..param()
+        };
+        server.cm_accept(req.id, p, &[]).unwrap();
+        let rep = wait(&client, cc, CmEventKind::ConnectResponse);
+        assert_eq!(rep.param.qp_num, 0x200);
+        client.cm_establish(c).unwrap();
+        wait(&server, cs, CmEventKind::Established);
+        server.cm_disconnect(req.id).unwrap();
+        wait(&client, cc, CmEventKind::Disconnected);
+        wait(&server, cs, CmEventKind::Disconnected);
+        let counted = (server.cm_counters("soft0"), client.cm_counters("soft0"));
+        let retransmits = counted.0.unwrap().retransmits + counted.1.unwrap().retransmits;
+        assert!(retransmits > 0 || !lose, "{counted:?}");
+    }
+}
