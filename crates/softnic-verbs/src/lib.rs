@@ -40,8 +40,8 @@
 //! `SOFTNIC_SEED`, `SOFTNIC_LOSS`, `SOFTNIC_REORDER`, `SOFTNIC_DUPLICATE`, `SOFTNIC_CORRUPT`
 //! (seeded faults on what the device sends), `SOFTNIC_MTU`, `SOFTNIC_ANNOUNCE=1` to say on
 //! standard error which address the device took, and `SOFTNIC_STATS=1` to print the device's
-//! counters there when the program exits. A bad value makes
-//! `ibv_get_device_list` fail with `EINVAL` after saying why on standard error.
+//! counters there when the program exits (and its connection manager's, after rdma_cm use). A
+//! bad value makes `ibv_get_device_list` fail with `EINVAL` after saying why on standard error.
 
 #[macro_use]
 mod export;
@@ -57,12 +57,20 @@ use softnic::{Fabric, FabricConfig, Faults, Link};
 
 static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
 
-/// Says the device's counters on standard error (at exit, with `SOFTNIC_STATS=1`).
+/// Says the device's counters (and its connection manager's, if used) on standard error (at
+/// exit, with `SOFTNIC_STATS=1`).
 extern "C" fn print_stats() {
     if let Some(Ok(f)) = FABRIC.get() {
         for name in f.device_names() {
             if let Some(c) = f.device_counters(&name) {
                 eprintln!("softnic: {name}: {c:?}");
+            }
+            // Its connection manager's, once a program used it (librdmacm).
+            if let Some(c) = f
+                .cm_counters(&name)
+                .filter(|c| c.mads_sent + c.mads_received > 0)
+            {
+                eprintln!("softnic: {name}: CM {c:?}");
             }
         }
     }
