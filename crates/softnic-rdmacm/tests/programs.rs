@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("this test binary");
     let deps = exe.parent().expect("deps/").to_path_buf();
-    let dir = deps.join(format!("softnic-rdmacm-test-{}", std::process::id()));
+    // One per test: under `cargo test` the tests are threads of one process.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = deps.join(format!("softnic-rdmacm-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the links");
     for (name, target) in [
         ("libibverbs.so.1", "libibverbs.so"),

@@ -99,6 +99,15 @@ const RUNS: &[Run] = &[
     },
     WRITE_BW,
     SEND_LAT,
+    // RDMA READs (responder resources and initiator depth from the CM), and UD resolved by
+    // SIDR.
+    run("ib_read_bw", "-R -n 200", "-R -n 200 {S}", "#bytes"),
+    run(
+        "ib_send_bw",
+        "-R -c UD -n 200",
+        "-R -c UD -n 200 {S}",
+        "#bytes",
+    ),
     FI_PINGPONG,
     lossy(RPING),
     lossy(UCMATOSE),
