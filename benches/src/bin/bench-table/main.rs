@@ -22,14 +22,18 @@
 //!    one `write_v` of 1024 blocks of 4 KiB vs 1024 `write`s ([`reads`]);
 //! 10. UCX on softnic: `ucx_perftest` (`ucp_put_bw`, `tag_bw` at 64 KiB, `tag_lat` at 8 B)
 //!     against `ib_write_bw`/`ib_send_lat` on the same softnic link, and against UCX over TCP
-//!     on the loopback interface ([`ucx`]; needs `softnic-run` next to this program).
+//!     on the loopback interface ([`ucx`]; needs `softnic-run` next to this program);
+//! 11. message rate: `uccl-perf` between two processes with 0, 8 and 64-byte messages
+//!     (messages per second, CPU per message) against `ib_send_bw -s 8` on the same softnic
+//!     link ([`msgrate`]).
 //!
-//! Rows 1, 5, 6, 7 and 9 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
+//! Rows 1, 5, 6, 7, 9 and 11 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
 //! to stderr, the table to stdout.
 
 mod cq;
 mod memory;
+mod msgrate;
 mod perf;
 mod reads;
 mod setup;
@@ -49,30 +53,30 @@ usage: bench-table [--perf PATH] [--only ROWS]
 
 Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
   --perf PATH   the uccl-perf binary (default: the one next to this program)
-  --only ROWS   only these rows, e.g. 2 or 1,4 (1-10; the whole table by default)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-11; the whole table by default)
 ";
 
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 11],
+    rows: [bool; 12],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 11];
+        let mut rows = [true; 12];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 11];
+                    rows = [false; 12];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=10) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-10)")),
+                            Ok(n @ 1..=11) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-11)")),
                         }
                     }
                 }
@@ -89,7 +93,7 @@ impl Opts {
                 .map_err(|e| format!("where is this program? {e}"))?
                 .with_file_name("uccl-perf"),
         };
-        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] | rows[9] {
+        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] | rows[9] | rows[11] {
             return Err(format!(
                 "no uccl-perf at {} (build it: cargo build --release -p uccl-perf, or pass \
                  --perf)",
@@ -201,8 +205,14 @@ fn run() -> Result<(), String> {
         eprintln!("[9/9] reads and vectored writes (uccl-perf --op read|write|writev)");
         read_rows(&opts.perf, &mut out)?;
     }
+    if want(11) {
+        eprintln!("[11/11] message rate: uccl-perf (0, 8, 64 B) vs ib_send_bw -s 8, 2 processes");
+        if let Err(e) = msgrate::rows(&opts.perf, 3, &mut out) {
+            out.notes.push(format!("Row 11 not measured: {e}"));
+        }
+    }
     if want(10) {
-        eprintln!("[10/10] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
+        eprintln!("[10/11] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
         // UCX and perftest come from setup's packages: without them the row says why.
         if let Err(e) = ucx_rows(&mut out) {
             out.notes.push(format!("Row 10 not measured: {e}"));

@@ -44,8 +44,8 @@ const CASES: [(&str, &str, &str); 3] = [
 /// The longest one process may run.
 const DEADLINE: Duration = Duration::from_secs(120);
 
-/// Runs every case `reps` times (softnic perftest, softnic UCX, TCP UCX in turn).
-pub(crate) fn ucx_rows(reps: usize) -> Result<Vec<UcxRow>, String> {
+/// The `softnic-run` launcher next to this program.
+pub(crate) fn launcher() -> Result<std::path::PathBuf, String> {
     let launcher = std::env::current_exe()
         .map_err(|e| format!("where is this program? {e}"))?
         .with_file_name("softnic-run");
@@ -55,6 +55,12 @@ pub(crate) fn ucx_rows(reps: usize) -> Result<Vec<UcxRow>, String> {
             launcher.display()
         ));
     }
+    Ok(launcher)
+}
+
+/// Runs every case `reps` times (softnic perftest, softnic UCX, TCP UCX in turn).
+pub(crate) fn ucx_rows(reps: usize) -> Result<Vec<UcxRow>, String> {
+    let launcher = launcher()?;
     let mut port = 20_000 + (std::process::id() % 20_000) as u16;
     let mut rows = Vec::new();
     for (what, ucx, perftest) in CASES {
@@ -92,7 +98,12 @@ const TCP: &[(&str, &str)] = &[("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
 /// A server and a client of `program` (its arguments after the name; the client's are given
 /// only to the client for `ucx_perftest`, to both for perftest), under `launcher` unless it
 /// is empty; the client's output.
-fn pair(launcher: &Path, port: u16, command: &str, env: &[(&str, &str)]) -> Result<String, String> {
+pub(crate) fn pair(
+    launcher: &Path,
+    port: u16,
+    command: &str,
+    env: &[(&str, &str)],
+) -> Result<String, String> {
     let mut words = command.split_whitespace();
     let program = words.next().unwrap_or("");
     let args: Vec<&str> = words.collect();
@@ -160,7 +171,7 @@ fn pair(launcher: &Path, port: u16, command: &str, env: &[(&str, &str)]) -> Resu
 }
 
 /// Waits for the server until `deadline`, then kills it.
-fn reap(mut server: Child, deadline: Instant) {
+pub(crate) fn reap(mut server: Child, deadline: Instant) {
     while Instant::now() < deadline {
         if let Ok(Some(_)) = server.try_wait() {
             return;
@@ -195,6 +206,11 @@ fn ucx_figure(out: &str, lat: bool) -> Result<f64, String> {
 /// perftest's result row: average bandwidth (MB/s, `ib_write_bw`) or `t_avg` (µs,
 /// `ib_send_lat`).
 fn perftest_figure(out: &str, lat: bool) -> Result<f64, String> {
+    perftest_column(out, if lat { 5 } else { 3 })
+}
+
+/// Column `col` (from 0) of perftest's result row, the line after its `#bytes` header.
+pub(crate) fn perftest_column(out: &str, col: usize) -> Result<f64, String> {
     let lines: Vec<&str> = out.lines().collect();
     let i = lines
         .iter()
@@ -204,7 +220,6 @@ fn perftest_figure(out: &str, lat: bool) -> Result<f64, String> {
         .get(i + 1)
         .map(|l| l.split_whitespace().collect())
         .unwrap_or_default();
-    let col = if lat { 5 } else { 3 };
     row.get(col)
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| format!("no figure in {:?}", lines.get(i + 1)))
