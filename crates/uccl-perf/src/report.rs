@@ -91,6 +91,8 @@ struct EngineJson<'a> {
     duplicates_dropped: u64,
     cpu_s: Option<f64>,
     cpu_ns_per_chunk: Option<f64>,
+    /// The process's CPU per message this end moved (sent, or received at a server).
+    cpu_ns_per_message: Option<f64>,
     check_cpu_s: f64,
     nic_cpu_s: Option<f64>,
     stack_cpu_ns_per_chunk: Option<f64>,
@@ -139,6 +141,11 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         .zip(m.nic_time)
         .filter(|_| s.chunks_sent > 0)
         .map(|(c, n)| c.saturating_sub(n + m.check).as_nanos() as f64 / s.chunks_sent as f64);
+    let messages = m.messages_received.max(m.messages_sent);
+    let cpu_ns_per_message = m
+        .cpu
+        .filter(|_| messages > 0)
+        .map(|c| c.as_nanos() as f64 / messages as f64);
     let vs_memcpy = if m.memcpy_gbps > 0.0 {
         goodput / m.memcpy_gbps
     } else {
@@ -183,6 +190,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             duplicates_dropped: s.dropped_duplicate,
             cpu_s: m.cpu.map(|c| c.as_secs_f64()),
             cpu_ns_per_chunk: cpu_per_chunk,
+            cpu_ns_per_message,
             check_cpu_s: m.check.as_secs_f64(),
             nic_cpu_s: m.nic_time.map(|n| n.as_secs_f64()),
             stack_cpu_ns_per_chunk: stack_per_chunk,
@@ -344,9 +352,10 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         rows.push((
             "CPU",
             format!(
-                "{:.2} us per chunk ({:.2} s in all; {:.2} s of it writing and checking the \
-                 data)",
+                "{:.2} us per chunk, {:.2} us per message ({:.2} s in all; {:.2} s of it \
+                 writing and checking the data)",
                 c / 1e3,
+                cpu_ns_per_message.unwrap_or_default() / 1e3,
                 m.cpu.unwrap_or_default().as_secs_f64(),
                 m.check.as_secs_f64()
             ),

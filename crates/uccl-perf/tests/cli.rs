@@ -531,10 +531,10 @@ fn zero_byte_messages_run_and_report_their_rate() {
         assert_eq!(j["messages_received"], 200, "{op}: {j}");
         assert_eq!(j["bytes_received"], 0, "{op}: {j}");
         assert_eq!(j["goodput_gbps"], 0.0, "{op}: {j}");
-        assert!(
-            j["messages_per_s"].as_f64().is_some_and(|r| r > 0.0),
-            "{op}: {j}"
-        );
+        // The per-message overhead users compare: the rate and the CPU each message took.
+        for k in ["messages_per_s", "cpu_ns_per_message"] {
+            assert!(j[k].as_f64().is_some_and(|r| r > 0.0), "{op} {k}: {j}");
+        }
         for k in ["memcpy_gbps", "goodput_vs_memcpy", "wrs_per_post"] {
             assert!(j[k].as_f64().is_some_and(f64::is_finite), "{op} {k}: {j}");
         }
@@ -553,6 +553,12 @@ fn zero_byte_messages_run_and_report_their_rate() {
     let (s, c) = (json_of("server", &server), json_of("client", &client));
     assert_eq!(s["messages_received"], 100, "{s}");
     assert_eq!(c["messages_sent"], 100, "{c}");
+    for j in [&s, &c] {
+        assert!(
+            j["cpu_ns_per_message"].as_f64().is_some_and(|r| r > 0.0),
+            "{j}"
+        );
+    }
 }
 
 #[test]

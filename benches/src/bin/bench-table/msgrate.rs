@@ -31,9 +31,8 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
         for _ in 0..reps {
             port += 1;
             let v = two_processes(perf, port, size)?;
-            let messages = num(&v, "messages_sent")?;
             per_s.push(num(&v, "messages_per_s")?);
-            cpu.push(num(&v, "cpu_s")? * 1e9 / messages.max(1.0));
+            cpu.push(num(&v, "cpu_ns_per_message")?);
         }
         rates.push(Rate {
             size,
