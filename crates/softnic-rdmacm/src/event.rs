@@ -6,7 +6,7 @@ use std::ptr::null_mut;
 use ibverbs_sys::ibv_ah_attr;
 use softnic::cm::cabi::CEvent;
 
-use crate::id::{Channel, id_by_cm, new_id};
+use crate::id::{Channel, id_ptr_by_cm, new_id};
 use crate::types::*;
 use crate::{EVENT_NAMES, fail, lib};
 
@@ -35,6 +35,9 @@ export! {
         // Events of ids destroyed meanwhile (by another thread) are passed over, as the
         // kernel drops them with the id; so is a request whose listener went (rejected).
         let mut c = CEvent::default();
+        // The ids are reached through pointers, their fields read in place: another thread
+        // may be calling on the same id meanwhile (rping's main thread on the id its event
+        // thread takes events of), as with librdmacm.
         let (id, listen_id) = loop {
             // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
             let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
@@ -42,24 +45,32 @@ export! {
                 return fail(e);
             }
             if c.kind != CONNECT_REQUEST {
-                match id_by_cm(c.id) {
+                match id_ptr_by_cm(c.id) {
                     Some(i) => break (i, null_mut()),
                     None => continue,
                 }
             }
-            let Some(listener) = id_by_cm(c.listen_id) else {
+            let Some(lp) = id_ptr_by_cm(c.listen_id) else {
                 // SAFETY: a context of the fabric; the request's id, never handed out.
                 unsafe { (l.ops.destroy_id)(l.ctx(), c.id) };
                 continue;
             };
-            let (ps, ctx) = (listener.id.ps, listener.id.context);
-            let chan = if listener.sync { null_mut() } else { listener.id.channel };
+            // SAFETY: a live listener of this library; plain fields read in place.
+            let (ps, ctx, sync, channel) =
+                unsafe { ((*lp).id.ps, (*lp).id.context, (*lp).sync, (*lp).id.channel) };
+            let chan = if sync { null_mut() } else { channel };
             match new_id(l, chan, ctx, ps, Some(c.id)) {
-                // SAFETY: just made.
-                Ok(p) => break (unsafe { &mut *p }, &mut listener.id as *mut rdma_cm_id),
+                Ok(p) => {
+                    // SAFETY: just made; no other thread knows it yet.
+                    unsafe { (*p).refresh(l) };
+                    // SAFETY: a place in the live listener, taken without a reference.
+                    break (p, unsafe { std::ptr::addr_of_mut!((*lp).id) });
+                }
                 Err(e) => return fail(e),
             }
         };
+        // SAFETY: a live id of this library; plain fields read in place.
+        let (ps, verbs) = unsafe { ((*id).id.ps, (*id).id.verbs) };
         let mut out = Box::new(Event {
             ev: rdma_cm_event {
                 id: null_mut(),
@@ -78,15 +89,15 @@ export! {
             },
             private: c.private,
         });
-        id.refresh(l);
-        out.ev.id = &mut id.id;
+        // SAFETY: a place in the live id, taken without a reference.
+        out.ev.id = unsafe { std::ptr::addr_of_mut!((*id).id) };
         let private = if c.private_len > 0 {
             out.private.as_ptr().cast()
         } else {
             std::ptr::null()
         };
         let len = c.private_len.min(255) as u8;
-        if id.id.ps == RDMA_PS_UDP {
+        if ps == RDMA_PS_UDP {
             let mut ah = ibv_ah_attr {
                 is_global: 1,
                 port_num: 1,
@@ -94,10 +105,10 @@ export! {
             };
             ah.grh.dgid.raw = c.peer_gid;
             ah.grh.hop_limit = 64;
-            ah.grh.sgid_index = if id.id.verbs.is_null() {
+            ah.grh.sgid_index = if verbs.is_null() {
                 0
             } else {
-                crate::id::sgid_index(id.id.verbs)
+                crate::id::sgid_index(verbs)
             };
             out.ev.param.ud = rdma_ud_param {
                 private_data: private,

@@ -59,11 +59,18 @@ pub(crate) fn id_of<'a>(p: *mut rdma_cm_id) -> Option<&'a mut Id> {
     })
 }
 
-/// The library's id for CM id `cm`.
-pub(crate) fn id_by_cm<'a>(cm: u32) -> Option<&'a mut Id> {
+/// The library's id for CM id `cm`, as a pointer: the event thread reads what it needs
+/// through it and never takes a reference to an id another thread may be calling on.
+pub(crate) fn id_ptr_by_cm(cm: u32) -> Option<*mut Id> {
     let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a live id of this library (in the registry).
-    ids.get(&cm).map(|&a| unsafe { &mut *(a as *mut Id) })
+    ids.get(&cm).map(|&a| a as *mut Id)
+}
+
+/// The library's id for CM id `cm`, for the thread calling on it.
+pub(crate) fn id_by_cm<'a>(cm: u32) -> Option<&'a mut Id> {
+    // SAFETY: a live id of this library (in the registry), used by the caller's thread, as
+    // librdmacm's callers use an id.
+    id_ptr_by_cm(cm).map(|p| unsafe { &mut *p })
 }
 
 /// A new id on `chan` (a channel of its own when null): `Err(errno)`.

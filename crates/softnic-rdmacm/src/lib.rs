@@ -133,8 +133,25 @@ fn open() -> Result<Lib, (c_int, String)> {
             pd: Mutex::new(std::ptr::null_mut()),
         });
     }
+    // SAFETY: registers a function of no arguments that only calls the CM through its table.
+    unsafe { libc::atexit(linger) };
     Ok(Lib { ops, devs })
 }
+
+/// At exit, waits (at most [`LINGER`]) while ids destroyed by the program still send their
+/// DREQ: the kernel's CM would go on after the process, a softnic process's CM ends with it,
+/// and a DREQ lost then would leave its peer connected for ever.
+extern "C" fn linger() {
+    let Some(Ok(l)) = LIB.get() else { return };
+    let end = std::time::Instant::now() + LINGER;
+    // SAFETY: a context of the fabric.
+    while unsafe { (l.ops.lingering)(l.ctx()) } > 0 && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The longest a process lingers at exit for its DREQs (two retransmissions).
+const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Lib {
     /// The context the CM's calls name the fabric by.

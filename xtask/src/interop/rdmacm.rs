@@ -201,7 +201,15 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let early = ["REJECTED", "rejected", "refused", "Unknown error -8"];
+        // (libfabric reports the REJ as error -8; UD's SIDR answers "no such service" as
+        // UNREACHABLE with status 1.)
+        let early = [
+            "REJECTED",
+            "rejected",
+            "refused",
+            "Unknown error -8",
+            "UNREACHABLE; error: 1",
+        ];
         let retry = !out.status.success() && early.iter().any(|w| text.contains(w));
         if !retry || Instant::now() > deadline {
             break (out.status.success(), text);

@@ -263,6 +263,13 @@ impl Fabric {
         }
     }
 
+    /// How many destroyed ids still send their DREQ (unanswered so far): a process about to
+    /// exit waits for them (softnic's librdmacm does, at exit), as the kernel's CM would go
+    /// on sending them after the process.
+    pub fn cm_lingering(&self) -> usize {
+        self.shared.lock_any().cm_lingering()
+    }
+
     /// The CM counters of device `name`.
     pub fn cm_counters(&self, name: &str) -> Option<CmCounters> {
         let st = self.shared.lock_any();

@@ -15,7 +15,7 @@ use crate::abi::{self, Kind};
 use crate::fabric::Fabric;
 
 /// The layout version of [`CmOps`] and [`CEvent`]: a library built for another refuses it.
-pub const CM_OPS_VERSION: u32 = 1;
+pub const CM_OPS_VERSION: u32 = 2;
 
 /// An IPv4 address and port (host byte order).
 #[repr(C)]
@@ -158,6 +158,8 @@ pub struct CmOps {
     pub destroy_id: unsafe extern "C" fn(Ctx, u32) -> c_int,
     pub get_event: unsafe extern "C" fn(Ctx, u32, *mut CEvent) -> c_int,
     pub id_info: unsafe extern "C" fn(Ctx, u32, *mut CIdInfo) -> c_int,
+    /// [`Fabric::cm_lingering`] (0 for a context that is not softnic's).
+    pub lingering: unsafe extern "C" fn(Ctx) -> u32,
 }
 
 /// softnic's CM as a C table.
@@ -183,6 +185,7 @@ pub static CM_OPS: CmOps = CmOps {
     destroy_id,
     get_event,
     id_info,
+    lingering,
 };
 
 /// Runs `f` on the fabric of context `ctx`: 0, or the errno of its error (EINVAL for a
@@ -388,4 +391,13 @@ unsafe extern "C" fn id_info(ctx: Ctx, id: u32, out: *mut CIdInfo) -> c_int {
         unsafe { put(out, info) };
         Ok(())
     })
+}
+
+unsafe extern "C" fn lingering(ctx: Ctx) -> u32 {
+    let mut n = 0;
+    on(ctx, |f| {
+        n = f.cm_lingering() as u32;
+        Ok(())
+    });
+    n
 }

@@ -514,6 +514,11 @@ impl State {
 
     /// The connection is down: DISCONNECTED (if `event`), then time-wait until its timer.
     pub(crate) fn cm_time_wait(&mut self, id: u32, event: bool) {
+        if self.w.cm.ids.get(&id).is_some_and(|i| i.orphan) {
+            // Its goodbye is over, and nobody waits for its events.
+            self.forget(id);
+            return;
+        }
         self.w.cm.ids.get_mut(&id).expect("a live id").st = St::TimeWait;
         if event {
             self.w.cm.event(id, CmEventKind::Disconnected, 0);

@@ -103,6 +103,8 @@ pub(crate) struct Id {
     pub(crate) due: Option<u64>,
     /// The last REP or RTU sent, for duplicates.
     pub(crate) last: Option<Box<[u8; super::mad::MAD_LEN]>>,
+    /// Destroyed by its caller while its DREQ is unanswered: it lives on until answered.
+    pub(crate) orphan: bool,
 }
 
 impl Id {
@@ -133,6 +135,7 @@ impl Id {
             resend: None,
             due: None,
             last: None,
+            orphan: false,
         }
     }
 }

@@ -35,6 +35,7 @@
 pub mod mad;
 
 mod api;
+mod bye;
 pub mod cabi;
 mod core;
 mod ctl;

@@ -163,3 +163,22 @@ fn a_server_slow_to_accept_keeps_its_client_waiting_with_mras() {
     let sc = e.fabric.cm_counters("soft1").unwrap();
     assert!(sc.duplicates > 0, "{sc:?}");
 }
+
+#[test]
+fn an_id_destroyed_right_after_its_disconnect_still_gets_its_dreq_through() {
+    // MADs: REQ, REP, RTU, then the DREQ, lost; the client destroys its id at once (as
+    // programs do before they exit): the DREQ is sent again all the same.
+    let e = ends(15);
+    drop_mads(&e.fabric, &[3]);
+    let (c, _, s, qb) = connect(&e);
+    e.fabric.cm_disconnect(c).unwrap();
+    e.fabric.cm_destroy_id(c).unwrap();
+    assert_eq!(e.fabric.cm_lingering(), 1);
+    expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
+    e.fabric.advance(Duration::from_millis(10));
+    assert_eq!(e.fabric.cm_lingering(), 0, "answered: forgotten");
+    // The client's channel heard nothing of it after the destroy.
+    assert_eq!(next_event(&e.fabric, e.ca, Duration::from_secs(30)), None);
+    e.fabric.cm_destroy_id(s).unwrap();
+}
