@@ -16,7 +16,7 @@ use crate::link::udp::UdpPort;
 use crate::link::{Dest, Frame, Net};
 pub(crate) use crate::shared::{Shared, panic_message};
 use crate::state::{Device, State, World};
-use crate::topology::{PortStats, Topology};
+use crate::topology::Topology;
 
 /// Which clock a fabric runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,7 +77,8 @@ pub struct FabricConfig {
     /// The port MTU in bytes (256, 512, 1024, 2048 or 4096): the largest path MTU and the UD
     /// payload limit.
     pub mtu: u32,
-    /// One-way latency of every link, in nanoseconds.
+    /// One-way latency of every link, in nanoseconds (without switches; with them, each link
+    /// takes [`SwitchConfig::latency_ns`](crate::SwitchConfig::latency_ns)).
     pub latency_ns: u64,
     /// Port speed in Gb/s (a packet occupies its port for `bytes * 8 / gbps` ns).
     pub gbps: u64,
@@ -604,18 +605,5 @@ impl Fabric {
     /// Packets in flight now (on links and in switch queues).
     pub fn in_flight(&self) -> usize {
         self.shared.lock_any().w.net.len()
-    }
-
-    /// What each switch's egress ports saw ([`FabricConfig::topology`]; empty without
-    /// switches), since the fabric was made or [`reset_switch_stats`](Self::reset_switch_stats).
-    pub fn switch_stats(&self) -> Vec<PortStats> {
-        self.shared.lock_any().w.switch_stats()
-    }
-
-    /// Starts the switches' statistics afresh (to measure a steady state after a warm-up).
-    pub fn reset_switch_stats(&self) {
-        if let Some(sw) = self.shared.lock_any().w.switches.as_mut() {
-            sw.reset_stats();
-        }
     }
 }

@@ -146,10 +146,10 @@ impl State {
 
     fn deliver_due(&mut self) -> bool {
         let mut did = false;
-        while let Some(frame) = self.w.net.pop_due(self.w.now) {
+        while let Some((at, frame)) = self.w.net.pop_due(self.w.now) {
             did = true;
             if frame.at.is_some() {
-                self.w.forward(frame);
+                self.w.forward(at, frame);
                 continue;
             }
             match frame.to {

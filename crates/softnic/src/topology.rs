@@ -7,7 +7,8 @@
 //! link's propagation delay later. Each egress holds at most
 //! [`SwitchConfig::buffer_bytes`]: a packet that does not fit is dropped (drop-tail). With
 //! [`SwitchConfig::ecn`], a packet whose IPv4 header says ECN-capable (softnic's devices send
-//! every packet ECT(0), as a RoCE NIC with ECN enabled does) is marked Congestion Experienced
+//! their QPs' packets ECT(0), as a RoCE NIC with ECN enabled does; CNPs go without) is marked
+//! Congestion Experienced
 //! with RED's probability on the queue it joins; the receiving device answers a marked packet
 //! with a CNP to the sending QP, at most one per QP every [`CNP_INTERVAL_NS`], as RoCE NICs'
 //! notification points do. CNPs are counted (`Counters::cnps_sent`, `cnps_received`); nothing
@@ -18,7 +19,14 @@
 //! packet's addresses and RoCEv2 UDP source port picks, so that a QP's path is its source
 //! port, as on real fabrics. Packets that reach a switch in the same nanosecond are taken in
 //! an order drawn from the seed (a fair arbiter; every other tie goes by sending sequence).
-//! Everything runs on the fabric's clock and draws from its seed: a run replays bit for bit. Frames between processes (the UDP link) and a device's frames to
+//! Everything runs on the fabric's clock and draws from its seed: a run replays bit for bit.
+//!
+//! A packet's size on every link is its RoCEv2 transport part, BTH to ICRC (what
+//! [`Counters::bytes_sent`](crate::Counters::bytes_sent) counts): the Ethernet, IPv4 and UDP
+//! headers, FCS, preamble and gap (66 bytes a frame on real Ethernet) are not modelled, so a
+//! link carries about 1.5% more 4 KiB packets than real 100 GbE does, and buffers hold as
+//! much more. The fabric's [`latency_ns`](crate::FabricConfig::latency_ns) is not used
+//! between devices that meet at switches: each link takes [`SwitchConfig::latency_ns`]. Frames between processes (the UDP link) and a device's frames to
 //! itself never pass a switch.
 //!
 //! ```
@@ -32,6 +40,8 @@
 //! });
 //! assert!(fabric.switch_stats().iter().all(|p| p.drops == 0));
 //! ```
+
+use crate::Fabric;
 
 /// The shortest time between two CNPs a device sends to one QP, in nanoseconds: a RoCE NIC's
 /// notification point sends at most one per QP per such interval (mlx5's
@@ -145,4 +155,20 @@ pub struct PortStats {
     pub queue_p99: u64,
     /// The largest of the same.
     pub queue_max: u64,
+}
+
+impl Fabric {
+    /// What each switch's egress ports saw ([`FabricConfig::topology`](crate::FabricConfig::topology);
+    /// empty without switches), since the fabric was made or
+    /// [`reset_switch_stats`](Self::reset_switch_stats).
+    pub fn switch_stats(&self) -> Vec<PortStats> {
+        self.shared.lock_any().w.switch_stats()
+    }
+
+    /// Starts the switches' statistics afresh (to measure a steady state after a warm-up).
+    pub fn reset_switch_stats(&self) {
+        if let Some(sw) = self.shared.lock_any().w.switches.as_mut() {
+            sw.reset_stats();
+        }
+    }
 }

@@ -6,7 +6,8 @@
 //! reordering, link down, a packet filter), then goes onto one of two links:
 //! - [`sim`]: the in-process simulated network, packets in flight ordered by arrival time
 //!   (each device's port serialises a packet for `bytes * 8 / gbps` and it arrives
-//!   `latency_ns` after it left); on the virtual clock, replayed bit for bit;
+//!   `latency_ns` after it left, or, with [`switch`]es, at the first switch a link's delay
+//!   later, where it queues for its next link); on the virtual clock, replayed bit for bit;
 //! - [`udp`]: a device's UDP socket, RoCEv2 to another process or host.
 //!
 //! A frame for the UDP link waits in the same queue (so reordering faults delay it) and leaves

@@ -27,14 +27,14 @@ impl Net {
         self.heap.peek().map(|Reverse((at, _, _))| *at)
     }
 
-    /// The next packet that has arrived by `now`.
-    pub(crate) fn pop_due(&mut self, now: u64) -> Option<Frame> {
+    /// The next packet that has arrived by `now`, and when it arrived.
+    pub(crate) fn pop_due(&mut self, now: u64) -> Option<(u64, Frame)> {
         if self.next_at()? > now {
             return None;
         }
-        let Reverse((_, _, slot)) = self.heap.pop()?;
+        let Reverse((at, _, slot)) = self.heap.pop()?;
         self.free.push(slot);
-        self.slots[slot as usize].take()
+        self.slots[slot as usize].take().map(|f| (at, f))
     }
 
     /// Puts `frame` in flight, arriving at `at` (after the frames in flight arriving then).

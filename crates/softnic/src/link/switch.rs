@@ -2,10 +2,11 @@
 //! egress port, drop-tail, RED marking, ECMP on the UDP source port.
 //!
 //! A frame on its way carries the switch it arrives at next ([`Frame::at`]); when it arrives
-//! (the network pops it at that time), [`World::forward`] routes it to an egress port. Packets
-//! arrive at a switch in time order, so a port's queue is a single number, the time its link is
-//! free again: a packet leaves when every byte ahead of it has, and the bytes ahead of it are
-//! that time's distance from now at the port's rate. Nothing per packet is allocated.
+//! (the network pops it in arrival order, with its arrival time: on the wall clock perhaps a
+//! little after it), [`World::forward`] routes it to an egress port. Packets arrive at a
+//! switch in time order, so a port's queue is a single number, the time its link is free again:
+//! a packet leaves when every byte ahead of it has, and the bytes ahead of it are that time's
+//! distance from the packet's arrival at the port's rate. Nothing per packet is allocated.
 
 use hdrhistogram::Histogram;
 
@@ -161,7 +162,11 @@ impl Egress {
         chance: impl FnOnce(f64) -> bool,
     ) -> Admit {
         // The bytes ahead of it: what the link has yet to send.
-        let queued = (self.free_at.saturating_sub(now) * cfg.gbps).div_ceil(8);
+        let queued = self
+            .free_at
+            .saturating_sub(now)
+            .saturating_mul(cfg.gbps)
+            .div_ceil(8);
         if queued.saturating_add(len) > cfg.buffer_bytes {
             self.drops += 1;
             return Admit::Dropped;
@@ -197,9 +202,10 @@ fn ecmp(salt: u64, src: usize, dst: usize, sport: u16) -> u64 {
 }
 
 impl World {
-    /// A frame arrived at the switch it names: it joins its egress queue (or is dropped) and
-    /// goes on to the next hop.
-    pub(crate) fn forward(&mut self, mut frame: Frame) {
+    /// A frame arrived at the switch it names at time `arrived` (on the wall clock this may be
+    /// a little before now): it joins its egress queue as of then (or is dropped) and goes on
+    /// to the next hop.
+    pub(crate) fn forward(&mut self, arrived: u64, mut frame: Frame) {
         let (Some(s), Some(sw), Dest::Local(dst)) = (frame.at, self.switches.as_mut(), frame.to)
         else {
             return;
@@ -209,7 +215,7 @@ impl World {
         let rng = &mut self.rng;
         let egress = &mut sw.ports[port];
         let to = egress.to;
-        match egress.admit(&sw.cfg, self.now, len, frame.ecn & ECT0 != 0, |p| {
+        match egress.admit(&sw.cfg, arrived, len, frame.ecn & ECT0 != 0, |p| {
             rng.chance(p)
         }) {
             Admit::Dropped => self.spare.give(frame.bytes),

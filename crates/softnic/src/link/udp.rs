@@ -119,10 +119,6 @@ impl UdpPort {
                     libc::IP_PMTUDISC_DO,
                 )?;
                 set_buffer(&s, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF);
-                // ECN-capable transport, ECT(0), in every datagram's IPv4 header, as a RoCE
-                // NIC with ECN enabled sends (a switch may then mark instead of drop). Best
-                // effort: a system that refuses leaves the field 0.
-                let _ = set_int(&s, libc::IPPROTO_IP, libc::IP_TOS, i32::from(super::ECT0));
                 let port = s.local_addr()?.port();
                 Ok((s, port))
             })

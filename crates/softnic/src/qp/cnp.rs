@@ -2,6 +2,8 @@
 //! Congestion Experienced is answered with a CNP to the QP that sent it (see
 //! [`crate::topology`]).
 
+use ibverbs_sys::ibv_qp_state;
+
 use super::{Qp, Transport};
 use crate::link::{Dest, Frame};
 use crate::packet::{Headers, Packet, opcode};
@@ -15,21 +17,33 @@ const RESERVED: [u8; 16] = [0; 16];
 
 impl Qp {
     /// `pkt` arrived from device `from` marked Congestion Experienced: counts it, and sends a
-    /// CNP to its sender unless this QP sent one within [`CNP_INTERVAL_NS`].
+    /// CNP to its sender unless this QP sent one within [`CNP_INTERVAL_NS`]. Only a QP that
+    /// receives (RTR, RTS or SQD) answers; a connected QP answers its own peer (the QP and
+    /// device of its address vector, whoever sent the packet), a UD QP the sender its DETH
+    /// names on the device the packet came from.
     pub(crate) fn congestion_experienced(&mut self, w: &mut World, pkt: &Packet<'_>, from: usize) {
         self.count(w, |c| c.ecn_marked += 1);
-        if self
-            .last_cnp
-            .is_some_and(|t| w.now.saturating_sub(t) < CNP_INTERVAL_NS)
+        let receives = matches!(
+            self.state,
+            ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS | ibv_qp_state::IBV_QPS_SQD
+        );
+        if !receives
+            || self
+                .last_cnp
+                .is_some_and(|t| w.now.saturating_sub(t) < CNP_INTERVAL_NS)
         {
             return;
         }
-        let dest_qp = match self.transport {
+        let (dest_qp, to) = match self.transport {
             Transport::Ud => match pkt.hdr.deth {
-                Some(d) => d.src_qp,
+                Some(d) => (d.src_qp, from),
                 None => return,
             },
-            _ => self.attr.dest_qp_num,
+            _ => match self.dest_dev {
+                Some(Dest::Local(d)) => (self.attr.dest_qp_num, d),
+                // A peer on the UDP link: no switch between here and there marks.
+                _ => return,
+            },
         };
         let hdr = Headers {
             opcode: opcode::CNP,
@@ -51,7 +65,7 @@ impl Qp {
         });
         let frame = Frame {
             from: self.dev,
-            to: Dest::Local(from),
+            to: Dest::Local(to),
             sport: w.sport(self.dev, self.qpn),
             sgid: w.devices[self.dev].gid,
             bytes,

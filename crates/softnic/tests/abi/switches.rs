@@ -223,3 +223,47 @@ fn a_run_with_switches_replays_from_its_seed() {
     a.fabric.reset_switch_stats();
     assert!(a.fabric.switch_stats().iter().all(|p| p.packets == 0));
 }
+
+#[test]
+fn a_cnp_goes_to_the_receiving_qps_own_peer_never_to_whoever_sent_the_marked_packet() {
+    // Every packet that finds a queue is marked.
+    let red = Red {
+        kmin: 0,
+        kmax: 0,
+        pmax: 1.0,
+    };
+    let fabric = Fabric::new(FabricConfig {
+        devices: 3,
+        topology: star(u64::MAX, Some(red)),
+        ..Default::default()
+    });
+    let rx = Node::open(&fabric, "soft0");
+    let peer = Node::open(&fabric, "soft1");
+    let stranger = Node::open(&fabric, "soft2");
+    let mut dst = vec![0u8; 64 * SIZE];
+    let dmr = rx.reg(&mut dst, ALL_ACCESS);
+    let rc = ibv_qp_type::IBV_QPT_RC;
+    let qr = rx.qp(rc, cap(1, 1), true);
+    let qp = peer.qp(rc, cap(64, 1), true);
+    // The stranger's QP aims at the receiver's QP, which is connected to the peer only.
+    let qs = stranger.qp(rc, cap(64, 1), true);
+    bring_up(qr, rc, peer.gid, qpn(qp), |_| {});
+    bring_up(qp, rc, rx.gid, qpn(qr), |_| {});
+    bring_up(qs, rc, rx.gid, qpn(qr), |_| {});
+    for (node, qp) in [(&peer, qp), (&stranger, qs)] {
+        let mut src = vec![7u8; SIZE];
+        let smr = node.reg(&mut src, LOCAL_WRITE);
+        let mut wrs: Vec<_> = (0..32)
+            .map(|w| write_wr(w, &src[..SIZE], smr, dst.as_ptr() as u64, dmr))
+            .collect();
+        post_send(qp, &mut wrs).unwrap();
+        // The WRITEs read it until they complete.
+        std::mem::forget(src);
+    }
+    let _ = fabric.run_until_idle();
+    let rxc = fabric.device_counters("soft0").unwrap();
+    assert!(rxc.ecn_marked > 0 && rxc.cnps_sent > 0, "{rxc:?}");
+    let to = |d: &str| fabric.device_counters(d).unwrap().cnps_received;
+    assert_eq!(to("soft1"), rxc.cnps_sent, "every CNP to the peer");
+    assert_eq!(to("soft2"), 0, "none to the stranger");
+}
