@@ -31,6 +31,23 @@ pub fn drain(sim: &mut Sim, limit: Duration) -> Result<(), String> {
         .map_err(|e| format!("{e}: not drained\n{}", usage_table(sim)))
 }
 
+/// The property tests' workload: `ops` over `links`, `window` operations in flight per stream
+/// and at most ten minutes of virtual time, every invariant checked
+/// ([`workload::run`](crate::workload::run)); then drained (at most a minute more).
+pub fn run_and_drain(
+    sim: &mut Sim,
+    links: &[Link],
+    ops: &[crate::workload::Op],
+    window: usize,
+) -> Result<(), String> {
+    let pacing = crate::workload::Pacing {
+        window,
+        limit: Duration::from_secs(600),
+    };
+    crate::workload::run(sim, links, ops, pacing)?;
+    drain(sim, Duration::from_secs(60))
+}
+
 /// Whether engine `i` holds what it held before its first connection: no connection, nothing
 /// draining, no CQ reservation beyond its own control QP's, no credit granted, no peer engine
 /// held, and [`quiet`].

@@ -14,7 +14,7 @@ use std::time::Duration;
 use uccl_engine::{Access, Block, Buffer, ConnId, Descriptor, Request, Stats};
 
 pub use crate::settle::{
-    back_to_baseline, close_all, drain, memory_back_to_baseline, quiet, usage_table,
+    back_to_baseline, close_all, drain, memory_back_to_baseline, quiet, run_and_drain, usage_table,
 };
 use crate::{Sim, pattern};
 

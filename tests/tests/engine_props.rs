@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use softnic::Faults;
 use uccl_engine::{EngineConfig, Mode};
 use uccl_integration::Sim;
-use uccl_integration::workload::{self, Kind, Op, Pacing};
+use uccl_integration::workload::{self, Kind, Op};
 
 /// A fault schedule: each rate in `0..=0.1`.
 fn faults() -> impl Strategy<Value = Faults> {
@@ -186,12 +186,7 @@ fn check(c: &Case) -> Result<(), String> {
             slack: m.slack,
         })
         .collect();
-    let pacing = Pacing {
-        window: 6,
-        limit: Duration::from_secs(600),
-    };
-    workload::run(&mut sim, &links, &ops, pacing)?;
-    workload::drain(&mut sim, Duration::from_secs(60))?;
+    workload::run_and_drain(&mut sim, &links, &ops, 6)?;
     // Honest senders, however lossy the fabric, never come near their receive credit.
     for (i, e) in sim.engines.iter().enumerate() {
         let s = e.stats();

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use softnic::{Faults, Red, SwitchConfig, Topology};
 use uccl_engine::{EngineConfig, Mode};
 use uccl_integration::Sim;
-use uccl_integration::workload::{self, Kind, Op, Pacing};
+use uccl_integration::workload::{self, Kind, Op};
 
 fn switch() -> impl Strategy<Value = SwitchConfig> {
     (
@@ -138,12 +138,7 @@ fn check(c: &Case) -> Result<(), String> {
             slack: 3,
         })
         .collect();
-    let pacing = Pacing {
-        window: 6,
-        limit: Duration::from_secs(600),
-    };
-    workload::run(&mut sim, &links, &ops, pacing)?;
-    workload::drain(&mut sim, Duration::from_secs(60))?;
+    workload::run_and_drain(&mut sim, &links, &ops, 6)?;
     workload::close_all(&mut sim, &links, Duration::from_secs(60))
 }
 

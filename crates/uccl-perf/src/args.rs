@@ -273,6 +273,13 @@ impl Args {
                     .into(),
             );
         }
+        if self.fabric.measured() && !self.virtual_clock() {
+            return Err(
+                "--senders/--topology/--switch-buffer/--ecn build softnic's simulated fabric: \
+                 softnic in one process only (--device soft, not --server/--client)"
+                    .into(),
+            );
+        }
         let faults = self.loss.unwrap_or(0.0) + self.reorder + self.duplicate + self.corrupt;
         if faults > 0.0 && !self.soft() {
             return Err(

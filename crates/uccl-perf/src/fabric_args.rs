@@ -101,7 +101,8 @@ impl FabricArgs {
         }
     }
 
-    /// Switches on a path between two devices on different leaves (one on a star).
+    /// Switches on the longest path: one on a star, three between two leaves (a flow within a
+    /// leaf crosses one: its target is then a little generous).
     pub(crate) fn hops(&self) -> u8 {
         match self.topology {
             TopologyArg::Direct => 0,
@@ -135,6 +136,9 @@ impl FabricArgs {
 
     /// Whether the run measures congestion (switches or an incast).
     pub(crate) fn measured(&self) -> bool {
-        self.senders > 0 || self.topology != TopologyArg::Direct
+        self.senders > 0
+            || self.topology != TopologyArg::Direct
+            || self.switch_buffer.is_some()
+            || self.ecn
     }
 }

@@ -16,8 +16,10 @@
 //! uccl-perf --device mlx5_0 --server             # two processes on a real NIC ...
 //! uccl-perf --device mlx5_0 --client HOST        # ... the server runs the client's options
 //! uccl-perf --test verbs-write-bw                # raw verbs: chained vs one post per WR
-//! uccl-perf --op write --senders 64 --flows 1 --topology star --switch-buffer 1MB \
-//!     --target-delay-us 10 --flow-scaling-us 25 --base-rtt-ns 6000   # 64:1 incast, Swift
+//! uccl-perf --op write --senders 64 --flows 1 --qps-per-flow 4 --topology star \
+//!     --switch-buffer 1MB --loss 0 --chunk-size 4KiB --msg-size 64KiB --messages 100 \
+//!     --target-delay-us 10 --flow-scaling-us 25 --additive-increase 0.25 \
+//!     --base-rtt-ns 6000 --ack-delay-us 0 --warmup-us 2000   # 64:1 incast (RESULTS.md)
 //! ```
 
 #![deny(unsafe_code)]

@@ -109,6 +109,9 @@ pub(crate) struct Window {
     min_rtt: u64,
     /// Below one chunk with pacing: the earliest the next chunk may go (ns).
     next_send: u64,
+    /// What additive increase owes below 1/[`ONE`] chunk, times the window: carried to the
+    /// next ACK so that small increases add up.
+    carry: u64,
 }
 
 impl Window {
@@ -122,6 +125,7 @@ impl Window {
             over_since: None,
             min_rtt: u64::MAX,
             next_send: 0,
+            carry: 0,
         }
     }
 
@@ -142,10 +146,15 @@ impl Window {
         (self.cwnd < ONE && now < self.next_send).then_some(self.next_send)
     }
 
+    /// Whether the window is below one chunk (its flow is paced).
+    pub(crate) fn paced(&self) -> bool {
+        self.cwnd < ONE
+    }
+
     /// A chunk left at `now` on a path of smoothed RTT `srtt`: below one chunk, the next one
     /// waits `srtt / cwnd`.
     pub(crate) fn on_send(&mut self, now: u64, srtt: u64) {
-        if self.cwnd < ONE {
+        if self.paced() {
             self.next_send = now.saturating_add(srtt.saturating_mul(ONE) / self.cwnd.max(MIN));
         }
     }
@@ -168,7 +177,11 @@ impl Window {
             self.over_since = None;
             // `ai` per RTT: `ai / cwnd` per chunk acknowledged; below one chunk, Swift's `ai`
             // per chunk acknowledged.
-            let grow = (acked * t.ai * ONE / self.cwnd.max(MIN)).min(acked * t.ai);
+            let owed = self.carry + acked * t.ai * ONE;
+            let cwnd = self.cwnd.max(MIN);
+            let cap = acked * t.ai;
+            let grow = (owed / cwnd).min(cap);
+            self.carry = if grow == cap { 0 } else { owed % cwnd };
             self.cwnd = (self.cwnd + grow).min(self.max);
             return;
         }
@@ -182,6 +195,44 @@ impl Window {
         let keep = 256u64.saturating_sub(excess).max(MAX_MDF_KEEP);
         self.cwnd = (self.cwnd * keep / 256).max(t.min);
         self.cut_at = Some(now);
+    }
+}
+
+impl crate::tx::Tx {
+    /// Every RTT sample the ACKs gave (ns, the receiver's hold time left out: the delay the
+    /// congestion window steers by), since the transmit side began or
+    /// [`reset_rtt_samples`](Self::reset_rtt_samples). Recording allocates nothing; samples
+    /// above [`RTT_RANGE_NS`] count as that.
+    pub fn rtt_samples(&self) -> &hdrhistogram::Histogram<u64> {
+        &self.rtts
+    }
+
+    /// Forgets the RTT samples so far (to measure a steady state after a warm-up).
+    pub fn reset_rtt_samples(&mut self) {
+        self.rtts.reset();
+    }
+
+    /// The smoothed RTT (ns) of the path of `lane` of flow `fid`, or the initial RTO before a
+    /// sample on it.
+    pub(crate) fn lane_srtt(&self, fid: u16, lane: u16) -> u64 {
+        self.flow(fid)
+            .and_then(|f| f.lanes.get(usize::from(lane)))
+            .and_then(|l| self.paths[usize::from(l.path.0)].rtt.srtt())
+            .unwrap_or(self.cfg.rto_initial_us * 1000)
+    }
+
+    /// What the congestion window's target is made of (see `cc`).
+    pub(crate) fn cc_target(&self) -> Target {
+        let c = &self.cfg;
+        Target {
+            queueing: c.target_delay_us * 1000,
+            hops: u64::from(c.hops) * c.hop_delay_ns,
+            fs_range: c.flow_scaling_us * 1000,
+            ai: u64::from(c.additive_increase),
+            base: c.base_rtt_ns,
+            persistent: c.persistent_delay,
+            min: u64::from(c.min_window).max(crate::cc::MIN),
+        }
     }
 }
 
@@ -214,6 +265,32 @@ mod tests {
         }
         assert_eq!(w.chunks(), 256);
         assert_eq!(Window::new(4).chunks(), 4);
+    }
+
+    #[test]
+    fn the_smallest_increase_still_adds_up() {
+        // ai = 1/1024 chunk per RTT: a 16-chunk window acknowledged a chunk at a time for
+        // 1024 RTTs (16 * 1024 ACKs) grows by about a chunk (a little less as it grows), not
+        // by nothing.
+        let t = Target { ai: 1, ..T };
+        let mut w = Window::new(256);
+        w.on_sample(0, 10, &t, 10, 1);
+        let start = w.raw();
+        for _ in 0..16 * 1024 {
+            w.on_sample(0, 10, &t, 10, 1);
+        }
+        let grown = w.raw() - start;
+        assert!((900..=1030).contains(&grown), "{grown}");
+        // And a quarter chunk per RTT at 100 chunks: about a quarter chunk per window, to
+        // within rounding of one ACK's worth.
+        let t = Target { ai: ONE / 4, ..T };
+        let mut w = Window::new(256);
+        w.cwnd = 100 * ONE;
+        for _ in 0..100 {
+            w.on_sample(0, 10, &t, 10, 1);
+        }
+        let grown = w.raw() - 100 * ONE;
+        assert!((250..=258).contains(&grown), "{grown}");
     }
 
     #[test]

@@ -261,7 +261,8 @@ impl Tx {
         }
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) must next be called (ns), if ever. O(1);
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called (ns), if ever. O(1) but
+    /// for a scan of one pacing-wheel slot;
     /// it may be early (then the call finds nothing due), never late.
     pub fn poll_timeout(&self) -> Option<u64> {
         match (self.timers.next(), self.pacer.next()) {

@@ -190,7 +190,8 @@ impl Tx {
             self.stats.hdr_pool_empty += 1;
             return Outcome::Stop;
         }
-        if pacing {
+        // Only a window below one chunk paces (the path's RTT is looked up only then).
+        if pacing && self.flow(fid).is_some_and(|f| f.cc.paced()) {
             let srtt = self.lane_srtt(fid, lane);
             if let Some(f) = self.open_flow_mut(fid) {
                 f.cc.on_send(now, srtt);

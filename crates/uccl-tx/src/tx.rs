@@ -90,11 +90,11 @@ pub struct Tx {
     /// Inner-loop steps taken (the cost test counts them).
     #[cfg(test)]
     pub(crate) work: u64,
-    /// Every RTT sample (ns, the receiver's hold time out), for [`Tx::rtt_samples`].
     /// Flows paced below one chunk, by their next send time.
     pub(crate) pacer: crate::wheel::Wheel,
     /// Scratch: the paced flows due in one `handle_timeout` (its room reused).
     pub(crate) paced_due: Vec<(u64, u16)>,
+    /// Every RTT sample (ns, the receiver's hold time out), for [`Tx::rtt_samples`].
     pub(crate) rtts: hdrhistogram::Histogram<u64>,
 }
 
@@ -430,19 +430,6 @@ impl Tx {
         }
     }
 
-    /// Every RTT sample the ACKs gave (ns, the receiver's hold time left out: the delay the
-    /// congestion window steers by), since the transmit side began or
-    /// [`reset_rtt_samples`](Self::reset_rtt_samples). Recording allocates nothing; samples
-    /// above [`RTT_RANGE_NS`] count as that.
-    pub fn rtt_samples(&self) -> &hdrhistogram::Histogram<u64> {
-        &self.rtts
-    }
-
-    /// Forgets the RTT samples so far (to measure a steady state after a warm-up).
-    pub fn reset_rtt_samples(&mut self) {
-        self.rtts.reset();
-    }
-
     /// The smoothed RTT of `path` in ns, once there was a sample.
     pub fn path_srtt(&self, path: PathId) -> Option<u64> {
         self.paths
@@ -603,29 +590,6 @@ impl Tx {
                 f.waits_engine = false;
                 self.activate(fid);
             }
-        }
-    }
-
-    /// The smoothed RTT (ns) of the path of `lane` of flow `fid`, or the initial RTO before a
-    /// sample on it.
-    pub(crate) fn lane_srtt(&self, fid: u16, lane: u16) -> u64 {
-        self.flow(fid)
-            .and_then(|f| f.lanes.get(usize::from(lane)))
-            .and_then(|l| self.paths[usize::from(l.path.0)].rtt.srtt())
-            .unwrap_or(self.cfg.rto_initial_us * 1000)
-    }
-
-    /// What the congestion window's target is made of (see `cc`).
-    pub(crate) fn cc_target(&self) -> crate::cc::Target {
-        let c = &self.cfg;
-        crate::cc::Target {
-            queueing: c.target_delay_us * 1000,
-            hops: u64::from(c.hops) * c.hop_delay_ns,
-            fs_range: c.flow_scaling_us * 1000,
-            ai: u64::from(c.additive_increase),
-            base: c.base_rtt_ns,
-            persistent: c.persistent_delay,
-            min: u64::from(c.min_window).max(crate::cc::MIN),
         }
     }
 

@@ -25,6 +25,8 @@ pub(crate) struct Wheel {
     /// Entries beyond the wheel's reach, and the earliest of them.
     overflow: Vec<(u64, u16)>,
     overflow_min: u64,
+    /// Entries in all: an empty wheel answers at once (the engine asks every round).
+    len: usize,
 }
 
 impl Default for Wheel {
@@ -35,6 +37,7 @@ impl Default for Wheel {
             cursor: 0,
             overflow: Vec::new(),
             overflow_min: u64::MAX,
+            len: 0,
         }
     }
 }
@@ -42,6 +45,12 @@ impl Default for Wheel {
 impl Wheel {
     /// Flow `fid` may send again at `at` (ns).
     pub(crate) fn arm(&mut self, at: u64, fid: u16) {
+        self.len += 1;
+        self.place(at, fid);
+    }
+
+    /// Puts an entry in its slot, or in the overflow list.
+    fn place(&mut self, at: u64, fid: u16) {
         let tick = (at >> TICK_SHIFT).max(self.cursor);
         if tick >= self.cursor + SLOTS as u64 {
             self.overflow.push((at, fid));
@@ -75,6 +84,9 @@ impl Wheel {
 
     /// The earliest deadline.
     pub(crate) fn next(&self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
         let wheel = self
             .first()
             .and_then(|(slot, _)| self.slots[slot].iter().map(|&(at, _)| at).min());
@@ -84,6 +96,9 @@ impl Wheel {
 
     /// Hands every entry due at `now` to `due(at, fid)`, in the order of their ticks.
     pub(crate) fn pop_due(&mut self, now: u64, mut due: impl FnMut(u64, u16)) {
+        if self.len == 0 {
+            return;
+        }
         let end = now >> TICK_SHIFT;
         while let Some((slot, tick)) = self.first().filter(|&(_, t)| t <= end) {
             self.cursor = tick;
@@ -91,10 +106,11 @@ impl Wheel {
             self.full[slot / 64] &= !(1 << (slot % 64));
             for &(at, fid) in &entries {
                 if at <= now {
+                    self.len -= 1;
                     due(at, fid);
                 } else {
                     // Later in this very tick: back in its slot.
-                    self.arm(at, fid);
+                    self.place(at, fid);
                 }
             }
             entries.clear();
@@ -112,7 +128,7 @@ impl Wheel {
             let mut again = false;
             for &(at, fid) in &far {
                 again |= at <= now;
-                self.arm(at, fid);
+                self.place(at, fid);
             }
             // Those still beyond reach went back to `overflow`; keep its room otherwise.
             if self.overflow.is_empty() {

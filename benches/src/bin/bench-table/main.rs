@@ -27,13 +27,16 @@
 //!     (messages per second, CPU per message) against `ib_send_bw -s 8` on the same softnic
 //!     link ([`msgrate`]);
 //! 12. softnic's UDP link: `ib_write_bw -s 65536` against the kernel's own UDP limit on this
-//!     machine (`udp-limit`, next to this program) ([`link`]).
+//!     machine (`udp-limit`, next to this program) ([`link`]);
+//! 13. instructions per chunk of the whole process, counted by callgrind at the margin
+//!     between two run lengths ([`instructions`]; needs valgrind).
 //!
-//! Rows 1, 5, 6, 7, 9 and 11 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
+//! Rows 1, 5, 6, 7, 9, 11 and 13 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
 //! to stderr, the table to stdout.
 
 mod cq;
+mod instructions;
 mod link;
 mod memory;
 mod msgrate;
@@ -56,30 +59,30 @@ usage: bench-table [--perf PATH] [--only ROWS]
 
 Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
   --perf PATH   the uccl-perf binary (default: the one next to this program)
-  --only ROWS   only these rows, e.g. 2 or 1,4 (1-12; the whole table by default)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-13; the whole table by default)
 ";
 
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 13],
+    rows: [bool; 14],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 13];
+        let mut rows = [true; 14];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 13];
+                    rows = [false; 14];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=12) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-12)")),
+                            Ok(n @ 1..=13) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-13)")),
                         }
                     }
                 }
@@ -96,7 +99,8 @@ impl Opts {
                 .map_err(|e| format!("where is this program? {e}"))?
                 .with_file_name("uccl-perf"),
         };
-        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] | rows[9] | rows[11] {
+        if !perf.is_file() && rows[1] | rows[5] | rows[6] | rows[7] | rows[9] | rows[11] | rows[13]
+        {
             return Err(format!(
                 "no uccl-perf at {} (build it: cargo build --release -p uccl-perf, or pass \
                  --perf)",
@@ -209,19 +213,25 @@ fn run() -> Result<(), String> {
         read_rows(&opts.perf, &mut out)?;
     }
     if want(11) {
-        eprintln!("[11/12] message rate: uccl-perf (0, 8, 64 B) vs ib_send_bw -s 8, 2 processes");
+        eprintln!("[11/13] message rate: uccl-perf (0, 8, 64 B) vs ib_send_bw -s 8, 2 processes");
         if let Err(e) = msgrate::rows(&opts.perf, 3, &mut out) {
             out.notes.push(format!("Row 11 not measured: {e}"));
         }
     }
     if want(12) {
-        eprintln!("[12/12] softnic's UDP link vs the kernel's UDP limit (ib_write_bw, udp-limit)");
+        eprintln!("[12/13] softnic's UDP link vs the kernel's UDP limit (ib_write_bw, udp-limit)");
         if let Err(e) = link::rows(3, &mut out) {
             out.notes.push(format!("Row 12 not measured: {e}"));
         }
     }
+    if want(13) {
+        eprintln!("[13/13] instructions per chunk (callgrind, uccl-perf --no-payload)");
+        if let Err(e) = instructions::rows(&opts.perf, &mut out) {
+            out.notes.push(format!("Row 13 not measured: {e}"));
+        }
+    }
     if want(10) {
-        eprintln!("[10/12] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
+        eprintln!("[10/13] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
         // UCX and perftest come from setup's packages: without them the row says why.
         if let Err(e) = ucx_rows(&mut out) {
             out.notes.push(format!("Row 10 not measured: {e}"));

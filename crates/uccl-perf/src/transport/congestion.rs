@@ -3,6 +3,13 @@
 //! messages (while every flow still competes), the bottleneck's use, the switches' drops,
 //! marks and queues, the RTT samples of the engines' ACKs, Jain's fairness over the flows'
 //! bytes, and message completion times.
+//!
+//! What the figures are, exactly: the bottleneck's use is the payload of the messages that
+//! completed in the window over what the receivers' links carry (message granularity: it can
+//! read a little over 1); `drop_ratio` is drops over the packets that reached any switch port,
+//! ACKs and every hop of a multi-hop path counted (on a leaf-spine a data packet passes three
+//! ports); message times are of the messages posted in the window that completed in it (the
+//! slowest, still in flight when it ends, are left out: they read low).
 
 use uccl_engine::Histogram;
 
@@ -43,6 +50,8 @@ pub(super) struct Steady {
     posted: Vec<u64>,
     window: u64,
     messages: Histogram<u64>,
+    /// The virtual time of this round (ns), read once per round.
+    now: u64,
     /// The result, once measured.
     pub(super) result: Option<Congestion>,
     /// A flow had all its messages before the warm-up ended: nothing to measure.
@@ -58,6 +67,7 @@ impl Steady {
             posted: vec![0; flows * window as usize],
             window,
             messages: Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("valid bounds"),
+            now: 0,
             result: None,
             gave_up: false,
         }
@@ -89,25 +99,24 @@ impl Run<'_> {
             .map_or(0, |f| f.now().as_nanos() as u64)
     }
 
-    /// Message `m` of flow `i` was posted.
+    /// Message `m` of flow `i` was posted (at the time of this round: no lock).
     pub(super) fn note_posted(&mut self, i: usize, m: u64) {
-        let now = self.virtual_now();
         if let Some(s) = self.steady.as_mut() {
             let w = s.window;
-            s.posted[i * w as usize + (m % w) as usize] = now;
+            s.posted[i * w as usize + (m % w) as usize] = s.now;
         }
     }
 
-    /// Message `m` of flow `i` completed.
+    /// Message `m` of flow `i` completed (at the time of this round).
     pub(super) fn note_completed(&mut self, i: usize, m: u64) {
-        let now = self.virtual_now();
         if let Some(s) = self.steady.as_mut()
             && let Some((start, _)) = s.start
             && s.result.is_none()
         {
             let at = s.posted[i * s.window as usize + (m % s.window) as usize];
             if at >= start {
-                s.messages.saturating_record(now.saturating_sub(at).max(1));
+                s.messages
+                    .saturating_record(s.now.saturating_sub(at).max(1));
             }
         }
     }
@@ -116,9 +125,11 @@ impl Run<'_> {
     /// messages.
     pub(super) fn observe(&mut self) {
         let now = self.virtual_now();
-        let Some(s) = self.steady.as_ref() else {
+        let Some(s) = self.steady.as_mut() else {
             return;
         };
+        s.now = now;
+        let s = self.steady.as_ref().expect("tracking");
         if s.result.is_some() || s.gave_up {
             return;
         }
