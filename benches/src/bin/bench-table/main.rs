@@ -29,13 +29,17 @@
 //! 12. softnic's UDP link: `ib_write_bw -s 65536` against the kernel's own UDP limit on this
 //!     machine (`udp-limit`, next to this program) ([`link`]);
 //! 13. instructions per chunk of the whole process, counted by callgrind at the margin
-//!     between two run lengths ([`instructions`]; needs valgrind).
+//!     between two run lengths ([`instructions`]; needs valgrind);
+//! 14. the engine between two processes (UC and RC, 64 KiB and 16 KiB chunks) against
+//!     `ib_write_bw -s 65536` on the same softnic link, and its retransmissions at 0% loss
+//!     ([`goodput`]).
 //!
-//! Rows 1, 5, 6, 7, 9, 11 and 13 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
+//! Rows 1, 5, 6, 7, 9, 11, 13 and 14 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
 //! to stderr, the table to stdout.
 
 mod cq;
+mod goodput;
 mod instructions;
 mod link;
 mod memory;
@@ -59,30 +63,30 @@ usage: bench-table [--perf PATH] [--only ROWS]
 
 Prints the side-by-side benchmark table (markdown) of uccl-rs on softnic.
   --perf PATH   the uccl-perf binary (default: the one next to this program)
-  --only ROWS   only these rows, e.g. 2 or 1,4 (1-13; the whole table by default)
+  --only ROWS   only these rows, e.g. 2 or 1,4 (1-14; the whole table by default)
 ";
 
 /// What the command line asks for.
 struct Opts {
     perf: PathBuf,
-    rows: [bool; 14],
+    rows: [bool; 15],
 }
 
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
         let mut perf = None;
-        let mut rows = [true; 14];
+        let mut rows = [true; 15];
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--perf" => perf = Some(PathBuf::from(args.next().ok_or("--perf needs a path")?)),
                 "--only" => {
                     let list = args.next().ok_or("--only needs rows, e.g. 1,4")?;
-                    rows = [false; 14];
+                    rows = [false; 15];
                     for r in list.split(',') {
                         match r.trim().parse::<usize>() {
-                            Ok(n @ 1..=13) => rows[n] = true,
-                            _ => return Err(format!("--only: {r:?} is not a row (1-13)")),
+                            Ok(n @ 1..=14) => rows[n] = true,
+                            _ => return Err(format!("--only: {r:?} is not a row (1-14)")),
                         }
                     }
                 }
@@ -213,25 +217,31 @@ fn run() -> Result<(), String> {
         read_rows(&opts.perf, &mut out)?;
     }
     if want(11) {
-        eprintln!("[11/13] message rate: uccl-perf (0, 8, 64 B) vs ib_send_bw -s 8, 2 processes");
+        eprintln!("[11/14] message rate: uccl-perf (0, 8, 64 B) vs ib_send_bw -s 8, 2 processes");
         if let Err(e) = msgrate::rows(&opts.perf, 3, &mut out) {
             out.notes.push(format!("Row 11 not measured: {e}"));
         }
     }
     if want(12) {
-        eprintln!("[12/13] softnic's UDP link vs the kernel's UDP limit (ib_write_bw, udp-limit)");
+        eprintln!("[12/14] softnic's UDP link vs the kernel's UDP limit (ib_write_bw, udp-limit)");
         if let Err(e) = link::rows(3, &mut out) {
             out.notes.push(format!("Row 12 not measured: {e}"));
         }
     }
+    if want(14) {
+        eprintln!("[14/14] the engine between 2 processes vs ib_write_bw (uccl-perf, perftest)");
+        if let Err(e) = goodput::rows(&opts.perf, 3, &mut out) {
+            out.notes.push(format!("Row 14 not measured: {e}"));
+        }
+    }
     if want(13) {
-        eprintln!("[13/13] instructions per chunk (callgrind, uccl-perf --no-payload)");
+        eprintln!("[13/14] instructions per chunk (callgrind, uccl-perf --no-payload)");
         if let Err(e) = instructions::rows(&opts.perf, &mut out) {
             out.notes.push(format!("Row 13 not measured: {e}"));
         }
     }
     if want(10) {
-        eprintln!("[10/13] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
+        eprintln!("[10/14] UCX on softnic vs perftest and vs UCX over TCP (ucx_perftest)");
         // UCX and perftest come from setup's packages: without them the row says why.
         if let Err(e) = ucx_rows(&mut out) {
             out.notes.push(format!("Row 10 not measured: {e}"));

@@ -3,8 +3,6 @@
 //! side with perftest's `ib_send_bw -s 8` on the same link (two `softnic-run` processes).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use crate::perf::{median, num};
 use crate::{Out, Row};
@@ -30,7 +28,12 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
         let (mut per_s, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             port += 1;
-            let v = two_processes(perf, port, size)?;
+            let size = size.to_string();
+            let v = crate::perf::two_processes(
+                perf,
+                port,
+                &["--msg-size", &size, "--duration", SECONDS, "--loss", "0"],
+            )?;
             per_s.push(num(&v, "messages_per_s")?);
             cpu.push(num(&v, "cpu_ns_per_message")?);
         }
@@ -71,35 +74,4 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
          `softnic-run -- ib_send_bw -d soft0 -x 1 -s 8 -n 200000` (MsgRate) on the same link."
     ));
     Ok(())
-}
-
-/// A `uccl-perf` server and client on `port` sending `size`-byte messages; the client's JSON.
-fn two_processes(perf: &Path, port: u16, size: u64) -> Result<serde_json::Value, String> {
-    let port = port.to_string();
-    let server = Command::new(perf)
-        .args(["--server", "--port", &port, "--json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting uccl-perf --server: {e}"))?;
-    // The server listens at once; the client retries its connect for a while anyway.
-    std::thread::sleep(Duration::from_millis(300));
-    let size = size.to_string();
-    let client = crate::perf::run(
-        perf,
-        &[
-            "--client",
-            "127.0.0.1",
-            "--port",
-            &port,
-            "--msg-size",
-            &size,
-            "--duration",
-            SECONDS,
-            "--loss",
-            "0",
-        ],
-    );
-    crate::ucx::reap(server, std::time::Instant::now() + Duration::from_secs(30));
-    client
 }

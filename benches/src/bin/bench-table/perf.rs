@@ -1,7 +1,8 @@
 //! Rows 1, 5 and 6: runs of the `uccl-perf` binary (`--json`), side by side.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -22,6 +23,26 @@ pub(crate) fn run(bin: &Path, args: &[&str]) -> Result<Value, String> {
         ));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("`{line}` printed no JSON object: {e}"))
+}
+
+/// A `uccl-perf --server` and a `uccl-perf --client 127.0.0.1` with `args` (the run's
+/// options, which the server adopts) on `port`, each on its own softnic device on the UDP
+/// link; the client's JSON.
+pub(crate) fn two_processes(bin: &Path, port: u16, args: &[&str]) -> Result<Value, String> {
+    let port = port.to_string();
+    let server = Command::new(bin)
+        .args(["--server", "--port", &port, "--json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting uccl-perf --server: {e}"))?;
+    // The server listens at once; the client retries its connect for a while anyway.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client_args = vec!["--client", "127.0.0.1", "--port", &port];
+    client_args.extend_from_slice(args);
+    let client = run(bin, &client_args);
+    crate::ucx::reap(server, Instant::now() + Duration::from_secs(30));
+    client
 }
 
 /// A number field of a JSON object.

@@ -1,0 +1,84 @@
+//! Row 14: the engine between two processes against raw verbs on the same link. `uccl-perf`
+//! (`--server` and `--client`, each its own softnic device on the UDP link, no faults) at
+//! 64 KiB messages, UC and RC, in 64 KiB and 16 KiB chunks, side by side with perftest's
+//! `ib_write_bw -s 65536` between two `softnic-run` processes; and the retransmissions each
+//! run needed at 0% loss (every one a late ACK taken for a loss).
+
+use std::path::Path;
+
+use crate::perf::{median, num};
+use crate::{Out, Row};
+
+/// (transport, chunk size) of the engine runs.
+const RUNS: [(&str, &str); 4] = [
+    ("uc", "64KiB"),
+    ("rc", "64KiB"),
+    ("uc", "16KiB"),
+    ("rc", "16KiB"),
+];
+
+/// Runs each engine case `reps` times and perftest `reps` times, alternating.
+pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String> {
+    let launcher = crate::ucx::launcher()?;
+    let mut port = 33_000 + (std::process::id() % 10_000) as u16;
+    let mut raw = Vec::new();
+    let mut engine = vec![(Vec::new(), 0.0f64); RUNS.len()];
+    for _ in 0..reps {
+        port += 1;
+        let text = crate::ucx::pair(
+            &launcher,
+            port,
+            "ib_write_bw -d soft0 -x 1 -s 65536 -n 20000",
+            &[],
+        )?;
+        // BW average, MB/s, to Gb/s.
+        raw.push(crate::ucx::perftest_column(&text, 3)? * 8.0 / 1000.0);
+        for (k, (transport, chunk)) in RUNS.iter().enumerate() {
+            port += 1;
+            let v = crate::perf::two_processes(
+                perf,
+                port,
+                &[
+                    "--transport",
+                    transport,
+                    "--chunk-size",
+                    chunk,
+                    "--msg-size",
+                    "64KiB",
+                    "--duration",
+                    "2",
+                    "--loss",
+                    "0",
+                ],
+            )?;
+            engine[k].0.push(num(&v, "goodput_gbps")?);
+            engine[k].1 += num(&v, "retransmits")?;
+        }
+    }
+    let base = median(&raw);
+    for ((transport, chunk), (gbps, retx)) in RUNS.iter().zip(&engine) {
+        let g = median(gbps);
+        out.rows.push(Row::new(
+            "14",
+            format!(
+                "goodput between 2 processes, {} {chunk} chunks vs ib_write_bw 64 KiB",
+                transport.to_uppercase()
+            ),
+            format!(
+                "softnic UDP link on loopback, 64 KiB messages, 0% loss ({retx:.0} \
+                 retransmissions in {reps} runs)"
+            ),
+            format!("{base:.1} Gb/s"),
+            format!("{g:.1} Gb/s"),
+            g / base,
+            ">= 0.8, 0 retransmissions",
+        ));
+    }
+    out.notes.push(format!(
+        "Row 14: medians of {reps} alternating runs of `softnic-run -- ib_write_bw -d soft0 -x 1 \
+         -s 65536 -n 20000` (BW average) and `uccl-perf --server` / `uccl-perf --client \
+         127.0.0.1 --transport uc|rc --chunk-size 64KiB|16KiB --msg-size 64KiB --duration 2 \
+         --loss 0 --json` (the client's goodput; retransmissions summed over the runs)."
+    ));
+    Ok(())
+}
