@@ -12,7 +12,7 @@ use crate::events::{Event, TxStats};
 use crate::flow::{Flow, Lane, Msg, Status, open_mut};
 use crate::path::{Path, PathId};
 use crate::timers::{PROBE, Timers};
-use crate::tracking::NIL;
+use crate::tracking::{NIL, State};
 use crate::wire::{MAX_FID, RETR_HDR_LEN};
 use crate::wr::{Kind, WrEx, WrId};
 
@@ -502,6 +502,7 @@ impl Tx {
     pub(crate) fn retire(&mut self, h: Handle) {
         let Ok(e) = self.wrs.get(h) else { return };
         let (kind, fid, epoch, msg, hdr) = (e.kind, e.fid, e.epoch, e.msg, e.hdr);
+        let (csn, seq) = (e.csn, WrId::from_raw(e.slot.wr.wr_id).seq);
         if let Some(slot) = hdr {
             let _ = self.hdrs.free(slot);
         }
@@ -515,6 +516,22 @@ impl Tx {
         else {
             return;
         };
+        // The chunk left the NIC by now (its completion, or a later WR's on its QP, came): if
+        // this WR is its latest transmission and still unacknowledged, its RTT and its
+        // retransmission timeout count from here, not from the post: time spent in the send
+        // queue behind earlier WRs is the sender's, not the network's, and must not look like
+        // a loss (a descheduled NIC, or a long chain of large chunks).
+        let now = self.now;
+        if let Some(t) = f
+            .track
+            .get_mut(csn)
+            .filter(|t| t.state == State::InFlight && t.last.seq == seq)
+        {
+            t.last.at = t.last.at.max(now);
+            if t.sends == 1 {
+                t.first.at = t.last.at;
+            }
+        }
         if let Some(m) = f.msgs.get_mut(msg) {
             m.wrs -= 1;
             f.msgs.settle(msg, fid, f.error.as_ref(), &mut self.events);
