@@ -157,7 +157,10 @@ pub(crate) fn interop() -> Result<(), String> {
             line,
         });
     }
-    for row in ucx::run(&launcher).into_iter().chain(rdmacm::run_all(&launcher)) {
+    for row in ucx::run(&launcher)
+        .into_iter()
+        .chain(rdmacm::run_all(&launcher))
+    {
         if !row.ok {
             failed.push(format!("{} {}:\n{}", row.program, row.args, row.line));
         }

@@ -126,5 +126,5 @@ pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
 pub use progress::ProgressThread;
-pub use topology::{PortStats, PortTo, Red, SwitchConfig, Topology};
 pub use qp::check_transition;
+pub use topology::{PortStats, PortTo, Red, SwitchConfig, Topology};

@@ -150,8 +150,8 @@ pub use memory::{Buffer, BufferId};
 pub use notes::{MAX_NOTE, MAX_NOTED, Notification, Notifications};
 pub use request::{Connecting, Done, Request};
 pub use setup::connect_pair;
-/// The histogram of [`Engine::rtt_samples`].
-pub use uccl_tx::Histogram;
 pub use stats::Stats;
 pub use threaded::{EngineHandle, MAX_NAP, QUEUE_DEPTH};
+/// The histogram of [`Engine::rtt_samples`].
+pub use uccl_tx::Histogram;
 pub use vectored::Block;

@@ -99,5 +99,8 @@ fn switches_are_refused_where_they_cannot_apply() {
     let out = common::perf("--server --senders 4");
     assert!(!out.status.success());
     let err = common::stderr(&out);
-    assert!(err.contains("--senders") && err.lines().count() == 1, "{err}");
+    assert!(
+        err.contains("--senders") && err.lines().count() == 1,
+        "{err}"
+    );
 }
