@@ -166,10 +166,6 @@ fn rping() -> Result<(), String> {
     let mut server = side("127.0.28.1", "-s -a 127.0.28.1 -C 3 -v")
         .spawn()
         .map_err(|e| format!("starting rping (cargo xtask setup installs it): {e}"))?;
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let mut client = side("127.0.28.2", "-c -a 127.0.28.1 -C 3 -v")
-        .spawn()
-        .map_err(|e| format!("starting rping: {e}"))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let wait = |child: &mut Child| -> Result<bool, String> {
         loop {
@@ -184,7 +180,21 @@ fn rping() -> Result<(), String> {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     };
-    let (c, s) = (wait(&mut client)?, wait(&mut server)?);
+    // A client that came before the server listened is rejected (no listener on the port)
+    // and ends at once: on a busy machine the server may take longer than a moment to start,
+    // so a client that failed while the server still runs goes again, as interop's do.
+    let c = loop {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut client = side("127.0.28.2", "-c -a 127.0.28.1 -C 3 -v")
+            .spawn()
+            .map_err(|e| format!("starting rping: {e}"))?;
+        let ok = wait(&mut client)?;
+        let server_waits = server.try_wait().map_err(|e| e.to_string())?.is_none();
+        if ok || !server_waits || std::time::Instant::now() > deadline {
+            break ok;
+        }
+    };
+    let s = wait(&mut server)?;
     if c && s {
         Ok(())
     } else {
