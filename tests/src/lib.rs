@@ -20,6 +20,23 @@ use softnic::{Fabric, FabricConfig, Faults};
 use uccl_engine::{Clock, Engine, EngineConfig, Usage, connect_pair};
 use verbs_safe::{Context, Verbs};
 
+/// Two engines built as `cfg` on a two-device wall-clock fabric (threads drive it: their own,
+/// or the engines' [`spawn`](Engine::spawn)ed ones), not connected.
+pub fn wall_pair(cfg: &EngineConfig) -> (Fabric, Engine, Engine) {
+    let fabric = Fabric::new(FabricConfig {
+        devices: 2,
+        clock: softnic::Clock::Wall,
+        ..Default::default()
+    });
+    let verbs = Verbs::soft(&fabric);
+    let engine = |name: &str| {
+        let ctx = Context::open_by_name(&verbs, name).expect("device");
+        Engine::new(&ctx, cfg.clone(), Clock::Fabric(fabric.clone())).expect("engine")
+    };
+    let (a, b) = (engine("soft0"), engine("soft1"));
+    (fabric, a, b)
+}
+
 /// A property test's configuration: the environment's `PROPTEST_*` settings, else `cases`
 /// cases and a shrink of at most `shrink` steps (each case is a whole simulation).
 pub fn proptest_config(cases: u32, shrink: u32) -> proptest::test_runner::Config {

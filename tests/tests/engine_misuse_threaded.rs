@@ -13,11 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Duration;
 
-use softnic::{Clock as FabricClock, Fabric, FabricConfig, Faults};
-use uccl_engine::{Buffer, Clock, ConnId, Engine, EngineError, EngineHandle, Mode, connect_pair};
+use softnic::{Fabric, Faults};
+use uccl_engine::{Buffer, ConnId, Engine, EngineError, EngineHandle, Mode, connect_pair};
 use uccl_integration::Sim;
 use uccl_integration::misuse::{guard, small_config};
-use verbs_safe::{Context, Verbs};
 
 /// How long a wait on a request may take before it counts as a hang.
 const HANG: Duration = Duration::from_secs(60);
@@ -25,18 +24,7 @@ const HANG: Duration = Duration::from_secs(60);
 /// Two engines of [`small_config`]`(mode)` on a wall-clock fabric (their threads drive it),
 /// not connected.
 fn wall_pair(mode: Mode) -> (Fabric, Engine, Engine) {
-    let fabric = Fabric::new(FabricConfig {
-        devices: 2,
-        clock: FabricClock::Wall,
-        ..Default::default()
-    });
-    let verbs = Verbs::soft(&fabric);
-    let engine = |name: &str| {
-        let ctx = Context::open_by_name(&verbs, name).unwrap();
-        Engine::new(&ctx, small_config(mode), Clock::Fabric(fabric.clone())).unwrap()
-    };
-    let (a, b) = (engine("soft0"), engine("soft1"));
-    (fabric, a, b)
+    uccl_integration::wall_pair(&small_config(mode))
 }
 
 /// Two threaded UC engines, connected: the fabric, the handles, each end's connection id,

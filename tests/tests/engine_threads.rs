@@ -5,32 +5,19 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use softnic::{Clock as FabricClock, Fabric, FabricConfig};
-use uccl_engine::{Clock, Engine, EngineConfig, EngineError, Mode, connect_pair};
+use softnic::Fabric;
+use uccl_engine::{Engine, EngineConfig, EngineError, Mode, connect_pair};
 use uccl_integration::exec::block_on;
 use uccl_integration::pattern;
-use verbs_safe::{Context, Verbs};
 
 /// Two engines on a wall-clock fabric (threads drive it).
 fn pair(mode: Mode) -> (Fabric, Engine, Engine) {
-    let fabric = Fabric::new(FabricConfig {
-        devices: 2,
-        clock: FabricClock::Wall,
-        ..Default::default()
-    });
-    let verbs = Verbs::soft(&fabric);
-    let cfg = EngineConfig {
+    uccl_integration::wall_pair(&EngineConfig {
         mode,
         qps_per_conn: 2,
         max_conns: 8,
         ..EngineConfig::default()
-    };
-    let engine = |name: &str| {
-        let ctx = Context::open_by_name(&verbs, name).unwrap();
-        Engine::new(&ctx, cfg.clone(), Clock::Fabric(fabric.clone())).unwrap()
-    };
-    let (a, b) = (engine("soft0"), engine("soft1"));
-    (fabric, a, b)
+    })
 }
 
 #[test]

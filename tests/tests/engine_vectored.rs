@@ -8,9 +8,9 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use softnic::{Clock as FabricClock, Fabric, FabricConfig, Faults};
+use softnic::{Fabric, Faults};
 use uccl_engine::{
-    Access, Block, Buffer, Clock, ConnId, Descriptor, Done, Engine, EngineConfig, EngineError,
+    Access, Block, Buffer, ConnId, Descriptor, Done, Engine, EngineConfig, EngineError,
     EngineHandle, Mode, Notification, Notifications, Opts, Request, connect_pair,
 };
 use uccl_integration::exec::block_on;
@@ -1036,24 +1036,12 @@ fn a_notified_write_cancelled_delivers_its_note_iff_it_completes() {
 
 /// Two engines on a wall-clock fabric, each to be driven by a thread of its own.
 fn wall_pair(mode: Mode) -> (Fabric, Engine, Engine) {
-    let fabric = Fabric::new(FabricConfig {
-        devices: 2,
-        clock: FabricClock::Wall,
-        ..Default::default()
-    });
-    let verbs = verbs_safe::Verbs::soft(&fabric);
-    let cfg = EngineConfig {
+    uccl_integration::wall_pair(&EngineConfig {
         mode,
         qps_per_conn: 2,
         max_conns: 8,
         ..EngineConfig::default()
-    };
-    let engine = |name: &str| {
-        let ctx = verbs_safe::Context::open_by_name(&verbs, name).unwrap();
-        Engine::new(&ctx, cfg.clone(), Clock::Fabric(fabric.clone())).unwrap()
-    };
-    let (a, b) = (engine("soft0"), engine("soft1"));
-    (fabric, a, b)
+    })
 }
 
 /// Waits for `req` (of a threaded engine), at most 30 s.
