@@ -25,14 +25,7 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
     let mut engine = vec![(Vec::new(), 0.0f64); RUNS.len()];
     for _ in 0..reps {
         port += 1;
-        let text = crate::ucx::pair(
-            &launcher,
-            port,
-            "ib_write_bw -d soft0 -x 1 -s 65536 -n 20000",
-            &[],
-        )?;
-        // BW average, MB/s, to Gb/s.
-        raw.push(crate::ucx::perftest_column(&text, 3)? * 8.0 / 1000.0);
+        raw.push(crate::ucx::ib_write_bw_gbps(&launcher, port)?);
         for (k, (transport, chunk)) in RUNS.iter().enumerate() {
             port += 1;
             let v = crate::perf::two_processes(

@@ -27,14 +27,7 @@ pub(crate) fn rows(reps: usize, out: &mut Out) -> Result<(), String> {
         })?;
         kernel.push(crate::perf::num(&v, "received_gbps")?);
         port += 1;
-        let text = crate::ucx::pair(
-            &launcher,
-            port,
-            "ib_write_bw -d soft0 -x 1 -s 65536 -n 20000",
-            &[],
-        )?;
-        // BW average, MB/s.
-        softnic.push(crate::ucx::perftest_column(&text, 3)? * 8.0 / 1000.0);
+        softnic.push(crate::ucx::ib_write_bw_gbps(&launcher, port)?);
     }
     let (k, s) = (median(&kernel), median(&softnic));
     out.rows.push(Row::new(

@@ -209,6 +209,19 @@ fn perftest_figure(out: &str, lat: bool) -> Result<f64, String> {
     perftest_column(out, if lat { 5 } else { 3 })
 }
 
+/// `ib_write_bw -d soft0 -x 1 -s 65536 -n 20000` between two `launcher` processes on `port`:
+/// its BW average, in Gb/s (rows 12 and 14's raw-verbs baseline).
+pub(crate) fn ib_write_bw_gbps(launcher: &Path, port: u16) -> Result<f64, String> {
+    let text = pair(
+        launcher,
+        port,
+        "ib_write_bw -d soft0 -x 1 -s 65536 -n 20000",
+        &[],
+    )?;
+    // MB/s to Gb/s.
+    Ok(perftest_column(&text, 3)? * 8.0 / 1000.0)
+}
+
 /// Column `col` (from 0) of perftest's result row, the line after its `#bytes` header.
 pub(crate) fn perftest_column(out: &str, col: usize) -> Result<f64, String> {
     let lines: Vec<&str> = out.lines().collect();
