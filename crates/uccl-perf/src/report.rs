@@ -300,6 +300,11 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
                     "{:.0} messages/s of 0 bytes (no payload)",
                     per_s(m.messages_received.max(m.messages_sent), m.elapsed),
                 )
+            } else if m.memcpy_gbps == 0.0 {
+                format!(
+                    "{goodput:.2} Gb/s, {:.0} messages/s (no payload copied)",
+                    per_s(m.messages_received.max(m.messages_sent), m.elapsed),
+                )
             } else {
                 format!(
                     "{goodput:.2} Gb/s, {:.0} messages/s (a memcpy in this run: {:.1} Gb/s; \

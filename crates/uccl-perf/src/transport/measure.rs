@@ -118,8 +118,9 @@ pub(super) fn execute(
         cpu,
         check: run.payload.time,
         nic_time: virtual_time.map(|_| run.nic_time),
-        // Nothing to copy with 0-byte messages.
-        memcpy_gbps: if msg == 0 {
+        // Nothing to copy with 0-byte messages or without payloads (and a copy of every byte
+        // would be most of what a `--no-payload` run executes).
+        memcpy_gbps: if msg == 0 || args.no_payload {
             0.0
         } else {
             softnic::baseline::memcpy_gbps(moved.max(msg), msg, working)
