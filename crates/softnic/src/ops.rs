@@ -35,12 +35,13 @@ unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let r = try_with(qp.cast(), Kind::Qp, |_, st, id| {
+    let r = try_with(qp.cast(), Kind::Qp, |shared, st, id| {
         let State { qps, w } = st;
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_send contract.
         let r = unsafe { q.post_send(w, wr) };
         st.progress();
+        shared.posted_at(st.w.now);
         r
     });
     // SAFETY: `bad_wr` is the caller's out-pointer, writable per the contract.

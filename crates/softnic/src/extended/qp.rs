@@ -325,13 +325,14 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     let r = if chain.is_null() {
         b.batch.error
     } else {
-        let r = try_with(qp as *const c_void, Kind::Qp, |_, st, id| {
+        let r = try_with(qp as *const c_void, Kind::Qp, |shared, st, id| {
             let State { qps, w } = st;
             let q = qps.get_mut(&id).ok_or(libc::EINVAL)?;
             // SAFETY: the chain's WRs, SGE lists and inline data live in the batch,
             // untouched until this call returns; the SGEs name the caller's memory.
             let r = unsafe { q.post_batch(w, chain) };
             st.progress();
+            shared.posted_at(st.w.now);
             r
         });
         match r {
