@@ -2,7 +2,7 @@
 //! UD message per peer (UC) or sent over the connection's control QP (RC); and ACKs arriving
 //! from peers, checked to come from the connection's peer before the transmit side sees them.
 
-use uccl_tx::wire::{ACK_LEN, AckRepr};
+use uccl_tx::wire::{ACK_LEN, ANSWER_PATH, AckRepr};
 
 use verbs_safe::Gid;
 
@@ -10,7 +10,7 @@ use crate::config::Mode;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::io::{GRH, QKEY};
-use crate::proto::{CTL_COPY, Ctl, parse_ctl_copy};
+use crate::proto::{ACK_ASK, CTL_COPY, Ctl, ack_request, parse_ack_request, parse_ctl_copy};
 use crate::round::Cqe;
 use crate::wrid;
 
@@ -38,6 +38,8 @@ impl Engine {
             self.stats.dropped_invalid += 1;
         } else if bytes.first() == Some(&CTL_COPY) {
             self.on_ctl_copy(&bytes, from);
+        } else if bytes.first() == Some(&ACK_ASK) {
+            self.on_ack_request(&bytes, from);
         } else {
             for a in bytes.chunks_exact(ACK_LEN) {
                 match AckRepr::from_bytes(a) {
@@ -63,6 +65,39 @@ impl Engine {
             return;
         }
         self.take_advert(fid, msg);
+    }
+
+    /// The peer asks for an ACK of connection `fid` (a timeout of its expired, UC): the
+    /// connection's next ACK, staged this round, answers it. Only from the connection's peer
+    /// with its tag; however many come, one ACK per connection per round goes back.
+    fn on_ack_request(&mut self, b: &[u8], from: AckSource) {
+        let Some((fid, tag, seq)) = parse_ack_request(b).filter(|_| self.cfg.mode == Mode::Uc)
+        else {
+            self.stats.dropped_invalid += 1;
+            return;
+        };
+        if self.tag_from_peer(fid, from) != Some(tag) {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        if let Some(c) = self.conns[usize::from(fid)].as_mut() {
+            c.answer = Some(seq);
+        }
+        self.mark_ack(fid);
+    }
+
+    /// A timeout of connection `ci`'s flow expired: asks the peer for an ACK (UC), request
+    /// `seq`. A request that finds no UD send slot is dropped: the next expiry asks again.
+    pub(crate) fn ask_for_ack(&mut self, ci: u16, seq: u16) {
+        let Some(c) = self.conns.get(usize::from(ci)).and_then(Option::as_ref) else {
+            return;
+        };
+        if self.cfg.mode != Mode::Uc || !c.is_open() {
+            return;
+        }
+        let bytes = ack_request(c.peer_fid, c.peer_tag, seq);
+        let peer = c.peer;
+        self.send_ud(peer, &bytes);
     }
 
     /// The ACK tag of open connection `fid`, if `from` is its peer (the peer engine's UD QP and
@@ -112,10 +147,15 @@ impl Engine {
         if !c.is_open() {
             return;
         }
-        let ack = AckRepr {
+        let mut ack = AckRepr {
             tag: c.peer_tag,
             ..c.rx.ack(c.peer_fid, grant, now)
         };
+        if let Some(seq) = c.answer {
+            // Kept until the ACK goes out: a later one staged in its place answers too.
+            ack.path = ANSWER_PATH;
+            ack.echo = seq;
+        }
         let (next, beyond) = c.rx.ack_point();
         c.police.acked(grant, next, beyond);
         c.ack_due = None;
@@ -240,6 +280,9 @@ impl Engine {
         for &ci in &peer.staged {
             if let Some(c) = self.conns[usize::from(ci)].as_mut() {
                 c.ack_slot = None;
+                if c.answer.take().is_some() {
+                    self.stats.ack_answers += 1;
+                }
             }
         }
         peer.staged.clear();

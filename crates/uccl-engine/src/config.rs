@@ -88,7 +88,9 @@ pub struct EngineConfig {
     /// The largest path MTU to use (the port's active MTU caps it).
     pub path_mtu: Mtu,
     /// The transmit side: chunk size, windows, retransmission timeouts, chaining. Its
-    /// `wr_pool` is at most 16384 in an engine.
+    /// `wr_pool` is at most 16384 in an engine. By default its timeouts ask the peer for an
+    /// ACK before they resend ([`TxConfig::ack_requests`]; UC only: in RC mode the NIC
+    /// recovers losses): a peer slow to ACK is not taken for a lost chunk.
     pub tx: TxConfig,
 }
 
@@ -115,6 +117,7 @@ impl Default for EngineConfig {
                 chunk_size: 16 * 1024,
                 burst_bytes: 128 * 1024,
                 target_delay_us: 50,
+                ack_requests: true,
                 ..TxConfig::default()
             },
         }

@@ -409,6 +409,9 @@ pub(crate) struct Conn {
     pub(crate) in_ctl: bool,
     /// Where this connection's ACK sits among its peer's staged ACKs (UC), if one does.
     pub(crate) ack_slot: Option<u16>,
+    /// The peer asked for an ACK (UC), the number of its latest request: the next one sent
+    /// answers it ([`ANSWER_PATH`](uccl_tx::wire::ANSWER_PATH), echoing the number).
+    pub(crate) answer: Option<u16>,
     /// When something last arrived from the peer (a chunk, an ACK, a control message).
     pub(crate) heard: u64,
     /// Whether its keep-alive timer is armed.

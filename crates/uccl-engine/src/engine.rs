@@ -308,6 +308,7 @@ impl Engine {
             rto_retransmits: t.rto_retransmits,
             fast_retransmits: t.fast_retransmits,
             probe_retransmits: t.probe_retransmits,
+            ack_requests: t.ack_requests,
             credit_stalls: t.credit_stalls,
             window_stalls: t.window_stalls,
             ..self.stats
@@ -454,6 +455,7 @@ fn tx_config(cfg: &EngineConfig) -> TxConfig {
         t.rto_max_us = hour;
         t.max_silence_us = uccl_tx::MAX_TIME_US;
         t.tail_probes = false;
+        t.ack_requests = false;
         // ACKs ride the control QP behind the engine's other control messages: their delay
         // is not the data path's queue.
         t.target_delay_us = 0;

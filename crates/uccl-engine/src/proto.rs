@@ -390,6 +390,34 @@ impl Ctl {
 /// its version, 2).
 pub(crate) const CTL_COPY: u8 = 0xc1;
 
+/// The first byte of an ACK request on the UD QP (see [`ack_request`]).
+pub(crate) const ACK_ASK: u8 = 0xc2;
+
+/// Bytes of an ACK request: `[ACK_ASK, tag, fid (2), seq (2)]` (big-endian), where `fid` is
+/// the receiver's id of the connection, `tag` its ACK tag and `seq` the request's number,
+/// which the answer echoes.
+pub(crate) const ACK_ASK_LEN: usize = 6;
+
+/// ACK request `seq` for connection `fid` (the peer's id) with ACK tag `tag`: a timeout of
+/// this end expired, and the peer answers with an ACK at once.
+pub(crate) fn ack_request(fid: u16, tag: u8, seq: u16) -> [u8; ACK_ASK_LEN] {
+    let (f, s) = (fid.to_be_bytes(), seq.to_be_bytes());
+    [ACK_ASK, tag, f[0], f[1], s[0], s[1]]
+}
+
+/// Reads an ACK request: its connection, tag and number; `None` if malformed (a number an
+/// ACK's `echo` cannot carry included).
+pub(crate) fn parse_ack_request(b: &[u8]) -> Option<(u16, u8, u16)> {
+    match *b {
+        [ACK_ASK, tag, f0, f1, s0, s1] => {
+            let seq = u16::from_be_bytes([s0, s1]);
+            (u32::from(seq) < uccl_tx::wire::CSN_SPACE)
+                .then(|| (u16::from_be_bytes([f0, f1]), tag, seq))
+        }
+        _ => None,
+    }
+}
+
 /// Bytes of a copied control message: `[CTL_COPY, tag, fid (2, big-endian), 0 (4), message
 /// (CTL_LEN)]`, where `fid` is the receiver's id of the connection and `tag` its ACK tag.
 pub(crate) const CTL_COPY_LEN: usize = 8 + CTL_LEN;
@@ -435,6 +463,23 @@ mod tests {
         let mut bad = b;
         bad[8] = 0;
         assert_eq!(parse_ctl_copy(&bad), None);
+    }
+
+    #[test]
+    fn an_ack_request_round_trips_and_garbage_is_none() {
+        let b = ack_request(0x0abc, 0x7f, 2047);
+        assert_eq!(parse_ack_request(&b), Some((0x0abc, 0x7f, 2047)));
+        assert_eq!(parse_ack_request(&b[..ACK_ASK_LEN - 1]), None, "short");
+        assert_eq!(
+            parse_ack_request(&[b.as_slice(), &[0]].concat()),
+            None,
+            "long"
+        );
+        let mut other = b;
+        other[0] = CTL_COPY;
+        assert_eq!(parse_ack_request(&other), None, "another kind");
+        // A number an ACK's echo cannot carry: the answer could not be sent.
+        assert_eq!(parse_ack_request(&ack_request(1, 1, 2048)), None);
     }
 
     const ACK_VERSION_BYTE: u8 = uccl_tx::wire::ACK_VERSION;

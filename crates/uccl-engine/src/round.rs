@@ -323,6 +323,7 @@ impl Engine {
                 Event::PathFailed { path } => {
                     tracing::warn!(path = path.0, "a data QP failed");
                 }
+                Event::AckRequest { fid, seq } => self.ask_for_ack(fid, seq),
                 _ => {}
             }
         }

@@ -351,6 +351,7 @@ impl Engine {
             ack_due: None,
             in_ctl: false,
             ack_slot: None,
+            answer: None,
             heard: self.clock.now(),
             in_keepalive: false,
             in_ctl_probe: false,

@@ -35,6 +35,11 @@ pub struct Stats {
     /// an ACK, so that its delivery proves the chunks before it lost (see
     /// [`uccl_tx::TxStats::probe_retransmits`]).
     pub probe_retransmits: u64,
+    /// ACK requests this engine's timeouts asked of peers before resending anything (see
+    /// [`uccl_tx::TxConfig::ack_requests`]), and those it answered for its peers.
+    pub ack_requests: u64,
+    /// ACK requests answered (an ACK sent at once for the connection asked about).
+    pub ack_answers: u64,
     /// ACK headers sent, and the control messages that carried them.
     pub acks_sent: u64,
     /// Control messages (UD SENDs, or control-QP SENDs in RC mode) that carried ACKs.

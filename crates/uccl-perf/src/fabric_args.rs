@@ -63,6 +63,11 @@ pub(crate) struct FabricArgs {
     /// negative control of congestion control).
     #[arg(long)]
     pub(crate) no_pacing: bool,
+    /// A timeout resends at once instead of asking the peer for an ACK first (TxConfig's
+    /// ack_requests, on by default in the engine: a late ACK then looks like a loss; the
+    /// negative control of the requests).
+    #[arg(long)]
+    pub(crate) no_ack_requests: bool,
     /// Virtual time before the steady-state measurement starts (switch, RTT and fairness
     /// statistics), in microseconds.
     #[arg(long, default_value_t = 100, value_name = "US")]
@@ -131,6 +136,7 @@ impl FabricArgs {
         }
         tx.hops = self.hops();
         tx.pacing &= !self.no_pacing;
+        tx.ack_requests &= !self.no_ack_requests;
         tx.persistent_delay &= !self.swift_decrease;
     }
 

@@ -76,6 +76,7 @@ struct EngineJson<'a> {
     rto_retransmits: u64,
     fast_retransmits: u64,
     probe_retransmits: u64,
+    ack_requests: u64,
     acks_sent: u64,
     ack_packets: u64,
     cqes_polled: u64,
@@ -175,6 +176,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             rto_retransmits: s.rto_retransmits,
             fast_retransmits: s.fast_retransmits,
             probe_retransmits: s.probe_retransmits,
+            ack_requests: s.ack_requests,
             acks_sent: s.acks_sent,
             ack_packets: s.ack_packets,
             cqes_polled: s.cqes,
@@ -400,8 +402,12 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             "retransmit",
             format!(
                 "{retransmits} chunks ({} fast, {} probes, {} after a timeout), {} duplicates \
-                 dropped",
-                s.fast_retransmits, s.probe_retransmits, s.rto_retransmits, s.dropped_duplicate,
+                 dropped; {} ACK requests before resending",
+                s.fast_retransmits,
+                s.probe_retransmits,
+                s.rto_retransmits,
+                s.dropped_duplicate,
+                s.ack_requests,
             ),
         ),
     ]);

@@ -33,6 +33,7 @@ fn a_default_shaped_run_verifies_every_byte() {
         "rto_retransmits",
         "fast_retransmits",
         "probe_retransmits",
+        "ack_requests",
         "acks_sent",
         "ack_packets",
         "cqes_polled",

@@ -90,6 +90,19 @@ pub struct TxConfig {
     /// delivery proves the lane's earlier transmissions lost without waiting for their
     /// timeout (RFC 8985's TLP, per QP). Off where the NIC itself recovers losses (RC).
     pub tail_probes: bool,
+    /// Timeouts ask before they resend: when a lane's retransmission or probe timeout expires,
+    /// nothing is declared lost yet; the flow asks its peer for an ACK
+    /// ([`Event::AckRequest`](crate::Event::AckRequest), at most one per flow per call) and
+    /// the lane's timer is armed again, backed off. The peer's answer (an ACK whose path is
+    /// [`ANSWER_PATH`](crate::wire::ANSWER_PATH)) shows what arrived: what it leaves
+    /// unacknowledged, of the lane's transmissions whose WRs had completed before the
+    /// request, is lost and goes again. Without an answer the request is repeated at each
+    /// expiry, and only [`max_silence_us`](Self::max_silence_us) gives up. So a peer that is
+    /// slow to ACK (a descheduled thread on a busy host, where a timeout of a few hundred
+    /// microseconds otherwise resends what arrived) costs a small request instead of a
+    /// retransmission, and a real tail loss one more round trip. Off by default: the caller
+    /// must carry the requests and answer them (uccl-engine does, on UC).
+    pub ack_requests: bool,
     /// Retransmissions of one chunk before its message and flow fail.
     pub max_retransmits: u16,
     /// How long a flow with chunks in flight may see no ACK progress before it fails (at least
@@ -135,6 +148,7 @@ impl Default for TxConfig {
             persistent_delay: true,
             min_window: 1024,
             tail_probes: true,
+            ack_requests: false,
             max_retransmits: 16,
             max_silence_us: 1_000_000,
             signal_every: 16,

@@ -39,6 +39,17 @@ pub enum Event {
         /// The QP.
         path: PathId,
     },
+    /// A timeout of the flow expired (with [`TxConfig::ack_requests`](crate::TxConfig::ack_requests)):
+    /// ask its peer for an ACK at once, and feed the answer (an ACK whose path is
+    /// [`ANSWER_PATH`](crate::wire::ANSWER_PATH) and whose `echo` is `seq`) to
+    /// [`Tx::on_ack`](crate::Tx::on_ack). A request or an answer lost is asked again at the
+    /// next expiry; an answer to an earlier request counts as a plain ACK.
+    AckRequest {
+        /// The flow.
+        fid: u16,
+        /// The request's number (below [`CSN_SPACE`](crate::wire::CSN_SPACE)).
+        seq: u16,
+    },
 }
 
 /// Counters of the transmit side (all since [`Tx::new`](crate::Tx::new)).
@@ -68,6 +79,8 @@ pub struct TxStats {
     pub taken_back: u64,
     /// Retransmission timeouts that declared chunks lost.
     pub timeouts: u64,
+    /// ACK requests asked of peers ([`Event::AckRequest`]).
+    pub ack_requests: u64,
     /// ACKs taken.
     pub acks: u64,
     /// ACKs ignored as impossible (unknown or failed flow, acknowledging chunks never sent).

@@ -7,7 +7,7 @@ use crate::cc::Window;
 use crate::error::TxError;
 use crate::events::Event;
 use crate::path::PathId;
-use crate::tracking::{NIL, Tracking};
+use crate::tracking::{Cause, NIL, Tracking};
 
 /// `last_progress` of a flow with nothing outstanding.
 pub(crate) const IDLE: u64 = u64::MAX;
@@ -27,6 +27,10 @@ pub(crate) struct Lane {
     pub(crate) probe: Option<u64>,
     /// While one ACK is processed: the latest transmission on this lane known delivered.
     pub(crate) mark: Option<u32>,
+    /// An ACK request for this lane awaits its answer: the path's completed WR count when it
+    /// was last asked (transmissions before it had left the NIC), the timer that asked, and
+    /// the requests made since the last answer (they back off).
+    pub(crate) asked: Option<(u32, Cause, u8)>,
     /// Index of `(fid, lane)` in the path's user list.
     pub(crate) user: u32,
 }
@@ -239,6 +243,10 @@ pub(crate) struct Flow {
     /// `poll_transmit` call it belongs to (a burst does not outlive its call: the next call's
     /// chunks start a burst of their own, so they make one chain).
     pub(crate) burst: (u16, u32, u32),
+    /// When the flow last asked its peer for an ACK ([`u64::MAX`]: never), and that
+    /// request's number (only its answer declares losses).
+    pub(crate) asked_at: u64,
+    pub(crate) ask_seq: u16,
 }
 
 impl Flow {
@@ -269,6 +277,8 @@ impl Flow {
             parked: None,
             waits_engine: false,
             burst: (0, 0, 0),
+            asked_at: u64::MAX,
+            ask_seq: 0,
         }
     }
 

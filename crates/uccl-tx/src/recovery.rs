@@ -15,6 +15,13 @@
 //! when the RTT varies) after it went: its
 //! delivery proves the earlier ones lost well before their timeout. One probe per tail; a
 //! lost probe leaves the rest to the timeout.
+//!
+//! With `TxConfig::ack_requests` neither timer resends by itself: it asks the peer for an ACK
+//! (`Event::AckRequest`), and the answer, which reflects everything that reached the peer
+//! before the request, declares lost what it leaves unacknowledged of the lane's
+//! transmissions that had left the NIC before the request. A peer slow to ACK (descheduled)
+//! then costs a request, not a spurious retransmission; only the latest request's answer
+//! counts, and unanswered requests back off until the silence timeout.
 
 use crate::bits::Bits256;
 use crate::error::TxError;
@@ -24,7 +31,7 @@ use crate::path::PathId;
 use crate::timers::{PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
-use crate::wire::{AckRepr, csn_add};
+use crate::wire::{ANSWER_PATH, AckRepr, csn_add};
 
 /// `a` was sent before `b` on the same path (sequence numbers modulo 2^32).
 fn before(a: u32, b: u32) -> bool {
@@ -107,6 +114,9 @@ impl Tx {
             }
         }
         self.detect_losses(fid);
+        if ack.path == ANSWER_PATH {
+            self.answered(fid, ack.echo, now);
+        }
         let Some(f) = self.open_flow_mut(fid) else {
             return;
         };
@@ -323,6 +333,10 @@ impl Tx {
         l.armed = None;
         let p = l.path;
         let rto = self.rto(p);
+        if self.cfg.ack_requests {
+            self.rto_ask(fid, lane, now);
+            return;
+        }
         let mut expired = 0;
         loop {
             let f = self.flow(fid).expect("open");
@@ -383,8 +397,106 @@ impl Tx {
         let due = t.last.at.saturating_add(pto);
         if due > now {
             self.arm_probe(fid, lane, due);
+        } else if self.cfg.ack_requests {
+            self.ask(fid, lane, Cause::Probe, now);
         } else {
             self.declare_lost(fid, c, Cause::Probe);
+        }
+    }
+
+    /// [`rto_due`](Self::rto_due) with [`TxConfig::ack_requests`](crate::TxConfig::ack_requests):
+    /// if the lane's oldest transmission has gone unacknowledged for its timeout, the path
+    /// backs off (once per timeout event) and the peer is asked; the timer is armed again.
+    fn rto_ask(&mut self, fid: u16, lane: u16, now: u64) {
+        let f = self.flow(fid).expect("open");
+        let l = &f.lanes[usize::from(lane)];
+        let (p, c) = (l.path, l.head);
+        let Some(at) = (c != NIL)
+            .then(|| f.track.get(c))
+            .flatten()
+            .map(|t| t.last.at)
+        else {
+            return;
+        };
+        if at.saturating_add(self.rto(p)) > now {
+            self.arm_lane(fid, lane, at.saturating_add(self.rto(p)));
+            return;
+        }
+        // The path backs off only once an answer shows a loss; until then the requests
+        // themselves back off.
+        let times = self.ask(fid, lane, Cause::Rto, now);
+        let wait = self.rto(p).saturating_mul(1 << times.min(10));
+        self.arm_lane(fid, lane, now.saturating_add(wait));
+    }
+
+    /// Lane `lane` of flow `fid` waits for an answer to an ACK request (a timeout of `cause`
+    /// expired): what it had sent by now may be declared lost by the answer. The flow asks
+    /// once per call. Returns how many requests the lane made before this one without an
+    /// answer.
+    fn ask(&mut self, fid: u16, lane: u16, cause: Cause, now: u64) -> u32 {
+        let f = self.flows[usize::from(fid)].as_mut().expect("open");
+        let l = &mut f.lanes[usize::from(lane)];
+        let completed = self.paths[usize::from(l.path.0)].completed as u32;
+        // A probe's request does not make a pending timeout's one a probe's.
+        let (cause, times) = match l.asked {
+            Some((_, Cause::Rto, n)) => (Cause::Rto, n),
+            Some((_, _, n)) => (cause, n),
+            None => (cause, 0),
+        };
+        l.asked = Some((completed, cause, times.saturating_add(1)));
+        if f.asked_at != now {
+            f.asked_at = now;
+            f.ask_seq = csn_add(f.ask_seq, 1);
+            self.stats.ack_requests += 1;
+            let seq = f.ask_seq;
+            self.events.push_back(Event::AckRequest { fid, seq });
+        }
+        u32::from(times)
+    }
+
+    /// The peer answered ACK request `seq` of flow `fid` (after the answer's acknowledgements
+    /// were taken). If it is the latest request, on each lane that asked a transmission whose
+    /// WR had completed before the request and that is still unacknowledged was lost; an
+    /// earlier request's answer (overtaken by a later request) shows less, and proves
+    /// nothing.
+    fn answered(&mut self, fid: u16, seq: u16, now: u64) {
+        let lanes = match self.flow(fid) {
+            Some(f) if f.ask_seq == seq => f.lanes.len(),
+            _ => return,
+        };
+        for lane in 0..lanes {
+            let Some(f) = self.open_flow_mut(fid) else {
+                return;
+            };
+            let Some((completed, cause, _)) = f.lanes[lane].asked.take() else {
+                continue;
+            };
+            let p = usize::from(f.lanes[lane].path.0);
+            let mut c = f.lanes[lane].head;
+            let mut lost = 0;
+            while c != NIL {
+                let Some(t) = self.flow(fid).and_then(|f| f.track.get(c)) else {
+                    break;
+                };
+                if !before(t.last.seq, completed) {
+                    break;
+                }
+                let next = t.next;
+                lost += 1;
+                if self.declare_lost(fid, c, cause) {
+                    return;
+                }
+                c = next;
+            }
+            if lost > 0 && cause == Cause::Rto {
+                // A timeout's loss: the path backs off, once per timeout event.
+                self.stats.timeouts += 1;
+                let path = &mut self.paths[p];
+                if path.backoff_at < now {
+                    path.backoff = (path.backoff + 1).min(20);
+                    path.backoff_at = now;
+                }
+            }
         }
     }
 

@@ -270,6 +270,7 @@ impl Tx {
                 armed: None,
                 probe: None,
                 mark: None,
+                asked: None,
                 user: (path.users.len() - 1) as u32,
             });
         }

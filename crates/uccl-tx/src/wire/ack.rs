@@ -128,10 +128,17 @@ fn check_ranges(fid: u16, echo: u16) -> Result<(), WireError> {
     Ok(())
 }
 
+/// The [`AckRepr::path`] of an answer to an ACK request: the receiver's state when the
+/// request reached it, triggered by no chunk (its `echo` names none). A sender that asked
+/// because a timeout expired takes what such an ACK leaves unacknowledged, of what it had
+/// sent before asking, as lost (see [`TxConfig::ack_requests`](crate::TxConfig::ack_requests)).
+pub const ANSWER_PATH: u16 = u16::MAX;
+
 /// An ACK, parsed. `Default` is an ACK of nothing that grants no credit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct AckRepr {
-    /// The index of the path the triggering chunk came on, in the flow's path list.
+    /// The index of the path the triggering chunk came on, in the flow's path list, or
+    /// [`ANSWER_PATH`] in an answer to an ACK request.
     pub path: u16,
     /// The flow.
     pub fid: u16,

@@ -24,7 +24,7 @@ mod ack;
 mod imm;
 mod retr;
 
-pub use ack::{ACK_LEN, ACK_VERSION, Ack, AckRepr, MAX_TAG};
+pub use ack::{ACK_LEN, ACK_VERSION, ANSWER_PATH, Ack, AckRepr, MAX_TAG};
 pub use imm::Imm;
 pub use retr::{RETR_HDR_LEN, RetrHdr, RetrHdrRepr};
 

@@ -8,7 +8,9 @@
 //! - posts that fail half-way (the provider accepts a prefix of the chain);
 //! - a receiver that tracks a cumulative ACK and a SACK bitmap and grants a credit window,
 //!   sometimes 0 for a while (a window update follows);
-//! - ACKs that may be delayed (so reordered), duplicated or lost.
+//! - ACKs that may be delayed (so reordered), duplicated or lost;
+//! - ACK requests (a timeout's, with `TxConfig::ack_requests`) that reach the receiver behind
+//!   everything sent before them (as on one link) and are answered, both lost like ACKs.
 //!
 //! It checks as it goes: chains never overfill a send queue nor mix QPs, WR sequence
 //! numbers are consecutive per QP, a retransmission goes where the original went, a message is
@@ -73,6 +75,8 @@ pub struct Sim {
     failed_paths: Vec<bool>,
     acks: BinaryHeap<Reverse<(u64, u64, [u8; uccl_tx::wire::ACK_LEN])>>,
     ack_seq: u64,
+    /// ACK requests on their way to the receiver: (arrival, flow, number), in arrival order.
+    asks: VecDeque<(u64, u16, u16)>,
     /// The receiver of each flow.
     pub rx: Vec<Receiver>,
     /// Remote address each (flow, CSN) was first sent to, to check retransmissions.
@@ -123,6 +127,7 @@ impl Sim {
             failed_paths: vec![false; n],
             acks: BinaryHeap::new(),
             ack_seq: 0,
+            asks: VecDeque::new(),
             rx: (0..cfg.flows).map(|_| Receiver::new()).collect(),
             remote_of: BTreeMap::new(),
             ranges: BTreeMap::new(),
@@ -360,6 +365,7 @@ impl Sim {
         pipes
             .chain(comps)
             .chain(acks)
+            .chain(self.asks.front().map(|&(t, _, _)| t))
             .chain(fail)
             .chain(self.tx.poll_timeout())
             .min()
@@ -434,6 +440,20 @@ impl Sim {
                 self.tx.on_send_completion(id, ok);
             }
         }
+        while let Some(&(t, fid, seq)) = self.asks.front() {
+            if t > self.now {
+                break;
+            }
+            self.asks.pop_front();
+            if self.rng.chance(self.cfg.ack_loss) {
+                continue;
+            }
+            let answer = self.rx[usize::from(fid - FID)].answer(fid, seq, self.cfg.credit);
+            if !self.rng.chance(self.cfg.ack_loss) {
+                let at = self.now + 1 + self.rng.below(self.cfg.ack_delay_max);
+                self.queue_ack(at, answer);
+            }
+        }
         while let Some(Reverse((t, _, bytes))) = self.acks.peek().copied() {
             if t > self.now {
                 break;
@@ -458,6 +478,16 @@ impl Sim {
                     } else {
                         self.failed.push(e);
                     }
+                }
+                Event::AckRequest { fid, seq } => {
+                    // Behind everything sent before it, as on one link.
+                    let behind = self
+                        .pipes
+                        .iter()
+                        .filter_map(|q| q.back().map(|&(t, _)| t))
+                        .chain(self.asks.back().map(|&(t, _, _)| t))
+                        .fold(self.now, u64::max);
+                    self.asks.push_back((behind + 1, fid, seq));
                 }
                 other => self.failed.push(other),
             }

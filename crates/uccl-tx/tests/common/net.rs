@@ -1,6 +1,6 @@
 //! The model's configuration, its random numbers and its receiver.
 
-use uccl_tx::wire::{AckRepr, SACK_BITS, csn_diff};
+use uccl_tx::wire::{ANSWER_PATH, AckRepr, SACK_BITS, csn_diff};
 
 /// Small, deterministic RNG for the model.
 pub struct Rng(u64);
@@ -104,6 +104,24 @@ impl Receiver {
             delivered: 0,
             duplicates: 0,
         }
+    }
+
+    /// The answer to ACK request `seq`: what arrived so far, triggered by no chunk.
+    pub(super) fn answer(&self, fid: u16, seq: u16, credit: u16) -> AckRepr {
+        let mut a = AckRepr {
+            path: ANSWER_PATH,
+            fid,
+            cum: self.cum,
+            echo: seq,
+            credit,
+            ..AckRepr::default()
+        };
+        for (i, &b) in self.ahead.iter().enumerate() {
+            if b {
+                a.set_sacked(i);
+            }
+        }
+        a
     }
 
     /// A chunk arrived; returns the ACK to send.
