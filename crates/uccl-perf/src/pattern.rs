@@ -12,18 +12,30 @@ fn key(seed: u64, flow: u64, msg: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The `i`-th 8-byte word of the message with key `k`: each word on its own (no chain from
-/// one to the next), so that filling and checking run at memory speed.
+/// The two keys of message `msg` of flow `flow` under `seed`.
+fn keys(seed: u64, flow: u64, msg: u64) -> (u64, u64) {
+    let k = key(seed, flow, msg);
+    (k, key(k, flow, !msg))
+}
+
+/// An odd step: `lo + i * STEP` differs for every word of a message (up to 2^64 words).
+const STEP: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The `i`-th 8-byte word of the message with keys `k`: `z ^ (z >> 29) ^ hi` with
+/// `z = lo + i * STEP`, a value of its own for each position (STEP is odd, and the shift
+/// folds high bits of long period into the low bytes, whose own period is short) and for
+/// each message (its keys). An add, a shift and two exclusive ors, which the compiler
+/// vectorizes: filling and checking run at memory speed (two multiplications per word,
+/// before, took a quarter of a receiving process's CPU in two-process runs).
 #[inline(always)]
-fn word(k: u64, i: u64) -> [u8; 8] {
-    let mut z = k.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    z = (z ^ (z >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
-    (z ^ (z >> 32)).to_le_bytes()
+fn word(k: (u64, u64), i: u64) -> [u8; 8] {
+    let z = k.0.wrapping_add(i.wrapping_mul(STEP));
+    (z ^ (z >> 29) ^ k.1).to_le_bytes()
 }
 
 /// Fills `out` with the bytes of message `msg` of flow `flow`.
 pub(crate) fn fill(seed: u64, flow: u64, msg: u64, out: &mut [u8]) {
-    let k = key(seed, flow, msg);
+    let k = keys(seed, flow, msg);
     let i = (out.len() / 8) as u64;
     let mut words = out.chunks_exact_mut(8);
     for (i, w) in (&mut words).enumerate() {
@@ -36,7 +48,7 @@ pub(crate) fn fill(seed: u64, flow: u64, msg: u64, out: &mut [u8]) {
 
 /// The offset of the first byte of `got` that is not message `msg` of flow `flow`, if any.
 pub(crate) fn first_mismatch(seed: u64, flow: u64, msg: u64, got: &[u8]) -> Option<usize> {
-    let k = key(seed, flow, msg);
+    let k = keys(seed, flow, msg);
     let words = got.chunks_exact(8);
     let rest = words.remainder();
     // Blocks of 64 words compared without branching on each, then the first bad one found.
@@ -90,5 +102,10 @@ mod tests {
         fill(3, 2, 2, &mut c);
         assert!(a != b && a != c && b != c, "messages and flows differ");
         assert!(first_mismatch(3, 1, 3, &a).is_some());
+        // Words in another order (a chunk landed at another offset) show.
+        let mut big = vec![0u8; 8192];
+        fill(3, 1, 2, &mut big);
+        big.copy_within(0..4096, 4096);
+        assert_eq!(first_mismatch(3, 1, 2, &big), Some(4096));
     }
 }
