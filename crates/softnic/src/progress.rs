@@ -50,7 +50,7 @@ impl State {
         let mut any = false;
         let mut incoming = std::mem::take(&mut self.w.udp_in);
         for dev in 0..self.w.devices.len() {
-            let Some(port) = self.w.devices[dev].udp.as_mut() else {
+            let Some(port) = self.w.devices[dev].udp.as_ref() else {
                 continue;
             };
             // A socket found empty is not asked again for a moment: a caller polling a CQ in
@@ -59,36 +59,50 @@ impl State {
                 continue;
             }
             // Up to a few batches: what came while nobody looked, without starving the rest.
+            // Each is read where it came in, before the next one comes into the same buffers.
             let mut got = 0;
             for _ in 0..RX_BATCHES {
-                match port.receive(&mut incoming) {
-                    0 => break,
-                    n => got += n,
+                let Some(port) = self.w.devices[dev].udp.as_mut() else {
+                    break;
+                };
+                if port.receive(&mut incoming) == 0 {
+                    break;
+                }
+                got += incoming.len();
+                let bufs = port.take_rx_bufs();
+                for d in &incoming {
+                    let c = &mut self.w.devices[dev].counters;
+                    match d.damage {
+                        Some(Damage::Malformed) => c.malformed += 1,
+                        Some(Damage::BadIcrc) => c.icrc_errors += 1,
+                        None => self.deliver_wire(
+                            &Frame {
+                                from: dev,
+                                to: Dest::Local(dev),
+                                sport: d.src.port(),
+                                sgid: crate::roce::ipv4_gid(*d.src.ip()),
+                                // The bytes are read where they came in (`wire`).
+                                bytes: Vec::new(),
+                                sealed: false,
+                                gather: None,
+                                ecn: 0,
+                                at: None,
+                            },
+                            d.bytes(&bufs),
+                        ),
+                    }
+                }
+                if let Some(port) = self.w.devices[dev].udp.as_mut() {
+                    port.give_rx_bufs(bufs);
                 }
             }
             if got == 0 {
-                port.idle_until = self.w.now + RX_IDLE_NS;
+                if let Some(port) = self.w.devices[dev].udp.as_mut() {
+                    port.idle_until = self.w.now + RX_IDLE_NS;
+                }
                 continue;
             }
             any = true;
-            for d in incoming.drain(..) {
-                let c = &mut self.w.devices[dev].counters;
-                match d.damage {
-                    Some(Damage::Malformed) => c.malformed += 1,
-                    Some(Damage::BadIcrc) => c.icrc_errors += 1,
-                    None => self.deliver(&Frame {
-                        from: dev,
-                        to: Dest::Local(dev),
-                        sport: d.src.port(),
-                        sgid: crate::roce::ipv4_gid(*d.src.ip()),
-                        bytes: d.bytes,
-                        sealed: false,
-                        gather: None,
-                        ecn: 0,
-                        at: None,
-                    }),
-                }
-            }
         }
         self.w.udp_in = incoming;
         any
@@ -170,10 +184,16 @@ impl State {
     /// Hands a frame that arrived at its device to the QP it names. A frame that does not
     /// parse (bad ICRC, truncated, unknown opcode) or names no QP is counted and dropped.
     pub(crate) fn deliver(&mut self, frame: &Frame) {
+        self.deliver_wire(frame, &frame.bytes);
+    }
+
+    /// [`deliver`](Self::deliver) with the frame's bytes in `wire` (its `bytes` not read):
+    /// a packet from the UDP link, read where it came in.
+    fn deliver_wire(&mut self, frame: &Frame, wire: &[u8]) {
         let Dest::Local(dev) = frame.to else {
             return;
         };
-        let pkt = match Packet::parse_with(&frame.bytes, frame.sealed) {
+        let pkt = match Packet::parse_with(wire, frame.sealed) {
             Ok(p) => p,
             Err(e) => {
                 let c = &mut self.w.devices[dev].counters;
@@ -214,7 +234,7 @@ impl State {
             if frame.ecn == crate::link::CE {
                 qp.congestion_experienced(&mut self.w, &pkt, frame.from);
             }
-            qp.receive(&mut self.w, &pkt, frame);
+            qp.receive(&mut self.w, &pkt, frame, wire);
         }
     }
 

@@ -49,6 +49,8 @@ pub(crate) struct Frame {
     pub(crate) sport: u16,
     /// The sending device's GID (the source address a UD receiver sees in its GRH).
     pub(crate) sgid: [u8; 16],
+    /// The packet (empty in the frame a packet from the UDP link is delivered as: its bytes
+    /// are read where they came in, beside it).
     pub(crate) bytes: Vec<u8>,
     /// Whether `bytes` end in a real ICRC (a frame from outside, or one the fabric corrupted:
     /// the receiver checks it). A frame softnic built and nothing changed is valid by

@@ -58,14 +58,23 @@ pub(crate) enum Damage {
     BadIcrc,
 }
 
-/// A datagram that came in.
+/// A packet that came in (a datagram, or one packet of a GRO batch): where it lies in the
+/// port's receive buffers ([`UdpPort::take_rx_bufs`]) until the next [`UdpPort::receive`].
 pub(crate) struct Incoming {
     /// Who sent it.
     pub(crate) src: SocketAddrV4,
-    /// The InfiniBand packet (BTH to ICRC).
-    pub(crate) bytes: Vec<u8>,
+    /// The InfiniBand packet (BTH to ICRC): `len` bytes at `at` in the receive buffers.
+    pub(crate) at: usize,
+    pub(crate) len: usize,
     /// Why it must be dropped, if it must.
     pub(crate) damage: Option<Damage>,
+}
+
+impl Incoming {
+    /// The packet's bytes, in `bufs` (the receive buffers it came into).
+    pub(crate) fn bytes<'a>(&self, bufs: &'a [u8]) -> &'a [u8] {
+        bufs.get(self.at..self.at + self.len).unwrap_or_default()
+    }
 }
 
 /// One device's port on the UDP link.
@@ -81,7 +90,9 @@ pub(crate) struct UdpPort {
     runs: Vec<std::ops::Range<usize>>,
     /// Whether same-sized runs go as one GSO send.
     gso: bool,
-    rx_bufs: Box<[[u8; RX_BUF]; BATCH]>,
+    /// `BATCH` buffers of `RX_BUF` bytes, one after the other: where a batch of datagrams
+    /// comes in and stays, read in place, until the next batch.
+    rx_bufs: Vec<u8>,
     /// Whether the receiving socket hands over GRO batches (`UDP_GRO`).
     gro: bool,
     /// Per datagram length, the ICRC residues of identifications 1 to 63 (built on first use).
@@ -132,10 +143,7 @@ impl UdpPort {
             tx,
             runs: Vec::new(),
             gso,
-            rx_bufs: vec![[0; RX_BUF]; BATCH]
-                .into_boxed_slice()
-                .try_into()
-                .expect("BATCH buffers"),
+            rx_bufs: vec![0; RX_BUF * BATCH],
             gro,
             gso_residues: FastMap::default(),
             idle_until: 0,
@@ -227,12 +235,28 @@ impl UdpPort {
         failed
     }
 
+    /// The receive buffers the last batch came into (see [`Incoming::bytes`]), lent out so
+    /// that the packets are read in place while the fabric state is changed; give them back
+    /// with [`UdpPort::give_rx_bufs`] before the next [`UdpPort::receive`].
+    pub(crate) fn take_rx_bufs(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.rx_bufs)
+    }
+
+    /// Gives back what [`UdpPort::take_rx_bufs`] lent.
+    pub(crate) fn give_rx_bufs(&mut self, bufs: Vec<u8>) {
+        self.rx_bufs = bufs;
+    }
+
     /// Takes in up to one batch of datagrams that have arrived (a GRO batch counts as one and
-    /// is cut back into its packets), checks them, and appends them to `into`. Returns how
-    /// many packets came.
+    /// is cut back into its packets), checks them, and puts them in `into` (cleared first).
+    /// They lie in the receive buffers until the next call. Returns how many packets came.
     pub(crate) fn receive(&mut self, into: &mut Vec<Incoming>) -> usize {
         const CTL: usize = 4; // u64 words: CMSG_SPACE(4) is 24 bytes on 64-bit Linux
-        let start = into.len();
+        into.clear();
+        if self.rx_bufs.len() != RX_BUF * BATCH {
+            // Not given back (a panic while they were lent): fresh ones.
+            self.rx_bufs = vec![0; RX_BUF * BATCH];
+        }
         // SAFETY: all-zero `mmsghdr`, `iovec`, `sockaddr_in` and control words are valid
         // values (null pointers, zero lengths); every pointer set below points into locals or
         // `rx_bufs`, which outlive the call, with the lengths of what they point to; the
@@ -246,7 +270,7 @@ impl UdpPort {
             let bufs = self.rx_bufs.as_mut_ptr();
             let buf_len = if self.gro { RX_BUF } else { MAX_PACKET };
             for i in 0..BATCH {
-                iovs[i].iov_base = bufs.add(i).cast();
+                iovs[i].iov_base = bufs.add(i * RX_BUF).cast();
                 iovs[i].iov_len = buf_len;
                 let h = &mut hdrs[i].msg_hdr;
                 h.msg_name = (&raw mut addrs[i]).cast();
@@ -284,21 +308,27 @@ impl UdpPort {
                     c = libc::CMSG_NXTHDR(h, c);
                 }
                 let cut = h.msg_flags & libc::MSG_TRUNC != 0;
-                for p in self.rx_bufs[i][..len].chunks(seg.max(1)) {
+                let seg = seg.max(1);
+                let mut at = 0;
+                while at < len {
+                    let p = seg.min(len - at);
                     into.push(Incoming {
                         src,
-                        bytes: p.to_vec(),
-                        damage: (cut || p.len() > MAX_PACKET).then_some(Damage::Malformed),
+                        at: i * RX_BUF + at,
+                        len: p,
+                        damage: (cut || p > MAX_PACKET).then_some(Damage::Malformed),
                     });
+                    at += p;
                 }
             }
         }
-        for d in &mut into[start..] {
+        for d in into.iter_mut() {
             if d.damage.is_none() {
-                d.damage = check(self.ip, &mut self.gso_residues, d.src, &d.bytes);
+                let bytes = d.bytes(&self.rx_bufs);
+                d.damage = check(self.ip, &mut self.gso_residues, d.src, bytes);
             }
         }
-        into.len() - start
+        into.len()
     }
 }
 

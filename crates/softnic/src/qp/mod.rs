@@ -489,8 +489,9 @@ impl Qp {
         self.send_read_reply(w) || self.send_request(w)
     }
 
-    /// Receives a packet addressed to this QP.
-    pub(crate) fn receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+    /// Receives a packet addressed to this QP: `pkt` parsed from `wire`, the bytes of
+    /// `frame` (which holds them too, unless it came from the UDP link).
+    pub(crate) fn receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame, wire: &[u8]) {
         self.count(w, |c| c.packets_received += 1);
         use crate::packet::opcode::*;
         match pkt.hdr.opcode {
@@ -501,7 +502,7 @@ impl Qp {
                     self.on_response(w, pkt);
                 }
             }
-            _ => self.on_request(w, pkt, frame),
+            _ => self.on_request(w, pkt, frame, wire),
         }
         if self.may_transmit() {
             self.wake(w);

@@ -326,7 +326,7 @@ impl Qp {
             };
             // Checked when it arrived.
             if let Ok(pkt) = Packet::parse_with(&frame.bytes, false) {
-                self.on_request(w, &pkt, &frame);
+                self.on_request(w, &pkt, &frame, &frame.bytes);
             }
         }
     }

@@ -83,7 +83,13 @@ struct Arrived {
 }
 
 impl Qp {
-    pub(super) fn on_request(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+    pub(super) fn on_request(
+        &mut self,
+        w: &mut World,
+        pkt: &Packet<'_>,
+        frame: &Frame,
+        wire: &[u8],
+    ) {
         use ibv_qp_state::*;
         if !matches!(
             self.state,
@@ -122,6 +128,10 @@ impl Qp {
             // the packet is a duplicate (whose WR may have completed, the memory the
             // program's again), which is answered without its payload.
             let mut f = frame.clone();
+            if f.bytes.is_empty() {
+                // It came from the UDP link, its bytes where they arrived: kept now.
+                f.bytes = wire.to_vec();
+            }
             if psn_diff(pkt.hdr.psn, self.resp.epsn) < 0 {
                 f.gather = None;
             } else if !w.materialize(&mut f) {
@@ -136,7 +146,7 @@ impl Qp {
             return;
         }
         match (self.transport, op_of(pkt.hdr.opcode)) {
-            (Transport::Ud, _) => self.ud_receive(w, pkt, frame),
+            (Transport::Ud, _) => self.ud_receive(w, pkt, frame, wire.len()),
             (Transport::Uc, Some(op)) => self.uc_receive(w, pkt, gather, layout, op),
             (Transport::Rc, Some(op)) => self.rc_receive(w, pkt, gather, layout, op),
             _ => {}

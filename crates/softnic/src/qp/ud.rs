@@ -46,7 +46,13 @@ fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> ([u8; GRH_
 }
 
 impl Qp {
-    pub(super) fn ud_receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame) {
+    pub(super) fn ud_receive(
+        &mut self,
+        w: &mut World,
+        pkt: &Packet<'_>,
+        frame: &Frame,
+        wire_len: usize,
+    ) {
         let Some(deth) = pkt.hdr.deth else {
             return;
         };
@@ -71,7 +77,7 @@ impl Qp {
             }
             return;
         }
-        let (grh, sl) = network_header(&frame.sgid, &w.devices[self.dev].gid, frame.bytes.len());
+        let (grh, sl) = network_header(&frame.sgid, &w.devices[self.dev].gid, wire_len);
         let written = w
             .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
             .and_then(|()| {
