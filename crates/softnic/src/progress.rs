@@ -111,9 +111,10 @@ impl State {
     /// Sends what the devices on the UDP link have queued; what the kernel refuses counts
     /// as dropped.
     fn flush_udp(&mut self) {
-        for d in &mut self.w.devices {
+        let w = &mut self.w;
+        for d in &mut w.devices {
             if let Some(port) = d.udp.as_mut().filter(|p| p.has_outgoing()) {
-                d.counters.packets_dropped += port.flush();
+                d.counters.packets_dropped += port.flush(&mut w.spare);
             }
         }
     }

@@ -189,9 +189,10 @@ impl UdpPort {
         self.outbox.iter().any(|o| !o.is_empty())
     }
 
-    /// Seals and sends everything queued. Returns how many datagrams the kernel refused
-    /// (dropped: the transports recover as they do from loss).
-    pub(crate) fn flush(&mut self) -> u64 {
+    /// Seals and sends everything queued, and keeps the sent packets' buffers in `spare` for
+    /// the next ones. Returns how many datagrams the kernel refused (dropped: the transports
+    /// recover as they do from loss).
+    pub(crate) fn flush(&mut self, spare: &mut crate::link::Spare) -> u64 {
         let mut failed = 0;
         for (i, out) in self.outbox.iter_mut().enumerate() {
             if out.is_empty() {
@@ -230,7 +231,9 @@ impl UdpPort {
                     }
                 }
             }
-            out.clear();
+            for o in out.drain(..) {
+                spare.give(o.bytes);
+            }
         }
         failed
     }
