@@ -416,17 +416,21 @@ const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
 fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> io::Result<usize> {
     debug_assert!(batch.len() <= BATCH);
     const CTL: usize = 4; // u64 words: CMSG_SPACE(2) is 24 bytes on 64-bit Linux
-    // SAFETY: all-zero `mmsghdr`, `iovec`, `sockaddr_in` and control words are valid values;
-    // every pointer set below points into these locals or into `out`'s buffers, which outlive
-    // the call; the control message is written inside its buffer through the CMSG macros,
-    // whose space the assertion checks; the kernel only reads through the pointers.
+    // SAFETY: all-zero `mmsghdr`, `sockaddr_in` and control words are valid values; the
+    // `iovec`s are left uninitialised (32 KiB to zero per call otherwise) and each is written
+    // below before a header points at it: a run's `msg_iov` points at its first and
+    // `msg_iovlen` counts only those written for it (at most `BATCH_SEGMENTS` in all, as a
+    // batch has at most `BATCH` runs of at most `GSO_SEGMENTS` packets); every pointer set
+    // below points into these locals or into `out`'s buffers, which outlive the call; the
+    // control message is written inside its buffer through the CMSG macros, whose space the
+    // assertion checks; the kernel only reads through the pointers.
     unsafe {
         let mut addrs: [libc::sockaddr_in; BATCH] = std::mem::zeroed();
-        let mut iovs: [libc::iovec; BATCH_SEGMENTS] = std::mem::zeroed();
+        let mut iovs = [const { std::mem::MaybeUninit::<libc::iovec>::uninit() }; BATCH_SEGMENTS];
         let mut hdrs: [libc::mmsghdr; BATCH] = std::mem::zeroed();
         let mut ctls: [[u64; CTL]; BATCH] = [[0; CTL]; BATCH];
         debug_assert!(libc::CMSG_SPACE(2) as usize <= CTL * 8);
-        let iov_base = iovs.as_mut_ptr();
+        let iov_base = iovs.as_mut_ptr().cast::<libc::iovec>();
         let mut v = 0;
         for (i, run) in batch.iter().enumerate() {
             let first = &out[run.start];
