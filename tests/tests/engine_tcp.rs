@@ -184,12 +184,12 @@ fn a_failed_set_up_says_why_and_at_which_step() {
     let version = connect_to(&mut b, |mut s| {
         let mut hello = [0u8; 512];
         let n = s.read(&mut hello).unwrap();
-        hello[7] ^= 0x10; // version 5 reads as 21
+        hello[7] ^= 0x10; // version 6 reads as 22
         let _ = s.write_all(&hello[..n]);
         let _ = s.read(&mut hello);
     });
     assert!(
-        version.contains("speaks version 21, this engine"),
+        version.contains("speaks version 22, this engine"),
         "{version}"
     );
     // Silence: the deadline, at the step it was at, with the bytes it had.

@@ -39,7 +39,7 @@ impl Engine {
         } else if bytes.first() == Some(&CTL_COPY) {
             self.on_ctl_copy(&bytes, from);
         } else if bytes.first() == Some(&ACK_ASK) {
-            self.on_ack_request(&bytes, from);
+            self.on_ack_request(&bytes, from, now);
         } else {
             for a in bytes.chunks_exact(ACK_LEN) {
                 match AckRepr::from_bytes(a) {
@@ -70,7 +70,7 @@ impl Engine {
     /// The peer asks for an ACK of connection `fid` (a timeout of its expired, UC): the
     /// connection's next ACK, staged this round, answers it. Only from the connection's peer
     /// with its tag; however many come, one ACK per connection per round goes back.
-    fn on_ack_request(&mut self, b: &[u8], from: AckSource) {
+    fn on_ack_request(&mut self, b: &[u8], from: AckSource, now: u64) {
         let Some((fid, tag, seq)) = parse_ack_request(b).filter(|_| self.cfg.mode == Mode::Uc)
         else {
             self.stats.dropped_invalid += 1;
@@ -80,10 +80,17 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         }
-        if let Some(c) = self.conns[usize::from(fid)].as_mut() {
-            c.answer = Some(seq);
+        let Some(c) = self.conns[usize::from(fid)].as_mut() else {
+            return;
+        };
+        c.answer = Some(seq);
+        if c.ack_slot.is_some() {
+            // An ACK staged before the request is older than it: built again in its place,
+            // as the answer (it may go out before this round ends).
+            self.stage_ack(fid, now);
+        } else {
+            self.mark_ack(fid);
         }
-        self.mark_ack(fid);
     }
 
     /// A timeout of connection `ci`'s flow expired: asks the peer for an ACK (UC), request

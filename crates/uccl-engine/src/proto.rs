@@ -8,8 +8,9 @@ use verbs_safe::Gid;
 const MAGIC: &[u8; 6] = b"UCCLRS";
 /// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
 /// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn; 5:
-/// reads, notes).
-pub(crate) const VERSION: u16 = 5;
+/// reads, notes; 6: ACK requests and their answers: a peer that ignored them would never be
+/// asked to resend).
+pub(crate) const VERSION: u16 = 6;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {

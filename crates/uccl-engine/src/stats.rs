@@ -35,10 +35,11 @@ pub struct Stats {
     /// an ACK, so that its delivery proves the chunks before it lost (see
     /// [`uccl_tx::TxStats::probe_retransmits`]).
     pub probe_retransmits: u64,
-    /// ACK requests this engine's timeouts asked of peers before resending anything (see
-    /// [`uccl_tx::TxConfig::ack_requests`]), and those it answered for its peers.
+    /// ACK requests this engine's timeouts made before resending anything (see
+    /// [`uccl_tx::TxConfig::ack_requests`]; [`uccl_tx::TxStats::ack_requests`]: counted when
+    /// made, also those that found no UD send slot and wait for the next expiry).
     pub ack_requests: u64,
-    /// ACK requests answered (an ACK sent at once for the connection asked about).
+    /// Peers' ACK requests this engine answered (an ACK sent at once for the connection).
     pub ack_answers: u64,
     /// ACK headers sent, and the control messages that carried them.
     pub acks_sent: u64,

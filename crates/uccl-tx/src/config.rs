@@ -86,18 +86,24 @@ pub struct TxConfig {
     /// paced (see [`pacing`](Self::pacing)) rather than a chunk each in flight.
     pub min_window: u32,
     /// Tail-loss probes: a lane's newest transmission, unacknowledged for a probe timeout (two
-    /// smoothed RTTs, or `srtt + 4 rttvar` if more) plus `peer_ack_delay_us` after it went, is sent again on that lane (once), so that its
-    /// delivery proves the lane's earlier transmissions lost without waiting for their
-    /// timeout (RFC 8985's TLP, per QP). Off where the NIC itself recovers losses (RC).
+    /// smoothed RTTs, or `srtt + 4 rttvar` if more) plus `peer_ack_delay_us` after it went, is
+    /// sent again on that lane (once), so that its delivery proves the lane's earlier
+    /// transmissions lost without waiting for their timeout (RFC 8985's TLP, per QP); with
+    /// [`ack_requests`](Self::ack_requests) the probe is a request instead. Off where the NIC
+    /// itself recovers losses (RC).
     pub tail_probes: bool,
     /// Timeouts ask before they resend: when a lane's retransmission or probe timeout expires,
     /// nothing is declared lost yet; the flow asks its peer for an ACK
-    /// ([`Event::AckRequest`](crate::Event::AckRequest), at most one per flow per call) and
-    /// the lane's timer is armed again, backed off. The peer's answer (an ACK whose path is
-    /// [`ANSWER_PATH`](crate::wire::ANSWER_PATH)) shows what arrived: what it leaves
-    /// unacknowledged, of the lane's transmissions whose WRs had completed before the
-    /// request, is lost and goes again. Without an answer the request is repeated at each
-    /// expiry, and only [`max_silence_us`](Self::max_silence_us) gives up. So a peer that is
+    /// ([`Event::AckRequest`](crate::Event::AckRequest), at most one per flow per call). A
+    /// retransmission timeout is armed again, backed off by the requests still unanswered (at
+    /// most `rto_max_us`); a probe's request relies on it. The peer's answer (an ACK whose
+    /// path is [`ANSWER_PATH`](crate::wire::ANSWER_PATH) and whose echo is the request's
+    /// number, or a later request's) shows what arrived: what it leaves unacknowledged, of
+    /// the lane's transmissions that had left the NIC (their WRs completed) and were as old
+    /// as the timeout when the lane asked, is lost and goes again (counted in
+    /// [`TxStats::rto_retransmits`](crate::TxStats::rto_retransmits); probes resend nothing
+    /// themselves). Without an answer the request is repeated at each expiry, and only
+    /// [`max_silence_us`](Self::max_silence_us) gives up. So a peer that is
     /// slow to ACK (a descheduled thread on a busy host, where a timeout of a few hundred
     /// microseconds otherwise resends what arrived) costs a small request instead of a
     /// retransmission, and a real tail loss one more round trip. Off by default: the caller

@@ -62,15 +62,18 @@ pub struct TxStats {
     pub wrs: u64,
     /// Chains posted (doorbells), counting a chain of which only a part was posted.
     pub chains: u64,
-    /// Retransmissions posted after a retransmission timeout.
+    /// Retransmissions posted after a retransmission timeout (with
+    /// [`TxConfig::ack_requests`](crate::TxConfig::ack_requests): after a timeout's or a
+    /// probe's request was answered showing the chunk missing).
     pub rto_retransmits: u64,
     /// Retransmissions posted after a later transmission on the same path was delivered.
     pub fast_retransmits: u64,
     /// Retransmissions posted after the chunk's path failed.
     pub failover_retransmits: u64,
     /// Tail-loss probes posted: a path's newest chunk sent again on it, unacknowledged a probe
-    /// timeout (two smoothed RTTs or more, plus the peer's ACK delay) after it went, so that the probe's delivery
-    /// proves what was sent there before it lost well before its timeout.
+    /// timeout (two smoothed RTTs or more, plus the peer's ACK delay) after it went, so that
+    /// the probe's delivery proves what was sent there before it lost well before its timeout
+    /// (none with [`TxConfig::ack_requests`](crate::TxConfig::ack_requests): the probe asks).
     pub probe_retransmits: u64,
     /// Zero-length signaled WRs posted to collect the completion of WRs left unsignaled by a
     /// post that failed half-way.

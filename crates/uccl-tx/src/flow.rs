@@ -7,7 +7,7 @@ use crate::cc::Window;
 use crate::error::TxError;
 use crate::events::Event;
 use crate::path::PathId;
-use crate::tracking::{Cause, NIL, Tracking};
+use crate::tracking::{NIL, Tracking};
 
 /// `last_progress` of a flow with nothing outstanding.
 pub(crate) const IDLE: u64 = u64::MAX;
@@ -27,12 +27,28 @@ pub(crate) struct Lane {
     pub(crate) probe: Option<u64>,
     /// While one ACK is processed: the latest transmission on this lane known delivered.
     pub(crate) mark: Option<u32>,
-    /// An ACK request for this lane awaits its answer: the path's completed WR count when it
-    /// was last asked (transmissions before it had left the NIC), the timer that asked, and
-    /// the requests made since the last answer (they back off).
-    pub(crate) asked: Option<(u32, Cause, u8)>,
+    /// An ACK request for this lane awaits its answer.
+    pub(crate) asked: Option<Asked>,
     /// Index of `(fid, lane)` in the path's user list.
     pub(crate) user: u32,
+}
+
+/// A lane's ACK request awaiting its answer (see `TxConfig::ack_requests`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked {
+    /// The latest request's number: its answer, or a later one's, resolves the lane.
+    pub(crate) seq: u16,
+    /// The path's completed WR count when asked: only transmissions before it (they had
+    /// left the NIC) may be declared lost by the answer.
+    pub(crate) completed: u32,
+    /// And only those sent by then, as old as the timeout that asked: a younger one could
+    /// still be on its way behind the request (another path's order).
+    pub(crate) sent_by: u64,
+    /// A retransmission timeout asked (not only a probe): a loss the answer shows backs the
+    /// path off.
+    pub(crate) rto: bool,
+    /// Requests since the lane's last answer or delivery: their timer backs off.
+    pub(crate) times: u8,
 }
 
 /// Whether the flow takes messages.
@@ -243,10 +259,12 @@ pub(crate) struct Flow {
     /// `poll_transmit` call it belongs to (a burst does not outlive its call: the next call's
     /// chunks start a burst of their own, so they make one chain).
     pub(crate) burst: (u16, u32, u32),
-    /// When the flow last asked its peer for an ACK ([`u64::MAX`]: never), and that
-    /// request's number (only its answer declares losses).
+    /// When the flow last asked its peer for an ACK ([`u64::MAX`]: never).
     pub(crate) asked_at: u64,
+    /// The number of the flow's latest ACK request.
     pub(crate) ask_seq: u16,
+    /// Its lanes awaiting an answer (an answer finds none at once when this is 0).
+    pub(crate) asking: u16,
 }
 
 impl Flow {
@@ -279,6 +297,7 @@ impl Flow {
             burst: (0, 0, 0),
             asked_at: u64::MAX,
             ask_seq: 0,
+            asking: 0,
         }
     }
 

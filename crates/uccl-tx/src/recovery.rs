@@ -26,12 +26,15 @@
 use crate::bits::Bits256;
 use crate::error::TxError;
 use crate::events::Event;
-use crate::flow::{IDLE, Status, open_mut};
+use crate::flow::{Asked, IDLE, Status, open_mut};
 use crate::path::PathId;
 use crate::timers::{PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
-use crate::wire::{ANSWER_PATH, AckRepr, csn_add};
+use crate::wire::{ANSWER_PATH, AckRepr, CSN_SPACE, csn_add, csn_diff};
+
+/// Half the request numbers: an answer's number is at most this far behind the latest.
+const CSN_HALF: i32 = (CSN_SPACE / 2) as i32;
 
 /// `a` was sent before `b` on the same path (sequence numbers modulo 2^32).
 fn before(a: u32, b: u32) -> bool {
@@ -113,10 +116,12 @@ impl Tx {
                 );
             }
         }
-        self.detect_losses(fid);
+        // An answer first: what it acknowledged also marks lanes as delivered, which ends
+        // their requests in `detect_losses`.
         if ack.path == ANSWER_PATH {
             self.answered(fid, ack.echo, now);
         }
+        self.detect_losses(fid);
         let Some(f) = self.open_flow_mut(fid) else {
             return;
         };
@@ -208,6 +213,11 @@ impl Tx {
             };
             let l = &mut f.lanes[usize::from(lane)];
             let (mark, p) = (l.mark.take().expect("marked"), usize::from(l.path.0));
+            // A delivery on the lane: what it proves lost is declared below, and a request
+            // the lane made waits no more (its timer asks again if the lane stays stuck).
+            if l.asked.take().is_some() {
+                f.asking -= 1;
+            }
             let mut c = l.head;
             if self.paths[p].backoff > 0 {
                 self.paths[p].backoff = 0;
@@ -285,7 +295,9 @@ impl Tx {
     /// lost and wait to be sent again (the path's timeout backs off, and the path ranks worse
     /// until a delivery on it is seen); a lane's newest chunk whose probe timeout expired goes
     /// again as a tail-loss probe; a flow with chunks outstanding and no ACK progress for
-    /// `max_silence_us` fails.
+    /// `max_silence_us` fails. With [`TxConfig::ack_requests`](crate::TxConfig::ack_requests)
+    /// both timeouts ask the peer instead ([`Event::AckRequest`]), and its answer declares
+    /// the losses.
     pub fn handle_timeout(&mut self, now: u64) {
         let due = &mut self.paced_due;
         self.pacer
@@ -398,15 +410,16 @@ impl Tx {
         if due > now {
             self.arm_probe(fid, lane, due);
         } else if self.cfg.ack_requests {
-            self.ask(fid, lane, Cause::Probe, now);
+            self.ask(fid, lane, false, pto, now);
         } else {
             self.declare_lost(fid, c, Cause::Probe);
         }
     }
 
     /// [`rto_due`](Self::rto_due) with [`TxConfig::ack_requests`](crate::TxConfig::ack_requests):
-    /// if the lane's oldest transmission has gone unacknowledged for its timeout, the path
-    /// backs off (once per timeout event) and the peer is asked; the timer is armed again.
+    /// if the lane's oldest transmission has gone unacknowledged for its timeout, the peer is
+    /// asked and the timer armed again, backed off by the requests still unanswered (at
+    /// most `rto_max_us`). The path backs off only once an answer shows a loss.
     fn rto_ask(&mut self, fid: u16, lane: u16, now: u64) {
         let f = self.flow(fid).expect("open");
         let l = &f.lanes[usize::from(lane)];
@@ -418,32 +431,24 @@ impl Tx {
         else {
             return;
         };
-        if at.saturating_add(self.rto(p)) > now {
-            self.arm_lane(fid, lane, at.saturating_add(self.rto(p)));
+        let rto = self.rto(p);
+        if at.saturating_add(rto) > now {
+            self.arm_lane(fid, lane, at.saturating_add(rto));
             return;
         }
-        // The path backs off only once an answer shows a loss; until then the requests
-        // themselves back off.
-        let times = self.ask(fid, lane, Cause::Rto, now);
-        let wait = self.rto(p).saturating_mul(1 << times.min(10));
+        let times = self.ask(fid, lane, true, rto, now);
+        let wait = rto
+            .saturating_mul(1 << times.min(20))
+            .min(self.cfg.rto_max_us * 1000);
         self.arm_lane(fid, lane, now.saturating_add(wait));
     }
 
-    /// Lane `lane` of flow `fid` waits for an answer to an ACK request (a timeout of `cause`
-    /// expired): what it had sent by now may be declared lost by the answer. The flow asks
-    /// once per call. Returns how many requests the lane made before this one without an
-    /// answer.
-    fn ask(&mut self, fid: u16, lane: u16, cause: Cause, now: u64) -> u32 {
+    /// Lane `lane` of flow `fid` asks its peer for an ACK: a retransmission timeout
+    /// (`rto`) or a probe timeout of `timeout` ns expired. What it had sent by then, that
+    /// old, may be declared lost by the answer. The flow asks once per call. Returns how many
+    /// requests the lane made before this one without an answer.
+    fn ask(&mut self, fid: u16, lane: u16, rto: bool, timeout: u64, now: u64) -> u32 {
         let f = self.flows[usize::from(fid)].as_mut().expect("open");
-        let l = &mut f.lanes[usize::from(lane)];
-        let completed = self.paths[usize::from(l.path.0)].completed as u32;
-        // A probe's request does not make a pending timeout's one a probe's.
-        let (cause, times) = match l.asked {
-            Some((_, Cause::Rto, n)) => (Cause::Rto, n),
-            Some((_, _, n)) => (cause, n),
-            None => (cause, 0),
-        };
-        l.asked = Some((completed, cause, times.saturating_add(1)));
         if f.asked_at != now {
             f.asked_at = now;
             f.ask_seq = csn_add(f.ask_seq, 1);
@@ -451,51 +456,84 @@ impl Tx {
             let seq = f.ask_seq;
             self.events.push_back(Event::AckRequest { fid, seq });
         }
-        u32::from(times)
+        let l = &mut f.lanes[usize::from(lane)];
+        let completed = self.paths[usize::from(l.path.0)].completed as u32;
+        let mut a = Asked {
+            seq: f.ask_seq,
+            completed,
+            sent_by: now.saturating_sub(timeout),
+            rto,
+            times: 1,
+        };
+        if let Some(was) = l.asked {
+            // A probe's request does not make a pending timeout's one a probe's.
+            a.rto |= was.rto;
+            a.sent_by = a.sent_by.max(was.sent_by);
+            a.times = was.times.saturating_add(1);
+        } else {
+            f.asking += 1;
+        }
+        l.asked = Some(a);
+        u32::from(a.times - 1)
     }
 
     /// The peer answered ACK request `seq` of flow `fid` (after the answer's acknowledgements
-    /// were taken). If it is the latest request, on each lane that asked a transmission whose
-    /// WR had completed before the request and that is still unacknowledged was lost; an
-    /// earlier request's answer (overtaken by a later request) shows less, and proves
-    /// nothing.
+    /// were taken). On each lane whose request it answers (that one or an earlier one), a
+    /// transmission still unacknowledged that had left the NIC and was as old as the timeout
+    /// when the lane asked was lost; the younger ones wait for the lane's timer again.
     fn answered(&mut self, fid: u16, seq: u16, now: u64) {
         let lanes = match self.flow(fid) {
-            Some(f) if f.ask_seq == seq => f.lanes.len(),
+            // Not a number this flow has asked yet: nothing to resolve.
+            Some(f) if f.asking > 0 && (0..CSN_HALF).contains(&csn_diff(f.ask_seq, seq)) => {
+                f.lanes.len()
+            }
             _ => return,
         };
         for lane in 0..lanes {
             let Some(f) = self.open_flow_mut(fid) else {
                 return;
             };
-            let Some((completed, cause, _)) = f.lanes[lane].asked.take() else {
+            let l = &mut f.lanes[lane];
+            let Some(a) = l.asked.filter(|a| csn_diff(seq, a.seq) >= 0) else {
                 continue;
             };
-            let p = usize::from(f.lanes[lane].path.0);
-            let mut c = f.lanes[lane].head;
-            let mut lost = 0;
+            l.asked = None;
+            f.asking -= 1;
+            let p = usize::from(l.path.0);
+            let mut c = l.head;
+            let mut first_lost = None;
             while c != NIL {
                 let Some(t) = self.flow(fid).and_then(|f| f.track.get(c)) else {
                     break;
                 };
-                if !before(t.last.seq, completed) {
+                if !before(t.last.seq, a.completed) || t.last.at > a.sent_by {
                     break;
                 }
                 let next = t.next;
-                lost += 1;
-                if self.declare_lost(fid, c, cause) {
+                first_lost = first_lost.or(Some(t.last.at));
+                // Shown lost by the answer: sent again as after a timeout (on any path).
+                if self.declare_lost(fid, c, Cause::Rto) {
                     return;
                 }
                 c = next;
             }
-            if lost > 0 && cause == Cause::Rto {
+            if let Some(at) = first_lost
+                && a.rto
+            {
                 // A timeout's loss: the path backs off, once per timeout event.
                 self.stats.timeouts += 1;
                 let path = &mut self.paths[p];
-                if path.backoff_at < now {
+                if at >= path.backoff_at {
                     path.backoff = (path.backoff + 1).min(20);
                     path.backoff_at = now;
                 }
+            }
+            // What is left on the lane is timed from its own transmission again.
+            let f = self.flow(fid).expect("open");
+            let head = f.lanes[lane].head;
+            if let Some(t) = (head != NIL).then(|| f.track.get(head)).flatten() {
+                let at = t.last.at.saturating_add(self.rto(PathId(p as u16)));
+                self.arm_lane(fid, lane as u16, at);
             }
         }
     }

@@ -90,6 +90,8 @@ fn network() -> impl Strategy<Value = NetConfig> {
                 credit_zero,
                 black_hole,
                 fail_path,
+                // A quarter of the scenarios' ACK requests may overtake the data.
+                asks_overtake: (seed >> 3) % 4 == 0,
                 ..NetConfig::clean(seed, paths)
             }
         })
@@ -217,14 +219,15 @@ fn check(s: &Scenario, sim: &Sim) -> Result<(), TestCaseError> {
         // Nothing was lost, so nothing is resent. Without ACK requests a probe may still fire
         // when completions and ACKs are late together (the defect they fix); with them,
         // nothing may.
+        // (Requests that overtake the data may find it still on its way: not counted.)
         let probes = if s.asks { st.probe_retransmits } else { 0 };
+        let rto = if s.asks && n.asks_overtake {
+            0
+        } else {
+            st.rto_retransmits
+        };
         prop_assert_eq!(
-            (
-                st.fast_retransmits,
-                st.rto_retransmits,
-                st.failover_retransmits,
-                probes
-            ),
+            (st.fast_retransmits, rto, st.failover_retransmits, probes),
             (0, 0, 0, 0),
             "{:?}",
             st

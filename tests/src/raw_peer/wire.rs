@@ -7,7 +7,7 @@ pub const QKEY: u32 = 0x1cc1_0001;
 pub const CTL_LEN: usize = 64;
 /// The handshake's magic and version (uccl-engine's `proto::VERSION`).
 const MAGIC: &[u8; 6] = b"UCCLRS";
-const VERSION: u16 = 5;
+const VERSION: u16 = 6;
 /// The feature bit of RC data QPs.
 const FEATURE_RC: u32 = 1;
 /// Bytes of a handshake before its data QPs.

@@ -28,12 +28,14 @@ pub const MAX_TAG: u8 = 0x7f;
 /// - `flags`: bit 0 set means the triggering chunk arrived as a retransmission (a SEND), clear
 ///   means as its original WRITE_WITH_IMM; bits 1-7 are the `tag` (see [`AckRepr::tag`]);
 /// - `path`: the index, in the flow's list of paths (the connection's QPs, in the order both
-///   ends agreed on at connection time), of the QP the triggering chunk came on;
+///   ends agreed on at connection time), of the QP the triggering chunk came on, or
+///   [`ANSWER_PATH`] in an answer to an ACK request;
 /// - `fid`: the flow (12 bits used);
 /// - `cum`: chunks received in order, modulo 2^16: the low 11 bits are the next CSN expected
 ///   (every CSN before it arrived), the rest tell a stale ACK from a current one;
 /// - `echo`: the CSN that triggered this ACK (with `path` and the flag it names the one
-///   transmission that arrived: loss detection and RTT samples use it);
+///   transmission that arrived: loss detection and RTT samples use it); in an answer, the
+///   number of the ACK request it answers;
 /// - `credit`: the receive window the receiver grants this flow, in WRs (chunks in flight); 0
 ///   means "send nothing now". An ACK that advances `cum` sets the sender's window; among ACKs
 ///   with the same `cum` (whose order the sender cannot tell) the largest credit wins, so a
@@ -79,7 +81,8 @@ impl<T: AsRef<[u8]>> Ack<T> {
     pub fn tag(&self) -> u8 {
         self.buf.as_ref()[1] >> 1
     }
-    /// The index of the path the triggering chunk came on, in the flow's path list.
+    /// The index of the path the triggering chunk came on, in the flow's path list
+    /// ([`ANSWER_PATH`] in an answer to an ACK request).
     pub fn path(&self) -> u16 {
         self.be16(2)
     }
@@ -129,7 +132,7 @@ fn check_ranges(fid: u16, echo: u16) -> Result<(), WireError> {
 }
 
 /// The [`AckRepr::path`] of an answer to an ACK request: the receiver's state when the
-/// request reached it, triggered by no chunk (its `echo` names none). A sender that asked
+/// request reached it, triggered by no chunk (its `echo` is the request's number, not a CSN). A sender that asked
 /// because a timeout expired takes what such an ACK leaves unacknowledged, of what it had
 /// sent before asking, as lost (see [`TxConfig::ack_requests`](crate::TxConfig::ack_requests)).
 pub const ANSWER_PATH: u16 = u16::MAX;
@@ -144,7 +147,7 @@ pub struct AckRepr {
     pub fid: u16,
     /// Chunks received in order, modulo 2^16 (low 11 bits: the next CSN expected).
     pub cum: u16,
-    /// The CSN that triggered the ACK.
+    /// The CSN that triggered the ACK (in an answer, the request's number).
     pub echo: u16,
     /// The triggering chunk arrived as a retransmission (a SEND), not as its original WRITE.
     pub retx: bool,

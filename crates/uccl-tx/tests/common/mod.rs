@@ -480,14 +480,19 @@ impl Sim {
                     }
                 }
                 Event::AckRequest { fid, seq } => {
-                    // Behind everything sent before it, as on one link.
-                    let behind = self
-                        .pipes
-                        .iter()
-                        .filter_map(|q| q.back().map(|&(t, _)| t))
-                        .chain(self.asks.back().map(|&(t, _, _)| t))
-                        .fold(self.now, u64::max);
-                    self.asks.push_back((behind + 1, fid, seq));
+                    // Behind everything sent before it, as on one link, or (overtaking) as
+                    // fast as the fastest path; requests stay in order.
+                    let last = self.asks.back().map_or(self.now, |&(t, _, _)| t);
+                    let at = if self.cfg.asks_overtake {
+                        let fastest = self.cfg.paths.iter().map(|&(_, l)| l).min();
+                        self.now + fastest.unwrap_or(0)
+                    } else {
+                        self.pipes
+                            .iter()
+                            .filter_map(|q| q.back().map(|&(t, _)| t))
+                            .fold(self.now, u64::max)
+                    };
+                    self.asks.push_back((at.max(last) + 1, fid, seq));
                 }
                 other => self.failed.push(other),
             }

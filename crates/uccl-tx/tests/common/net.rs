@@ -52,6 +52,10 @@ pub struct NetConfig {
     pub credit_zero: f64,
     /// Flows (ids `FID ..`), sharing the paths; messages go to them in turn.
     pub flows: u16,
+    /// ACK requests take the shortest path's latency instead of queueing behind what was
+    /// sent before them (another route than the data's): an answer may then show missing
+    /// what is still on its way.
+    pub asks_overtake: bool,
 }
 
 impl NetConfig {
@@ -74,6 +78,7 @@ impl NetConfig {
             credit: 256,
             credit_zero: 0.0,
             flows: 1,
+            asks_overtake: false,
         }
     }
 }
