@@ -239,6 +239,19 @@ impl World {
             self.send_on(at + 1, frame.clone());
             fate.duplicated = true;
         }
+        if let Dest::Udp(dst) = frame.to
+            && at <= self.now
+            && self.net.next_at().is_none_or(|t| t > self.now)
+        {
+            // Due now, and nothing in flight is due before it: straight to its port's
+            // outbox, where the next round's `deliver_due` would move it (the outbox is sent
+            // at the end of every round), without the trip through the queue of frames in
+            // flight (a push and a pop per packet).
+            if let Some(port) = self.devices[frame.from].udp.as_mut() {
+                port.queue(frame.sport, dst, frame.bytes, frame.sealed);
+            }
+            return fate;
+        }
         self.send_on(at, frame);
         fate
     }
