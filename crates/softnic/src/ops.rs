@@ -40,7 +40,7 @@ unsafe extern "C" fn post_send(
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_send contract.
         let r = unsafe { q.post_send(w, wr) };
-        st.progress();
+        st.progress_after_post();
         shared.posted_at(st.w.now);
         r
     });

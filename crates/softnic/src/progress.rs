@@ -21,14 +21,31 @@ const WALL_NAP: Duration = Duration::from_millis(100);
 const POLLED_RECENTLY: Duration = Duration::from_micros(50);
 /// How long a device's socket, found empty, is left alone (ns of wall time).
 const RX_IDLE_NS: u64 = 2_000;
+/// How long after the last look at a device's socket a post's round of progress leaves it
+/// alone (ns of wall time): a caller that polls looks between its posts (and would otherwise
+/// make a system call per post that mostly finds nothing); one that only posts still has
+/// what arrives taken in this often.
+const POST_RX_GAP_NS: u64 = 20_000;
 /// Batches of datagrams a device takes in per round of progress, at most.
 const RX_BATCHES: usize = 8;
 
 impl State {
     /// Processes everything due now: arrivals, timers, transmissions, until nothing is left.
     pub(crate) fn progress(&mut self) -> bool {
+        self.progress_rx(0)
+    }
+
+    /// [`progress`](Self::progress) after a post: the sockets of the UDP link are read only
+    /// if nobody has looked at them for [`POST_RX_GAP_NS`].
+    pub(crate) fn progress_after_post(&mut self) -> bool {
+        self.progress_rx(POST_RX_GAP_NS)
+    }
+
+    /// Progress, reading the UDP link's sockets unless they were looked at in the last
+    /// `rx_gap` ns.
+    fn progress_rx(&mut self, rx_gap: u64) -> bool {
         let udp = self.w.on_udp;
-        let mut any = udp && self.receive_udp();
+        let mut any = udp && self.receive_udp(rx_gap);
         loop {
             let mut did = self.deliver_due();
             did |= self.fire_timers();
@@ -45,8 +62,9 @@ impl State {
     }
 
     /// Takes in one batch of datagrams per device on the UDP link and delivers them: the
-    /// RoCEv2 ICRC is checked against the addresses they came from and to.
-    fn receive_udp(&mut self) -> bool {
+    /// RoCEv2 ICRC is checked against the addresses they came from and to. A socket looked at
+    /// in the last `gap` ns is left alone.
+    fn receive_udp(&mut self, gap: u64) -> bool {
         let mut any = false;
         let mut incoming = std::mem::take(&mut self.w.udp_in);
         for dev in 0..self.w.devices.len() {
@@ -55,8 +73,11 @@ impl State {
             };
             // A socket found empty is not asked again for a moment: a caller polling a CQ in
             // a loop would otherwise make a system call per poll.
-            if self.w.now < port.idle_until {
+            if self.w.now < port.idle_until || self.w.now < port.read_at.saturating_add(gap) {
                 continue;
+            }
+            if let Some(port) = self.w.devices[dev].udp.as_mut() {
+                port.read_at = self.w.now;
             }
             // Up to a few batches: what came while nobody looked, without starving the rest.
             // Each is read where it came in, before the next one comes into the same buffers.

@@ -331,7 +331,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
             // SAFETY: the chain's WRs, SGE lists and inline data live in the batch,
             // untouched until this call returns; the SGEs name the caller's memory.
             let r = unsafe { q.post_batch(w, chain) };
-            st.progress();
+            st.progress_after_post();
             shared.posted_at(st.w.now);
             r
         });

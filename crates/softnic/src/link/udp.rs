@@ -99,6 +99,8 @@ pub(crate) struct UdpPort {
     gso_residues: FastMap<usize, Box<[u32]>>,
     /// Fabric time before which the receiving socket, last found empty, is not read again.
     pub(crate) idle_until: u64,
+    /// Fabric time the receiving socket was last read.
+    pub(crate) read_at: u64,
 }
 
 impl std::fmt::Debug for UdpPort {
@@ -147,6 +149,7 @@ impl UdpPort {
             gro,
             gso_residues: FastMap::default(),
             idle_until: 0,
+            read_at: 0,
         })
     }
 
