@@ -10,7 +10,8 @@
 //! - an RC control QP connected to the victim's connection control QP, with receives posted:
 //!   it keeps that QP alive and collects the victim's control messages ([`CtlMsg`]: its
 //!   receive-buffer advertisements, notes of refused retransmissions);
-//! - a UD QP, where the victim's ACKs go (counted, not read: the peer acknowledges nothing).
+//! - a UD QP, where the victim's ACKs go (counted, not read: the peer acknowledges nothing),
+//!   and from which [`RawPeer::send_ud`] sends the victim's UD QP anything (ACK requests).
 //!
 //! Nothing here follows the engine's rules (credits, sequence numbers, immediates): the caller
 //! says what to send. The handshake and control-message layouts are uccl-engine's
@@ -39,7 +40,7 @@ use uccl_engine::{ConnId, Engine, EngineConfig};
 use verbs_safe::{
     AccessFlags, ConnInit, Context, Cq, DmaBuf, Gid, LocalPort, MrBuf, Mtu, Pd, Poller, Qp, QpCaps,
     QpInit, Rc, RcRtr, RcRts, RecvWr, Remote, Rts, SendOp, SendWr, SqPsn, Uc, UcRtr, Ud, UdInit,
-    UdRtr, Verbs, WcStatus,
+    UdRtr, UdSendWr, Verbs, WcStatus,
 };
 
 use crate::Sim;
@@ -59,6 +60,9 @@ const UD_SLOT: usize = 40 + 4096;
 const CTL_RECV: u64 = 1 << 40;
 const CTL_SEND: u64 = 2 << 40;
 const UD_RECV: u64 = 3 << 40;
+const UD_SEND: u64 = 4 << 40;
+/// Send queue depth of the UD QP.
+const UD_SENDS: u32 = 64;
 const KIND: u64 = 0xff << 40;
 
 /// A data QP of the peer.
@@ -251,7 +255,7 @@ impl RawPeer {
             .init(ConnInit::default())?
             .rtr(rtr)?
             .rts(RcRts::new(ctl_psn))?;
-        let ud = Qp::<Ud, _>::new(&pd, init(1, UD_RECVS))?;
+        let ud = Qp::<Ud, _>::new(&pd, init(UD_SENDS, UD_RECVS))?;
         let ud = ud.init(UdInit::new(QKEY))?.rtr(UdRtr)?.rts(SqPsn(0))?;
         let local = AccessFlags::LOCAL_WRITE;
         let ctl_rx = Arc::new(pd.alloc_dma(CTL_RECVS as usize * CTL_LEN, 64, local)?);
@@ -356,6 +360,23 @@ impl RawPeer {
         Ok(id)
     }
 
+    /// Sends `bytes` from the peer's UD QP to the victim's (where its peers' ACKs and ACK
+    /// requests go), as one message. At most 64 wait for their completions ([`poll`](Self::poll)
+    /// takes them).
+    pub fn send_ud(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let from = LocalPort::new(1, 0);
+        let ah = self
+            .pd
+            .create_ah(from, self.victim.lid, Some(Gid(self.victim.gid)))
+            .map_err(verbs_err("an address handle"))?;
+        let b = self.payload(bytes)?;
+        let wr =
+            UdSendWr::new(UD_SEND, &ah, self.victim.ctrl_qpn, QKEY).buf(&b, 0, bytes.len() as u32);
+        self.ud
+            .post_send_bufs(&mut [wr])
+            .map_err(verbs_err("a UD send"))
+    }
+
     /// Sends `msg` on the control QP (the victim reads it as a control message).
     pub fn send_ctl(&mut self, msg: &[u8; CTL_LEN]) -> Result<(), String> {
         let b = self.payload(msg)?;
@@ -408,7 +429,7 @@ impl RawPeer {
                 CTL_RECV | CTL_SEND if status != ok => {
                     self.ctl_failed.get_or_insert(status);
                 }
-                CTL_SEND | UD_RECV | CTL_RECV => {}
+                CTL_SEND | UD_RECV | CTL_RECV | UD_SEND => {}
                 _ => {
                     self.posted.remove(&id);
                     self.done.insert(id, status);

@@ -11,6 +11,7 @@ use std::time::Duration;
 use softnic::{Faults, PacketInfo, Verdict};
 use uccl_engine::{EngineConfig, Mode, connect_pair};
 use uccl_integration::Sim;
+use uccl_integration::raw_peer::{RawPeer, sim_with_raw_devices};
 
 const LEN: usize = 256 << 10;
 
@@ -132,4 +133,78 @@ fn a_chunk_lost_while_the_receiver_is_descheduled_is_resent_after_the_answer() {
 fn a_lost_chunk_with_no_stall_is_still_recovered() {
     let (s, _) = stalled_receiver(4, Duration::ZERO, true);
     assert!(s.retransmits() >= 1, "{s:?}");
+}
+
+/// ACK requests from a peer are answered at most once per connection per round, and only
+/// those from the connection's peer with its tag and a number an ACK can carry: a peer that
+/// floods them, or forges them, gets no more than that (and no engine state grows).
+#[test]
+fn ack_requests_from_a_hostile_peer_are_bounded_and_checked() {
+    let cfg = EngineConfig {
+        mode: Mode::Uc,
+        qps_per_conn: 2,
+        ..EngineConfig::default()
+    };
+    let (mut sim, dev) = sim_with_raw_devices(71, 1, 1, &cfg);
+    let fabric = sim.fabric.clone();
+    let (mut peer, _conn) = RawPeer::connect(&fabric, &dev[0], &mut sim.engines[0], 71).unwrap();
+    // The victim's id of the connection and its own ACK tag (the low 7 bits of its control
+    // QP's first PSN), as its engine checks them.
+    let (fid, tag) = (peer.victim.fid, (peer.victim.conn_psn & 0x7f) as u8);
+    let ask = |fid: u16, tag: u8, seq: u16| -> Vec<u8> {
+        let (f, s) = (fid.to_be_bytes(), seq.to_be_bytes());
+        vec![0xc2, tag, f[0], f[1], s[0], s[1]]
+    };
+    let settle = |sim: &mut uccl_integration::Sim, peer: &mut RawPeer| {
+        peer.run(sim, Duration::from_millis(1), |_, p| p.outstanding() == 0)
+            .unwrap();
+        for _ in 0..64 {
+            sim.engines[0].poll().unwrap();
+            peer.poll().unwrap();
+            let now = sim.fabric.now();
+            let next = sim
+                .fabric
+                .next_event()
+                .unwrap_or(now + Duration::from_micros(1));
+            sim.fabric
+                .advance(next.saturating_sub(now).max(Duration::from_nanos(1)));
+        }
+    };
+    settle(&mut sim, &mut peer);
+    let before = sim.engines[0].stats();
+    // Forged: another tag, a connection that is not there, a number no ACK can echo.
+    for bytes in [
+        ask(fid, tag ^ 1, 1),
+        ask(fid.wrapping_add(5), tag, 1),
+        ask(fid, tag, 2048),
+        vec![0xc2, tag, 0],
+    ] {
+        peer.send_ud(&bytes).unwrap();
+    }
+    settle(&mut sim, &mut peer);
+    let forged = sim.engines[0].stats();
+    assert_eq!(
+        forged.ack_answers, before.ack_answers,
+        "nothing forged is answered"
+    );
+    assert_eq!(
+        forged.dropped_invalid,
+        before.dropped_invalid + 4,
+        "each is counted"
+    );
+    // A flood of valid requests while the victim's engine looks away: one answer per round.
+    for seq in 0..60 {
+        peer.send_ud(&ask(fid, tag, seq)).unwrap();
+    }
+    let polls = sim.engines[0].stats().polls;
+    settle(&mut sim, &mut peer);
+    let after = sim.engines[0].stats();
+    let answers = after.ack_answers - forged.ack_answers;
+    assert!(answers >= 1, "the requests are answered");
+    assert!(
+        answers <= after.polls - polls,
+        "{answers} answers in {} rounds",
+        after.polls - polls
+    );
+    assert_eq!(after.dropped_invalid, forged.dropped_invalid);
 }
