@@ -26,8 +26,12 @@
 //!   is a SEND of `[header | payload]` into an SRQ buffer, copied to its place only after its
 //!   target is checked to lie inside the receive buffer or exported region it belongs to. On
 //!   RC the NIC recovers; nothing is retransmitted in software.
-//! - **Probes**: on UC a QP's last chunks, which nothing behind them can prove lost, are sent
-//!   again after two smoothed RTTs or more (a tail-loss probe); on the RC control QPs a message left
+//! - **Probes**: on UC a QP's last chunks, which nothing behind them can prove lost, are
+//!   looked after two smoothed RTTs or more (a tail-loss probe). Neither a probe nor a
+//!   retransmission timeout resends anything by itself: the engine asks its peer for an ACK
+//!   and resends what the answer shows missing ([`uccl_tx::TxConfig::ack_requests`]), so a
+//!   peer that is slow to ACK (descheduled on a busy host) costs a 6-byte request, not a
+//!   duplicate. On the RC control QPs a message left
 //!   unacknowledged gets a ping behind it, so the peer's NIC NAKs a lost one at once instead of
 //!   after the RC timeout, and if that does not free it, the advertisements it holds back are
 //!   copied over the UD QP (taken once, in order).
