@@ -108,6 +108,7 @@
 
 #![deny(unsafe_code)]
 
+mod asks;
 mod bits;
 mod cc;
 mod config;
