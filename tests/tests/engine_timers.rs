@@ -153,7 +153,7 @@ fn ack_requests_from_a_hostile_peer_are_bounded_and_checked() {
     let (fid, tag) = (peer.victim.fid, (peer.victim.conn_psn & 0x7f) as u8);
     let ask = |fid: u16, tag: u8, seq: u16| -> Vec<u8> {
         let (f, s) = (fid.to_be_bytes(), seq.to_be_bytes());
-        vec![0xc2, tag, f[0], f[1], s[0], s[1]]
+        vec![0x5a, tag, f[0], f[1], s[0], s[1]]
     };
     let settle = |sim: &mut uccl_integration::Sim, peer: &mut RawPeer| {
         peer.run(sim, Duration::from_millis(1), |_, p| p.outstanding() == 0)
@@ -177,7 +177,7 @@ fn ack_requests_from_a_hostile_peer_are_bounded_and_checked() {
         ask(fid, tag ^ 1, 1),
         ask(fid.wrapping_add(5), tag, 1),
         ask(fid, tag, 2048),
-        vec![0xc2, tag, 0],
+        vec![0x5a, tag, 0],
     ] {
         peer.send_ud(&bytes).unwrap();
     }

@@ -388,11 +388,13 @@ impl Ctl {
 }
 
 /// The first byte of a control message copied over the UD QP (an ACK packet's first byte is
-/// its version, 2).
-pub(crate) const CTL_COPY: u8 = 0xc1;
+/// its version, 3). Not `0xC_`: Wireshark takes a UD payload starting so for a Mellanox EoIB
+/// header, and a short one for a malformed Ethernet frame (a capture found an ACK request
+/// that started with 0xc2).
+pub(crate) const CTL_COPY: u8 = 0x5c;
 
 /// The first byte of an ACK request on the UD QP (see [`ack_request`]).
-pub(crate) const ACK_ASK: u8 = 0xc2;
+pub(crate) const ACK_ASK: u8 = 0x5a;
 
 /// Bytes of an ACK request: `[ACK_ASK, tag, fid (2), seq (2)]` (big-endian), where `fid` is
 /// the receiver's id of the connection, `tag` its ACK tag and `seq` the request's number,
