@@ -10,10 +10,12 @@ use std::process::{Child, Command, Stdio};
 
 use crate::run::{cmd, status, target_bin};
 
-/// The runs captured: the engine between two processes, on UC (with the default 1% loss)
-/// and on RC, small enough to take a second.
+/// The runs captured: the engine between two processes, on UC (with 5% loss: retransmitted
+/// chunks, and timeouts' ACK requests and their answers on the UD QPs) and on RC, small enough
+/// to take a second.
 const RUNS: &[&str] = &[
-    "--transport uc --flows 2 --qps-per-flow 2 --msg-size 64KiB --chunk-size 16KiB --messages 8",
+    "--transport uc --flows 2 --qps-per-flow 2 --msg-size 64KiB --chunk-size 16KiB --messages 8 \
+     --loss 0.05",
     "--transport rc --flows 1 --qps-per-flow 2 --msg-size 64KiB --chunk-size 16KiB --messages 8",
 ];
 
