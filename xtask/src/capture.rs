@@ -43,7 +43,15 @@ pub(crate) fn capture() -> Result<(), String> {
     let result = RUNS
         .iter()
         .try_for_each(|run| two_processes(&perf, run))
-        .and_then(|()| rping());
+        .and_then(|()| {
+            // rping is here for its frames; its own correctness is softnic-rdmacm's tests'.
+            // A pair that fails goes once more (what it said is printed), so that a rare
+            // teardown race does not hide the capture's verdict; twice is a failure.
+            rping().or_else(|e| {
+                eprintln!("xtask capture: {e}; once more");
+                rping()
+            })
+        });
     // Let the last frames reach the capture, then stop it the way ^C does.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let _ = Command::new("kill")
@@ -155,17 +163,20 @@ fn two_processes(perf: &str, opts: &str) -> Result<(), String> {
 /// `softnic-run`, packets one per datagram; both must succeed within a deadline.
 fn rping() -> Result<(), String> {
     let run = target_bin("debug", "softnic-run");
-    let side = |addr: &str, args: &str| {
+    let log = |side: &str| std::env::temp_dir().join(format!("xtask-rping-{side}.log"));
+    let side = |addr: &str, args: &str, name: &str| -> Result<Command, String> {
+        let out = std::fs::File::create(log(name)).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut c = Command::new(&run);
         c.env("SOFTNIC_GSO", "0")
             .args(["--quiet", "--addr", addr, "--", "rping"])
             .args(args.split_whitespace())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        c
+            .stdout(out)
+            .stderr(err);
+        Ok(c)
     };
     eprintln!("$ softnic-run --addr 127.0.28.1 -- rping -s -a 127.0.28.1 -C 3 -v & (and -c)");
-    let mut server = side("127.0.28.1", "-s -a 127.0.28.1 -C 3 -v")
+    let mut server = side("127.0.28.1", "-s -a 127.0.28.1 -C 3 -v", "server")?
         .spawn()
         .map_err(|e| format!("starting rping (cargo xtask setup installs it): {e}"))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -187,7 +198,7 @@ fn rping() -> Result<(), String> {
     // so a client that failed while the server still runs goes again, as interop's do.
     let c = loop {
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let mut client = side("127.0.28.2", "-c -a 127.0.28.1 -C 3 -v")
+        let mut client = side("127.0.28.2", "-c -a 127.0.28.1 -C 3 -v", "client")?
             .spawn()
             .map_err(|e| format!("starting rping: {e}"))?;
         let ok = wait(&mut client)?;
@@ -200,7 +211,17 @@ fn rping() -> Result<(), String> {
     if c && s {
         Ok(())
     } else {
-        Err(format!("rping on softnic: client ok {c}, server ok {s}"))
+        let said = |name: &str| {
+            let text = std::fs::read_to_string(log(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(6)..].join("\n  ")
+        };
+        Err(format!(
+            "rping on softnic: client ok {c}, server ok {s}\n client said:\n  {}\n server \
+             said:\n  {}",
+            said("client"),
+            said("server")
+        ))
     }
 }
 
