@@ -193,11 +193,14 @@ fn ack_requests_from_a_hostile_peer_are_bounded_and_checked() {
         "each is counted"
     );
     // A flood of valid requests while the victim's engine looks away: one answer per round.
+    let received = peer.ud_received;
     for seq in 0..60 {
         peer.send_ud(&ask(fid, tag, seq)).unwrap();
     }
     let polls = sim.engines[0].stats().polls;
-    settle(&mut sim, &mut peer);
+    for _ in 0..20 {
+        settle(&mut sim, &mut peer);
+    }
     let after = sim.engines[0].stats();
     let answers = after.ack_answers - forged.ack_answers;
     assert!(answers >= 1, "the requests are answered");
@@ -207,4 +210,9 @@ fn ack_requests_from_a_hostile_peer_are_bounded_and_checked() {
         after.polls - polls
     );
     assert_eq!(after.dropped_invalid, forged.dropped_invalid);
+    assert_eq!(
+        peer.ud_received - received,
+        after.ack_packets - forged.ack_packets,
+        "every answer reaches the peer"
+    );
 }
