@@ -39,21 +39,7 @@ fn atomic_write(
 fn atomic_writes_land_whole_and_complete_once_through_duplicates_and_losses() {
     let f = Fabric::default();
     let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 32);
-    let seen = Arc::new(Mutex::new(std::collections::BTreeMap::<u32, u32>::new()));
-    f.set_packet_filter(Some(Box::new(move |p: &PacketInfo| match p.opcode {
-        0x1d => Verdict::Duplicate,
-        0x10 => {
-            let mut seen = seen.lock().unwrap();
-            let n = seen.entry(p.psn).or_default();
-            *n += 1;
-            if *n <= 2 {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        }
-        _ => Verdict::Pass,
-    })));
+    f.set_packet_filter(Some(duplicate_and_lose_twice(&[0x1d], 0x10)));
     let mut remote = aligned(8 * 4);
     let mut values = aligned(8 * 4);
     for (i, v) in values.chunks_mut(8).enumerate() {

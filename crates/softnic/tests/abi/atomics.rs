@@ -163,21 +163,7 @@ fn a_duplicated_or_retried_atomic_is_applied_once() {
     let (a, qa, b, _qb) = atomic_pair(&f);
     // The original's acknowledge and the duplicate's are both lost: only the requester's
     // retry (after its timeout) brings a third one, answered from the saved result.
-    let acks = Arc::new(Mutex::new(std::collections::BTreeMap::<u32, u32>::new()));
-    f.set_packet_filter(Some(Box::new(move |p: &PacketInfo| match p.opcode {
-        0x13 | 0x14 => Verdict::Duplicate,
-        0x12 => {
-            let mut seen = acks.lock().unwrap();
-            let n = seen.entry(p.psn).or_default();
-            *n += 1;
-            if *n <= 2 {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        }
-        _ => Verdict::Pass,
-    })));
+    f.set_packet_filter(Some(duplicate_and_lose_twice(&[0x13, 0x14], 0x12)));
     let mut remote = aligned(8);
     let mut local = aligned(8 * 10);
     let rmr = b.reg(&mut remote, LOCAL_WRITE | REMOTE_ATOMIC);

@@ -572,3 +572,25 @@ impl std::ops::DerefMut for Aligned {
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.1) }
     }
 }
+
+/// A packet filter that delivers every packet of the `twice` opcodes twice and loses the first
+/// two copies of each PSN of opcode `lost` (the third passes): a response is lost, and its
+/// duplicate's too, so only the requester's retry is answered.
+pub fn duplicate_and_lose_twice(twice: &'static [u8], lost: u8) -> softnic::PacketFilter {
+    let mut seen = std::collections::BTreeMap::<u32, u32>::new();
+    Box::new(move |p: &softnic::PacketInfo| {
+        if twice.contains(&p.opcode) {
+            return softnic::Verdict::Duplicate;
+        }
+        if p.opcode != lost {
+            return softnic::Verdict::Pass;
+        }
+        let n = seen.entry(p.psn).or_default();
+        *n += 1;
+        if *n <= 2 {
+            softnic::Verdict::Drop
+        } else {
+            softnic::Verdict::Pass
+        }
+    })
+}
