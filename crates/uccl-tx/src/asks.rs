@@ -9,7 +9,6 @@
 
 use crate::events::Event;
 use crate::flow::Asked;
-use crate::path::PathId;
 use crate::recovery::before;
 use crate::tracking::{Cause, NIL};
 use crate::tx::Tx;
@@ -102,7 +101,7 @@ impl Tx {
             };
             l.asked = None;
             f.asking -= 1;
-            let p = usize::from(l.path.0);
+            let p = l.path;
             let mut c = l.head;
             let mut first_lost = None;
             while c != NIL {
@@ -125,7 +124,7 @@ impl Tx {
             {
                 // A timeout's loss: the path backs off, once per timeout event.
                 self.stats.timeouts += 1;
-                let path = &mut self.paths[p];
+                let path = &mut self.paths[usize::from(p.0)];
                 if at >= path.backoff_at {
                     path.backoff = (path.backoff + 1).min(20);
                     path.backoff_at = now;
@@ -135,7 +134,7 @@ impl Tx {
             let f = self.flow(fid).expect("open");
             let head = f.lanes[lane].head;
             if let Some(t) = (head != NIL).then(|| f.track.get(head)).flatten() {
-                let at = t.last.at.saturating_add(self.rto(PathId(p as u16)));
+                let at = t.last.at.saturating_add(self.rto(p));
                 self.arm_lane(fid, lane as u16, at);
             }
         }

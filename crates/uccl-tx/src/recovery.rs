@@ -337,11 +337,11 @@ impl Tx {
         };
         l.armed = None;
         let p = l.path;
-        let rto = self.rto(p);
         if self.cfg.ack_requests {
             self.rto_ask(fid, lane, now);
             return;
         }
+        let rto = self.rto(p);
         let mut expired = 0;
         loop {
             let f = self.flow(fid).expect("open");
