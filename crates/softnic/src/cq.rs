@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use ibverbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc_status};
 
@@ -50,6 +51,16 @@ pub(crate) struct Cq {
     /// A completion did not fit: the CQ is in error (CQ_ERR was raised).
     pub(crate) overflowed: bool,
     pub(crate) shell: Shell<ibv_cq, crate::extended::CqEx>,
+}
+
+impl Cq {
+    /// Says whether the CQ holds completions or has overflowed, for polls without the lock
+    /// (call it holding the fabric's lock, after either changes).
+    pub(crate) fn publish(&self) {
+        let ready = self.overflowed || !self.entries.is_empty();
+        // SAFETY: the CQ's own shell is a `CqEx` softnic made.
+        unsafe { crate::extended::ready_flag(self.shell.ptr()) }.store(ready, Ordering::Release);
+    }
 }
 
 pub(crate) struct Channel {
@@ -159,6 +170,7 @@ impl World {
         if c.overflowed || c.entries.len() >= c.capacity {
             let first = !c.overflowed;
             c.overflowed = true;
+            c.publish();
             let ctx = c.ctx;
             if first {
                 self.async_event(ctx, ibverbs_sys::IBV_EVENT_CQ_ERR, Element::Cq(cq));
@@ -174,6 +186,7 @@ impl World {
         };
         c.entries
             .push_back((wc, reclaim, Stamp { at: self.now, wall }));
+        c.publish();
         let fire = match c.arm {
             Arm::Off => false,
             Arm::Next => true,

@@ -365,6 +365,7 @@ impl Fabric {
             poll_fds,
             started,
             last_poll: std::sync::atomic::AtomicU64::new(0),
+            quiet: std::sync::atomic::AtomicU64::new(0),
         });
         let fabric = Fabric { shared };
         let st = fabric.shared.lock_any();
@@ -441,6 +442,9 @@ impl Fabric {
 
     /// The current fabric time (virtual, or elapsed real time on the wall clock).
     pub fn now(&self) -> Duration {
+        if let Some(now) = self.shared.quiet_now() {
+            return Duration::from_nanos(now);
+        }
         let mut st = self.shared.lock_any();
         st.sync_clock();
         Duration::from_nanos(st.w.now)
@@ -470,6 +474,7 @@ impl Fabric {
         }
         st.w.now = end;
         st.progress();
+        self.shared.leave_quiet(&st);
     }
 
     /// Runs until nothing is pending (no packet in flight, no timer armed, nothing to send):
@@ -598,8 +603,9 @@ impl Fabric {
     /// on the fabric's clock; `None` when nothing is pending. For drivers that move the
     /// virtual clock themselves ([`advance`](Self::advance)).
     pub fn next_event(&self) -> Option<Duration> {
-        let st = self.shared.lock_any();
-        st.next_event().map(Duration::from_nanos)
+        self.shared
+            .read(|st| st.next_event())
+            .map(Duration::from_nanos)
     }
 
     /// Packets in flight now (on links and in switch queues).

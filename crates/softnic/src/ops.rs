@@ -4,11 +4,12 @@
 //! in the control path (`control::windows`).
 
 use std::ffi::c_int;
+use std::sync::atomic::Ordering;
 
 use ibverbs_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_wc};
 
-use crate::abi::Kind;
-use crate::control::try_with;
+use crate::abi::{self, Kind};
+use crate::control::{try_with, with_found};
 use crate::cq::{Arm, Reclaim, Stamp};
 use crate::state::State;
 
@@ -118,10 +119,24 @@ pub(crate) unsafe fn poll_stamped(
     wc: *mut ibv_wc,
     stamps: *mut Stamp,
 ) -> c_int {
-    let r = try_with(cq.cast(), Kind::Cq, |shared, st, id| {
-        if num < 0 || (num > 0 && wc.is_null()) {
-            return -libc::EINVAL;
-        }
+    let Some(found) = abi::lookup(cq.cast(), Kind::Cq) else {
+        abi::set_errno(libc::EINVAL);
+        return -libc::EINVAL;
+    };
+    if num < 0 || (num > 0 && wc.is_null()) {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the registry found a CQ of softnic's at `cq`.
+    let ready = unsafe { crate::extended::ready_flag(cq) };
+    if found.fabric.quiet_now().is_some() && !ready.load(Ordering::Acquire) {
+        // Nothing changed since the state was left with nothing due: no progress to make
+        // and nothing to take (what the locked path below would find), without the lock.
+        // A progress thread asleep is woken as by any poll: on the virtual clock it moves
+        // time to the next event once idle.
+        found.fabric.wake_sleeper();
+        return 0;
+    }
+    let r = with_found(&found, |shared, st, id| {
         st.progress();
         shared.polled_at(st.w.now);
         if st.w.cfg.auto_advance {
@@ -146,7 +161,9 @@ pub(crate) unsafe fn poll_stamped(
             n += 1;
             st.reclaim(reclaim);
         }
-        if n == 0 && st.w.cqs[&id].overflowed {
+        let c = &st.w.cqs[&id];
+        c.publish();
+        if n == 0 && c.overflowed {
             return -libc::EOVERFLOW;
         }
         n as c_int

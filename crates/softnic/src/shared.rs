@@ -43,6 +43,12 @@ pub(crate) struct Shared {
     /// Fabric time of the last CQ poll plus one (0: never). A polling caller drives the UDP
     /// link, so its progress thread keeps off the lock meanwhile (read without the lock).
     pub(crate) last_poll: AtomicU64,
+    /// Virtual clock only: the fabric time plus one at which the state was last left, under
+    /// the lock, with nothing due (no packet, timer or transmission at or before that time);
+    /// 0 otherwise. Every taking of the lock clears it, so while it is set nothing has changed
+    /// since: time does not move and nothing becomes due. An empty CQ's poll then has no
+    /// progress to make, and the fabric's time is known, without the lock (read without it).
+    pub(crate) quiet: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -67,13 +73,44 @@ impl Shared {
 
     /// The state even if broken: for reading configuration and counters only.
     pub(crate) fn lock_any(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Whoever holds the lock may change anything: not quiet until said again.
+        self.quiet.store(0, Ordering::Relaxed);
+        st
+    }
+
+    /// Runs `f` on the state, for reading only: `quiet` stays as it is.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Notes, holding the lock as `st`, whether the state is left with nothing due at its
+    /// time (see [`Shared::quiet`]): only on the virtual clock, without the UDP link and
+    /// without `auto_advance` (whose polls move time).
+    pub(crate) fn leave_quiet(&self, st: &State) {
+        let w = &st.w;
+        let quiet = w.cfg.clock == crate::Clock::Virtual
+            && !w.cfg.auto_advance
+            && !w.on_udp
+            && st.next_event().is_none_or(|t| t > w.now);
+        if quiet {
+            self.quiet.store(w.now + 1, Ordering::Release);
+        }
+    }
+
+    /// The fabric's time if the state was left quiet (see [`Shared::quiet`]), without the
+    /// lock.
+    pub(crate) fn quiet_now(&self) -> Option<u64> {
+        let q = self.quiet.load(Ordering::Acquire).checked_sub(1);
+        // Broken since (by a panic on another thread): every verb fails now.
+        q.filter(|_| !self.broken.load(Ordering::Acquire))
     }
 
     pub(crate) fn mark_broken(&self, reason: String) {
         let mut why = self.why.lock().unwrap_or_else(|e| e.into_inner());
         why.get_or_insert(reason);
         self.broken.store(true, Ordering::Release);
+        self.quiet.store(0, Ordering::Release);
     }
 
     pub(crate) fn broken(&self) -> Option<String> {

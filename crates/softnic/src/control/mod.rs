@@ -121,12 +121,21 @@ pub(crate) fn try_with<R>(
     kind: Kind,
     f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> R,
 ) -> Result<R, c_int> {
+    let Some(found) = abi::lookup(ptr, kind) else {
+        set_errno(libc::EINVAL);
+        return Err(libc::EINVAL);
+    };
+    with_found(&found, f)
+}
+
+/// [`try_with`] for an object already looked up.
+pub(crate) fn with_found<R>(
+    found: &abi::Found,
+    f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> R,
+) -> Result<R, c_int> {
     let fail = |e| {
         set_errno(e);
         Err(e)
-    };
-    let Some(found) = abi::lookup(ptr, kind) else {
-        return fail(libc::EINVAL);
     };
     let (shared, id) = (&found.fabric, found.id);
     let Some(mut st) = shared.lock() else {
@@ -138,6 +147,9 @@ pub(crate) fn try_with<R>(
         return fail(libc::EINVAL);
     }
     let r = catch_unwind(AssertUnwindSafe(|| f(shared, &mut st, id)));
+    if r.is_ok() {
+        shared.leave_quiet(&st);
+    }
     shared.wake_sleeper();
     match r {
         Ok(r) => Ok(r),

@@ -10,7 +10,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ibverbs_sys::*;
 
@@ -44,6 +44,10 @@ pub(crate) struct CqEx {
     current: UnsafeCell<Wc>,
     /// When it was made.
     stamp: UnsafeCell<Stamp>,
+    /// The CQ holds completions or has overflowed: written under the fabric's lock whenever
+    /// either changes, read without it by a poll that finds the fabric quiet (nothing due),
+    /// which then has nothing to do.
+    ready: AtomicBool,
 }
 
 // The head of `ibv_cq_ex` is `ibv_cq`, field for field.
@@ -104,8 +108,22 @@ impl CqEx {
             poller: AtomicUsize::new(0),
             current: UnsafeCell::new(Wc::default()),
             stamp: UnsafeCell::new(Stamp::default()),
+            ready: AtomicBool::new(false),
         }
     }
+}
+
+/// The flag of CQ `cq` saying whether it holds completions or has overflowed (see
+/// [`CqEx::ready`]).
+///
+/// # Safety
+/// `cq` is a CQ shell softnic made (a `CqEx`, never freed): found in the registry, or a
+/// [`crate::cq::Cq`]'s own.
+pub(crate) unsafe fn ready_flag<'a>(cq: *const ibv_cq) -> &'a AtomicBool {
+    // SAFETY: per the contract the allocation is a `CqEx` (whose `ibv_cq` is at offset 0)
+    // that lives forever; the reference covers only the atomic field, which nothing accesses
+    // but through shared references.
+    unsafe { &(*cq.cast::<CqEx>()).ready }
 }
 
 /// `verbs_context.create_cq_ex`: a CQ like `ibv_create_cq`'s, with the fields of `wc_flags`.

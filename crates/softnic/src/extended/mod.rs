@@ -17,7 +17,7 @@ mod builders;
 mod cq;
 mod qp;
 
-pub(crate) use cq::CqEx;
+pub(crate) use cq::{CqEx, ready_flag};
 use qp::me;
 pub use qp::qp_to_qp_ex;
 pub(crate) use qp::{QpEx, release as release_qp};

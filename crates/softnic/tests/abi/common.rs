@@ -594,3 +594,74 @@ pub fn duplicate_and_lose_twice(twice: &'static [u8], lost: u8) -> softnic::Pack
         }
     })
 }
+
+/// Runs `f` on a thread and fails the test if it does not return within `secs` seconds (a hung
+/// softnic call holds its fabric's lock forever; the thread is left behind).
+pub fn within<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no return within {secs} s"))
+}
+
+/// A pointer that may cross to the watchdog thread (softnic objects are thread-safe).
+#[derive(Clone, Copy)]
+pub struct P(pub usize);
+
+/// Makes `f` break as soon as its progress thread sends a packet: a packet filter that panics
+/// on that thread, then an 8 KiB SEND from `qa` (on `a`) to `qb` (on `b`) whose first packet
+/// leaves at post time and whose others wait for whoever makes progress next. Returns the
+/// buffers of the SEND and its receive: keep them while the fabric lives.
+pub fn send_into_a_panicking_progress_thread(
+    f: &Fabric,
+    (a, qa): (&Node, *mut ibv_qp),
+    (b, qb): (&Node, *mut ibv_qp),
+) -> (Vec<u8>, Vec<u8>) {
+    f.set_packet_filter(Some(Box::new(|_: &softnic::PacketInfo| {
+        if std::thread::current().name() == Some("softnic-progress") {
+            panic!("a filter bug");
+        }
+        softnic::Verdict::Pass
+    })));
+    let mut buf = vec![0u8; 64];
+    let bmr = b.reg(&mut buf, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(1, &[sge(&buf, bmr)])]).unwrap();
+    let mut src = vec![7u8; 8192];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let w = send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
+    let _ = post_send(qa, &mut [w]);
+    (src, buf)
+}
+
+/// A CQ of 2 entries on a fresh node of `f`, overflowed by three signaled RDMA WRITEs of an
+/// RC QP (the fabric run until idle): returns the node and the CQ.
+pub fn overflowed_cq(f: &Fabric) -> (Node, *mut ibv_cq) {
+    let a = Node::open(f, "soft0");
+    let b = Node::open(f, "soft1");
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let small = a.new_cq(2, null_mut());
+    let qa = a.qp_with(ty, cap(8, 8), true, small, small, null_mut());
+    let qb = b.qp(ty, cap(8, 8), true);
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    // The WRITEs' target, kept for the rest of the process (the MR outlives this call).
+    let buf: &'static mut [u8] = Box::leak(vec![0u8; 8].into_boxed_slice());
+    let bmr = b.reg(buf, ALL_ACCESS);
+    let w = |id| {
+        with_rdma(
+            send_wr(id, ibv_wr_opcode::IBV_WR_RDMA_WRITE, &[], SIGNALED),
+            buf.as_ptr() as u64,
+            rkey(bmr),
+        )
+    };
+    post_send(qa, &mut [w(1), w(2), w(3)]).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    (a, small)
+}

@@ -35,30 +35,11 @@ fn one_cq_serves_many_qps() {
 #[test]
 fn overflow_raises_cq_err_and_the_qp_goes_to_error() {
     let f = Fabric::default();
-    let a = Node::open(&f, "soft0");
-    let b = Node::open(&f, "soft1");
-    let ty = ibv_qp_type::IBV_QPT_RC;
-    let small = a.new_cq(2, std::ptr::null_mut());
-    let qa = a.qp_with(ty, cap(8, 8), true, small, small, std::ptr::null_mut());
-    let qb = b.qp(ty, cap(8, 8), true);
-    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
-    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
-    let mut buf = vec![0u8; 8];
-    let bmr = b.reg(&mut buf, ALL_ACCESS);
-    let w = |id| {
-        with_rdma(
-            send_wr(id, ibv_wr_opcode::IBV_WR_RDMA_WRITE, &[], SIGNALED),
-            buf.as_ptr() as u64,
-            rkey(bmr),
-        )
-    };
-    post_send(qa, &mut [w(1), w(2), w(3)]).unwrap();
-    f.run_until_idle().unwrap();
+    let (a, small) = overflowed_cq(&f);
     let ev = async_event(a.ctx).expect("CQ_ERR raised");
     assert_eq!(ev.event_type, IBV_EVENT_CQ_ERR);
     // SAFETY: the union holds the CQ for this event type.
     assert_eq!(unsafe { ev.element.cq }, small);
-    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
     // What fitted is still there; then polling says the CQ is broken.
     assert_eq!(poll(small, 8).len(), 2);
     assert_eq!(try_poll(small, 8), Err(-libc::EOVERFLOW));

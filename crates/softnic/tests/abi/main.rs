@@ -20,6 +20,7 @@ mod odp;
 mod opcodes;
 mod props;
 mod qp_state;
+mod quiet;
 mod reads;
 mod rereg;
 mod robustness;

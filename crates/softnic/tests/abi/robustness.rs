@@ -11,21 +11,6 @@ use softnic::{PacketInfo, Verdict};
 
 use crate::common::*;
 
-/// Runs `f` on a thread and fails the test if it does not return within `secs` seconds (a hung
-/// softnic call holds its fabric's lock forever; the thread is left behind).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{what}: no return within {secs} s"))
-}
-
-/// A pointer that may cross to the watchdog thread (softnic objects are thread-safe).
-#[derive(Clone, Copy)]
-struct P(usize);
-
 /// Point 4 of the review: a WR whose memory is deregistered after it started, found bad while
 /// an earlier WR is still unacknowledged, is reported in order; the requester does not spin.
 #[test]
@@ -333,21 +318,9 @@ fn destroying_a_channel_wakes_a_blocked_get_cq_event() {
 fn a_panic_in_the_progress_thread_breaks_the_fabric() {
     let f = Fabric::default();
     let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
-    f.set_packet_filter(Some(Box::new(|_: &PacketInfo| {
-        if std::thread::current().name() == Some("softnic-progress") {
-            panic!("a filter bug");
-        }
-        Verdict::Pass
-    })));
-    let _progress = f.spawn_progress_thread();
-    let mut buf = vec![0u8; 64];
-    let bmr = b.reg(&mut buf, LOCAL_WRITE);
-    post_recv(qb, &mut [recv_wr(1, &[sge(&buf, bmr)])]).unwrap();
-    let mut src = vec![7u8; 8192];
-    let smr = a.reg(&mut src, LOCAL_WRITE);
     // Packets after the first are sent by whoever makes progress next: the progress thread.
-    let w = send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
-    let _ = post_send(qa, &mut [w]);
+    let _bufs = send_into_a_panicking_progress_thread(&f, (&a, qa), (&b, qb));
+    let _progress = f.spawn_progress_thread();
     let (ctx, qp) = (P(a.ctx as usize), P(qa as usize));
     let rc = within(5, "waiting for the fabric to break", move || {
         loop {
