@@ -19,6 +19,11 @@ const VIRTUAL_NAP: Duration = Duration::from_micros(50);
 const WALL_NAP: Duration = Duration::from_millis(100);
 /// How long after a CQ poll the UDP progress thread leaves the sockets to the pollers.
 const POLLED_RECENTLY: Duration = Duration::from_micros(50);
+/// The longest the UDP progress thread sleeps while pollers keep polling: it looks again
+/// after [`POLLED_RECENTLY`], then twice as late each time it finds them still at it, up to
+/// this (a look is a wake-up, and a context switch on a busy machine). A poller that arms a
+/// CQ to sleep wakes it at once.
+const POLLERS_BUSY_NAP: Duration = Duration::from_millis(1);
 /// How long a device's socket, found empty, is left alone (ns of wall time).
 const RX_IDLE_NS: u64 = 2_000;
 /// How long after the last look at a device's socket a post's round of progress leaves it
@@ -342,6 +347,7 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
     let spawned = std::thread::Builder::new()
         .name("softnic-udp".into())
         .spawn(move || {
+            let mut busy_nap = POLLED_RECENTLY;
             loop {
                 let Some(shared) = weak.upgrade() else { return };
                 // While somebody polls a CQ, their polls take in what arrives and fire the
@@ -352,10 +358,13 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                     // Not a sleeper the verbs must wake: the pollers do the work.
                     shared.sleeper.store(false, Ordering::Release);
                     drop(shared);
-                    crate::link::udp::wait_readable(&[waker.raw()], POLLED_RECENTLY - since);
+                    let nap = (POLLED_RECENTLY - since).max(busy_nap);
+                    busy_nap = (busy_nap * 2).min(POLLERS_BUSY_NAP);
+                    crate::link::udp::wait_readable(&[waker.raw()], nap);
                     waker.drain();
                     continue;
                 }
+                busy_nap = POLLED_RECENTLY;
                 let round = catch_unwind(AssertUnwindSafe(|| {
                     let mut st = shared.lock()?;
                     shared.sleeper.store(false, Ordering::Release);

@@ -222,6 +222,50 @@ fn rc_moves_every_byte_between_two_fabrics_under_faults() {
     );
 }
 
+/// A side whose caller polled busily, then stops polling without arming a CQ, still answers:
+/// its progress thread, which left the link to the poller (and looked less and less often while
+/// the polls went on), takes over again.
+#[test]
+fn a_side_that_stops_polling_is_taken_over_by_its_progress_thread() {
+    let (a, b) = (udp_fabric(21), udp_fabric(22));
+    let (na, qa, nb, qb) = rc_across(&a, &b, 64);
+    let mut inbox = vec![0u8; 64];
+    let imr = nb.reg(&mut inbox, LOCAL_WRITE);
+    let mut src = vec![5u8; 64];
+    let smr = na.reg(&mut src, LOCAL_WRITE);
+    let send = |id| send_wr(id, ibv_wr_opcode::IBV_WR_SEND, &[sge(&src, smr)], SIGNALED);
+    // `b` polls busily while `a` sends: `b`'s polls drive its side of the link.
+    for id in 0..20 {
+        post_recv(qb, &mut [recv_wr(id, &[sge(&inbox, imr)])]).unwrap();
+        post_send(qa, &mut [send(id)]).unwrap();
+        assert!(ok(&poll_until(nb.cq, 1)[0]));
+        assert!(ok(&poll_until(na.cq, 1)[0]));
+    }
+    let busy = Instant::now();
+    while busy.elapsed() < Duration::from_millis(20) {
+        assert!(poll(nb.cq, 1).is_empty());
+    }
+    // Now only `a` polls: `b`'s NIC must take in the SENDs and acknowledge them by itself.
+    post_recv(
+        qb,
+        &mut (100..110)
+            .map(|id| recv_wr(id, &[sge(&inbox, imr)]))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    for id in 100..110 {
+        post_send(qa, &mut [send(id)]).unwrap();
+        let done = poll_until(na.cq, 1);
+        assert!(ok(&done[0]) && done[0].wr_id == id, "{done:?}");
+    }
+    let got = poll_until(nb.cq, 10);
+    assert!(got.iter().all(ok), "{got:?}");
+    assert_eq!(
+        got.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        (100..110).collect::<Vec<_>>()
+    );
+}
+
 /// A UD datagram across: the receiver's GRH area holds the IPv4 header of a packet from the
 /// sender's address, and the completion names the sending QP and, in `sl`, says what the area
 /// holds as mlx5 does on RoCE (bit 3: UDP, bits 2:0: 2 for IPv4): UCX reads it there to find the
