@@ -100,11 +100,13 @@ impl EventFd {
         (fd >= 0).then(|| Arc::new(EventFd(fd)))
     }
 
-    /// Clears a waker's count (never blocks on one made by [`new_waker`](Self::new_waker)).
-    pub(crate) fn drain(&self) {
+    /// Clears a waker's count (never blocks on one made by [`new_waker`](Self::new_waker));
+    /// whether it had been signalled.
+    pub(crate) fn drain(&self) -> bool {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a valid local from a descriptor this value owns.
-        let _ = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+        let n = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+        n == 8 && v > 0
     }
 
     /// The descriptor number.

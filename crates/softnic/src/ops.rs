@@ -131,8 +131,8 @@ pub(crate) unsafe fn poll_stamped(
     if found.fabric.quiet_now().is_some() && !ready.load(Ordering::Acquire) {
         // Nothing changed since the state was left with nothing due: no progress to make
         // and nothing to take (what the locked path below would find), without the lock.
-        // A progress thread asleep is woken as by any poll: on the virtual clock it moves
-        // time to the next event once idle.
+        // A progress thread asleep is woken as by any poll (a look at an atomic unless one
+        // sleeps).
         found.fabric.wake_sleeper();
         return 0;
     }

@@ -361,7 +361,11 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                     let nap = (POLLED_RECENTLY - since).max(busy_nap);
                     busy_nap = (busy_nap * 2).min(POLLERS_BUSY_NAP);
                     crate::link::udp::wait_readable(&[waker.raw()], nap);
-                    waker.drain();
+                    if waker.drain() {
+                        // Woken (a poller armed a CQ to sleep; its last polls may still
+                        // look recent): look again soon, not after the long nap.
+                        busy_nap = POLLED_RECENTLY;
+                    }
                     continue;
                 }
                 busy_nap = POLLED_RECENTLY;
@@ -385,7 +389,7 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                 drop(shared);
                 if !nap.is_zero() {
                     crate::link::udp::wait_readable(&fds, nap);
-                    waker.drain();
+                    let _ = waker.drain();
                 }
             }
         });

@@ -45,9 +45,11 @@ pub(crate) struct Shared {
     pub(crate) last_poll: AtomicU64,
     /// Virtual clock only: the fabric time plus one at which the state was last left, under
     /// the lock, with nothing due (no packet, timer or transmission at or before that time);
-    /// 0 otherwise. Every taking of the lock clears it, so while it is set nothing has changed
-    /// since: time does not move and nothing becomes due. An empty CQ's poll then has no
-    /// progress to make, and the fabric's time is known, without the lock (read without it).
+    /// 0 otherwise. Every taking of the lock that may change the state clears it
+    /// ([`Shared::lock_any`], [`Shared::nap`]; not [`Shared::read`], which only reads), so
+    /// while it is set nothing has changed since: time does not move and nothing becomes due.
+    /// An empty CQ's poll then has no progress to make, and the fabric's time is known,
+    /// without the lock (read without it).
     pub(crate) quiet: AtomicU64,
 }
 
@@ -93,8 +95,9 @@ impl Shared {
             && !w.cfg.auto_advance
             && !w.on_udp
             && st.next_event().is_none_or(|t| t > w.now);
-        if quiet {
-            self.quiet.store(w.now + 1, Ordering::Release);
+        // At the end of time (`now` = u64::MAX) there is no `now + 1`: not quiet.
+        if let Some(at) = w.now.checked_add(1).filter(|_| quiet) {
+            self.quiet.store(at, Ordering::Release);
         }
     }
 
@@ -145,7 +148,7 @@ impl Shared {
 
     /// Notes a CQ poll at fabric time `now`.
     pub(crate) fn polled_at(&self, now: u64) {
-        self.last_poll.store(now + 1, Ordering::Relaxed);
+        self.last_poll.store(now.saturating_add(1), Ordering::Relaxed);
     }
 
     /// Notes a post at fabric time `now` by a caller who polls CQs (one that polled and has not
@@ -156,7 +159,7 @@ impl Shared {
     pub(crate) fn posted_at(&self, now: u64) {
         // Under the state lock, as `polled_at` and `stopped_polling` are: no race between them.
         if self.last_poll.load(Ordering::Relaxed) != 0 {
-            self.last_poll.store(now + 1, Ordering::Relaxed);
+            self.last_poll.store(now.saturating_add(1), Ordering::Relaxed);
         }
     }
 
@@ -193,12 +196,16 @@ impl Shared {
         if let Some(w) = &self.waker {
             drop(st);
             crate::link::udp::wait_readable(&self.poll_fds, d);
-            w.drain();
+            let _ = w.drain();
             return self.lock_any();
         }
-        self.wakeup
+        let st = self
+            .wakeup
             .wait_timeout(st, d)
             .map(|(g, _)| g)
-            .unwrap_or_else(|e| e.into_inner().0)
+            .unwrap_or_else(|e| e.into_inner().0);
+        // The lock is taken again: as in `lock_any`, not quiet until said again.
+        self.quiet.store(0, Ordering::Relaxed);
+        st
     }
 }

@@ -157,3 +157,15 @@ fn a_poller_on_another_thread_sees_every_completion() {
     );
     assert_eq!(sent as u64, N);
 }
+
+#[test]
+fn time_at_its_end_is_never_quiet() {
+    let f = still();
+    let (a, _qa, _b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    f.advance(Duration::from_nanos(u64::MAX));
+    assert_eq!(f.now(), Duration::from_nanos(u64::MAX));
+    for _ in 0..3 {
+        assert!(poll(a.cq, 1).is_empty());
+        assert_eq!(f.now(), Duration::from_nanos(u64::MAX));
+    }
+}

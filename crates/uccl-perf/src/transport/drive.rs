@@ -30,6 +30,8 @@ impl Run<'_> {
         let mut look = true;
         // Whether a flow moved since `quiet_since` was last set.
         let mut moved = false;
+        // Quiet rounds on the wall clock: the 30 s check reads the clock every 64th.
+        let mut quiet_rounds = 0u64;
         loop {
             let progress = look && self.step()?;
             if self.steady.is_some() {
@@ -40,10 +42,9 @@ impl Run<'_> {
             }
             let mut kick = false;
             rounds += 1;
-            // The wall clock is read once every 64 rounds (a round can take less than a read).
-            let look_at_clock = rounds.is_multiple_of(64);
             moved |= progress;
-            if look_at_clock {
+            // The wall clock is read once every 64 rounds (a round can take less than a read).
+            if rounds.is_multiple_of(64) {
                 let now = Instant::now();
                 if let Some(t) = stop_at
                     && self.limit == u64::MAX
@@ -111,7 +112,10 @@ impl Run<'_> {
                     }
                 }
                 None => {
-                    if look_at_clock && quiet_since.0.elapsed() > Duration::from_secs(30) {
+                    quiet_rounds += 1;
+                    if quiet_rounds.is_multiple_of(64)
+                        && quiet_since.0.elapsed() > Duration::from_secs(30)
+                    {
                         return Err(format!("{} (no progress in 30 s)", self.missing()));
                     }
                     std::hint::spin_loop();
