@@ -148,7 +148,8 @@ impl Shared {
 
     /// Notes a CQ poll at fabric time `now`.
     pub(crate) fn polled_at(&self, now: u64) {
-        self.last_poll.store(now.saturating_add(1), Ordering::Relaxed);
+        self.last_poll
+            .store(now.saturating_add(1), Ordering::Relaxed);
     }
 
     /// Notes a post at fabric time `now` by a caller who polls CQs (one that polled and has not
@@ -159,7 +160,8 @@ impl Shared {
     pub(crate) fn posted_at(&self, now: u64) {
         // Under the state lock, as `polled_at` and `stopped_polling` are: no race between them.
         if self.last_poll.load(Ordering::Relaxed) != 0 {
-            self.last_poll.store(now.saturating_add(1), Ordering::Relaxed);
+            self.last_poll
+                .store(now.saturating_add(1), Ordering::Relaxed);
         }
     }
 
