@@ -177,6 +177,18 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// Moves the virtual clock to the fabric's next event (by at least 1 ns), or, with none
+    /// pending, by `idle` (not at all if `None`): a step for tests that run some engines alone.
+    pub fn advance_to_next(&self, idle: Option<Duration>) {
+        let now = self.fabric.now();
+        if let Some(next) = self.fabric.next_event().or(idle.map(|d| now + d)) {
+            self.fabric
+                .advance(next.saturating_sub(now).max(Duration::from_nanos(1)));
+        }
+    }
+}
+
 /// Mutable references to two different elements of `v`.
 pub fn pair_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
     assert_ne!(i, j, "two different elements");

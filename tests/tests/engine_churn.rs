@@ -251,13 +251,7 @@ fn an_ack_of_a_closed_connection_does_not_acknowledge_the_next_one() {
     // Only the sender runs until the old ACKs have landed.
     while sim.fabric.now() < start + Duration::from_millis(3) {
         sim.engines[0].poll().unwrap();
-        let now = sim.fabric.now();
-        let next = sim
-            .fabric
-            .next_event()
-            .unwrap_or(now + Duration::from_micros(10));
-        sim.fabric
-            .advance(next.saturating_sub(now).max(Duration::from_nanos(1)));
+        sim.advance_to_next(Some(Duration::from_micros(10)));
     }
     sim.run(sim.fabric.now() + Duration::from_secs(2), |_| {
         r.test().is_some() && s.test().is_some()

@@ -11,11 +11,7 @@ use uccl_integration::{Sim, pattern};
 fn run_only(sim: &mut Sim, i: usize, rounds: usize) {
     for _ in 0..rounds {
         sim.engines[i].poll().unwrap();
-        if let Some(t) = sim.fabric.next_event() {
-            let now = sim.fabric.now();
-            sim.fabric
-                .advance(t.saturating_sub(now).max(Duration::from_nanos(1)));
-        }
+        sim.advance_to_next(None);
     }
 }
 

@@ -161,13 +161,7 @@ fn ack_requests_from_a_hostile_peer_are_bounded_and_checked() {
         for _ in 0..64 {
             sim.engines[0].poll().unwrap();
             peer.poll().unwrap();
-            let now = sim.fabric.now();
-            let next = sim
-                .fabric
-                .next_event()
-                .unwrap_or(now + Duration::from_micros(1));
-            sim.fabric
-                .advance(next.saturating_sub(now).max(Duration::from_nanos(1)));
+            sim.advance_to_next(Some(Duration::from_micros(1)));
         }
     };
     settle(&mut sim, &mut peer);
