@@ -167,9 +167,11 @@ impl Engine {
     }
 
     /// Withdraws the requests cancelled since the last round and those past their deadline.
-    pub(crate) fn withdrawals(&mut self, now: u64) {
+    /// Whether any was cancelled.
+    pub(crate) fn withdrawals(&mut self, now: u64) -> bool {
         // Empty almost always: two loads, not an empty `pop`'s fence.
-        if !self.cancels.is_empty() {
+        let cancelled = !self.cancels.is_empty();
+        if cancelled {
             while let Some(req) = self.cancels.pop() {
                 self.withdraw_request(&req, Why::Cancel);
             }
@@ -183,6 +185,7 @@ impl Engine {
             };
             self.withdraw_request(&t.req, Why::Deadline);
         }
+        cancelled
     }
 
     /// Withdraws `req` if it can still be (see the module documentation).

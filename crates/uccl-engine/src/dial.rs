@@ -155,6 +155,7 @@ impl Engine {
     /// the handle completes, as the engine polls, with the connection or with why not:
     /// refused, timed out (at which step), the peer closed, another version or mode.
     pub fn connect(&mut self, addr: impl ToSocketAddrs) -> Result<Connecting> {
+        self.unsettle();
         let mut addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| io_err("the listener", "resolving the address", e))?
@@ -179,6 +180,7 @@ impl Engine {
     /// [`connect`](Self::connect). Returns at once; the handle completes as the engine polls,
     /// with the connection or with why that client's handshake failed.
     pub fn accept(&mut self, listener: &std::net::TcpListener) -> Result<Connecting> {
+        self.unsettle();
         let dup = listener
             .try_clone()
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
@@ -206,6 +208,7 @@ impl Engine {
     /// Hands `listener` to the engine, which accepts connections on it while it runs (see
     /// [`incoming`](Self::incoming)); replaces a listener handed over before.
     pub fn listen(&mut self, listener: std::net::TcpListener) -> Result<()> {
+        self.unsettle();
         listener
             .set_nonblocking(true)
             .map_err(|e| io_err("a connecting engine", "taking the listener", e))?;
@@ -228,6 +231,7 @@ impl Engine {
     /// in order: one that is ready, or a handle that completes with the next. An error if no
     /// listener was handed over.
     pub fn incoming(&mut self) -> Result<Connecting> {
+        self.unsettle();
         if self.dials.listener.is_none() {
             return Err(EngineError::Handshake {
                 peer: "a connecting engine".into(),
@@ -243,6 +247,7 @@ impl Engine {
     /// Why incoming handshakes on the engine's listener failed since the last call (the last
     /// 64 at most), oldest first.
     pub fn incoming_failures(&mut self) -> Vec<EngineError> {
+        self.unsettle();
         self.dials.failures.drain(..).collect()
     }
 

@@ -103,6 +103,11 @@ impl Memory for HdrMem {
 pub(crate) struct Scratch {
     /// Rounds run (wrapping).
     pub(crate) rounds: u32,
+    /// The engine's next deadline after a round that did nothing, until something is asked of
+    /// it; 0 otherwise (see `Engine::settled`).
+    pub(crate) settled_until: u64,
+    /// Whether this round took a buffer another thread dropped or a request it cancelled.
+    pub(crate) took_input: bool,
     /// Connections with a CTS or a send to match.
     pub(crate) ready: Vec<u16>,
     /// Connections with an ACK to send.
@@ -410,6 +415,7 @@ impl Engine {
     /// Closes `conn`: tells the peer, then tears the connection down (requests still in
     /// flight on it fail). Closing it again before that is done does nothing more.
     pub fn close(&mut self, conn: ConnId) -> Result<()> {
+        self.unsettle();
         let c = self.open_conn(conn)?;
         if std::mem::replace(&mut c.ctl.closing, true) {
             return Ok(());

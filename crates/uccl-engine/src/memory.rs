@@ -335,11 +335,19 @@ impl Memory {
         }
     }
 
+    /// Whether no handle was dropped and no use ended since the last [`settle`](Self::settle).
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.done.is_empty() && self.gone.is_empty()
+    }
+
     /// Takes in the handles dropped and the uses ended since the last call: buffers given back
-    /// with nothing in flight go.
-    pub(crate) fn settle(&mut self) {
+    /// with nothing in flight go. Whether there were any.
+    pub(crate) fn settle(&mut self) -> bool {
         // A round finds these queues empty almost always: `is_empty` costs two loads, where
         // an empty `pop` costs a full fence.
+        if self.is_quiet() {
+            return false;
+        }
         if !self.done.is_empty() {
             while let Some(id) = self.done.pop() {
                 if let Some(e) = self.live_slot(id) {
@@ -355,6 +363,7 @@ impl Memory {
                 self.give_back(id, false);
             }
         }
+        true
     }
 
     fn live_slot(&mut self, id: BufferId) -> Option<&mut Entry> {
@@ -405,6 +414,7 @@ impl Engine {
     /// [`RecvKeys::Buffer`] a receive's key is the whole buffer's, for as long as it is
     /// registered.
     pub fn register(&mut self, len: usize) -> Result<Buffer> {
+        self.unsettle();
         let m = &mut self.memory;
         let index = match m.free.pop() {
             Some(i) => i,
@@ -465,6 +475,7 @@ impl Engine {
     /// ([`withdraw_export`](Self::withdraw_export)) and keep it meanwhile. Fails with
     /// [`EngineError::Deregistered`] if it was given back already.
     pub fn deregister(&mut self, buf: &Buffer) -> Result<()> {
+        self.unsettle();
         let exports = self.memory.entry(buf)?.exports.clone();
         self.memory.give_back(buf.id(), true);
         self.memory.settle();
@@ -493,6 +504,7 @@ impl Engine {
         len: u64,
         access: Access,
     ) -> Result<Descriptor> {
+        self.unsettle();
         buf.check_range(offset, len)?;
         let e = self.memory.entry(buf)?;
         let mut flags = AccessFlags::LOCAL_WRITE;
@@ -529,6 +541,7 @@ impl Engine {
     /// does. Fails with [`EngineError::NoExport`] for a descriptor this engine
     /// did not give (or withdrew already).
     pub fn withdraw_export(&mut self, d: &Descriptor) -> Result<()> {
+        self.unsettle();
         let m = &mut self.memory;
         let matches = m
             .exports

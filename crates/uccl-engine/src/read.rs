@@ -144,6 +144,7 @@ impl Engine {
         len: u64,
         opts: Opts,
     ) -> Result<Request> {
+        self.unsettle();
         let req = self.new_request(conn);
         let op = crate::transfer::Op::Read {
             src: *src,

@@ -80,11 +80,87 @@ const ASYNC_EVERY: u32 = 32;
 impl Engine {
     /// Runs one round; returns whether anything happened. Embed it in a loop of your own, or
     /// let [`Engine::spawn`](crate::Engine::spawn) run it on a thread.
+    ///
+    /// A round finds the CQ empty most of the time: if nothing was asked of the engine since
+    /// the last round and no deadline came, it stops there, so an engine waiting for work
+    /// costs a CQ poll and a few loads a round.
     pub fn poll(&mut self) -> Result<bool> {
         let now = self.clock.now();
-        self.memory.settle();
-        self.withdrawals(now);
-        let mut busy = self.poll_cq(now)?;
+        let n = self.drain_cq()?;
+        self.scratch.rounds = self.scratch.rounds.wrapping_add(1);
+        if n == 0 && self.settled(now) {
+            // Debug builds check every other skipped round (the rest skip, as release builds).
+            #[cfg(debug_assertions)]
+            if self.scratch.rounds.is_multiple_of(2) {
+                self.check_settled(now)?;
+            }
+            return Ok(false);
+        }
+        let busy = self.round(now, n)?;
+        self.scratch.settled_until = self.next_deadline().unwrap_or(u64::MAX);
+        Ok(busy)
+    }
+
+    /// Whether a round at `now` that found the CQ empty has nothing else to do. A round leaves
+    /// nothing for the next one but what new completions or time bring (each step does all
+    /// it can; what waits, waits for a completion or a deadline), so: no call asked the engine
+    /// for work since the last round (`settled_until` holds the engine's next deadline after
+    /// it, 0 after a call: [`unsettle`](Self::unsettle)), that deadline has not come, no other
+    /// thread dropped a buffer or cancelled a request, no set-up waits on its sockets, and
+    /// this round is not one that reads the device's asynchronous events or those sockets.
+    /// Debug builds check every other such round against a full one
+    /// ([`check_settled`](Self::check_settled)).
+    fn settled(&self, now: u64) -> bool {
+        let round = self.scratch.rounds;
+        let dials = self.dials.waiting()
+            || (self.dials.active() && round.is_multiple_of(crate::dial::DIAL_EVERY));
+        now < self.scratch.settled_until
+            && !round.is_multiple_of(ASYNC_EVERY)
+            && !dials
+            && self.memory.is_quiet()
+            && self.cancels.is_empty()
+    }
+
+    /// Something was asked of the engine (a request, a connection, a registration...): the
+    /// next round runs in full.
+    pub(crate) fn unsettle(&mut self) {
+        self.scratch.settled_until = 0;
+    }
+
+    /// Debug builds check rounds [`settled`](Self::settled) skips: a full round run in their
+    /// place must do nothing (unless another thread's drop or cancel came meanwhile).
+    #[cfg(debug_assertions)]
+    fn check_settled(&mut self, now: u64) -> Result<()> {
+        let fingerprint = |e: &Engine| {
+            let s = e.stats();
+            (
+                crate::stats::Stats {
+                    polls: 0,
+                    cqes: 0,
+                    ..s
+                },
+                e.tx.stats(),
+                e.usage(),
+            )
+        };
+        let before = fingerprint(self);
+        let busy = self.round(now, 0)?;
+        let input = self.scratch.took_input;
+        assert!(
+            input || (!busy && fingerprint(self) == before),
+            "engine {}: a round that settled() skips did something at {now} (busy {busy}): \
+             before {before:?}, after {:?}",
+            self.id,
+            fingerprint(self)
+        );
+        Ok(())
+    }
+
+    /// The round's work, the CQ's `n` completions drained into `scratch.cqes` already.
+    fn round(&mut self, now: u64, n: usize) -> Result<bool> {
+        self.scratch.took_input = self.memory.settle();
+        self.scratch.took_input |= self.withdrawals(now);
+        let mut busy = self.handle_cqes(now, n);
         self.match_sends();
         busy |= self.issue_reads();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
@@ -101,7 +177,6 @@ impl Engine {
         self.ctl_probes(now);
         busy |= self.transmit(now);
         busy |= self.events();
-        self.scratch.rounds = self.scratch.rounds.wrapping_add(1);
         if self.scratch.rounds.is_multiple_of(ASYNC_EVERY) {
             self.async_events()?;
         }
@@ -120,33 +195,42 @@ impl Engine {
     /// arrives: a retransmission timer, a receive credit changing hands, a connection set-up
     /// in flight.
     pub fn next_deadline(&self) -> Option<u64> {
-        [
-            self.tx.poll_timeout(),
-            self.credits.next_deadline(),
-            self.keepalive_deadline(),
-            self.ctl_probes.front().map(|&(at, _, _)| at),
-            self.deadlines.next(),
+        let or_never = |t: Option<u64>| t.unwrap_or(u64::MAX);
+        let next = or_never(self.tx.poll_timeout())
+            .min(or_never(self.credits.next_deadline()))
+            .min(or_never(self.keepalive_deadline()))
+            .min(or_never(self.ctl_probes.front().map(|&(at, _, _)| at)))
+            .min(or_never(self.deadlines.next()))
             // Possibly stale (its ACK went out early): then the round finds nothing due.
-            self.scratch.delayed.front().map(|&(due, _)| due),
+            .min(or_never(self.scratch.delayed.front().map(|&(due, _)| due)))
             // Sockets to look at (TCP set-ups run on the wall clock: looked at this often).
-            (self.dials.active()).then(|| self.clock.now() + crate::dial::DIAL_PERIOD_NS),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+            .min(or_never(
+                self.dials
+                    .active()
+                    .then(|| self.clock.now() + crate::dial::DIAL_PERIOD_NS),
+            ));
+        (next != u64::MAX).then_some(next)
     }
 
-    /// Polls up to a budget of completions of the CQ and hands each to what it is about.
-    fn poll_cq(&mut self, now: u64) -> Result<bool> {
-        let mut cqes = std::mem::take(&mut self.scratch.cqes);
+    /// Polls up to a budget of completions of the CQ into `scratch.cqes`: how many.
+    fn drain_cq(&mut self) -> Result<usize> {
         let n = drain(
             &mut self.poller,
             &self.io.cq,
             self.cfg.poll_budget,
-            &mut cqes,
+            &mut self.scratch.cqes,
         )?;
         self.stats.polls += 1;
         self.stats.cqes += n as u64;
+        Ok(n)
+    }
+
+    /// Hands each of the `n` completions drained into `scratch.cqes` to what it is about.
+    fn handle_cqes(&mut self, now: u64, n: usize) -> bool {
+        if n == 0 {
+            return false;
+        }
+        let cqes = std::mem::take(&mut self.scratch.cqes);
         for &e in &cqes {
             match wrid::decode(e.wr_id) {
                 Some(Wr::Data) => {
@@ -171,7 +255,7 @@ impl Engine {
             }
         }
         self.scratch.cqes = cqes;
-        Ok(n > 0)
+        true
     }
 
     /// Matches queued sends with the peer's receive buffers, in order, and hands them to the

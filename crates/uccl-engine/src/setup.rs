@@ -41,6 +41,7 @@ impl Engine {
     /// peer; [`complete`](Self::complete) it with the peer's. (For an exchange the caller runs
     /// itself; [`connect`](Self::connect) and [`accept`](Self::accept) do it over TCP.)
     pub fn offer(&mut self) -> Result<(ConnId, Vec<u8>)> {
+        self.unsettle();
         let free =
             (0..self.conns.len()).find(|&i| self.conns[i].is_none() && self.offers[i].is_none());
         let index = match free {
@@ -192,6 +193,7 @@ impl Engine {
     /// Connects offered connection `conn` to the peer whose handshake is `peer`. On an error
     /// the offer is withdrawn (its QPs destroyed).
     pub fn complete(&mut self, conn: ConnId, peer: &[u8]) -> Result<()> {
+        self.unsettle();
         let offer = self
             .offers
             .get_mut(usize::from(conn.index))
@@ -431,6 +433,7 @@ impl Engine {
     /// exchange failed): its QPs and reservations are returned. Nothing happens to an id that
     /// is not an outstanding offer.
     pub fn withdraw(&mut self, id: ConnId) {
+        self.unsettle();
         if let Some(slot) = self.offers.get_mut(usize::from(id.index))
             && slot.take_if(|o| o.id == id).is_some()
         {

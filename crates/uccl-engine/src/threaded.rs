@@ -62,6 +62,7 @@ enum Command {
 impl Command {
     /// Runs the command on the engine; a request that cannot start fails with the reason.
     fn apply(self, e: &mut Engine) {
+        e.unsettle();
         match self {
             Command::Call(f) => f(e),
             Command::Io {

@@ -43,6 +43,7 @@ impl Engine {
         len: u64,
         opts: Opts,
     ) -> Result<Request> {
+        self.unsettle();
         self.start_request(conn, buf, (offset, len), Op::Send, opts)
     }
 
@@ -65,6 +66,7 @@ impl Engine {
         len: u64,
         opts: Opts,
     ) -> Result<Request> {
+        self.unsettle();
         self.start_request(conn, buf, (offset, len), Op::Recv, opts)
     }
 
@@ -98,6 +100,7 @@ impl Engine {
         dst_offset: u64,
         opts: Opts,
     ) -> Result<Request> {
+        self.unsettle();
         let op = Op::Write {
             dst: *dst,
             dst_offset,

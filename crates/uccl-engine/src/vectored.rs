@@ -77,6 +77,7 @@ impl Engine {
     /// fails), a [note](Opts::note) handed to the peer's application once every block is in
     /// place.
     pub fn write_v_with(&mut self, conn: ConnId, blocks: &[Block], opts: Opts) -> Result<Request> {
+        self.unsettle();
         let req = self.new_request(conn);
         self.start_writes(conn, blocks, &req, opts, true)?;
         Ok(req)
@@ -92,6 +93,7 @@ impl Engine {
 
     /// [`read_v`](Self::read_v) with options (see [`read_with`](Self::read_with)).
     pub fn read_v_with(&mut self, conn: ConnId, blocks: &[Block], opts: Opts) -> Result<Request> {
+        self.unsettle();
         let req = self.new_request(conn);
         self.start_reads(conn, blocks, &req, opts, true)?;
         Ok(req)
