@@ -356,6 +356,7 @@ impl Fabric {
             state: Mutex::new(State {
                 qps: Default::default(),
                 w,
+                found_quiet: false,
             }),
             broken: AtomicBool::new(false),
             why: Mutex::new(None),

@@ -11,6 +11,9 @@ use ibverbs_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv
 use crate::abi::{self, Kind};
 use crate::control::{try_with, with_found};
 use crate::cq::{Arm, Reclaim, Stamp};
+use crate::hash::FastMap;
+use crate::qp::Qp;
+use crate::srq::Srq;
 use crate::state::State;
 
 /// Events one `poll_cq` call may move the virtual clock through while its CQ stays empty.
@@ -37,7 +40,7 @@ unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     let r = try_with(qp.cast(), Kind::Qp, |shared, st, id| {
-        let State { qps, w } = st;
+        let State { qps, w, .. } = st;
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_send contract.
         let r = unsafe { q.post_send(w, wr) };
@@ -55,7 +58,7 @@ unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     let r = try_with(qp.cast(), Kind::Qp, |_, st, id| {
-        let State { qps, w } = st;
+        let State { qps, w, .. } = st;
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_recv contract.
         let r = unsafe { q.post_recv(w, wr) };
@@ -137,7 +140,10 @@ pub(crate) unsafe fn poll_stamped(
         return 0;
     }
     let r = with_found(&found, |shared, st, id| {
-        st.progress();
+        // Left quiet by the last holder of the lock (see `Shared::quiet`): nothing is due.
+        if !st.found_quiet {
+            st.progress();
+        }
         shared.polled_at(st.w.now);
         if st.w.cfg.auto_advance {
             let mut budget = POLL_WARP_BUDGET;
@@ -145,11 +151,11 @@ pub(crate) unsafe fn poll_stamped(
                 budget -= 1;
             }
         }
+        let State { qps, w, .. } = st;
+        let c = w.cqs.get_mut(&id).expect("registered CQ exists");
         let mut n = 0;
         while n < num as usize {
-            let Some((entry, reclaim, stamp)) =
-                st.w.cqs.get_mut(&id).and_then(|c| c.entries.pop_front())
-            else {
+            let Some((entry, reclaim, stamp)) = c.entries.pop_front() else {
                 break;
             };
             // SAFETY: `wc` has room for `num` entries per the ibv_poll_cq contract.
@@ -159,9 +165,8 @@ pub(crate) unsafe fn poll_stamped(
                 unsafe { stamps.add(n).write(stamp) };
             }
             n += 1;
-            st.reclaim(reclaim);
+            reclaim_slots(qps, &mut w.srqs, reclaim);
         }
-        let c = &st.w.cqs[&id];
         c.publish();
         if n == 0 && c.overflowed {
             return -libc::EOVERFLOW;
@@ -185,24 +190,22 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
     r.err().unwrap_or(0)
 }
 
-impl State {
-    /// A polled completion frees the work-queue slots it covers.
-    fn reclaim(&mut self, r: Reclaim) {
-        match r {
-            Reclaim::Sq { qp, epoch, n } => {
-                if let Some(q) = self.qps.get_mut(&qp).filter(|q| q.epoch == epoch) {
-                    q.sq.unreclaimed = q.sq.unreclaimed.saturating_sub(n);
-                }
+/// A polled completion frees the work-queue slots it covers.
+fn reclaim_slots(qps: &mut FastMap<u32, Qp>, srqs: &mut FastMap<u32, Srq>, r: Reclaim) {
+    match r {
+        Reclaim::Sq { qp, epoch, n } => {
+            if let Some(q) = qps.get_mut(&qp).filter(|q| q.epoch == epoch) {
+                q.sq.unreclaimed = q.sq.unreclaimed.saturating_sub(n);
             }
-            Reclaim::Rq { qp, epoch } => {
-                if let Some(q) = self.qps.get_mut(&qp).filter(|q| q.epoch == epoch) {
-                    q.rq.unreclaimed = q.rq.unreclaimed.saturating_sub(1);
-                }
+        }
+        Reclaim::Rq { qp, epoch } => {
+            if let Some(q) = qps.get_mut(&qp).filter(|q| q.epoch == epoch) {
+                q.rq.unreclaimed = q.rq.unreclaimed.saturating_sub(1);
             }
-            Reclaim::Srq { srq } => {
-                if let Some(s) = self.w.srqs.get_mut(&srq) {
-                    s.unreclaimed = s.unreclaimed.saturating_sub(1);
-                }
+        }
+        Reclaim::Srq { srq } => {
+            if let Some(s) = srqs.get_mut(&srq) {
+                s.unreclaimed = s.unreclaimed.saturating_sub(1);
             }
         }
     }

@@ -75,9 +75,13 @@ impl Shared {
 
     /// The state even if broken: for reading configuration and counters only.
     pub(crate) fn lock_any(&self) -> MutexGuard<'_, State> {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        // Whoever holds the lock may change anything: not quiet until said again.
-        self.quiet.store(0, Ordering::Relaxed);
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Whoever holds the lock may change anything: not quiet until said again. (Only
+        // holders of the lock set it, so this load and store do not race with a setter.)
+        st.found_quiet = self.quiet.load(Ordering::Relaxed) != 0;
+        if st.found_quiet {
+            self.quiet.store(0, Ordering::Relaxed);
+        }
         st
     }
 
@@ -201,12 +205,13 @@ impl Shared {
             let _ = w.drain();
             return self.lock_any();
         }
-        let st = self
+        let mut st = self
             .wakeup
             .wait_timeout(st, d)
             .map(|(g, _)| g)
             .unwrap_or_else(|e| e.into_inner().0);
-        // The lock is taken again: as in `lock_any`, not quiet until said again.
+        // The lock is taken again: as in `lock_any`.
+        st.found_quiet = self.quiet.load(Ordering::Relaxed) != 0;
         self.quiet.store(0, Ordering::Relaxed);
         st
     }

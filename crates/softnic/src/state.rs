@@ -131,6 +131,9 @@ pub(crate) struct World {
 pub(crate) struct State {
     pub(crate) qps: crate::hash::FastMap<u32, Qp>,
     pub(crate) w: World,
+    /// Whether the state was left quiet ([`Shared::quiet`](crate::shared::Shared::quiet)) when
+    /// the lock was taken: nothing is due, so a round of progress would find nothing.
+    pub(crate) found_quiet: bool,
 }
 
 // SAFETY: the raw pointers inside (the `ibv_*` shells and the caller's opaque context pointers)

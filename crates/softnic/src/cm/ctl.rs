@@ -269,7 +269,7 @@ impl State {
         let Some(qp) = self.cm_id(id)?.qp else {
             return Ok(());
         };
-        let State { qps, w } = self;
+        let State { qps, w, .. } = self;
         let Some(q) = qps.get_mut(&qp) else {
             return err(libc::EINVAL, "the id's QP is gone");
         };

@@ -297,7 +297,7 @@ pub(super) unsafe extern "C" fn modify_qp(
         }
         // SAFETY: non-null, and points to a valid `ibv_qp_attr` per the contract.
         let a = unsafe { &*attr };
-        let State { qps, w } = st;
+        let State { qps, w, .. } = st;
         let q = qps.get_mut(&id).expect("registered QP exists");
         let r = q.modify(w, a, mask as u32);
         st.progress();

@@ -120,7 +120,7 @@ pub(crate) unsafe extern "C" fn bind_mw(
             rkey,
             bind_info: info,
         };
-        let State { qps, w } = st;
+        let State { qps, w, .. } = st;
         let Some(q) = qps.get_mut(&qp_id) else {
             return libc::EINVAL;
         };

@@ -326,7 +326,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         b.batch.error
     } else {
         let r = try_with(qp as *const c_void, Kind::Qp, |shared, st, id| {
-            let State { qps, w } = st;
+            let State { qps, w, .. } = st;
             let q = qps.get_mut(&id).ok_or(libc::EINVAL)?;
             // SAFETY: the chain's WRs, SGE lists and inline data live in the batch,
             // untouched until this call returns; the SGEs name the caller's memory.
