@@ -24,7 +24,9 @@ unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<SgeList, i32> {
         0 => Ok(SgeList::new()),
         n if n < 0 || list.is_null() => Err(libc::EINVAL),
         // SAFETY: the caller guarantees `n` readable SGEs at `list`.
-        n => Ok(unsafe { std::slice::from_raw_parts(list, n as usize) }.into()),
+        n => Ok(SgeList::from_slice(unsafe {
+            std::slice::from_raw_parts(list, n as usize)
+        })),
     }
 }
 
