@@ -468,13 +468,19 @@ impl Fabric {
             let _ = self.run_wall(end, |_| false);
             return;
         }
-        st.progress();
+        // Left quiet by the last holder of the lock: nothing is due now.
+        if !st.found_quiet {
+            st.progress();
+        }
         while let Some(t) = st.next_event().filter(|&t| t <= end) {
             st.w.now = st.w.now.max(t);
             st.progress();
         }
         st.w.now = end;
-        st.progress();
+        // Nothing is due at `end` (the next event is later), but datagrams may have come.
+        if st.w.on_udp {
+            st.progress();
+        }
         self.shared.leave_quiet(&st);
     }
 
