@@ -221,6 +221,9 @@ impl Engine {
     /// cannot see) a Close goes to the peer first, and the control QP follows the data QPs
     /// into ERROR once that send completes.
     pub(crate) fn fail_conn_with(&mut self, ci: u16, e: EngineError, tell: bool) {
+        // Its flow's failure frees room other flows wait for, and reports its messages, after
+        // the steps of this round that act on those may have run: the next round does.
+        self.unsettle();
         let now = self.clock.now();
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;

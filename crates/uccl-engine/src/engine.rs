@@ -108,6 +108,8 @@ pub(crate) struct Scratch {
     pub(crate) settled_until: u64,
     /// Whether this round took a buffer another thread dropped or a request it cancelled.
     pub(crate) took_input: bool,
+    /// Whether something asked for a full next round during this one (`Engine::unsettle`).
+    pub(crate) redo: bool,
     /// Connections with a CTS or a send to match.
     pub(crate) ready: Vec<u16>,
     /// Connections with an ACK to send.

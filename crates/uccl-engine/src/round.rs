@@ -96,8 +96,12 @@ impl Engine {
             }
             return Ok(false);
         }
+        self.scratch.redo = false;
         let busy = self.round(now, n)?;
-        self.scratch.settled_until = self.next_deadline().unwrap_or(u64::MAX);
+        self.scratch.settled_until = match self.scratch.redo {
+            true => 0,
+            false => self.next_deadline().unwrap_or(u64::MAX),
+        };
         Ok(busy)
     }
 
@@ -121,10 +125,12 @@ impl Engine {
             && self.cancels.is_empty()
     }
 
-    /// Something was asked of the engine (a request, a connection, a registration...): the
-    /// next round runs in full.
+    /// Something was asked of the engine (a request, a connection, a registration...), or a
+    /// round left work for the next one that no completion will bring back (a connection
+    /// failed after the steps that act on it, a post failed): the next round runs in full.
     pub(crate) fn unsettle(&mut self) {
         self.scratch.settled_until = 0;
+        self.scratch.redo = true;
     }
 
     /// Debug builds check rounds [`settled`](Self::settled) skips: a full round run in their
@@ -144,8 +150,14 @@ impl Engine {
             )
         };
         let before = fingerprint(self);
+        self.scratch.redo = false;
         let busy = self.round(now, 0)?;
         let input = self.scratch.took_input;
+        if input || self.scratch.redo {
+            // Another thread's drop or cancel came after `settled` looked (release builds
+            // take it in next round): the deadlines it set are not in `settled_until` yet.
+            self.scratch.settled_until = 0;
+        }
         assert!(
             input || (!busy && fingerprint(self) == before),
             "engine {}: a round that settled() skips did something at {now} (busy {busy}): \
