@@ -402,43 +402,45 @@ impl Fabric {
 
     /// The configuration (with the MTU as it was rounded).
     pub fn config(&self) -> FabricConfig {
-        self.shared.lock_any().w.cfg.clone()
+        self.shared.read(|st| st.w.cfg.clone())
     }
 
     /// Every device, as libibverbs `ibv_device` pointers, valid as long as the fabric lives.
     pub fn devices(&self) -> Vec<*mut ibv_device> {
-        let st = self.shared.lock_any();
-        st.w.devices.iter().map(|d| d.shell.ptr().cast()).collect()
+        self.shared
+            .read(|st| st.w.devices.iter().map(|d| d.shell.ptr().cast()).collect())
     }
 
     /// The device named `name`.
     pub fn device(&self, name: &str) -> Option<*mut ibv_device> {
-        let st = self.shared.lock_any();
-        st.w.devices
-            .iter()
-            .find(|d| d.name == name)
-            .map(|d| d.shell.ptr().cast())
+        self.shared.read(|st| {
+            st.w.devices
+                .iter()
+                .find(|d| d.name == name)
+                .map(|d| d.shell.ptr().cast())
+        })
     }
 
     /// The IPv4 address of device `name`'s port on the [UDP link](Link::Udp) (`None` on the
     /// simulated link, or for no such device).
     pub fn udp_addr(&self, name: &str) -> Option<Ipv4Addr> {
-        let st = self.shared.lock_any();
-        let d = st.w.devices.iter().find(|d| d.name == name)?;
-        d.udp.as_ref().map(|p| p.ip)
+        self.shared.read(|st| {
+            let d = st.w.devices.iter().find(|d| d.name == name)?;
+            d.udp.as_ref().map(|p| p.ip)
+        })
     }
 
     /// The IPv4-mapped GID of device `name`: index 0 of its GID table on the in-process
     /// network, index 1 on the UDP link (after the link-local GID, as rxe's table is).
     pub fn gid(&self, name: &str) -> Option<[u8; 16]> {
-        let st = self.shared.lock_any();
-        st.w.devices.iter().find(|d| d.name == name).map(|d| d.gid)
+        self.shared
+            .read(|st| st.w.devices.iter().find(|d| d.name == name).map(|d| d.gid))
     }
 
     /// The names of the devices, in order.
     pub fn device_names(&self) -> Vec<String> {
-        let st = self.shared.lock_any();
-        st.w.devices.iter().map(|d| d.name.clone()).collect()
+        self.shared
+            .read(|st| st.w.devices.iter().map(|d| d.name.clone()).collect())
     }
 
     /// The current fabric time (virtual, or elapsed real time on the wall clock).
@@ -586,11 +588,12 @@ impl Fabric {
 
     /// The counters of the device named `name`.
     pub fn device_counters(&self, name: &str) -> Option<Counters> {
-        let st = self.shared.lock_any();
-        st.w.devices
-            .iter()
-            .find(|d| d.name == name)
-            .map(|d| d.counters)
+        self.shared.read(|st| {
+            st.w.devices
+                .iter()
+                .find(|d| d.name == name)
+                .map(|d| d.counters)
+        })
     }
 
     /// The counters of a QP of this fabric (`None` for a pointer that is not one).
@@ -600,10 +603,7 @@ impl Fabric {
             return None;
         }
         self.shared
-            .lock_any()
-            .qps
-            .get(&found.id)
-            .map(|q| q.counters)
+            .read(|st| st.qps.get(&found.id).map(|q| q.counters))
     }
 
     /// When the next pending event (a packet's arrival, a timer, a port free to send) is due,
@@ -617,6 +617,6 @@ impl Fabric {
 
     /// Packets in flight now (on links and in switch queues).
     pub fn in_flight(&self) -> usize {
-        self.shared.lock_any().w.net.len()
+        self.shared.read(|st| st.w.net.len())
     }
 }
