@@ -52,13 +52,17 @@ impl State {
         let udp = self.w.on_udp;
         let mut any = udp && self.receive_udp(rx_gap);
         loop {
-            let mut did = self.deliver_due();
-            did |= self.fire_timers();
-            did |= self.transmit_ready();
-            if !did {
+            let took = self.deliver_due() | self.fire_timers();
+            let sent = self.transmit_ready();
+            any |= took || sent;
+            // What a port sends arrives a wire time later at the soonest, and leaves the port
+            // busy as long: unless something came or a timer fired (which may have made
+            // something due now), sending made nothing due now. A frame for the UDP link
+            // leaves at once, through the queue of frames in flight if something is due
+            // before it: the next pass moves it.
+            if !(took || (sent && udp)) {
                 break;
             }
-            any = true;
         }
         if udp {
             self.flush_udp();
