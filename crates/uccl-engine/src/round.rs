@@ -94,7 +94,8 @@ impl Engine {
             if self.scratch.rounds.is_multiple_of(2) {
                 self.check_settled(now)?;
             }
-            return Ok(false);
+            // Set-ups waiting for their turn want the engine back soon, as a full round says.
+            return Ok(self.dials.waiting());
         }
         self.scratch.redo = false;
         let busy = self.round(now, n)?;
@@ -110,14 +111,13 @@ impl Engine {
     /// it can; what waits, waits for a completion or a deadline), so: no call asked the engine
     /// for work since the last round (`settled_until` holds the engine's next deadline after
     /// it, 0 after a call: [`unsettle`](Self::unsettle)), that deadline has not come, no other
-    /// thread dropped a buffer or cancelled a request, no set-up waits on its sockets, and
-    /// this round is not one that reads the device's asynchronous events or those sockets.
+    /// thread dropped a buffer or cancelled a request, and this round is not one that reads
+    /// the device's asynchronous events or the sockets of set-ups in flight.
     /// Debug builds check every other such round against a full one
     /// ([`check_settled`](Self::check_settled)).
     fn settled(&self, now: u64) -> bool {
         let round = self.scratch.rounds;
-        let dials = self.dials.waiting()
-            || (self.dials.active() && round.is_multiple_of(crate::dial::DIAL_EVERY));
+        let dials = self.dials.active() && round.is_multiple_of(crate::dial::DIAL_EVERY);
         now < self.scratch.settled_until
             && !round.is_multiple_of(ASYNC_EVERY)
             && !dials
@@ -150,6 +150,7 @@ impl Engine {
             )
         };
         let before = fingerprint(self);
+        let waiting = self.dials.waiting();
         self.scratch.redo = false;
         let busy = self.round(now, 0)?;
         let input = self.scratch.took_input;
@@ -159,7 +160,7 @@ impl Engine {
             self.scratch.settled_until = 0;
         }
         assert!(
-            input || (!busy && fingerprint(self) == before),
+            input || (busy == waiting && fingerprint(self) == before),
             "engine {}: a round that settled() skips did something at {now} (busy {busy}): \
              before {before:?}, after {:?}",
             self.id,
