@@ -402,6 +402,38 @@ fn server_and_client_run_as_two_processes_on_softnic() {
     );
 }
 
+/// A client started before its server (as a script that starts both at once may) waits for
+/// it to listen rather than failing on the refused connection; with no server at all it
+/// gives up, naming the address.
+#[test]
+fn a_client_started_before_its_server_waits_for_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let (tx, _rx) = mpsc::channel();
+    let opts = format!("--json --flows 2 {SMALL}");
+    let cli = start(
+        &format!("--client 127.0.0.1 --port {port} {opts}"),
+        "",
+        tx.clone(),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    let srv = start(&format!("--server --port {port} {opts}"), "", tx);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (cli, srv) = (cli.finish(deadline), srv.finish(deadline));
+    assert_eq!(json_of("client", &cli)["messages_sent"], 12);
+    assert_eq!(json_of("server", &srv)["messages_received"], 12);
+
+    let nobody = perf(&format!("--client 127.0.0.1 --port {port} {opts}"));
+    assert!(!nobody.status.success());
+    assert!(
+        stderr(&nobody).contains(&format!("connecting to 127.0.0.1:{port}")),
+        "{}",
+        stderr(&nobody)
+    );
+}
+
 /// `--op write|writev|read|readv` between two processes. Writes: the server hands its export over, the client writes
 /// each message with a note naming it, the server checks each message when its note comes
 /// (never before its bytes are in place) and hands the slot back; under 1% loss, UC and RC;

@@ -22,6 +22,9 @@ use crate::args::{Args, OpArg, RecvKeysArg, TransportArg, TxMode};
 const VERSION: u32 = 1;
 /// How long either end waits for the other's line.
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client tries again a server that refuses its connection (one started at the
+/// same moment may not listen yet).
+const SERVER_START: Duration = Duration::from_secs(5);
 /// The longest line either end reads.
 const MAX_LINE: u64 = 64 << 10;
 
@@ -310,14 +313,27 @@ pub(super) fn ask(addr: &str, args: &Args) -> Result<(), String> {
         .collect();
     let mut last = format!("resolving {addr}: no address");
     let mut stream = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, TIMEOUT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
+    // A server started just before may not listen yet: refused connections are tried again
+    // for a while.
+    let give_up = std::time::Instant::now() + SERVER_START;
+    'connect: loop {
+        let mut refused = false;
+        for &a in &addrs {
+            match TcpStream::connect_timeout(&a, TIMEOUT) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break 'connect;
+                }
+                Err(e) => {
+                    refused |= e.kind() == std::io::ErrorKind::ConnectionRefused;
+                    last = format!("connecting to {a}: {e} (is `uccl-perf --server` running?)");
+                }
             }
-            Err(e) => last = format!("connecting to {a}: {e} (is `uccl-perf --server` running?)"),
         }
+        if !refused || std::time::Instant::now() >= give_up {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     let s = stream.ok_or(last)?;
     let _ = s.set_read_timeout(Some(TIMEOUT));
