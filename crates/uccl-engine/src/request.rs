@@ -38,6 +38,9 @@ struct State<T> {
     some_done: bool,
     /// Bytes of the parts completed so far.
     sum: u64,
+    /// Threads blocked in [`Request::wait`] or [`Request::wait_timeout`]: the completion
+    /// wakes them (a condition variable's notify is a system call even with nobody to wake).
+    sleepers: u32,
 }
 
 /// Where a transfer's [`Request::cancel`] goes: its engine's queue of cancellations, and its
@@ -100,6 +103,7 @@ impl<T: Clone> Request<T> {
                     parts: 1,
                     sum: 0,
                     some_done: false,
+                    sleepers: 0,
                 }),
                 ready: Condvar::new(),
             }),
@@ -137,18 +141,24 @@ impl<T: Clone> Request<T> {
             if let Some(r) = &s.result {
                 return r.clone();
             }
+            s.sleepers += 1;
             s = self.inner.ready.wait(s).unwrap_or_else(|e| e.into_inner());
+            s.sleepers -= 1;
         }
     }
 
     /// Like [`wait`](Self::wait), giving up after `timeout` (`None`: not yet).
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<T>> {
-        let s = self.lock();
-        let (s, _) = self
-            .inner
-            .ready
-            .wait_timeout_while(s, timeout, |s| s.result.is_none())
-            .unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
+        if s.result.is_none() {
+            s.sleepers += 1;
+            (s, _) = self
+                .inner
+                .ready
+                .wait_timeout_while(s, timeout, |s| s.result.is_none())
+                .unwrap_or_else(|e| e.into_inner());
+            s.sleepers -= 1;
+        }
         s.result.clone()
     }
 
@@ -166,8 +176,13 @@ impl<T: Clone> Request<T> {
         s.result = Some(r);
         self.inner.done.store(true, Ordering::Release);
         let wakers = std::mem::take(&mut s.wakers);
+        // A sleeper counted itself under this lock before it slept (releasing the lock as it
+        // did): if none did, nobody is to be woken.
+        let sleepers = s.sleepers > 0;
         drop(s);
-        self.inner.ready.notify_all();
+        if sleepers {
+            self.inner.ready.notify_all();
+        }
         for w in wakers {
             w.wake();
         }
@@ -314,5 +329,36 @@ mod tests {
                 .wait_timeout(Duration::from_millis(1))
                 .is_none()
         );
+    }
+
+    /// Threads blocked on a request wake at its completion however they race with it (the
+    /// condition variable is notified only if a thread counted itself asleep): threads that
+    /// start waiting (with and without a timeout) before, during and after the completion
+    /// all return its result. One that slept through it would never return (`wait`), or only
+    /// at its timeout: the test gives each 10 s.
+    #[test]
+    fn every_blocked_thread_wakes_whenever_it_started_waiting() {
+        for round in 0..300u64 {
+            let r = Request::<Done>::of_engine(1, None);
+            let (tx, rx) = std::sync::mpsc::channel();
+            for k in 0..4 {
+                let (r, tx) = (r.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let got = match k % 2 {
+                        0 => r.wait(),
+                        _ => r.wait_timeout(Duration::from_secs(3600)).expect("woken"),
+                    };
+                    let _ = tx.send(got.ok().map(|d| d.len));
+                });
+            }
+            if round % 2 == 0 {
+                std::thread::yield_now();
+            }
+            r.complete(Ok(Done { len: round }));
+            for _ in 0..4 {
+                let got = rx.recv_timeout(Duration::from_secs(10));
+                assert_eq!(got, Ok(Some(round)), "round {round}");
+            }
+        }
     }
 }
