@@ -317,8 +317,6 @@ impl Engine {
             Err(e) => {
                 tracing::warn!(error = %e, "a send on the UD QP failed");
                 self.io.ctrl_send.give_back(i);
-                // No completion will come to retry what it carried: the next round does.
-                self.unsettle();
                 false
             }
         }

@@ -221,16 +221,17 @@ impl Engine {
     /// cannot see) a Close goes to the peer first, and the control QP follows the data QPs
     /// into ERROR once that send completes.
     pub(crate) fn fail_conn_with(&mut self, ci: u16, e: EngineError, tell: bool) {
+        let now = self.clock.now();
+        if !self.conns[usize::from(ci)]
+            .as_ref()
+            .is_some_and(|c| c.is_open())
+        {
+            return;
+        }
         // Its flow's failure frees room other flows wait for, and reports its messages, after
         // the steps of this round that act on those may have run: the next round does.
         self.unsettle();
-        let now = self.clock.now();
-        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
-            return;
-        };
-        if !c.is_open() {
-            return;
-        }
+        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         tracing::warn!(conn = ci, error = %e, "connection torn down");
         c.state = State::Draining(e.clone());
         c.fail_requests(&e, false);

@@ -97,13 +97,16 @@ impl Engine {
             // Set-ups waiting for their turn want the engine back soon, as a full round says.
             return Ok(self.dials.waiting());
         }
+        // Not settled until this round ends well (a round that fails leaves it unsettled).
+        self.scratch.settled_until = 0;
         self.scratch.redo = false;
         let busy = self.round(now, n)?;
-        self.scratch.settled_until = match self.scratch.redo {
-            true => 0,
-            false => self.next_deadline().unwrap_or(u64::MAX),
-        };
-        Ok(busy)
+        let redo = self.scratch.redo;
+        if !redo {
+            self.scratch.settled_until = self.next_deadline().unwrap_or(u64::MAX);
+        }
+        // Work left for the next round: a caller that polls until a round is idle polls again.
+        Ok(busy || redo)
     }
 
     /// Whether a round at `now` that found the CQ empty has nothing else to do. A round leaves
