@@ -47,8 +47,10 @@
 //!   by the QP number (a two-level table) and the immediate's flow id.
 //! - **Requests** ([`Request`]) can be tested, waited on, or awaited as futures.
 //! - **Running it**: [`Engine::poll`] runs one round (completions, matching, timers,
-//!   transmission, SRQ refill, ACKs) in the caller's loop; [`Engine::spawn`] runs it on a
-//!   thread of its own behind a lock-free queue ([`EngineHandle`]).
+//!   transmission, SRQ refill, ACKs) in the caller's loop; a round that finds the CQ empty,
+//!   with nothing asked of the engine since the last one and no deadline due, stops after the
+//!   poll (an idle engine costs a CQ poll a round). [`Engine::spawn`] runs it on a thread of
+//!   its own behind a lock-free queue ([`EngineHandle`]).
 //! - **Failure**: retransmissions exhausted, a silent peer (UC), an RC retry error, a fatal
 //!   asynchronous event, or a keep-alive ping over the control QP that no one answers (a
 //!   connection waiting for a peer that is gone) fails every request of the connection with
