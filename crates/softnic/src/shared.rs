@@ -76,13 +76,19 @@ impl Shared {
     /// The state even if broken: for reading configuration and counters only.
     pub(crate) fn lock_any(&self) -> MutexGuard<'_, State> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        // Whoever holds the lock may change anything: not quiet until said again. (Only
-        // holders of the lock set it, so this load and store do not race with a setter.)
+        self.take_quiet(&mut st);
+        st
+    }
+
+    /// The lock was just taken as `st`: notes in it whether the state was left quiet, and
+    /// clears the mark, as whoever holds the lock may change anything (not quiet until said
+    /// again). Only holders of the lock set the mark (`mark_broken` only clears it), so the
+    /// load and the store do not race with a setter.
+    fn take_quiet(&self, st: &mut State) {
         st.found_quiet = self.quiet.load(Ordering::Relaxed) != 0;
         if st.found_quiet {
             self.quiet.store(0, Ordering::Relaxed);
         }
-        st
     }
 
     /// Runs `f` on the state, for reading only: `quiet` stays as it is.
@@ -210,9 +216,8 @@ impl Shared {
             .wait_timeout(st, d)
             .map(|(g, _)| g)
             .unwrap_or_else(|e| e.into_inner().0);
-        // The lock is taken again: as in `lock_any`.
-        st.found_quiet = self.quiet.load(Ordering::Relaxed) != 0;
-        self.quiet.store(0, Ordering::Relaxed);
+        // The lock is taken again.
+        self.take_quiet(&mut st);
         st
     }
 }

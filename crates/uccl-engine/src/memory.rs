@@ -348,20 +348,16 @@ impl Memory {
         if self.is_quiet() {
             return false;
         }
-        if !self.done.is_empty() {
-            while let Some(id) = self.done.pop() {
-                if let Some(e) = self.live_slot(id) {
-                    e.uses -= 1;
-                    if e.done() {
-                        self.finish(id);
-                    }
+        while let Some(id) = self.done.pop() {
+            if let Some(e) = self.live_slot(id) {
+                e.uses -= 1;
+                if e.done() {
+                    self.finish(id);
                 }
             }
         }
-        if !self.gone.is_empty() {
-            while let Some(id) = self.gone.pop() {
-                self.give_back(id, false);
-            }
+        while let Some(id) = self.gone.pop() {
+            self.give_back(id, false);
         }
         true
     }

@@ -23,10 +23,12 @@ unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<SgeList, i32> {
     match n {
         0 => Ok(SgeList::new()),
         n if n < 0 || list.is_null() => Err(libc::EINVAL),
-        // SAFETY: the caller guarantees `n` readable SGEs at `list`.
-        n => Ok(SgeList::from_slice(unsafe {
-            std::slice::from_raw_parts(list, n as usize)
-        })),
+        n => {
+            // SAFETY: the caller guarantees `n` readable SGEs at `list`, which this copies
+            // before returning.
+            let sges = unsafe { std::slice::from_raw_parts(list, n as usize) };
+            Ok(SgeList::from_slice(sges))
+        }
     }
 }
 
