@@ -228,7 +228,8 @@ impl Fabric {
     }
 
     /// The next event of a channel (`rdma_get_cm_event`): blocks until one comes unless the
-    /// channel's descriptor was made non-blocking (then EAGAIN).
+    /// channel's descriptor was made non-blocking (then EAGAIN). EINVAL for a channel that is
+    /// not there when called; one destroyed during the wait leaves the caller waiting.
     pub fn cm_get_event(&self, ch: ChannelId) -> Result<CmEvent, CmError> {
         let fd = self.cm(|st| match st.w.cm.channels.get(&ch.0) {
             Some(c) => Ok(c.fd.clone()),
@@ -246,7 +247,11 @@ impl Fabric {
             let ev = self.cm(|st| {
                 let cm = &mut st.w.cm;
                 let Some(c) = cm.channels.get_mut(&ch.0) else {
-                    return err(libc::EINVAL, "the event channel was destroyed");
+                    // Destroyed while this thread waited: it waits on (for ever unless the
+                    // descriptor is non-blocking), as over the kernel's CM, where closing a
+                    // channel does not end a read blocked on it. Programs (rping) destroy
+                    // the channel under their event thread, then exit.
+                    return Ok(None);
                 };
                 let ev = c.events.pop_front();
                 if let Some(e) = &ev
@@ -275,5 +280,47 @@ impl Fabric {
         let st = self.shared.lock_any();
         let dev = st.w.devices.iter().position(|d| d.name == name)?;
         Some(st.w.cm.counters.get(&dev).copied().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FabricConfig;
+
+    /// A thread blocked in `rdma_get_cm_event` when the program destroys the channel under it
+    /// (rping does, and exits without joining it) stays blocked, as over the kernel's CM: a
+    /// wake-up left behind by an event of a destroyed id, taken after the channel went, is
+    /// not an error (it was EINVAL, and rping's event thread then called `exit(-1)` while its
+    /// main thread was tearing down: the interop flake).
+    #[test]
+    fn a_waiter_whose_channel_is_destroyed_under_it_stays_waiting() {
+        let fabric = Fabric::new(FabricConfig::default());
+        let ch = fabric.cm_create_channel().unwrap();
+        let lookup = |f: &Fabric| {
+            f.cm(|st| Ok(st.w.cm.channels.get(&ch.0).map(|c| c.fd.clone())))
+                .unwrap()
+        };
+        let fd = lookup(&fabric).unwrap();
+        // What the waiter sees: the wake-up of an event whose id was destroyed, and the
+        // channel gone when it looks.
+        fd.signal();
+        fabric.cm_destroy_channel(ch).unwrap();
+        assert!(lookup(&fabric).is_none());
+        // Non-blocking, it finds nothing to take: EAGAIN, as a read of an empty channel.
+        // SAFETY: fcntl on the channel's eventfd, which `fd` keeps open.
+        unsafe { libc::fcntl(fd.raw(), libc::F_SETFL, libc::O_NONBLOCK) };
+        assert_eq!(
+            fabric.cm_take_event(ch, &fd).unwrap_err().errno,
+            libc::EAGAIN
+        );
+        // Blocking, it waits on.
+        // SAFETY: as above.
+        unsafe { libc::fcntl(fd.raw(), libc::F_SETFL, 0) };
+        fd.signal();
+        let (f2, fd2) = (fabric.clone(), fd.clone());
+        let waiter = std::thread::spawn(move || f2.cm_take_event(ch, &fd2));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "{:?}", waiter.join());
     }
 }
