@@ -253,19 +253,23 @@ impl Tx {
         if n > 0 {
             self.stats.chains += 1;
         }
+        // Every WR of the chain goes on path `p`: its timeouts are the same for all of them.
+        let rto = self.rto(PathId(p as u16));
+        let timeouts = (rto, self.pto(PathId(p as u16), rto));
         let mut h = Some(first);
         for _ in 0..n {
             let cur = h.expect("counted");
             h = self.wrs.get(cur).expect("staged").next;
-            self.commit(cur);
+            self.commit(cur, p, timeouts);
         }
         if n < len {
             self.take_back(p, h.expect("counted"), len - n);
         }
     }
 
-    /// WR `h` was posted: its chunk is in flight from now on.
-    fn commit(&mut self, h: Handle) {
+    /// WR `h` was posted on path `p`: its chunk is in flight from now on, with the path's
+    /// retransmission and probe timeouts `(rto, pto)`.
+    fn commit(&mut self, h: Handle, p: usize, (rto, pto): (u64, Option<u64>)) {
         let e = self.wrs.get(h).expect("staged");
         let (kind, fid, epoch, lane, csn) = (e.kind, e.fid, e.epoch, e.lane, e.csn);
         let seq = WrId::from_raw(e.slot.wr.wr_id).seq;
@@ -308,10 +312,13 @@ impl Tx {
             f.silence = Some(now + silence);
             self.timers.arm(now + silence, fid, SILENCE);
         }
-        let path = self.flow(fid).expect("open").lanes[usize::from(lane)].path;
-        let rto = self.rto(path);
+        debug_assert_eq!(
+            f.lanes[usize::from(lane)].path.0 as usize,
+            p,
+            "a lane's WR on its path"
+        );
         self.arm_lane(fid, lane, now + rto);
-        if let Some(pto) = self.pto(path, rto).filter(|_| !probe) {
+        if let Some(pto) = pto.filter(|_| !probe) {
             self.arm_probe(fid, lane, now + pto);
         }
     }
