@@ -115,8 +115,24 @@ pub struct Layout {
 
 /// The layout of `op`, or `None` for an opcode this device does not implement.
 pub fn layout(op: u8) -> Option<Layout> {
-    use opcode::*;
-    let l = |deth, reth, imm, aeth, first, last| Layout {
+    LAYOUTS[usize::from(op)]
+}
+
+/// [`layout`] of every opcode, worked out at compile time: every packet built or parsed looks
+/// its opcode up.
+static LAYOUTS: [Option<Layout>; 256] = {
+    let mut t = [None; 256];
+    let mut op = 0;
+    while op < 256 {
+        t[op] = layout_of(op as u8);
+        op += 1;
+    }
+    t
+};
+
+/// A layout of the BTH's extension headers but the rarer ones.
+const fn l(deth: bool, reth: bool, imm: bool, aeth: bool, first: bool, last: bool) -> Layout {
+    Layout {
         deth,
         reth,
         imm,
@@ -127,7 +143,12 @@ pub fn layout(op: u8) -> Option<Layout> {
         feth: false,
         first,
         last,
-    };
+    }
+}
+
+/// See [`layout`].
+const fn layout_of(op: u8) -> Option<Layout> {
+    use opcode::*;
     let base = if op & 0xe0 == UC { op & !UC } else { op };
     if op & 0xe0 == UC && base > RC_WRITE_ONLY_IMM {
         return None; // UC has SEND and WRITE only
