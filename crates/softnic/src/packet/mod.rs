@@ -324,13 +324,13 @@ impl Headers {
             return Err(WireError::HeaderMismatch);
         }
         let pad = pad_of(payload_len);
-        out.push(self.opcode);
-        out.push((u8::from(self.se) << 7) | ((pad as u8) << 4)); // SE, M=0, pad, TVer=0
-        out.extend_from_slice(&self.pkey.to_be_bytes());
-        out.extend_from_slice(&(self.dest_qp & 0x00ff_ffff).to_be_bytes()); // resv8 = 0
-        out.extend_from_slice(
-            &((u32::from(self.ack_req) << 31) | (self.psn & PSN_MASK)).to_be_bytes(),
-        );
+        // The BTH, and below the RETH, each appended whole (one length check apiece).
+        let [p0, p1] = self.pkey.to_be_bytes();
+        let [_, q1, q2, q3] = self.dest_qp.to_be_bytes(); // resv8 = 0
+        let [s0, s1, s2, s3] =
+            ((u32::from(self.ack_req) << 31) | (self.psn & PSN_MASK)).to_be_bytes();
+        let se_pad = (u8::from(self.se) << 7) | ((pad as u8) << 4); // SE, M=0, pad, TVer=0
+        out.extend_from_slice(&[self.opcode, se_pad, p0, p1, 0, q1, q2, q3, s0, s1, s2, s3]);
         if let Some(d) = self.deth {
             out.extend_from_slice(&d.qkey.to_be_bytes());
             out.extend_from_slice(&(d.src_qp & 0x00ff_ffff).to_be_bytes());
@@ -339,9 +339,11 @@ impl Headers {
             out.extend_from_slice(&f.to_be_bytes());
         }
         if let Some(r) = self.reth {
-            out.extend_from_slice(&r.va.to_be_bytes());
-            out.extend_from_slice(&r.rkey.to_be_bytes());
-            out.extend_from_slice(&r.len.to_be_bytes());
+            let mut b = [0u8; RETH_LEN];
+            b[..8].copy_from_slice(&r.va.to_be_bytes());
+            b[8..12].copy_from_slice(&r.rkey.to_be_bytes());
+            b[12..].copy_from_slice(&r.len.to_be_bytes());
+            out.extend_from_slice(&b);
         }
         if let Some(a) = self.atomic {
             out.extend_from_slice(&a.va.to_be_bytes());
