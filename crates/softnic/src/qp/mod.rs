@@ -170,8 +170,12 @@ pub(crate) struct SendQueue {
 }
 
 impl SendQueue {
+    /// The sequence number of the oldest WR held. WRs are numbered as they are queued, and
+    /// leave from the front (or all at once), so those held are the last `len` numbered.
     pub(crate) fn head_seq(&self) -> u64 {
-        self.wqes.front().map_or(self.next_seq, |w| w.seq)
+        let head = self.next_seq - self.wqes.len() as u64;
+        debug_assert_eq!(head, self.wqes.front().map_or(self.next_seq, |w| w.seq));
+        head
     }
 
     pub(crate) fn get(&self, seq: u64) -> Option<&SendWqe> {
