@@ -7,7 +7,7 @@
 //! ACK's bitmap is compared with it a word at a time.
 
 use crate::bits::Bits256;
-use crate::wire::{csn_add, csn_diff};
+use crate::wire::{CSN_SPACE, csn_add, csn_diff};
 
 /// No chunk (end of a lane list).
 pub(crate) const NIL: u16 = u16::MAX;
@@ -114,10 +114,15 @@ impl Tracking {
         csn_diff(self.next, self.base) as u32
     }
 
-    /// `csn - base`, if `csn` is in `base .. next`.
+    /// `csn - base`, if `csn` is in `base .. next`. (The span is at most half the CSN space,
+    /// so a CSN behind `base`, whose distance modulo the space is at least half of it, is
+    /// never within it.)
     pub(crate) fn offset(&self, csn: u16) -> Option<u32> {
-        let d = csn_diff(csn, self.base);
-        (d >= 0 && (d as u32) < self.span()).then_some(d as u32)
+        let mask = CSN_SPACE - 1;
+        let d = u32::from(csn.wrapping_sub(self.base)) & mask;
+        let span = u32::from(self.next.wrapping_sub(self.base)) & mask;
+        debug_assert!(span <= CSN_SPACE / 2);
+        (d < span).then_some(d)
     }
 
     /// The chunk `csn`, if tracked.
