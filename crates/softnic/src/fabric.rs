@@ -1,6 +1,6 @@
 //! The fabric: devices on one simulated network, the virtual clock, and progress.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -342,7 +342,7 @@ impl Fabric {
             net: Net::default(),
             spare: Default::default(),
             udp_in: Vec::new(),
-            timers: BTreeSet::new(),
+            timers: Default::default(),
             faults: BTreeMap::new(),
             default_faults: Faults::NONE,
             filter: None,

@@ -117,6 +117,7 @@ pub mod roce;
 mod shared;
 mod srq;
 mod state;
+mod timers;
 pub mod topology;
 
 pub use abi::Wc;

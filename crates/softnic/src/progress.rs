@@ -178,7 +178,7 @@ impl State {
     pub(crate) fn next_event(&self) -> Option<u64> {
         let w = &self.w;
         let mut next = w.net.next_at().unwrap_or(u64::MAX);
-        if let Some(&(t, _)) = w.timers.first() {
+        if let Some((t, _)) = w.timers.first() {
             next = next.min(t);
         }
         for d in &w.devices {
@@ -271,7 +271,7 @@ impl State {
 
     fn fire_timers(&mut self) -> bool {
         let mut did = false;
-        while let Some(&(t, id)) = self.w.timers.first() {
+        while let Some((t, id)) = self.w.timers.first() {
             if t > self.w.now {
                 break;
             }

@@ -3,7 +3,7 @@
 //! QPs live apart from everything else (`State::qps` and `State::w`), so a QP can be borrowed
 //! mutably together with the rest of the world it acts on (CQs, MRs, SRQs, the network).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 
 use ibverbs_sys::{ibv_ah, ibv_context, ibv_event_type, ibv_mr, ibv_mw, ibv_pd};
@@ -119,7 +119,7 @@ pub(crate) struct World {
     pub(crate) udp_in: Vec<crate::link::udp::Incoming>,
     /// (time, qp id) of every QP's timer entry (at or before its deadline; see
     /// [`Qp::set_timer`](crate::qp::Qp::set_timer)).
-    pub(crate) timers: BTreeSet<(u64, u32)>,
+    pub(crate) timers: crate::timers::Timers,
     pub(crate) faults: BTreeMap<(usize, usize), Faults>,
     pub(crate) default_faults: Faults,
     pub(crate) filter: Option<PacketFilter>,
