@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::fabric::{Clock, Fabric, Shared};
 use crate::link::udp::Damage;
 use crate::link::{Dest, Frame};
-use crate::packet::{Packet, WireError};
+use crate::packet::{Headers, Packet, WireError};
 use crate::state::State;
 
 /// How long the progress thread of a virtual-clock fabric naps when nothing is pending.
@@ -224,18 +224,19 @@ impl State {
         let Dest::Local(dev) = frame.to else {
             return;
         };
-        let pkt = match Packet::parse_with(wire, frame.sealed) {
-            Ok(p) => p,
-            Err(e) => {
-                let c = &mut self.w.devices[dev].counters;
-                if e == WireError::BadIcrc {
-                    c.icrc_errors += 1;
-                } else {
-                    c.malformed += 1;
-                }
-                return;
-            }
+        let mut pkt = Packet {
+            hdr: Headers::default(),
+            payload: &[],
         };
+        if let Err(e) = pkt.parse_into(wire, frame.sealed) {
+            let c = &mut self.w.devices[dev].counters;
+            if e == WireError::BadIcrc {
+                c.icrc_errors += 1;
+            } else {
+                c.malformed += 1;
+            }
+            return;
+        }
         if pkt.hdr.dest_qp == 1 {
             self.cm_receive(dev, &pkt, frame);
             return;

@@ -419,6 +419,21 @@ impl<'a> Packet<'a> {
     /// Like [`parse`](Self::parse), checking the ICRC only if `check_icrc` (a frame this
     /// process built and nothing changed: every other check stays).
     pub(crate) fn parse_with(bytes: &'a [u8], check_icrc: bool) -> Result<Self, WireError> {
+        let mut pkt = Packet {
+            hdr: Headers::default(),
+            payload: &[],
+        };
+        pkt.parse_into(bytes, check_icrc)?;
+        Ok(pkt)
+    }
+
+    /// [`parse_with`](Self::parse_with) into this packet (its headers all `None` before):
+    /// the headers are written where they stay, not built and moved.
+    pub(crate) fn parse_into(
+        &mut self,
+        bytes: &'a [u8],
+        check_icrc: bool,
+    ) -> Result<(), WireError> {
         if bytes.len() < BTH_LEN + ICRC_LEN {
             return Err(WireError::Truncated);
         }
@@ -435,15 +450,13 @@ impl<'a> Packet<'a> {
             return Err(WireError::BadVersion);
         }
         let pad = usize::from((body[1] >> 4) & 0x3);
-        let mut hdr = Headers {
-            opcode: op,
-            se: body[1] & 0x80 != 0,
-            pkey: u16::from_be_bytes([body[2], body[3]]),
-            dest_qp: be32(&body[4..8]) & 0x00ff_ffff,
-            ack_req: body[8] & 0x80 != 0,
-            psn: be32(&body[8..12]) & PSN_MASK,
-            ..Headers::default()
-        };
+        let hdr = &mut self.hdr;
+        hdr.opcode = op;
+        hdr.se = body[1] & 0x80 != 0;
+        hdr.pkey = u16::from_be_bytes([body[2], body[3]]);
+        hdr.dest_qp = be32(&body[4..8]) & 0x00ff_ffff;
+        hdr.ack_req = body[8] & 0x80 != 0;
+        hdr.psn = be32(&body[8..12]) & PSN_MASK;
         let mut cur = Cursor(&body[BTH_LEN..]);
         if l.deth {
             let d = cur.take(DETH_LEN)?;
@@ -493,10 +506,8 @@ impl<'a> Packet<'a> {
         if pad > payload.len() {
             return Err(WireError::BadPad);
         }
-        Ok(Packet {
-            hdr,
-            payload: &payload[..payload.len() - pad],
-        })
+        self.payload = &payload[..payload.len() - pad];
+        Ok(())
     }
 }
 
