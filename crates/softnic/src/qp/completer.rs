@@ -274,7 +274,7 @@ impl Qp {
         let atomic_ack = pkt.hdr.opcode == opcode::RC_ATOMIC_ACKNOWLEDGE;
         // An ATOMIC WRITE or a FLUSH is answered as a READ of no bytes.
         let kind_ok = if atomic_ack {
-            front.atomic.is_some() && !front.is_atomic_write()
+            front.atomic().is_some() && !front.is_atomic_write()
         } else {
             front.is_read() || (front.answered_empty() && pkt.payload.is_empty())
         };

@@ -17,7 +17,7 @@ impl Qp {
         let Some(wqe) = self.sq.get(cur) else {
             return false;
         };
-        let (op, fence) = (wqe.local, wqe.fence);
+        let (op, fence) = (wqe.local(), wqe.fence);
         if wqe.started {
             // Executed before a go-back-N brought the requester back past it: never twice.
             self.advance_wqe();

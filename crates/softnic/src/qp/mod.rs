@@ -89,14 +89,8 @@ pub(crate) struct SendWqe {
     pub(crate) imm: Option<u32>,
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
-    pub(crate) ud: Option<UdDest>,
-    pub(crate) atomic: Option<AtomicArgs>,
-    /// A FLUSH's placement type (`IBV_FLUSH_GLOBAL`, `_PERSISTENT`) and selectivity level
-    /// (`IBV_FLUSH_RANGE`, `_MR`); its range is `remote_addr`, `rkey` and `len`.
-    pub(crate) flush: Option<(u8, u8)>,
-    /// A work request the requester executes itself (BIND_MW, LOCAL_INV): no packets, no
-    /// PSNs; `started` once it was executed.
-    pub(crate) local: Option<crate::mw::LocalOp>,
+    /// What its opcode carries beyond its data, if anything.
+    pub(crate) extra: Extra,
     /// SEND_WITH_INV: the rkey the responder invalidates (the IETH of the last packet).
     pub(crate) invalidate: Option<u32>,
     /// PSNs assigned (the first packet was built), or a local operation executed.
@@ -107,7 +101,56 @@ pub(crate) struct SendWqe {
     pub(crate) error: Option<ibv_wc_status::Type>,
 }
 
+/// What a send WR carries beyond its data: one at most, as the opcodes that carry them
+/// exclude each other (kept in one field, the WQE stays small: it is moved as it is posted).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Extra {
+    None,
+    /// A UD send's destination.
+    Ud(UdDest),
+    /// An atomic's operands (none for an ATOMIC WRITE: its 8 bytes are its data).
+    Atomic(AtomicArgs),
+    /// A FLUSH's placement type (`IBV_FLUSH_GLOBAL`, `_PERSISTENT`) and selectivity level
+    /// (`IBV_FLUSH_RANGE`, `_MR`); its range is `remote_addr`, `rkey` and `len`.
+    Flush(u8, u8),
+    /// A work request the requester executes itself (BIND_MW, LOCAL_INV): no packets, no
+    /// PSNs; `started` once it was executed.
+    Local(crate::mw::LocalOp),
+}
+
 impl SendWqe {
+    /// A UD send's destination.
+    pub(crate) fn ud(&self) -> Option<UdDest> {
+        match self.extra {
+            Extra::Ud(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// An atomic's operands (an ATOMIC WRITE's are zeros).
+    pub(crate) fn atomic(&self) -> Option<AtomicArgs> {
+        match self.extra {
+            Extra::Atomic(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// A FLUSH's placement type and selectivity level.
+    pub(crate) fn flush(&self) -> Option<(u8, u8)> {
+        match self.extra {
+            Extra::Flush(t, l) => Some((t, l)),
+            _ => None,
+        }
+    }
+
+    /// A local operation's.
+    pub(crate) fn local(&self) -> Option<crate::mw::LocalOp> {
+        match self.extra {
+            Extra::Local(op) => Some(op),
+            _ => None,
+        }
+    }
+
     pub(crate) fn is_read(&self) -> bool {
         self.opcode == ibv_wr_opcode::IBV_WR_RDMA_READ
     }
@@ -115,12 +158,12 @@ impl SendWqe {
     /// A READ or an atomic (an ATOMIC WRITE too): answered by a response of its own, counted
     /// against `max_rd_atomic`, and never acknowledged by a plain ACK.
     pub(crate) fn is_rd_atomic(&self) -> bool {
-        self.is_read() || self.atomic.is_some() || self.flush.is_some()
+        self.is_read() || matches!(self.extra, Extra::Atomic(_) | Extra::Flush(..))
     }
 
     /// An ATOMIC WRITE or a FLUSH: answered by a READ response of no bytes.
     pub(crate) fn answered_empty(&self) -> bool {
-        self.is_atomic_write() || self.flush.is_some()
+        self.is_atomic_write() || matches!(self.extra, Extra::Flush(..))
     }
 
     /// An RDMA ATOMIC WRITE: 8 bytes of its data written at once at the remote address,
@@ -131,17 +174,17 @@ impl SendWqe {
 
     /// A BIND_MW or LOCAL_INV, which the requester executes itself.
     pub(crate) fn is_local(&self) -> bool {
-        self.local.is_some()
+        matches!(self.extra, Extra::Local(_))
     }
 
     /// A started WQE whose PSNs matter: one that sent packets (not a local operation).
     pub(crate) fn on_wire(&self) -> bool {
-        self.started && self.local.is_none()
+        self.started && !self.is_local()
     }
 
     /// A local operation executed successfully, waiting only for its turn to complete.
     pub(crate) fn done_locally(&self) -> bool {
-        self.started && self.local.is_some() && self.error.is_none()
+        self.started && self.is_local() && self.error.is_none()
     }
 
     pub(crate) fn last_psn(&self) -> u32 {

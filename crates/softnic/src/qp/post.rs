@@ -6,7 +6,7 @@ use ibverbs_sys::{
     ibv_send_wr__bindgen_ty_4__bindgen_ty_1, ibv_sge, ibv_wc_status, ibv_wr_opcode,
 };
 
-use super::{AtomicArgs, Payload, Qp, SendWqe, SgeList, Transport, UdDest};
+use super::{AtomicArgs, Extra, Payload, Qp, SendWqe, SgeList, Transport, UdDest};
 use crate::mr::read_mem;
 use crate::mw::{Bind, LocalOp};
 use crate::srq::RecvWqe;
@@ -200,9 +200,9 @@ impl Qp {
             })),
             _ => None,
         };
-        if local.is_some() {
+        if let Some(op) = local {
             return Ok(SendWqe {
-                local,
+                extra: Extra::Local(op),
                 ..self.wqe_of(r, Payload::Sges(SgeList::new()), 0)
             });
         }
@@ -222,7 +222,7 @@ impl Qp {
                 return Err(libc::EINVAL);
             }
             return Ok(SendWqe {
-                flush: Some((ptype, level)),
+                extra: Extra::Flush(ptype, level),
                 remote_addr: rdma.remote_addr,
                 rkey: rdma.rkey,
                 ..self.wqe_of(r, Payload::Sges(SgeList::new()), u64::from(len))
@@ -323,8 +323,11 @@ impl Qp {
             invalidate: (op == IBV_WR_SEND_WITH_INV).then_some(ex),
             remote_addr,
             rkey,
-            ud,
-            atomic: atomic.map(|(_, _, args)| args),
+            extra: match (ud, atomic) {
+                (Some(d), _) => Extra::Ud(d),
+                (None, Some((_, _, args))) => Extra::Atomic(args),
+                (None, None) => Extra::None,
+            },
             error,
             ..self.wqe_of(r, payload, len)
         })
@@ -345,10 +348,7 @@ impl Qp {
             imm: None,
             remote_addr: 0,
             rkey: 0,
-            ud: None,
-            atomic: None,
-            flush: None,
-            local: None,
+            extra: Extra::None,
             invalidate: None,
             started: false,
             first_psn: 0,

@@ -8,7 +8,7 @@
 
 use ibverbs_sys::{ibv_qp_state, ibv_wc_status, ibv_wr_opcode};
 
-use super::{Payload, Qp, Transport, UdDest};
+use super::{Extra, Payload, Qp, Transport, UdDest};
 use crate::link::Dest;
 use crate::packet::{AtomicEth, Deth, Headers, Reth, opcode, psn_add, psn_diff};
 use crate::state::{Element, World};
@@ -155,7 +155,7 @@ impl Qp {
         }
         if wqe.is_atomic_write() {
             self.send_atomic_write(w, &wqe)
-        } else if let Some((ptype, level)) = wqe.flush {
+        } else if let Some((ptype, level)) = wqe.flush() {
             self.send_flush(w, &wqe, ptype, level);
             true
         } else if wqe.is_rd_atomic() {
@@ -186,7 +186,8 @@ impl Qp {
         wqe.started = true;
         wqe.first_psn = psn;
         // An atomic, an ATOMIC WRITE or a FLUSH is one request packet, as is a UD send.
-        let single = wqe.atomic.is_some() || wqe.flush.is_some() || transport == Transport::Ud;
+        let single =
+            matches!(wqe.extra, Extra::Atomic(_) | Extra::Flush(..)) || transport == Transport::Ud;
         wqe.npkts = if single {
             1
         } else {
@@ -230,7 +231,7 @@ impl Qp {
             psn,
             ..Headers::default()
         };
-        match wqe.atomic {
+        match wqe.atomic() {
             Some(args) => {
                 let swap = wqe.opcode == ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP;
                 hdr.opcode = if swap {
@@ -418,7 +419,7 @@ impl Qp {
         let psn = psn_add(wqe.first_psn, k);
         let noack = self.req.noack + 1;
         let ack_req = self.transport == Transport::Rc && (last || noack >= ACK_EVERY);
-        let (to, dest_qp, deth) = match (self.transport, wqe.ud) {
+        let (to, dest_qp, deth) = match (self.transport, wqe.ud()) {
             (
                 Transport::Ud,
                 Some(UdDest {
