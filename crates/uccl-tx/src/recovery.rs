@@ -166,7 +166,10 @@ impl Tx {
         }
         if let Some(m) = f.msgs.get_mut(t.msg) {
             m.acked += 1;
-            f.msgs.settle(t.msg, fid, None, &mut self.events);
+            // Only a message whose every chunk cut so far is acknowledged may be done.
+            if m.acked == m.chunks {
+                f.msgs.settle(t.msg, fid, None, &mut self.events);
+            }
         }
         self.unacked -= 1;
         if t.state == State::InFlight {
