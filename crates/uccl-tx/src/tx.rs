@@ -535,7 +535,10 @@ impl Tx {
         }
         if let Some(m) = f.msgs.get_mut(msg) {
             m.wrs -= 1;
-            f.msgs.settle(msg, fid, f.error.as_ref(), &mut self.events);
+            // Only a message with no WR outstanding may be done.
+            if m.wrs == 0 {
+                f.msgs.settle(msg, fid, f.error.as_ref(), &mut self.events);
+            }
         }
         self.drop_if_drained(fid);
     }
