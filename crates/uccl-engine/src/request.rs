@@ -119,11 +119,19 @@ impl<T: Clone> Request<T> {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The result, once the request has completed. Cheap while it has not (one atomic load).
+    /// The result, once the request has completed. Cheap while it has not (one atomic load,
+    /// inlined where it is called).
+    #[inline]
     pub fn test(&self) -> Option<Result<T>> {
         if !self.inner.done.load(Ordering::Acquire) {
             return None;
         }
+        self.result()
+    }
+
+    /// The result, under the lock.
+    #[inline(never)]
+    fn result(&self) -> Option<Result<T>> {
         self.lock().result.clone()
     }
 
