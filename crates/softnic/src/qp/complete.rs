@@ -64,30 +64,35 @@ impl Qp {
 
     /// Completes the oldest send WQE with `status` (see [`complete_send`](Self::complete_send)).
     fn complete_front(&mut self, w: &mut World, status: ibv_wc_status::Type) -> bool {
-        let Some(wqe) = self.sq.wqes.pop_front() else {
+        // What the completion needs is read in place: the WQE is then dropped where it lies
+        // (moving it out would copy all of it).
+        let Some(wqe) = self.sq.wqes.front() else {
             return true;
         };
-        if wqe.is_rd_atomic() && wqe.started {
+        let rd_atomic = wqe.is_rd_atomic() && wqe.started;
+        let (wr_id, opcode, len, signaled) = (wqe.wr_id, wqe.opcode, wqe.len, wqe.signaled);
+        self.sq.wqes.pop_front();
+        if rd_atomic {
             self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
         }
         self.sq.unreclaimed += 1;
         let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
-        if ok && !wqe.signaled && !self.sq_sig_all {
+        if ok && !signaled && !self.sq_sig_all {
             self.sq.unsignaled += 1;
             return true;
         }
         let n = std::mem::take(&mut self.sq.unsignaled) + 1;
         let wc = if ok {
             Wc {
-                wr_id: wqe.wr_id,
+                wr_id,
                 status,
-                opcode: wc_opcode(wqe.opcode),
-                byte_len: wqe.len as u32,
+                opcode: wc_opcode(opcode),
+                byte_len: len as u32,
                 qp_num: self.qpn,
                 ..Wc::default()
             }
         } else {
-            self.error_wc(wqe.wr_id, status)
+            self.error_wc(wr_id, status)
         };
         let reclaim = Reclaim::Sq {
             qp: self.id,
