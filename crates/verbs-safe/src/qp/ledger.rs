@@ -133,16 +133,32 @@ impl Books {
         let before = l.open.clone();
         let mut all = Deltas::new();
         let mut marks = l.marks.iter().peekable();
+        // Consecutive WRs mostly name the same pin (one buffer): a run of them is counted at
+        // once, when the pin changes or at a mark.
+        let mut run: Option<(u32, u32)> = None;
+        let count = |run: &mut Option<(u32, u32)>, open: &mut Deltas, all: &mut Deltas| {
+            if let Some((p, n)) = run.take() {
+                add_delta(open, p, n);
+                add_delta(all, p, n);
+            }
+        };
         for k in 0..order.len() {
             let (a, b) = l.spans[k];
             for &p in &l.named[a as usize..b as usize] {
-                add_delta(&mut l.open, p, 1);
-                add_delta(&mut all, p, 1);
+                match &mut run {
+                    Some((q, n)) if *q == p => *n += 1,
+                    _ => {
+                        count(&mut run, &mut l.open, &mut all);
+                        run = Some((p, 1));
+                    }
+                }
             }
             if let Some(&(_, key, _)) = marks.next_if(|m| m.0 == k) {
+                count(&mut run, &mut l.open, &mut all);
                 l.fills.push((key, std::mem::take(&mut l.open)));
             }
         }
+        count(&mut run, &mut l.open, &mut all);
         tracker.fill_marks(&mut l.fills);
         // Counted under the table's read lock: no unpin releases anything named in between.
         pins.count(&all);
