@@ -24,17 +24,16 @@ const RUNS: [(&str, &str, &str); 5] = [
 /// Runs each engine case `reps` times and perftest `reps` times, alternating.
 pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String> {
     let launcher = crate::ucx::launcher()?;
-    let mut port = 33_000 + (std::process::id() % 10_000) as u16;
     let mut raw = Vec::new();
     let mut engine = vec![(Vec::new(), 0.0f64); RUNS.len()];
     for _ in 0..reps {
-        port += 1;
-        raw.push(crate::ucx::ib_write_bw_gbps(&launcher, port)?);
+        raw.push(crate::ucx::ib_write_bw_gbps(
+            &launcher,
+            crate::perf::free_port()?,
+        )?);
         for (k, (transport, chunk, target)) in RUNS.iter().enumerate() {
-            port += 1;
             let v = crate::perf::two_processes(
                 perf,
-                port,
                 &[
                     "--transport",
                     transport,

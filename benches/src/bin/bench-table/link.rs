@@ -11,7 +11,6 @@ use crate::{Out, Row};
 pub(crate) fn rows(reps: usize, out: &mut Out) -> Result<(), String> {
     let launcher = crate::ucx::launcher()?;
     let limit_bin = launcher.with_file_name("udp-limit");
-    let mut port = 31_000 + (std::process::id() % 10_000) as u16;
     let (mut kernel, mut softnic) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         eprintln!("  $ {} --json", limit_bin.display());
@@ -26,8 +25,10 @@ pub(crate) fn rows(reps: usize, out: &mut Out) -> Result<(), String> {
             )
         })?;
         kernel.push(crate::perf::num(&v, "received_gbps")?);
-        port += 1;
-        softnic.push(crate::ucx::ib_write_bw_gbps(&launcher, port)?);
+        softnic.push(crate::ucx::ib_write_bw_gbps(
+            &launcher,
+            crate::perf::free_port()?,
+        )?);
     }
     let (k, s) = (median(&kernel), median(&softnic));
     out.rows.push(Row::new(

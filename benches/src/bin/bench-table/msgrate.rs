@@ -22,16 +22,13 @@ struct Rate {
 /// Runs the row `reps` times over: uccl-perf at each size, then `ib_send_bw -s 8`.
 pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String> {
     let launcher = crate::ucx::launcher()?;
-    let mut port = 30_000 + (std::process::id() % 10_000) as u16;
     let mut rates = Vec::new();
     for size in SIZES {
         let (mut per_s, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..reps {
-            port += 1;
             let size = size.to_string();
             let v = crate::perf::two_processes(
                 perf,
-                port,
                 &["--msg-size", &size, "--duration", SECONDS, "--loss", "0"],
             )?;
             per_s.push(num(&v, "messages_per_s")?);
@@ -45,10 +42,9 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
     }
     let mut perftest = Vec::new();
     for _ in 0..reps {
-        port += 1;
         let text = crate::ucx::pair(
             &launcher,
-            port,
+            crate::perf::free_port()?,
             "ib_send_bw -d soft0 -x 1 -s 8 -n 200000",
             &[],
         )?;

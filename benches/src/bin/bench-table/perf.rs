@@ -25,15 +25,31 @@ pub(crate) fn run(bin: &Path, args: &[&str]) -> Result<Value, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("`{line}` printed no JSON object: {e}"))
 }
 
+/// A TCP port on the loopback that nothing holds now, as the kernel picks one (the run binds
+/// it a moment later). A port of a fixed range could be an ephemeral port another
+/// connection holds (32768-60999 on Linux): the server then cannot listen.
+pub(crate) fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port on 127.0.0.1: {e}"))
+}
+
 /// A `uccl-perf --server` and a `uccl-perf --client 127.0.0.1` with `args` (the run's
-/// options, which the server adopts) on `port`, each on its own softnic device on the UDP
-/// link; the client's JSON.
-pub(crate) fn two_processes(bin: &Path, port: u16, args: &[&str]) -> Result<Value, String> {
-    let port = port.to_string();
+/// options, which the server adopts) on a free port, each on its own softnic device on the
+/// UDP link; the client's JSON. If the client fails, the error says what the server printed.
+pub(crate) fn two_processes(bin: &Path, args: &[&str]) -> Result<Value, String> {
+    let port = free_port()?.to_string();
+    let log = std::env::temp_dir().join(format!(
+        "bench-table-server-{}-{port}.err",
+        std::process::id()
+    ));
+    let err =
+        std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
     let server = Command::new(bin)
         .args(["--server", "--port", &port, "--json"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(err)
         .spawn()
         .map_err(|e| format!("starting uccl-perf --server: {e}"))?;
     // The server listens at once; the client retries its connect for a while anyway.
@@ -42,7 +58,9 @@ pub(crate) fn two_processes(bin: &Path, port: u16, args: &[&str]) -> Result<Valu
     client_args.extend_from_slice(args);
     let client = run(bin, &client_args);
     crate::ucx::reap(server, Instant::now() + Duration::from_secs(30));
-    client
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    client.map_err(|e| format!("{e}; the server (port {port}) printed: {}", said.trim()))
 }
 
 /// A number field of a JSON object.

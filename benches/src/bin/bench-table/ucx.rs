@@ -61,14 +61,13 @@ pub(crate) fn launcher() -> Result<std::path::PathBuf, String> {
 /// Runs every case `reps` times (softnic perftest, softnic UCX, TCP UCX in turn).
 pub(crate) fn ucx_rows(reps: usize) -> Result<Vec<UcxRow>, String> {
     let launcher = launcher()?;
-    let mut port = 20_000 + (std::process::id() % 20_000) as u16;
     let mut rows = Vec::new();
     for (what, ucx, perftest) in CASES {
         let lat = what.contains("lat");
         let mut v = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..reps {
             for (k, runs) in v.iter_mut().enumerate() {
-                port += 1;
+                let port = crate::perf::free_port()?;
                 let figure = match k {
                     0 => perftest_figure(&pair(&launcher, port, perftest, &[])?, lat)?,
                     1 => ucx_figure(&pair(&launcher, port, ucx, SOFTNIC)?, lat)?,
