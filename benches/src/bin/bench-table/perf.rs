@@ -25,33 +25,59 @@ pub(crate) fn run(bin: &Path, args: &[&str]) -> Result<Value, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("`{line}` printed no JSON object: {e}"))
 }
 
-/// A TCP port on the loopback that nothing holds now, as the kernel picks one (the run binds
-/// it a moment later). A port of a fixed range could be an ephemeral port another
-/// connection holds (32768-60999 on Linux): the server then cannot listen.
+/// A TCP port that nothing holds now, on any address, as the kernel picks one (from its
+/// ephemeral range, a port free at that moment; the run binds it a moment later, and
+/// [`two_processes`] tries again with another if its server could not listen).
 pub(crate) fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
+    std::net::TcpListener::bind("0.0.0.0:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("finding a free port on 127.0.0.1: {e}"))
+        .map_err(|e| format!("finding a free port: {e}"))
 }
 
 /// A `uccl-perf --server` and a `uccl-perf --client 127.0.0.1` with `args` (the run's
 /// options, which the server adopts) on a free port, each on its own softnic device on the
-/// UDP link; the client's JSON. If the client fails, the error says what the server printed.
+/// UDP link; the client's JSON. A server that could not listen (its port taken between
+/// [`free_port`] and its bind) is started again on another port, twice at most; if the
+/// client fails otherwise, the error says what the server printed.
 pub(crate) fn two_processes(bin: &Path, args: &[&str]) -> Result<Value, String> {
-    let port = free_port()?.to_string();
+    let mut tries = 3;
+    loop {
+        tries -= 1;
+        match two_processes_once(bin, args) {
+            Err((e, listening)) if !listening && tries > 0 => {
+                eprintln!("  (the server did not listen: {e}; again on another port)");
+            }
+            r => return r.map_err(|(e, _)| e),
+        }
+    }
+}
+
+/// One [`two_processes`] run: the client's JSON, or its error and whether the server got as
+/// far as listening.
+fn two_processes_once(bin: &Path, args: &[&str]) -> Result<Value, (String, bool)> {
+    let port = free_port().map_err(|e| (e, true))?.to_string();
     let log = std::env::temp_dir().join(format!(
         "bench-table-server-{}-{port}.err",
         std::process::id()
     ));
-    let err =
-        std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&log)
+        .map_err(|e| (format!("creating {}: {e}", log.display()), true))?;
     let server = Command::new(bin)
         .args(["--server", "--port", &port, "--json"])
         .stdout(Stdio::null())
         .stderr(err)
-        .spawn()
-        .map_err(|e| format!("starting uccl-perf --server: {e}"))?;
+        .spawn();
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&log);
+            return Err((format!("starting uccl-perf --server: {e}"), true));
+        }
+    };
     // The server listens at once; the client retries its connect for a while anyway.
     std::thread::sleep(Duration::from_millis(300));
     let mut client_args = vec!["--client", "127.0.0.1", "--port", &port];
@@ -60,7 +86,12 @@ pub(crate) fn two_processes(bin: &Path, args: &[&str]) -> Result<Value, String> 
     crate::ucx::reap(server, Instant::now() + Duration::from_secs(30));
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
-    client.map_err(|e| format!("{e}; the server (port {port}) printed: {}", said.trim()))
+    client.map_err(|e| {
+        // uccl-perf says so when its bind fails (crates/uccl-perf/src/transport/remote.rs).
+        let listening = !said.contains(&format!("listening on port {port}:"));
+        let e = format!("{e}; the server (port {port}) printed: {}", said.trim());
+        (e, listening)
+    })
 }
 
 /// A number field of a JSON object.

@@ -309,14 +309,16 @@ mod tests {
         assert!(lookup(&fabric).is_none());
         // Non-blocking, it finds nothing to take: EAGAIN, as a read of an empty channel.
         // SAFETY: fcntl on the channel's eventfd, which `fd` keeps open.
-        unsafe { libc::fcntl(fd.raw(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let r = unsafe { libc::fcntl(fd.raw(), libc::F_SETFL, libc::O_NONBLOCK) };
+        assert_ne!(r, -1);
         assert_eq!(
             fabric.cm_take_event(ch, &fd).unwrap_err().errno,
             libc::EAGAIN
         );
         // Blocking, it waits on.
         // SAFETY: as above.
-        unsafe { libc::fcntl(fd.raw(), libc::F_SETFL, 0) };
+        let r = unsafe { libc::fcntl(fd.raw(), libc::F_SETFL, 0) };
+        assert_ne!(r, -1);
         fd.signal();
         let (f2, fd2) = (fabric.clone(), fd.clone());
         let waiter = std::thread::spawn(move || f2.cm_take_event(ch, &fd2));

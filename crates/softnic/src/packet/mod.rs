@@ -434,6 +434,7 @@ impl<'a> Packet<'a> {
         bytes: &'a [u8],
         check_icrc: bool,
     ) -> Result<(), WireError> {
+        debug_assert_eq!(self.hdr, Headers::default(), "parsed into a fresh packet");
         if bytes.len() < BTH_LEN + ICRC_LEN {
             return Err(WireError::Truncated);
         }

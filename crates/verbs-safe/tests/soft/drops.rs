@@ -9,7 +9,8 @@ fn dropping_parents_first_is_fine() {
     let mr = a.pd.alloc_mr(64, 64, AccessFlags::LOCAL_WRITE).unwrap();
     let srq = Srq::new(&a.pd, 4, 1).unwrap();
     // Miri's eventfd has no F_GETFL, which CompChannel::new uses to make the channel
-    // non-blocking: under Miri the CQ has no channel.
+    // non-blocking: under Miri the CQ has no channel (that the CQ keeps its channel alive is
+    // checked outside Miri only).
     let ch = (!cfg!(miri)).then(|| CompChannel::new(&a.ctx).unwrap());
     let cq = Cq::new(&a.ctx, 4, ch.as_ref()).unwrap();
     let ah = a.pd.create_ah(FROM, 0, Some(b.gid)).unwrap();
