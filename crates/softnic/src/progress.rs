@@ -57,10 +57,17 @@ impl State {
             any |= took || sent;
             // What a port sends arrives a wire time later at the soonest, and leaves the port
             // busy as long: unless something came or a timer fired (which may have made
-            // something due now), sending made nothing due now. A frame for the UDP link
-            // leaves at once, through the queue of frames in flight if something is due
-            // before it: the next pass moves it.
-            if !(took || (sent && udp)) {
+            // something due now), sending made nothing due now. Even then, only a frame or a
+            // timer due now is left for another pass: the arrivals and timers taken in this
+            // one were taken until none was due, and the ports sent until busy or idle. A
+            // frame for the UDP link leaves at once, through the queue of frames in flight if
+            // something is due before it: the next pass moves it.
+            let now = self.w.now;
+            let due = || {
+                self.w.net.next_at().is_some_and(|t| t <= now)
+                    || self.w.timers.first().is_some_and(|(t, _)| t <= now)
+            };
+            if !((took && due()) || (sent && udp)) {
                 break;
             }
         }
