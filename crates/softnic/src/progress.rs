@@ -181,6 +181,17 @@ impl State {
         }
     }
 
+    /// Whether an event is pending at or before `t` ([`next_event`](Self::next_event) at or
+    /// before it, found without the earliest of all).
+    pub(crate) fn due_by(&self, t: u64) -> bool {
+        let w = &self.w;
+        w.net.next_at().is_some_and(|a| a <= t)
+            || w.timers.first().is_some_and(|(a, _)| a <= t)
+            || w.devices
+                .iter()
+                .any(|d| !d.tx_ready.is_empty() && d.egress_free_at.max(w.now) <= t)
+    }
+
     /// The time of the next pending event.
     pub(crate) fn next_event(&self) -> Option<u64> {
         let w = &self.w;

@@ -104,7 +104,7 @@ impl Shared {
         let quiet = w.cfg.clock == crate::Clock::Virtual
             && !w.cfg.auto_advance
             && !w.on_udp
-            && st.next_event().is_none_or(|t| t > w.now);
+            && !st.due_by(w.now);
         // At the end of time (`now` = u64::MAX) there is no `now + 1`: not quiet.
         if let Some(at) = w.now.checked_add(1).filter(|_| quiet) {
             self.quiet.store(at, Ordering::Release);
