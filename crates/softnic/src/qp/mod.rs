@@ -105,10 +105,11 @@ pub(crate) struct SendWqe {
 /// exclude each other (kept in one field, the WQE stays small: it is moved as it is posted).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Extra {
+    /// Nothing (SENDs and RDMA WRITEs and READs on RC and UC).
     None,
     /// A UD send's destination.
     Ud(UdDest),
-    /// An atomic's operands (none for an ATOMIC WRITE: its 8 bytes are its data).
+    /// An atomic's operands (zeros for an ATOMIC WRITE, whose 8 bytes are its data).
     Atomic(AtomicArgs),
     /// A FLUSH's placement type (`IBV_FLUSH_GLOBAL`, `_PERSISTENT`) and selectivity level
     /// (`IBV_FLUSH_RANGE`, `_MR`); its range is `remote_addr`, `rkey` and `len`.
