@@ -125,6 +125,48 @@ impl Run<'_> {
     }
 }
 
+/// How long the server keeps answering after its run, at most, for the client to close.
+const SERVER_LINGER: Duration = Duration::from_secs(3);
+/// How long the client waits for its closes to leave, at most.
+const CLIENT_LINGER: Duration = Duration::from_secs(1);
+
+impl Run<'_> {
+    /// Two processes, once this end's run is done: the client closes its connections and
+    /// waits for the closes to leave; the server keeps its engines answering until the client
+    /// has closed every connection (at most [`SERVER_LINGER`]). The server is done when the
+    /// end-of-flow messages have arrived, the client only once they are acknowledged: a
+    /// server gone at once would leave a client whose ACK was lost asking an engine that is
+    /// no longer there, and failing its flow.
+    pub(super) fn linger(&mut self, role: super::Role) {
+        let client = role == super::Role::Client;
+        let conns: Vec<(usize, uccl_engine::ConnId)> = self
+            .flows
+            .iter()
+            .flat_map(|f| {
+                let tx = f.tx.as_ref().map(|t| (t.engine, t.conn));
+                let rx = f.rx.as_ref().map(|r| (r.engine, r.conn));
+                tx.into_iter().chain(rx)
+            })
+            .collect();
+        if client {
+            for &(e, c) in &conns {
+                // A connection that failed meanwhile has nothing to close.
+                let _ = self.engines[e].close(c);
+            }
+        }
+        let until = Instant::now() + if client { CLIENT_LINGER } else { SERVER_LINGER };
+        while Instant::now() < until && conns.iter().any(|&(e, c)| self.engines[e].is_open(c)) {
+            let mut busy = false;
+            for e in &mut self.engines {
+                busy |= e.poll().unwrap_or(false);
+            }
+            if !busy {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
 /// Whether a progress bar may show: on a terminal, without `--json`.
 fn show_progress(args: &Args) -> bool {
     use std::io::IsTerminal;

@@ -80,6 +80,10 @@ pub(super) fn execute(
         .zip(cpu0)
         .map(|(b, a)| b.saturating_sub(a));
     let virtual_time = run.fabric.as_ref().zip(v0).map(|(f, v)| f.now() - v);
+    // Two processes: the ends part (outside what is measured).
+    if marker {
+        run.linger(role);
+    }
     let mut stats = uccl_engine::Stats::default();
     let mut failover = 0;
     for e in &run.engines {

@@ -86,7 +86,14 @@ impl Run<'_> {
             };
         }
         let id = self.flows[i].id;
-        while let Some((m, r)) = self.flows[i].rx.as_ref().and_then(|rx| rx.reqs.front()) {
+        // Once the flow ended, the receives posted after its end-of-flow message are not
+        // looked at: nothing comes for them, and the client's close fails them.
+        while let Some((m, r)) = self.flows[i]
+            .rx
+            .as_ref()
+            .filter(|rx| !rx.ended)
+            .and_then(|rx| rx.reqs.front())
+        {
             let m = *m;
             let Some(res) = r.test() else { break };
             let done =
@@ -304,6 +311,11 @@ impl Run<'_> {
     fn step_noted_rx(&mut self, i: usize) -> Result<bool, String> {
         let id = self.flows[i].id;
         let rx = self.flows[i].rx.as_mut().expect("rx");
+        if rx.ended {
+            // The sender is done: the slots' hand-backs in flight no longer matter (its close
+            // fails them).
+            return Ok(false);
+        }
         let (buf, sends) = rx.credits.as_mut().expect("two processes, --op write");
         let mut progress = false;
         while let Some(r) = sends.front() {
@@ -363,6 +375,11 @@ impl Run<'_> {
         }
         let marker_len = self.marker_len;
         let rx = self.flows[i].rx.as_mut().expect("rx");
+        if rx.ended {
+            // Only the reads in flight matter now (above): the sender is done, and its close
+            // fails the hand-backs in flight and the notices posted after its end.
+            return Ok(progress);
+        }
         let (buf, sends) = rx.credits.as_mut().expect("two processes");
         while let Some(r) = sends.front() {
             match r.test() {
