@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::fabric::{Clock, Fabric, Shared};
 use crate::link::udp::Damage;
 use crate::link::{Dest, Frame};
-use crate::packet::{Headers, Packet, WireError};
+use crate::packet::{Packet, WireError};
 use crate::state::State;
 
 /// How long the progress thread of a virtual-clock fabric naps when nothing is pending.
@@ -62,12 +62,7 @@ impl State {
             // one were taken until none was due, and the ports sent until busy or idle. A
             // frame for the UDP link leaves at once, through the queue of frames in flight if
             // something is due before it: the next pass moves it.
-            let now = self.w.now;
-            let due = || {
-                self.w.net.next_at().is_some_and(|t| t <= now)
-                    || self.w.timers.first().is_some_and(|(t, _)| t <= now)
-            };
-            if !((took && due()) || (sent && udp)) {
+            if !((took && self.arrival_or_timer_by(self.w.now)) || (sent && udp)) {
                 break;
             }
         }
@@ -185,11 +180,16 @@ impl State {
     /// before it, found without the earliest of all).
     pub(crate) fn due_by(&self, t: u64) -> bool {
         let w = &self.w;
-        w.net.next_at().is_some_and(|a| a <= t)
-            || w.timers.first().is_some_and(|(a, _)| a <= t)
+        self.arrival_or_timer_by(t)
             || w.devices
                 .iter()
                 .any(|d| !d.tx_ready.is_empty() && d.egress_free_at.max(w.now) <= t)
+    }
+
+    /// Whether a frame arrives or a timer fires at or before `t`.
+    fn arrival_or_timer_by(&self, t: u64) -> bool {
+        self.w.net.next_at().is_some_and(|a| a <= t)
+            || self.w.timers.first().is_some_and(|(a, _)| a <= t)
     }
 
     /// The time of the next pending event.
@@ -242,10 +242,7 @@ impl State {
         let Dest::Local(dev) = frame.to else {
             return;
         };
-        let mut pkt = Packet {
-            hdr: Headers::default(),
-            payload: &[],
-        };
+        let mut pkt = Packet::default();
         if let Err(e) = pkt.parse_into(wire, frame.sealed) {
             let c = &mut self.w.devices[dev].counters;
             if e == WireError::BadIcrc {

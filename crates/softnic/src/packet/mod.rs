@@ -401,8 +401,9 @@ pub(crate) fn seal(frame: &mut [u8]) {
     frame[n..].copy_from_slice(&icrc.to_le_bytes());
 }
 
-/// A checked, parsed packet: its headers and a view of its payload (pad removed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A checked, parsed packet: its headers and a view of its payload (pad removed). The
+/// default is a packet with no headers set and no payload, to parse into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Packet<'a> {
     /// The headers.
     pub hdr: Headers,
@@ -419,10 +420,7 @@ impl<'a> Packet<'a> {
     /// Like [`parse`](Self::parse), checking the ICRC only if `check_icrc` (a frame this
     /// process built and nothing changed: every other check stays).
     pub(crate) fn parse_with(bytes: &'a [u8], check_icrc: bool) -> Result<Self, WireError> {
-        let mut pkt = Packet {
-            hdr: Headers::default(),
-            payload: &[],
-        };
+        let mut pkt = Packet::default();
         pkt.parse_into(bytes, check_icrc)?;
         Ok(pkt)
     }

@@ -11,6 +11,11 @@ use uccl_engine::Engine;
 use super::run::Run;
 use crate::args::Args;
 
+/// How long the server keeps answering after its run, at most, for the client to close.
+const SERVER_LINGER: Duration = Duration::from_secs(3);
+/// How long the client waits for its closes to leave, at most.
+const CLIENT_LINGER: Duration = Duration::from_secs(1);
+
 impl Run<'_> {
     /// Runs until every flow is done; returns the elapsed wall time.
     pub(super) fn drive(&mut self) -> Result<Duration, String> {
@@ -123,14 +128,7 @@ impl Run<'_> {
             }
         }
     }
-}
 
-/// How long the server keeps answering after its run, at most, for the client to close.
-const SERVER_LINGER: Duration = Duration::from_secs(3);
-/// How long the client waits for its closes to leave, at most.
-const CLIENT_LINGER: Duration = Duration::from_secs(1);
-
-impl Run<'_> {
     /// Two processes, once this end's run is done: the client closes its connections and
     /// waits for the closes to leave; the server keeps its engines answering until the client
     /// has closed every connection (at most [`SERVER_LINGER`]). The server is done when the
