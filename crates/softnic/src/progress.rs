@@ -31,6 +31,12 @@ const RX_IDLE_NS: u64 = 2_000;
 /// make a system call per post that mostly finds nothing); one that only posts still has
 /// what arrives taken in this often.
 const POST_RX_GAP_NS: u64 = 20_000;
+/// How long the UDP progress thread keeps looking, without sleeping, after a round that did
+/// work (the busy polling a NIC's driver does, as Linux's `busy_poll`): traffic comes in
+/// bursts, and a thread asleep at the next datagram is a wake-up the sending process pays for
+/// (an inter-processor interrupt, a halted core woken) and a delay its window feels. It yields
+/// its core between looks.
+const STAY_AWAKE: Duration = Duration::from_micros(50);
 /// Batches of datagrams a device takes in per round of progress, at most.
 const RX_BATCHES: usize = 8;
 
@@ -368,6 +374,8 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
         .name("softnic-udp".into())
         .spawn(move || {
             let mut busy_nap = POLLED_RECENTLY;
+            // When a round of this thread last did work.
+            let mut worked_at: Option<std::time::Instant> = None;
             loop {
                 let Some(shared) = weak.upgrade() else { return };
                 // While somebody polls a CQ, their polls take in what arrives and fire the
@@ -407,7 +415,12 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                     }
                 };
                 drop(shared);
-                if !nap.is_zero() {
+                if nap.is_zero() {
+                    worked_at = Some(std::time::Instant::now());
+                } else if worked_at.is_some_and(|t| t.elapsed() < STAY_AWAKE) {
+                    std::thread::yield_now();
+                } else {
+                    worked_at = None;
                     crate::link::udp::wait_readable(&fds, nap);
                     let _ = waker.drain();
                 }
