@@ -9,16 +9,20 @@ use std::path::Path;
 use crate::perf::{median, num};
 use crate::{Out, Row};
 
-/// (transport, chunk size, congestion window's target delay) of the engine runs: the
-/// engine's defaults, and once without the window (`--target-delay-us 0`), which on this
+/// (transport, chunk size, congestion window's target delay, payload) of the engine runs:
+/// the engine's defaults; once without the window (`--target-delay-us 0`), which on this
 /// host reads the receiving process's CPU queue (RTTs of hundreds of microseconds) as
-/// congestion and holds the flows back.
-const RUNS: [(&str, &str, &str); 5] = [
-    ("uc", "64KiB", "50"),
-    ("rc", "64KiB", "50"),
-    ("uc", "16KiB", "50"),
-    ("rc", "16KiB", "50"),
-    ("uc", "64KiB", "0"),
+/// congestion and holds the flows back; and at 64 KiB chunks without the payload
+/// (`--no-payload`), as `ib_write_bw` runs: no pattern written into each message before it is
+/// sent and checked after it arrives (uccl-perf's own work, a third of a core on each side).
+const RUNS: [(&str, &str, &str, bool); 7] = [
+    ("uc", "64KiB", "50", true),
+    ("rc", "64KiB", "50", true),
+    ("uc", "16KiB", "50", true),
+    ("rc", "16KiB", "50", true),
+    ("uc", "64KiB", "0", true),
+    ("uc", "64KiB", "50", false),
+    ("rc", "64KiB", "50", false),
 ];
 
 /// Runs each engine case `reps` times and perftest `reps` times, alternating.
@@ -31,35 +35,40 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
             &launcher,
             crate::perf::free_port()?,
         )?);
-        for (k, (transport, chunk, target)) in RUNS.iter().enumerate() {
+        for (k, (transport, chunk, target, payload)) in RUNS.iter().enumerate() {
+            let no_payload: &[&str] = if *payload { &[] } else { &["--no-payload"] };
             let v = crate::perf::two_processes(
                 perf,
                 &[
-                    "--transport",
-                    transport,
-                    "--chunk-size",
-                    chunk,
-                    "--msg-size",
-                    "64KiB",
-                    "--duration",
-                    "2",
-                    "--loss",
-                    "0",
-                    "--target-delay-us",
-                    target,
-                ],
+                    no_payload,
+                    &[
+                        "--transport",
+                        transport,
+                        "--chunk-size",
+                        chunk,
+                        "--msg-size",
+                        "64KiB",
+                        "--duration",
+                        "2",
+                        "--loss",
+                        "0",
+                        "--target-delay-us",
+                        target,
+                    ],
+                ]
+                .concat(),
             )?;
             engine[k].0.push(num(&v, "goodput_gbps")?);
             engine[k].1 += num(&v, "retransmits")?;
         }
     }
     let base = median(&raw);
-    for ((transport, chunk, target), (gbps, retx)) in RUNS.iter().zip(&engine) {
+    for ((transport, chunk, target, payload), (gbps, retx)) in RUNS.iter().zip(&engine) {
         let g = median(gbps);
-        let window = if *target == "0" {
-            ", no congestion window"
-        } else {
-            ""
+        let window = match (*target == "0", payload) {
+            (true, _) => ", no congestion window",
+            (false, false) => ", no payload",
+            (false, true) => "",
         };
         out.rows.push(Row::new(
             "14",
@@ -81,8 +90,10 @@ pub(crate) fn rows(perf: &Path, reps: usize, out: &mut Out) -> Result<(), String
         "Row 14: medians of {reps} alternating runs of `softnic-run -- ib_write_bw -d soft0 -x 1 \
          -s 65536 -n 20000` (BW average) and `uccl-perf --server` / `uccl-perf --client \
          127.0.0.1 --transport uc|rc --chunk-size 64KiB|16KiB --msg-size 64KiB --duration 2 \
-         --loss 0 --target-delay-us 50|0 --json` (the client's goodput; retransmissions summed \
-         over the runs; 50 us is the engine's default target)."
+         --loss 0 --target-delay-us 50|0 [--no-payload] --json` (the client's goodput; \
+         retransmissions summed over the runs; 50 us is the engine's default target). Without \
+         `--no-payload` the client writes a pattern into every message and the server checks \
+         every byte, which `ib_write_bw` does not do."
     ));
     Ok(())
 }
