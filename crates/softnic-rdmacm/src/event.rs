@@ -6,7 +6,7 @@ use std::ptr::null_mut;
 use ibverbs_sys::ibv_ah_attr;
 use softnic::cm::cabi::CEvent;
 
-use crate::id::{Channel, id_ptr_by_cm, new_id};
+use crate::id::{Channel, id_ptr_by_cm, new_id, turn};
 use crate::types::*;
 use crate::{EVENT_NAMES, fail, lib};
 
@@ -35,9 +35,9 @@ export! {
         // Events of ids destroyed meanwhile (by another thread) are passed over, as the
         // kernel drops them with the id; so is a request whose listener went (rejected).
         let mut c = CEvent::default();
-        // The ids are reached through pointers, their fields read in place: another thread
-        // may be calling on the same id meanwhile (rping's main thread on the id its event
-        // thread takes events of), as with librdmacm.
+        // Another thread may be calling on the same id meanwhile (rping's main thread on the
+        // id its event thread takes events of), as with librdmacm: its fields are read in a
+        // turn.
         let (id, listen_id) = loop {
             // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
             let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
@@ -55,22 +55,27 @@ export! {
                 unsafe { (l.ops.destroy_id)(l.ctx(), c.id) };
                 continue;
             };
-            // SAFETY: a live listener of this library; plain fields read in place.
-            let (ps, ctx, sync, channel) =
-                unsafe { ((*lp).id.ps, (*lp).id.context, (*lp).sync, (*lp).id.channel) };
-            let chan = if sync { null_mut() } else { channel };
+            let (ps, ctx, chan) = {
+                // SAFETY: a live listener of this library (in the registry).
+                let t = unsafe { turn(lp) };
+                let chan = if t.calls.sync { null_mut() } else { t.c.channel };
+                (t.c.ps, t.c.context, chan)
+            };
             match new_id(l, chan, ctx, ps, Some(c.id)) {
                 Ok(p) => {
-                    // SAFETY: just made; no other thread knows it yet.
-                    unsafe { (*p).refresh(l) };
-                    // SAFETY: a place in the live listener, taken without a reference.
-                    break (p, unsafe { std::ptr::addr_of_mut!((*lp).id) });
+                    // SAFETY: just made, not handed out yet.
+                    unsafe { turn(p) }.refresh(l);
+                    // The listener's `rdma_cm_id`: an `Id` starts with it.
+                    break (p, lp.cast::<rdma_cm_id>());
                 }
                 Err(e) => return fail(e),
             }
         };
-        // SAFETY: a live id of this library; plain fields read in place.
-        let (ps, verbs) = unsafe { ((*id).id.ps, (*id).id.verbs) };
+        let (ps, verbs) = {
+            // SAFETY: a live id of this library (in the registry).
+            let t = unsafe { turn(id) };
+            (t.c.ps, t.c.verbs)
+        };
         let mut out = Box::new(Event {
             ev: rdma_cm_event {
                 id: null_mut(),
@@ -89,8 +94,8 @@ export! {
             },
             private: c.private,
         });
-        // SAFETY: a place in the live id, taken without a reference.
-        out.ev.id = unsafe { std::ptr::addr_of_mut!((*id).id) };
+        // The id's `rdma_cm_id`: an `Id` starts with it.
+        out.ev.id = id.cast::<rdma_cm_id>();
         let private = if c.private_len > 0 {
             out.private.as_ptr().cast()
         } else {

@@ -1,8 +1,10 @@
 //! Event channels and ids: what `rdma_create_id` hands out, and the calls on an id.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
 use std::ptr::null_mut;
+use std::sync::{Mutex, MutexGuard};
 
 use ibverbs_sys::{ibv_context, ibv_qp_init_attr};
 use softnic::cm::ConnParam;
@@ -20,18 +22,80 @@ pub(crate) struct Channel {
 }
 
 /// An id: the `rdma_cm_id` programs see (first), then the library's own.
+///
+/// Programs read the `rdma_cm_id` whenever they like, from any thread (and set its
+/// `context`), as they do librdmacm's; and this library reaches one id from several threads
+/// (calls on it, and the thread taking events that name it). So no reference to an `Id` is
+/// ever `&mut`: the `rdma_cm_id` is in an `UnsafeCell`, and the library changes or reads it
+/// only during a [`Turn`] (its calls on one id take turns, and never wait for an event
+/// during one).
 #[repr(C)]
 pub(crate) struct Id {
-    pub(crate) id: rdma_cm_id,
+    pub(crate) id: UnsafeCell<rdma_cm_id>,
     pub(crate) cm: u32,
+    /// What only the library's calls change; held for a turn.
+    calls: Mutex<Calls>,
+    /// Where `route.path_rec` points (zeros: RoCE has no subnet manager's path record).
+    path: UnsafeCell<[u64; 16]>,
+}
+
+/// What the library's calls on an id keep of their own.
+pub(crate) struct Calls {
     /// Made without a channel: each call waits for its event on a channel of its own.
     pub(crate) sync: bool,
     /// The QP attributes `rdma_create_ep` was given for a listener (its requests get QPs).
     pub(crate) ep_qp: Option<ibv_qp_init_attr>,
     /// Whether `rdma_create_qp` made the CQs (and so destroys them).
     pub(crate) own_cqs: bool,
-    /// Where `route.path_rec` points (zeros: RoCE has no subnet manager's path record).
-    path: [u64; 16],
+}
+
+/// One call's turn on an id: the `rdma_cm_id` and the library's own fields, which no other
+/// thread of this library touches until it ends.
+pub(crate) struct Turn<'a> {
+    /// The struct programs see (they only read it meanwhile, but for its `context`).
+    pub(crate) c: &'a mut rdma_cm_id,
+    pub(crate) calls: MutexGuard<'a, Calls>,
+    /// The CM's id.
+    pub(crate) cm: u32,
+    /// The id as handed out (for the CQs' context).
+    pub(crate) raw: *mut rdma_cm_id,
+    path: *mut [u64; 16],
+}
+
+/// A turn on the live id at `p`, once the calls before it are done.
+///
+/// # Safety
+/// `p` is a live id of this library, not freed before the turn ends (a program that destroys
+/// an id while it calls on it from another thread breaks this, as it would librdmacm).
+pub(crate) unsafe fn turn<'a>(p: *mut Id) -> Turn<'a> {
+    // SAFETY: live per the contract; shared references only (the `rdma_cm_id` is behind an
+    // `UnsafeCell`, the rest behind the mutex or never changed).
+    let id: &'a Id = unsafe { &*p };
+    let calls = id.calls.lock().unwrap_or_else(|e| e.into_inner());
+    Turn {
+        // SAFETY: holding the id's mutex: no other thread of this library reaches the
+        // `rdma_cm_id` until the guard goes, which this reference does not outlive.
+        c: unsafe { &mut *id.id.get() },
+        calls,
+        cm: id.cm,
+        raw: id.id.get(),
+        path: id.path.get(),
+    }
+}
+
+/// The library's id behind a caller's `rdma_cm_id` pointer (`None` for one it did not hand
+/// out, or destroyed).
+pub(crate) fn id_of(p: *mut rdma_cm_id) -> Option<*mut Id> {
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    ids.values()
+        .any(|&a| a == p as usize)
+        .then_some(p.cast::<Id>())
+}
+
+/// The library's id for CM id `cm`, as a pointer.
+pub(crate) fn id_ptr_by_cm(cm: u32) -> Option<*mut Id> {
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    ids.get(&cm).map(|&a| a as *mut Id)
 }
 
 /// A new channel of the CM: `Err(errno)`.
@@ -46,31 +110,6 @@ pub(crate) fn new_channel(l: &Lib) -> Result<*mut Channel, c_int> {
         ch: rdma_event_channel { fd },
         cm,
     })))
-}
-
-/// The library's id behind a caller's `rdma_cm_id` pointer (`None` for one it did not hand
-/// out, or destroyed).
-pub(crate) fn id_of<'a>(p: *mut rdma_cm_id) -> Option<&'a mut Id> {
-    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.values().any(|&a| a == p as usize).then(|| {
-        // SAFETY: a live id of this library (in the registry), whose `Id` starts with the
-        // `rdma_cm_id`; the caller owns it as librdmacm's callers do.
-        unsafe { &mut *p.cast::<Id>() }
-    })
-}
-
-/// The library's id for CM id `cm`, as a pointer: the event thread reads what it needs
-/// through it and never takes a reference to an id another thread may be calling on.
-pub(crate) fn id_ptr_by_cm(cm: u32) -> Option<*mut Id> {
-    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.get(&cm).map(|&a| a as *mut Id)
-}
-
-/// The library's id for CM id `cm`, for the thread calling on it.
-pub(crate) fn id_by_cm<'a>(cm: u32) -> Option<&'a mut Id> {
-    // SAFETY: a live id of this library (in the registry), used by the caller's thread, as
-    // librdmacm's callers use an id.
-    id_ptr_by_cm(cm).map(|p| unsafe { &mut *p })
 }
 
 /// A new id on `chan` (a channel of its own when null): `Err(errno)`.
@@ -118,7 +157,7 @@ pub(crate) fn new_id(
     };
     let zero = sockaddr_storage([0; 128]);
     let id = Box::into_raw(Box::new(Id {
-        id: rdma_cm_id {
+        id: UnsafeCell::new(rdma_cm_id {
             verbs: null_mut(),
             channel: chan,
             context,
@@ -146,19 +185,21 @@ pub(crate) fn new_id(
             srq: null_mut(),
             pd: null_mut(),
             qp_type: qp_type as c_int,
-        },
+        }),
         cm,
-        sync,
-        ep_qp: None,
-        own_cqs: false,
-        path: [0; 16],
+        calls: Mutex::new(Calls {
+            sync,
+            ep_qp: None,
+            own_cqs: false,
+        }),
+        path: UnsafeCell::new([0; 16]),
     }));
     let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
     ids.insert(cm, id as usize);
     Ok(id)
 }
 
-impl Id {
+impl Turn<'_> {
     /// Takes the id's device and addresses from the CM into the fields programs read.
     pub(crate) fn refresh(&mut self, l: &Lib) {
         let mut info = CIdInfo::default();
@@ -167,51 +208,68 @@ impl Id {
             return;
         }
         if let Some(ctx) = l.dev_ctx(info.dev) {
-            self.id.verbs = ctx;
-            self.id.port_num = 1;
-            self.id.route.addr.ibaddr.sgid = gid(ctx);
+            self.c.verbs = ctx;
+            self.c.port_num = 1;
+            self.c.route.addr.ibaddr.sgid = gid(ctx);
         }
         if info.has_local != 0 {
-            store(&mut self.id.route.addr.src, info.local.into());
+            store(&mut self.c.route.addr.src, info.local.into());
         }
         if info.has_remote != 0 {
             let dst: SocketAddrV4 = info.remote.into();
-            store(&mut self.id.route.addr.dst, dst);
-            self.id.route.addr.ibaddr.dgid.raw = dst.ip().to_ipv6_mapped().octets();
+            store(&mut self.c.route.addr.dst, dst);
+            self.c.route.addr.ibaddr.dgid.raw = dst.ip().to_ipv6_mapped().octets();
         }
     }
 
     /// After route resolution: one path (of zeros).
     pub(crate) fn set_route(&mut self) {
-        self.id.route.path_rec = self.path.as_mut_ptr().cast();
-        self.id.route.num_paths = 1;
+        self.c.route.path_rec = self.path.cast();
+        self.c.route.num_paths = 1;
     }
+}
 
-    /// librdmacm's `ucma_complete`: a synchronous id waits for its call's event, kept in
-    /// `id->event`; its status becomes the call's error.
-    pub(crate) fn complete(&mut self) -> c_int {
-        if !self.sync {
+/// librdmacm's `ucma_complete`, after a call on `p` that started something: a synchronous id
+/// waits for the call's event, kept in `id->event`; its status becomes the call's error. It
+/// waits outside the id's turn: the event is taken on this thread, other calls go on.
+pub(crate) fn complete(p: *mut rdma_cm_id) -> c_int {
+    let Some(id) = id_of(p) else {
+        return fail(libc::EINVAL);
+    };
+    let (chan, last) = {
+        // SAFETY: a live id of this library (in the registry).
+        let t = unsafe { turn(id) };
+        if !t.calls.sync {
             return 0;
         }
-        if !self.id.event.is_null() {
-            // SAFETY: an event this library handed out and nobody acked.
-            unsafe { crate::event::rdma_ack_cm_event(self.id.event) };
-            self.id.event = null_mut();
+        (t.c.channel, std::mem::replace(&mut t.c.event, null_mut()))
+    };
+    if !last.is_null() {
+        // SAFETY: the id's last event, which nobody acked.
+        unsafe { crate::event::rdma_ack_cm_event(last) };
+    }
+    let mut ev = null_mut();
+    // SAFETY: the id's own channel and a valid out-pointer.
+    if unsafe { crate::event::rdma_get_cm_event(chan, &mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: the event just taken.
+    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
+    match id_of(p) {
+        // SAFETY: a live id of this library (in the registry).
+        Some(id) => unsafe { turn(id) }.c.event = ev,
+        None => {
+            // Destroyed by another thread meanwhile.
+            // SAFETY: the event just taken.
+            unsafe { crate::event::rdma_ack_cm_event(ev) };
+            return fail(libc::EINVAL);
         }
-        let mut ev = null_mut();
-        // SAFETY: the id's own channel and a valid out-pointer.
-        if unsafe { crate::event::rdma_get_cm_event(self.id.channel, &mut ev) } != 0 {
-            return -1;
-        }
-        self.id.event = ev;
-        // SAFETY: the event just taken.
-        let e = unsafe { &*ev };
-        match e.status {
-            0 => 0,
-            _ if e.event == 8 => fail(libc::ECONNREFUSED),
-            s if s < 0 => fail(-s),
-            s => fail(s),
-        }
+    }
+    match status {
+        0 => 0,
+        _ if kind == 8 => fail(libc::ECONNREFUSED),
+        s if s < 0 => fail(-s),
+        s => fail(s),
     }
 }
 
@@ -268,14 +326,17 @@ pub(crate) unsafe fn conn_param<'a>(p: *const rdma_conn_param) -> (ConnParam, &'
     (c, data)
 }
 
-/// Runs `f(lib, id)` for a live id, or fails with EINVAL (ENODEV without softnic).
-pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&Lib, &mut Id) -> c_int) -> c_int {
+/// Runs `f(lib, turn)` in a turn on a live id, or fails with EINVAL (ENODEV without softnic).
+pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&Lib, &mut Turn<'_>) -> c_int) -> c_int {
     let l = match lib() {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
     match id_of(p) {
-        Some(id) => f(l, id),
+        // SAFETY: a live id of this library (in the registry); it is freed by a call on it,
+        // which waits for this turn to end, unless the program destroys an id it is calling
+        // on from another thread (as with librdmacm, its error).
+        Some(id) => f(l, &mut unsafe { turn(id) }),
         None => fail(libc::EINVAL),
     }
 }
@@ -327,27 +388,33 @@ export! {
 
     /// Destroys an id (its QP must be destroyed first, as librdmacm's callers do).
     "RDMACM_1.0" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-        with_id(id, |l, i| {
-            if !i.id.event.is_null() {
+        let mut gone = false;
+        let r = with_id(id, |l, t| {
+            if !t.c.event.is_null() {
                 // SAFETY: the synchronous id's last event, not acked.
-                unsafe { crate::event::rdma_ack_cm_event(i.id.event) };
+                unsafe { crate::event::rdma_ack_cm_event(t.c.event) };
             }
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.destroy_id)(l.ctx(), i.cm) };
-            IDS.lock().unwrap_or_else(|e| e.into_inner()).remove(&i.cm);
-            if i.sync {
+            let e = unsafe { (l.ops.destroy_id)(l.ctx(), t.cm) };
+            IDS.lock().unwrap_or_else(|e| e.into_inner()).remove(&t.cm);
+            gone = true;
+            if t.calls.sync {
                 // SAFETY: the id's own channel, made with it.
-                unsafe { rdma_destroy_event_channel(i.id.channel) };
+                unsafe { rdma_destroy_event_channel(t.c.channel) };
             }
-            // SAFETY: made by Box::into_raw in new_id, and out of the registry now.
-            drop(unsafe { Box::from_raw((i as *mut Id).cast::<Id>()) });
             status(e)
-        })
+        });
+        if gone {
+            // SAFETY: made by Box::into_raw in new_id, out of the registry now (no call
+            // finds it), and its turn is over.
+            drop(unsafe { Box::from_raw(id.cast::<Id>()) });
+        }
+        r
     }
 
     /// Binds the id to an address (0.0.0.0: every device; port 0: a free one).
     "RDMACM_1.0" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: a caller's address per the contract.
             let a = match unsafe { from_sockaddr(addr) } {
                 Ok(Some(a)) => a,
@@ -355,8 +422,8 @@ export! {
                 Err(e) => return fail(e),
             };
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.bind)(l.ctx(), i.cm, a) };
-            i.refresh(l);
+            let e = unsafe { (l.ops.bind)(l.ctx(), t.cm, a) };
+            t.refresh(l);
             status(e)
         })
     }
@@ -368,7 +435,7 @@ export! {
         dst: *mut libc::sockaddr,
         _timeout_ms: c_int,
     ) -> c_int {
-        with_id(id, |l, i| {
+        let r = with_id(id, |l, t| {
             // SAFETY: caller's addresses per the contract.
             let (s, d) = match unsafe { (from_sockaddr(src), from_sockaddr(dst)) } {
                 (Ok(s), Ok(Some(d))) => (s, d),
@@ -377,102 +444,93 @@ export! {
             };
             let sp = s.as_ref().map_or(std::ptr::null(), |s| s as *const CAddr);
             // SAFETY: a context of the fabric and a valid (or null) source.
-            let e = unsafe { (l.ops.resolve_addr)(l.ctx(), i.cm, sp, d) };
+            let e = unsafe { (l.ops.resolve_addr)(l.ctx(), t.cm, sp, d) };
             if e != 0 {
                 return fail(e);
             }
-            i.refresh(l);
-            i.complete()
-        })
+            t.refresh(l);
+            0
+        });
+        if r != 0 { r } else { complete(id) }
     }
 
     /// Resolves the route: `RDMA_CM_EVENT_ROUTE_RESOLVED`.
     "RDMACM_1.0" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
-        with_id(id, |l, i| {
+        let r = with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.resolve_route)(l.ctx(), i.cm) };
-            if e != 0 {
-                return fail(e);
+            let e = unsafe { (l.ops.resolve_route)(l.ctx(), t.cm) };
+            if e == 0 {
+                t.set_route();
             }
-            i.set_route();
-            i.complete()
-        })
+            status(e)
+        });
+        if r != 0 { r } else { complete(id) }
     }
 
     /// Listens for connection requests (`backlog` of 0: the kernel's 1024).
     "RDMACM_1.0" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.listen)(l.ctx(), i.cm, backlog) };
-            i.refresh(l);
+            let e = unsafe { (l.ops.listen)(l.ctx(), t.cm, backlog) };
+            t.refresh(l);
             status(e)
         })
     }
 
     /// Connects: a REQ (RC) or SIDR REQ (UD) with the caller's private data.
     "RDMACM_1.0" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-        with_id(id, |l, i| {
+        let r = with_id(id, |l, t| {
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
             // SAFETY: a context of the fabric; `data` is valid for its length.
-            let e = unsafe { (l.ops.connect)(l.ctx(), i.cm, &p, data.as_ptr(), data.len() as u32) };
-            if e != 0 {
-                return fail(e);
-            }
-            i.complete()
-        })
+            status(unsafe { (l.ops.connect)(l.ctx(), t.cm, &p, data.as_ptr(), data.len() as u32) })
+        });
+        if r != 0 { r } else { complete(id) }
     }
 
     /// Accepts a connection request (the CM moves an attached QP to RTR and RTS).
     "RDMACM_1.0" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-        with_id(id, |l, i| {
+        let mut udp = false;
+        let r = with_id(id, |l, t| {
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
+            udp = t.c.ps == RDMA_PS_UDP;
             // SAFETY: a context of the fabric; `data` is valid for its length.
-            let e = unsafe { (l.ops.accept)(l.ctx(), i.cm, &p, data.as_ptr(), data.len() as u32) };
-            if e != 0 {
-                return fail(e);
-            }
-            if i.id.ps == RDMA_PS_UDP {
-                return 0;
-            }
-            i.complete()
-        })
+            status(unsafe { (l.ops.accept)(l.ctx(), t.cm, &p, data.as_ptr(), data.len() as u32) })
+        });
+        if r != 0 || udp { r } else { complete(id) }
     }
 
     /// Rejects a connection request, with private data.
     "RDMACM_1.0" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             let data = if data.is_null() { std::ptr::null() } else { data.cast::<u8>() };
             let len = if data.is_null() { 0 } else { u32::from(len) };
             // SAFETY: a context of the fabric; `data` valid for `len` per the contract.
-            status(unsafe { (l.ops.reject)(l.ctx(), i.cm, data, len) })
+            status(unsafe { (l.ops.reject)(l.ctx(), t.cm, data, len) })
         })
     }
 
     /// Sends the RTU after a `CONNECT_RESPONSE` (for callers that move their own QP).
     "RDMACM_1.2" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            status(unsafe { (l.ops.establish)(l.ctx(), i.cm) })
+            status(unsafe { (l.ops.establish)(l.ctx(), t.cm) })
         })
     }
 
     /// Disconnects: the QP to ERROR and a DREQ.
     "RDMACM_1.0" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-        with_id(id, |l, i| {
+        let r = with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.disconnect)(l.ctx(), i.cm) };
-            if e != 0 {
-                return fail(e);
-            }
-            i.complete()
-        })
+            status(unsafe { (l.ops.disconnect)(l.ctx(), t.cm) })
+        });
+        if r != 0 { r } else { complete(id) }
     }
 
     /// Moves the id to another channel (null: a channel of its own, synchronous).
     "RDMACM_1.0" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             let (chan, sync) = if channel.is_null() {
                 match new_channel(l) {
                     Ok(c) => (c.cast::<rdma_event_channel>(), true),
@@ -484,12 +542,12 @@ export! {
             // SAFETY: channels of this library start with the `rdma_event_channel`.
             let cm = unsafe { (*chan.cast::<Channel>()).cm };
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.migrate_id)(l.ctx(), i.cm, cm) };
+            let e = unsafe { (l.ops.migrate_id)(l.ctx(), t.cm, cm) };
             if e != 0 {
                 return fail(e);
             }
-            let old = std::mem::replace(&mut i.id.channel, chan);
-            if std::mem::replace(&mut i.sync, sync) {
+            let old = std::mem::replace(&mut t.c.channel, chan);
+            if std::mem::replace(&mut t.calls.sync, sync) {
                 // SAFETY: the id's own channel, made with it.
                 unsafe { rdma_destroy_event_channel(old) };
             }

@@ -8,15 +8,15 @@ use ibverbs_sys::{
     ibv_cq, ibv_pd, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_srq_init_attr,
 };
 
-use crate::id::{Id, id_by_cm, new_id, with_id};
+use crate::id::{Turn, new_id, turn, with_id};
 use crate::types::*;
 use crate::{Lib, fail, lib, status};
 
 /// CQs (with completion channels) for an id whose caller gave none, as librdmacm makes them:
 /// `rdma_verbs.h`'s `rdma_get_send_comp`/`rdma_get_recv_comp` wait on them.
-fn make_cqs(i: &mut Id, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
-    let ctx = i.id.verbs;
-    let me: *mut libc::c_void = (&mut i.id as *mut rdma_cm_id).cast();
+fn make_cqs(t: &mut Turn<'_>, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
+    let ctx = t.c.verbs;
+    let me: *mut libc::c_void = t.raw.cast();
     let one = |depth: u32| -> Result<(*mut ibverbs_sys::ibv_comp_channel, *mut ibv_cq), c_int> {
         // SAFETY: the id's device context.
         let ch = unsafe { ibverbs_sys::ibv_create_comp_channel(ctx) };
@@ -33,52 +33,52 @@ fn make_cqs(i: &mut Id, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
     };
     if attr.send_cq.is_null() {
         let (ch, cq) = one(attr.cap.max_send_wr)?;
-        i.id.send_cq_channel = ch;
-        i.id.send_cq = cq;
+        t.c.send_cq_channel = ch;
+        t.c.send_cq = cq;
         attr.send_cq = cq;
-        i.own_cqs = true;
+        t.calls.own_cqs = true;
     }
     if attr.recv_cq.is_null() {
         let (ch, cq) = one(attr.cap.max_recv_wr)?;
-        i.id.recv_cq_channel = ch;
-        i.id.recv_cq = cq;
+        t.c.recv_cq_channel = ch;
+        t.c.recv_cq = cq;
         attr.recv_cq = cq;
-        i.own_cqs = true;
+        t.calls.own_cqs = true;
     }
     Ok(())
 }
 
 /// Destroys the CQs and channels `make_cqs` made.
-fn drop_cqs(i: &mut Id) {
-    if !std::mem::take(&mut i.own_cqs) {
+fn drop_cqs(t: &mut Turn<'_>) {
+    if !std::mem::take(&mut t.calls.own_cqs) {
         return;
     }
     // SAFETY: objects this library made for the id, no longer used by its QP.
     unsafe {
-        for cq in [i.id.send_cq, i.id.recv_cq] {
+        for cq in [t.c.send_cq, t.c.recv_cq] {
             if !cq.is_null() {
                 ibverbs_sys::ibv_destroy_cq(cq);
             }
         }
-        for ch in [i.id.send_cq_channel, i.id.recv_cq_channel] {
+        for ch in [t.c.send_cq_channel, t.c.recv_cq_channel] {
             if !ch.is_null() {
                 ibverbs_sys::ibv_destroy_comp_channel(ch);
             }
         }
     }
-    i.id.send_cq = null_mut();
-    i.id.recv_cq = null_mut();
-    i.id.send_cq_channel = null_mut();
-    i.id.recv_cq_channel = null_mut();
+    t.c.send_cq = null_mut();
+    t.c.recv_cq = null_mut();
+    t.c.send_cq_channel = null_mut();
+    t.c.recv_cq_channel = null_mut();
 }
 
 /// `rdma_create_qp`: the QP on the id's device, handed to the CM (INIT for RC, RTS for UD).
-fn create_qp(l: &Lib, i: &mut Id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c_int {
-    if i.id.verbs.is_null() {
+fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c_int {
+    if t.c.verbs.is_null() {
         return fail(libc::EINVAL);
     }
     let pd = if pd.is_null() {
-        l.default_pd(i.id.verbs)
+        l.default_pd(t.c.verbs)
     } else {
         pd
     };
@@ -86,42 +86,42 @@ fn create_qp(l: &Lib, i: &mut Id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) 
         return fail(libc::ENOMEM);
     }
     if attr.srq.is_null() {
-        attr.srq = i.id.srq;
+        attr.srq = t.c.srq;
     }
     if attr.qp_type == 0 {
         // Not a QP type (RC is 2): the id's, as librdmacm's endpoints take it.
-        attr.qp_type = i.id.qp_type as u32;
+        attr.qp_type = t.c.qp_type as u32;
     }
-    if let Err(e) = make_cqs(i, attr) {
-        drop_cqs(i);
+    if let Err(e) = make_cqs(t, attr) {
+        drop_cqs(t);
         return fail(e);
     }
     // SAFETY: a PD of the id's device and valid attributes.
     let qp = unsafe { ibverbs_sys::ibv_create_qp(pd, attr) };
     if qp.is_null() {
-        drop_cqs(i);
+        drop_cqs(t);
         return -1;
     }
     // SAFETY: a context of the fabric and the QP just made.
-    let e = unsafe { (l.ops.attach_qp)(l.ctx(), i.cm, qp) };
+    let e = unsafe { (l.ops.attach_qp)(l.ctx(), t.cm, qp) };
     if e != 0 {
         // SAFETY: the QP just made, used by nobody.
         unsafe { ibverbs_sys::ibv_destroy_qp(qp) };
-        drop_cqs(i);
+        drop_cqs(t);
         return fail(e);
     }
-    i.id.qp = qp;
-    i.id.pd = pd;
+    t.c.qp = qp;
+    t.c.pd = pd;
     0
 }
 
 export! {
     /// Creates the id's QP (and CQs when none are given); the CM moves it from then on.
     "RDMACM_1.0" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: valid attributes per the contract.
             match unsafe { attr.as_mut() } {
-                Some(a) => create_qp(l, i, pd, a),
+                Some(a) => create_qp(l, t, pd, a),
                 None => fail(libc::EINVAL),
             }
         })
@@ -129,7 +129,7 @@ export! {
 
     /// `rdma_create_qp` with extended attributes (their basic part: PD, CQs, SRQ, caps).
     "RDMACM_1.0" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: valid attributes per the contract.
             let Some(a) = (unsafe { attr.as_mut() }) else {
                 return fail(libc::EINVAL);
@@ -143,7 +143,7 @@ export! {
                 qp_type: a.qp_type,
                 sq_sig_all: a.sq_sig_all,
             };
-            let r = create_qp(l, i, a.pd, &mut basic);
+            let r = create_qp(l, t, a.pd, &mut basic);
             a.cap = basic.cap;
             r
         })
@@ -151,24 +151,24 @@ export! {
 
     /// Destroys the id's QP (and the CQs `rdma_create_qp` made).
     "RDMACM_1.0" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            unsafe { (l.ops.detach_qp)(l.ctx(), i.cm) };
-            if !i.id.qp.is_null() {
+            unsafe { (l.ops.detach_qp)(l.ctx(), t.cm) };
+            if !t.c.qp.is_null() {
                 // SAFETY: the id's QP, made by rdma_create_qp.
-                unsafe { ibverbs_sys::ibv_destroy_qp(i.id.qp) };
-                i.id.qp = null_mut();
+                unsafe { ibverbs_sys::ibv_destroy_qp(t.c.qp) };
+                t.c.qp = null_mut();
             }
-            drop_cqs(i);
+            drop_cqs(t);
             0
         });
     }
 
     /// The attributes that move the id's QP to `attr->qp_state`.
     "RDMACM_1.2" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int {
-        with_id(id, |l, i| {
+        with_id(id, |l, t| {
             // SAFETY: a context of the fabric; valid attribute and mask per the contract.
-            status(unsafe { (l.ops.init_qp_attr)(l.ctx(), i.cm, attr, mask) })
+            status(unsafe { (l.ops.init_qp_attr)(l.ctx(), t.cm, attr, mask) })
         })
     }
 
@@ -197,11 +197,11 @@ export! {
         let r = if ai.ai_flags & RAI_PASSIVE != 0 {
             // SAFETY: the id just made and the caller's address.
             let r = unsafe { crate::id::rdma_bind_addr(raw, ai.ai_src_addr) };
-            // SAFETY: the id just made.
-            let i = unsafe { &mut *new };
+            // SAFETY: the id just made, not handed out yet.
+            let mut t = unsafe { turn(new) };
             // SAFETY: valid attributes or null per the contract.
-            i.ep_qp = unsafe { qp_init_attr.as_ref() }.copied();
-            i.id.pd = pd;
+            t.calls.ep_qp = unsafe { qp_init_attr.as_ref() }.copied();
+            t.c.pd = pd;
             r
         } else {
             // SAFETY: the id just made and the caller's addresses.
@@ -230,9 +230,10 @@ export! {
 
     /// Destroys an endpoint: its QP, then the id.
     "RDMACM_1.0" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-        // SAFETY: an id of this library per the contract.
+        let has_qp = with_id(id, |_, t| c_int::from(!t.c.qp.is_null())) == 1;
+        // SAFETY: an id of this library per the contract (calls on another fail with EINVAL).
         unsafe {
-            if !id.is_null() && !(*id).qp.is_null() {
+            if has_qp {
                 rdma_destroy_qp(id);
             }
             crate::id::rdma_destroy_id(id);
@@ -242,64 +243,71 @@ export! {
     /// The next connection request of a synchronous listener, as a new id (with its QP when
     /// the listener was made by `rdma_create_ep` with QP attributes).
     "RDMACM_1.0" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
-        with_id(listen, |_, li| {
-            if id.is_null() || !li.sync {
+        if id.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // The listener's channel and what its requests get, in a turn; the wait, outside it.
+        let mut got = None;
+        let r = with_id(listen, |_, t| {
+            if !t.calls.sync {
                 return fail(libc::EINVAL);
             }
-            let mut ev = null_mut();
-            // SAFETY: the listener's own channel and a valid out-pointer.
-            if unsafe { crate::event::rdma_get_cm_event(li.id.channel, &mut ev) } != 0 {
-                return -1;
-            }
+            got = Some((t.c.channel, t.calls.ep_qp, t.c.pd));
+            0
+        });
+        let Some((channel, qp_attr, pd)) = got else {
+            return r;
+        };
+        let mut ev = null_mut();
+        // SAFETY: the listener's own channel and a valid out-pointer.
+        if unsafe { crate::event::rdma_get_cm_event(channel, &mut ev) } != 0 {
+            return -1;
+        }
+        // SAFETY: the event just taken.
+        let (kind, new) = unsafe { ((*ev).event, (*ev).id) };
+        if kind != 4 {
             // SAFETY: the event just taken.
-            let (kind, new) = unsafe { ((*ev).event, (*ev).id) };
-            if kind != 4 {
-                // SAFETY: the event just taken.
-                unsafe { crate::event::rdma_ack_cm_event(ev) };
-                return fail(libc::EINVAL);
+            unsafe { crate::event::rdma_ack_cm_event(ev) };
+            return fail(libc::EINVAL);
+        }
+        let r = with_id(new, |l, t| {
+            t.c.event = ev;
+            match qp_attr {
+                Some(mut a) => create_qp(l, t, pd, &mut a),
+                None => 0,
             }
-            let (qp_attr, pd) = (li.ep_qp, li.id.pd);
-            let cm = crate::id::id_of(new).map(|n| n.cm);
-            let Some(child) = cm.and_then(id_by_cm) else {
-                return fail(libc::EINVAL);
-            };
-            child.id.event = ev;
-            if let Some(mut a) = qp_attr {
-                let l = lib().expect("a live id implies the library");
-                if create_qp(l, child, pd, &mut a) != 0 {
-                    return -1;
-                }
-            }
+        });
+        if r == 0 {
             // SAFETY: a valid out-pointer per the contract.
             unsafe { id.write(new) };
-            0
-        })
+        }
+        r
     }
 
     /// An SRQ for the id's QP to come.
     "RDMACM_1.0" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> c_int {
-        with_id(id, |l, i| {
-            if i.id.verbs.is_null() || attr.is_null() {
+        with_id(id, |l, t| {
+            if t.c.verbs.is_null() || attr.is_null() {
                 return fail(libc::EINVAL);
             }
-            let pd = if pd.is_null() { l.default_pd(i.id.verbs) } else { pd };
+            let pd = if pd.is_null() { l.default_pd(t.c.verbs) } else { pd };
             // SAFETY: a PD of the id's device and valid attributes.
             let srq = unsafe { ibverbs_sys::ibv_create_srq(pd, attr) };
             if srq.is_null() {
                 return -1;
             }
-            i.id.srq = srq;
+            t.c.srq = srq;
             0
         })
     }
 
     /// Destroys the id's SRQ.
     "RDMACM_1.0" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
-        with_id(id, |_, i| {
-            if !i.id.srq.is_null() {
+        with_id(id, |_, t| {
+            if !t.c.srq.is_null() {
                 // SAFETY: the id's SRQ, made by rdma_create_srq.
-                unsafe { ibverbs_sys::ibv_destroy_srq(i.id.srq) };
-                i.id.srq = null_mut();
+                unsafe { ibverbs_sys::ibv_destroy_srq(t.c.srq) };
+                t.c.srq = null_mut();
             }
             0
         });

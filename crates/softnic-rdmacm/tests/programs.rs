@@ -179,6 +179,44 @@ fn fi_pingpong_runs_over_libfabric_s_verbs_provider() {
     assert!(c.contains("1k"), "{c}");
 }
 
+/// A program's threads call on one synchronous id at once: while `rdma_connect` waits for its
+/// event (the listener, in the same process, holds the request unanswered), the other
+/// thread's calls on that id return; the rejection then ends the wait with ECONNREFUSED
+/// (`tests/c/turns.c`, built with the system's C compiler and librdmacm headers; skipped
+/// without them).
+#[test]
+fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/turns.c");
+    if !installed("cc") || !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        eprintln!(
+            "skipped: no C compiler or no <rdma/rdma_cma.h> (apt-get install gcc librdmacm-dev)"
+        );
+        return;
+    }
+    let lib = library_dir();
+    let exe = lib.join("turns");
+    let built = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs", "-lpthread"])
+        .output()
+        .expect("running cc");
+    assert!(
+        built.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let exe = exe.to_str().expect("a UTF-8 path");
+    let (ok, text) = finish(
+        start(&lib, "127.0.26.13", &[exe, "127.0.26.13"]),
+        Instant::now() + Duration::from_secs(60),
+    );
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(ok && text.contains("ok"), "{text}");
+}
+
 #[test]
 fn without_softnic_s_libibverbs_every_call_fails_with_enodev() {
     if !installed("rping") {

@@ -1,0 +1,99 @@
+/* Calls on one id from two threads at once: while a synchronous rdma_connect waits for its
+ * event (the listener, in this process, holds the request unanswered), another thread's calls
+ * on the same id go on and return; then the request is rejected and the wait ends with
+ * ECONNREFUSED. Prints "ok" and exits 0 on success; says what went wrong otherwise.
+ * Usage: turns <address> (the device's, softnic's SOFTNIC_ADDR). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct rdma_cm_id *client;
+static atomic_int connect_done;
+static int connect_ret, connect_errno;
+
+static int fail(const char *what) {
+    printf("%s: %s\n", what, strerror(errno));
+    return 1;
+}
+
+static void *connect_thread(void *arg) {
+    (void)arg;
+    connect_ret = rdma_connect(client, NULL);
+    connect_errno = errno;
+    atomic_store(&connect_done, 1);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2)
+        return 2;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(7479)};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *listener;
+    if (!ch || rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP))
+        return fail("listener id");
+    if (rdma_bind_addr(listener, (struct sockaddr *)&a) || rdma_listen(listener, 4))
+        return fail("listen");
+
+    /* A synchronous id (no channel): each call waits for its own event. */
+    if (rdma_create_id(NULL, &client, NULL, RDMA_PS_TCP))
+        return fail("client id");
+    if (rdma_resolve_addr(client, NULL, (struct sockaddr *)&a, 2000))
+        return fail("resolve_addr");
+    if (rdma_resolve_route(client, 2000))
+        return fail("resolve_route");
+    struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC};
+    if (rdma_create_qp(client, NULL, &qa))
+        return fail("create_qp");
+
+    pthread_t t;
+    pthread_create(&t, NULL, connect_thread, NULL);
+
+    /* The request arrives; it stays unanswered while this thread calls on the client id. */
+    struct rdma_cm_event *ev;
+    if (rdma_get_cm_event(ch, &ev))
+        return fail("get_cm_event");
+    if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+        printf("expected a connection request, got %s\n", rdma_event_str(ev->event));
+        return 1;
+    }
+    struct rdma_cm_id *req = ev->id;
+    rdma_ack_cm_event(ev);
+    for (int i = 0; i < 1000; i++) {
+        struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT};
+        int mask = 0;
+        if (rdma_init_qp_attr(client, &attr, &mask))
+            return fail("init_qp_attr during the wait");
+        int v = 0;
+        if (rdma_set_option(client, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &v, sizeof v))
+            return fail("set_option during the wait");
+    }
+    if (atomic_load(&connect_done)) {
+        printf("rdma_connect returned (%d) before its request was answered\n", connect_ret);
+        return 1;
+    }
+    if (rdma_reject(req, NULL, 0))
+        return fail("reject");
+    pthread_join(t, NULL);
+    if (connect_ret != -1 || connect_errno != ECONNREFUSED) {
+        printf("rdma_connect: %d, errno %d (%s); expected ECONNREFUSED\n", connect_ret,
+               connect_errno, strerror(connect_errno));
+        return 1;
+    }
+    rdma_destroy_qp(client);
+    rdma_destroy_id(client);
+    rdma_destroy_id(req);
+    rdma_destroy_id(listener);
+    rdma_destroy_event_channel(ch);
+    printf("ok\n");
+    return 0;
+}
