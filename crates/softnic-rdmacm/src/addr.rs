@@ -76,14 +76,12 @@ fn port_of(s: &sockaddr_storage) -> u16 {
 export! {
     /// The id's local port, in network byte order.
     "RDMACM_1.0" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-        // SAFETY: null or an id of this library per the contract.
-        unsafe { id.as_ref() }.map_or(0, |i| port_of(&i.route.addr.src))
+        crate::id::id_of(id).map_or(0, |i| port_of(&crate::id::turn(&i).c().route.addr.src))
     }
 
     /// The id's peer port, in network byte order.
     "RDMACM_1.0" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-        // SAFETY: null or an id of this library per the contract.
-        unsafe { id.as_ref() }.map_or(0, |i| port_of(&i.route.addr.dst))
+        crate::id::id_of(id).map_or(0, |i| port_of(&crate::id::turn(&i).c().route.addr.dst))
     }
 
     /// Resolves a numeric address or host name and a port into an `rdma_addrinfo` (IPv4).

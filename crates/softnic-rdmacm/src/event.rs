@@ -6,15 +6,19 @@ use std::ptr::null_mut;
 use ibverbs_sys::ibv_ah_attr;
 use softnic::cm::cabi::CEvent;
 
-use crate::id::{Channel, id_ptr_by_cm, new_id, turn};
+use std::sync::Arc;
+
+use crate::id::{Channel, Id, id_by_cm, new_id, turn};
 use crate::types::*;
 use crate::{EVENT_NAMES, fail, lib};
 
-/// An event as handed out: the struct programs read, then its private data.
+/// An event as handed out: the struct programs read, then its private data and the ids it
+/// names (kept until the event is acked, as librdmacm keeps a destroyed id for its events).
 #[repr(C)]
 struct Event {
     ev: rdma_cm_event,
     private: [u8; 256],
+    ids: [Option<Arc<Id>>; 2],
 }
 
 const CONNECT_REQUEST: u32 = 4;
@@ -38,48 +42,45 @@ export! {
         // Another thread may be calling on the same id meanwhile (rping's main thread on the
         // id its event thread takes events of), as with librdmacm: its fields are read in a
         // turn.
-        let (id, listen_id) = loop {
+        let (id, listener) = loop {
             // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
             let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
             if e != 0 {
                 return fail(e);
             }
             if c.kind != CONNECT_REQUEST {
-                match id_ptr_by_cm(c.id) {
-                    Some(i) => break (i, null_mut()),
+                match id_by_cm(c.id) {
+                    Some(i) => break (i, None),
                     None => continue,
                 }
             }
-            let Some(lp) = id_ptr_by_cm(c.listen_id) else {
+            let Some(lp) = id_by_cm(c.listen_id) else {
                 // SAFETY: a context of the fabric; the request's id, never handed out.
                 unsafe { (l.ops.destroy_id)(l.ctx(), c.id) };
                 continue;
             };
             let (ps, ctx, chan) = {
-                // SAFETY: a live listener of this library (in the registry).
-                let t = unsafe { turn(lp) };
-                let chan = if t.calls.sync { null_mut() } else { t.c.channel };
-                (t.c.ps, t.c.context, chan)
+                let mut t = turn(&lp);
+                let sync = t.calls.sync;
+                let c = t.c();
+                (c.ps, c.context, if sync { null_mut() } else { c.channel })
             };
             match new_id(l, chan, ctx, ps, Some(c.id)) {
                 Ok(p) => {
-                    // SAFETY: just made, not handed out yet.
-                    unsafe { turn(p) }.refresh(l);
-                    // The listener's `rdma_cm_id`: an `Id` starts with it.
-                    break (p, lp.cast::<rdma_cm_id>());
+                    turn(&p).refresh(l);
+                    break (p, Some(lp));
                 }
                 Err(e) => return fail(e),
             }
         };
         let (ps, verbs) = {
-            // SAFETY: a live id of this library (in the registry).
-            let t = unsafe { turn(id) };
-            (t.c.ps, t.c.verbs)
+            let mut t = turn(&id);
+            (t.c().ps, t.c().verbs)
         };
         let mut out = Box::new(Event {
             ev: rdma_cm_event {
-                id: null_mut(),
-                listen_id,
+                id: id.raw(),
+                listen_id: listener.as_ref().map_or(null_mut(), |l| l.raw()),
                 event: c.kind as c_int,
                 status: c.status,
                 param: rdma_cm_event_param {
@@ -93,9 +94,8 @@ export! {
                 },
             },
             private: c.private,
+            ids: [Some(id), listener],
         });
-        // The id's `rdma_cm_id`: an `Id` starts with it.
-        out.ev.id = id.cast::<rdma_cm_id>();
         let private = if c.private_len > 0 {
             out.private.as_ptr().cast()
         } else {

@@ -4,7 +4,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
 use std::ptr::null_mut;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ibverbs_sys::{ibv_context, ibv_qp_init_attr};
 use softnic::cm::ConnParam;
@@ -25,18 +25,34 @@ pub(crate) struct Channel {
 ///
 /// Programs read the `rdma_cm_id` whenever they like, from any thread (and set its
 /// `context`), as they do librdmacm's; and this library reaches one id from several threads
-/// (calls on it, and the thread taking events that name it). So no reference to an `Id` is
-/// ever `&mut`: the `rdma_cm_id` is in an `UnsafeCell`, and the library changes or reads it
-/// only during a [`Turn`] (its calls on one id take turns, and never wait for an event
-/// during one).
+/// (calls on it, and the thread taking events that name it). So an id is shared (`Arc`: the
+/// registry holds one, a call or an event not acked yet another, so it outlives
+/// `rdma_destroy_id` until they end), never `&mut`: the `rdma_cm_id` is in an `UnsafeCell`,
+/// and the library changes or reads it only during a [`Turn`] (its calls on one id take
+/// turns, and never wait for an event during one).
 #[repr(C)]
 pub(crate) struct Id {
-    pub(crate) id: UnsafeCell<rdma_cm_id>,
-    pub(crate) cm: u32,
+    id: UnsafeCell<rdma_cm_id>,
+    cm: u32,
     /// What only the library's calls change; held for a turn.
     calls: Mutex<Calls>,
     /// Where `route.path_rec` points (zeros: RoCE has no subnet manager's path record).
     path: UnsafeCell<[u64; 16]>,
+}
+
+// SAFETY: this library reaches the `rdma_cm_id` and `Calls` only during a turn (holding the
+// id's mutex), the rest never changes; the raw pointers in them are libibverbs and librdmacm
+// objects, which any thread may use. (Programs read the `rdma_cm_id` from their threads as
+// they do librdmacm's.)
+unsafe impl Send for Id {}
+// SAFETY: as for Send: a shared `Id` gives access to nothing but through the mutex.
+unsafe impl Sync for Id {}
+
+impl Id {
+    /// The `rdma_cm_id` as handed out to the program.
+    pub(crate) fn raw(&self) -> *mut rdma_cm_id {
+        self.id.get()
+    }
 }
 
 /// What the library's calls on an id keep of their own.
@@ -52,50 +68,49 @@ pub(crate) struct Calls {
 /// One call's turn on an id: the `rdma_cm_id` and the library's own fields, which no other
 /// thread of this library touches until it ends.
 pub(crate) struct Turn<'a> {
-    /// The struct programs see (they only read it meanwhile, but for its `context`).
-    pub(crate) c: &'a mut rdma_cm_id,
+    id: &'a Id,
+    /// The library's own fields.
     pub(crate) calls: MutexGuard<'a, Calls>,
-    /// The CM's id.
-    pub(crate) cm: u32,
-    /// The id as handed out (for the CQs' context).
-    pub(crate) raw: *mut rdma_cm_id,
-    path: *mut [u64; 16],
 }
 
-/// A turn on the live id at `p`, once the calls before it are done.
-///
-/// # Safety
-/// `p` is a live id of this library, not freed before the turn ends (a program that destroys
-/// an id while it calls on it from another thread breaks this, as it would librdmacm).
-pub(crate) unsafe fn turn<'a>(p: *mut Id) -> Turn<'a> {
-    // SAFETY: live per the contract; shared references only (the `rdma_cm_id` is behind an
-    // `UnsafeCell`, the rest behind the mutex or never changed).
-    let id: &'a Id = unsafe { &*p };
-    let calls = id.calls.lock().unwrap_or_else(|e| e.into_inner());
+/// A turn on `id`, once the turns before it are done.
+pub(crate) fn turn(id: &Id) -> Turn<'_> {
     Turn {
-        // SAFETY: holding the id's mutex: no other thread of this library reaches the
-        // `rdma_cm_id` until the guard goes, which this reference does not outlive.
-        c: unsafe { &mut *id.id.get() },
-        calls,
-        cm: id.cm,
-        raw: id.id.get(),
-        path: id.path.get(),
+        calls: id.calls.lock().unwrap_or_else(|e| e.into_inner()),
+        id,
+    }
+}
+
+impl Turn<'_> {
+    /// The struct programs see (they only read it meanwhile, but for its `context`).
+    pub(crate) fn c(&mut self) -> &mut rdma_cm_id {
+        // SAFETY: this turn holds the id's mutex, under which alone this library reaches the
+        // `rdma_cm_id`; the reference lives no longer than the turn's borrow.
+        unsafe { &mut *self.id.id.get() }
+    }
+
+    /// The CM's id.
+    pub(crate) fn cm(&self) -> u32 {
+        self.id.cm
+    }
+
+    /// The id as handed out (the context of the CQs made for it).
+    pub(crate) fn raw(&self) -> *mut rdma_cm_id {
+        self.id.raw()
     }
 }
 
 /// The library's id behind a caller's `rdma_cm_id` pointer (`None` for one it did not hand
 /// out, or destroyed).
-pub(crate) fn id_of(p: *mut rdma_cm_id) -> Option<*mut Id> {
+pub(crate) fn id_of(p: *mut rdma_cm_id) -> Option<Arc<Id>> {
     let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.values()
-        .any(|&a| a == p as usize)
-        .then_some(p.cast::<Id>())
+    ids.values().find(|i| i.raw() == p).cloned()
 }
 
-/// The library's id for CM id `cm`, as a pointer.
-pub(crate) fn id_ptr_by_cm(cm: u32) -> Option<*mut Id> {
+/// The library's id for CM id `cm`.
+pub(crate) fn id_by_cm(cm: u32) -> Option<Arc<Id>> {
     let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.get(&cm).map(|&a| a as *mut Id)
+    ids.get(&cm).cloned()
 }
 
 /// A new channel of the CM: `Err(errno)`.
@@ -119,7 +134,7 @@ pub(crate) fn new_id(
     context: *mut c_void,
     ps: c_int,
     cm: Option<u32>,
-) -> Result<*mut Id, c_int> {
+) -> Result<Arc<Id>, c_int> {
     let sync = chan.is_null();
     let chan = if sync {
         new_channel(l)?.cast::<rdma_event_channel>()
@@ -156,7 +171,7 @@ pub(crate) fn new_id(
         ibverbs_sys::ibv_qp_type::IBV_QPT_RC
     };
     let zero = sockaddr_storage([0; 128]);
-    let id = Box::into_raw(Box::new(Id {
+    let id = Arc::new(Id {
         id: UnsafeCell::new(rdma_cm_id {
             verbs: null_mut(),
             channel: chan,
@@ -193,9 +208,9 @@ pub(crate) fn new_id(
             own_cqs: false,
         }),
         path: UnsafeCell::new([0; 16]),
-    }));
+    });
     let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.insert(cm, id as usize);
+    ids.insert(cm, Arc::clone(&id));
     Ok(id)
 }
 
@@ -204,66 +219,82 @@ impl Turn<'_> {
     pub(crate) fn refresh(&mut self, l: &Lib) {
         let mut info = CIdInfo::default();
         // SAFETY: a context of the fabric and a valid out-pointer.
-        if unsafe { (l.ops.id_info)(l.ctx(), self.cm, &mut info) } != 0 {
+        if unsafe { (l.ops.id_info)(l.ctx(), self.cm(), &mut info) } != 0 {
             return;
         }
+        let c = self.c();
         if let Some(ctx) = l.dev_ctx(info.dev) {
-            self.c.verbs = ctx;
-            self.c.port_num = 1;
-            self.c.route.addr.ibaddr.sgid = gid(ctx);
+            c.verbs = ctx;
+            c.port_num = 1;
+            c.route.addr.ibaddr.sgid = gid(ctx);
         }
         if info.has_local != 0 {
-            store(&mut self.c.route.addr.src, info.local.into());
+            store(&mut c.route.addr.src, info.local.into());
         }
         if info.has_remote != 0 {
             let dst: SocketAddrV4 = info.remote.into();
-            store(&mut self.c.route.addr.dst, dst);
-            self.c.route.addr.ibaddr.dgid.raw = dst.ip().to_ipv6_mapped().octets();
+            store(&mut c.route.addr.dst, dst);
+            c.route.addr.ibaddr.dgid.raw = dst.ip().to_ipv6_mapped().octets();
         }
     }
 
     /// After route resolution: one path (of zeros).
     pub(crate) fn set_route(&mut self) {
-        self.c.route.path_rec = self.path.cast();
-        self.c.route.num_paths = 1;
+        let path = self.id.path.get().cast();
+        let c = self.c();
+        c.route.path_rec = path;
+        c.route.num_paths = 1;
     }
 }
 
-/// librdmacm's `ucma_complete`, after a call on `p` that started something: a synchronous id
-/// waits for the call's event, kept in `id->event`; its status becomes the call's error. It
-/// waits outside the id's turn: the event is taken on this thread, other calls go on.
-pub(crate) fn complete(p: *mut rdma_cm_id) -> c_int {
-    let Some(id) = id_of(p) else {
-        return fail(libc::EINVAL);
-    };
-    let (chan, last) = {
-        // SAFETY: a live id of this library (in the registry).
-        let t = unsafe { turn(id) };
-        if !t.calls.sync {
-            return 0;
+/// Runs `f(lib, turn)` in a turn on the live id `p` (it returns the call's result and
+/// whether an event will tell how what it started ends), then, if it succeeded and the id is
+/// synchronous, waits for that event (librdmacm's `ucma_complete`): kept in
+/// `id->event`, its status becomes the call's error. The wait is outside the id's turn: the
+/// event is taken on this thread meanwhile, and other calls on the id go on.
+pub(crate) fn with_id_then_wait(
+    p: *mut rdma_cm_id,
+    f: impl FnOnce(&Lib, &mut Turn<'_>) -> (c_int, bool),
+) -> c_int {
+    let mut wait = None;
+    let r = with_id(p, |l, t| {
+        let (r, event) = f(l, t);
+        if r == 0 && event && t.calls.sync {
+            let c = t.c();
+            wait = Some((c.channel, std::mem::replace(&mut c.event, null_mut())));
         }
-        (t.c.channel, std::mem::replace(&mut t.c.event, null_mut()))
+        r
+    });
+    let Some((chan, last)) = wait else {
+        return r;
     };
     if !last.is_null() {
         // SAFETY: the id's last event, which nobody acked.
         unsafe { crate::event::rdma_ack_cm_event(last) };
     }
     let mut ev = null_mut();
-    // SAFETY: the id's own channel and a valid out-pointer.
+    // SAFETY: the id's own channel (a program that moves the id to another channel meanwhile
+    // destroys it, as with librdmacm) and a valid out-pointer.
     if unsafe { crate::event::rdma_get_cm_event(chan, &mut ev) } != 0 {
         return -1;
     }
     // SAFETY: the event just taken.
     let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
-    match id_of(p) {
-        // SAFETY: a live id of this library (in the registry).
-        Some(id) => unsafe { turn(id) }.c.event = ev,
-        None => {
-            // Destroyed by another thread meanwhile.
-            // SAFETY: the event just taken.
-            unsafe { crate::event::rdma_ack_cm_event(ev) };
-            return fail(libc::EINVAL);
+    let mut older = null_mut();
+    // Kept in the id until the next call or its destruction (the event holds the id).
+    let kept = with_id(p, |_, t| {
+        older = std::mem::replace(&mut t.c().event, ev);
+        0
+    });
+    for e in [older, if kept == 0 { null_mut() } else { ev }] {
+        if !e.is_null() {
+            // SAFETY: an event taken and not acked: another synchronous call's on this id
+            // meanwhile, or this one's, if the id was destroyed meanwhile.
+            unsafe { crate::event::rdma_ack_cm_event(e) };
         }
+    }
+    if kept != 0 {
+        return kept;
     }
     match status {
         0 => 0,
@@ -333,10 +364,7 @@ pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&Lib, &mut Turn<'_>) ->
         Err(e) => return fail(e),
     };
     match id_of(p) {
-        // SAFETY: a live id of this library (in the registry); it is freed by a call on it,
-        // which waits for this turn to end, unless the program destroys an id it is calling
-        // on from another thread (as with librdmacm, its error).
-        Some(id) => f(l, &mut unsafe { turn(id) }),
+        Some(id) => f(l, &mut turn(&id)),
         None => fail(libc::EINVAL),
     }
 }
@@ -379,7 +407,7 @@ export! {
         match lib().and_then(|l| new_id(l, channel, context, ps, None)) {
             Ok(new) => {
                 // SAFETY: a valid out-pointer per the contract.
-                unsafe { id.write(new.cast()) };
+                unsafe { id.write(new.raw()) };
                 0
             }
             Err(e) => fail(e),
@@ -388,28 +416,22 @@ export! {
 
     /// Destroys an id (its QP must be destroyed first, as librdmacm's callers do).
     "RDMACM_1.0" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-        let mut gone = false;
-        let r = with_id(id, |l, t| {
-            if !t.c.event.is_null() {
+        // Freed once this call and the events not acked yet that name it let go of it.
+        with_id(id, |l, t| {
+            let last = std::mem::replace(&mut t.c().event, null_mut());
+            if !last.is_null() {
                 // SAFETY: the synchronous id's last event, not acked.
-                unsafe { crate::event::rdma_ack_cm_event(t.c.event) };
+                unsafe { crate::event::rdma_ack_cm_event(last) };
             }
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.destroy_id)(l.ctx(), t.cm) };
-            IDS.lock().unwrap_or_else(|e| e.into_inner()).remove(&t.cm);
-            gone = true;
+            let e = unsafe { (l.ops.destroy_id)(l.ctx(), t.cm()) };
+            IDS.lock().unwrap_or_else(|e| e.into_inner()).remove(&t.cm());
             if t.calls.sync {
                 // SAFETY: the id's own channel, made with it.
-                unsafe { rdma_destroy_event_channel(t.c.channel) };
+                unsafe { rdma_destroy_event_channel(t.c().channel) };
             }
             status(e)
-        });
-        if gone {
-            // SAFETY: made by Box::into_raw in new_id, out of the registry now (no call
-            // finds it), and its turn is over.
-            drop(unsafe { Box::from_raw(id.cast::<Id>()) });
-        }
-        r
+        })
     }
 
     /// Binds the id to an address (0.0.0.0: every device; port 0: a free one).
@@ -422,7 +444,7 @@ export! {
                 Err(e) => return fail(e),
             };
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.bind)(l.ctx(), t.cm, a) };
+            let e = unsafe { (l.ops.bind)(l.ctx(), t.cm(), a) };
             t.refresh(l);
             status(e)
         })
@@ -435,43 +457,41 @@ export! {
         dst: *mut libc::sockaddr,
         _timeout_ms: c_int,
     ) -> c_int {
-        let r = with_id(id, |l, t| {
+        with_id_then_wait(id, |l, t| {
             // SAFETY: caller's addresses per the contract.
             let (s, d) = match unsafe { (from_sockaddr(src), from_sockaddr(dst)) } {
                 (Ok(s), Ok(Some(d))) => (s, d),
-                (Err(e), _) | (_, Err(e)) => return fail(e),
-                _ => return fail(libc::EINVAL),
+                (Err(e), _) | (_, Err(e)) => return (fail(e), false),
+                _ => return (fail(libc::EINVAL), false),
             };
             let sp = s.as_ref().map_or(std::ptr::null(), |s| s as *const CAddr);
             // SAFETY: a context of the fabric and a valid (or null) source.
-            let e = unsafe { (l.ops.resolve_addr)(l.ctx(), t.cm, sp, d) };
+            let e = unsafe { (l.ops.resolve_addr)(l.ctx(), t.cm(), sp, d) };
             if e != 0 {
-                return fail(e);
+                return (fail(e), false);
             }
             t.refresh(l);
-            0
-        });
-        if r != 0 { r } else { complete(id) }
+            (0, true)
+        })
     }
 
     /// Resolves the route: `RDMA_CM_EVENT_ROUTE_RESOLVED`.
     "RDMACM_1.0" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
-        let r = with_id(id, |l, t| {
+        with_id_then_wait(id, |l, t| {
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.resolve_route)(l.ctx(), t.cm) };
+            let e = unsafe { (l.ops.resolve_route)(l.ctx(), t.cm()) };
             if e == 0 {
                 t.set_route();
             }
-            status(e)
-        });
-        if r != 0 { r } else { complete(id) }
+            (status(e), true)
+        })
     }
 
     /// Listens for connection requests (`backlog` of 0: the kernel's 1024).
     "RDMACM_1.0" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
         with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.listen)(l.ctx(), t.cm, backlog) };
+            let e = unsafe { (l.ops.listen)(l.ctx(), t.cm(), backlog) };
             t.refresh(l);
             status(e)
         })
@@ -479,26 +499,25 @@ export! {
 
     /// Connects: a REQ (RC) or SIDR REQ (UD) with the caller's private data.
     "RDMACM_1.0" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-        let r = with_id(id, |l, t| {
+        with_id_then_wait(id, |l, t| {
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
             // SAFETY: a context of the fabric; `data` is valid for its length.
-            status(unsafe { (l.ops.connect)(l.ctx(), t.cm, &p, data.as_ptr(), data.len() as u32) })
-        });
-        if r != 0 { r } else { complete(id) }
+            let e = unsafe { (l.ops.connect)(l.ctx(), t.cm(), &p, data.as_ptr(), data.len() as u32) };
+            (status(e), true)
+        })
     }
 
     /// Accepts a connection request (the CM moves an attached QP to RTR and RTS).
     "RDMACM_1.0" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
-        let mut udp = false;
-        let r = with_id(id, |l, t| {
+        with_id_then_wait(id, |l, t| {
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
-            udp = t.c.ps == RDMA_PS_UDP;
             // SAFETY: a context of the fabric; `data` is valid for its length.
-            status(unsafe { (l.ops.accept)(l.ctx(), t.cm, &p, data.as_ptr(), data.len() as u32) })
-        });
-        if r != 0 || udp { r } else { complete(id) }
+            let e = unsafe { (l.ops.accept)(l.ctx(), t.cm(), &p, data.as_ptr(), data.len() as u32) };
+            // A UD service's reply ends it: no event follows.
+            (status(e), t.c().ps != RDMA_PS_UDP)
+        })
     }
 
     /// Rejects a connection request, with private data.
@@ -507,7 +526,7 @@ export! {
             let data = if data.is_null() { std::ptr::null() } else { data.cast::<u8>() };
             let len = if data.is_null() { 0 } else { u32::from(len) };
             // SAFETY: a context of the fabric; `data` valid for `len` per the contract.
-            status(unsafe { (l.ops.reject)(l.ctx(), t.cm, data, len) })
+            status(unsafe { (l.ops.reject)(l.ctx(), t.cm(), data, len) })
         })
     }
 
@@ -515,17 +534,16 @@ export! {
     "RDMACM_1.2" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
         with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            status(unsafe { (l.ops.establish)(l.ctx(), t.cm) })
+            status(unsafe { (l.ops.establish)(l.ctx(), t.cm()) })
         })
     }
 
     /// Disconnects: the QP to ERROR and a DREQ.
     "RDMACM_1.0" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-        let r = with_id(id, |l, t| {
+        with_id_then_wait(id, |l, t| {
             // SAFETY: a context of the fabric.
-            status(unsafe { (l.ops.disconnect)(l.ctx(), t.cm) })
-        });
-        if r != 0 { r } else { complete(id) }
+            (status(unsafe { (l.ops.disconnect)(l.ctx(), t.cm()) }), true)
+        })
     }
 
     /// Moves the id to another channel (null: a channel of its own, synchronous).
@@ -542,11 +560,11 @@ export! {
             // SAFETY: channels of this library start with the `rdma_event_channel`.
             let cm = unsafe { (*chan.cast::<Channel>()).cm };
             // SAFETY: a context of the fabric.
-            let e = unsafe { (l.ops.migrate_id)(l.ctx(), t.cm, cm) };
+            let e = unsafe { (l.ops.migrate_id)(l.ctx(), t.cm(), cm) };
             if e != 0 {
                 return fail(e);
             }
-            let old = std::mem::replace(&mut t.c.channel, chan);
+            let old = std::mem::replace(&mut t.c().channel, chan);
             if std::mem::replace(&mut t.calls.sync, sync) {
                 // SAFETY: the id's own channel, made with it.
                 unsafe { rdma_destroy_event_channel(old) };

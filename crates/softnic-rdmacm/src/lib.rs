@@ -181,8 +181,8 @@ impl Lib {
     }
 }
 
-/// Every live id, by CM id: its address as handed out (a `*mut id::Id`).
-static IDS: Mutex<BTreeMap<u32, usize>> = Mutex::new(BTreeMap::new());
+/// Every live id, by CM id.
+static IDS: Mutex<BTreeMap<u32, std::sync::Arc<id::Id>>> = Mutex::new(BTreeMap::new());
 
 /// `rdma_event_str`'s names, by event number.
 const EVENT_NAMES: [&CStr; 16] = [

@@ -15,8 +15,8 @@ use crate::{Lib, fail, lib, status};
 /// CQs (with completion channels) for an id whose caller gave none, as librdmacm makes them:
 /// `rdma_verbs.h`'s `rdma_get_send_comp`/`rdma_get_recv_comp` wait on them.
 fn make_cqs(t: &mut Turn<'_>, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
-    let ctx = t.c.verbs;
-    let me: *mut libc::c_void = t.raw.cast();
+    let ctx = t.c().verbs;
+    let me: *mut libc::c_void = t.raw().cast();
     let one = |depth: u32| -> Result<(*mut ibverbs_sys::ibv_comp_channel, *mut ibv_cq), c_int> {
         // SAFETY: the id's device context.
         let ch = unsafe { ibverbs_sys::ibv_create_comp_channel(ctx) };
@@ -33,15 +33,15 @@ fn make_cqs(t: &mut Turn<'_>, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> 
     };
     if attr.send_cq.is_null() {
         let (ch, cq) = one(attr.cap.max_send_wr)?;
-        t.c.send_cq_channel = ch;
-        t.c.send_cq = cq;
+        t.c().send_cq_channel = ch;
+        t.c().send_cq = cq;
         attr.send_cq = cq;
         t.calls.own_cqs = true;
     }
     if attr.recv_cq.is_null() {
         let (ch, cq) = one(attr.cap.max_recv_wr)?;
-        t.c.recv_cq_channel = ch;
-        t.c.recv_cq = cq;
+        t.c().recv_cq_channel = ch;
+        t.c().recv_cq = cq;
         attr.recv_cq = cq;
         t.calls.own_cqs = true;
     }
@@ -55,30 +55,30 @@ fn drop_cqs(t: &mut Turn<'_>) {
     }
     // SAFETY: objects this library made for the id, no longer used by its QP.
     unsafe {
-        for cq in [t.c.send_cq, t.c.recv_cq] {
+        for cq in [t.c().send_cq, t.c().recv_cq] {
             if !cq.is_null() {
                 ibverbs_sys::ibv_destroy_cq(cq);
             }
         }
-        for ch in [t.c.send_cq_channel, t.c.recv_cq_channel] {
+        for ch in [t.c().send_cq_channel, t.c().recv_cq_channel] {
             if !ch.is_null() {
                 ibverbs_sys::ibv_destroy_comp_channel(ch);
             }
         }
     }
-    t.c.send_cq = null_mut();
-    t.c.recv_cq = null_mut();
-    t.c.send_cq_channel = null_mut();
-    t.c.recv_cq_channel = null_mut();
+    t.c().send_cq = null_mut();
+    t.c().recv_cq = null_mut();
+    t.c().send_cq_channel = null_mut();
+    t.c().recv_cq_channel = null_mut();
 }
 
 /// `rdma_create_qp`: the QP on the id's device, handed to the CM (INIT for RC, RTS for UD).
 fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c_int {
-    if t.c.verbs.is_null() {
+    if t.c().verbs.is_null() {
         return fail(libc::EINVAL);
     }
     let pd = if pd.is_null() {
-        l.default_pd(t.c.verbs)
+        l.default_pd(t.c().verbs)
     } else {
         pd
     };
@@ -86,11 +86,11 @@ fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_
         return fail(libc::ENOMEM);
     }
     if attr.srq.is_null() {
-        attr.srq = t.c.srq;
+        attr.srq = t.c().srq;
     }
     if attr.qp_type == 0 {
         // Not a QP type (RC is 2): the id's, as librdmacm's endpoints take it.
-        attr.qp_type = t.c.qp_type as u32;
+        attr.qp_type = t.c().qp_type as u32;
     }
     if let Err(e) = make_cqs(t, attr) {
         drop_cqs(t);
@@ -103,15 +103,15 @@ fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_
         return -1;
     }
     // SAFETY: a context of the fabric and the QP just made.
-    let e = unsafe { (l.ops.attach_qp)(l.ctx(), t.cm, qp) };
+    let e = unsafe { (l.ops.attach_qp)(l.ctx(), t.cm(), qp) };
     if e != 0 {
         // SAFETY: the QP just made, used by nobody.
         unsafe { ibverbs_sys::ibv_destroy_qp(qp) };
         drop_cqs(t);
         return fail(e);
     }
-    t.c.qp = qp;
-    t.c.pd = pd;
+    t.c().qp = qp;
+    t.c().pd = pd;
     0
 }
 
@@ -153,11 +153,11 @@ export! {
     "RDMACM_1.0" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
-            unsafe { (l.ops.detach_qp)(l.ctx(), t.cm) };
-            if !t.c.qp.is_null() {
+            unsafe { (l.ops.detach_qp)(l.ctx(), t.cm()) };
+            if !t.c().qp.is_null() {
                 // SAFETY: the id's QP, made by rdma_create_qp.
-                unsafe { ibverbs_sys::ibv_destroy_qp(t.c.qp) };
-                t.c.qp = null_mut();
+                unsafe { ibverbs_sys::ibv_destroy_qp(t.c().qp) };
+                t.c().qp = null_mut();
             }
             drop_cqs(t);
             0
@@ -168,7 +168,7 @@ export! {
     "RDMACM_1.2" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int {
         with_id(id, |l, t| {
             // SAFETY: a context of the fabric; valid attribute and mask per the contract.
-            status(unsafe { (l.ops.init_qp_attr)(l.ctx(), t.cm, attr, mask) })
+            status(unsafe { (l.ops.init_qp_attr)(l.ctx(), t.cm(), attr, mask) })
         })
     }
 
@@ -193,15 +193,14 @@ export! {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
-        let raw = new.cast::<rdma_cm_id>();
+        let raw = new.raw();
         let r = if ai.ai_flags & RAI_PASSIVE != 0 {
             // SAFETY: the id just made and the caller's address.
             let r = unsafe { crate::id::rdma_bind_addr(raw, ai.ai_src_addr) };
-            // SAFETY: the id just made, not handed out yet.
-            let mut t = unsafe { turn(new) };
+            let mut t = turn(&new);
             // SAFETY: valid attributes or null per the contract.
             t.calls.ep_qp = unsafe { qp_init_attr.as_ref() }.copied();
-            t.c.pd = pd;
+            t.c().pd = pd;
             r
         } else {
             // SAFETY: the id just made and the caller's addresses.
@@ -230,7 +229,7 @@ export! {
 
     /// Destroys an endpoint: its QP, then the id.
     "RDMACM_1.0" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-        let has_qp = with_id(id, |_, t| c_int::from(!t.c.qp.is_null())) == 1;
+        let has_qp = with_id(id, |_, t| c_int::from(!t.c().qp.is_null())) == 1;
         // SAFETY: an id of this library per the contract (calls on another fail with EINVAL).
         unsafe {
             if has_qp {
@@ -252,7 +251,7 @@ export! {
             if !t.calls.sync {
                 return fail(libc::EINVAL);
             }
-            got = Some((t.c.channel, t.calls.ep_qp, t.c.pd));
+            got = Some((t.c().channel, t.calls.ep_qp, t.c().pd));
             0
         });
         let Some((channel, qp_attr, pd)) = got else {
@@ -270,8 +269,10 @@ export! {
             unsafe { crate::event::rdma_ack_cm_event(ev) };
             return fail(libc::EINVAL);
         }
+        let mut kept = false;
         let r = with_id(new, |l, t| {
-            t.c.event = ev;
+            t.c().event = ev;
+            kept = true;
             match qp_attr {
                 Some(mut a) => create_qp(l, t, pd, &mut a),
                 None => 0,
@@ -280,23 +281,34 @@ export! {
         if r == 0 {
             // SAFETY: a valid out-pointer per the contract.
             unsafe { id.write(new) };
+            return 0;
         }
-        r
+        // SAFETY: errno survives: save and restore it around the clean-up.
+        let e = unsafe { *libc::__errno_location() };
+        if kept {
+            // No QP for the request: it goes with its id (and its event with it).
+            // SAFETY: the request's id, never handed out.
+            unsafe { crate::id::rdma_destroy_id(new) };
+        } else {
+            // SAFETY: the event just taken.
+            unsafe { crate::event::rdma_ack_cm_event(ev) };
+        }
+        fail(e)
     }
 
     /// An SRQ for the id's QP to come.
     "RDMACM_1.0" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> c_int {
         with_id(id, |l, t| {
-            if t.c.verbs.is_null() || attr.is_null() {
+            if t.c().verbs.is_null() || attr.is_null() {
                 return fail(libc::EINVAL);
             }
-            let pd = if pd.is_null() { l.default_pd(t.c.verbs) } else { pd };
+            let pd = if pd.is_null() { l.default_pd(t.c().verbs) } else { pd };
             // SAFETY: a PD of the id's device and valid attributes.
             let srq = unsafe { ibverbs_sys::ibv_create_srq(pd, attr) };
             if srq.is_null() {
                 return -1;
             }
-            t.c.srq = srq;
+            t.c().srq = srq;
             0
         })
     }
@@ -304,10 +316,10 @@ export! {
     /// Destroys the id's SRQ.
     "RDMACM_1.0" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
         with_id(id, |_, t| {
-            if !t.c.srq.is_null() {
+            if !t.c().srq.is_null() {
                 // SAFETY: the id's SRQ, made by rdma_create_srq.
-                unsafe { ibverbs_sys::ibv_destroy_srq(t.c.srq) };
-                t.c.srq = null_mut();
+                unsafe { ibverbs_sys::ibv_destroy_srq(t.c().srq) };
+                t.c().srq = null_mut();
             }
             0
         });

@@ -1,8 +1,11 @@
-/* Calls on one id from two threads at once: while a synchronous rdma_connect waits for its
- * event (the listener, in this process, holds the request unanswered), another thread's calls
- * on the same id go on and return; then the request is rejected and the wait ends with
- * ECONNREFUSED. Prints "ok" and exits 0 on success; says what went wrong otherwise.
- * Usage: turns <address> (the device's, softnic's SOFTNIC_ADDR). */
+/* Ids reached from several threads.
+ * - turns <address>: while a synchronous rdma_connect waits for its event (the listener, in
+ *   this process, holds the request unanswered), another thread's calls on the same id go on
+ *   and return; then the request is rejected and the wait ends with ECONNREFUSED.
+ * - turns <address> late-ack: an event taken before its id is destroyed still names a live id
+ *   until it is acked (the thread taking events may be reading it while another destroys it).
+ * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
+ * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
@@ -29,11 +32,37 @@ static void *connect_thread(void *arg) {
     return NULL;
 }
 
+static int late_ack(struct sockaddr_in *a) {
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *id;
+    int mark;
+    if (!ch || rdma_create_id(ch, &id, &mark, RDMA_PS_TCP))
+        return fail("id");
+    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)a, 2000))
+        return fail("resolve_addr");
+    struct rdma_cm_event *ev;
+    if (rdma_get_cm_event(ch, &ev))
+        return fail("get_cm_event");
+    if (rdma_destroy_id(id))
+        return fail("destroy_id");
+    /* The event's id, read after its destruction and before the ack. */
+    if (ev->id != id || ev->id->context != &mark || ev->id->channel != ch) {
+        printf("the event's id changed after its destruction\n");
+        return 1;
+    }
+    rdma_ack_cm_event(ev);
+    rdma_destroy_event_channel(ch);
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(7479)};
     inet_pton(AF_INET, argv[1], &a.sin_addr);
+    if (argc > 2 && !strcmp(argv[2], "late-ack"))
+        return late_ack(&a);
 
     struct rdma_event_channel *ch = rdma_create_event_channel();
     struct rdma_cm_id *listener;
