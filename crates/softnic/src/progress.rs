@@ -397,13 +397,18 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                     continue;
                 }
                 busy_nap = POLLED_RECENTLY;
+                // Staying awake after work: looking again at once, not a sleeper to wake (the
+                // verbs meanwhile write no wake-up).
+                let awake = worked_at.is_some_and(|t| t.elapsed() < STAY_AWAKE);
                 let round = catch_unwind(AssertUnwindSafe(|| {
                     let mut st = shared.lock()?;
                     shared.sleeper.store(false, Ordering::Release);
                     if st.progress() {
                         return Some(Duration::ZERO);
                     }
-                    shared.sleeper.store(true, Ordering::Release);
+                    // Said under the lock, before the look that precedes the sleep: a verb
+                    // after it wakes the thread.
+                    shared.sleeper.store(!awake, Ordering::Release);
                     Some(st.nap())
                 }));
                 let nap = match round {
@@ -417,7 +422,7 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                 drop(shared);
                 if nap.is_zero() {
                     worked_at = Some(std::time::Instant::now());
-                } else if worked_at.is_some_and(|t| t.elapsed() < STAY_AWAKE) {
+                } else if awake {
                     std::thread::yield_now();
                 } else {
                     worked_at = None;
