@@ -75,9 +75,13 @@ fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, S
     }
     let lib = library_dir();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let s = start(&lib, addrs[0], server);
+    let mut s = start(&lib, addrs[0], server);
     // A client that comes before the server listens is rejected (or, before its device is
-    // up, sends its REQ again two seconds later): started again when rejected.
+    // up, sends its REQ again two seconds later): started again when rejected, and so is the
+    // server, which may be half-way through a session with the client that gave up (perftest
+    // connects twice, and a server that has taken the first connection takes the next
+    // client's as the second: its QP has no receives, and that client's first SEND gets RNR
+    // NAKs for ever).
     let (c_ok, c_text) = loop {
         std::thread::sleep(Duration::from_millis(300));
         let (ok, text) = finish(start(&lib, addrs[1], client), deadline);
@@ -85,6 +89,9 @@ fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, S
         if ok || !early.iter().any(|w| text.contains(w)) || Instant::now() > deadline {
             break (ok, text);
         }
+        let _ = s.kill();
+        let _ = s.wait();
+        s = start(&lib, addrs[0], server);
     };
     let (s_ok, s_text) = finish(s, deadline);
     let _ = std::fs::remove_dir_all(&lib);
