@@ -28,6 +28,11 @@
 //! when the caller gives none, as `rdma_verbs.h`'s helpers expect), `rdma_create_ep`,
 //! `rdma_get_request`, `rdma_getaddrinfo` of numeric addresses and host names.
 //!
+//! Threads: a program may call on one id from several threads (the library's calls on an id
+//! take turns; a synchronous call waits for its event outside its turn, so the others go on),
+//! and take its events on another: an event's ids stay valid until the event is acked, even
+//! if they are destroyed first.
+//!
 //! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), multicast
 //! (`ENOSYS`), ECE (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses.
 
