@@ -79,6 +79,13 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+/// The calling thread's `errno`.
+pub(crate) fn errno() -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
 /// librdmacm's failure: -1 with `errno`.
 pub(crate) fn fail(e: c_int) -> c_int {
     set_errno(e);

@@ -216,8 +216,8 @@ export! {
             r
         };
         if r != 0 {
-            // SAFETY: errno survives: save and restore it around the clean-up.
-            let e = unsafe { *libc::__errno_location() };
+            // errno survives the clean-up.
+            let e = crate::errno();
             // SAFETY: the id just made.
             unsafe { crate::id::rdma_destroy_id(raw) };
             return fail(e);
@@ -283,8 +283,8 @@ export! {
             unsafe { id.write(new) };
             return 0;
         }
-        // SAFETY: errno survives: save and restore it around the clean-up.
-        let e = unsafe { *libc::__errno_location() };
+        // errno survives the clean-up.
+        let e = crate::errno();
         if kept {
             // No QP for the request: it goes with its id (and its event with it).
             // SAFETY: the request's id, never handed out.

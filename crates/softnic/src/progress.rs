@@ -425,7 +425,6 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                 } else if awake {
                     std::thread::yield_now();
                 } else {
-                    worked_at = None;
                     crate::link::udp::wait_readable(&fds, nap);
                     let _ = waker.drain();
                 }
