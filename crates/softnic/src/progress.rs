@@ -98,14 +98,19 @@ impl State {
             }
             // Up to a few batches: what came while nobody looked, without starving the rest.
             // Each is read where it came in, before the next one comes into the same buffers.
+            // A batch that was not full emptied the socket: asking again would mostly be a
+            // system call that finds nothing (one per look, before).
             let mut got = 0;
+            let mut more = true;
             for _ in 0..RX_BATCHES {
-                let Some(port) = self.w.devices[dev].udp.as_mut() else {
+                let Some(port) = self.w.devices[dev].udp.as_mut().filter(|_| more) else {
                     break;
                 };
-                if port.receive(&mut incoming) == 0 {
+                let (n, full) = port.receive(&mut incoming);
+                if n == 0 {
                     break;
                 }
+                more = full;
                 got += incoming.len();
                 let bufs = port.take_rx_bufs();
                 for d in &incoming {

@@ -255,10 +255,12 @@ impl UdpPort {
 
     /// Takes in up to one batch of datagrams that have arrived (a GRO batch counts as one and
     /// is cut back into its packets), checks them, and puts them in `into` (cleared first).
-    /// They lie in the receive buffers until the next call. Returns how many packets came.
-    pub(crate) fn receive(&mut self, into: &mut Vec<Incoming>) -> usize {
+    /// They lie in the receive buffers until the next call. Returns how many packets came, and
+    /// whether more may be waiting (the batch was full: a shorter one emptied the socket).
+    pub(crate) fn receive(&mut self, into: &mut Vec<Incoming>) -> (usize, bool) {
         const CTL: usize = 4; // u64 words: CMSG_SPACE(4) is 24 bytes on 64-bit Linux
         into.clear();
+        let full;
         if self.rx_bufs.len() != RX_BUF * BATCH {
             // Not given back (a panic while they were lent): fresh ones.
             self.rx_bufs = vec![0; RX_BUF * BATCH];
@@ -294,8 +296,9 @@ impl UdpPort {
                 std::ptr::null_mut(),
             );
             if n <= 0 {
-                return 0;
+                return (0, false);
             }
+            full = n as usize == BATCH;
             for i in 0..n as usize {
                 let a = &addrs[i];
                 let src = SocketAddrV4::new(
@@ -334,7 +337,7 @@ impl UdpPort {
                 d.damage = check(self.ip, &mut self.gso_residues, d.src, bytes);
             }
         }
-        into.len()
+        (into.len(), full)
     }
 }
 
@@ -529,5 +532,39 @@ fn set_int(s: &UdpSocket, level: i32, name: i32, value: i32) -> io::Result<()> {
 fn set_buffer(s: &UdpSocket, force: i32, plain: i32, bytes: i32) {
     if set_int(s, libc::SOL_SOCKET, force, bytes).is_err() {
         let _ = set_int(s, libc::SOL_SOCKET, plain, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_that_is_not_full_says_the_socket_was_emptied() {
+        let mut port = UdpPort::bind_free(&[]).expect("a free address in 127.0.0.2-254");
+        let to = SocketAddrV4::new(port.ip, UDP_PORT);
+        let from = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let n = BATCH + 3;
+        for i in 0..n {
+            from.send_to(&[i as u8; 64], to).unwrap();
+        }
+        let mut into = Vec::new();
+        // Loopback datagrams are queued on the socket by the time `send_to` returns; a slow
+        // machine still gets a few seconds.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut batches = Vec::new();
+        let mut got = 0;
+        while got < n && std::time::Instant::now() < deadline {
+            let (k, more) = port.receive(&mut into);
+            assert_eq!(k, into.len());
+            if k > 0 {
+                batches.push((k, more));
+            }
+            got += k;
+        }
+        assert_eq!(batches, [(BATCH, true), (3, false)]);
+        // Not RoCEv2 (no valid ICRC): each is counted as damaged, never delivered.
+        assert!(into.iter().all(|d| d.damage == Some(Damage::BadIcrc)));
+        assert_eq!(port.receive(&mut into), (0, false));
     }
 }
