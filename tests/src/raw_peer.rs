@@ -46,12 +46,14 @@ use verbs_safe::{
 use crate::Sim;
 
 mod wire;
-pub use wire::{CTL_LEN, CtlMsg, Cts, Hello, QKEY};
+pub use wire::{CTL_LEN, CTL_PACK, CtlMsg, Cts, Hello, QKEY};
 
 /// Send queue depth of each data QP.
 pub const SQ_DEPTH: u32 = 128;
 /// Receives kept posted on the control QP and on the UD QP.
 const CTL_RECVS: u32 = 128;
+/// Bytes of a control receive: the most one SEND carries.
+const CTL_RECV_LEN: usize = CTL_PACK * CTL_LEN;
 const UD_RECVS: u32 = 16;
 /// Bytes of a UD receive: the GRH, then a message of up to 4096 bytes.
 const UD_SLOT: usize = 40 + 4096;
@@ -258,7 +260,7 @@ impl RawPeer {
         let ud = Qp::<Ud, _>::new(&pd, init(UD_SENDS, UD_RECVS))?;
         let ud = ud.init(UdInit::new(QKEY))?.rtr(UdRtr)?.rts(SqPsn(0))?;
         let local = AccessFlags::LOCAL_WRITE;
-        let ctl_rx = Arc::new(pd.alloc_dma(CTL_RECVS as usize * CTL_LEN, 64, local)?);
+        let ctl_rx = Arc::new(pd.alloc_dma(CTL_RECVS as usize * CTL_RECV_LEN, 64, local)?);
         let ud_rx = Arc::new(pd.alloc_dma(UD_RECVS as usize * UD_SLOT, 64, local)?);
         let mine = Hello {
             features: victim.features,
@@ -303,8 +305,9 @@ impl RawPeer {
     }
 
     fn repost_ctl(&self, i: u32) -> verbs_safe::Result<()> {
-        let at = i as usize * CTL_LEN;
-        let wr = RecvWr::new(CTL_RECV | u64::from(i)).dma_buf(&self.ctl_rx, at, CTL_LEN as u32);
+        let at = i as usize * CTL_RECV_LEN;
+        let wr =
+            RecvWr::new(CTL_RECV | u64::from(i)).dma_buf(&self.ctl_rx, at, CTL_RECV_LEN as u32);
         self.ctl.post_recv_bufs(&mut [wr])
     }
 
@@ -403,21 +406,27 @@ impl RawPeer {
         let ok = WcStatus::Success;
         self.poller
             .poll(&self.cq, 4096, |c| {
-                got.push((c.wr_id(), c.status().unwrap_or(WcStatus::GeneralErr)));
+                let status = c.status().unwrap_or(WcStatus::GeneralErr);
+                let len = c.ok().map_or(0, |s| s.byte_len() as usize);
+                got.push((c.wr_id(), status, len));
             })
             .map_err(verbs_err("polling"))?;
-        for &(id, status) in &got {
+        for &(id, status, len) in &got {
             match id & KIND {
                 CTL_RECV if status == ok => {
                     let i = (id & 0xffff_ffff) as u32;
-                    let mut m = [0u8; CTL_LEN];
+                    // A SEND carries one to CTL_PACK messages.
+                    let mut b = [0u8; CTL_RECV_LEN];
+                    let b = &mut b[..len.min(CTL_RECV_LEN)];
                     self.ctl_rx
-                        .read_at(i as usize * CTL_LEN, &mut m)
+                        .read_at(i as usize * CTL_RECV_LEN, b)
                         .map_err(verbs_err("reading a control message"))?;
-                    match CtlMsg::parse(&m) {
-                        CtlMsg::Cts(c) => self.cts.push_back(c),
-                        n @ CtlMsg::Unplaceable { .. } => self.unplaceable.push(n),
-                        CtlMsg::Other(k) => self.other_ctl.push(k),
+                    for m in b.chunks_exact(CTL_LEN) {
+                        match CtlMsg::parse(m.try_into().expect("a whole message")) {
+                            CtlMsg::Cts(c) => self.cts.push_back(c),
+                            n @ CtlMsg::Unplaceable { .. } => self.unplaceable.push(n),
+                            CtlMsg::Other(k) => self.other_ctl.push(k),
+                        }
                     }
                     self.repost_ctl(i).map_err(verbs_err("a control receive"))?;
                 }

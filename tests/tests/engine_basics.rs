@@ -343,3 +343,73 @@ fn a_cq_larger_than_the_device_allows_is_a_config_error() {
         Ok(_) => panic!("an engine whose CQ needs more than max_cqe {max_cqe} was built"),
     }
 }
+
+/// What one round has for the peer goes as one SEND on the control QP, up to four messages: six
+/// receives posted at once are advertised in two SENDs (four, then two), not six, and the six
+/// messages still meet them in order, byte-exact.
+#[test]
+fn the_advertisements_of_one_round_share_a_send() {
+    use softnic::{PacketInfo, Verdict};
+    use std::sync::{Arc, Mutex};
+    const RC_SEND_ONLY: u8 = 0x04;
+    const N: usize = 6;
+    const LEN: usize = 4096;
+    let cfg = EngineConfig {
+        mode: Mode::Rc,
+        qps_per_conn: 1,
+        recv_keys: uccl_engine::RecvKeys::Buffer,
+        ..EngineConfig::default()
+    };
+    let mut sim = Sim::new(5, 2, Faults::NONE, &cfg);
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    let sends = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&sends);
+    sim.fabric
+        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+            if p.from == 1 && p.to == 0 && p.opcode == RC_SEND_ONLY {
+                seen.lock().unwrap().push(p.len);
+            }
+            Verdict::Pass
+        })));
+    let src = sim.engines[0].register(N * LEN).unwrap();
+    src.write_at(0, &pattern(5, 0, 0, N * LEN)).unwrap();
+    let dst = sim.engines[1].register(N * LEN).unwrap();
+    let recvs: Vec<_> = (0..N as u64)
+        .map(|k| {
+            sim.engines[1]
+                .recv(cb, &dst, k * LEN as u64, LEN as u64)
+                .unwrap()
+        })
+        .collect();
+    sim.engines[1].poll().unwrap();
+    let start = sim.fabric.now();
+    let sent: Vec<_> = (0..N as u64)
+        .map(|k| {
+            sim.engines[0]
+                .send(ca, &src, k * LEN as u64, LEN as u64)
+                .unwrap()
+        })
+        .collect();
+    sim.run(start + Duration::from_secs(1), |_| {
+        sent.iter().chain(&recvs).all(|r| r.test().is_some())
+    })
+    .unwrap();
+    for r in sent.iter().chain(&recvs) {
+        assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
+    }
+    // The first two control SENDs of the receiver are the six advertisements (the second may
+    // carry the round's ACK too); the later ones carry its ACKs, one message each.
+    let lens = sends.lock().unwrap().clone();
+    assert!(lens.len() >= 3, "control SENDs: {lens:?}");
+    let one = lens[lens.len() - 1];
+    let messages = |l: usize| 1 + (l - one) / 64;
+    assert_eq!(messages(lens[0]), 4, "{lens:?}");
+    assert!(matches!(messages(lens[1]), 2 | 3), "{lens:?}");
+    assert!(lens[2..].iter().all(|&l| l == one), "{lens:?}");
+    let mut got = vec![0u8; N * LEN];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got == pattern(5, 0, 0, N * LEN), "the bytes differ");
+}

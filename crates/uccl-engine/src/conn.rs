@@ -15,7 +15,7 @@ use crate::cts::{Cts, CtsOrder};
 use crate::error::{EngineError, Result};
 use crate::io::{RecvRing, SendRing};
 use crate::memory::BufUse;
-use crate::proto::{CTL_LEN, Ctl as CtlMsg};
+use crate::proto::{CTL_LEN, CTL_PACK, Ctl as CtlMsg};
 use crate::request::{Done, Request};
 use crate::rx::RxFlow;
 
@@ -213,8 +213,9 @@ impl Ctl {
         posted
     }
 
-    /// Posts the owed receives, as much of the backlog as there are free send slots, then the
-    /// pending ACK; whether the ACK went.
+    /// Posts the owed receives, then the backlog and after it the pending ACK, up to
+    /// [`CTL_PACK`] messages to a SEND, as far as there are free send slots; whether the ACK
+    /// went in a SEND of its own (a packet for the ACK alone).
     pub(crate) fn flush(&mut self, conn: u16) -> verbs_safe::Result<bool> {
         let Some(qp) = self.qp.live() else {
             return Ok(false);
@@ -223,23 +224,36 @@ impl Ctl {
             let r = qp.post_recv_slots(&mut self.recv.slots, &self.recv.owed);
             crate::io::settle(&mut self.recv.owed, r)?;
         }
-        while let Some(&msg) = self.backlog.front() {
-            let Some(i) = self.send.take(&msg) else { break };
-            self.backlog.pop_front();
+        let mut alone = false;
+        while !self.backlog.is_empty() || self.ack.is_some() {
+            let mut pack = [0u8; CTL_PACK * CTL_LEN];
+            let queued = self.backlog.len().min(CTL_PACK);
+            let mut close = false;
+            for (m, to) in self.backlog.iter().zip(pack.chunks_exact_mut(CTL_LEN)) {
+                to.copy_from_slice(m);
+                close |= CtlMsg::parse(m) == Some(CtlMsg::Close);
+            }
+            let ack = self
+                .ack
+                .filter(|_| queued == self.backlog.len() && queued < CTL_PACK);
+            let n = queued + usize::from(ack.is_some());
+            if let Some(a) = ack {
+                pack[queued * CTL_LEN..n * CTL_LEN].copy_from_slice(&a);
+            }
+            let Some(i) = self.send.take(&pack[..n * CTL_LEN]) else {
+                break;
+            };
+            self.backlog.drain(..queued);
+            if ack.is_some() {
+                self.ack = None;
+                alone = queued == 0;
+            }
             self.post(conn, i)?;
-            if CtlMsg::parse(&msg) == Some(CtlMsg::Close) {
+            if close {
                 self.close_slot = Some(i);
             }
         }
-        if self.backlog.is_empty()
-            && let Some(ack) = self.ack
-            && let Some(i) = self.send.take(&ack)
-        {
-            self.ack = None;
-            self.post(conn, i)?;
-            return Ok(true);
-        }
-        Ok(false)
+        Ok(alone)
     }
 
     /// Posts send slot `i` (filled); on an error the slot is free again (it will not complete).

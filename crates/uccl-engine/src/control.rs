@@ -7,7 +7,7 @@ use crate::conn::State;
 use crate::cts::{Cts, Taken};
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::proto::{CTL_LEN, Ctl};
+use crate::proto::{CTL_LEN, CTL_PACK, Ctl, ctl_pack};
 use crate::round::Cqe;
 
 /// A failed completion's status, for an error message.
@@ -20,7 +20,8 @@ fn status(e: &Cqe) -> String {
 pub(crate) const CLOSED_HERE: &str = "closed by this end";
 
 impl Engine {
-    /// A message on connection `ci`'s control QP.
+    /// A SEND on connection `ci`'s control QP: its messages, in order (see
+    /// [`CTL_PACK`](crate::proto::CTL_PACK)).
     pub(crate) fn on_ctl(&mut self, ci: u16, slot: u32, e: Cqe, now: u64) {
         let Some(c) = self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut) else {
             return;
@@ -36,10 +37,35 @@ impl Engine {
             return;
         }
         c.heard = now;
-        let mut b = [0u8; CTL_LEN];
-        let msg = (e.byte_len as usize == CTL_LEN && c.ctl.recv.read(slot, 0, &mut b))
-            .then(|| Ctl::parse(&b))
+        let mut b = [0u8; CTL_PACK * CTL_LEN];
+        let len = e.byte_len as usize;
+        let msgs = (len <= b.len() && c.ctl.recv.read(slot, 0, &mut b[..len]))
+            .then(|| ctl_pack(&b[..len]))
             .flatten();
+        let Some(msgs) = msgs else {
+            self.stats.dropped_invalid += 1;
+            return;
+        };
+        let open = |e: &Self| {
+            e.conns[usize::from(ci)]
+                .as_ref()
+                .is_some_and(|c| c.is_open())
+        };
+        let was_open = open(self);
+        for m in msgs {
+            // A message that ends the connection ends the SEND: what follows it is dropped.
+            if was_open && !open(self) {
+                return;
+            }
+            self.on_ctl_msg(ci, Ctl::parse(m), now);
+        }
+    }
+
+    /// One message of a SEND on connection `ci`'s control QP (`None`: malformed).
+    fn on_ctl_msg(&mut self, ci: u16, msg: Option<Ctl>, now: u64) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
         match msg {
             Some(m @ (Ctl::Cts { .. } | Ctl::Read { .. })) => self.take_advert(ci, m),
             Some(Ctl::Refuse { seq, len }) => {

@@ -181,12 +181,13 @@ impl SendRing {
         Some(i)
     }
 
-    /// The message in slot `i` if the slot is taken (posted, not yet completed).
-    pub(crate) fn read_taken<const N: usize>(&self, i: u32, out: &mut [u8; N]) -> bool {
+    /// The bytes in slot `i`, read into `out`, if the slot is taken (posted, not yet
+    /// completed) and they fit.
+    pub(crate) fn read_taken<'a>(&self, i: u32, out: &'a mut [u8]) -> Option<&'a [u8]> {
         let i = i as usize;
-        self.busy.get(i).is_some_and(|&b| b)
-            && self.slots[i].sges[0].length as usize == N
-            && self.buf.read_at(i * self.slot_size, out).is_ok()
+        let len = self.slots.get(i)?.sges[0].length as usize;
+        let out = out.get_mut(..len)?;
+        (self.busy[i] && self.buf.read_at(i * self.slot_size, out).is_ok()).then_some(&*out)
     }
 
     /// Slots in all (taken or free).

@@ -25,7 +25,7 @@
 //! of connections.
 
 use crate::engine::{ConnId, Engine};
-use crate::proto::{CTL_LEN, Ctl, ctl_copy};
+use crate::proto::{CTL_LEN, CTL_PACK, Ctl, ctl_copy, ctl_pack};
 
 /// Copies of one advertisement a stalled control QP holds back, one per probe interval (then
 /// only the RC timeout is left for it).
@@ -145,19 +145,30 @@ impl Engine {
             if self.io.ctrl_send.in_use() * 2 >= self.io.ctrl_send.len() {
                 return;
             }
-            let mut msg = [0u8; CTL_LEN];
-            if c.ctl.copies[i as usize] >= COPY_ROUNDS
-                || !c.ctl.send.read_taken(i, &mut msg)
-                || !matches!(Ctl::parse(&msg), Some(Ctl::Cts { .. } | Ctl::Read { .. }))
-            {
+            let mut bytes = [0u8; CTL_PACK * CTL_LEN];
+            if c.ctl.copies[i as usize] >= COPY_ROUNDS {
                 continue;
             }
-            let copy = ctl_copy(c.peer_fid, c.peer_tag, &msg);
-            if self.send_ud(c.peer, &copy) {
-                self.stats.ctl_copies += 1;
-                if let Some(c) = self.conns[usize::from(ci)].as_mut() {
-                    c.ctl.copies[i as usize] += 1;
+            let Some(msgs) = c.ctl.send.read_taken(i, &mut bytes).and_then(ctl_pack) else {
+                continue;
+            };
+            let (peer, fid, tag) = (c.peer, c.peer_fid, c.peer_tag);
+            let mut copied = false;
+            for msg in msgs {
+                if self.io.ctrl_send.in_use() * 2 >= self.io.ctrl_send.len() {
+                    break;
                 }
+                if !matches!(Ctl::parse(msg), Some(Ctl::Cts { .. } | Ctl::Read { .. })) {
+                    continue;
+                }
+                let msg: &[u8; CTL_LEN] = msg.try_into().expect("a whole message");
+                if self.send_ud(peer, &ctl_copy(fid, tag, msg)) {
+                    self.stats.ctl_copies += 1;
+                    copied = true;
+                }
+            }
+            if copied && let Some(c) = self.conns[usize::from(ci)].as_mut() {
+                c.ctl.copies[i as usize] += 1;
             }
         }
     }

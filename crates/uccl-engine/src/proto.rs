@@ -9,8 +9,8 @@ const MAGIC: &[u8; 6] = b"UCCLRS";
 /// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
 /// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn; 5:
 /// reads, notes; 6: ACK requests and their answers: a peer that ignored them would never be
-/// asked to resend).
-pub(crate) const VERSION: u16 = 6;
+/// asked to resend; 7: a control SEND carries up to [`CTL_PACK`] messages).
+pub(crate) const VERSION: u16 = 7;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {
@@ -184,8 +184,20 @@ impl<'a> Reader<'a> {
 
 use uccl_tx::wire::{ACK_LEN, AckRepr};
 
-/// Bytes of a control message (each one SEND on the connection's control QP).
+/// Bytes of a control message.
 pub(crate) const CTL_LEN: usize = 64;
+
+/// Control messages one SEND on a connection's control QP carries at most: what one round has
+/// for the peer (advertisements of the receives posted since the last, the ACK) goes as one
+/// packet, and one packet of the peer's NIC acknowledges it, not one each.
+pub(crate) const CTL_PACK: usize = 4;
+
+/// The control messages in a SEND of `b` (a whole number of them, 1 to [`CTL_PACK`]), in
+/// order; `None` for any other length.
+pub(crate) fn ctl_pack(b: &[u8]) -> Option<std::slice::ChunksExact<'_, u8>> {
+    (!b.is_empty() && b.len() <= CTL_PACK * CTL_LEN && b.len().is_multiple_of(CTL_LEN))
+        .then(|| b.chunks_exact(CTL_LEN))
+}
 
 /// A message on a connection's control QP (reliable and ordered: RC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -448,6 +460,17 @@ pub(crate) fn parse_ctl_copy(b: &[u8]) -> Option<(u16, u8, Ctl)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_send_carries_one_to_four_whole_messages() {
+        let b = [0u8; 5 * CTL_LEN];
+        for n in 1..=CTL_PACK {
+            assert_eq!(ctl_pack(&b[..n * CTL_LEN]).map(Iterator::count), Some(n));
+        }
+        for len in [0, 1, CTL_LEN - 1, CTL_LEN + 1, 5 * CTL_LEN] {
+            assert!(ctl_pack(&b[..len]).is_none(), "{len} bytes");
+        }
+    }
 
     #[test]
     fn a_copied_control_message_round_trips_and_garbage_is_none() {

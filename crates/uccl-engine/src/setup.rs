@@ -14,7 +14,7 @@ use crate::cts::CtsOrder;
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
 use crate::io::{self, QKEY};
-use crate::proto::{CTL_LEN, Hello, feature};
+use crate::proto::{CTL_LEN, CTL_PACK, Hello, feature};
 use crate::rx::RxFlow;
 
 /// The QPs of a connection offered and not yet connected.
@@ -282,10 +282,10 @@ impl Engine {
             mine.conn_psn,
         )?;
         let depth = io::conn_ctrl_depth(&self.cfg);
-        let recv = io::RecvRing::new(&self.io.pd, depth, CTL_LEN, |i| {
+        let recv = io::RecvRing::new(&self.io.pd, depth, CTL_PACK * CTL_LEN, |i| {
             crate::wrid::ctl_recv(index, i)
         })?;
-        let send = io::SendRing::new(&self.io.pd, depth, CTL_LEN, |i| {
+        let send = io::SendRing::new(&self.io.pd, depth, CTL_PACK * CTL_LEN, |i| {
             crate::wrid::ctl_send(index, i)
         })?;
         ctl.pin(recv.buf.as_ref().expect("control buffers"));

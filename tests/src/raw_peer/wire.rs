@@ -5,9 +5,11 @@
 pub const QKEY: u32 = 0x1cc1_0001;
 /// Bytes of a control message on a connection's control QP.
 pub const CTL_LEN: usize = 64;
+/// Control messages one SEND carries at most (uccl-engine's `proto::CTL_PACK`).
+pub const CTL_PACK: usize = 4;
 /// The handshake's magic and version (uccl-engine's `proto::VERSION`).
 const MAGIC: &[u8; 6] = b"UCCLRS";
-const VERSION: u16 = 6;
+const VERSION: u16 = 7;
 /// The feature bit of RC data QPs.
 const FEATURE_RC: u32 = 1;
 /// Bytes of a handshake before its data QPs.
