@@ -433,6 +433,14 @@ impl RawPeer {
                 UD_RECV if status == ok => {
                     self.ud_received += 1;
                     let i = (id & 0xffff_ffff) as u32;
+                    // A UC victim advertises its receive buffers here, among its ACKs.
+                    let mut b = [0u8; UD_SLOT];
+                    let b = &mut b[..len.min(UD_SLOT)];
+                    self.ud_rx
+                        .read_at(i as usize * UD_SLOT, b)
+                        .map_err(verbs_err("reading a UD message"))?;
+                    self.cts
+                        .extend(wire::ud_adverts(b.get(40..).unwrap_or_default()));
                     self.repost_ud(i).map_err(verbs_err("a UD receive"))?;
                 }
                 CTL_RECV | CTL_SEND if status != ok => {

@@ -192,6 +192,7 @@ fn an_ack_of_a_closed_connection_does_not_acknowledge_the_next_one() {
     use uccl_engine::connect_pair;
 
     const UD_SEND_ONLY: u8 = 0x64;
+    const PASS: u8 = 0;
     const HOLD_ACKS: u8 = 1;
     const DROP_DATA: u8 = 2;
     let cfg = EngineConfig {
@@ -201,7 +202,7 @@ fn an_ack_of_a_closed_connection_does_not_acknowledge_the_next_one() {
     };
     let chunk = cfg.tx.chunk_size as usize;
     let mut sim = Sim::new(71, 2, Faults::NONE, &cfg);
-    let phase = Arc::new(AtomicU8::new(HOLD_ACKS));
+    let phase = Arc::new(AtomicU8::new(PASS));
     let dropped = Arc::new(AtomicU8::new(0));
     let (ph, dr) = (Arc::clone(&phase), Arc::clone(&dropped));
     sim.fabric
@@ -223,8 +224,15 @@ fn an_ack_of_a_closed_connection_does_not_acknowledge_the_next_one() {
     let dst = sim.engines[1].register(16 * chunk).unwrap();
     let data = uccl_integration::pattern(71, 0, 0, 16 * chunk);
     src.write_at(0, &data).unwrap();
-    // The first connection: a 4-chunk message arrives; its ACKs are held back.
+    // The first connection: a 4-chunk message arrives; its ACKs are held back (not the
+    // advertisement of its receive buffer, which goes over the UD QP too: it goes first).
     let r = sim.engines[1].recv(cb, &dst, 0, 4 * chunk as u64).unwrap();
+    let advertised = sim.fabric.now() + Duration::from_micros(20);
+    sim.run(advertised + Duration::from_secs(1), |s| {
+        s.fabric.now() >= advertised
+    })
+    .unwrap();
+    phase.store(HOLD_ACKS, Ordering::Relaxed);
     let _s = sim.engines[0].send(ca, &src, 0, 4 * chunk as u64).unwrap();
     let start = sim.fabric.now();
     sim.run(start + Duration::from_secs(1), |_| r.test().is_some())

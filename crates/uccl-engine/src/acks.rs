@@ -10,7 +10,9 @@ use crate::config::Mode;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::io::{GRH, QKEY};
-use crate::proto::{ACK_ASK, CTL_COPY, Ctl, ack_request, parse_ack_request, parse_ctl_copy};
+use crate::proto::{
+    Ctl, UdItem, ack_request, ctl_copy, parse_ack_request, parse_ctl_copy, ud_items,
+};
 use crate::round::Cqe;
 use crate::wrid;
 
@@ -36,26 +38,28 @@ impl Engine {
         bytes.resize(len, 0);
         if !self.io.ctrl_recv.read(slot, GRH, &mut bytes) {
             self.stats.dropped_invalid += 1;
-        } else if bytes.first() == Some(&CTL_COPY) {
-            self.on_ctl_copy(&bytes, from);
-        } else if bytes.first() == Some(&ACK_ASK) {
-            self.on_ack_request(&bytes, from, now);
         } else {
-            for a in bytes.chunks_exact(ACK_LEN) {
-                match AckRepr::from_bytes(a) {
-                    Ok(ack) => self.on_ack(ack, from, now),
-                    Err(_) => self.stats.dropped_invalid += 1,
+            for item in ud_items(&bytes) {
+                match item {
+                    Some(UdItem::Ack(a)) => match AckRepr::from_bytes(a) {
+                        Ok(ack) => self.on_ack(ack, from, now),
+                        Err(_) => self.stats.dropped_invalid += 1,
+                    },
+                    Some(UdItem::Ctl(b)) => self.on_ctl_copy(b, from, now),
+                    Some(UdItem::Ask(b)) => self.on_ack_request(b, from, now),
+                    Some(UdItem::Void) | None => self.stats.dropped_invalid += 1,
                 }
             }
         }
         self.scratch.bytes = bytes;
     }
 
-    /// A control message copied over the UD QP by a peer whose control QP holds it back (see
-    /// `keepalive.rs`). Only advertisements are copied; one is taken, like one from the
-    /// connection's control QP, if it comes from the connection's peer with the connection's
-    /// tag (an earlier connection with the same id has another).
-    fn on_ctl_copy(&mut self, b: &[u8], from: AckSource) {
+    /// An advertisement over the UD QP: how a UC peer advertises its receive buffers (see
+    /// `need.rs`), or a copy of one (or of a read) its control QP holds back (see
+    /// `keepalive.rs`). It is taken, like one from the connection's control QP, if it comes
+    /// from the connection's peer with the connection's tag (an earlier connection with the
+    /// same id has another).
+    fn on_ctl_copy(&mut self, b: &[u8], from: AckSource, now: u64) {
         let Some((fid, tag, msg)) = parse_ctl_copy(b) else {
             self.stats.dropped_invalid += 1;
             return;
@@ -64,7 +68,7 @@ impl Engine {
             self.stats.dropped_invalid += 1;
             return;
         }
-        self.take_advert(fid, msg);
+        self.take_advert(fid, msg, now);
     }
 
     /// The peer asks for an ACK of connection `fid` (a timeout of its expired, UC): the
@@ -174,28 +178,60 @@ impl Engine {
         }
         let Ok(bytes) = ack.to_bytes() else { return };
         let (peer, slot) = (c.peer, c.ack_slot);
-        if let Some(i) = slot {
-            let at = usize::from(i) * ACK_LEN;
+        if let Some(at) = slot {
+            let at = usize::from(at);
             self.peers[peer].acks[at..at + ACK_LEN].copy_from_slice(&bytes);
             return;
         }
-        if self.peers[peer].acks.len() + ACK_LEN > self.io.ack_payload {
-            self.send_ack_packet(peer);
-            if !self.peers[peer].acks.is_empty() {
-                // No send slot free: this ACK is built again next round.
-                self.mark_ack(ci);
+        let Some(at) = self.stage_ud(peer, &bytes) else {
+            // No send slot free: this ACK is built again next round.
+            self.mark_ack(ci);
+            return;
+        };
+        self.peers[peer].staged.push(ci);
+        if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+            c.ack_slot = Some(at);
+        }
+    }
+
+    /// Appends `item` to peer `p`'s UD message, which goes at the end of the round (sent
+    /// first if `item` does not fit); where it lies in it, or `None` if the message was full
+    /// and no send slot was free to send it.
+    fn stage_ud(&mut self, p: usize, item: &[u8]) -> Option<u16> {
+        if self.peers[p].acks.len() + item.len() > self.io.ud_payload {
+            self.send_ack_packet(p);
+            if !self.peers[p].acks.is_empty() {
+                return None;
+            }
+        }
+        let peer = &mut self.peers[p];
+        if peer.acks.is_empty() {
+            self.scratch.peers.push(p);
+        }
+        let at = peer.acks.len() as u16;
+        peer.acks.extend_from_slice(item);
+        Some(at)
+    }
+
+    /// Tells the peer of connection `ci` of a receive buffer: over the UD QP on UC (in the
+    /// message of the round, with the ACKs), where a lost one is asked for again
+    /// ([`Ctl::NeedCts`]); over the control QP otherwise, and for reads (or if the UD message
+    /// has no room).
+    pub(crate) fn advertise(&mut self, ci: u16, msg: Ctl) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+            return;
+        };
+        let bytes = msg.to_bytes();
+        if self.cfg.mode == Mode::Uc && matches!(msg, Ctl::Cts { .. }) {
+            let (peer, copy) = (c.peer, ctl_copy(c.peer_fid, c.peer_tag, &bytes));
+            if self.stage_ud(peer, &copy).is_some() {
+                self.stats.ud_adverts += 1;
                 return;
             }
         }
-        let p = &mut self.peers[peer];
-        if p.acks.is_empty() {
-            self.scratch.peers.push(peer);
-        }
-        let i = (p.acks.len() / ACK_LEN) as u16;
-        p.acks.extend_from_slice(&bytes);
-        p.staged.push(ci);
         if let Some(c) = self.conns[usize::from(ci)].as_mut() {
-            c.ack_slot = Some(i);
+            c.ctl.backlog.push_back(bytes);
+            self.mark_ctl(ci);
         }
     }
 
@@ -215,9 +251,9 @@ impl Engine {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
-        if let Some(i) = c.ack_slot.take() {
+        if let Some(at) = c.ack_slot.take() {
             let p = &mut self.peers[c.peer];
-            let at = usize::from(i) * ACK_LEN;
+            let at = usize::from(at);
             p.acks[at..at + ACK_LEN].fill(0);
             p.staged.retain(|&x| x != ci);
         }

@@ -421,7 +421,8 @@ pub(crate) struct Conn {
     /// When its delayed ACK is due (an entry of the engine's `delayed` queue), if one is.
     pub(crate) ack_due: Option<u64>,
     pub(crate) in_ctl: bool,
-    /// Where this connection's ACK sits among its peer's staged ACKs (UC), if one does.
+    /// Where this connection's ACK sits in its peer's UD message (UC; a byte offset), if one
+    /// does.
     pub(crate) ack_slot: Option<u16>,
     /// The peer asked for an ACK (UC), the number of its latest request: the next one sent
     /// answers it ([`ANSWER_PATH`](uccl_tx::wire::ANSWER_PATH), echoing the number).
@@ -432,6 +433,8 @@ pub(crate) struct Conn {
     pub(crate) in_keepalive: bool,
     /// Whether its control probe timer is armed.
     pub(crate) in_ctl_probe: bool,
+    /// Its asks for advertisements the UD QP lost (UC; see `need.rs`).
+    pub(crate) asks: crate::need::Asks,
 }
 
 impl Conn {

@@ -67,7 +67,8 @@ impl Engine {
             return;
         };
         match msg {
-            Some(m @ (Ctl::Cts { .. } | Ctl::Read { .. })) => self.take_advert(ci, m),
+            Some(m @ (Ctl::Cts { .. } | Ctl::Read { .. })) => self.take_advert(ci, m, now),
+            Some(Ctl::NeedCts { seq }) if self.cfg.mode == Mode::Uc => self.on_need_cts(ci, seq),
             Some(Ctl::Refuse { seq, len }) => {
                 let i = seq as usize % crate::conn::RECV_IDS;
                 match c.recvs[i]
@@ -115,7 +116,7 @@ impl Engine {
     /// What takes a sequence number of connection `ci`'s advertisements, from its control QP
     /// or copied over the UD QP: a receive buffer (`Ctl::Cts`), or a read to serve
     /// (`Ctl::Read`). Anything else is dropped.
-    pub(crate) fn take_advert(&mut self, ci: u16, msg: Ctl) {
+    pub(crate) fn take_advert(&mut self, ci: u16, msg: Ctl, now: u64) {
         match msg {
             Ctl::Cts {
                 seq,
@@ -129,7 +130,7 @@ impl Engine {
                     len,
                     rkey,
                 };
-                self.take_cts(ci, cts);
+                self.take_cts(ci, cts, now);
             }
             Ctl::Read {
                 seq,
@@ -151,12 +152,16 @@ impl Engine {
 
     /// The peer's advertisement `cts` on connection `ci`, from its control QP or copied over
     /// the UD QP: taken in order, once (see [`crate::cts`]).
-    pub(crate) fn take_cts(&mut self, ci: u16, cts: Cts) {
+    pub(crate) fn take_cts(&mut self, ci: u16, cts: Cts, now: u64) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
         match c.cts_order.take(cts, &mut c.cts) {
-            Taken::New => self.mark_ready(ci),
+            Taken::New => {
+                self.mark_ready(ci);
+                // Taken ahead of its turn (UC): the ones before it may be lost.
+                self.check_cts(ci, now);
+            }
             Taken::Copy => {}
             // More advertisements than a peer can have outstanding: a broken peer.
             Taken::Invalid => self.stats.dropped_invalid += 1,

@@ -1,12 +1,13 @@
 //! The peer's advertisements of its receive buffers (clear to send), taken in sequence order
 //! and once each.
 //!
-//! They come over the connection's RC control QP, in order. When that QP stalls on a lost
+//! On RC they come over the connection's RC control QP, in order. When that QP stalls on a lost
 //! message (see `keepalive.rs`), the peer also sends copies of the advertisements it holds
 //! back over its UD QP: a copy may come before or after its original (which RC delivers in the
-//! end), and one may overtake another. Sends must meet receives in the order they were
-//! posted, so an advertisement is matched only once every earlier one has been, and a second
-//! copy is dropped.
+//! end), and one may overtake another. On UC they come over the UD QP in the first place (see
+//! `need.rs`), so in any order, or not at all until asked for again over the control QP. Sends
+//! must meet receives in the order they were posted, so an advertisement is matched only once
+//! every earlier one has been, and a second copy is dropped.
 
 use std::collections::VecDeque;
 
@@ -49,6 +50,8 @@ pub(crate) struct CtsOrder {
     next: u32,
     /// Advertisements waiting for an earlier one, by `seq % RECV_IDS`.
     early: Box<[Early]>,
+    /// How many of `early` are not `Early::None`.
+    ahead: u32,
 }
 
 impl Default for CtsOrder {
@@ -56,6 +59,7 @@ impl Default for CtsOrder {
         CtsOrder {
             next: 0,
             early: vec![Early::None; RECV_IDS].into_boxed_slice(),
+            ahead: 0,
         }
     }
 }
@@ -75,6 +79,7 @@ impl CtsOrder {
             return Taken::Copy;
         }
         *slot = Early::Waiting(cts);
+        self.ahead += 1;
         self.advance(ready);
         Taken::New
     }
@@ -95,6 +100,7 @@ impl CtsOrder {
             return Taken::Copy;
         }
         *slot = Early::Withdrawn;
+        self.ahead += 1;
         self.advance(ready);
         Taken::New
     }
@@ -107,27 +113,46 @@ impl CtsOrder {
                 Early::Waiting(c) => ready.push_back(c),
                 Early::Withdrawn => {}
             }
+            self.ahead -= 1;
             self.next = self.next.wrapping_add(1);
         }
     }
 
     /// The peer withdraws its advertisement `seq` (a receive cancelled): if no send took it
-    /// yet, it is dropped (from `ready`, or from its early slot, skipped when its turn comes)
-    /// and this returns true; false if a send took it already (or it is unknown).
+    /// yet, it is dropped (from `ready`, or from its early slot, skipped when its turn comes;
+    /// one not seen yet, lost or overtaken on the UD QP, is skipped when it comes) and this
+    /// returns true; false if a send took it already, or it was withdrawn already.
     pub(crate) fn withdraw(&mut self, seq: u32, ready: &mut VecDeque<Cts>) -> bool {
         if let Some(i) = ready.iter().position(|c| c.seq == seq) {
             ready.remove(i);
             return true;
         }
         let ahead = seq.wrapping_sub(self.next);
-        if (ahead as usize) < RECV_IDS {
-            let slot = &mut self.early[seq as usize % RECV_IDS];
-            if matches!(slot, Early::Waiting(c) if c.seq == seq) {
-                *slot = Early::Withdrawn;
-                return true;
-            }
+        if (ahead as usize) >= RECV_IDS || ready.len() + ahead as usize >= RECV_IDS {
+            return false;
         }
-        false
+        let slot = &mut self.early[seq as usize % RECV_IDS];
+        match *slot {
+            Early::Waiting(c) if c.seq == seq => *slot = Early::Withdrawn,
+            Early::None => {
+                *slot = Early::Withdrawn;
+                self.ahead += 1;
+                self.advance(ready);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// The sequence number of the next advertisement to take.
+    pub(crate) fn next(&self) -> u32 {
+        self.next
+    }
+
+    /// Whether a later advertisement came (or was withdrawn) before the next one: on UC, a
+    /// sign the UD QP lost that one.
+    pub(crate) fn has_gap(&self) -> bool {
+        self.ahead > 0
     }
 }
 
@@ -200,6 +225,23 @@ mod tests {
         assert_eq!(o.take(cts(3), &mut q), Taken::Copy, "a late copy of 3");
         assert_eq!(o.take(cts(4), &mut q), Taken::New);
         assert_eq!(seqs(&q), [2, 4]);
+    }
+
+    #[test]
+    fn an_advertisement_withdrawn_before_it_came_is_skipped_when_it_comes() {
+        let (mut o, mut q) = (CtsOrder::default(), VecDeque::new());
+        assert!(!o.has_gap());
+        assert!(o.withdraw(1, &mut q), "not seen yet: dropped");
+        assert!(o.has_gap(), "1 is ahead of 0");
+        assert!(!o.withdraw(1, &mut q), "once");
+        assert_eq!(o.take(cts(1), &mut q), Taken::Copy, "it came late: dropped");
+        assert!(o.withdraw(0, &mut q), "the next one, not seen yet");
+        assert!(!o.has_gap());
+        assert_eq!(o.next(), 2, "both skipped");
+        assert_eq!(o.take(cts(0), &mut q), Taken::Copy);
+        assert_eq!(o.take(cts(2), &mut q), Taken::New);
+        assert_eq!(seqs(&q), [2]);
+        assert!(!o.withdraw(2 + RECV_IDS as u32, &mut q), "too far ahead");
     }
 
     #[test]

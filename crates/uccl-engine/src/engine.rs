@@ -164,6 +164,8 @@ pub struct Engine {
     pub(crate) keepalive: crate::keepalive::Timers,
     /// Control probe timers of connections with control sends outstanding.
     pub(crate) ctl_probes: crate::keepalive::Probes,
+    /// Ask timers of UC connections waiting for an advertisement (see `need.rs`).
+    pub(crate) cts_timers: crate::need::Timers,
     /// Paths of connections that went, drained, for the next connections to reuse.
     pub(crate) spare_paths: Vec<PathId>,
     pub(crate) peers: crate::peers::Peers,
@@ -276,6 +278,7 @@ impl Engine {
             spare_paths: Vec::new(),
             keepalive: Default::default(),
             ctl_probes: Default::default(),
+            cts_timers: Default::default(),
             peers: Default::default(),
             memory,
             rng,

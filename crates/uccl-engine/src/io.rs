@@ -234,8 +234,8 @@ pub(crate) struct Io {
     pub(crate) ctrl_send: SendRing,
     /// The QP receive windows are bound and unbound on ([`RecvKeys::Window`](crate::RecvKeys)).
     pub(crate) windows: Option<crate::window::WindowQp>,
-    /// Bytes of ACK payload one UD message may carry.
-    pub(crate) ack_payload: usize,
+    /// Bytes one UD message may carry (its items: ACKs, advertisements).
+    pub(crate) ud_payload: usize,
 }
 
 /// The index of the first IPv4-mapped GID of `port`'s table of `len` entries, else 0 (a
@@ -369,8 +369,7 @@ impl Io {
         let ctrl_send = SendRing::new(&pd, CTRL_DEPTH, mtu as usize, crate::wrid::ud_send)?;
         ctrl_qp.pin(ctrl_recv.buf.as_ref().expect("control buffers"));
         ctrl_qp.pin(&ctrl_send.buf);
-        let ack = uccl_tx::wire::ACK_LEN;
-        Ok(Io {
+        let mut io = Io {
             ctx: Arc::clone(ctx),
             pd,
             from,
@@ -385,8 +384,12 @@ impl Io {
             ctrl_qp,
             ctrl_recv,
             ctrl_send,
-            ack_payload: (mtu as usize / ack) * ack,
-        })
+            ud_payload: mtu as usize,
+        };
+        // The UD QP takes what peers send from the start (UC receive buffers are advertised
+        // there): an engine that has not polled yet must not drop them.
+        io.refill_ctrl()?;
+        Ok(io)
     }
 
     /// Posts every owed SRQ WQE with one chained post, once at least `threshold` are owed.

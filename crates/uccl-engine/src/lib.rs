@@ -4,14 +4,18 @@
 //! An [`Engine`] owns one device context's shared resources (UCCL's `SharedIOContext`): one CQ
 //! for every QP of every connection (sends, receives and control: one poll a round), one shared
 //! receive queue refilled with one chained post once enough buffers are owed, and one UD
-//! control QP over which ACK/SACK headers travel, several packed into each message. Connections carry
+//! control QP over which ACK/SACK headers travel, everything a round has for a peer packed into
+//! one message. Connections carry
 //! several data QPs (paths) and one RC control QP each; the transmit side ([`uccl_tx`]) cuts
 //! messages into chunks, posts them as chains of pre-initialised work requests and
 //! retransmits what is lost; the receive side tracks every flow (cumulative sequence number
 //! and SACK bitmap), drops duplicates, completes messages in order and acknowledges them.
 //!
-//! - **Two-sided**: [`Engine::recv`] posts a buffer and advertises it to the peer over the
-//!   connection's control QP (reliable, like NCCL's CTS FIFO); [`Engine::send`] is matched
+//! - **Two-sided**: [`Engine::recv`] posts a buffer and advertises it to the peer (like
+//!   NCCL's CTS FIFO): on RC over the connection's control QP; on UC over the UD QP, in the
+//!   round's message to the peer with the ACKs, the sender asking again over the control QP
+//!   for one the UD QP lost (a later one came first, or a send waited a probe interval);
+//!   [`Engine::send`] is matched
 //!   with the peer's next advertisement and written there chunk by chunk with RDMA WRITE with
 //!   immediate (the immediate names the flow, the request and the chunk).
 //! - **One-sided**: [`Engine::export`] describes a region ([`Descriptor`]); a peer
@@ -127,6 +131,7 @@ mod error;
 mod io;
 mod keepalive;
 mod memory;
+mod need;
 mod notes;
 mod peers;
 mod police;

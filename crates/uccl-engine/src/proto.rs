@@ -9,8 +9,9 @@ const MAGIC: &[u8; 6] = b"UCCLRS";
 /// Bumped on any change of the handshake or of the data-path formats (2: ACK tags, control
 /// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn; 5:
 /// reads, notes; 6: ACK requests and their answers: a peer that ignored them would never be
-/// asked to resend; 7: a control SEND carries up to [`CTL_PACK`] messages).
-pub(crate) const VERSION: u16 = 7;
+/// asked to resend; 7: a control SEND carries up to [`CTL_PACK`] messages; 8: UC receive
+/// buffers are advertised over the UD QP, in UD messages of several items).
+pub(crate) const VERSION: u16 = 8;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {
@@ -246,6 +247,10 @@ pub(crate) enum Ctl {
     /// The answer to a [`Ctl::Read`] this end will not serve, and why
     /// ([`ReadRefusal`](crate::memory::ReadRefusal)'s code).
     ReadRefused { seq: u32, why: u8 },
+    /// The sender asks for the advertisements from `seq` on again, over the control QP (UC,
+    /// where they come over the UD QP, which may lose them): it has a send waiting for one, or
+    /// took a later one first.
+    NeedCts { seq: u32 },
     /// A fragment of the note of notified write `serial` (see `notes.rs`): `len` bytes of
     /// `data`, the last fragment if `last`.
     Note {
@@ -314,6 +319,10 @@ impl Ctl {
                 b[28..36].copy_from_slice(&src.to_be_bytes());
                 b[36..40].copy_from_slice(&src_rkey.to_be_bytes());
             }
+            Ctl::NeedCts { seq } => {
+                b[0] = 12;
+                b[4..8].copy_from_slice(&seq.to_be_bytes());
+            }
             Ctl::ReadRefused { seq, why } => {
                 b[0] = 10;
                 b[4..8].copy_from_slice(&seq.to_be_bytes());
@@ -380,6 +389,7 @@ impl Ctl {
                 seq: r.u32().ok()?,
                 why: b[8],
             }),
+            12 => Some(Ctl::NeedCts { seq: r.u32().ok()? }),
             11 if b[1] <= 1 && usize::from(b[2]) <= NOTE_FRAGMENT => Some(Ctl::Note {
                 serial: r.u32().ok()?,
                 last: b[1] == 1,
@@ -448,6 +458,46 @@ pub(crate) fn ctl_copy(fid: u16, tag: u8, msg: &[u8; CTL_LEN]) -> [u8; CTL_COPY_
     b
 }
 
+/// One item of a UD message: a UD message is a run of them, each saying by its first byte what
+/// it is, and so how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UdItem<'a> {
+    /// An ACK (`ACK_LEN` bytes, first byte the ACK version).
+    Ack(&'a [u8]),
+    /// An ACK taken back before its message went (`ACK_LEN` zero bytes): nothing.
+    Void,
+    /// A control message of a connection ([`ctl_copy`]): an advertisement, or a copy of one
+    /// the control QP holds back.
+    Ctl(&'a [u8]),
+    /// An ACK request ([`ack_request`]).
+    Ask(&'a [u8]),
+}
+
+/// The items of UD message `b`, in order; `None` ends it at the first byte that starts no item
+/// or an item cut short (what came before it stands).
+pub(crate) fn ud_items(mut b: &[u8]) -> impl Iterator<Item = Option<UdItem<'_>>> {
+    std::iter::from_fn(move || {
+        let &first = b.first()?;
+        let len = match first {
+            uccl_tx::wire::ACK_VERSION | 0 => ACK_LEN,
+            CTL_COPY => CTL_COPY_LEN,
+            ACK_ASK => ACK_ASK_LEN,
+            _ => usize::MAX,
+        };
+        let Some((this, rest)) = b.split_at_checked(len) else {
+            b = &[];
+            return Some(None);
+        };
+        b = rest;
+        Some(Some(match first {
+            0 => UdItem::Void,
+            CTL_COPY => UdItem::Ctl(this),
+            ACK_ASK => UdItem::Ask(this),
+            _ => UdItem::Ack(this),
+        }))
+    })
+}
+
 /// Reads a copied control message: its connection, tag and message; `None` if malformed.
 pub(crate) fn parse_ctl_copy(b: &[u8]) -> Option<(u16, u8, Ctl)> {
     if b.len() != CTL_COPY_LEN || b[0] != CTL_COPY {
@@ -460,6 +510,41 @@ pub(crate) fn parse_ctl_copy(b: &[u8]) -> Option<(u16, u8, Ctl)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ud_message_is_read_item_by_item_until_one_is_not() {
+        let ack = [ACK_VERSION_BYTE; ACK_LEN];
+        let copy = ctl_copy(1, 2, &Ctl::Ping.to_bytes());
+        let ask = ack_request(1, 2, 3);
+        let mut b = Vec::new();
+        for item in [
+            &ack[..],
+            &[0; ACK_LEN],
+            &copy,
+            &ask,
+            &ack,
+            &[0xee, 1, 2],
+            &ack,
+        ] {
+            b.extend_from_slice(item);
+        }
+        let got: Vec<_> = ud_items(&b).collect();
+        assert_eq!(
+            got,
+            [
+                Some(UdItem::Ack(&ack[..])),
+                Some(UdItem::Void),
+                Some(UdItem::Ctl(&copy[..])),
+                Some(UdItem::Ask(&ask[..])),
+                Some(UdItem::Ack(&ack[..])),
+                None,
+            ],
+            "what follows a byte that starts no item is not read"
+        );
+        let cut: Vec<_> = ud_items(&copy[..CTL_COPY_LEN - 1]).collect();
+        assert_eq!(cut, [None], "an item cut short");
+        assert_eq!(ud_items(&[]).count(), 0);
+    }
 
     #[test]
     fn a_control_send_carries_one_to_four_whole_messages() {
@@ -571,6 +656,7 @@ mod tests {
                 len: u64::MAX - 1,
             },
             Ctl::Withdraw { seq: u32::MAX },
+            Ctl::NeedCts { seq: 7 },
             Ctl::Read {
                 seq: 3,
                 addr: u64::MAX,

@@ -177,7 +177,7 @@ impl Engine {
         self.scratch.took_input = self.memory.settle();
         self.scratch.took_input |= self.withdrawals(now);
         let mut busy = self.handle_cqes(now, n);
-        self.match_sends();
+        self.match_sends(now);
         busy |= self.issue_reads();
         if self.tx.poll_timeout().is_some_and(|t| t <= now) {
             let before = self.tx.stats().rto_retransmits;
@@ -191,6 +191,7 @@ impl Engine {
         self.credits.tick(now);
         self.keepalive(now);
         self.ctl_probes(now);
+        self.cts_timers(now);
         busy |= self.transmit(now);
         busy |= self.events();
         if self.scratch.rounds.is_multiple_of(ASYNC_EVERY) {
@@ -216,6 +217,7 @@ impl Engine {
             .min(or_never(self.credits.next_deadline()))
             .min(or_never(self.keepalive_deadline()))
             .min(or_never(self.ctl_probes.front().map(|&(at, _, _)| at)))
+            .min(or_never(self.cts_deadline()))
             .min(or_never(self.deadlines.next()))
             // Possibly stale (its ACK went out early): then the round finds nothing due.
             .min(or_never(self.scratch.delayed.front().map(|&(due, _)| due)))
@@ -276,7 +278,7 @@ impl Engine {
 
     /// Matches queued sends with the peer's receive buffers, in order, and hands them to the
     /// transmit side.
-    fn match_sends(&mut self) {
+    fn match_sends(&mut self, now: u64) {
         let ready = std::mem::take(&mut self.scratch.ready);
         for &ci in &ready {
             let Some(c) = self.conns[usize::from(ci)].as_mut() else {
@@ -323,6 +325,10 @@ impl Engine {
                 c.in_ctl = true;
                 self.scratch.ctl.push(ci);
             }
+        }
+        // Sends left waiting (UC): for an advertisement the UD QP may have lost.
+        for &ci in &ready {
+            self.check_cts(ci, now);
         }
         let mut ready = ready;
         ready.clear();

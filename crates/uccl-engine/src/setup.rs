@@ -357,6 +357,7 @@ impl Engine {
             heard: self.clock.now(),
             in_keepalive: false,
             in_ctl_probe: false,
+            asks: Default::default(),
         };
         let posted = c.ctl.flush(index);
         self.conns[usize::from(index)] = Some(c);

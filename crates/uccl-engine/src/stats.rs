@@ -25,6 +25,13 @@ pub struct Stats {
     /// Advertisements copied over the UD QP because the control QP still held them back a
     /// probe interval after a probe (see `ctl_probes`).
     pub ctl_copies: u64,
+    /// Receive buffers advertised over the UD QP (UC), in the round's UD message to the peer.
+    pub ud_adverts: u64,
+    /// Advertisements asked for again (UC: a send waited for one a probe interval, or a later
+    /// one came first: the UD QP lost it) with a control message.
+    pub cts_asks: u64,
+    /// Advertisements sent again over the control QP because the peer asked.
+    pub cts_resent: u64,
     /// Asynchronous events that failed a connection (a fatal QP error).
     pub qp_fatal_events: u64,
     /// Retransmissions after a timeout.

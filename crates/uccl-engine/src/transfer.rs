@@ -270,7 +270,7 @@ impl Engine {
         c.recvs_posted += 1;
         if !windows {
             let advert = c.recvs[slot].as_ref().expect("posted").advert();
-            c.ctl.backlog.push_back(advert.to_bytes());
+            self.advertise(conn.index, advert);
         }
         self.mark_ctl(conn.index);
         Ok(())

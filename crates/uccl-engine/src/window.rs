@@ -312,8 +312,8 @@ impl Engine {
                     self.unbind_window(ci, slot);
                 } else {
                     r.advertised = true;
-                    c.ctl.backlog.push_back(r.advert().to_bytes());
-                    self.mark_ctl(ci);
+                    let advert = r.advert();
+                    self.advertise(ci, advert);
                 }
             }
         }

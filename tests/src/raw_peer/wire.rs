@@ -9,7 +9,7 @@ pub const CTL_LEN: usize = 64;
 pub const CTL_PACK: usize = 4;
 /// The handshake's magic and version (uccl-engine's `proto::VERSION`).
 const MAGIC: &[u8; 6] = b"UCCLRS";
-const VERSION: u16 = 7;
+const VERSION: u16 = 8;
 /// The feature bit of RC data QPs.
 const FEATURE_RC: u32 = 1;
 /// Bytes of a handshake before its data QPs.
@@ -165,4 +165,30 @@ impl CtlMsg {
             k => CtlMsg::Other(k),
         }
     }
+}
+
+/// The advertisements in a UD message of the victim (uccl-engine's `proto::ud_items`): a run
+/// of items, each saying by its first byte what it is and so how long: an ACK (the ACK version
+/// 3, or 0 for one taken back: 48 bytes), a control message (0x5c, a tag, the flow id, four
+/// zero bytes, then the 64-byte message: 72 bytes), an ACK request (0x5a: 6 bytes).
+pub(super) fn ud_adverts(mut b: &[u8]) -> Vec<Cts> {
+    let mut out = Vec::new();
+    while let Some(&first) = b.first() {
+        let len = match first {
+            3 | 0 => 48,
+            0x5c => 8 + CTL_LEN,
+            0x5a => 6,
+            _ => break,
+        };
+        let Some((item, rest)) = b.split_at_checked(len) else {
+            break;
+        };
+        if first == 0x5c
+            && let CtlMsg::Cts(c) = CtlMsg::parse(item[8..].try_into().expect("a message"))
+        {
+            out.push(c);
+        }
+        b = rest;
+    }
+    out
 }
