@@ -237,6 +237,11 @@ fn an_ack_of_a_closed_connection_does_not_acknowledge_the_next_one() {
     let start = sim.fabric.now();
     sim.run(start + Duration::from_secs(1), |_| r.test().is_some())
         .unwrap();
+    assert_eq!(
+        sim.engines[0].stats().cts_asks,
+        0,
+        "the advertisement was held back with the ACKs"
+    );
     sim.engines[0].close(ca).unwrap();
     sim.run(start + Duration::from_secs(1), |s| {
         (0..2).all(|i| workload::back_to_baseline(s, i))

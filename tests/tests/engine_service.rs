@@ -91,6 +91,34 @@ fn a_receive_cancelled_before_a_send_arrives_is_withdrawn() {
     }
 }
 
+/// A receive cancelled before the peer was told of it (its memory window still being bound)
+/// still took a sequence number the peer's sends meet receives by: the peer is told to skip
+/// it, and the next send goes into the next receive (it waited for ever).
+#[test]
+fn a_receive_cancelled_before_it_was_advertised_leaves_no_gap() {
+    for cfg in setups() {
+        let (mut sim, ca, cb) = pair(&cfg);
+        let src = sim.engines[0].register(8192).unwrap();
+        src.write_at(0, &pattern(2, 0, 0, 8192)).unwrap();
+        let (first, second) = (
+            sim.engines[1].register(8192).unwrap(),
+            sim.engines[1].register(8192).unwrap(),
+        );
+        let r1 = sim.engines[1].recv(cb, &first, 0, 8192).unwrap();
+        r1.cancel();
+        finish(&mut sim, &[&r1]);
+        assert!(matches!(err(&r1), EngineError::Cancelled), "{cfg:?}");
+        let r2 = sim.engines[1].recv(cb, &second, 0, 8192).unwrap();
+        let s = sim.engines[0].send(ca, &src, 0, 8192).unwrap();
+        finish(&mut sim, &[&s, &r2]);
+        assert_eq!(r2.test().unwrap().unwrap().len, 8192, "{cfg:?}");
+        let mut got = vec![0u8; 8192];
+        second.read_at(0, &mut got).unwrap();
+        assert_eq!(got, pattern(2, 0, 0, 8192), "{cfg:?}");
+        assert!(sim.engines[1].is_open(cb));
+    }
+}
+
 /// A cancel that comes too late changes nothing: a receive whose message is arriving completes.
 #[test]
 fn a_receive_whose_message_is_arriving_completes_despite_a_cancel() {

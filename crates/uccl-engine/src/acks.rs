@@ -17,8 +17,9 @@ use crate::round::Cqe;
 use crate::wrid;
 
 impl Engine {
-    /// A UD message arrived: packed ACK headers (UC mode), or a control message copied (see
-    /// [`on_ctl_copy`](Self::on_ctl_copy)).
+    /// A UD message arrived: its items, in order ([`ud_items`]): ACK headers (UC mode),
+    /// advertisements or copies of control messages (see [`on_ctl_copy`](Self::on_ctl_copy)),
+    /// ACK requests.
     pub(crate) fn on_ack_packet(&mut self, slot: u32, e: Cqe, now: u64) {
         self.io.ctrl_recv.owed.push(slot);
         if !e.ok || (e.byte_len as usize) < GRH {
@@ -216,7 +217,7 @@ impl Engine {
     /// Tells the peer of connection `ci` of a receive buffer: over the UD QP on UC (in the
     /// message of the round, with the ACKs), where a lost one is asked for again
     /// ([`Ctl::NeedCts`]); over the control QP otherwise, and for reads (or if the UD message
-    /// has no room).
+    /// is full and no UD send slot is free to send it).
     pub(crate) fn advertise(&mut self, ci: u16, msg: Ctl) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
@@ -305,8 +306,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Sends the ACKs staged for peer `p` as one UD message (if a send slot is free; else they
-    /// wait for the next round).
+    /// Sends what is staged for peer `p` (ACKs, advertisements) as one UD message (if a send
+    /// slot is free; else it waits for the next round).
     pub(crate) fn send_ack_packet(&mut self, p: usize) {
         if self.peers[p].acks.is_empty() {
             return;

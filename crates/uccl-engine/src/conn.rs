@@ -167,7 +167,8 @@ pub(crate) struct Ctl {
     pub(crate) completions: u64,
     /// A probe ping went since the last completion (one per stall; see `keepalive.rs`).
     pub(crate) probed: bool,
-    /// Copies sent over the UD QP of the message in each send slot (see `keepalive.rs`).
+    /// Rounds of copies sent over the UD QP of the advertisements in each send slot (see
+    /// `keepalive.rs`).
     pub(crate) copies: Box<[u8]>,
 }
 

@@ -114,8 +114,8 @@ impl Engine {
     }
 
     /// What takes a sequence number of connection `ci`'s advertisements, from its control QP
-    /// or copied over the UD QP: a receive buffer (`Ctl::Cts`), or a read to serve
-    /// (`Ctl::Read`). Anything else is dropped.
+    /// or over the UD QP (UC advertisements, or copies): a receive buffer (`Ctl::Cts`), or a
+    /// read to serve (`Ctl::Read`). Anything else is dropped.
     pub(crate) fn take_advert(&mut self, ci: u16, msg: Ctl, now: u64) {
         match msg {
             Ctl::Cts {
@@ -150,8 +150,9 @@ impl Engine {
         }
     }
 
-    /// The peer's advertisement `cts` on connection `ci`, from its control QP or copied over
-    /// the UD QP: taken in order, once (see [`crate::cts`]).
+    /// The peer's advertisement `cts` on connection `ci`, from its control QP or over the UD
+    /// QP: taken in order, once (see [`crate::cts`]); one taken ahead of its turn on UC has the
+    /// ones before it asked for (see `need.rs`).
     pub(crate) fn take_cts(&mut self, ci: u16, cts: Cts, now: u64) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
@@ -160,7 +161,7 @@ impl Engine {
             Taken::New => {
                 self.mark_ready(ci);
                 // Taken ahead of its turn (UC): the ones before it may be lost.
-                self.check_cts(ci, now);
+                self.check_cts(ci, true, now);
             }
             Taken::Copy => {}
             // More advertisements than a peer can have outstanding: a broken peer.
@@ -207,6 +208,7 @@ impl Engine {
     pub(crate) fn flush_ctl(&mut self, now: u64) {
         let ctl = std::mem::take(&mut self.scratch.ctl);
         for &ci in &ctl {
+            self.resend_cts(ci);
             let Some(c) = self.conns[usize::from(ci)].as_mut() else {
                 continue;
             };

@@ -120,8 +120,10 @@ impl CtsOrder {
 
     /// The peer withdraws its advertisement `seq` (a receive cancelled): if no send took it
     /// yet, it is dropped (from `ready`, or from its early slot, skipped when its turn comes;
-    /// one not seen yet, lost or overtaken on the UD QP, is skipped when it comes) and this
-    /// returns true; false if a send took it already, or it was withdrawn already.
+    /// one not seen yet, lost or overtaken on the UD QP, or never advertised, is skipped when
+    /// it comes) and this returns true; false if a send took it already, it was withdrawn
+    /// already, a read holds its sequence number, or it is further ahead than a peer can have
+    /// receives posted.
     pub(crate) fn withdraw(&mut self, seq: u32, ready: &mut VecDeque<Cts>) -> bool {
         if let Some(i) = ready.iter().position(|c| c.seq == seq) {
             ready.remove(i);

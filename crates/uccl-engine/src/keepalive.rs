@@ -16,7 +16,8 @@
 //! is lost (the responder NAKs a gap once, then drops until the requester goes back), and only
 //! the RC timeout is left. So in every further interval that the stall lasts, the buffer
 //! advertisements the control QP holds back (what a sender waits for; new ones queue behind
-//! the lost message too) are copied over the engine's UD QP to the peer's, each at most
+//! the lost message too: on RC all of them, on UC those sent again because the peer asked, see
+//! `need.rs`) are copied over the engine's UD QP to the peer's, those of each send slot at most
 //! [`COPY_ROUNDS`] times; the peer takes each once, in order (see [`crate::cts`]). A round
 //! stops at half the UD send slots, which the ACKs need.
 //!
@@ -27,8 +28,8 @@
 use crate::engine::{ConnId, Engine};
 use crate::proto::{CTL_LEN, CTL_PACK, Ctl, ctl_copy, ctl_pack};
 
-/// Copies of one advertisement a stalled control QP holds back, one per probe interval (then
-/// only the RC timeout is left for it).
+/// Copies of the advertisements of one send slot a stalled control QP holds back, one per
+/// probe interval (then only the RC timeout is left for them).
 pub(crate) const COPY_ROUNDS: u8 = 3;
 
 impl Engine {
@@ -153,21 +154,25 @@ impl Engine {
                 continue;
             };
             let (peer, fid, tag) = (c.peer, c.peer_fid, c.peer_tag);
-            let mut copied = false;
+            // A round counts once every advertisement of the slot went.
+            let (mut copied, mut all) = (false, true);
             for msg in msgs {
-                if self.io.ctrl_send.in_use() * 2 >= self.io.ctrl_send.len() {
-                    break;
-                }
                 if !matches!(Ctl::parse(msg), Some(Ctl::Cts { .. } | Ctl::Read { .. })) {
                     continue;
                 }
                 let msg: &[u8; CTL_LEN] = msg.try_into().expect("a whole message");
-                if self.send_ud(peer, &ctl_copy(fid, tag, msg)) {
+                let room = self.io.ctrl_send.in_use() * 2 < self.io.ctrl_send.len();
+                if room && self.send_ud(peer, &ctl_copy(fid, tag, msg)) {
                     self.stats.ctl_copies += 1;
                     copied = true;
+                } else {
+                    all = false;
                 }
             }
-            if copied && let Some(c) = self.conns[usize::from(ci)].as_mut() {
+            if copied
+                && all
+                && let Some(c) = self.conns[usize::from(ci)].as_mut()
+            {
                 c.ctl.copies[i as usize] += 1;
             }
         }

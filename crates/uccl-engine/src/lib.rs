@@ -4,8 +4,8 @@
 //! An [`Engine`] owns one device context's shared resources (UCCL's `SharedIOContext`): one CQ
 //! for every QP of every connection (sends, receives and control: one poll a round), one shared
 //! receive queue refilled with one chained post once enough buffers are owed, and one UD
-//! control QP over which ACK/SACK headers travel, everything a round has for a peer packed into
-//! one message. Connections carry
+//! control QP over which ACK/SACK headers (and, on UC, the advertisements of receive buffers)
+//! travel, what a round has for a peer packed into one message. Connections carry
 //! several data QPs (paths) and one RC control QP each; the transmit side ([`uccl_tx`]) cuts
 //! messages into chunks, posts them as chains of pre-initialised work requests and
 //! retransmits what is lost; the receive side tracks every flow (cumulative sequence number

@@ -16,7 +16,8 @@ pub(crate) struct Peer {
     pub(crate) gid: Gid,
     pub(crate) ctrl_qpn: u32,
     pub(crate) ah: Arc<Ah>,
-    /// ACK headers staged for the next control message to it.
+    /// The UD message staged for it (sent at the end of the round): its items, ACK headers
+    /// and advertisements (see `proto::ud_items`).
     pub(crate) acks: Vec<u8>,
     /// The connections whose ACK is in `acks`.
     pub(crate) staged: Vec<u16>,

@@ -328,7 +328,7 @@ impl Engine {
         }
         // Sends left waiting (UC): for an advertisement the UD QP may have lost.
         for &ci in &ready {
-            self.check_cts(ci, now);
+            self.check_cts(ci, false, now);
         }
         let mut ready = ready;
         ready.clear();

@@ -50,7 +50,8 @@ pub struct Stats {
     pub ack_answers: u64,
     /// ACK headers sent, and the control messages that carried them.
     pub acks_sent: u64,
-    /// Control messages (UD SENDs, or control-QP SENDs in RC mode) that carried ACKs.
+    /// UD messages sent to peers (ACKs, UC advertisements), and control-QP SENDs that carried
+    /// an ACK alone (RC mode; an ACK packed behind other control messages is not counted).
     pub ack_packets: u64,
     /// ACK headers received.
     pub acks_received: u64,

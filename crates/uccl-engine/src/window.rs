@@ -37,6 +37,7 @@ use crate::config::EngineConfig;
 use crate::conn::Win;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
+use crate::proto::Ctl;
 use crate::request::Done;
 use crate::round::Cqe;
 use crate::wrid;
@@ -199,9 +200,19 @@ impl Engine {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
+        let open = c.is_open();
         let Some(r) = c.recvs[slot].as_mut().filter(|r| r.ending.is_none()) else {
             return;
         };
+        if !r.advertised && open {
+            // It took a sequence number the peer never heard of (its window was still being
+            // bound): the peer is told to skip it, or its sends would wait for it for ever.
+            let seq = r.seq;
+            c.ctl.backlog.push_back(Ctl::Withdraw { seq }.to_bytes());
+            self.mark_ctl(ci);
+        }
+        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+        let r = c.recvs[slot].as_mut().expect("checked");
         r.ending = Some(result);
         match r.window {
             // Unbound once its bind completes.
