@@ -11,6 +11,23 @@ use softnic::{Faults, PacketInfo, Verdict};
 use uccl_engine::{ConnId, EngineConfig, EngineError, Mode, connect_pair};
 use uccl_integration::Sim;
 
+/// Drops the first `n` packets with BTH opcode `opcode` from device `from` to device `to`;
+/// counts every such packet, dropped or not.
+fn drop_first(sim: &Sim, from: usize, to: usize, opcode: u8, n: u64) -> Arc<AtomicU64> {
+    let seen = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&seen);
+    sim.fabric
+        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
+            let hit = p.from == from && p.to == to && p.opcode == opcode;
+            if hit && count.fetch_add(1, Ordering::Relaxed) < n {
+                Verdict::Drop
+            } else {
+                Verdict::Pass
+            }
+        })));
+    seen
+}
+
 #[test]
 fn an_rc_write_acked_by_the_nic_but_not_by_a_dead_peer_fails() {
     let cfg = EngineConfig {
@@ -228,17 +245,7 @@ fn a_read_held_back_by_a_stalled_control_qp_is_copied_over_ud() {
         .export_with(&theirs, 0, 4096, uccl_engine::Access::READ)
         .unwrap();
     let mine = sim.engines[0].register(4096).unwrap();
-    let dropped = Arc::new(AtomicU64::new(0));
-    let seen = Arc::clone(&dropped);
-    sim.fabric
-        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
-            let ctl = p.from == 0 && p.to == 1 && p.opcode == RC_SEND_ONLY;
-            if ctl && seen.fetch_add(1, Ordering::Relaxed) < 2 {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        })));
+    let dropped = drop_first(&sim, 0, 1, RC_SEND_ONLY, 2);
     let start = sim.fabric.now();
     let r = sim.engines[0].read(ca, &mine, 0, &d, 0, 4096).unwrap();
     sim.run(start + Duration::from_secs(1), |_| r.is_done())
@@ -278,17 +285,7 @@ fn a_gap_in_the_advertisements_is_asked_about_at_once() {
         unreachable!()
     };
     let (ca, cb) = connect_pair(a, b).unwrap();
-    let dropped = Arc::new(AtomicU64::new(0));
-    let seen = Arc::clone(&dropped);
-    sim.fabric
-        .set_packet_filter(Some(Box::new(move |p: &PacketInfo| {
-            let ud = p.from == 1 && p.to == 0 && p.opcode == UD_SEND_ONLY;
-            if ud && seen.fetch_add(1, Ordering::Relaxed) < 1 {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        })));
+    let dropped = drop_first(&sim, 1, 0, UD_SEND_ONLY, 1);
     let src = sim.engines[0].register(8192).unwrap();
     src.write_at(0, &[3; 8192]).unwrap();
     let dst = sim.engines[1].register(8192).unwrap();
@@ -323,7 +320,7 @@ fn a_gap_in_the_advertisements_is_asked_about_at_once() {
 
 /// A sender whose peer posts no receive for a while asks for advertisements a few times, then
 /// seldom (its peer most likely has nothing posted): 100 ms of waiting cost a handful of
-/// asks, not one a millisecond; the receive posted at last meets the send.
+/// asks, not one a millisecond; the receive posted at last meets the send at once.
 #[test]
 fn a_sender_waiting_for_a_receive_asks_seldom() {
     let cfg = EngineConfig {
@@ -346,6 +343,11 @@ fn a_sender_waiting_for_a_receive_asks_seldom() {
     let asks = sim.engines[0].stats().cts_asks;
     assert!((1..=6).contains(&asks), "{asks} asks in 100 ms");
     assert!(s.test().is_none());
+    // The receiver, asked for what it did not have, advertises the receive it posts at last
+    // over the control QP: the UD QP losing the next thing it sends costs no slow ask.
+    const UD_SEND_ONLY: u8 = 0x64;
+    drop_first(&sim, 1, 0, UD_SEND_ONLY, 1);
+    let posted = sim.fabric.now();
     let r = sim.engines[1].recv(cb, &dst, 0, 4096).unwrap();
     sim.run(later + Duration::from_secs(1), |_| {
         s.test().is_some() && r.test().is_some()
@@ -353,4 +355,14 @@ fn a_sender_waiting_for_a_receive_asks_seldom() {
     .unwrap();
     assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
     assert!(matches!(s.test(), Some(Ok(_))), "{:?}", s.test());
+    let took = sim.fabric.now() - posted;
+    assert!(
+        took < Duration::from_millis(5),
+        "{took:?} of virtual time after the receive was posted"
+    );
+    assert_eq!(
+        sim.engines[1].stats().ud_adverts,
+        0,
+        "the receive was advertised over the UD QP"
+    );
 }

@@ -216,14 +216,16 @@ impl Engine {
 
     /// Tells the peer of connection `ci` of a receive buffer: over the UD QP on UC (in the
     /// message of the round, with the ACKs), where a lost one is asked for again
-    /// ([`Ctl::NeedCts`]); over the control QP otherwise, and for reads (or if the UD message
-    /// is full and no UD send slot is free to send it).
+    /// ([`Ctl::NeedCts`]); over the control QP otherwise, for reads, when the peer asked and
+    /// this end had nothing to send (see `need.rs`), or if the UD message is full and no UD
+    /// send slot is free to send it.
     pub(crate) fn advertise(&mut self, ci: u16, msg: Ctl) {
-        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
-            return;
-        };
         let bytes = msg.to_bytes();
-        if self.cfg.mode == Mode::Uc && matches!(msg, Ctl::Cts { .. }) {
+        let ud = self.cfg.mode == Mode::Uc && matches!(msg, Ctl::Cts { .. });
+        if ud && !self.advertise_reliably(ci) {
+            let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+                return;
+            };
             let (peer, copy) = (c.peer, ctl_copy(c.peer_fid, c.peer_tag, &bytes));
             if self.stage_ud(peer, &copy).is_some() {
                 self.stats.ud_adverts += 1;

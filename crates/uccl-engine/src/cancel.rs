@@ -284,9 +284,14 @@ impl Engine {
     /// The peer withdraws its receive buffer `seq` on connection `ci`: dropped if no send took
     /// it yet; the answer says which.
     pub(crate) fn on_withdraw(&mut self, ci: u16, seq: u32) {
-        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
+        let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
             return;
         };
+        // An honest peer withdraws at most the receives it has posted, and takes the answers.
+        if c.ctl.backlog.len() >= 4 * crate::conn::RECV_IDS {
+            let why = "the peer withdrew more receives at once than it can have posted";
+            return self.fail_conn(ci, why, true);
+        }
         let ok = c.cts_order.withdraw(seq, &mut c.cts);
         c.ctl
             .backlog

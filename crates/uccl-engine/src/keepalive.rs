@@ -16,8 +16,8 @@
 //! is lost (the responder NAKs a gap once, then drops until the requester goes back), and only
 //! the RC timeout is left. So in every further interval that the stall lasts, the buffer
 //! advertisements the control QP holds back (what a sender waits for; new ones queue behind
-//! the lost message too: on RC all of them, on UC those sent again because the peer asked, see
-//! `need.rs`) are copied over the engine's UD QP to the peer's, those of each send slot at most
+//! the lost message too: on RC all of them; on UC those sent again because the peer asked or
+//! it waited, those that found the UD message full, and reads; see `need.rs`) are copied over the engine's UD QP to the peer's, those of each send slot at most
 //! [`COPY_ROUNDS`] times; the peer takes each once, in order (see [`crate::cts`]). A round
 //! stops at half the UD send slots, which the ACKs need.
 //!

@@ -14,7 +14,9 @@
 //! (the transmit side's initial timeout) while a send waits for an advertisement or a gap
 //! stays open: the last advertisement before a quiet spell shows no gap. Without a gap a
 //! receive may simply not be posted yet, so after [`QUICK_ASKS`] asks that brought nothing
-//! the interval is [`SLOW_ASKS`] times as long, until an advertisement comes.
+//! the interval is [`SLOW_ASKS`] times as long, until an advertisement comes or a gap opens
+//! (the quick interval then takes over at once); and a receiver asked for advertisements it
+//! did not have sends its next one over the control QP, so a loss of it costs no slow ask.
 //!
 //! What an ask costs the receiver is bounded whatever the peer sends: asks merge into the
 //! lowest sequence number asked for, and the advertisements (at most one per receive posted)
@@ -40,15 +42,19 @@ const SLOW_ASKS: u64 = 64;
 /// The asks of a connection: the sending end's, and the receiving end's answer to its peer's.
 #[derive(Debug, Default)]
 pub(crate) struct Asks {
-    /// The sequence number last asked for at once (for a gap).
+    /// The sequence number last asked for: a gap asks at once only for another one (the ask
+    /// for it brings it; if the ask came before it was posted, it comes over the control QP).
     asked: Option<u32>,
     /// When its timer is due, if armed (an entry of the engine's timers with another time
     /// is stale).
     due: Option<u64>,
-    /// Asks by the timer since an advertisement last came.
+    /// Asks the timer made since an advertisement last came.
     unanswered: u32,
     /// The peer asked for the advertisements from this one on, not sent yet.
     resend_from: Option<u32>,
+    /// The peer asked and this end had nothing to send: the next advertisement goes over the
+    /// control QP.
+    peer_waits: bool,
 }
 
 /// The ask timers: (deadline, connection index), earliest first.
@@ -82,30 +88,34 @@ impl Engine {
             self.ask_cts(ci);
         }
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
-        if c.asks.due.is_none() {
-            let slow = c.asks.unanswered >= QUICK_ASKS && !c.cts_order.has_gap();
-            let at = now.saturating_add(if slow { probe * SLOW_ASKS } else { probe });
+        let slow = c.asks.unanswered >= QUICK_ASKS && !c.cts_order.has_gap();
+        let at = now.saturating_add(if slow { probe * SLOW_ASKS } else { probe });
+        // Armed, or armed later than this (slow, before an advertisement came or a gap
+        // opened): the earlier time wins, the later entry goes stale.
+        if c.asks.due.is_none_or(|due| due > at) {
             c.asks.due = Some(at);
             self.cts_timers.push(Reverse((at, ci)));
         }
     }
 
     /// Asks connection `ci`'s peer for its advertisements from the next one this end lacks,
-    /// unless an ask still waits in the control backlog (O(backlog), only when asking).
-    fn ask_cts(&mut self, ci: u16) {
+    /// unless an ask still waits in the control backlog (O(backlog), only when asking);
+    /// whether it asked.
+    fn ask_cts(&mut self, ci: u16) -> bool {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
-            return;
+            return false;
         };
         let waiting =
             |m: &[u8; crate::proto::CTL_LEN]| matches!(Ctl::parse(m), Some(Ctl::NeedCts { .. }));
         if c.ctl.backlog.iter().any(waiting) {
-            return;
+            return false;
         }
         let seq = c.cts_order.next();
         c.asks.asked = Some(seq);
         c.ctl.backlog.push_back(Ctl::NeedCts { seq }.to_bytes());
         self.stats.cts_asks += 1;
         self.mark_ctl(ci);
+        true
     }
 
     /// Runs the ask timers that are due: a connection still waiting asks again.
@@ -123,9 +133,10 @@ impl Engine {
             };
             c.asks.due = None;
             if self.waits_for_cts(ci) {
-                self.ask_cts(ci);
-                let c = self.conns[usize::from(ci)].as_mut().expect("checked");
-                c.asks.unanswered = c.asks.unanswered.saturating_add(1);
+                if self.ask_cts(ci) {
+                    let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+                    c.asks.unanswered = c.asks.unanswered.saturating_add(1);
+                }
                 self.check_cts(ci, false, now);
             }
         }
@@ -163,8 +174,9 @@ impl Engine {
 
     /// Sends connection `ci`'s advertisements its peer asked for again, unless the control
     /// backlog holds [`RECV_IDS`] messages or more (what an ask adds to it stays bounded,
-    /// however many come): every receive posted from the sequence number asked for on that is
-    /// advertised and neither a read nor being withdrawn or ended (O(receives posted)).
+    /// however many come): every receive among the last [`RECV_IDS`] posted, from the sequence
+    /// number asked for on, that is advertised and neither a read nor being withdrawn or ended
+    /// (O([`RECV_IDS`])).
     pub(crate) fn resend_cts(&mut self, ci: u16) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
@@ -175,7 +187,10 @@ impl Engine {
         let Some(seq) = c.asks.resend_from.take() else {
             return;
         };
-        let back = c.next_seq.wrapping_sub(seq);
+        // Receives posted since the ask may have moved the sequence numbers on.
+        let back = c.next_seq.wrapping_sub(seq).min(RECV_IDS as u32);
+        let seq = c.next_seq.wrapping_sub(back);
+        let mut resent = 0;
         for s in (0..back).map(|k| seq.wrapping_add(k)) {
             let Some(r) = c.recvs[s as usize % RECV_IDS].as_ref() else {
                 continue;
@@ -187,8 +202,20 @@ impl Engine {
                 && r.ending.is_none()
             {
                 c.ctl.backlog.push_back(r.advert().to_bytes());
-                self.stats.cts_resent += 1;
+                resent += 1;
             }
         }
+        self.stats.cts_resent += resent;
+        // Nothing to send: the peer waits for a receive not posted yet, whose advertisement
+        // goes over the control QP then (a loss of it would cost the peer its slow asks).
+        c.asks.peer_waits = resent == 0;
+    }
+
+    /// Whether connection `ci`'s next advertisement goes over the control QP (its peer asked
+    /// and this end had nothing to send); it does once.
+    pub(crate) fn advertise_reliably(&mut self, ci: u16) -> bool {
+        self.conns[usize::from(ci)]
+            .as_mut()
+            .is_some_and(|c| std::mem::take(&mut c.asks.peer_waits))
     }
 }
