@@ -18,7 +18,7 @@ use crate::wrid;
 
 impl Engine {
     /// A UD message arrived: its items, in order ([`ud_items`]): ACK headers (UC mode),
-    /// advertisements or copies of control messages (see [`on_ctl_copy`](Self::on_ctl_copy)),
+    /// advertisements or copies of control messages (see [`on_ud_ctl`](Self::on_ud_ctl)),
     /// ACK requests.
     pub(crate) fn on_ack_packet(&mut self, slot: u32, e: Cqe, now: u64) {
         self.io.ctrl_recv.owed.push(slot);
@@ -46,7 +46,7 @@ impl Engine {
                         Ok(ack) => self.on_ack(ack, from, now),
                         Err(_) => self.stats.dropped_invalid += 1,
                     },
-                    Some(UdItem::Ctl(b)) => self.on_ctl_copy(b, from, now),
+                    Some(UdItem::Ctl(b)) => self.on_ud_ctl(b, from, now),
                     Some(UdItem::Ask(b)) => self.on_ack_request(b, from, now),
                     Some(UdItem::Void) | None => self.stats.dropped_invalid += 1,
                 }
@@ -60,7 +60,7 @@ impl Engine {
     /// `keepalive.rs`). It is taken, like one from the connection's control QP, if it comes
     /// from the connection's peer with the connection's tag (an earlier connection with the
     /// same id has another).
-    fn on_ctl_copy(&mut self, b: &[u8], from: AckSource, now: u64) {
+    fn on_ud_ctl(&mut self, b: &[u8], from: AckSource, now: u64) {
         let Some((fid, tag, msg)) = parse_ctl_copy(b) else {
             self.stats.dropped_invalid += 1;
             return;

@@ -160,7 +160,8 @@ impl Engine {
         match c.cts_order.take(cts, &mut c.cts) {
             Taken::New => {
                 self.mark_ready(ci);
-                // Taken ahead of its turn (UC): the ones before it may be lost.
+                // UC: one taken ahead of its turn shows the ones before it lost (asked for);
+                // the ask timer's quick interval comes back.
                 self.check_cts(ci, true, now);
             }
             Taken::Copy => {}
