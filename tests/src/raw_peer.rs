@@ -112,6 +112,10 @@ pub struct RawPeer {
     /// How the control QP failed, if it did (its receives are then flushed, and not posted
     /// again).
     pub ctl_failed: Option<WcStatus>,
+    /// Control receives are not posted again once used: the victim's control messages find
+    /// none (receiver not ready), its control QP retries them for ever, and what it has to
+    /// say piles up.
+    pub hold_ctl: bool,
 }
 
 impl std::fmt::Debug for RawPeer {
@@ -294,6 +298,7 @@ impl RawPeer {
             other_ctl: Vec::new(),
             ud_received: 0,
             ctl_failed: None,
+            hold_ctl: false,
         };
         for i in 0..CTL_RECVS {
             peer.repost_ctl(i)?;
@@ -428,7 +433,9 @@ impl RawPeer {
                             CtlMsg::Other(k) => self.other_ctl.push(k),
                         }
                     }
-                    self.repost_ctl(i).map_err(verbs_err("a control receive"))?;
+                    if !self.hold_ctl {
+                        self.repost_ctl(i).map_err(verbs_err("a control receive"))?;
+                    }
                 }
                 UD_RECV if status == ok => {
                     self.ud_received += 1;

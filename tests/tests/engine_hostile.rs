@@ -223,3 +223,63 @@ fn a_flood_of_duplicates_is_throttled_then_failed_uc() {
 fn a_flood_of_duplicates_is_throttled_then_failed_rc() {
     flood_is_contained(Mode::Rc, Flood::Duplicates);
 }
+
+/// A peer that sends control messages each of which draws an answer (withdrawals of receives
+/// it never posted) and takes none of the answers (its control QP posts no receive: the
+/// victim's control sends wait on receiver-not-ready for ever) fails its connection once 512
+/// answers wait, naming why: the victim's memory stays bounded, and its honest connection
+/// goes on.
+#[test]
+fn a_flood_of_withdrawals_whose_answers_are_never_taken_fails_the_connection() {
+    use uccl_integration::raw_peer::CTL_LEN;
+    const WITHDRAW: u8 = 7;
+    let seed = 9;
+    let (mut sim, dev) = sim_with_raw_devices(seed, 2, 1, &cfg(Mode::Uc));
+    let fabric = sim.fabric.clone();
+    let honest = sim.connect(VICTIM, HONEST).unwrap();
+    let (mut peer, hostile) =
+        RawPeer::connect(&fabric, &dev[0], &mut sim.engines[VICTIM], seed).unwrap();
+    let probe_buf = sim.engines[VICTIM].register(4096).unwrap();
+    let probe = sim.engines[VICTIM]
+        .recv(hostile, &probe_buf, 0, 4096)
+        .unwrap();
+    peer.hold_ctl = true;
+    let step = |sim: &mut uccl_integration::Sim, peer: &mut RawPeer| {
+        peer.poll().unwrap();
+        for e in &mut sim.engines {
+            e.poll().unwrap();
+        }
+        sim.advance_to_next(None);
+    };
+    let mut sent = 0u32;
+    while sent < 4000 && !probe.is_done() {
+        let mut m = [0u8; CTL_LEN];
+        m[0] = WITHDRAW;
+        m[4..8].copy_from_slice(&(1000 + sent).to_be_bytes());
+        if peer.send_ctl(&m).is_ok() {
+            sent += 1;
+        } else {
+            step(&mut sim, &mut peer);
+        }
+    }
+    let limit = fabric.now() + Duration::from_secs(1);
+    sim.run(limit, |_| probe.is_done()).unwrap();
+    let why = probe.test().unwrap().unwrap_err().to_string();
+    assert!(
+        why.contains("withdrew more receives at once than it can have posted"),
+        "after {sent} withdrawals: {why}"
+    );
+    assert!(sent > 512, "{sent} withdrawals");
+    // The honest connection goes on.
+    let src = sim.engines[HONEST].register(4096).unwrap();
+    src.write_at(0, &[6; 4096]).unwrap();
+    let dst = sim.engines[VICTIM].register(4096).unwrap();
+    let r = sim.engines[VICTIM].recv(honest.ca, &dst, 0, 4096).unwrap();
+    let s = sim.engines[HONEST].send(honest.cb, &src, 0, 4096).unwrap();
+    let limit = fabric.now() + Duration::from_secs(1);
+    sim.run(limit, |_| r.is_done() && s.is_done()).unwrap();
+    assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
+    let mut got = [0u8; 4096];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 6));
+}
