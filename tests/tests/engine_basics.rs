@@ -361,10 +361,8 @@ fn the_advertisements_of_one_round_share_a_send() {
         ..EngineConfig::default()
     };
     let mut sim = Sim::new(5, 2, Faults::NONE, &cfg);
-    let [a, b] = &mut sim.engines[..] else {
-        unreachable!()
-    };
-    let (ca, cb) = connect_pair(a, b).unwrap();
+    let l = sim.connect(0, 1).unwrap();
+    let (ca, cb) = (l.ca, l.cb);
     let sends = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&sends);
     sim.fabric

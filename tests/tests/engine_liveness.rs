@@ -281,10 +281,8 @@ fn a_gap_in_the_advertisements_is_asked_about_at_once() {
         ..EngineConfig::default()
     };
     let mut sim = Sim::new(64, 2, Faults::NONE, &cfg);
-    let [a, b] = &mut sim.engines[..] else {
-        unreachable!()
-    };
-    let (ca, cb) = connect_pair(a, b).unwrap();
+    let l = sim.connect(0, 1).unwrap();
+    let (ca, cb) = (l.ca, l.cb);
     let dropped = drop_first(&sim, 1, 0, UD_SEND_ONLY, 1);
     let src = sim.engines[0].register(8192).unwrap();
     src.write_at(0, &[3; 8192]).unwrap();
@@ -329,10 +327,8 @@ fn a_sender_waiting_for_a_receive_asks_seldom() {
         ..EngineConfig::default()
     };
     let mut sim = Sim::new(65, 2, Faults::NONE, &cfg);
-    let [a, b] = &mut sim.engines[..] else {
-        unreachable!()
-    };
-    let (ca, cb) = connect_pair(a, b).unwrap();
+    let l = sim.connect(0, 1).unwrap();
+    let (ca, cb) = (l.ca, l.cb);
     let src = sim.engines[0].register(4096).unwrap();
     src.write_at(0, &[4; 4096]).unwrap();
     let dst = sim.engines[1].register(4096).unwrap();

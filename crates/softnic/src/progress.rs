@@ -103,9 +103,12 @@ impl State {
             let mut got = 0;
             let mut more = true;
             for _ in 0..RX_BATCHES {
-                let Some(port) = self.w.devices[dev].udp.as_mut().filter(|_| more) else {
+                let Some(port) = self.w.devices[dev].udp.as_mut() else {
                     break;
                 };
+                if !more {
+                    break;
+                }
                 let (n, full) = port.receive(&mut incoming);
                 if n == 0 {
                     break;
