@@ -97,6 +97,7 @@ mod cq;
 mod error;
 mod events;
 mod flags;
+mod kept;
 mod memory;
 mod pins;
 mod post;
@@ -106,6 +107,7 @@ mod slots;
 mod srq;
 mod track;
 mod window;
+mod wr;
 
 pub use context::{Ah, Context, DeviceLimits, Gid, Leaks, LocalPort, Pd, PortInfo, leaks};
 pub use cq::{
@@ -117,7 +119,7 @@ pub use events::{AsyncElement, AsyncEvent};
 pub use flags::{AccessFlags, Mtu, QpAttrMask};
 pub use memory::{DmaBuf, DmaRange, Mr, MrBuf};
 pub use pins::Pins;
-pub use post::{RecvBatch, RecvWr, SendBatch, SendOp, SendWr, UdSendWr};
+pub use post::{RecvBatch, SendBatch};
 pub use provider::{Device, Verbs};
 pub use qp::{
     Attrs, CanPostRecv, CanPostSend, ConnInit, Connected, Errored, Init, Qp, QpCaps, QpInit,
@@ -128,6 +130,7 @@ pub use slots::{RecvSlot, WrSlot};
 pub use srq::{Srq, SrqAttr};
 pub use track::WR_ID_TAG;
 pub use window::Mw;
+pub use wr::{RecvWr, SendOp, SendWr, UdSendWr};
 
 /// Re-exported so users need not depend on `ibverbs-sys` for the WR and SGE structs.
 pub use ibverbs_sys as sys;

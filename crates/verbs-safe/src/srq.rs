@@ -6,13 +6,13 @@ use ibverbs_sys::{ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
 use crate::context::{Pd, leaked};
 use crate::error::{Errno, Error, Result};
+use crate::kept::post_tracked;
 use crate::memory::DmaBuf;
 use crate::pins::Pins;
-use crate::post::{
-    PostSrqRecvFn, RecvBatch, RecvTarget, RecvWr, chain_recv, post_recv_chain, post_tracked,
-};
+use crate::post::{PostSrqRecvFn, RecvBatch, RecvTarget, post_recv_chain};
 use crate::slots::{RecvSlot, check_slot, link};
 use crate::track::{Owner, new_owner_id};
+use crate::wr::{RecvWr, chain_recv};
 
 /// A shared receive queue: receive WQEs that many QPs take from.
 pub struct Srq {

@@ -27,15 +27,16 @@ use crate::context::{Ah, Pd, leaked};
 use crate::cq::Cq;
 use crate::error::{Errno, Error, Result};
 use crate::flags::QpAttrMask;
+use crate::kept::post_tracked;
 use crate::memory::DmaBuf;
 use crate::pins::Pins;
 use crate::post::{
-    self, Chain, PostRecvFn, PostSendFn, RecvBatch, RecvTarget, RecvWr, SendBatch, SendWr,
-    UdSendWr, chain_recv, chain_send, post_recv_chain, post_tracked,
+    self, Chain, PostRecvFn, PostSendFn, RecvBatch, RecvTarget, SendBatch, post_recv_chain,
 };
 use crate::slots::{RecvSlot, WrSlot};
 use crate::srq::Srq;
 use crate::track::{Owner, new_owner_id};
+use crate::wr::{RecvWr, SendWr, UdSendWr, chain_recv, chain_send};
 use ledger::Books;
 
 /// A QP state, as libibverbs numbers them.
