@@ -12,6 +12,8 @@ use verbs_safe::{Context, Verbs};
 
 use crate::perf::{median, num, run};
 
+use super::{Out, Row};
+
 /// Per-call costs at no connection and at [`CONNS`], in ns.
 pub(crate) struct Calls {
     /// register(64 KiB) + deregister: no connection, [`CONNS`].
@@ -128,4 +130,55 @@ pub(crate) fn windows(bin: &Path, reps: usize) -> Result<Windows, String> {
         msgs_per_s: [median(&rate[0]), median(&rate[1])],
         stack_ns: [median(&cpu[0]), median(&cpu[1])],
     })
+}
+
+/// Row 7: memory and keys.
+pub(super) fn rows(perf: &Path, out: &mut Out) -> Result<(), String> {
+    const ITERS: u32 = 2000;
+    eprintln!("  register/export at 0 and {} connections", CONNS);
+    let c = calls(ITERS, 5)?;
+    for (what, [base, ours]) in [
+        ("register(64 KiB) + deregister, ns", c.register),
+        ("export(64 KiB) + withdraw, ns", c.export),
+    ] {
+        out.rows.push(Row::new(
+            "7",
+            format!("{what}: no connection vs **{} connections**", CONNS),
+            "one engine, softnic, per call pair",
+            format!("{base:.0}"),
+            format!("{ours:.0}"),
+            ours / base,
+            "~1 (O(log n), not O(QPs))",
+        ));
+    }
+    let w = windows(perf, 5)?;
+    let case = "4 KiB messages of one chunk, 4 flows x 2 QPs, UC, no payload, no loss";
+    out.rows.push(Row::new(
+        "7",
+        "messages/s: buffer key vs **receive window**",
+        case,
+        format!("{:.0}", w.msgs_per_s[1]),
+        format!("{:.0}", w.msgs_per_s[0]),
+        w.msgs_per_s[0] / w.msgs_per_s[1],
+        "",
+    ));
+    out.rows.push(Row::new(
+        "7",
+        "stack CPU ns per message: buffer key vs **receive window**",
+        case,
+        format!("{:.0}", w.stack_ns[1]),
+        format!("{:.0}", w.stack_ns[0]),
+        w.stack_ns[0] / w.stack_ns[1],
+        "",
+    ));
+    out.notes.push(format!(
+        "Row 7: register/export = {ITERS} call pairs timed in this program, medians of 5 \
+         rounds (after one to warm up), alternating between an engine holding no connection \
+         and one holding {} (one data QP each): a buffer is pinned once in a table every data \
+         QP shares, an export is one registration of its range; windows = `uccl-perf {} \
+         --recv-keys window|buffer`, medians of 5 runs each, alternating (a window costs a bind \
+         and an unbind per receive on the engine's window QP, and their completions).",
+        CONNS, w.args
+    ));
+    Ok(())
 }

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use crate::perf::{median, num, run};
 
+use super::{Out, Row};
+
 /// READ and WRITE goodput (Gb/s) in one mode: write, read.
 pub(crate) struct ReadWrite {
     pub(crate) mode: &'static str,
@@ -118,4 +120,49 @@ pub(crate) fn vectored(bin: &Path, reps: usize) -> Result<Vectored, String> {
         virtual_us: med(2),
         args: [args(0), args(1)],
     })
+}
+
+/// Row 9: one-sided reads and vectored transfers.
+pub(super) fn rows(perf: &Path, out: &mut Out) -> Result<(), String> {
+    for rw in read_vs_write(perf, 3)? {
+        out.rows.push(Row::new(
+            "9",
+            "goodput Gb/s: WRITE vs **READ**, 64 KiB",
+            format!(
+                "{}, one process, virtual clock, no loss",
+                rw.mode.to_uppercase()
+            ),
+            format!("{:.2}", rw.gbps[0]),
+            format!("{:.2}", rw.gbps[1]),
+            rw.gbps[1] / rw.gbps[0],
+            "",
+        ));
+    }
+    let v = vectored(perf, 3)?;
+    let n = BLOCKS;
+    let case = "4 KiB blocks, UC, 1 flow x 2 QPs, no payload, no loss";
+    for (what, [base, ours], prec) in [
+        ("post calls per block", v.posts, 3),
+        ("stack CPU ns per block", v.cpu_ns, 0),
+        ("virtual us per 1024 blocks", v.virtual_us, 1),
+    ] {
+        out.rows.push(Row::new(
+            "9",
+            format!("{what}: {n} `write`s vs **one `write_v` of {n}**"),
+            case,
+            format!("{base:.prec$}"),
+            format!("{ours:.prec$}"),
+            ours / base,
+            "",
+        ));
+    }
+    out.notes.push(format!(
+        "Row 9: READ vs WRITE = `uccl-perf --transport uc|rc --op write|read --msg-size 64KiB \
+         --messages 2000 --loss 0`, medians of 3 runs each, alternating (two processes: not \
+         yet, uccl-perf's one-sided ops run in one process); write_v = `uccl-perf {}` vs \
+         `uccl-perf {}`, medians of 3 each, alternating (each block one chunk; in flight: \
+         32 writes of 4 KiB, or 2 write_v of 4 MiB).",
+        v.args[1], v.args[0]
+    ));
+    Ok(())
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::perf::median;
 
+use super::{Out, Row};
+
 /// One measurement: what, how, and the medians (softnic perftest, softnic UCX, TCP UCX).
 pub(crate) struct UcxRow {
     pub(crate) what: &'static str,
@@ -235,4 +237,50 @@ pub(crate) fn perftest_column(out: &str, col: usize) -> Result<f64, String> {
     row.get(col)
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| format!("no figure in {:?}", lines.get(i + 1)))
+}
+
+/// Row 10: UCX on softnic against perftest on the same link and against UCX over TCP.
+pub(super) fn rows(out: &mut Out) -> Result<(), String> {
+    let rows = ucx_rows(3)?;
+    for r in &rows {
+        let fmt = |v: f64| format!("{v:.1} {}", r.unit);
+        // Latency: the ratio of rates (baseline / ours), so that above 1 is faster either way.
+        let ratio = |base: f64, ours: f64| {
+            if r.unit == "MB/s" {
+                ours / base
+            } else {
+                base / ours
+            }
+        };
+        out.rows.push(Row::new(
+            "10",
+            format!("UCX {} vs {} (softnic, same link)", r.what, r.perftest),
+            "2 processes, UCX_TLS=rc_verbs,ud_verbs, softnic UDP link on loopback",
+            fmt(r.perftest_value),
+            fmt(r.ucx_softnic),
+            ratio(r.perftest_value, r.ucx_softnic),
+            "near 1: UCX's overhead over raw verbs",
+        ));
+        out.rows.push(Row::new(
+            "10",
+            format!("UCX {}: softnic vs UCX_TLS=tcp on lo", r.what),
+            "2 processes, same ucx_perftest arguments",
+            fmt(r.ucx_tcp),
+            fmt(r.ucx_softnic),
+            ratio(r.ucx_tcp, r.ucx_softnic),
+            "report (TCP is what a user without softnic runs)",
+        ));
+    }
+    out.notes.push(
+        "Row 10: medians of 3 runs each of `softnic-run -- ucx_perftest` (server and client, \
+         UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=soft0:1; `-t ucp_put_bw|tag_bw -s 65536 -n \
+         5000 -w 500`, `-t tag_lat -s 8 -n 50000 -w 5000`), `softnic-run -- ib_write_bw -d \
+         soft0 -x 1 -s 65536 -n 5000`, `softnic-run -- ib_send_lat -d soft0 -x 1 -s 8 -n \
+         50000`, and the same ucx_perftest runs without softnic with UCX_TLS=tcp \
+         UCX_NET_DEVICES=lo. Bandwidth: overall MB/s (UCX) and BW average (perftest); latency: \
+         average one-way µs (UCX's average, perftest's t_avg); the latency ratio is baseline / \
+         ours."
+            .into(),
+    );
+    Ok(())
 }
