@@ -106,14 +106,12 @@ mod qp;
 mod slots;
 mod srq;
 mod track;
+mod wc;
 mod window;
 mod wr;
 
 pub use context::{Ah, Context, DeviceLimits, Gid, Leaks, LocalPort, Pd, PortInfo, leaks};
-pub use cq::{
-    BATCH, CompChannel, Completion, CompletionContext, Cq, Failure, Polled, Poller, Success,
-    WcOpcode, WcStatus,
-};
+pub use cq::{BATCH, CompChannel, CompletionContext, Cq, Polled, Poller};
 pub use error::{Errno, Error, Result};
 pub use events::{AsyncElement, AsyncEvent};
 pub use flags::{AccessFlags, Mtu, QpAttrMask};
@@ -129,6 +127,7 @@ pub use qp::{
 pub use slots::{RecvSlot, WrSlot};
 pub use srq::{Srq, SrqAttr};
 pub use track::WR_ID_TAG;
+pub use wc::{Completion, Failure, Success, WcOpcode, WcStatus};
 pub use window::Mw;
 pub use wr::{RecvWr, SendOp, SendWr, UdSendWr};
 

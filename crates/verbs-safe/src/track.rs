@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cq::Completion;
 use crate::memory::MrBuf;
 use crate::pins::{Deltas, Pins};
+use crate::wc::Completion;
 use crate::window::PendingBind;
 
 /// The `wr_id` bit that marks an id this crate issued for a tracked WR (a
