@@ -260,7 +260,13 @@ fn malformed(seed: u64, mode: Mode) {
         let dev = (round / 3 % 2) as usize;
         let (bytes, kind) = garbage(&mut rng, mode, dev, &seen, victims[dev].1);
         kinds[kind] += 1;
-        let sgid = rng.bytes(16).try_into().unwrap();
+        // Mostly from the peer's address, which is what gets past the NIC to the engine;
+        // the rest from anywhere (softnic drops them as foreign to the connected QPs).
+        let sgid = if rng.below(4) == 0 {
+            rng.bytes(16).try_into().unwrap()
+        } else {
+            sim.fabric.gid(&format!("soft{}", 1 - dev)).unwrap()
+        };
         sim.fabric
             .inject(&format!("soft{dev}"), sgid, &bytes)
             .unwrap();
@@ -375,7 +381,13 @@ fn stray_packets(seed: u64, mode: Mode) {
                     }),
                     ..Headers::default()
                 };
-                let sgid = rng.bytes(16).try_into().unwrap();
+                // Mostly from the peer's address, which is what gets past the NIC to the engine;
+                // the rest from anywhere (softnic drops them as foreign to the connected QPs).
+                let sgid = if rng.below(4) == 0 {
+                    rng.bytes(16).try_into().unwrap()
+                } else {
+                    sim.fabric.gid("soft1").unwrap()
+                };
                 sim.fabric
                     .inject("soft0", sgid, &frame(h, &rng.bytes(8)))
                     .unwrap();

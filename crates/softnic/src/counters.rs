@@ -58,6 +58,10 @@ pub struct Counters {
     pub cnps_sent: u64,
     /// Congestion notification packets received.
     pub cnps_received: u64,
+    /// Packets for an RC or UC QP that did not come from its peer (another source address)
+    /// or that name another partition: dropped unread, as rxe's `check_addr` and
+    /// `check_keys` drop them.
+    pub foreign_packets: u64,
 }
 
 impl std::ops::AddAssign<&Counters> for Counters {
@@ -88,5 +92,6 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.ecn_marked += o.ecn_marked;
         self.cnps_sent += o.cnps_sent;
         self.cnps_received += o.cnps_received;
+        self.foreign_packets += o.foreign_packets;
     }
 }

@@ -541,6 +541,10 @@ impl Qp {
     /// `frame` (which holds them too, unless it came from the UDP link).
     pub(crate) fn receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame, wire: &[u8]) {
         self.count(w, |c| c.packets_received += 1);
+        if !self.sent_by_peer(w, pkt, frame) {
+            self.count(w, |c| c.foreign_packets += 1);
+            return;
+        }
         use crate::packet::opcode::*;
         match pkt.hdr.opcode {
             RC_ACKNOWLEDGE
@@ -554,6 +558,22 @@ impl Qp {
         }
         if self.may_transmit() {
             self.wake(w);
+        }
+    }
+
+    /// Whether a packet may concern this QP at all (rxe's `check_keys` and `check_addr`): it
+    /// names the default partition (of which every QP is a member), and if this QP is
+    /// connected (RC, UC), it comes from the address its AV names; anyone may send to a UD QP
+    /// (its Q_Key is checked on delivery).
+    fn sent_by_peer(&self, w: &World, pkt: &Packet<'_>, frame: &Frame) -> bool {
+        if pkt.hdr.pkey & 0x7fff != 0x7fff {
+            return false;
+        }
+        match (self.transport, self.dest_dev) {
+            (Transport::Ud, _) => true,
+            (_, Some(Dest::Local(d))) => frame.sgid == w.devices[d].gid,
+            (_, Some(Dest::Udp(to))) => crate::roce::gid_ipv4(&frame.sgid) == Some(*to.ip()),
+            (_, None) => false,
         }
     }
 

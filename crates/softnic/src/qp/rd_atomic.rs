@@ -33,6 +33,9 @@ impl Qp {
             return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
         }
         let len = u64::from(reth.len);
+        if len > super::responder::MAX_RDMA {
+            return self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, psn);
+        }
         // A zero-byte READ names no memory (C9-88): neither address nor rkey is checked.
         if len > 0 && !w.check_remote(self.at(), reth.rkey, reth.va, len, REMOTE_READ) {
             return self.fatal_nak(w, syndrome::NAK_REMOTE_ACCESS, psn);

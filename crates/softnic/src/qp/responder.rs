@@ -27,6 +27,10 @@ use crate::state::{Element, World};
 /// sends them again).
 const MAX_DEFERRED: usize = 4096;
 
+/// The most an RDMA READ or WRITE may move: 2 GiB (the IBTA's and rxe's limit; more would
+/// also take more than half the PSN space).
+pub(super) const MAX_RDMA: u64 = 1 << 31;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Send,
@@ -382,7 +386,8 @@ impl Qp {
                 return Err(fail(Failure::Length));
             };
             let total = u64::from(reth.len);
-            if (l.last && n != total) || (!l.last && total <= mtu) {
+            // No RDMA moves more than 2 GiB (rxe's check_length, before the key is looked at).
+            if (l.last && n != total) || (!l.last && total <= mtu) || total > MAX_RDMA {
                 return Err(fail(Failure::Length));
             }
             if total > 0 && !w.check_remote(self.at(), reth.rkey, reth.va, total, REMOTE_WRITE) {
@@ -423,11 +428,14 @@ impl Qp {
             InMsg::Write {
                 va, resid, rkey, ..
             } => {
-                // A first packet's range lies in the RETH's, checked just above.
-                if n > *resid
+                // A first packet's range lies in the RETH's, checked just above. The last
+                // packet brings exactly what the RETH's length still owes (rxe checks each
+                // packet against the residue): no more, and no less.
+                let wrong_length = n > *resid || (l.last && n < *resid);
+                if wrong_length
                     || (n > 0 && !l.first && !w.check_remote(at, *rkey, *va, n, REMOTE_WRITE))
                 {
-                    let why = if n > *resid {
+                    let why = if wrong_length {
                         Failure::Length
                     } else {
                         Failure::RemoteAccess

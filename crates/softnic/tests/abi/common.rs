@@ -665,3 +665,11 @@ pub fn overflowed_cq(f: &Fabric) -> (Node, *mut ibv_cq) {
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
     (a, small)
 }
+
+/// The bytes of a packet with headers `h` and `payload`, its ICRC included (for
+/// [`Fabric::inject`]).
+pub fn frame(h: softnic::packet::Headers, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    h.emit(payload, &mut out).expect("consistent headers");
+    out
+}

@@ -24,6 +24,7 @@ mod quiet;
 mod reads;
 mod rereg;
 mod robustness;
+mod sources;
 mod srq;
 mod switches;
 mod udp;

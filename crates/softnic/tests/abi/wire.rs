@@ -7,12 +7,6 @@ use softnic::packet::{AtomicEth, Deth, Headers, Reth, layout, opcode};
 
 use crate::common::*;
 
-fn frame(h: Headers, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    h.emit(payload, &mut out).expect("consistent headers");
-    out
-}
-
 /// A duplicate READ request whose RETH range wraps the address space: dropped (it is not
 /// inside the READ it claims to repeat), not an overflow.
 #[test]
