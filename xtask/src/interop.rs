@@ -66,6 +66,8 @@ const CASES: &[Case] = &[
     pair("ib_write_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
     pair("ib_send_bw", "-d soft0 -x 0 -a -n 10", "#bytes"),
     pair("ib_read_bw", "-d soft0 -x 1 -a -n 10", "#bytes"),
+    // 16 outstanding READs of 16 MiB: answered a burst a round, not 256 MiB at once.
+    pair("ib_read_bw", "-d soft0 -x 1 -s 16777216 -n 20", "#bytes"),
     pair("ib_write_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
     pair("ib_send_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
 ];

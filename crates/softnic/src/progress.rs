@@ -57,6 +57,13 @@ impl State {
     fn progress_rx(&mut self, rx_gap: u64) -> bool {
         let udp = self.w.on_udp;
         let mut any = udp && self.receive_udp(rx_gap);
+        if udp {
+            for d in &mut self.w.devices {
+                if let Some(port) = d.udp.as_mut() {
+                    port.burst_left = crate::link::udp::BURST;
+                }
+            }
+        }
         loop {
             let took = self.deliver_due() | self.fire_timers();
             let sent = self.transmit_ready();
@@ -320,11 +327,16 @@ impl State {
 
     /// Each port that is free sends one packet of the QP at the front of its ready queue,
     /// which then goes to the back (round-robin). A QP that has nothing to send leaves the
-    /// queue, so this always ends.
+    /// queue, so this always ends; a port on the UDP link stops at its burst for the round
+    /// (see [`BURST`](crate::link::udp::BURST)).
     fn transmit_ready(&mut self) -> bool {
         let mut did = false;
         for dev in 0..self.w.devices.len() {
             while self.w.devices[dev].egress_free_at <= self.w.now {
+                let port = self.w.devices[dev].udp.as_ref();
+                if port.is_some_and(|p| p.burst_left == 0) {
+                    break;
+                }
                 let Some(id) = self.w.devices[dev].tx_ready.pop_front() else {
                     break;
                 };
@@ -335,6 +347,9 @@ impl State {
                 if qp.next_tx(&mut self.w) {
                     self.w.devices[dev].tx_ready.push_back(id);
                     did = true;
+                    if let Some(p) = self.w.devices[dev].udp.as_mut() {
+                        p.burst_left -= 1;
+                    }
                 } else {
                     qp.tx_queued = false;
                 }

@@ -28,6 +28,13 @@ use crate::roce::{self, GSO_SEGMENTS, UDP_PORT};
 
 /// Sending sockets per port (distinct UDP source ports for the QPs to spread over).
 const TX_SOCKETS: usize = 4;
+/// Packets a port sends per round of progress, at most (4 MiB at the 4096-byte MTU): the
+/// rest of a long message (a READ response of many MiB, a window sent again after a NAK)
+/// goes in the next rounds, after the sockets were read and this batch went out. A packet for
+/// the UDP link takes no wire time here, so nothing else would stop a QP from putting a whole
+/// message into one batch, holding the fabric's lock and a buffer per packet for all of it
+/// while the peer's socket overflows.
+pub(crate) const BURST: u32 = 1024;
 /// Messages (datagrams or GSO sends) per `sendmmsg`, datagrams per `recvmmsg`.
 const BATCH: usize = 32;
 /// The largest datagram taken in: a GRO batch of packets (each is at most a 4096-byte MTU
@@ -101,6 +108,8 @@ pub(crate) struct UdpPort {
     pub(crate) idle_until: u64,
     /// Fabric time the receiving socket was last read.
     pub(crate) read_at: u64,
+    /// Packets the port may still send in this round of progress ([`BURST`] at its start).
+    pub(crate) burst_left: u32,
 }
 
 impl std::fmt::Debug for UdpPort {
@@ -150,6 +159,7 @@ impl UdpPort {
             gso_residues: FastMap::default(),
             idle_until: 0,
             read_at: 0,
+            burst_left: BURST,
         })
     }
 
