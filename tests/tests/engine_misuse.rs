@@ -12,7 +12,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use softnic::Faults;
-use uccl_engine::{Descriptor, EngineError, Mode, Request, connect_pair};
+use uccl_engine::{
+    Descriptor, EngineError, MAX_NOTED, MAX_WAITING_NOTES, Mode, Opts, Request, connect_pair,
+};
 use uccl_integration::misuse::{all_done, finish, guard, pair, panic_msg, small_config};
 use uccl_integration::{Sim, pattern};
 
@@ -655,4 +657,75 @@ fn no_connection_names_the_connection_in_words() {
         );
         assert_eq!(s, format!("no connection {ca}"));
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Notes nobody takes.
+
+/// Notified writes until `n` more notes were delivered on `cb`, `MAX_NOTED` at a time.
+fn notify(sim: &mut Sim, ca: uccl_engine::ConnId, n: u32) -> Vec<Request> {
+    let src = sim.engines[0].register(64).unwrap();
+    let dst = sim.engines[1].register(64).unwrap();
+    let d = sim.engines[1].export(&dst, 0, 64).unwrap();
+    let mut last = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let batch = left.min(MAX_NOTED);
+        last = (0..batch)
+            .map(|i| {
+                let opts = Opts::default().note(&i.to_le_bytes()).unwrap();
+                sim.engines[0]
+                    .write_with(ca, &src, 0, 1, &d, 0, opts)
+                    .unwrap()
+            })
+            .collect();
+        let reqs: Vec<&Request> = last.iter().collect();
+        let want = sim.engines[1].stats().notes_received + u64::from(batch);
+        let limit = sim.fabric.now() + Duration::from_secs(10);
+        sim.run(limit, |s| {
+            all_done(&reqs) && s.engines[1].stats().notes_received >= want
+        })
+        .unwrap();
+        left -= batch;
+    }
+    last
+}
+
+/// An application that never takes its notes: a connection's notes wait for it up to
+/// `MAX_WAITING_NOTES`, and the next one fails that connection, naming why (a peer cannot
+/// fill the engine's memory with notes). Notes taken make room again.
+#[test]
+fn notes_nobody_takes_fail_their_connection_past_the_limit() {
+    let (mut sim, ca, cb) = pair(61, &small_config(Mode::Uc));
+    let notes = sim.engines[1].notifications();
+    let inbox = sim.engines[1].register(64).unwrap();
+    let recv = sim.engines[1].recv(cb, &inbox, 0, 64).unwrap();
+    for w in notify(&mut sim, ca, MAX_WAITING_NOTES) {
+        w.test().unwrap().unwrap();
+    }
+    assert_eq!(notes.len(), MAX_WAITING_NOTES as usize);
+    assert!(!recv.is_done(), "the connection is up");
+    // One taken, one more in: still up.
+    notes.pop().unwrap();
+    notify(&mut sim, ca, 1)[0].test().unwrap().unwrap();
+    assert!(!recv.is_done(), "the connection is up");
+    // One too many.
+    let src = sim.engines[0].register(64).unwrap();
+    let d = sim.engines[1].export(&inbox, 0, 64).unwrap();
+    let more = Opts::default().note(b"more").unwrap();
+    let w = sim.engines[0]
+        .write_with(ca, &src, 0, 1, &d, 0, more)
+        .unwrap();
+    finish(&mut sim, 10, &[&recv, &w]).unwrap();
+    match recv.test().unwrap() {
+        Err(EngineError::ConnectionFailed { reason, .. }) => {
+            assert!(reason.contains("notes"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        notes.len(),
+        MAX_WAITING_NOTES as usize,
+        "the last note was not kept"
+    );
 }

@@ -288,7 +288,7 @@ impl Engine {
             stats: Stats::default(),
             poller: Poller::new(),
             reads: Default::default(),
-            notifications: Default::default(),
+            notifications: crate::notes::Notifications::new(cfg.max_conns),
             cfg,
         })
     }

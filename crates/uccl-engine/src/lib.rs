@@ -158,7 +158,7 @@ pub use descriptor::{Access, DESCRIPTOR_LEN, Descriptor};
 pub use engine::{ConnId, Engine, Usage};
 pub use error::{EngineError, Result};
 pub use memory::{Buffer, BufferId};
-pub use notes::{MAX_NOTE, MAX_NOTED, Notification, Notifications};
+pub use notes::{MAX_NOTE, MAX_NOTED, MAX_WAITING_NOTES, Notification, Notifications};
 pub use request::{Connecting, Done, Request};
 pub use setup::connect_pair;
 pub use stats::Stats;

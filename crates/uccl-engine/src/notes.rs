@@ -13,11 +13,14 @@
 //! - **Receiver**: notes and writes arrive by different QPs, each in order. A notified write
 //!   whose every byte arrived (the flow's cumulative point passed it) is delivered with the
 //!   oldest note waiting, which must be its own; until that note is in, it and every delivery
-//!   after it on the connection that the application sees (receives, notes) are held. A peer that breaks this (a note too long, too many
-//!   notes or held deliveries) fails its connection, and only it.
+//!   after it on the connection that the application sees (receives, notes) are held. A
+//!   peer that breaks this (a note too long, too many notes or held deliveries) fails its
+//!   connection, and only it; so does one whose notes the application leaves untaken, past
+//!   [`MAX_WAITING_NOTES`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crossbeam_queue::SegQueue;
 
@@ -35,6 +38,11 @@ pub const MAX_NOTED: u32 = 32;
 const MAX_ARRIVED: usize = 2 * MAX_NOTED as usize;
 /// Deliveries a connection may have held behind a note not yet in.
 const MAX_HELD: usize = 4096;
+/// Notes of one connection that may wait in [`Notifications`], delivered and not taken by the
+/// application; the next one fails the connection (a peer cannot fill the engine's memory
+/// with notes nobody takes). A slot's count carries over to the next connection in it until
+/// the older notes are taken.
+pub const MAX_WAITING_NOTES: u32 = 4096;
 
 /// A note, as a write's options carry it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -78,23 +86,60 @@ pub struct Notification {
 
 /// The notes an engine delivered, oldest first: a handle any thread may hold
 /// ([`Engine::notifications`], [`EngineHandle::notifications`](crate::EngineHandle::notifications)).
-#[derive(Clone, Default)]
-pub struct Notifications(Arc<SegQueue<Notification>>);
+/// At most [`MAX_WAITING_NOTES`] of a connection wait here.
+#[derive(Clone)]
+pub struct Notifications(Arc<Waiting>);
+
+/// The queue of delivered notes, and how many of each connection slot's it holds.
+struct Waiting {
+    queue: SegQueue<Notification>,
+    /// Per connection slot ([`ConnId`]'s index), its notes in `queue`: counted before a note
+    /// goes in and after it comes out, so never below the notes there.
+    per_conn: Box<[AtomicU32]>,
+}
 
 impl Notifications {
+    /// An empty queue for an engine of `conns` connection slots.
+    pub(crate) fn new(conns: u32) -> Notifications {
+        Notifications(Arc::new(Waiting {
+            queue: SegQueue::new(),
+            per_conn: (0..conns).map(|_| AtomicU32::new(0)).collect(),
+        }))
+    }
+
     /// The oldest note not taken yet.
     pub fn pop(&self) -> Option<Notification> {
-        self.0.pop()
+        let n = self.0.queue.pop()?;
+        if let Some(c) = self.0.per_conn.get(usize::from(n.conn.index)) {
+            c.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(n)
     }
 
     /// Notes waiting to be taken.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.0.queue.len()
     }
 
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.queue.is_empty()
+    }
+
+    /// Queues `n` (the engine's thread only), unless its connection has
+    /// [`MAX_WAITING_NOTES`] waiting already: then it is handed back.
+    fn push(&self, n: Notification) -> Result<(), Notification> {
+        let Some(count) = self.0.per_conn.get(usize::from(n.conn.index)) else {
+            return Err(n);
+        };
+        // Only this thread adds, so the count cannot pass the limit between the look and
+        // the add; another thread's pop may only lower it.
+        if count.load(Ordering::Acquire) >= MAX_WAITING_NOTES {
+            return Err(n);
+        }
+        count.fetch_add(1, Ordering::AcqRel);
+        self.0.queue.push(n);
+        Ok(())
     }
 }
 
@@ -241,9 +286,17 @@ impl Engine {
         }
         let (_, data) = c.inbox.arrived.pop_front().expect("checked");
         let conn = c.id;
+        if self
+            .notifications
+            .push(Notification { conn, data })
+            .is_err()
+        {
+            let why = format!("the application took none of its last {MAX_WAITING_NOTES} notes");
+            self.fail_conn(ci, why, true);
+            return true;
+        }
         self.stats.writes_received += 1;
         self.stats.notes_received += 1;
-        self.notifications.0.push(Notification { conn, data });
         true
     }
 }
