@@ -12,6 +12,15 @@ use uccl_integration::pattern;
 use verbs_safe::{Context, Verbs};
 
 fn engines(modes: [Mode; 2]) -> (Fabric, Engine, Engine) {
+    engines_of(modes, |_| {})
+}
+
+/// Two UC engines as [`engines`] makes them, their configuration changed by `tweak`.
+fn engines_with(tweak: impl Fn(&mut EngineConfig)) -> (Fabric, Engine, Engine) {
+    engines_of([Mode::Uc, Mode::Uc], tweak)
+}
+
+fn engines_of(modes: [Mode; 2], tweak: impl Fn(&mut EngineConfig)) -> (Fabric, Engine, Engine) {
     let fabric = Fabric::new(FabricConfig {
         devices: 2,
         clock: FabricClock::Wall,
@@ -20,12 +29,13 @@ fn engines(modes: [Mode; 2]) -> (Fabric, Engine, Engine) {
     let verbs = Verbs::soft(&fabric);
     let engine = |i: usize| {
         let ctx = Context::open_by_name(&verbs, &format!("soft{i}")).unwrap();
-        let cfg = EngineConfig {
+        let mut cfg = EngineConfig {
             mode: modes[i],
             qps_per_conn: 2,
             max_conns: 4,
             ..EngineConfig::default()
         };
+        tweak(&mut cfg);
         Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
     };
     let (a, b) = (engine(0), engine(1));
@@ -253,4 +263,45 @@ fn a_listening_engine_sets_up_real_clients_and_refuses_the_others() {
     );
     assert_eq!(a.stats().handshakes_failed, 1);
     assert_eq!(a.usage().connections, 2);
+}
+
+/// Clients that connect and say nothing fill every handshake slot of a listener (64): a real
+/// client that comes after them is set up all the same, in the slot of the one that has been
+/// silent longest (for a second at least), which fails saying why. Before, the real client
+/// waited for the silent ones to time out (here after a minute), and its own attempt did.
+#[test]
+fn clients_that_say_nothing_cannot_keep_a_real_one_out() {
+    let (_fabric, mut a, mut b) = engines_with(|c| c.handshake_timeout_ms = 60_000);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    a.listen(listener).unwrap();
+    let silent: Vec<_> = (0..64)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    // The listener takes them all, and they stay silent for over a second.
+    let quiet_until = std::time::Instant::now() + Duration::from_millis(1200);
+    while std::time::Instant::now() < quiet_until {
+        a.poll().unwrap();
+        thread::sleep(Duration::from_millis(1));
+    }
+    let first = a.incoming().unwrap();
+    let c = b.connect(addr).unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !(first.is_done() && c.is_done()) {
+        assert!(
+            std::time::Instant::now() < end,
+            "the real client was kept out: {:?}",
+            a.incoming_failures()
+        );
+        a.poll().unwrap();
+        b.poll().unwrap();
+    }
+    first.test().unwrap().unwrap();
+    c.test().unwrap().unwrap();
+    let why = a.incoming_failures();
+    assert!(
+        why.iter().any(|e| e.to_string().contains("pushed out")),
+        "{why:?}"
+    );
+    drop(silent);
 }

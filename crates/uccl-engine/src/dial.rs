@@ -48,6 +48,10 @@ const SETUPS_PER_LOOK: u32 = 2;
 pub(super) const SETUP_SHARE: u32 = 5;
 /// Incoming handshakes a listener has in flight at once.
 const MAX_INCOMING: usize = 64;
+/// How long a listener's handshake may wait on its client before, with [`MAX_INCOMING`] in
+/// flight, a newer client takes its slot (an honest client answers in milliseconds; one that
+/// connects and says nothing would otherwise keep others out until its timeout).
+const STALLED: Duration = Duration::from_secs(1);
 /// Failed incoming handshakes kept for [`Engine::incoming_failures`].
 const FAILURES_KEPT: usize = 64;
 /// The token of the engine's listener; one-shot listeners count down from it.
@@ -206,7 +210,10 @@ impl Engine {
     }
 
     /// Hands `listener` to the engine, which accepts connections on it while it runs (see
-    /// [`incoming`](Self::incoming)); replaces a listener handed over before.
+    /// [`incoming`](Self::incoming)); replaces a listener handed over before. At most 64
+    /// handshakes are in flight at once; with 64 in flight, one whose client has said nothing
+    /// for a second makes room for the next client (it fails, see
+    /// [`incoming_failures`](Self::incoming_failures)).
     pub fn listen(&mut self, listener: std::net::TcpListener) -> Result<()> {
         self.unsettle();
         listener
@@ -325,7 +332,7 @@ impl Engine {
                 .count()
         };
         loop {
-            if incoming(&self.dials) >= MAX_INCOMING {
+            if incoming(&self.dials) >= MAX_INCOMING && !self.push_out_stalled() {
                 self.dials.backlogged = true;
                 return Ok(());
             }
@@ -386,6 +393,32 @@ impl Engine {
         // Its first bytes may be in already (no readiness event would come for them).
         self.step_attempt(slot);
         Ok(())
+    }
+
+    /// With [`MAX_INCOMING`] handshakes of the listener in flight: ends the one that has
+    /// waited longest on its client, if that has been [`STALLED`] at least, so that a newer
+    /// client may have its slot. Whether one ended.
+    fn push_out_stalled(&mut self) -> bool {
+        let waiting = |a: &Attempt| {
+            matches!(a.target, Target::Listener)
+                && matches!(a.step, Step::ReadHello | Step::ReadReady)
+        };
+        let oldest = (self.dials.attempts.iter().enumerate())
+            .filter_map(|(i, a)| a.as_ref().filter(|a| waiting(a)).map(|a| (i, a)))
+            .min_by_key(|(_, a)| a.started)
+            .map(|(i, a)| (i, a.started.elapsed(), a.step))
+            .filter(|&(_, waited, _)| waited >= STALLED);
+        let Some((slot, waited, step)) = oldest else {
+            return false;
+        };
+        let reason = format!(
+            "pushed out for a newer client after {} ms {}, with {MAX_INCOMING} handshakes in \
+             flight",
+            waited.as_millis(),
+            step.doing()
+        );
+        self.end_attempt(slot, Progress::Failed(self.handshake_err(slot, reason)));
+        true
     }
 
     fn handshake_err(&self, slot: usize, reason: String) -> EngineError {
