@@ -372,6 +372,12 @@ impl RawPeer {
     /// requests go), as one message. At most 64 wait for their completions ([`poll`](Self::poll)
     /// takes them).
     pub fn send_ud(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.send_ud_keyed(bytes, self.victim.qkey)
+    }
+
+    /// [`send_ud`](Self::send_ud) under Q_Key `qkey` (the victim's device drops a message
+    /// whose Q_Key is not its UD QP's).
+    pub fn send_ud_keyed(&mut self, bytes: &[u8], qkey: u32) -> Result<(), String> {
         let from = LocalPort::new(1, 0);
         let ah = self
             .pd
@@ -379,7 +385,7 @@ impl RawPeer {
             .map_err(verbs_err("an address handle"))?;
         let b = self.payload(bytes)?;
         let wr =
-            UdSendWr::new(UD_SEND, &ah, self.victim.ctrl_qpn, QKEY).buf(&b, 0, bytes.len() as u32);
+            UdSendWr::new(UD_SEND, &ah, self.victim.ctrl_qpn, qkey).buf(&b, 0, bytes.len() as u32);
         self.ud
             .post_send_bufs(&mut [wr])
             .map_err(verbs_err("a UD send"))

@@ -283,3 +283,47 @@ fn a_flood_of_withdrawals_whose_answers_are_never_taken_fails_the_connection() {
     dst.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&x| x == 6));
 }
+
+/// An engine's UD QP, which every connection's ACKs and advertisements share, takes messages
+/// only under the Q_Key its handshake gave (drawn at random): one under the Q_Key all engines
+/// had before is dropped by the device and never reaches the engine. And a handshake that
+/// names the UD QP of a connected peer with another Q_Key is not that peer's: refused.
+#[test]
+fn the_ud_qp_takes_only_its_own_q_key_and_a_peer_cannot_be_impersonated() {
+    const OLD_QKEY: u32 = 0x1cc1_0001;
+    let seed = 12;
+    let (mut sim, dev) = sim_with_raw_devices(seed, 1, 1, &cfg(Mode::Uc));
+    let fabric = sim.fabric.clone();
+    let (mut peer, _conn) =
+        RawPeer::connect(&fabric, &dev[0], &mut sim.engines[VICTIM], seed).unwrap();
+    assert_ne!(peer.victim.qkey, OLD_QKEY);
+    let garbage = [0xeeu8; 40];
+    // A hundred rounds of both ends, the fabric moving on between them.
+    let deliver = |sim: &mut uccl_integration::Sim, peer: &mut RawPeer| {
+        for _ in 0..100 {
+            peer.poll().unwrap();
+            sim.engines[VICTIM].poll().unwrap();
+            sim.advance_to_next(None);
+        }
+    };
+    let invalid = |sim: &uccl_integration::Sim| sim.engines[VICTIM].stats().dropped_invalid;
+    let before = invalid(&sim);
+    peer.send_ud_keyed(&garbage, OLD_QKEY).unwrap();
+    deliver(&mut sim, &mut peer);
+    assert_eq!(invalid(&sim), before, "the old Q_Key reaches nothing");
+    let qkey = peer.victim.qkey;
+    peer.send_ud_keyed(&garbage, qkey).unwrap();
+    deliver(&mut sim, &mut peer);
+    assert_eq!(
+        invalid(&sim),
+        before + 1,
+        "the engine's own Q_Key reaches it"
+    );
+    // Another handshake naming the raw peer's UD QP, with another Q_Key.
+    let mut forged = peer.mine.clone();
+    forged.qkey ^= 0x5a5a;
+    let victim = &mut sim.engines[VICTIM];
+    let (offer, _) = victim.offer().unwrap();
+    let e = victim.complete(offer, &forged.to_bytes()).unwrap_err();
+    assert!(e.to_string().contains("another Q_Key"), "{e}");
+}

@@ -18,8 +18,6 @@ use uccl_engine::{EngineConfig, Mode};
 use uccl_integration::workload::{self, Kind, Op, Pacing};
 use uccl_integration::{Sim, pattern};
 
-/// The engines' control Q_Key (uccl-engine's `io::QKEY`).
-const QKEY: u32 = 0x1cc1_0001;
 /// A flow id no connection has (the engines hold few connections).
 const NO_FLOW: u32 = 0xfff;
 
@@ -72,8 +70,24 @@ fn frame(h: Headers, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// One injected frame for device `dev`: its bytes and what kind it is.
-fn garbage(rng: &mut Rng, mode: Mode, dev: usize, seen: &Seen, victim: u64) -> (Vec<u8>, usize) {
+/// The Q_Key of `e`'s UD control QP (drawn at random), as its handshake says it.
+fn control_qkey(e: &mut uccl_engine::Engine) -> u32 {
+    let (id, hello) = e.offer().unwrap();
+    e.withdraw(id);
+    uccl_integration::raw_peer::Hello::parse(&hello)
+        .unwrap()
+        .qkey
+}
+
+/// One injected frame for device `dev`, whose engine's UD QP has Q_Key `qkey`: its bytes and
+/// what kind it is.
+fn garbage(
+    rng: &mut Rng,
+    mode: Mode,
+    (dev, qkey): (usize, u32),
+    seen: &Seen,
+    victim: u64,
+) -> (Vec<u8>, usize) {
     let seen = seen.lock().unwrap().clone();
     let qpns = |f: &dyn Fn(u8) -> bool| -> Vec<u32> {
         seen.iter()
@@ -127,7 +141,7 @@ fn garbage(rng: &mut Rng, mode: Mode, dev: usize, seen: &Seen, victim: u64) -> (
                 dest_qp: unknown,
                 psn: rng.below(1 << 24) as u32,
                 deth: l.deth.then_some(Deth {
-                    qkey: QKEY,
+                    qkey,
                     src_qp: unknown,
                 }),
                 reth: l.reth.then(|| Reth {
@@ -159,7 +173,7 @@ fn garbage(rng: &mut Rng, mode: Mode, dev: usize, seen: &Seen, victim: u64) -> (
                     qkey: if rng.below(8) == 0 {
                         rng.next() as u32
                     } else {
-                        QKEY
+                        qkey
                     },
                     src_qp: unknown,
                 }),
@@ -230,6 +244,7 @@ fn malformed(seed: u64, mode: Mode) {
             Verdict::Pass
         })));
     let link = sim.connect(0, 1).unwrap();
+    let qkeys: Vec<u32> = sim.engines.iter_mut().map(control_qkey).collect();
     // A registered, exported region at each engine that no message targets.
     let mut victims = Vec::new();
     for e in &mut sim.engines {
@@ -258,7 +273,7 @@ fn malformed(seed: u64, mode: Mode) {
             return;
         }
         let dev = (round / 3 % 2) as usize;
-        let (bytes, kind) = garbage(&mut rng, mode, dev, &seen, victims[dev].1);
+        let (bytes, kind) = garbage(&mut rng, mode, (dev, qkeys[dev]), &seen, victims[dev].1);
         kinds[kind] += 1;
         // Mostly from the peer's address, which is what gets past the NIC to the engine;
         // the rest from anywhere (softnic drops them as foreign to the connected QPs).

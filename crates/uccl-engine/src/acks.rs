@@ -9,7 +9,7 @@ use verbs_safe::Gid;
 use crate::config::Mode;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::io::{GRH, QKEY};
+use crate::io::GRH;
 use crate::proto::{
     Ctl, UdItem, ack_request, ctl_copy, parse_ack_request, parse_ctl_copy, ud_items,
 };
@@ -346,7 +346,7 @@ impl Engine {
         s.wr.wr_id = wrid::ud_send(i);
         s.wr.wr.ud.ah = peer.ah.as_raw();
         s.wr.wr.ud.remote_qpn = peer.ctrl_qpn;
-        s.wr.wr.ud.remote_qkey = QKEY;
+        s.wr.wr.ud.remote_qkey = peer.qkey;
         match self
             .io
             .ctrl_qp

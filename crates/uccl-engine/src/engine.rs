@@ -218,7 +218,8 @@ impl Engine {
     pub fn new(ctx: &Arc<Context>, cfg: EngineConfig, clock: Clock) -> Result<Engine> {
         cfg.validate()?;
         let mut rng = crate::rng::Rng::new(&clock, ctx.name());
-        let io = Io::new(ctx, &cfg, rng.psn())?;
+        let qkey = rng.next_u64() as u32 & !crate::io::CONTROLLED_QKEY;
+        let io = Io::new(ctx, &cfg, rng.psn(), qkey)?;
         let probe = match cfg.recv_keys {
             RecvKeys::Window => io.pd.alloc_mw().err(),
             RecvKeys::Buffer => None,

@@ -14,8 +14,8 @@ use verbs_safe::{
 use crate::config::{EngineConfig, Mode};
 use crate::error::{EngineError, Result};
 
-/// The Q_Key of every engine's control QP.
-pub(crate) const QKEY: u32 = 0x1cc1_0001;
+/// The high bit of a Q_Key: a controlled one (and in a send WR, "the QP's own").
+pub(crate) const CONTROLLED_QKEY: u32 = 0x8000_0000;
 
 /// The bytes of the GRH a UD receive buffer starts with.
 pub(crate) const GRH: usize = 40;
@@ -230,6 +230,10 @@ pub(crate) struct Io {
     pub(crate) srq_armed: bool,
     /// The UD control QP: ACKs in and out.
     pub(crate) ctrl_qp: Qp<Ud, Rts>,
+    /// Its Q_Key, drawn at random (never a controlled one): a UD message with another is
+    /// dropped by the device, so a host that never shook hands with this engine cannot fill
+    /// the QP's receive queue, which every connection's ACKs share.
+    pub(crate) qkey: u32,
     pub(crate) ctrl_recv: RecvRing,
     pub(crate) ctrl_send: SendRing,
     /// The QP receive windows are bound and unbound on ([`RecvKeys::Window`](crate::RecvKeys)).
@@ -256,8 +260,14 @@ fn ipv4_gid_index(ctx: &Context, port: u8, len: u32) -> Result<u8> {
 const CTRL_DEPTH: u32 = 256;
 
 impl Io {
-    /// `window_psn`: the window QP's first PSN (random: see `window.rs`).
-    pub(crate) fn new(ctx: &Arc<Context>, cfg: &EngineConfig, window_psn: u32) -> Result<Io> {
+    /// `window_psn`: the window QP's first PSN (random: see `window.rs`); `qkey`: the UD
+    /// control QP's Q_Key (random: only peers that shook hands with this engine learn it).
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        cfg: &EngineConfig,
+        window_psn: u32,
+        qkey: u32,
+    ) -> Result<Io> {
         let pd = ctx
             .alloc_pd()
             .map_err(EngineError::verbs("allocating a PD"))?;
@@ -348,7 +358,7 @@ impl Io {
         let ctrl_qp = ctrl_qp
             .init(UdInit {
                 port: cfg.port,
-                ..UdInit::new(QKEY)
+                ..UdInit::new(qkey)
             })
             .map_err(|e| up(e.error))?
             .rtr(UdRtr)
@@ -382,6 +392,7 @@ impl Io {
             srq_limit: ((cfg.srq_depth - cfg.srq_refill) / 2).max(1),
             srq_armed: false,
             ctrl_qp,
+            qkey,
             ctrl_recv,
             ctrl_send,
             ud_payload: mtu as usize,

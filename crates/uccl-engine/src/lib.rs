@@ -70,8 +70,10 @@
 //! advertised with the key of a memory window bound over exactly its range while the receive
 //! is posted ([`RecvKeys::Window`], the default; [`RecvKeys::Buffer`] advertises the whole
 //! buffer's key instead, for devices without windows); an export has a key of its own over
-//! exactly its range until it is withdrawn ([`Engine::withdraw_export`]). First PSNs and ACK
-//! tags come from a keyed pseudo-random function (SipHash under a key from the OS). Everything
+//! exactly its range until it is withdrawn ([`Engine::withdraw_export`]). First PSNs, ACK
+//! tags and the UD QP's Q_Key come from a keyed pseudo-random function (SipHash under a key
+//! from the OS): a host that never shook hands with the engine cannot reach its UD QP, which
+//! every connection's ACKs share. Everything
 //! else a peer sends (immediates, retransmission headers, ACKs, control messages) is checked
 //! before use, and a retransmitted chunk is copied only inside the range, and with the key,
 //! its original WRITE had. A connection that takes more of the shared receive queue than its

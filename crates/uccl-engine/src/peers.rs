@@ -15,6 +15,8 @@ use crate::error::{EngineError, Result};
 pub(crate) struct Peer {
     pub(crate) gid: Gid,
     pub(crate) ctrl_qpn: u32,
+    /// Its UD QP's Q_Key (from its handshake).
+    pub(crate) qkey: u32,
     pub(crate) ah: Arc<Ah>,
     /// The UD message staged for it (sent at the end of the round): its items, ACK headers
     /// and advertisements (see `proto::ud_items`).
@@ -55,9 +57,22 @@ impl std::ops::IndexMut<usize> for Peers {
 }
 
 impl Engine {
-    /// The peer engine at `gid`/`lid` with control QP `ctrl_qpn`, added if new, held for one
-    /// more connection (give it back with [`release_peer`](Self::release_peer)).
-    pub(crate) fn hold_peer(&mut self, gid: Gid, lid: u16, ctrl_qpn: u32) -> Result<usize> {
+    /// The Q_Key of the peer held with control QP `ctrl_qpn` at `gid`, if one is.
+    pub(crate) fn peer_qkey(&self, gid: Gid, ctrl_qpn: u32) -> Option<u32> {
+        let i = *self.peers.by_addr.get(&(gid, ctrl_qpn))?;
+        Some(self.peers[i].qkey)
+    }
+
+    /// The peer engine at `gid`/`lid` with control QP `ctrl_qpn` of Q_Key `qkey`, added if
+    /// new, held for one more connection (give it back with
+    /// [`release_peer`](Self::release_peer)).
+    pub(crate) fn hold_peer(
+        &mut self,
+        gid: Gid,
+        lid: u16,
+        ctrl_qpn: u32,
+        qkey: u32,
+    ) -> Result<usize> {
         if let Some(&i) = self.peers.by_addr.get(&(gid, ctrl_qpn)) {
             self.peers[i].conns += 1;
             return Ok(i);
@@ -71,6 +86,7 @@ impl Engine {
         let peer = Peer {
             gid,
             ctrl_qpn,
+            qkey,
             ah,
             acks: Vec::new(),
             staged: Vec::new(),

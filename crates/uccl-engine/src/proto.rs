@@ -10,8 +10,9 @@ const MAGIC: &[u8; 6] = b"UCCLRS";
 /// messages copied over the UD QP; 3: Refuse carries the length; 4: receives withdrawn; 5:
 /// reads, notes; 6: ACK requests and their answers: a peer that ignored them would never be
 /// asked to resend; 7: a control SEND carries up to [`CTL_PACK`] messages; 8: UC receive
-/// buffers are advertised over the UD QP, in UD messages of several items).
-pub(crate) const VERSION: u16 = 8;
+/// buffers are advertised over the UD QP, in UD messages of several items; 9: each engine's UD
+/// QP has a Q_Key of its own, drawn at random, which its handshake says).
+pub(crate) const VERSION: u16 = 9;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {
@@ -625,8 +626,8 @@ mod tests {
         other[0] = b'X';
         assert_eq!(Hello::parse(&other), Err(HelloError::NotUccl));
         let mut newer = b.clone();
-        newer[7] = 9;
-        assert_eq!(Hello::parse(&newer), Err(HelloError::Version(9)));
+        newer[7] = (VERSION + 1) as u8;
+        assert_eq!(Hello::parse(&newer), Err(HelloError::Version(VERSION + 1)));
         let mut many = b;
         many[HELLO_FIXED_LEN - 2] = 0xff;
         assert!(matches!(

@@ -13,7 +13,7 @@ use crate::conn::{self, Conn, Ctl, CtlQp, DataQp, RECV_IDS, State};
 use crate::cts::CtsOrder;
 use crate::engine::{ConnId, Engine};
 use crate::error::{EngineError, Result};
-use crate::io::{self, QKEY};
+use crate::io::{self, CONTROLLED_QKEY};
 use crate::proto::{CTL_LEN, CTL_PACK, Hello, feature};
 use crate::rx::RxFlow;
 
@@ -175,7 +175,7 @@ impl Engine {
             gid,
             lid,
             ctrl_qpn: io.ctrl_qp.qpn(),
-            qkey: QKEY,
+            qkey: io.qkey,
             fid: index,
             credit: self.credits.open(index, now),
             conn_qpn: ctl.qpn(),
@@ -250,8 +250,23 @@ impl Engine {
                 self.cfg.tx.chunk_size, h.max_chunk
             )));
         }
-        if h.qkey != QKEY {
-            return Err(bad(format!("the peer's control Q_Key is {:#x}", h.qkey)));
+        if h.qkey & CONTROLLED_QKEY != 0 {
+            return Err(bad(format!(
+                "the peer's control Q_Key {:#x} is a controlled one",
+                h.qkey
+            )));
+        }
+        // An engine has one UD QP and one Q_Key: a handshake that names a connected peer's QP
+        // with another is not from that peer.
+        if self
+            .peer_qkey(h.gid, h.ctrl_qpn)
+            .is_some_and(|q| q != h.qkey)
+        {
+            return Err(bad(format!(
+                "the peer names the control QP {:#x} of an engine connected already, with \
+                 another Q_Key",
+                h.ctrl_qpn
+            )));
         }
         let index = offer.id.index;
         let from = self.io.from;
@@ -295,7 +310,7 @@ impl Engine {
             self.spare_paths.extend_from_slice(&paths);
             return Err(e.into());
         }
-        let peer = match self.hold_peer(h.gid, h.lid, h.ctrl_qpn) {
+        let peer = match self.hold_peer(h.gid, h.lid, h.ctrl_qpn, h.qkey) {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.tx.close_flow(index);

@@ -1,7 +1,8 @@
 //! The wire formats a raw peer speaks, restated from uccl-engine's `proto.rs` (they are a wire
 //! protocol): the connection handshake and the messages of a connection's control QP.
 
-/// The Q_Key of the engines' UD control QPs (uccl-engine's `io::QKEY`).
+/// The Q_Key of a raw peer's own UD QP (an engine draws one at random; its handshake says
+/// which, [`Hello::qkey`]).
 pub const QKEY: u32 = 0x1cc1_0001;
 /// Bytes of a control message on a connection's control QP.
 pub const CTL_LEN: usize = 64;
@@ -9,7 +10,7 @@ pub const CTL_LEN: usize = 64;
 pub const CTL_PACK: usize = 4;
 /// The handshake's magic and version (uccl-engine's `proto::VERSION`).
 const MAGIC: &[u8; 6] = b"UCCLRS";
-const VERSION: u16 = 8;
+const VERSION: u16 = 9;
 /// The feature bit of RC data QPs.
 const FEATURE_RC: u32 = 1;
 /// Bytes of a handshake before its data QPs.
@@ -29,7 +30,7 @@ pub struct Hello {
     pub lid: u16,
     /// Its UD control QP (where ACKs go).
     pub ctrl_qpn: u32,
-    /// The Q_Key ([`QKEY`]).
+    /// Its UD control QP's Q_Key: what a UD message to it must carry.
     pub qkey: u32,
     /// Its id of the connection: the flow id the other end's immediates carry.
     pub fid: u16,
