@@ -331,10 +331,15 @@ impl State {
     /// (see [`BURST`](crate::link::udp::BURST)).
     fn transmit_ready(&mut self) -> bool {
         let mut did = false;
+        let udp = self.w.on_udp;
         for dev in 0..self.w.devices.len() {
             while self.w.devices[dev].egress_free_at <= self.w.now {
-                let port = self.w.devices[dev].udp.as_ref();
-                if port.is_some_and(|p| p.burst_left == 0) {
+                if udp
+                    && self.w.devices[dev]
+                        .udp
+                        .as_ref()
+                        .is_some_and(|p| p.burst_left == 0)
+                {
                     break;
                 }
                 let Some(id) = self.w.devices[dev].tx_ready.pop_front() else {
@@ -347,7 +352,7 @@ impl State {
                 if qp.next_tx(&mut self.w) {
                     self.w.devices[dev].tx_ready.push_back(id);
                     did = true;
-                    if let Some(p) = self.w.devices[dev].udp.as_mut() {
+                    if let Some(p) = self.w.devices[dev].udp.as_mut().filter(|_| udp) {
                         p.burst_left -= 1;
                     }
                 } else {

@@ -268,6 +268,7 @@ pub(crate) unsafe fn create_qp_with(
                 sq_sig_all: ia.sq_sig_all != 0,
                 attr,
                 dest_dev: None,
+                peer_gid: None,
                 epoch: 0,
                 sq: SendQueue::default(),
                 rq: RecvQueue::default(),

@@ -379,6 +379,9 @@ pub(crate) struct Qp {
     pub(crate) attr: ibv_qp_attr,
     /// The device the AV of an RC/UC QP points to.
     pub(crate) dest_dev: Option<Dest>,
+    /// The source GID of a packet from there (the device's own, or the IPv4-mapped one of the
+    /// address on the UDP link): an RC or UC packet with another is foreign.
+    pub(crate) peer_gid: Option<[u8; 16]>,
     /// Bumped by every reset, so completions polled later do not reclaim slots of the new life.
     pub(crate) epoch: u32,
     pub(crate) sq: SendQueue,
@@ -527,6 +530,7 @@ impl Qp {
         };
         self.resp = Responder::default();
         self.dest_dev = None;
+        self.peer_gid = None;
         self.state = ibv_qp_state::IBV_QPS_RESET;
         self.set_shell_state();
     }
@@ -541,7 +545,7 @@ impl Qp {
     /// `frame` (which holds them too, unless it came from the UDP link).
     pub(crate) fn receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame, wire: &[u8]) {
         self.count(w, |c| c.packets_received += 1);
-        if !self.sent_by_peer(w, pkt, frame) {
+        if !self.sent_by_peer(pkt, frame) {
             self.count(w, |c| c.foreign_packets += 1);
             return;
         }
@@ -565,16 +569,9 @@ impl Qp {
     /// names the default partition (of which every QP is a member), and if this QP is
     /// connected (RC, UC), it comes from the address its AV names; anyone may send to a UD QP
     /// (its Q_Key is checked on delivery).
-    fn sent_by_peer(&self, w: &World, pkt: &Packet<'_>, frame: &Frame) -> bool {
-        if pkt.hdr.pkey & 0x7fff != 0x7fff {
-            return false;
-        }
-        match (self.transport, self.dest_dev) {
-            (Transport::Ud, _) => true,
-            (_, Some(Dest::Local(d))) => frame.sgid == w.devices[d].gid,
-            (_, Some(Dest::Udp(to))) => crate::roce::gid_ipv4(&frame.sgid) == Some(*to.ip()),
-            (_, None) => false,
-        }
+    fn sent_by_peer(&self, pkt: &Packet<'_>, frame: &Frame) -> bool {
+        pkt.hdr.pkey & 0x7fff == 0x7fff
+            && (self.transport == Transport::Ud || self.peer_gid == Some(frame.sgid))
     }
 
     /// Whether [`next_tx`](Self::next_tx) could do anything: a READ or atomic reply queued, a

@@ -6,6 +6,7 @@
 use ibverbs_sys::{ibv_access_flags, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_qp_type};
 
 use super::{Qp, Transport, mtu_bytes};
+use crate::link::Dest;
 use crate::packet::PSN_MASK;
 use crate::state::World;
 
@@ -230,6 +231,11 @@ impl Qp {
         if has(AV) {
             let dgid = crate::abi::gid_bytes(&self.attr.ah_attr.grh.dgid);
             self.dest_dev = w.route(self.dev, &dgid);
+            self.peer_gid = match self.dest_dev {
+                Some(Dest::Local(d)) => Some(w.devices[d].gid),
+                Some(Dest::Udp(to)) => Some(crate::roce::ipv4_gid(*to.ip())),
+                None => None,
+            };
         }
         if has(RETRY_CNT) || has(RNR_RETRY) {
             self.req.retry_cnt = self.attr.retry_cnt;
