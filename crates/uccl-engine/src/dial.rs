@@ -211,8 +211,8 @@ impl Engine {
 
     /// Hands `listener` to the engine, which accepts connections on it while it runs (see
     /// [`incoming`](Self::incoming)); replaces a listener handed over before. At most 64
-    /// handshakes are in flight at once; with 64 in flight, one whose client has said nothing
-    /// for a second makes room for the next client (it fails, see
+    /// handshakes are in flight at once; with 64 in flight, one whose client has not sent its
+    /// handshake for a second makes room for the next client (it fails, see
     /// [`incoming_failures`](Self::incoming_failures)).
     pub fn listen(&mut self, listener: std::net::TcpListener) -> Result<()> {
         self.unsettle();
@@ -396,13 +396,13 @@ impl Engine {
     }
 
     /// With [`MAX_INCOMING`] handshakes of the listener in flight: ends the one that has
-    /// waited longest on its client, if that has been [`STALLED`] at least, so that a newer
-    /// client may have its slot. Whether one ended.
+    /// waited longest for its client's handshake, if that has been [`STALLED`] at least, so
+    /// that a newer client may have its slot. Whether one ended. (A client that sent its
+    /// handshake and is slow to be ready may be an honest one whose engine is busy: it keeps
+    /// its slot until the handshake timeout.)
     fn push_out_stalled(&mut self) -> bool {
-        let waiting = |a: &Attempt| {
-            matches!(a.target, Target::Listener)
-                && matches!(a.step, Step::ReadHello | Step::ReadReady)
-        };
+        let waiting =
+            |a: &Attempt| matches!(a.target, Target::Listener) && matches!(a.step, Step::ReadHello);
         let oldest = (self.dials.attempts.iter().enumerate())
             .filter_map(|(i, a)| a.as_ref().filter(|a| waiting(a)).map(|a| (i, a)))
             .min_by_key(|(_, a)| a.started)
