@@ -728,4 +728,13 @@ fn notes_nobody_takes_fail_their_connection_past_the_limit() {
         MAX_WAITING_NOTES as usize,
         "the last note was not kept"
     );
+    // The next connection in the same slot starts with none of its own waiting.
+    let limit = sim.fabric.now() + Duration::from_secs(10);
+    sim.run(limit, |s| s.engines[1].usage().connections == 0)
+        .unwrap();
+    let link = sim.connect(0, 1).unwrap();
+    let slot = |c: &uccl_engine::ConnId| c.to_string().split(" (").next().unwrap().to_string();
+    assert_eq!(slot(&link.cb), slot(&cb), "the slot is used again");
+    notify(&mut sim, link.ca, 1)[0].test().unwrap().unwrap();
+    assert_eq!(notes.len(), MAX_WAITING_NOTES as usize + 1);
 }

@@ -94,7 +94,8 @@ pub struct FabricConfig {
     pub max_srq_wr: u32,
     /// Device limit on outstanding RDMA READs per QP (initiator and responder).
     pub max_rd_atomic: u32,
-    /// Largest message in bytes.
+    /// Largest message in bytes. An RDMA READ or WRITE moves 2 GiB at most whatever this
+    /// says (the IBTA's limit: a responder refuses a longer one as an invalid request).
     pub max_msg_size: u32,
     /// `poll_cq` on an empty CQ moves the virtual clock to the next pending event (so a
     /// busy-polling caller always makes progress, retransmission timeouts included). Ignored
@@ -453,8 +454,9 @@ impl Fabric {
         Duration::from_nanos(st.w.now)
     }
 
-    /// Processes everything due now. Returns whether anything happened (false on a broken
-    /// fabric).
+    /// Processes everything due now (on the UDP link a port sends 1 024 packets a step at
+    /// most; what is left is due at once). Returns whether anything happened (false on a
+    /// broken fabric).
     pub fn step(&self) -> bool {
         self.live().is_ok_and(|mut st| st.progress())
     }

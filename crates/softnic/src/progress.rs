@@ -41,7 +41,9 @@ const STAY_AWAKE: Duration = Duration::from_micros(50);
 const RX_BATCHES: usize = 8;
 
 impl State {
-    /// Processes everything due now: arrivals, timers, transmissions, until nothing is left.
+    /// Processes everything due now: arrivals, timers, transmissions, until nothing is left
+    /// (a port on the UDP link sends a burst at most, see
+    /// [`BURST`](crate::link::udp::BURST); the rest is due again at once).
     pub(crate) fn progress(&mut self) -> bool {
         self.progress_rx(0)
     }

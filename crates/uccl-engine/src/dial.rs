@@ -332,7 +332,10 @@ impl Engine {
                 .count()
         };
         loop {
-            if incoming(&self.dials) >= MAX_INCOMING && !self.push_out_stalled() {
+            // Full: a newer client may take the slot of one that has said nothing for a while
+            // (once it is accepted: with nobody waiting, nobody is pushed out).
+            let full = incoming(&self.dials) >= MAX_INCOMING;
+            if full && self.stalled_incoming().is_none() {
                 self.dials.backlogged = true;
                 return Ok(());
             }
@@ -340,7 +343,12 @@ impl Engine {
                 return Ok(());
             };
             match l.accept() {
-                Ok((stream, peer)) => self.start_incoming(stream, peer, Target::Listener)?,
+                Ok((stream, peer)) => {
+                    if full {
+                        self.push_out_stalled();
+                    }
+                    self.start_incoming(stream, peer, Target::Listener)?
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     self.dials.backlogged = false;
                     return Ok(());
@@ -401,14 +409,7 @@ impl Engine {
     /// handshake and is slow to be ready may be an honest one whose engine is busy: it keeps
     /// its slot until the handshake timeout.)
     fn push_out_stalled(&mut self) -> bool {
-        let waiting =
-            |a: &Attempt| matches!(a.target, Target::Listener) && matches!(a.step, Step::ReadHello);
-        let oldest = (self.dials.attempts.iter().enumerate())
-            .filter_map(|(i, a)| a.as_ref().filter(|a| waiting(a)).map(|a| (i, a)))
-            .min_by_key(|(_, a)| a.started)
-            .map(|(i, a)| (i, a.started.elapsed(), a.step))
-            .filter(|&(_, waited, _)| waited >= STALLED);
-        let Some((slot, waited, step)) = oldest else {
+        let Some((slot, waited, step)) = self.stalled_incoming() else {
             return false;
         };
         let reason = format!(
@@ -419,6 +420,18 @@ impl Engine {
         );
         self.end_attempt(slot, Progress::Failed(self.handshake_err(slot, reason)));
         true
+    }
+
+    /// The listener's handshake that has waited longest for its client's, if that has been
+    /// [`STALLED`] at least: its slot, how long, and its step.
+    fn stalled_incoming(&self) -> Option<(usize, Duration, Step)> {
+        let waiting =
+            |a: &Attempt| matches!(a.target, Target::Listener) && matches!(a.step, Step::ReadHello);
+        (self.dials.attempts.iter().enumerate())
+            .filter_map(|(i, a)| a.as_ref().filter(|a| waiting(a)).map(|a| (i, a)))
+            .min_by_key(|(_, a)| a.started)
+            .map(|(i, a)| (i, a.started.elapsed(), a.step))
+            .filter(|&(_, waited, _)| waited >= STALLED)
     }
 
     fn handshake_err(&self, slot: usize, reason: String) -> EngineError {

@@ -289,7 +289,7 @@ impl Engine {
             stats: Stats::default(),
             poller: Poller::new(),
             reads: Default::default(),
-            notifications: crate::notes::Notifications::new(cfg.max_conns),
+            notifications: Default::default(),
             cfg,
         })
     }

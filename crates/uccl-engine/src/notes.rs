@@ -40,8 +40,7 @@ const MAX_ARRIVED: usize = 2 * MAX_NOTED as usize;
 const MAX_HELD: usize = 4096;
 /// Notes of one connection that may wait in [`Notifications`], delivered and not taken by the
 /// application; the next one fails the connection (a peer cannot fill the engine's memory
-/// with notes nobody takes). A slot's count carries over to the next connection in it until
-/// the older notes are taken.
+/// with notes nobody takes).
 pub const MAX_WAITING_NOTES: u32 = 4096;
 
 /// A note, as a write's options carry it.
@@ -87,58 +86,38 @@ pub struct Notification {
 /// The notes an engine delivered, oldest first: a handle any thread may hold
 /// ([`Engine::notifications`], [`EngineHandle::notifications`](crate::EngineHandle::notifications)).
 /// At most [`MAX_WAITING_NOTES`] of a connection wait here.
-#[derive(Clone)]
-pub struct Notifications(Arc<Waiting>);
-
-/// The queue of delivered notes, and how many of each connection slot's it holds.
-struct Waiting {
-    queue: SegQueue<Notification>,
-    /// Per connection slot ([`ConnId`]'s index), its notes in `queue`: counted before a note
-    /// goes in and after it comes out, so never below the notes there.
-    per_conn: Box<[AtomicU32]>,
-}
+#[derive(Clone, Default)]
+pub struct Notifications(Arc<SegQueue<(Notification, Arc<AtomicU32>)>>);
 
 impl Notifications {
-    /// An empty queue for an engine of `conns` connection slots.
-    pub(crate) fn new(conns: u32) -> Notifications {
-        Notifications(Arc::new(Waiting {
-            queue: SegQueue::new(),
-            per_conn: (0..conns).map(|_| AtomicU32::new(0)).collect(),
-        }))
-    }
-
     /// The oldest note not taken yet.
     pub fn pop(&self) -> Option<Notification> {
-        let n = self.0.queue.pop()?;
-        if let Some(c) = self.0.per_conn.get(usize::from(n.conn.index)) {
-            c.fetch_sub(1, Ordering::AcqRel);
-        }
+        let (n, waiting) = self.0.pop()?;
+        waiting.fetch_sub(1, Ordering::AcqRel);
         Some(n)
     }
 
     /// Notes waiting to be taken.
     pub fn len(&self) -> usize {
-        self.0.queue.len()
+        self.0.len()
     }
 
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
-        self.0.queue.is_empty()
+        self.0.is_empty()
     }
 
-    /// Queues `n` (the engine's thread only), unless its connection has
-    /// [`MAX_WAITING_NOTES`] waiting already: then it is handed back.
-    fn push(&self, n: Notification) -> Result<(), Notification> {
-        let Some(count) = self.0.per_conn.get(usize::from(n.conn.index)) else {
-            return Err(n);
-        };
+    /// Queues `n` (the engine's thread only), counted in `waiting` (its connection's count of
+    /// notes here), unless that has [`MAX_WAITING_NOTES`] already: then it is handed back.
+    fn push(&self, n: Notification, waiting: &Arc<AtomicU32>) -> Result<(), Notification> {
         // Only this thread adds, so the count cannot pass the limit between the look and
-        // the add; another thread's pop may only lower it.
-        if count.load(Ordering::Acquire) >= MAX_WAITING_NOTES {
+        // the add; another thread's pop may only lower it (and never below zero: a note is
+        // counted before it goes in, uncounted after it comes out).
+        if waiting.load(Ordering::Acquire) >= MAX_WAITING_NOTES {
             return Err(n);
         }
-        count.fetch_add(1, Ordering::AcqRel);
-        self.0.queue.push(n);
+        waiting.fetch_add(1, Ordering::AcqRel);
+        self.0.push((n, Arc::clone(waiting)));
         Ok(())
     }
 }
@@ -160,6 +139,8 @@ pub(crate) struct Inbox {
     arrived: VecDeque<(u32, Vec<u8>)>,
     /// Deliveries held behind a notified write whose note is not in yet.
     held: VecDeque<Delivered>,
+    /// Its notes waiting in [`Notifications`] (the queue's entries hold it too).
+    waiting: Arc<AtomicU32>,
 }
 
 impl Engine {
@@ -285,10 +266,10 @@ impl Engine {
             return false;
         }
         let (_, data) = c.inbox.arrived.pop_front().expect("checked");
-        let conn = c.id;
+        let (conn, waiting) = (c.id, Arc::clone(&c.inbox.waiting));
         if self
             .notifications
-            .push(Notification { conn, data })
+            .push(Notification { conn, data }, &waiting)
             .is_err()
         {
             let why = format!("the application took none of its last {MAX_WAITING_NOTES} notes");

@@ -17,14 +17,14 @@ use crate::track::{Entry, Owner, Posted, Tracker, WR_ID_TAG};
 #[derive(Default)]
 pub(crate) struct Kept {
     /// Shared: buffers the NIC only reads, remote buffers, address handles.
-    pub(crate) shared: Vec<Arc<dyn Any + Send + Sync>>,
+    shared: Vec<Arc<dyn Any + Send + Sync>>,
     /// Moved in: buffers the NIC writes.
     pub(crate) owned: Vec<MrBuf>,
     /// A shared [`MrBuf`] is among the SGEs (the NIC may only read those).
     pub(crate) shared_local: bool,
-    /// A [`DmaBuf`] is among the SGEs (its bytes may change while the driver reads them).
+    /// A [`DmaBuf`](crate::DmaBuf) is among the SGEs (its bytes may change while the driver reads them).
     pub(crate) dma: bool,
-    /// Bytes copied into the WR for [`SendWr::inline_data`], each block where it was first put
+    /// Bytes copied into the WR for [`SendWr::inline_data`](crate::SendWr::inline_data), each block where it was first put
     /// (the SGEs point at them). `Vec`s, not boxes: moving a box asserts it is the only way to
     /// its bytes, which would invalidate the SGE's pointer; a `Vec`'s buffer stays put, as is.
     pub(crate) inline: Vec<Vec<u8>>,
@@ -33,7 +33,7 @@ pub(crate) struct Kept {
     pub(crate) raw: bool,
     /// A range outside its buffer.
     pub(crate) bad: Option<String>,
-    /// The table of the [`CompletionContext`] this WR names.
+    /// The table of the [`CompletionContext`](crate::CompletionContext) this WR names.
     pub(crate) handler_of: Option<Arc<Tracker>>,
 }
 
