@@ -266,12 +266,8 @@ impl Engine {
             return false;
         }
         let (_, data) = c.inbox.arrived.pop_front().expect("checked");
-        let (conn, waiting) = (c.id, Arc::clone(&c.inbox.waiting));
-        if self
-            .notifications
-            .push(Notification { conn, data }, &waiting)
-            .is_err()
-        {
+        let note = Notification { conn: c.id, data };
+        if self.notifications.push(note, &c.inbox.waiting).is_err() {
             let why = format!("the application took none of its last {MAX_WAITING_NOTES} notes");
             self.fail_conn(ci, why, true);
             return true;
