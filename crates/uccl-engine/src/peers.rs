@@ -1,7 +1,13 @@
 //! The peer engines an engine talks to: where each one's ACKs go (its UD control QP, through an
-//! address handle), found in O(1) by the GID and QP number its handshake gave, and freed with
-//! the last connection to it (so a peer that connects from ever new QP numbers does not grow
-//! the table).
+//! address handle), found in O(1) by the GID, QP number and Q_Key its handshake gave, and freed
+//! with the last connection to it (so a peer that connects from ever new QP numbers does not
+//! grow the table).
+//!
+//! The Q_Key is part of a peer's address: an engine that restarted and was given the same UD QP
+//! number comes back with another Q_Key, and is another peer than the one its old connections
+//! (until they are reaped) were to; and a handshake that names a connected engine's UD QP with
+//! another Q_Key than that engine's gets a peer of its own, whose messages that engine's QP
+//! drops, rather than sharing the real one's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +38,7 @@ pub(crate) struct Peer {
 pub(crate) struct Peers {
     slots: Vec<Option<Peer>>,
     free: Vec<usize>,
-    by_addr: HashMap<(Gid, u32), usize>,
+    by_addr: HashMap<(Gid, u32, u32), usize>,
 }
 
 impl Peers {
@@ -57,12 +63,6 @@ impl std::ops::IndexMut<usize> for Peers {
 }
 
 impl Engine {
-    /// The Q_Key of the peer held with control QP `ctrl_qpn` at `gid`, if one is.
-    pub(crate) fn peer_qkey(&self, gid: Gid, ctrl_qpn: u32) -> Option<u32> {
-        let i = *self.peers.by_addr.get(&(gid, ctrl_qpn))?;
-        Some(self.peers[i].qkey)
-    }
-
     /// The peer engine at `gid`/`lid` with control QP `ctrl_qpn` of Q_Key `qkey`, added if
     /// new, held for one more connection (give it back with
     /// [`release_peer`](Self::release_peer)).
@@ -73,7 +73,7 @@ impl Engine {
         ctrl_qpn: u32,
         qkey: u32,
     ) -> Result<usize> {
-        if let Some(&i) = self.peers.by_addr.get(&(gid, ctrl_qpn)) {
+        if let Some(&i) = self.peers.by_addr.get(&(gid, ctrl_qpn, qkey)) {
             self.peers[i].conns += 1;
             return Ok(i);
         }
@@ -103,7 +103,7 @@ impl Engine {
                 p.slots.len() - 1
             }
         };
-        p.by_addr.insert((gid, ctrl_qpn), i);
+        p.by_addr.insert((gid, ctrl_qpn, qkey), i);
         Ok(i)
     }
 
@@ -116,7 +116,7 @@ impl Engine {
             return;
         }
         let p = self.peers.slots[i].take().expect("held");
-        self.peers.by_addr.remove(&(p.gid, p.ctrl_qpn));
+        self.peers.by_addr.remove(&(p.gid, p.ctrl_qpn, p.qkey));
         self.peers.free.push(i);
         self.io.ctrl_qp.pins().unpin_ah(&p.ah);
         // Its staged ACKs (holes its connections left) go with it.

@@ -256,18 +256,6 @@ impl Engine {
                 h.qkey
             )));
         }
-        // An engine has one UD QP and one Q_Key: a handshake that names a connected peer's QP
-        // with another is not from that peer.
-        if self
-            .peer_qkey(h.gid, h.ctrl_qpn)
-            .is_some_and(|q| q != h.qkey)
-        {
-            return Err(bad(format!(
-                "the peer names the control QP {:#x} of an engine connected already, with \
-                 another Q_Key",
-                h.ctrl_qpn
-            )));
-        }
         let index = offer.id.index;
         let from = self.io.from;
         let mtu = self.path_mtu()?;
