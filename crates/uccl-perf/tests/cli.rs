@@ -212,16 +212,22 @@ fn a_message_over_64_mib_runs() {
     assert!(j["memcpy_gbps"].as_f64().is_some_and(|g| g > 0.0), "{j}");
 }
 
+/// A flipped byte is named by its offset in the message, wherever it lies (a message is
+/// checked in pieces: the first, one in the middle, the last byte).
 #[test]
 fn a_flipped_byte_is_named() {
-    let out = perf("--flows 2 --messages 4 --msg-size 64KiB --tamper 1:2:100");
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert!(
-        err.contains("flow 1 message 2: byte 100 of 65536 differs"),
-        "{err}"
-    );
-    assert_eq!(err.lines().count(), 1, "{err}");
+    for at in [100, 40_001, 65_535] {
+        let out = perf(&format!(
+            "--flows 2 --messages 4 --msg-size 64KiB --tamper 1:2:{at}"
+        ));
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("flow 1 message 2: byte {at} of 65536 differs")),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
 }
 
 #[test]

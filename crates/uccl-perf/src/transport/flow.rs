@@ -118,6 +118,10 @@ pub(super) struct Flow {
     pub(super) rx: Option<RxSide>,
 }
 
+/// The bytes of a message written or checked at a time: the pattern's piece stays in the
+/// first-level cache between its making and its copy.
+const PIECE: usize = 4096;
+
 /// Writes each message's pattern into its slot of the sender's buffer and checks it in the
 /// receiver's (nothing with `--no-payload`), timing both.
 pub(super) struct Payload<'a> {
@@ -156,22 +160,29 @@ impl<'a> Payload<'a> {
         }
     }
 
-    /// Writes message `m` of flow `f` into its slot of the source buffer.
+    /// Writes message `m` of flow `f` into its slot of the source buffer, a piece at a time.
     pub(super) fn fill(&mut self, f: &Flow, m: u64) -> Result<(), String> {
         if self.args.no_payload || self.msg == 0 {
             return Ok(());
         }
         let t = Instant::now();
         let tx = f.tx.as_ref().expect("a sending end");
-        pattern::fill(self.args.seed, f.id, m, &mut self.scratch);
-        tx.src
-            .write_at(((m % self.window) * self.msg) as usize, &self.scratch)
-            .map_err(|e| format!("flow {}: writing message {m}: {e}", f.id))?;
+        let p = pattern::Pattern::new(self.args.seed, f.id, m);
+        let slot = ((m % self.window) * self.msg) as usize;
+        let piece = &mut self.scratch[..PIECE.min(self.msg as usize)];
+        for at in (0..self.msg as usize).step_by(PIECE) {
+            let n = PIECE.min(self.msg as usize - at);
+            p.fill(at, &mut piece[..n]);
+            tx.src
+                .write_at(slot + at, &piece[..n])
+                .map_err(|e| format!("flow {}: writing message {m}: {e}", f.id))?;
+        }
         self.time += t.elapsed();
         Ok(())
     }
 
-    /// Checks message `m` of flow `f` in its slot of the destination buffer.
+    /// Checks message `m` of flow `f` in its slot of the destination buffer (a piece at a
+    /// time, unless its blocks are to be gathered first).
     pub(super) fn verify(&mut self, f: &Flow, m: u64) -> Result<(), String> {
         if self.args.no_payload || self.msg == 0 {
             return Ok(());
@@ -179,23 +190,41 @@ impl<'a> Payload<'a> {
         let t = Instant::now();
         let rx = f.rx.as_ref().expect("a receiving end");
         let off = ((m % self.window) * self.msg) as usize;
-        rx.dst
-            .read_at(off, &mut self.scratch)
-            .map_err(|e| format!("flow {}: reading message {m}: {e}", f.id))?;
-        if let Some((tf, tm, at)) = self.args.tamper
-            && (tf, tm) == (f.id, m)
-            && let Some(b) = self.scratch.get_mut(at as usize)
-        {
-            *b ^= 0x40;
-        }
-        let got = match &mut self.scatter {
-            Some((sc, back)) => {
-                sc.gather(&self.scratch, back);
-                &back[..]
+        let p = pattern::Pattern::new(self.args.seed, f.id, m);
+        let tamper = self
+            .args
+            .tamper
+            .filter(|&(tf, tm, _)| (tf, tm) == (f.id, m))
+            .map(|(_, _, at)| at as usize);
+        let read = |at: usize, into: &mut [u8]| {
+            rx.dst
+                .read_at(off + at, into)
+                .map_err(|e| format!("flow {}: reading message {m}: {e}", f.id))?;
+            if let Some(b) = tamper.and_then(|x| into.get_mut(x.checked_sub(at)?)) {
+                *b ^= 0x40;
             }
-            None => &self.scratch[..],
+            Ok::<(), String>(())
         };
-        let bad = pattern::first_mismatch(self.args.seed, f.id, m, got);
+        let bad = match &mut self.scatter {
+            Some((sc, back)) => {
+                read(0, &mut self.scratch)?;
+                sc.gather(&self.scratch, back);
+                p.first_mismatch(0, back)
+            }
+            None => {
+                let piece = &mut self.scratch[..PIECE.min(self.msg as usize)];
+                let mut bad = None;
+                for at in (0..self.msg as usize).step_by(PIECE) {
+                    let n = PIECE.min(self.msg as usize - at);
+                    read(at, &mut piece[..n])?;
+                    bad = p.first_mismatch(at, &piece[..n]);
+                    if bad.is_some() {
+                        break;
+                    }
+                }
+                bad
+            }
+        };
         self.time += t.elapsed();
         match bad {
             None => Ok(()),
