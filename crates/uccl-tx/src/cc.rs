@@ -7,8 +7,11 @@
 //! hold time taken out (the ACK carries it), so that a slow host does not look like a queue.
 //! Its target (`TxConfig`) is Swift's:
 //!
-//! - the base: the smallest RTT the flow has seen (Swift configures it; here it is learnt),
-//!   plus `target_delay_us`, the queueing delay a flow may add;
+//! - the base: the smallest fabric delay the flow has seen in the last [`BASE_EPOCH_NS`] to
+//!   twice that (Swift configures it; here it is learnt, and forgotten: a path whose delay
+//!   rose for good, after a route changed, gets a base that rose with it instead of a target
+//!   it can never meet again, which would hold its window at the floor), plus
+//!   `target_delay_us`, the queueing delay a flow may add;
 //! - plus `hops * hop_delay_ns` (Swift's per-hop scaling: a longer path queues at more
 //!   switches);
 //! - plus the flow-scaling term, `flow_scaling_us` scaled by where the window stands between
@@ -38,6 +41,12 @@
 //!
 //! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
 //! delay already says which.
+
+/// How long a smallest delay stands for the path's base (ns): the base is the smallest of this
+/// epoch's samples and the last epoch's, so one that old is forgotten within two epochs (as
+/// BBR's 10 s minimum-RTT filter; a flow that backs off at a queue sees the path without one
+/// far more often than that).
+pub(crate) const BASE_EPOCH_NS: u64 = 10_000_000_000;
 
 /// Fixed point: the window is kept in 1/1024 chunks.
 pub(crate) const ONE: u64 = 1024;
@@ -105,8 +114,12 @@ pub(crate) struct Window {
     cut_at: Option<u64>,
     /// Since when every sample has been over the target (ns), if the last one was.
     over_since: Option<u64>,
-    /// The smallest fabric delay so far (ns): the path's delay without a queue.
+    /// The smallest fabric delay of this epoch and of the last one (ns): the smaller of the two
+    /// is the path's delay without a queue.
     min_rtt: u64,
+    last_min_rtt: u64,
+    /// When this epoch began (ns; the first sample's time).
+    epoch: Option<u64>,
     /// Below one chunk with pacing: the earliest the next chunk may go (ns).
     next_send: u64,
     /// What additive increase owes below 1/[`ONE`] chunk, times the window: carried to the
@@ -124,6 +137,8 @@ impl Window {
             cut_at: None,
             over_since: None,
             min_rtt: u64::MAX,
+            last_min_rtt: u64::MAX,
+            epoch: None,
             next_send: 0,
             carry: 0,
         }
@@ -161,7 +176,11 @@ impl Window {
 
     /// The target the fabric delay is held to now.
     pub(crate) fn target(&self, t: &Target) -> u64 {
-        let base = if t.base > 0 { t.base } else { self.min_rtt };
+        let base = if t.base > 0 {
+            t.base
+        } else {
+            self.min_rtt.min(self.last_min_rtt)
+        };
         base.saturating_add(t.queueing)
             .saturating_add(t.hops)
             .saturating_add(t.flow_scaling(self.cwnd))
@@ -170,6 +189,12 @@ impl Window {
     /// `acked` chunks were newly acknowledged, and the ACK gave the fabric delay `delay` (ns,
     /// the receiver's hold time out) at `now`; `srtt` is the smoothed RTT of the sample's path.
     pub(crate) fn on_sample(&mut self, now: u64, delay: u64, t: &Target, srtt: u64, acked: u32) {
+        let epoch = *self.epoch.get_or_insert(now);
+        if now.saturating_sub(epoch) >= BASE_EPOCH_NS {
+            self.last_min_rtt = self.min_rtt;
+            self.min_rtt = u64::MAX;
+            self.epoch = Some(now);
+        }
         self.min_rtt = self.min_rtt.min(delay);
         let target = self.target(t);
         let acked = u64::from(acked);
@@ -314,6 +339,40 @@ mod tests {
         }
         assert_eq!(w.raw(), T.min);
         assert_eq!(w.chunks(), 1);
+    }
+
+    #[test]
+    fn a_base_that_rose_for_good_is_learnt_again_within_two_epochs() {
+        let e = BASE_EPOCH_NS;
+        let mut w = Window::new(256);
+        // A path of 10 ns, then of 1_000 for good (a route changed): over the target of 50.
+        w.on_sample(0, 10, &T, 10, 1);
+        let mut now = 1_000;
+        while now < e {
+            w.on_sample(now, 1_000, &T, 1_000, 1);
+            now += 1_000_000;
+        }
+        assert_eq!(w.target(&T), 50, "the first epoch remembers 10");
+        assert_eq!(w.raw(), T.min, "a target it cannot meet: the floor");
+        // The next epoch still remembers the last one's 10.
+        while now < 2 * e {
+            w.on_sample(now, 1_000, &T, 1_000, 1);
+            now += 1_000_000;
+        }
+        assert_eq!(w.target(&T), 50);
+        // Two epochs on, the 10 is forgotten: the base is the path's 1_000, and the window
+        // grows again.
+        w.on_sample(now, 1_000, &T, 1_000, 1);
+        assert_eq!(w.target(&T), 1_040);
+        let floor = w.raw();
+        for _ in 0..100 {
+            now += 1_000_000;
+            w.on_sample(now, 1_000, &T, 1_000, 1);
+        }
+        assert!(w.raw() > floor + 8 * ONE, "{}", w.raw());
+        // A configured base is never forgotten.
+        let fixed = Target { base: 10, ..T };
+        assert_eq!(w.target(&fixed), 50);
     }
 
     #[test]

@@ -50,8 +50,9 @@ pub struct TxConfig {
     pub hop_delay_ns: u64,
     /// The fabric's RTT without queues, in nanoseconds (Swift's base target, which Swift
     /// configures per fabric): the base of the congestion window's target. 0: learnt, as the
-    /// smallest RTT each flow has seen, which a flow that starts into a standing queue (an
-    /// incast) learns too high.
+    /// smallest RTT each flow has seen in the last 10 to 20 s (an older one is forgotten, so
+    /// that a path whose delay rose for good is not held to its old one), which a flow that
+    /// starts into a standing queue (an incast) learns too high.
     pub base_rtt_ns: u64,
     /// The switches on the flows' paths (Swift counts them from the IP TTL, which a verbs
     /// consumer does not see: the topology's, given here). 0: no per-hop term.
