@@ -95,7 +95,16 @@ fn main() -> ExitCode {
 
 /// Sets up the environment and replaces this process with the program.
 fn run(args: &Args) -> Result<std::convert::Infallible, String> {
-    let libdir = library_dir()?;
+    let (libdir, rdmacm) = library_dir()?;
+    if !rdmacm && links_rdmacm(&args.command[0]) {
+        eprintln!(
+            "softnic-run: note: {} links librdmacm, and softnic's is not built beside this \
+             launcher (`cargo build [--release] -p softnic-rdmacm`): any rdma_cm call it makes \
+             fails (\"rdma_create_event_channel failed\": the system's librdmacm needs the \
+             kernel's rdma_cm)",
+            args.command[0].to_string_lossy()
+        );
+    }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     let mut path = OsString::from(&libdir);
@@ -135,11 +144,30 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     Err(format!("cannot run {:?}: {e}", args.command[0]))
 }
 
+/// Whether `program` (a path, or a name looked up in `PATH`) needs `librdmacm.so.1`: its
+/// dynamic section names it (the name is in its string table). False if it cannot be read.
+fn links_rdmacm(program: &std::ffi::OsStr) -> bool {
+    let path = Path::new(program);
+    let found = if path.components().count() > 1 {
+        Some(path.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(path))
+                .find(|f| f.is_file())
+        })
+    };
+    let needle = b"librdmacm.so.1\0";
+    found
+        .and_then(|f| std::fs::read(f).ok())
+        .is_some_and(|b| b.windows(needle.len()).any(|w| w == needle))
+}
+
 /// A directory whose `libibverbs.so.1` is softnic's library: `softnic-verbs/` beside the
-/// library, made (a link to `../libibverbs.so`) on first use. The library is next to this
-/// launcher (`cargo build`), or in `deps/` there (`cargo test` builds it only there); of the
-/// two, the newer.
-fn library_dir() -> Result<PathBuf, String> {
+/// library, made (a link to `../libibverbs.so`) on first use, and whether softnic's
+/// `librdmacm.so.1` is there too. The library is next to this launcher (`cargo build`), or in
+/// `deps/` there (`cargo test` builds it only there); of the two, the newer.
+fn library_dir() -> Result<(PathBuf, bool), String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding this launcher: {e}"))?;
     let bin = exe.parent().unwrap_or(Path::new("."));
     let lib = bin.join("libibverbs.so");
@@ -167,10 +195,11 @@ fn library_dir() -> Result<PathBuf, String> {
     // softnic's librdmacm (crates/softnic-rdmacm), when it is built: rdma_cm programs then
     // connect over softnic's connection manager; without it they find the system's, which
     // needs the kernel's rdma_cm and fails.
-    if base.join("librdmacm.so").exists() {
+    let rdmacm = base.join("librdmacm.so").exists();
+    if rdmacm {
         link(&dir, "librdmacm.so.1", "librdmacm.so")?;
     }
-    Ok(dir)
+    Ok((dir, rdmacm))
 }
 
 /// `dir/name`, a link to `../target`, made unless it is there.
@@ -184,5 +213,26 @@ fn link(dir: &Path, name: &str, target: &str) -> Result<(), String> {
         // Another launcher made it first.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(format!("linking {}: {e}", link.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_that_names_librdmacm_in_its_dynamic_section_links_it() {
+        let dir = std::env::temp_dir().join(format!("softnic-run-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (yes, no) = (dir.join("yes"), dir.join("no"));
+        std::fs::write(&yes, b"\x7fELF...libibverbs.so.1\0librdmacm.so.1\0...").unwrap();
+        std::fs::write(&no, b"\x7fELF...libibverbs.so.1\0librdmacm.so.10...").unwrap();
+        assert!(links_rdmacm(yes.as_os_str()));
+        assert!(!links_rdmacm(no.as_os_str()));
+        assert!(!links_rdmacm(dir.join("missing").as_os_str()));
+        assert!(!links_rdmacm(std::ffi::OsStr::new(
+            "no-such-program-on-the-path"
+        )));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
