@@ -38,9 +38,9 @@ use std::time::Duration;
 use softnic::{Fabric, Faults};
 use uccl_engine::{ConnId, Engine, EngineConfig};
 use verbs_safe::{
-    AccessFlags, ConnInit, Context, Cq, DmaBuf, Gid, LocalPort, MrBuf, Mtu, Pd, Poller, Qp, QpCaps,
-    QpInit, Rc, RcRtr, RcRts, RecvWr, Remote, Rts, SendOp, SendWr, SqPsn, Uc, UcRtr, Ud, UdInit,
-    UdRtr, UdSendWr, Verbs, WcStatus,
+    AccessFlags, Ah, ConnInit, Context, Cq, DmaBuf, Gid, LocalPort, MrBuf, Mtu, Pd, Poller, Qp,
+    QpCaps, QpInit, Rc, RcRtr, RcRts, RecvWr, Remote, Rts, SendOp, SendWr, SqPsn, Uc, UcRtr, Ud,
+    UdInit, UdRtr, UdSendWr, Verbs, WcStatus,
 };
 
 use crate::Sim;
@@ -116,6 +116,9 @@ pub struct RawPeer {
     /// none (receiver not ready), its control QP retries them for ever, and what it has to
     /// say piles up.
     pub hold_ctl: bool,
+    /// What [`flood_ud`](Self::flood_ud) sends with: an address handle of the victim and the
+    /// message, made on first use.
+    flood: Option<(Arc<Ah>, Arc<MrBuf>)>,
 }
 
 impl std::fmt::Debug for RawPeer {
@@ -299,6 +302,7 @@ impl RawPeer {
             ud_received: 0,
             ctl_failed: None,
             hold_ctl: false,
+            flood: None,
         };
         for i in 0..CTL_RECVS {
             peer.repost_ctl(i)?;
@@ -389,6 +393,40 @@ impl RawPeer {
         self.ud
             .post_send_bufs(&mut [wr])
             .map_err(verbs_err("a UD send"))
+    }
+
+    /// Posts `bytes` from the peer's UD QP to the victim's, under its Q_Key, again and again
+    /// until the UD send queue is full (its completions, taken by [`poll`](Self::poll), make
+    /// room): a flood of the QP every peer's ACKs share. Returns how many it posted.
+    pub fn flood_ud(&mut self, bytes: &[u8]) -> Result<usize, String> {
+        let (ah, b) = match &self.flood {
+            Some(f) => f.clone(),
+            None => {
+                let ah = self
+                    .pd
+                    .create_ah(
+                        LocalPort::new(1, 0),
+                        self.victim.lid,
+                        Some(Gid(self.victim.gid)),
+                    )
+                    .map_err(verbs_err("an address handle"))?;
+                let f = (ah, self.payload(bytes)?);
+                self.flood = Some(f.clone());
+                f
+            }
+        };
+        let mut n = 0;
+        loop {
+            let wr = UdSendWr::new(UD_SEND, &ah, self.victim.ctrl_qpn, self.victim.qkey).buf(
+                &b,
+                0,
+                bytes.len() as u32,
+            );
+            if self.ud.post_send_bufs(&mut [wr]).is_err() {
+                return Ok(n);
+            }
+            n += 1;
+        }
     }
 
     /// Sends `msg` on the control QP (the victim reads it as a control message).

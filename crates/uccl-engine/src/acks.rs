@@ -16,6 +16,23 @@ use crate::proto::{
 use crate::round::Cqe;
 use crate::wrid;
 
+/// How long a UC connection's ACKs go over its control QP after the peer asked for them so.
+///
+/// The UD QP they take otherwise is shared by every peer of the engine they go to: a peer that
+/// floods it (or many at once, or an engine slower than its peers) uses up its receives, and
+/// the device drops what finds none, so every other peer's ACKs are lost with the flood. The
+/// engine sees it: half its UD receives or more were used in one round (a round takes a few
+/// UD messages, one a peer, and reposts what it took). For [`DRY_NS`] after, its
+/// ACK requests (a timeout expired without an ACK) ask for the ACKs over the connection's
+/// control QP, which has receives of its own and is reliable, and the peer sends them there for
+/// this long. They cost more there (a SEND each, and the RC ACK of the peer's NIC; under
+/// random loss far more, as RC recovers a lost packet slowly), so only then: a UD QP that
+/// loses an ACK to the network does not ask.
+pub(crate) const ACKS_OVER_CTL_NS: u64 = 10_000_000;
+
+/// How long after its UD QP ran dry an engine's ACK requests ask for ACKs over the control QP.
+pub(crate) const DRY_NS: u64 = 10_000_000;
+
 impl Engine {
     /// A UD message arrived: its items, in order ([`ud_items`]): ACK headers (UC mode),
     /// advertisements or copies of control messages (see [`on_ud_ctl`](Self::on_ud_ctl)),
@@ -76,7 +93,8 @@ impl Engine {
     /// connection's next ACK, staged this round, answers it. Only from the connection's peer
     /// with its tag; however many come, one ACK per connection per round goes back.
     fn on_ack_request(&mut self, b: &[u8], from: AckSource, now: u64) {
-        let Some((fid, tag, seq)) = parse_ack_request(b).filter(|_| self.cfg.mode == Mode::Uc)
+        let Some((fid, tag, seq, over_ctl)) =
+            parse_ack_request(b).filter(|_| self.cfg.mode == Mode::Uc)
         else {
             self.stats.dropped_invalid += 1;
             return;
@@ -89,6 +107,9 @@ impl Engine {
             return;
         };
         c.answer = Some(seq);
+        if over_ctl {
+            c.acks_over_ctl_until = now.saturating_add(ACKS_OVER_CTL_NS);
+        }
         if c.ack_slot.is_some() {
             // An ACK staged before the request is older than it: built again in its place,
             // as the answer (it may go out before this round ends).
@@ -99,15 +120,17 @@ impl Engine {
     }
 
     /// A timeout of connection `ci`'s flow expired: asks the peer for an ACK (UC), request
-    /// `seq`. A request that finds no UD send slot is dropped: the next expiry asks again.
-    pub(crate) fn ask_for_ack(&mut self, ci: u16, seq: u16) {
+    /// `seq`, over the control QP if this engine's UD QP ran dry lately. A request that finds
+    /// no UD send slot is dropped: the next expiry asks again.
+    pub(crate) fn ask_for_ack(&mut self, ci: u16, seq: u16, now: u64) {
+        let dry = (self.scratch.ud_dry_at).is_some_and(|t| now.saturating_sub(t) < DRY_NS);
         let Some(c) = self.conns.get(usize::from(ci)).and_then(Option::as_ref) else {
             return;
         };
         if self.cfg.mode != Mode::Uc || !c.is_open() {
             return;
         }
-        let bytes = ack_request(c.peer_fid, c.peer_tag, seq);
+        let bytes = ack_request(c.peer_fid, c.peer_tag, seq, dry);
         let peer = c.peer;
         self.send_ud(peer, &bytes);
     }
@@ -172,8 +195,11 @@ impl Engine {
         c.police.acked(grant, next, beyond);
         c.ack_due = None;
         self.stats.acks_sent += 1;
-        if self.cfg.mode == Mode::Rc {
+        if self.cfg.mode == Mode::Rc || now < c.acks_over_ctl_until {
             c.ctl.ack = Some(Ctl::Ack(ack).to_bytes());
+            if c.answer.take().is_some() {
+                self.stats.ack_answers += 1;
+            }
             self.mark_ctl(ci);
             return;
         }

@@ -428,6 +428,9 @@ pub(crate) struct Conn {
     /// The peer asked for an ACK (UC), the number of its latest request: the next one sent
     /// answers it ([`ANSWER_PATH`](uccl_tx::wire::ANSWER_PATH), echoing the number).
     pub(crate) answer: Option<u16>,
+    /// Until when its ACKs go over its control QP instead of the UD QP (UC; ns, 0: never):
+    /// the peer asked for one, so it is not hearing them there (see `acks.rs`).
+    pub(crate) acks_over_ctl_until: u64,
     /// When something last arrived from the peer (a chunk, an ACK, a control message).
     pub(crate) heard: u64,
     /// Whether its keep-alive timer is armed.

@@ -82,9 +82,8 @@ impl Engine {
                     None => self.stats.dropped_invalid += 1,
                 }
             }
-            Some(Ctl::Ack(ack)) if self.cfg.mode == Mode::Rc => {
-                self.on_ack(ack, crate::acks::AckSource::Conn(ci), now)
-            }
+            // RC mode's ACKs, and UC mode's while this end asks for them (see `acks.rs`).
+            Some(Ctl::Ack(ack)) => self.on_ack(ack, crate::acks::AckSource::Conn(ci), now),
             Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
             Some(Ctl::Unplaceable { csn, remote, rkey }) => {
                 if self.tx.chunk_target(ci, csn) == Some((remote, rkey)) {

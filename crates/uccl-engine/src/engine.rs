@@ -132,6 +132,9 @@ pub(crate) struct Scratch {
     pub(crate) bytes: Vec<u8>,
     /// Messages of a request being withdrawn.
     pub(crate) msgs: Vec<u64>,
+    /// When the UD QP last had half its receives or more used in one round (it runs dry, and
+    /// what comes finds none and is dropped), if ever: see `acks.rs`.
+    pub(crate) ud_dry_at: Option<u64>,
 }
 
 static ENGINES: AtomicU64 = AtomicU64::new(1);

@@ -73,7 +73,10 @@
 //! exactly its range until it is withdrawn ([`Engine::withdraw_export`]). First PSNs, ACK
 //! tags and the UD QP's Q_Key come from a keyed pseudo-random function (SipHash under a key
 //! from the OS): a host that never shook hands with the engine cannot reach its UD QP, which
-//! every connection's ACKs share. Everything
+//! every connection's ACKs share. A peer that did, and floods it, keeps it short of receives:
+//! the engine sees that (half of them used in one round), and its ACK requests then ask the
+//! peers whose ACKs it missed to send them over the connection's control QP for a while, which
+//! has receives of its own. Everything
 //! else a peer sends (immediates, retransmission headers, ACKs, control messages) is checked
 //! before use, and a retransmitted chunk is copied only inside the range, and with the key,
 //! its original WRITE had. A connection that takes more of the shared receive queue than its

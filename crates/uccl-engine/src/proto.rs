@@ -11,8 +11,9 @@ const MAGIC: &[u8; 6] = b"UCCLRS";
 /// reads, notes; 6: ACK requests and their answers: a peer that ignored them would never be
 /// asked to resend; 7: a control SEND carries up to [`CTL_PACK`] messages; 8: UC receive
 /// buffers are advertised over the UD QP, in UD messages of several items; 9: each engine's UD
-/// QP has a Q_Key of its own, drawn at random, which its handshake says).
-pub(crate) const VERSION: u16 = 9;
+/// QP has a Q_Key of its own, drawn at random, which its handshake says; 10: UC ACKs go over
+/// the control QP for a while after their peer asked for one).
+pub(crate) const VERSION: u16 = 10;
 
 /// Feature bits both ends must agree on.
 pub(crate) mod feature {
@@ -424,21 +425,35 @@ pub(crate) const ACK_ASK: u8 = 0x5a;
 /// which the answer echoes.
 pub(crate) const ACK_ASK_LEN: usize = 6;
 
+/// The bit of an ACK request's number that asks for ACKs over the control QP: the asking end's
+/// UD QP ran out of receives lately (see `acks.rs`). Numbers are below
+/// [`CSN_SPACE`](uccl_tx::wire::CSN_SPACE), far below it.
+const ASK_OVER_CTL: u16 = 0x8000;
+
 /// ACK request `seq` for connection `fid` (the peer's id) with ACK tag `tag`: a timeout of
-/// this end expired, and the peer answers with an ACK at once.
-pub(crate) fn ack_request(fid: u16, tag: u8, seq: u16) -> [u8; ACK_ASK_LEN] {
+/// this end expired, and the peer answers with an ACK at once; with `over_ctl`, over the
+/// connection's control QP, as its ACKs for a while after.
+pub(crate) fn ack_request(fid: u16, tag: u8, seq: u16, over_ctl: bool) -> [u8; ACK_ASK_LEN] {
+    let seq = if over_ctl { seq | ASK_OVER_CTL } else { seq };
     let (f, s) = (fid.to_be_bytes(), seq.to_be_bytes());
     [ACK_ASK, tag, f[0], f[1], s[0], s[1]]
 }
 
-/// Reads an ACK request: its connection, tag and number; `None` if malformed (a number an
-/// ACK's `echo` cannot carry included).
-pub(crate) fn parse_ack_request(b: &[u8]) -> Option<(u16, u8, u16)> {
+/// Reads an ACK request: its connection, tag, number and whether it asks for ACKs over the
+/// control QP; `None` if malformed (a number an ACK's `echo` cannot carry included).
+pub(crate) fn parse_ack_request(b: &[u8]) -> Option<(u16, u8, u16, bool)> {
     match *b {
         [ACK_ASK, tag, f0, f1, s0, s1] => {
-            let seq = u16::from_be_bytes([s0, s1]);
-            (u32::from(seq) < uccl_tx::wire::CSN_SPACE)
-                .then(|| (u16::from_be_bytes([f0, f1]), tag, seq))
+            let s = u16::from_be_bytes([s0, s1]);
+            let seq = s & !ASK_OVER_CTL;
+            (u32::from(seq) < uccl_tx::wire::CSN_SPACE).then(|| {
+                (
+                    u16::from_be_bytes([f0, f1]),
+                    tag,
+                    seq,
+                    s & ASK_OVER_CTL != 0,
+                )
+            })
         }
         _ => None,
     }
@@ -516,7 +531,7 @@ mod tests {
     fn a_ud_message_is_read_item_by_item_until_one_is_not() {
         let ack = [ACK_VERSION_BYTE; ACK_LEN];
         let copy = ctl_copy(1, 2, &Ctl::Ping.to_bytes());
-        let ask = ack_request(1, 2, 3);
+        let ask = ack_request(1, 2, 3, false);
         let mut b = Vec::new();
         for item in [
             &ack[..],
@@ -579,8 +594,10 @@ mod tests {
 
     #[test]
     fn an_ack_request_round_trips_and_garbage_is_none() {
-        let b = ack_request(0x0abc, 0x7f, 2047);
-        assert_eq!(parse_ack_request(&b), Some((0x0abc, 0x7f, 2047)));
+        let b = ack_request(0x0abc, 0x7f, 2047, false);
+        assert_eq!(parse_ack_request(&b), Some((0x0abc, 0x7f, 2047, false)));
+        let c = ack_request(0x0abc, 0x7f, 2047, true);
+        assert_eq!(parse_ack_request(&c), Some((0x0abc, 0x7f, 2047, true)));
         assert_eq!(parse_ack_request(&b[..ACK_ASK_LEN - 1]), None, "short");
         assert_eq!(
             parse_ack_request(&[b.as_slice(), &[0]].concat()),
@@ -591,7 +608,8 @@ mod tests {
         other[0] = CTL_COPY;
         assert_eq!(parse_ack_request(&other), None, "another kind");
         // A number an ACK's echo cannot carry: the answer could not be sent.
-        assert_eq!(parse_ack_request(&ack_request(1, 1, 2048)), None);
+        assert_eq!(parse_ack_request(&ack_request(1, 1, 2048, false)), None);
+        assert_eq!(parse_ack_request(&ack_request(1, 1, 2048, true)), None);
     }
 
     const ACK_VERSION_BYTE: u8 = uccl_tx::wire::ACK_VERSION;

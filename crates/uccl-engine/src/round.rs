@@ -193,7 +193,7 @@ impl Engine {
         self.ctl_probes(now);
         self.cts_timers(now);
         busy |= self.transmit(now);
-        busy |= self.events();
+        busy |= self.events(now);
         if self.scratch.rounds.is_multiple_of(ASYNC_EVERY) {
             self.async_events()?;
         }
@@ -201,7 +201,7 @@ impl Engine {
             self.drive_dials(busy)?;
         }
         busy |= self.dials.waiting();
-        self.refill()?;
+        self.refill(now)?;
         self.send_acks(now)?;
         self.flush_ctl(now);
         self.reap();
@@ -379,7 +379,7 @@ impl Engine {
     }
 
     /// The transmit side's events: requests complete or fail; flows fail.
-    fn events(&mut self) -> bool {
+    fn events(&mut self, now: u64) -> bool {
         let mut busy = false;
         while let Some(ev) = self.tx.poll_event() {
             busy = true;
@@ -429,7 +429,7 @@ impl Engine {
                 Event::PathFailed { path } => {
                     tracing::warn!(path = path.0, "a data QP failed");
                 }
-                Event::AckRequest { fid, seq } => self.ask_for_ack(fid, seq),
+                Event::AckRequest { fid, seq } => self.ask_for_ack(fid, seq, now),
                 _ => {}
             }
         }
@@ -514,7 +514,15 @@ impl Engine {
             .map(|i| i as u16)
     }
 
-    fn refill(&mut self) -> Result<()> {
+    fn refill(&mut self, now: u64) -> Result<()> {
+        // Half the UD receives or more used in one round (a round takes at most a poll budget
+        // of completions, so a QP that ran dry shows as one used faster than the engine
+        // reposts): it runs dry, or soon will (see `acks.rs`). A round takes a few UD messages,
+        // one a peer.
+        let ud = &self.io.ctrl_recv;
+        if ud.owed.len() >= ud.slots.len() / 2 {
+            self.scratch.ud_dry_at = Some(now);
+        }
         let n = self.io.refill_srq(self.cfg.srq_refill as usize)?;
         if n > 0 {
             self.stats.srq_posts += 1;

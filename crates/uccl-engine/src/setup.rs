@@ -357,6 +357,7 @@ impl Engine {
             in_ctl: false,
             ack_slot: None,
             answer: None,
+            acks_over_ctl_until: 0,
             heard: self.clock.now(),
             in_keepalive: false,
             in_ctl_probe: false,

@@ -10,7 +10,7 @@ pub const CTL_LEN: usize = 64;
 pub const CTL_PACK: usize = 4;
 /// The handshake's magic and version (uccl-engine's `proto::VERSION`).
 const MAGIC: &[u8; 6] = b"UCCLRS";
-const VERSION: u16 = 9;
+const VERSION: u16 = 10;
 /// The feature bit of RC data QPs.
 const FEATURE_RC: u32 = 1;
 /// Bytes of a handshake before its data QPs.
