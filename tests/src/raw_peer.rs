@@ -397,7 +397,8 @@ impl RawPeer {
 
     /// Posts `bytes` from the peer's UD QP to the victim's, under its Q_Key, again and again
     /// until the UD send queue is full (its completions, taken by [`poll`](Self::poll), make
-    /// room): a flood of the QP every peer's ACKs share. Returns how many it posted.
+    /// room; any refused post is taken for a full queue): a flood of the QP every peer's ACKs
+    /// share. Returns how many it posted.
     pub fn flood_ud(&mut self, bytes: &[u8]) -> Result<usize, String> {
         let (ah, b) = match &self.flood {
             Some(f) => f.clone(),

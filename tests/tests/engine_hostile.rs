@@ -339,10 +339,14 @@ fn the_ud_qp_takes_only_its_own_q_key_and_another_q_key_is_another_peer() {
     // own connection's reaches it.
     let buf = sim.engines[VICTIM].register(4096).unwrap();
     let heard = |sim: &mut uccl_integration::Sim, peer: &mut RawPeer, conn| {
-        let before = peer.ud_received;
+        let (before, sent) = (peer.ud_received, sim.engines[VICTIM].stats().ud_adverts);
         let r = sim.engines[VICTIM].recv(conn, &buf, 0, 4096).unwrap();
         deliver(sim, peer);
         assert!(!r.is_done());
+        assert!(
+            sim.engines[VICTIM].stats().ud_adverts > sent,
+            "the advertisement went"
+        );
         peer.ud_received - before
     };
     assert_eq!(
@@ -369,7 +373,7 @@ fn ud_flood_run(seed: u64, flood: bool) -> f64 {
     };
     let (mut sim, dev) = sim_with_raw_devices(seed, 2, 1, &cfg);
     let fabric = sim.fabric.clone();
-    let links: Vec<_> = (0..CONNS)
+    let links: Vec<_> = (0..UD_CONNS)
         .map(|_| sim.connect(VICTIM, HONEST).unwrap())
         .collect();
     let (mut peer, _hostile) =

@@ -1,6 +1,7 @@
 //! ACKs: built per flow from its receive state, coalesced per round, packed several to a
-//! UD message per peer (UC) or sent over the connection's control QP (RC); and ACKs arriving
-//! from peers, checked to come from the connection's peer before the transmit side sees them.
+//! UD message per peer (UC) or sent over the connection's control QP (RC, and UC while the
+//! peer asks so: see [`ACKS_OVER_CTL_NS`]); and ACKs arriving from peers, checked to come from
+//! the connection's peer before the transmit side sees them.
 
 use uccl_tx::wire::{ACK_LEN, ANSWER_PATH, AckRepr};
 
@@ -21,8 +22,8 @@ use crate::wrid;
 /// The UD QP they take otherwise is shared by every peer of the engine they go to: a peer that
 /// floods it (or many at once, or an engine slower than its peers) uses up its receives, and
 /// the device drops what finds none, so every other peer's ACKs are lost with the flood. The
-/// engine sees it: half its UD receives or more were used in one round (a round takes a few
-/// UD messages, one a peer, and reposts what it took). For [`DRY_NS`] after, its
+/// engine sees it: a quarter of the receives a round can take or more were used in one round
+/// (see [`ud_short`]). For [`DRY_NS`] after, its
 /// ACK requests (a timeout expired without an ACK) ask for the ACKs over the connection's
 /// control QP, which has receives of its own and is reliable, and the peer sends them there for
 /// this long. They cost more there (a SEND each, and the RC ACK of the peer's NIC; under
@@ -32,6 +33,14 @@ pub(crate) const ACKS_OVER_CTL_NS: u64 = 10_000_000;
 
 /// How long after its UD QP ran dry an engine's ACK requests ask for ACKs over the control QP.
 pub(crate) const DRY_NS: u64 = 10_000_000;
+
+/// The engine's UD QP took `used` receives of its `depth` in the round that ended at `now`
+/// (a round takes at most `budget` completions, shared with the data QPs'): if that is a
+/// quarter of what a round can take or more, it is short of receives from `now` on. A round
+/// takes a few UD messages, one a peer.
+pub(crate) fn ud_short(used: usize, depth: usize, budget: usize) -> bool {
+    used > 0 && used >= depth.min(budget) / 4
+}
 
 impl Engine {
     /// A UD message arrived: its items, in order ([`ud_items`]): ACK headers (UC mode),
@@ -123,7 +132,7 @@ impl Engine {
     /// `seq`, over the control QP if this engine's UD QP ran dry lately. A request that finds
     /// no UD send slot is dropped: the next expiry asks again.
     pub(crate) fn ask_for_ack(&mut self, ci: u16, seq: u16, now: u64) {
-        let dry = (self.scratch.ud_dry_at).is_some_and(|t| now.saturating_sub(t) < DRY_NS);
+        let dry = (self.ud_dry_at).is_some_and(|t| now.saturating_sub(t) < DRY_NS);
         let Some(c) = self.conns.get(usize::from(ci)).and_then(Option::as_ref) else {
             return;
         };
@@ -196,13 +205,16 @@ impl Engine {
         c.ack_due = None;
         self.stats.acks_sent += 1;
         if self.cfg.mode == Mode::Rc || now < c.acks_over_ctl_until {
+            // The answer (if any) is kept until the ACK goes out (`flush_ctl`): an ACK staged
+            // again before that answers too.
             c.ctl.ack = Some(Ctl::Ack(ack).to_bytes());
-            if c.answer.take().is_some() {
-                self.stats.ack_answers += 1;
-            }
+            // One staged ACK a connection: a UD copy of an older one goes (UC, switching).
+            self.retire_ud_ack(ci);
             self.mark_ctl(ci);
             return;
         }
+        // Back on the UD QP: an older ACK still waiting on the control QP goes.
+        c.ctl.ack = None;
         let Ok(bytes) = ack.to_bytes() else { return };
         let (peer, slot) = (c.peer, c.ack_slot);
         if let Some(at) = slot {
@@ -274,9 +286,17 @@ impl Engine {
         }
     }
 
-    /// Takes connection `ci`'s staged ACK back (it is going away): the bytes become an ACK of
-    /// no version, which the peer counts and drops.
+    /// Takes connection `ci`'s staged ACK back (it is going away).
     pub(crate) fn unstage_ack(&mut self, ci: u16) {
+        self.retire_ud_ack(ci);
+        if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+            c.ctl.ack = None;
+        }
+    }
+
+    /// Takes connection `ci`'s ACK out of its peer's UD message, if one is there: the bytes
+    /// become an ACK of no version, which the peer counts and drops.
+    fn retire_ud_ack(&mut self, ci: u16) {
         let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
@@ -286,7 +306,6 @@ impl Engine {
             p.acks[at..at + ACK_LEN].fill(0);
             p.staged.retain(|&x| x != ci);
         }
-        c.ctl.ack = None;
     }
 
     /// ACKs for every connection that received something this round, and window updates for
@@ -393,7 +412,7 @@ impl Engine {
 pub(crate) enum AckSource {
     /// A UD message from control QP `qpn` at `gid` (UC mode).
     Ud { qpn: u32, gid: Gid },
-    /// Connection `ci`'s own control QP (RC mode).
+    /// Connection `ci`'s own control QP (RC mode, and UC while this end asks for ACKs there).
     Conn(u16),
 }
 

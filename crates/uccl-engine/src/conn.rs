@@ -1,6 +1,6 @@
 //! A connection: its data QPs (one per path), its control QP (RC: receive-buffer
-//! advertisements, and ACKs in RC mode), the receive side of its flow, and the requests in
-//! flight on it.
+//! advertisements, and ACKs in RC mode and in UC mode while the peer asks so), the receive side
+//! of its flow, and the requests in flight on it.
 
 use std::collections::VecDeque;
 
@@ -157,7 +157,8 @@ pub(crate) struct Ctl {
     pub(crate) send: SendRing,
     /// Messages waiting for a free send slot.
     pub(crate) backlog: VecDeque<[u8; CTL_LEN]>,
-    /// The latest ACK not sent yet (RC mode): sent after the backlog, replaced by a newer one.
+    /// The latest ACK not sent yet (RC mode, or UC while the peer asks for ACKs here): sent
+    /// after the backlog, replaced by a newer one.
     pub(crate) ack: Option<[u8; CTL_LEN]>,
     /// The send slot of a Close, once posted: its completion ends the connection.
     pub(crate) close_slot: Option<u32>,

@@ -1,4 +1,5 @@
-//! The connections' control QPs (receive-buffer advertisements, refusals, closes, RC ACKs)
+//! The connections' control QPs (receive-buffer advertisements, refusals, closes, ACKs in RC
+//! mode and in UC mode while the peer's engine asks so)
 //! and teardown: failing a connection, telling its peer, and freeing it once its flushes are
 //! polled.
 
@@ -82,7 +83,8 @@ impl Engine {
                     None => self.stats.dropped_invalid += 1,
                 }
             }
-            // RC mode's ACKs, and UC mode's while this end asks for them (see `acks.rs`).
+            // RC mode's ACKs, and UC mode's that this end asked for (see `acks.rs`); from the
+            // connection's own peer, so checked as any.
             Some(Ctl::Ack(ack)) => self.on_ack(ack, crate::acks::AckSource::Conn(ci), now),
             Some(Ctl::Close) => self.fail_conn(ci, "the peer closed it", false),
             Some(Ctl::Unplaceable { csn, remote, rkey }) => {
@@ -213,9 +215,14 @@ impl Engine {
                 continue;
             };
             c.in_ctl = false;
+            let had_ack = c.ctl.ack.is_some();
             let r = c.ctl.flush(ci);
             if let Ok(true) = r {
                 self.stats.ack_packets += 1;
+            }
+            // The ACK that went answered the peer's request, if there was one (UC).
+            if had_ack && c.ctl.ack.is_none() && c.answer.take().is_some() {
+                self.stats.ack_answers += 1;
             }
             if let Err(e) = r {
                 tracing::warn!(conn = ci, error = %e, "posting on a control QP failed");

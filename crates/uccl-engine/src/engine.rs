@@ -132,9 +132,6 @@ pub(crate) struct Scratch {
     pub(crate) bytes: Vec<u8>,
     /// Messages of a request being withdrawn.
     pub(crate) msgs: Vec<u64>,
-    /// When the UD QP last had half its receives or more used in one round (it runs dry, and
-    /// what comes finds none and is dropped), if ever: see `acks.rs`.
-    pub(crate) ud_dry_at: Option<u64>,
 }
 
 static ENGINES: AtomicU64 = AtomicU64::new(1);
@@ -182,6 +179,9 @@ pub struct Engine {
     /// The deadlines of requests that have one.
     pub(crate) deadlines: crate::cancel::Deadlines,
     pub(crate) scratch: Scratch,
+    /// When the UD QP was last found short of receives (what comes then may find none and be
+    /// dropped), if ever: see `acks.rs`.
+    pub(crate) ud_dry_at: Option<u64>,
     pub(crate) stats: Stats,
     pub(crate) poller: Poller,
     /// RDMA READs in flight and connections with reads to issue (see `read.rs`).
@@ -289,6 +289,7 @@ impl Engine {
             cancels: Arc::default(),
             deadlines: Default::default(),
             scratch: Scratch::default(),
+            ud_dry_at: None,
             stats: Stats::default(),
             poller: Poller::new(),
             reads: Default::default(),

@@ -222,7 +222,9 @@ pub(crate) enum Ctl {
     /// it was dropped. The sender fails the connection if that is where it sent the chunk (a
     /// frame injected with a forged header names another place, and changes nothing).
     Unplaceable { csn: u16, remote: u64, rkey: u32 },
-    /// An ACK (RC mode, where the control QP is reliable and nothing is retransmitted).
+    /// An ACK: RC mode's (the control QP is reliable and nothing is retransmitted), and UC
+    /// mode's while the receiving end's ACK requests ask for them here (its UD QP is short of
+    /// receives).
     Ack(AckRepr),
     /// The receiver withdraws its receive buffer `seq` (cancelled, or past its deadline), if no
     /// send took it yet.

@@ -515,13 +515,10 @@ impl Engine {
     }
 
     fn refill(&mut self, now: u64) -> Result<()> {
-        // Half the UD receives or more used in one round (a round takes at most a poll budget
-        // of completions, so a QP that ran dry shows as one used faster than the engine
-        // reposts): it runs dry, or soon will (see `acks.rs`). A round takes a few UD messages,
-        // one a peer.
+        // The UD QP short of receives (see `acks.rs`).
         let ud = &self.io.ctrl_recv;
-        if ud.owed.len() >= ud.slots.len() / 2 {
-            self.scratch.ud_dry_at = Some(now);
+        if crate::acks::ud_short(ud.owed.len(), ud.slots.len(), self.cfg.poll_budget) {
+            self.ud_dry_at = Some(now);
         }
         let n = self.io.refill_srq(self.cfg.srq_refill as usize)?;
         if n > 0 {

@@ -51,7 +51,7 @@ pub struct Stats {
     /// ACK headers sent, and the control messages that carried them.
     pub acks_sent: u64,
     /// UD messages sent to peers (ACKs, UC advertisements), and control-QP SENDs that carried
-    /// an ACK alone (RC mode; an ACK packed behind other control messages is not counted).
+    /// an ACK (RC mode, or UC while the peer asks for ACKs there).
     pub ack_packets: u64,
     /// ACK headers received.
     pub acks_received: u64,

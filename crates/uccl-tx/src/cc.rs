@@ -45,7 +45,10 @@
 /// How long a smallest delay stands for the path's base (ns): the base is the smallest of this
 /// epoch's samples and the last epoch's, so one that old is forgotten within two epochs (as
 /// BBR's 10 s minimum-RTT filter; a flow that backs off at a queue sees the path without one
-/// far more often than that).
+/// far more often than that). The risk of any such filter: a queue that stands for two whole
+/// epochs (flows that all sit at the window's floor) is learnt as the path's delay, and the
+/// target rises with it; BBR drains the queue now and then to see the path (ProbeRTT), which
+/// this window does not.
 pub(crate) const BASE_EPOCH_NS: u64 = 10_000_000_000;
 
 /// Fixed point: the window is kept in 1/1024 chunks.
@@ -114,9 +117,10 @@ pub(crate) struct Window {
     cut_at: Option<u64>,
     /// Since when every sample has been over the target (ns), if the last one was.
     over_since: Option<u64>,
-    /// The smallest fabric delay of this epoch and of the last one (ns): the smaller of the two
-    /// is the path's delay without a queue.
+    /// The smallest fabric delay of this epoch (ns); the smaller of it and `last_min_rtt` is
+    /// the path's delay without a queue.
     min_rtt: u64,
+    /// The smallest fabric delay of the last epoch (ns; `u64::MAX` if it had no sample).
     last_min_rtt: u64,
     /// When this epoch began (ns; the first sample's time).
     epoch: Option<u64>,
@@ -190,8 +194,14 @@ impl Window {
     /// the receiver's hold time out) at `now`; `srtt` is the smoothed RTT of the sample's path.
     pub(crate) fn on_sample(&mut self, now: u64, delay: u64, t: &Target, srtt: u64, acked: u32) {
         let epoch = *self.epoch.get_or_insert(now);
-        if now.saturating_sub(epoch) >= BASE_EPOCH_NS {
-            self.last_min_rtt = self.min_rtt;
+        let age = now.saturating_sub(epoch);
+        if age >= BASE_EPOCH_NS {
+            // A flow idle for two epochs or more has no last epoch's samples.
+            self.last_min_rtt = if age >= 2 * BASE_EPOCH_NS {
+                u64::MAX
+            } else {
+                self.min_rtt
+            };
             self.min_rtt = u64::MAX;
             self.epoch = Some(now);
         }
@@ -373,6 +383,9 @@ mod tests {
         // A configured base is never forgotten.
         let fixed = Target { base: 10, ..T };
         assert_eq!(w.target(&fixed), 50);
+        // A flow idle for two epochs keeps nothing of before: its first sample is its base.
+        w.on_sample(now + 2 * e, 700, &T, 700, 1);
+        assert_eq!(w.target(&T), 740);
     }
 
     #[test]

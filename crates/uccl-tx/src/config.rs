@@ -40,7 +40,7 @@ pub struct TxConfig {
     /// triggered each ACK) do not see it (QUIC's `max_ack_delay`).
     pub peer_ack_delay_us: u64,
     /// The queueing delay a flow's congestion window lets it add, in microseconds: the window
-    /// keeps the flow's RTT under the smallest RTT it has seen plus this (Swift's target
+    /// keeps the flow's RTT under the smallest RTT it has seen lately plus this (Swift's target
     /// delay, with the base RTT learnt). Below it the window grows by a chunk per window
     /// acknowledged, above it shrinks in proportion to the excess (see the crate's congestion
     /// window). 0: no congestion window, only the receiver's credit bounds a flow.

@@ -77,7 +77,7 @@
 //! [`TxConfig::peer_ack_delay_us`]) stays under its target it grows by
 //! [`TxConfig::additive_increase`] per RTT; above it, it shrinks in proportion to the excess
 //! (by at most half, once per RTT). The target is the base RTT ([`TxConfig::base_rtt_ns`], or
-//! the smallest RTT the flow has seen), plus the target delay, plus
+//! the smallest RTT the flow has seen in the last 10 to 20 s), plus the target delay, plus
 //! [`TxConfig::hops`] times [`TxConfig::hop_delay_ns`], plus a flow-scaling term
 //! ([`TxConfig::flow_scaling_us`]) that grows as the window shrinks, so that the many small
 //! windows of an incast converge to fair shares. A window below one chunk paces the flow (one

@@ -130,7 +130,7 @@ pub(super) struct Payload<'a> {
     msg: u64,
     /// Messages per flow in flight: the slots of each buffer.
     window: u64,
-    /// One message's bytes.
+    /// A piece of a message's bytes (all of them for vectored messages).
     scratch: Vec<u8>,
     /// Vectored messages: where their blocks lie, and a message's bytes put back in order.
     scatter: Option<(Scatter, Vec<u8>)>,
@@ -146,16 +146,22 @@ impl<'a> Payload<'a> {
 
     /// The payload of `args`' flows: `msg`-byte messages in `window` slots.
     pub(super) fn new(args: &'a Args, msg: u64, window: u64) -> Self {
+        let scatter = args.op.vectored().then(|| {
+            let writes = !args.op.reads();
+            let sc = Scatter::new(u64::from(args.iov), args.block_size, args.seed, writes);
+            (sc, vec![0u8; msg as usize])
+        });
+        // A piece at a time, unless the blocks of a message are gathered whole.
+        let scratch = match scatter {
+            Some(_) => msg as usize,
+            None => (msg as usize).min(PIECE),
+        };
         Payload {
             args,
             msg,
             window,
-            scratch: vec![0u8; msg as usize],
-            scatter: args.op.vectored().then(|| {
-                let writes = !args.op.reads();
-                let sc = Scatter::new(u64::from(args.iov), args.block_size, args.seed, writes);
-                (sc, vec![0u8; msg as usize])
-            }),
+            scratch: vec![0u8; scratch],
+            scatter,
             time: Duration::ZERO,
         }
     }
