@@ -23,21 +23,19 @@ use crate::wrid;
 /// floods it (or many at once, or an engine slower than its peers) uses up its receives, and
 /// the device drops what finds none, so every other peer's ACKs are lost with the flood. The
 /// engine sees it: a quarter of the receives a round can take or more were used in one round
-/// (see [`ud_short`]). For [`DRY_NS`] after, its
-/// ACK requests (a timeout expired without an ACK) ask for the ACKs over the connection's
-/// control QP, which has receives of its own and is reliable, and the peer sends them there for
-/// this long. They cost more there (a SEND each, and the RC ACK of the peer's NIC; under
-/// random loss far more, as RC recovers a lost packet slowly), so only then: a UD QP that
-/// loses an ACK to the network does not ask.
+/// (see [`ud_short`]). For [`DRY_NS`] after, its ACK requests (a timeout expired without an
+/// ACK) ask for the ACKs over the connection's control QP, which has receives of its own and
+/// is reliable, and the peer sends them there for this long. They cost more there (a SEND
+/// each, and the RC ACK of the peer's NIC; under random loss far more, as RC recovers a lost
+/// packet slowly), so only then: a UD QP that loses an ACK to the network does not ask.
 pub(crate) const ACKS_OVER_CTL_NS: u64 = 10_000_000;
 
 /// How long after its UD QP ran dry an engine's ACK requests ask for ACKs over the control QP.
 pub(crate) const DRY_NS: u64 = 10_000_000;
 
-/// The engine's UD QP took `used` receives of its `depth` in the round that ended at `now`
-/// (a round takes at most `budget` completions, shared with the data QPs'): if that is a
-/// quarter of what a round can take or more, it is short of receives from `now` on. A round
-/// takes a few UD messages, one a peer.
+/// Whether the engine's UD QP, which took `used` of its `depth` receives in one round, is short
+/// of them: a round takes at most `budget` completions (shared with the data QPs'), and a few
+/// UD messages, one a peer; a quarter of what a round can take or more is a flood.
 pub(crate) fn ud_short(used: usize, depth: usize, budget: usize) -> bool {
     used > 0 && used >= depth.min(budget) / 4
 }

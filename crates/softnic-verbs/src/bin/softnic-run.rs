@@ -145,7 +145,8 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
 }
 
 /// Whether `program` (a path, or a name looked up in `PATH`) needs `librdmacm.so.1`: its
-/// dynamic section names it (the name is in its string table). False if it cannot be read.
+/// dynamic section names it (the name is in its string table, which lies near the start of
+/// the file: only the first 16 MiB are read). False if it cannot be read.
 fn links_rdmacm(program: &std::ffi::OsStr) -> bool {
     let path = Path::new(program);
     let found = if path.components().count() > 1 {
@@ -158,8 +159,16 @@ fn links_rdmacm(program: &std::ffi::OsStr) -> bool {
         })
     };
     let needle = b"librdmacm.so.1\0";
+    let head = |f: PathBuf| {
+        use std::io::Read;
+        let mut b = Vec::new();
+        std::fs::File::open(f)
+            .and_then(|file| file.take(16 << 20).read_to_end(&mut b))
+            .map(|_| b)
+            .ok()
+    };
     found
-        .and_then(|f| std::fs::read(f).ok())
+        .and_then(head)
         .is_some_and(|b| b.windows(needle.len()).any(|w| w == needle))
 }
 
