@@ -58,17 +58,16 @@ impl Pattern {
     /// Fills `out` with the message's bytes from byte `at` on (`at` a multiple of 8).
     pub(crate) fn fill(&self, at: usize, out: &mut [u8]) {
         debug_assert!(at.is_multiple_of(8));
-        let first = (at / 8) as u64;
-        let i = first + (out.len() / 8) as u64;
         let mut words = out.chunks_exact_mut(8);
-        let mut z = self.k.0.wrapping_add(first.wrapping_mul(STEP));
+        let mut z = self.k.0.wrapping_add(((at / 8) as u64).wrapping_mul(STEP));
         for w in &mut words {
             w.copy_from_slice(&mix(z, self.k.1));
             z = z.wrapping_add(STEP);
         }
+        // `z` is the next word's: the bytes of it that are left.
         let rest = words.into_remainder();
         let n = rest.len();
-        rest.copy_from_slice(&word(self.k, i)[..n]);
+        rest.copy_from_slice(&mix(z, self.k.1)[..n]);
     }
 
     /// The offset in the message of the first byte of `got`, the message's bytes from byte
@@ -100,7 +99,7 @@ impl Pattern {
             z = zj;
             at += block.len();
         }
-        let want = word(k, (at / 8) as u64);
+        let want = mix(z, k.1);
         rest.iter()
             .zip(&want)
             .position(|(a, b)| a != b)

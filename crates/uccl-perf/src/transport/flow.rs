@@ -122,6 +122,13 @@ pub(super) struct Flow {
 /// first-level cache between its making and its copy.
 const PIECE: usize = 4096;
 
+/// The pieces of a `len`-byte message: (offset, length), [`PIECE`] bytes each but the last.
+fn pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len)
+        .step_by(PIECE)
+        .map(move |at| (at, PIECE.min(len - at)))
+}
+
 /// Writes each message's pattern into its slot of the sender's buffer and checks it in the
 /// receiver's (nothing with `--no-payload`), timing both.
 pub(super) struct Payload<'a> {
@@ -176,8 +183,7 @@ impl<'a> Payload<'a> {
         let p = pattern::Pattern::new(self.args.seed, f.id, m);
         let slot = ((m % self.window) * self.msg) as usize;
         let piece = &mut self.scratch[..PIECE.min(self.msg as usize)];
-        for at in (0..self.msg as usize).step_by(PIECE) {
-            let n = PIECE.min(self.msg as usize - at);
+        for (at, n) in pieces(self.msg as usize) {
             p.fill(at, &mut piece[..n]);
             tx.src
                 .write_at(slot + at, &piece[..n])
@@ -220,8 +226,7 @@ impl<'a> Payload<'a> {
             None => {
                 let piece = &mut self.scratch[..PIECE.min(self.msg as usize)];
                 let mut bad = None;
-                for at in (0..self.msg as usize).step_by(PIECE) {
-                    let n = PIECE.min(self.msg as usize - at);
+                for (at, n) in pieces(self.msg as usize) {
                     read(at, &mut piece[..n])?;
                     bad = p.first_mismatch(at, &piece[..n]);
                     if bad.is_some() {
