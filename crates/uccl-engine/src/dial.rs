@@ -170,7 +170,7 @@ impl Engine {
         }
         addrs.reverse();
         let first = addrs.pop().expect("checked");
-        let req = Request::of_engine(self.id, None);
+        let req = Request::of_engine(&self.owner, None);
         let stream = TcpStream::connect(first)
             .map_err(|e| io_err(&first.to_string(), &format!("connecting to {first}"), e))?;
         let mut a = Attempt::new(stream, first, Target::Handle(req.clone()));
@@ -202,7 +202,7 @@ impl Engine {
             .registry()
             .register(&mut l, Token(LISTENER - 1 - slot), Interest::READABLE)
             .map_err(|e| io_err("a connecting engine", "registering the listener", e))?;
-        let req = Request::of_engine(self.id, None);
+        let req = Request::of_engine(&self.owner, None);
         self.dials.once[slot] = Some((l, req.clone()));
         // A client may be waiting already (no readiness event would come for it).
         self.take_once(slot)?;
@@ -245,7 +245,7 @@ impl Engine {
                 reason: "no listener: hand one to the engine with Engine::listen first".into(),
             });
         }
-        let req = Request::of_engine(self.id, None);
+        let req = Request::of_engine(&self.owner, None);
         self.dials.waiting.push_back(req.clone());
         self.dials.match_incoming();
         Ok(req)

@@ -143,6 +143,8 @@ const HDR_SLOT: usize = uccl_tx::wire::RETR_HDR_LEN;
 /// A UCCL transport engine on one device context. See the [crate documentation](crate).
 pub struct Engine {
     pub(crate) id: u64,
+    /// What the engine's requests know of it (its id, and how many of them have ended).
+    pub(crate) owner: Arc<crate::request::Owner>,
     pub(crate) cfg: EngineConfig,
     pub(crate) clock: Clock,
     pub(crate) io: Io,
@@ -268,6 +270,7 @@ impl Engine {
         memory.pins.pin(&hdrs);
         Ok(Engine {
             id,
+            owner: crate::request::Owner::new(id),
             credits,
             clock,
             io,
@@ -313,6 +316,14 @@ impl Engine {
     /// Forgets the RTT samples so far.
     pub fn reset_rtt_samples(&mut self) {
         self.tx.reset_rtt_samples();
+    }
+
+    /// How many of this engine's requests have ended so far (completed, failed or
+    /// cancelled; connects and accepts too): one atomic load. A loop that drives the engine
+    /// and tests its requests need test them again only when this moved: a request that
+    /// ended before the count was read tests as done after it.
+    pub fn requests_ended(&self) -> u64 {
+        self.owner.ended()
     }
 
     /// Counters (the transmit side's are in [`tx_stats`](Self::tx_stats)).

@@ -475,7 +475,7 @@ impl Engine {
             Ok(msg) => {
                 self.stats.reads_served += 1;
                 // Nobody waits for it here: the reader learns of it as a receive.
-                let req = Request::of_engine(self.id, None);
+                let req = Request::of_engine(&self.owner, None);
                 c.track(msg, req, (len, false), use_).served = Some((from.rkey, seq));
                 c.serving += 1;
             }

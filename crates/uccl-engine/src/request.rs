@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -51,9 +51,33 @@ pub(crate) struct CancelTo {
     pub(crate) conn: crate::ConnId,
 }
 
+/// The engine that makes requests, as they know it: its id, and how many of its requests
+/// have ended.
+#[derive(Debug)]
+pub(crate) struct Owner {
+    pub(crate) id: u64,
+    ended: AtomicU64,
+}
+
+impl Owner {
+    /// Engine `id`, none of whose requests has ended yet.
+    pub(crate) fn new(id: u64) -> Arc<Owner> {
+        Arc::new(Owner {
+            id,
+            ended: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests of the engine that have ended so far: every request ended before the count
+    /// read is seen as done by [`Request::test`] after it.
+    pub(crate) fn ended(&self) -> u64 {
+        self.ended.load(Ordering::Acquire)
+    }
+}
+
 struct Inner<T> {
     /// The engine that completes the request.
-    engine: u64,
+    owner: Arc<Owner>,
     /// Where a cancellation goes (transfers only).
     cancel: Option<CancelTo>,
     /// Set once `state.result` is (so an unfinished request is tested without the lock).
@@ -89,12 +113,12 @@ impl<T> std::fmt::Debug for Request<T> {
 }
 
 impl<T: Clone> Request<T> {
-    /// A request that engine `engine` completes; a transfer on a connection may be cancelled
+    /// A request that engine `owner` completes; a transfer on a connection may be cancelled
     /// through `cancel`.
-    pub(crate) fn of_engine(engine: u64, cancel: Option<CancelTo>) -> Request<T> {
+    pub(crate) fn of_engine(owner: &Arc<Owner>, cancel: Option<CancelTo>) -> Request<T> {
         Request {
             inner: Arc::new(Inner {
-                engine,
+                owner: Arc::clone(owner),
                 cancel,
                 done: AtomicBool::new(false),
                 state: Mutex::new(State {
@@ -112,7 +136,7 @@ impl<T: Clone> Request<T> {
 
     /// The engine that completes it.
     pub(crate) fn engine(&self) -> u64 {
-        self.inner.engine
+        self.inner.owner.id
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
@@ -183,6 +207,7 @@ impl<T: Clone> Request<T> {
         }
         s.result = Some(r);
         self.inner.done.store(true, Ordering::Release);
+        self.inner.owner.ended.fetch_add(1, Ordering::Release);
         let wakers = std::mem::take(&mut s.wakers);
         // A sleeper counted itself under this lock before it slept (releasing the lock as it
         // did): if none did, nobody is to be woken.
@@ -298,7 +323,7 @@ mod tests {
     /// keep one waker: the task that polled first was never woken).
     #[test]
     fn every_task_awaiting_a_clone_is_woken() {
-        let r = Request::<Done>::of_engine(1, None);
+        let r = Request::<Done>::of_engine(&Owner::new(1), None);
         let tasks: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count(0.into()))).collect();
         for (k, t) in tasks.iter().enumerate() {
             let waker = Waker::from(Arc::clone(t));
@@ -322,9 +347,53 @@ mod tests {
         ));
     }
 
+    /// The owner counts each request once, when it ends: a request in parts at its last part
+    /// (or its first failure), a second completion not at all, and the count is never seen
+    /// ahead of the request's result.
+    #[test]
+    fn the_owner_counts_each_request_once_when_it_ends() {
+        let owner = Owner::new(7);
+        let plain = Request::<Done>::of_engine(&owner, None);
+        let parts = Request::<Done>::of_engine(&owner, None);
+        parts.set_parts(3);
+        assert_eq!((plain.engine(), owner.ended()), (7, 0));
+        parts.complete(Ok(Done { len: 1 }));
+        parts.complete(Ok(Done { len: 2 }));
+        assert_eq!(owner.ended(), 0, "two parts of three");
+        plain.complete(Ok(Done { len: 5 }));
+        plain.fail(EngineError::Stopped);
+        assert_eq!(
+            owner.ended(),
+            1,
+            "the second end of a request does not count"
+        );
+        parts.complete(Ok(Done { len: 3 }));
+        assert_eq!(owner.ended(), 2);
+        assert_eq!(parts.test().unwrap().unwrap().len, 6);
+        let failed = Request::<Done>::of_engine(&owner, None);
+        failed.set_parts(2);
+        failed.fail(EngineError::Stopped);
+        assert_eq!(
+            owner.ended(),
+            3,
+            "a failure ends a request in parts at once"
+        );
+        // Another thread sees a request done once it saw the count that includes it.
+        let other = Request::<Done>::of_engine(&owner, None);
+        let (o, r) = (Arc::clone(&owner), other.clone());
+        let t = std::thread::spawn(move || {
+            while o.ended() < 4 {
+                std::hint::spin_loop();
+            }
+            r.is_done()
+        });
+        other.complete(Ok(Done { len: 0 }));
+        assert!(t.join().unwrap());
+    }
+
     #[test]
     fn completes_once_and_wakes_a_waiter() {
-        let r = Request::<Done>::of_engine(1, None);
+        let r = Request::<Done>::of_engine(&Owner::new(1), None);
         assert!(r.test().is_none());
         let r2 = r.clone();
         let t = std::thread::spawn(move || r2.wait());
@@ -333,7 +402,7 @@ mod tests {
         assert_eq!(t.join().unwrap().unwrap(), Done { len: 5 });
         assert_eq!(r.test().unwrap().unwrap().len, 5);
         assert!(
-            Request::<Done>::of_engine(1, None)
+            Request::<Done>::of_engine(&Owner::new(1), None)
                 .wait_timeout(Duration::from_millis(1))
                 .is_none()
         );
@@ -347,7 +416,7 @@ mod tests {
     #[test]
     fn every_blocked_thread_wakes_whenever_it_started_waiting() {
         for round in 0..300u64 {
-            let r = Request::<Done>::of_engine(1, None);
+            let r = Request::<Done>::of_engine(&Owner::new(1), None);
             let (tx, rx) = std::sync::mpsc::channel();
             for k in 0..4 {
                 let (r, tx) = (r.clone(), tx.clone());

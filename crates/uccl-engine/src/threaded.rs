@@ -119,7 +119,8 @@ struct Shared {
 /// [`call`](Self::call) and what is built on it, which wait for the engine thread.
 pub struct EngineHandle {
     shared: Arc<Shared>,
-    engine_id: u64,
+    /// The engine's id and count of ended requests, as its requests hold them.
+    owner: Arc<crate::request::Owner>,
     /// The engine's queue of cancelled requests (the requests made here cancel through it).
     cancels: Arc<crossbeam_queue::SegQueue<Request>>,
     notifications: Notifications,
@@ -146,7 +147,7 @@ impl Engine {
             sleepy: AtomicBool::new(false),
             gone: AtomicBool::new(false),
         });
-        let engine_id = self.id;
+        let owner = Arc::clone(&self.owner);
         let cancels = Arc::clone(&self.cancels);
         let notifications = self.notifications();
         let name = format!("uccl-engine-{}", self.io.ctx.name());
@@ -157,7 +158,7 @@ impl Engine {
             .map_err(|e| EngineError::Spawn(Arc::new(e)))?;
         Ok(EngineHandle {
             shared,
-            engine_id,
+            owner,
             cancels,
             notifications,
             thread: join.thread().clone(),
@@ -261,7 +262,7 @@ impl EngineHandle {
         op: Op,
         opts: Opts,
     ) -> Result<Request> {
-        if buf.engine() != self.engine_id {
+        if buf.engine() != self.owner.id {
             return Err(EngineError::BadRange("a buffer of another engine"));
         }
         buf.check_range(offset, len)?;
@@ -394,7 +395,7 @@ impl EngineHandle {
             queue: Arc::clone(&self.cancels),
             conn,
         };
-        Request::of_engine(self.engine_id, Some(cancel))
+        Request::of_engine(&self.owner, Some(cancel))
     }
 
     /// Queues a vectored write (`read`: read) of `blocks` on `conn`.

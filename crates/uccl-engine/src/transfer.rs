@@ -124,7 +124,7 @@ impl Engine {
 
     /// A request of a transfer on `conn` (it may be cancelled).
     pub(crate) fn new_request(&self, conn: ConnId) -> Request {
-        Request::of_engine(self.id, Some(self.cancel_to(conn)))
+        Request::of_engine(&self.owner, Some(self.cancel_to(conn)))
     }
 
     /// Where the cancellation of a request on `conn` goes.

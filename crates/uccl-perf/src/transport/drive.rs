@@ -30,9 +30,11 @@ impl Run<'_> {
             .clone()
             .filter(|f| f.config().clock == softnic::Clock::Virtual);
         let mut rounds = 0u64;
-        // Requests complete only inside a poll: after a round with nothing done, there is
-        // nothing new to look at.
+        // Flows change only when a request ends (or a note comes, when notes are taken): after
+        // a round that ended none, there is nothing new to look at.
         let mut look = true;
+        let notes = self.marker && self.args.op.notes();
+        let mut ended = self.requests_ended();
         // Whether a flow moved since `quiet_since` was last set.
         let mut moved = false;
         // Quiet rounds on the wall clock: the 30 s check reads the clock every 64th.
@@ -42,7 +44,8 @@ impl Run<'_> {
             if self.steady.is_some() {
                 self.observe();
             }
-            if self.done() {
+            // Only a step moves a flow towards its end.
+            if look && self.done() {
                 return Ok(start.elapsed());
             }
             let mut kick = false;
@@ -71,7 +74,11 @@ impl Run<'_> {
                     .poll()
                     .map_err(|e| format!("engine on {}: {e}", self.names[k]))?;
             }
-            look = busy || kick;
+            // Read every round, not only after a busy one: a request can end inside a step
+            // (a receive whose message had already arrived).
+            let now_ended = self.requests_ended();
+            look = kick || (busy && notes) || now_ended != ended;
+            ended = now_ended;
             if busy || progress {
                 continue;
             }
@@ -127,6 +134,11 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// Requests of every engine of the run that have ended so far.
+    fn requests_ended(&self) -> u64 {
+        self.engines.iter().map(Engine::requests_ended).sum()
     }
 
     /// Two processes, once this end's run is done: the client closes its connections and
