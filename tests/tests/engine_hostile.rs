@@ -14,6 +14,7 @@
 //! And the UD QP every peer's ACKs share, flooded by a connected peer (see the last test), and
 //! a peer that names another's UD QP.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use uccl_engine::{ConnId, EngineConfig, EngineError, Mode, Request};
@@ -360,12 +361,14 @@ fn the_ud_qp_takes_only_its_own_q_key_and_another_q_key_is_another_peer() {
     );
 }
 
-/// The UD flood's honest connections (the victim sends on them) and messages each.
+/// The UD flood's honest connections (the victim sends on them), and the messages each
+/// connection's buffers hold (a run of more sends message `m` from and to slot `m % UD_MSGS`).
 const UD_CONNS: usize = 4;
 const UD_MSGS: u64 = 64;
 
-/// The honest goodput (Gb/s, virtual time) of the victim's sends, every message checked.
-fn ud_flood_run(seed: u64, flood: bool) -> f64 {
+/// The honest goodput (Gb/s, virtual time) of the victim's `msgs` sends on each connection,
+/// every message checked.
+fn ud_flood_run(seed: u64, flood: bool, msgs: u64) -> f64 {
     let cfg = EngineConfig {
         mode: Mode::Uc,
         max_conns: 16,
@@ -378,28 +381,50 @@ fn ud_flood_run(seed: u64, flood: bool) -> f64 {
         .collect();
     let (mut peer, _hostile) =
         RawPeer::connect(&fabric, &dev[0], &mut sim.engines[VICTIM], seed).unwrap();
-    let mut reqs: Vec<Request> = Vec::new();
-    let mut dsts = Vec::new();
-    for (k, l) in links.iter().enumerate() {
-        let src = sim.engines[VICTIM]
-            .register((UD_MSGS * LEN) as usize)
+    let slots = UD_MSGS.min(msgs) * LEN;
+    let (mut srcs, mut dsts) = (Vec::new(), Vec::new());
+    for k in 0..UD_CONNS {
+        let src = sim.engines[VICTIM].register(slots as usize).unwrap();
+        src.write_at(0, &pattern(seed, k as u64, 0, slots as usize))
             .unwrap();
-        src.write_at(0, &pattern(seed, k as u64, 0, (UD_MSGS * LEN) as usize))
-            .unwrap();
-        let dst = sim.engines[HONEST]
-            .register((UD_MSGS * LEN) as usize)
-            .unwrap();
-        for m in 0..UD_MSGS {
-            reqs.push(sim.engines[HONEST].recv(l.cb, &dst, m * LEN, LEN).unwrap());
-            reqs.push(sim.engines[VICTIM].send(l.ca, &src, m * LEN, LEN).unwrap());
-        }
-        dsts.push(dst);
+        srcs.push(src);
+        dsts.push(sim.engines[HONEST].register(slots as usize).unwrap());
     }
+    // Each connection's messages in flight (at most UD_MSGS: the receives a connection may
+    // have posted), the next to post.
+    let mut inflight: Vec<VecDeque<[Request; 2]>> = vec![VecDeque::new(); UD_CONNS];
+    let mut next = [0u64; UD_CONNS];
+    let mut top_up = |sim: &mut uccl_integration::Sim,
+                      inflight: &mut Vec<VecDeque<[Request; 2]>>| {
+        for (k, l) in links.iter().enumerate() {
+            while let Some(r) = inflight[k]
+                .front()
+                .filter(|r| r.iter().all(Request::is_done))
+            {
+                for got in r.iter().map(Request::test) {
+                    assert!(
+                        matches!(got, Some(Ok(_))),
+                        "seed {seed} (flood {flood}): connection {k}: {got:?}"
+                    );
+                }
+                inflight[k].pop_front();
+            }
+            while (inflight[k].len() as u64) < UD_MSGS && next[k] < msgs {
+                let at = next[k] % UD_MSGS * LEN;
+                inflight[k].push_back([
+                    sim.engines[HONEST].recv(l.cb, &dsts[k], at, LEN).unwrap(),
+                    sim.engines[VICTIM].send(l.ca, &srcs[k], at, LEN).unwrap(),
+                ]);
+                next[k] += 1;
+            }
+        }
+    };
+    top_up(&mut sim, &mut inflight);
     let junk = [0xeeu8; 64];
     let start = fabric.now();
     let end = start + Duration::from_secs(10);
     let mut flooded = 0;
-    while !reqs.iter().all(Request::is_done) {
+    while inflight.iter().any(|q| !q.is_empty()) {
         assert!(
             fabric.now() < end,
             "seed {seed} (flood {flood}): not done after 10 s of virtual time"
@@ -430,14 +455,10 @@ fn ud_flood_run(seed: u64, flood: bool) -> f64 {
                 busy |= e.poll().unwrap();
             }
         }
+        top_up(&mut sim, &mut inflight);
     }
     let took = fabric.now() - start;
-    if let Some((i, bad)) =
-        (reqs.iter().map(Request::test).enumerate()).find(|(_, got)| !matches!(got, Some(Ok(_))))
-    {
-        panic!("seed {seed} (flood {flood}): request {i}: {bad:?}");
-    }
-    let len = (UD_MSGS * LEN) as usize;
+    let len = slots as usize;
     let bytes = |b: &uccl_engine::Buffer| {
         let mut v = vec![0u8; len];
         b.read_at(0, &mut v).map(|()| v)
@@ -466,7 +487,7 @@ fn ud_flood_run(seed: u64, flood: bool) -> f64 {
             "the flood reached it"
         );
     }
-    (UD_CONNS as u64 * UD_MSGS * LEN) as f64 * 8.0 / took.as_nanos() as f64
+    (UD_CONNS as u64 * msgs * LEN) as f64 * 8.0 / took.as_nanos() as f64
 }
 
 /// A connected peer floods the UD QP that every peer's ACKs to an engine share (UC mode). Its
@@ -483,12 +504,33 @@ fn ud_flood_run(seed: u64, flood: bool) -> f64 {
 fn a_flood_of_the_ud_qp_does_not_starve_the_honest_peers_acks() {
     // The simulation injects no faults: the seed only names the run.
     let seed = 1;
-    let alone = ud_flood_run(seed, false);
-    let flooded = ud_flood_run(seed, true);
+    let alone = ud_flood_run(seed, false, UD_MSGS);
+    let flooded = ud_flood_run(seed, true, UD_MSGS);
     let ratio = flooded / alone;
     eprintln!("seed {seed}: {alone:.1} Gb/s alone, {flooded:.1} under the flood ({ratio:.3})");
     assert!(
         ratio >= 0.7,
         "seed {seed}: honest goodput {flooded:.1} Gb/s under the flood, {alone:.1} alone"
+    );
+}
+
+/// The flood above, going on for about 90 ms of virtual time (16 times the messages, a new
+/// one posted as one completes): it outlives each 10 ms the peer sends the victim's ACKs over
+/// the control QP, so each ends with ACKs lost on the UD QP until the victim's next timeout
+/// asks again. That costs little: 0.987 of the goodput alone measured (55 ACK requests); a
+/// hold that doubled while the flood went on asked half as often for 0.988, so holds stay
+/// fixed. Soak only (about 15 s in a release build).
+#[test]
+#[ignore = "15 s in release: cargo xtask soak runs it"]
+fn a_long_flood_of_the_ud_qp_costs_the_honest_peers_little() {
+    let seed = 2;
+    let msgs = 16 * UD_MSGS;
+    let alone = ud_flood_run(seed, false, msgs);
+    let flooded = ud_flood_run(seed, true, msgs);
+    let ratio = flooded / alone;
+    eprintln!("seed {seed}: {alone:.1} Gb/s alone, {flooded:.1} under the flood ({ratio:.3})");
+    assert!(
+        ratio >= 0.9,
+        "seed {seed}: honest goodput {flooded:.1} Gb/s under the long flood, {alone:.1} alone"
     );
 }

@@ -8,7 +8,8 @@
 //! cargo xtask bench criterion [ARGS]  the criterion benchmarks (ARGS go to `cargo bench`)
 //! cargo xtask capture       two softnic processes under tshark: RoCEv2 decoded, ICRCs right
 //! cargo xtask interop       rdma-core's pingpongs and perftest, unmodified, on softnic
-//! cargo xtask soak [CASES]   setup, the property tests with CASES cases each (release build)
+//! cargo xtask soak [CASES]   setup, the property tests with CASES cases each, and the long
+//!                            hostile runs (release build)
 //! cargo xtask miri           the unsafe crates' tests under Miri (nightly)
 //! cargo xtask fresh-clone    `cargo test` of uccl-integration and softnic-verbs in a fresh clone
 //! ```
@@ -47,7 +48,8 @@ tasks:
                  programs and perftest's ib_{write,send,read}_{bw,lat} unmodified on softnic
                  (softnic-run), server and client processes over RoCEv2 on lo (part of `test`)
   soak [CASES]   setup, the property tests with CASES cases each (default 20000; the engine's
-                 whole-workload property a fiftieth of that), release build
+                 whole-workload property a fiftieth of that), then the long hostile runs
+                 (engine_hostile's ignored tests), release build
   miri           bufpool's unit tests and verbs-safe's (unit and on softnic) under Miri:
                  nightly, installed with rustup when missing; a few minutes
   fresh-clone    cargo test -p uccl-integration -p softnic-verbs in a fresh clone of the

@@ -220,6 +220,18 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
             .env("PROPTEST_CASES", &engine_cases),
         )?;
     }
+    // The long runs the test matrix leaves out.
+    status(&mut cargo_cmd(&[
+        "test",
+        "--release",
+        "--locked",
+        "--package",
+        "uccl-integration",
+        "--test",
+        "engine_hostile",
+        "--",
+        "--ignored",
+    ]))?;
     eprintln!("xtask soak: {cases} cases each ({engine_cases} for the engine), all green");
     Ok(())
 }
