@@ -206,32 +206,26 @@ pub(crate) fn soak(args: &[String]) -> Result<(), String> {
     let engine_cases = (cases.parse::<u32>().unwrap_or(20_000) / 50)
         .max(16)
         .to_string();
-    for test in ["engine_props", "engine_switches"] {
-        status(
-            cargo_cmd(&[
-                "test",
-                "--release",
-                "--locked",
-                "--package",
-                "uccl-integration",
-                "--test",
-                test,
-            ])
-            .env("PROPTEST_CASES", &engine_cases),
-        )?;
+    // The engine's property tests, then the long runs the test matrix leaves out.
+    for (test, ignored) in [
+        ("engine_props", false),
+        ("engine_switches", false),
+        ("engine_hostile", true),
+    ] {
+        let mut argv = vec![
+            "test",
+            "--release",
+            "--locked",
+            "--package",
+            "uccl-integration",
+            "--test",
+            test,
+        ];
+        if ignored {
+            argv.extend(["--", "--ignored"]);
+        }
+        status(cargo_cmd(&argv).env("PROPTEST_CASES", &engine_cases))?;
     }
-    // The long runs the test matrix leaves out.
-    status(&mut cargo_cmd(&[
-        "test",
-        "--release",
-        "--locked",
-        "--package",
-        "uccl-integration",
-        "--test",
-        "engine_hostile",
-        "--",
-        "--ignored",
-    ]))?;
     eprintln!("xtask soak: {cases} cases each ({engine_cases} for the engine), all green");
     Ok(())
 }
