@@ -479,14 +479,17 @@ export! {
         unsafe { (CONTROL.ack_async_event)(event) }
     }
 
-    /// Multicast is not served.
-    "IBVERBS_1.1" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-        libc::EOPNOTSUPP
+    /// Attaches a UD QP to a multicast group.
+    "IBVERBS_1.1" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+        // SAFETY: the caller's `gid` is null or readable, as libibverbs asks; softnic checks
+        // the QP.
+        unsafe { softnic::attach_mcast(qp, gid, lid) }
     }
 
-    /// Multicast is not served.
-    "IBVERBS_1.1" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-        libc::EOPNOTSUPP
+    /// Detaches a UD QP from a multicast group.
+    "IBVERBS_1.1" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+        // SAFETY: as in `ibv_attach_mcast`.
+        unsafe { softnic::detach_mcast(qp, gid, lid) }
     }
 
     /// Nothing to do: softnic pins no pages, so `fork` is safe.

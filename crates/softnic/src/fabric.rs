@@ -298,6 +298,7 @@ impl Fabric {
                     egress_free_at: 0,
                     tx_ready: VecDeque::new(),
                     qpns: Default::default(),
+                    groups: Default::default(),
                     next_qpn: 0x11,
                     keys: crate::keys::Keys::new(match cfg.clock {
                         Clock::Virtual => crate::keys::KeySecret::seeded(cfg.seed, i),
@@ -365,6 +366,7 @@ impl Fabric {
             sleeper: AtomicBool::new(false),
             waker,
             poll_fds,
+            group_fds: Default::default(),
             started,
             last_poll: std::sync::atomic::AtomicU64::new(0),
             quiet: std::sync::atomic::AtomicU64::new(0),
@@ -558,6 +560,7 @@ impl Fabric {
             gather: None,
             ecn: 0,
             at: None,
+            mgid: None,
         };
         st.deliver(&frame);
         st.progress();

@@ -41,6 +41,10 @@
 //!   when its packet is delivered (the requester may not touch that memory before the WRITE
 //!   completes, which comes after): checked again then, and never read once its WR was
 //!   flushed or its region deregistered (the packet is lost).
+//! - Multicast as rxe has it ([`attach_mcast`], [`detach_mcast`]: `ibv_attach_mcast`): a UD
+//!   send to a group reaches each UD QP attached to it on every device of the fabric, and on
+//!   the UDP link in every process whose device joined the group's IPv4 address (an
+//!   IPv4-mapped group's own, a `239.192.0.0/14` one made from an IPv6 MGID).
 //! - Bounded CQs (overflow raises `IBV_EVENT_CQ_ERR`, never a silent loss), completion
 //!   timestamps (the device clock at 1 GHz, and the wall clock), completion channels with real
 //!   file descriptors, SRQs with the one-shot limit event; async events of a destroyed object
@@ -107,6 +111,7 @@ mod faults;
 mod hash;
 mod keys;
 mod link;
+mod mcast;
 mod mr;
 mod mw;
 mod ops;
@@ -121,7 +126,7 @@ mod timers;
 pub mod topology;
 
 pub use abi::Wc;
-pub use control::{CONTROL, ControlPath, release_device, resize_cq};
+pub use control::{CONTROL, ControlPath, attach_mcast, detach_mcast, release_device, resize_cq};
 pub use counters::Counters;
 pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};

@@ -142,6 +142,7 @@ impl State {
                                 gather: None,
                                 ecn: 0,
                                 at: None,
+                                mgid: None,
                             },
                             d.bytes(&bufs),
                         ),
@@ -151,6 +152,7 @@ impl State {
                     port.give_rx_bufs(bufs);
                 }
             }
+            got += self.receive_groups(dev);
             if got == 0 {
                 if let Some(port) = self.w.devices[dev].udp.as_mut() {
                     port.idle_until = self.w.now + RX_IDLE_NS;
@@ -161,6 +163,50 @@ impl State {
         }
         self.w.udp_in = incoming;
         any
+    }
+
+    /// Takes in what the multicast groups device `dev` joined on the UDP link hold, and
+    /// delivers each packet to the device's groups at its address; how many came in.
+    fn receive_groups(&mut self, dev: usize) -> usize {
+        let Some(port) = self.w.devices[dev]
+            .udp
+            .as_mut()
+            .filter(|p| !p.groups.is_empty())
+        else {
+            return 0;
+        };
+        let mut groups = std::mem::take(&mut port.groups);
+        let (mut malformed, mut bad_icrc) = (0, 0);
+        let n = groups.receive(
+            &mut |d| match d {
+                Damage::Malformed => malformed += 1,
+                Damage::BadIcrc => bad_icrc += 1,
+            },
+            &mut |ip, src, bytes| {
+                for mgid in self.w.devices[dev].groups.at_address(ip) {
+                    let frame = Frame {
+                        from: dev,
+                        to: Dest::Local(dev),
+                        sport: src.port(),
+                        sgid: crate::roce::ipv4_gid(*src.ip()),
+                        bytes: Vec::new(),
+                        sealed: false,
+                        gather: None,
+                        ecn: 0,
+                        at: None,
+                        mgid: Some(mgid),
+                    };
+                    self.deliver_wire(&frame, bytes);
+                }
+            },
+        );
+        let d = &mut self.w.devices[dev];
+        d.counters.malformed += malformed;
+        d.counters.icrc_errors += bad_icrc;
+        if let Some(port) = d.udp.as_mut() {
+            port.groups = groups;
+        }
+        n
     }
 
     /// Sends what the devices on the UDP link have queued; what the kernel refuses counts
@@ -277,6 +323,24 @@ impl State {
         }
         if pkt.hdr.dest_qp == 1 {
             self.cm_receive(dev, &pkt, frame);
+            return;
+        }
+        if pkt.hdr.dest_qp == crate::mcast::MULTICAST_QPN {
+            // A copy to each of the device's QPs in the group (none: not to a group, or to
+            // one without a member here).
+            let members = (frame.mgid)
+                .map(|g| self.w.devices[dev].groups.members(&g))
+                .unwrap_or_default();
+            if members.is_empty() {
+                self.w.devices[dev].counters.messages_dropped += 1;
+            }
+            for qpn in members {
+                if let Some(qp) =
+                    (self.w.devices[dev].qpns.get(&qpn)).and_then(|id| self.qps.get_mut(id))
+                {
+                    qp.receive(&mut self.w, &pkt, frame, wire);
+                }
+            }
             return;
         }
         let Some(&id) = self.w.devices[dev].qpns.get(&pkt.hdr.dest_qp) else {
@@ -399,7 +463,6 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
     let Some(waker) = shared.waker.clone() else {
         return Ok(());
     };
-    let fds = shared.poll_fds.clone();
     let spawned = std::thread::Builder::new()
         .name("softnic-udp".into())
         .spawn(move || {
@@ -449,14 +512,16 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                         return;
                     }
                 };
+                // To sleep on: the group sockets as they are now (joins and leaves wake it).
+                let fds = (!nap.is_zero() && !awake).then(|| shared.sleep_fds());
                 drop(shared);
                 if nap.is_zero() {
                     worked_at = Some(std::time::Instant::now());
-                } else if awake {
-                    std::thread::yield_now();
-                } else {
+                } else if let Some(fds) = fds {
                     crate::link::udp::wait_readable(&fds, nap);
                     let _ = waker.drain();
+                } else {
+                    std::thread::yield_now();
                 }
             }
         });

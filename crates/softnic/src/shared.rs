@@ -38,6 +38,9 @@ pub(crate) struct Shared {
     /// On the UDP link: the devices' receiving sockets and the waker, which a sleeping
     /// progress thread polls instead of waiting on `wakeup`.
     pub(crate) poll_fds: Vec<RawFd>,
+    /// On the UDP link: the sockets of the multicast groups the devices joined, polled with
+    /// `poll_fds` (set under the state lock as groups are joined and left).
+    pub(crate) group_fds: Mutex<Vec<RawFd>>,
     /// When the fabric was created (the origin of the wall clock), readable without the lock.
     pub(crate) started: Instant,
     /// Fabric time of the last CQ poll plus one (0: never). A polling caller drives the UDP
@@ -192,6 +195,12 @@ impl Shared {
         Some(Duration::from_nanos(now.saturating_sub(at)))
     }
 
+    /// What a sleeper on the UDP link polls: `poll_fds` and the group sockets.
+    pub(crate) fn sleep_fds(&self) -> smallvec::SmallVec<[RawFd; 8]> {
+        let groups = self.group_fds.lock().unwrap_or_else(|e| e.into_inner());
+        self.poll_fds.iter().chain(groups.iter()).copied().collect()
+    }
+
     /// Wakes a sleeping progress thread from outside the lock.
     pub(crate) fn kick(&self) {
         let _st = self.lock_any();
@@ -207,7 +216,7 @@ impl Shared {
     ) -> MutexGuard<'a, State> {
         if let Some(w) = &self.waker {
             drop(st);
-            crate::link::udp::wait_readable(&self.poll_fds, d);
+            crate::link::udp::wait_readable(&self.sleep_fds(), d);
             let _ = w.drain();
             return self.lock_any();
         }

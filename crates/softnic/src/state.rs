@@ -38,6 +38,8 @@ pub(crate) struct Device {
     pub(crate) keys: crate::keys::Keys,
     /// The device's port on the UDP link (`None` on the in-process network only).
     pub(crate) udp: Option<crate::link::udp::UdpPort>,
+    /// Its multicast groups and their QPs.
+    pub(crate) groups: crate::mcast::Groups,
 }
 
 impl Device {

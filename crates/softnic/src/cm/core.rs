@@ -45,6 +45,7 @@ impl World {
             gather: None,
             ecn: 0,
             at: None,
+            mgid: None,
         };
         self.transmit(frame);
     }

@@ -17,6 +17,7 @@ use crate::abi::{self, Kind, set_errno};
 
 mod cq;
 mod device;
+mod groups;
 mod memory;
 mod queues;
 mod windows;
@@ -27,6 +28,7 @@ pub use cq::resize_cq;
 use cq::*;
 pub use device::release_device;
 use device::*;
+pub use groups::{attach_mcast, detach_mcast};
 use memory::*;
 pub(crate) use queues::create_qp_with;
 use queues::*;

@@ -343,11 +343,12 @@ pub(super) unsafe extern "C" fn query_qp(
 }
 
 pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
-    with_status(qp.cast(), Kind::Qp, |_, st, id| {
+    with_status(qp.cast(), Kind::Qp, |shared, st, id| {
         let Some(mut q) = st.qps.remove(&id) else {
             return libc::EINVAL;
         };
         q.reset(&mut st.w);
+        super::groups::leave_all(shared, st, q.dev, q.qpn);
         st.w.devices[q.dev].qpns.remove(&q.qpn);
         st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
         abi::unregister(q.shell.ptr().cast());

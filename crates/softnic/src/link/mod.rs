@@ -13,6 +13,7 @@
 //! A frame for the UDP link waits in the same queue (so reordering faults delay it) and leaves
 //! when due, without the simulated serialisation and latency.
 
+pub(crate) mod groups;
 pub(crate) mod sim;
 pub(crate) mod switch;
 pub(crate) mod udp;
@@ -64,6 +65,8 @@ pub(crate) struct Frame {
     pub(crate) ecn: u8,
     /// The switch it arrives at next (`None`: its destination device).
     pub(crate) at: Option<u16>,
+    /// The multicast group it goes to, if it goes to one (destination QP `0xFFFFFF`).
+    pub(crate) mgid: Option<[u8; 16]>,
 }
 
 impl Frame {

@@ -110,6 +110,8 @@ pub(crate) struct UdpPort {
     pub(crate) read_at: u64,
     /// Packets the port may still send in this round of progress ([`BURST`] at its start).
     pub(crate) burst_left: u32,
+    /// The multicast groups its device's QPs joined.
+    pub(crate) groups: super::groups::Groups,
 }
 
 impl std::fmt::Debug for UdpPort {
@@ -141,6 +143,9 @@ impl UdpPort {
                     libc::IP_PMTUDISC_DO,
                 )?;
                 set_buffer(&s, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF);
+                // Group packets leave where the port is (a kernel that refuses sends them by
+                // its routes).
+                let _ = super::groups::set_multicast_if(&s, ip);
                 let port = s.local_addr()?.port();
                 Ok((s, port))
             })
@@ -160,6 +165,7 @@ impl UdpPort {
             idle_until: 0,
             read_at: 0,
             burst_left: BURST,
+            groups: Default::default(),
         })
     }
 
@@ -357,7 +363,7 @@ fn gso_allowed() -> bool {
 }
 
 /// What is wrong with `bytes` from `src` to `ip` port 4791, if anything.
-fn check(
+pub(super) fn check(
     ip: Ipv4Addr,
     residues: &mut FastMap<usize, Box<[u32]>>,
     src: SocketAddrV4,
@@ -392,7 +398,7 @@ fn seal_runs(ip: Ipv4Addr, sport: u16, out: &mut [Outgoing], runs: &[std::ops::R
 }
 
 /// Cuts `out` into the runs sent as one message each: with `gso`, consecutive unsealed
-/// packets to one destination, all as long as the first but the last (which may be
+/// packets to one unicast destination, all as long as the first but the last (which may be
 /// shorter), at most 64 and 65507 bytes; otherwise one packet each.
 fn cut_runs(out: &[Outgoing], gso: bool, runs: &mut Vec<std::ops::Range<usize>>) {
     runs.clear();
@@ -401,7 +407,8 @@ fn cut_runs(out: &[Outgoing], gso: bool, runs: &mut Vec<std::ops::Range<usize>>)
         let first = &out[k];
         let size = first.bytes.len();
         let (mut end, mut total) = (k + 1, size);
-        if gso && !first.sealed {
+        // (A group's packets go alone: its sockets check the ICRC for identification 0.)
+        if gso && !first.sealed && !first.dst.ip().is_multicast() {
             while let Some(o) = out.get(end) {
                 let l = o.bytes.len();
                 if o.sealed

@@ -74,6 +74,7 @@ impl Qp {
             // Not ECN-capable, as NICs send CNPs.
             ecn: 0,
             at: None,
+            mgid: None,
         };
         let fate = w.transmit(frame);
         self.count(w, |c| c.packets_dropped += u64::from(fate.dropped));

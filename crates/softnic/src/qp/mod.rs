@@ -489,6 +489,19 @@ impl Qp {
             self.count(w, |c| c.packets_dropped += 1);
             return;
         };
+        self.transmit(w, to, bytes, gather, None);
+    }
+
+    /// Puts a packet counted as sent on the wire to `to` (a member device of group `mgid`, or
+    /// its address on the UDP link, if it goes to a group), and counts what the faults did.
+    pub(super) fn transmit(
+        &mut self,
+        w: &mut World,
+        to: Dest,
+        bytes: Vec<u8>,
+        gather: Option<Gather>,
+        mgid: Option<[u8; 16]>,
+    ) {
         let sgid = w.devices[self.dev].gid;
         let sport = w.sport(self.dev, self.qpn);
         let fate = w.transmit(Frame {
@@ -501,6 +514,7 @@ impl Qp {
             gather,
             ecn: crate::link::ECT0,
             at: None,
+            mgid,
         });
         self.count(w, |c| {
             c.packets_dropped += u64::from(fate.dropped);

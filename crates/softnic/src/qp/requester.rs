@@ -438,10 +438,19 @@ impl Qp {
                     qkey,
                     src_qp: self.qpn,
                 };
-                (w.route(self.dev, &dgid), remote_qpn, Some(deth))
+                let to = if crate::mcast::is_multicast(&dgid) {
+                    // A group: see `send_group` below.
+                    None
+                } else {
+                    w.route(self.dev, &dgid)
+                };
+                (to, remote_qpn, Some(deth))
             }
             _ => (self.dest_dev, self.attr.dest_qp_num, None),
         };
+        let group = (wqe.ud())
+            .map(|d| d.dgid)
+            .filter(|g| self.transport == Transport::Ud && crate::mcast::is_multicast(g));
         let hdr = Headers {
             opcode: op,
             se: wqe.solicited && last,
@@ -504,7 +513,10 @@ impl Qp {
         }
         Headers::emit_tail(n, &mut bytes);
         self.req.noack = if ack_req { 0 } else { noack };
-        self.send_frame(w, to, bytes, gather);
+        match group {
+            Some(mgid) => self.send_group(w, mgid, bytes),
+            None => self.send_frame(w, to, bytes, gather),
+        }
         self.note_sent(w, psn, psn);
         self.req.cur_pkt += 1;
         self.req.psn = psn_add(psn, 1);

@@ -1,11 +1,14 @@
-//! The UD receive side: a datagram into the next receive WQE, behind the 40-byte network
-//! header of the frame it came in.
+//! UD: a datagram into the next receive WQE, behind the 40-byte network header of the frame
+//! it came in; a datagram to a multicast group ([`crate::mcast`]) to each of its members.
+
+use std::net::SocketAddrV4;
 
 use ibverbs_sys::{ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
+use smallvec::SmallVec;
 
 use super::Qp;
 use super::complete::Received;
-use crate::link::Frame;
+use crate::link::{Dest, Frame};
 use crate::packet::Packet;
 use crate::roce;
 use crate::state::World;
@@ -46,6 +49,36 @@ fn network_header(sgid: &[u8; 16], dgid: &[u8; 16], ib_len: usize) -> ([u8; GRH_
 }
 
 impl Qp {
+    /// Sends a UD packet to multicast group `mgid`: on the UDP link one to the group's address
+    /// (which every member device hears, this process's included: the kernel loops it back),
+    /// else a copy to each device of this fabric with a QP in the group. Counted as one packet
+    /// sent (none is lost for want of a member: a group may have none).
+    pub(super) fn send_group(&mut self, w: &mut World, mgid: [u8; 16], bytes: Vec<u8>) {
+        self.count(w, |c| {
+            c.packets_sent += 1;
+            c.bytes_sent += bytes.len() as u64;
+        });
+        let to: SmallVec<[Dest; 4]> = if w.devices[self.dev].udp.is_some() {
+            let group = SocketAddrV4::new(crate::mcast::group_ipv4(&mgid), crate::roce::UDP_PORT);
+            [Dest::Udp(group)].into_iter().collect()
+        } else {
+            (0..w.devices.len())
+                .filter(|&d| w.devices[d].groups.has(&mgid))
+                .map(Dest::Local)
+                .collect()
+        };
+        let Some((&last, others)) = to.split_last() else {
+            w.spare.give(bytes);
+            return;
+        };
+        for &d in others {
+            let mut copy = w.spare.take(bytes.len());
+            copy.extend_from_slice(&bytes);
+            self.transmit(w, d, copy, None, Some(mgid));
+        }
+        self.transmit(w, last, bytes, None, Some(mgid));
+    }
+
     pub(super) fn ud_receive(
         &mut self,
         w: &mut World,
@@ -77,7 +110,8 @@ impl Qp {
             }
             return;
         }
-        let (grh, sl) = network_header(&frame.sgid, &w.devices[self.dev].gid, wire_len);
+        let dgid = frame.mgid.unwrap_or(w.devices[self.dev].gid);
+        let (grh, sl) = network_header(&frame.sgid, &dgid, wire_len);
         let written = w
             .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
             .and_then(|()| {

@@ -16,6 +16,7 @@ mod extended;
 mod faults;
 mod keys;
 mod mrs;
+mod multicast;
 mod odp;
 mod opcodes;
 mod props;
