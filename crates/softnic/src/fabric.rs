@@ -366,7 +366,6 @@ impl Fabric {
             sleeper: AtomicBool::new(false),
             waker,
             poll_fds,
-            group_fds: Default::default(),
             started,
             last_poll: std::sync::atomic::AtomicU64::new(0),
             quiet: std::sync::atomic::AtomicU64::new(0),

@@ -117,6 +117,48 @@ impl Groups {
     }
 }
 
+impl crate::state::State {
+    /// Attaches QP `qpn` of device `dev` to group `mgid`: 0 or an errno value (ENOMEM past a
+    /// limit; on the UDP link, what joining the group's address failed with). The caller
+    /// wakes a sleeping progress thread ([`Shared::wake`](crate::fabric::Shared::wake)): it
+    /// has a socket more to poll.
+    pub(crate) fn mcast_attach(&mut self, dev: usize, qpn: u32, mgid: [u8; 16]) -> i32 {
+        let d = &mut self.w.devices[dev];
+        let new = !d.groups.has(&mgid);
+        let r = d.groups.attach(mgid, qpn);
+        if r != 0 || !new {
+            return r;
+        }
+        if let Some(port) = d.udp.as_mut() {
+            let ip = port.ip;
+            if let Err(e) = port.groups.join(group_ipv4(&mgid), ip) {
+                d.groups.detach(&mgid, qpn);
+                return e.raw_os_error().unwrap_or(libc::EIO);
+            }
+        }
+        0
+    }
+
+    /// Detaches QP `qpn` of device `dev` from group `mgid` (`None`: from every group, as it is
+    /// destroyed): 0, or EINVAL if it was not attached.
+    pub(crate) fn mcast_detach(&mut self, dev: usize, qpn: u32, mgid: Option<[u8; 16]>) -> i32 {
+        let d = &mut self.w.devices[dev];
+        let (r, gone) = match mgid {
+            Some(g) => match d.groups.detach(&g, qpn) {
+                (r, true) => (r, vec![g]),
+                (r, false) => (r, Vec::new()),
+            },
+            None => (0, d.groups.remove_qp(qpn)),
+        };
+        if let Some(port) = d.udp.as_mut() {
+            for g in &gone {
+                port.groups.leave(group_ipv4(g));
+            }
+        }
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -497,14 +497,16 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                     let mut st = shared.lock()?;
                     shared.sleeper.store(false, Ordering::Release);
                     if st.progress() {
-                        return Some(Duration::ZERO);
+                        return Some((Duration::ZERO, None));
                     }
                     // Said under the lock, before the look that precedes the sleep: a verb
                     // after it wakes the thread.
                     shared.sleeper.store(!awake, Ordering::Release);
-                    Some(st.nap())
+                    // To sleep on: the group sockets as they are now (joins and leaves wake
+                    // it).
+                    Some((st.nap(), (!awake).then(|| shared.sleep_fds(&st))))
                 }));
-                let nap = match round {
+                let (nap, fds) = match round {
                     Ok(Some(r)) => r,
                     Ok(None) => return,
                     Err(payload) => {
@@ -512,8 +514,6 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                         return;
                     }
                 };
-                // To sleep on: the group sockets as they are now (joins and leaves wake it).
-                let fds = (!nap.is_zero() && !awake).then(|| shared.sleep_fds());
                 drop(shared);
                 if nap.is_zero() {
                     worked_at = Some(std::time::Instant::now());

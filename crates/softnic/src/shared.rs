@@ -38,9 +38,6 @@ pub(crate) struct Shared {
     /// On the UDP link: the devices' receiving sockets and the waker, which a sleeping
     /// progress thread polls instead of waiting on `wakeup`.
     pub(crate) poll_fds: Vec<RawFd>,
-    /// On the UDP link: the sockets of the multicast groups the devices joined, polled with
-    /// `poll_fds` (set under the state lock as groups are joined and left).
-    pub(crate) group_fds: Mutex<Vec<RawFd>>,
     /// When the fabric was created (the origin of the wall clock), readable without the lock.
     pub(crate) started: Instant,
     /// Fabric time of the last CQ poll plus one (0: never). A polling caller drives the UDP
@@ -195,10 +192,14 @@ impl Shared {
         Some(Duration::from_nanos(now.saturating_sub(at)))
     }
 
-    /// What a sleeper on the UDP link polls: `poll_fds` and the group sockets.
-    pub(crate) fn sleep_fds(&self) -> smallvec::SmallVec<[RawFd; 8]> {
-        let groups = self.group_fds.lock().unwrap_or_else(|e| e.into_inner());
-        self.poll_fds.iter().chain(groups.iter()).copied().collect()
+    /// What a sleeper on the UDP link polls: `poll_fds` and the sockets of the multicast
+    /// groups the devices joined (as `st` has them: a join or leave wakes the sleeper, which
+    /// takes them again).
+    pub(crate) fn sleep_fds(&self, st: &State) -> smallvec::SmallVec<[RawFd; 8]> {
+        let groups = (st.w.devices.iter())
+            .filter_map(|d| d.udp.as_ref())
+            .flat_map(|p| p.groups.fds());
+        self.poll_fds.iter().copied().chain(groups).collect()
     }
 
     /// Wakes a sleeping progress thread from outside the lock.
@@ -215,8 +216,9 @@ impl Shared {
         d: Duration,
     ) -> MutexGuard<'a, State> {
         if let Some(w) = &self.waker {
+            let fds = self.sleep_fds(&st);
             drop(st);
-            crate::link::udp::wait_readable(&self.sleep_fds(), d);
+            crate::link::udp::wait_readable(&fds, d);
             let _ = w.drain();
             return self.lock_any();
         }

@@ -5,14 +5,12 @@
 //! its QPs, and leaves it with the last.
 
 use std::ffi::c_int;
-use std::sync::Arc;
 
 use ibverbs_sys::{ibv_gid, ibv_qp};
 
 use super::with_status;
 use crate::abi::Kind;
-use crate::fabric::Shared;
-use crate::mcast::{group_ipv4, is_multicast};
+use crate::mcast::is_multicast;
 use crate::qp::Transport;
 use crate::state::State;
 
@@ -23,29 +21,11 @@ use crate::state::State;
 /// `gid` is null or points to a readable `ibv_gid`; `qp` is checked.
 pub unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
     // SAFETY: per this function's contract.
-    let Some(mgid) = (unsafe { read_gid(gid) }) else {
-        return libc::EINVAL;
-    };
-    with_status(qp.cast(), Kind::Qp, |shared, st, id| {
-        let Some((dev, qpn)) = ud_qp(st, id, &mgid) else {
-            return libc::EINVAL;
-        };
-        let d = &mut st.w.devices[dev];
-        let new = !d.groups.has(&mgid);
-        let r = d.groups.attach(mgid, qpn);
-        if r != 0 || !new {
-            return r;
-        }
-        if let Some(port) = d.udp.as_mut() {
-            let ip = port.ip;
-            if let Err(e) = port.groups.join(group_ipv4(&mgid), ip) {
-                d.groups.detach(&mgid, qpn);
-                return e.raw_os_error().unwrap_or(libc::EIO);
-            }
-            sleep_on_groups(shared, st);
-        }
-        0
-    })
+    unsafe {
+        on_group(qp, gid, |st, dev, qpn, mgid| {
+            st.mcast_attach(dev, qpn, mgid)
+        })
+    }
 }
 
 /// `ibv_detach_mcast`: detaches `qp` from the multicast group `gid`. 0, or an errno value
@@ -55,61 +35,36 @@ pub unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid
 /// As [`attach_mcast`].
 pub unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
     // SAFETY: per this function's contract.
-    let Some(mgid) = (unsafe { read_gid(gid) }) else {
-        return libc::EINVAL;
-    };
-    with_status(qp.cast(), Kind::Qp, |shared, st, id| {
-        let Some((dev, qpn)) = ud_qp(st, id, &mgid) else {
-            return libc::EINVAL;
-        };
-        let (r, gone) = st.w.devices[dev].groups.detach(&mgid, qpn);
-        if gone {
-            left(shared, st, dev, &[mgid]);
-        }
-        r
-    })
-}
-
-/// A destroyed QP leaves every group it was in.
-pub(super) fn leave_all(shared: &Arc<Shared>, st: &mut State, dev: usize, qpn: u32) {
-    let gone = st.w.devices[dev].groups.remove_qp(qpn);
-    if !gone.is_empty() {
-        left(shared, st, dev, &gone);
+    unsafe {
+        on_group(qp, gid, |st, dev, qpn, mgid| {
+            st.mcast_detach(dev, qpn, Some(mgid))
+        })
     }
 }
 
-/// Groups `gone` have no member left on device `dev`: its port leaves their addresses.
-fn left(shared: &Arc<Shared>, st: &mut State, dev: usize, gone: &[[u8; 16]]) {
-    if let Some(port) = st.w.devices[dev].udp.as_mut() {
-        for g in gone {
-            port.groups.leave(group_ipv4(g));
-        }
-        sleep_on_groups(shared, st);
-    }
-}
-
-/// The device and number of QP `id` if it is a UD QP and `mgid` a multicast GID.
-fn ud_qp(st: &State, id: u32, mgid: &[u8; 16]) -> Option<(usize, u32)> {
-    let q = st.qps.get(&id)?;
-    (q.transport == Transport::Ud && is_multicast(mgid)).then_some((q.dev, q.qpn))
-}
-
-/// The GID at `gid`, if not null.
+/// Runs `f` with the device and number of UD QP `qp` and the multicast GID at `gid` (EINVAL
+/// if either is not that), then wakes a sleeping progress thread (its sockets changed).
 ///
 /// # Safety
 /// `gid` is null or points to a readable `ibv_gid`.
-unsafe fn read_gid(gid: *const ibv_gid) -> Option<[u8; 16]> {
+unsafe fn on_group(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    f: impl FnOnce(&mut State, usize, u32, [u8; 16]) -> c_int,
+) -> c_int {
     // SAFETY: per this function's contract.
-    (!gid.is_null()).then(|| unsafe { (*gid).raw })
-}
-
-/// A progress thread sleeps on the group sockets too from now on: the set is handed over and
-/// the thread woken to take it.
-fn sleep_on_groups(shared: &Arc<Shared>, st: &State) {
-    let fds = (st.w.devices.iter())
-        .filter_map(|d| d.udp.as_ref())
-        .flat_map(|p| p.groups.fds())
-        .collect();
-    *shared.group_fds.lock().unwrap_or_else(|e| e.into_inner()) = fds;
-    shared.wake();
+    let Some(mgid) = (!gid.is_null()).then(|| unsafe { (*gid).raw }) else {
+        return libc::EINVAL;
+    };
+    with_status(qp.cast(), Kind::Qp, |shared, st, id| {
+        let Some((dev, qpn)) = (st.qps.get(&id))
+            .filter(|q| q.transport == Transport::Ud && is_multicast(&mgid))
+            .map(|q| (q.dev, q.qpn))
+        else {
+            return libc::EINVAL;
+        };
+        let r = f(st, dev, qpn, mgid);
+        shared.wake();
+        r
+    })
 }

@@ -348,7 +348,8 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         };
         q.reset(&mut st.w);
-        super::groups::leave_all(shared, st, q.dev, q.qpn);
+        st.mcast_detach(q.dev, q.qpn, None);
+        shared.wake();
         st.w.devices[q.dev].qpns.remove(&q.qpn);
         st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
         abi::unregister(q.shell.ptr().cast());

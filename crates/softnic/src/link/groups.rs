@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use crate::hash::FastMap;
 use crate::roce::UDP_PORT;
 
-use super::udp::{Damage, check};
+use super::udp::{Damage, RCVBUF, check, set_buffer};
 
 /// Datagrams taken from one group's socket per look, at most.
 const PER_LOOK: usize = 64;
@@ -124,6 +124,8 @@ fn group_socket(ip: Ipv4Addr, iface: Ipv4Addr) -> io::Result<UdpSocket> {
     // SAFETY: `fd` is a socket just opened here and owned by nothing else.
     let sock = unsafe { UdpSocket::from_raw_fd(fd) };
     set_opt(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
+    // As deep as the port's own: a burst to the group waits there for a sleeping thread.
+    set_buffer(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF);
     // Only the group bound to: not every group some socket of the host joined.
     set_opt(&sock, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, &0i32)?;
     let addr = libc::sockaddr_in {

@@ -45,7 +45,7 @@ const MAX_PACKET: usize = 4096 + 256;
 /// The most bytes one GSO send may carry (a UDP datagram's largest payload over IPv4).
 const GSO_BYTES: usize = 65_507;
 /// Socket buffer sizes asked for (root may exceed the system maximum).
-const RCVBUF: i32 = 32 << 20;
+pub(super) const RCVBUF: i32 = 32 << 20;
 const SNDBUF: i32 = 4 << 20;
 
 /// A datagram waiting to leave.
@@ -546,7 +546,7 @@ fn set_int(s: &UdpSocket, level: i32, name: i32, value: i32) -> io::Result<()> {
 
 /// Asks for a socket buffer of `bytes`: beyond the system maximum if allowed (`force`, as
 /// root), else as much as it grants. Neither failing is an error: the buffer stays smaller.
-fn set_buffer(s: &UdpSocket, force: i32, plain: i32, bytes: i32) {
+pub(super) fn set_buffer(s: &UdpSocket, force: i32, plain: i32, bytes: i32) {
     if set_int(s, libc::SOL_SOCKET, force, bytes).is_err() {
         let _ = set_int(s, libc::SOL_SOCKET, plain, bytes);
     }
