@@ -22,6 +22,7 @@ struct Event {
 }
 
 const CONNECT_REQUEST: u32 = 4;
+const MULTICAST_JOIN: u32 = 12;
 
 export! {
     /// The next event of the channel: blocks until one comes, unless the channel's `fd` was
@@ -73,9 +74,13 @@ export! {
                 Err(e) => return fail(e),
             }
         };
-        let (ps, verbs) = {
+        let (ps, verbs, join_context) = {
             let mut t = turn(&id);
-            (t.c().ps, t.c().verbs)
+            // A join's event hands back the context the join was given.
+            let context = (t.calls.joins.iter())
+                .find(|&&(g, _)| c.kind == MULTICAST_JOIN && g == c.peer_gid)
+                .map(|&(_, k)| k);
+            (t.c().ps, t.c().verbs, context)
         };
         let mut out = Box::new(Event {
             ev: rdma_cm_event {
@@ -116,7 +121,7 @@ export! {
                 crate::id::sgid_index(verbs)
             };
             out.ev.param.ud = rdma_ud_param {
-                private_data: private,
+                private_data: join_context.map_or(private, |k| k as *const std::ffi::c_void),
                 private_data_len: len,
                 ah_attr: ah,
                 qp_num: c.param.qp_num,

@@ -63,6 +63,9 @@ pub(crate) struct Calls {
     pub(crate) ep_qp: Option<ibv_qp_init_attr>,
     /// Whether `rdma_create_qp` made the CQs (and so destroys them).
     pub(crate) own_cqs: bool,
+    /// The multicast groups joined (their GIDs) and the context each join was given (its
+    /// `MULTICAST_JOIN` event's `private_data`, as librdmacm hands it back).
+    pub(crate) joins: Vec<([u8; 16], usize)>,
 }
 
 /// One call's turn on an id: the `rdma_cm_id` and the library's own fields, which no other
@@ -206,6 +209,7 @@ pub(crate) fn new_id(
             sync,
             ep_qp: None,
             own_cqs: false,
+            joins: Vec::new(),
         }),
         path: UnsafeCell::new([0; 16]),
     });

@@ -33,14 +33,19 @@
 //! and take its events on another: an event's ids stay valid until the event is acked, even
 //! if they are destroyed first.
 //!
-//! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), multicast
-//! (`ENOSYS`), ECE (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses.
+//! Multicast (`rdma_join_multicast`, `_ex`, `rdma_leave_multicast`) as the kernel does it on
+//! RoCE: the group's GID is its IPv4-mapped address, the id's UD QP is attached to it (unless
+//! it joins to send only), and `MULTICAST_JOIN` says where to send.
+//!
+//! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), ECE
+//! (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses.
 
 #[macro_use]
 mod export;
 mod addr;
 mod event;
 mod id;
+mod multicast;
 mod qp;
 pub mod types;
 mod unsupported;

@@ -94,6 +94,24 @@ pub struct rdma_ud_param {
     pub qkey: u32,
 }
 
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+/// `rdma_cm_join_mc_attr_ex.comp_mask`: `addr` is set.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+/// `rdma_cm_join_mc_attr_ex.comp_mask`: `join_flags` is set.
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+/// A join that receives (the id's QP is attached to the group).
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+/// A join that only sends (the QP is not attached).
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+
 /// The `param` union of `struct rdma_cm_event`.
 #[repr(C)]
 #[derive(Clone, Copy)]

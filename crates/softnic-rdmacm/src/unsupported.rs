@@ -1,5 +1,5 @@
 //! What softnic's librdmacm does not serve: rsocket (a socket API over RDMA, built on the
-//! rest), multicast, ECE, extended SRQs. Each fails with `ENOSYS` (ECE: `EOPNOTSUPP`).
+//! rest), ECE, extended SRQs. Each fails with `ENOSYS` (ECE: `EOPNOTSUPP`).
 
 use std::ffi::c_int;
 
@@ -9,10 +9,7 @@ use crate::types::rdma_cm_id;
 unsupported!("RDMACM_1.0":
     rsocket rbind rlisten raccept rconnect rshutdown rclose rrecv rrecvfrom rrecvmsg rsend
     rsendto rsendmsg rread rreadv rwrite rwritev rpoll rselect rgetpeername rgetsockname
-    rsetsockopt rgetsockopt rfcntl riomap riounmap riowrite
-    rdma_join_multicast rdma_leave_multicast rdma_create_srq_ex);
-
-unsupported!("RDMACM_1.1": rdma_join_multicast_ex);
+    rsetsockopt rgetsockopt rfcntl riomap riounmap riowrite rdma_create_srq_ex);
 
 export! {
     /// ECE is not negotiated: `EOPNOTSUPP`.

@@ -137,6 +137,44 @@ fn udaddy_resolves_ud_services() {
     );
 }
 
+/// Two ids a side: the server's join the group and receive; the client's join to send only
+/// (`-o`: their QPs not attached) and send to it 3 s after (mckey's pause).
+#[test]
+fn mckey_sends_to_a_multicast_group() {
+    let Some((s, _)) = pair(
+        &[
+            "mckey",
+            "-m",
+            "239.1.26.7",
+            "-b",
+            "127.0.26.15",
+            "-c",
+            "2",
+            "-C",
+            "10",
+        ],
+        &[
+            "mckey",
+            "-m",
+            "239.1.26.7",
+            "-s",
+            "-o",
+            "-c",
+            "2",
+            "-C",
+            "10",
+        ],
+        ["127.0.26.15", "127.0.26.16"],
+    ) else {
+        return;
+    };
+    assert_eq!(
+        s.matches("joined dgid: ::ffff:239.1.26.7").count(),
+        2,
+        "{s}"
+    );
+}
+
 #[test]
 fn rdma_server_and_client_use_synchronous_endpoints() {
     let Some((s, c)) = pair(

@@ -1,7 +1,7 @@
 //! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
-//! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime;
-//! perftest's `-R`; libfabric's verbs provider through
-//! `fi_pingpong` of `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
+//! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
+//! mckey; perftest's `-R`; libfabric's verbs provider through `fi_pingpong` of
+//! `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
 //! through `softnic-run`: a server and a client process, each its own softnic device, talking
 //! RoCEv2 (CM MADs on QP1, then the data) over loopback addresses. RC runs again under 1%
 //! loss on both devices (the CM sends lost MADs again, RC retransmits); UD (udaddy) runs
@@ -109,6 +109,14 @@ const RUNS: &[Run] = &[
         "#bytes",
     ),
     FI_PINGPONG,
+    // Multicast: the server's id joins the group and receives what the client's (joined
+    // too) sends there, 3 s after its join (mckey's pause for a subnet manager).
+    run(
+        "mckey",
+        "-m 239.1.2.4 -b {S} -C 10",
+        "-m 239.1.2.4 -s -C 10",
+        "return status 0",
+    ),
     lossy(RPING),
     lossy(UCMATOSE),
     lossy(RDMA_SERVER),

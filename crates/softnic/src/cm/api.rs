@@ -1,6 +1,6 @@
 //! The CM as [`Fabric`] methods: what librdmacm's calls become.
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
 use ibverbs_sys::{ibv_qp, ibv_qp_attr, ibv_qp_state};
@@ -141,6 +141,24 @@ impl Fabric {
     /// Resolves the route (`rdma_resolve_route`): `ROUTE_RESOLVED`.
     pub fn cm_resolve_route(&self, id: CmId) -> Result<(), CmError> {
         self.cm(|st| st.cm_resolve_route(id.0))
+    }
+
+    /// Joins multicast group `group` (`rdma_join_multicast`): the id's UD QP is attached to
+    /// it unless `send_only`; `MULTICAST_JOIN` on the channel, whose GID and parameters
+    /// (QP `0xFFFFFF`, the Q_Key) say where to send.
+    pub fn cm_join_multicast(
+        &self,
+        id: CmId,
+        group: Ipv4Addr,
+        send_only: bool,
+    ) -> Result<(), CmError> {
+        self.cm(|st| st.cm_join(id.0, group, send_only))
+    }
+
+    /// Leaves multicast group `group` (`rdma_leave_multicast`); EADDRNOTAVAIL if the id had
+    /// not joined it.
+    pub fn cm_leave_multicast(&self, id: CmId, group: Ipv4Addr) -> Result<(), CmError> {
+        self.cm(|st| st.cm_leave(id.0, group))
     }
 
     /// Listens (`rdma_listen`).

@@ -13,6 +13,7 @@ impl State {
     /// its channel until its DREQ is answered or given up (as the kernel's CM goes on after
     /// the process): a lost DREQ would otherwise leave the peer connected for ever.
     pub(crate) fn cm_destroy_id(&mut self, id: u32) -> Result<(), CmError> {
+        self.cm_leave_all(id);
         let i = self.cm_id(id)?;
         let (st, ps, chan) = (i.st, i.ps, i.chan);
         let (local, remote, qpn) = (i.local_comm, i.remote_comm, i.remote_qpn);

@@ -15,7 +15,7 @@ use crate::abi::{self, Kind};
 use crate::fabric::Fabric;
 
 /// The layout version of [`CmOps`] and [`CEvent`]: a library built for another refuses it.
-pub const CM_OPS_VERSION: u32 = 2;
+pub const CM_OPS_VERSION: u32 = 3;
 
 /// An IPv4 address and port (host byte order).
 #[repr(C)]
@@ -160,6 +160,10 @@ pub struct CmOps {
     pub id_info: unsafe extern "C" fn(Ctx, u32, *mut CIdInfo) -> c_int,
     /// [`Fabric::cm_lingering`] (0 for a context that is not softnic's).
     pub lingering: unsafe extern "C" fn(Ctx) -> u32,
+    /// [`Fabric::cm_join_multicast`] (the group's address; send only if not 0).
+    pub join_multicast: unsafe extern "C" fn(Ctx, u32, CAddr, c_int) -> c_int,
+    /// [`Fabric::cm_leave_multicast`].
+    pub leave_multicast: unsafe extern "C" fn(Ctx, u32, CAddr) -> c_int,
 }
 
 /// softnic's CM as a C table.
@@ -186,6 +190,8 @@ pub static CM_OPS: CmOps = CmOps {
     get_event,
     id_info,
     lingering,
+    join_multicast,
+    leave_multicast,
 };
 
 /// Runs `f` on the fabric of context `ctx`: 0, or the errno of its error (EINVAL for a
@@ -269,6 +275,18 @@ unsafe extern "C" fn resolve_addr(ctx: Ctx, id: u32, src: *const CAddr, dst: CAd
     // SAFETY: null or a valid address per the contract.
     let src = unsafe { src.as_ref() }.map(|s| (*s).into());
     on(ctx, |f| f.cm_resolve_addr(CmId(id), src, dst.into()))
+}
+
+unsafe extern "C" fn join_multicast(ctx: Ctx, id: u32, group: CAddr, send_only: c_int) -> c_int {
+    let group: std::net::SocketAddrV4 = group.into();
+    on(ctx, |f| {
+        f.cm_join_multicast(CmId(id), *group.ip(), send_only != 0)
+    })
+}
+
+unsafe extern "C" fn leave_multicast(ctx: Ctx, id: u32, group: CAddr) -> c_int {
+    let group: std::net::SocketAddrV4 = group.into();
+    on(ctx, |f| f.cm_leave_multicast(CmId(id), *group.ip()))
 }
 
 unsafe extern "C" fn resolve_route(ctx: Ctx, id: u32) -> c_int {

@@ -71,15 +71,16 @@ impl State {
     }
 
     /// `rdma_resolve_addr`: the device and the peer's GID; `ADDR_RESOLVED`, or `ADDR_ERROR`
-    /// with `-EHOSTUNREACH` for an address the link does not reach.
+    /// with `-EHOSTUNREACH` for an address the link does not reach. A multicast group is
+    /// reached from any device (a join follows: see `groups.rs`).
     pub(crate) fn cm_resolve_addr(
         &mut self,
         id: u32,
         src: Option<SocketAddrV4>,
         dst: SocketAddrV4,
     ) -> Result<(), CmError> {
-        if dst.ip().is_unspecified() || dst.ip().is_broadcast() || dst.ip().is_multicast() {
-            return err(libc::EINVAL, "resolving an address that names no one port");
+        if dst.ip().is_unspecified() || dst.ip().is_broadcast() {
+            return err(libc::EINVAL, "resolving an address that names no port");
         }
         if self.cm_id(id)?.st == St::Idle {
             let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
@@ -92,7 +93,7 @@ impl State {
         let bound = i.dev;
         let dev = bound.or_else(|| self.dev_of_ip(*dst.ip())).unwrap_or(0);
         let gid = crate::roce::ipv4_gid(*dst.ip());
-        if self.w.route(dev, &gid).is_none() {
+        if !dst.ip().is_multicast() && self.w.route(dev, &gid).is_none() {
             self.w
                 .cm
                 .event(id, CmEventKind::AddrError, -libc::EHOSTUNREACH);

@@ -39,6 +39,7 @@ mod bye;
 pub mod cabi;
 mod core;
 mod ctl;
+mod groups;
 mod ids;
 mod sidr;
 
@@ -123,6 +124,8 @@ pub enum CmEventKind {
     Established = 9,
     /// The connection is down.
     Disconnected = 10,
+    /// A multicast group was joined: the event's GID and parameters say where to send.
+    MulticastJoin = 12,
     /// The connection's time-wait is over: its QP may be reused.
     TimewaitExit = 15,
 }

@@ -6,6 +6,7 @@
 #[path = "../abi/common.rs"]
 #[allow(unused_imports)]
 mod common;
+mod groups;
 mod hostile;
 mod lossy;
 mod udp;
