@@ -194,7 +194,7 @@ impl State {
                         gather: None,
                         ecn: 0,
                         at: None,
-                        mgid: Some(mgid),
+                        mgid: Some(Box::new(mgid)),
                     };
                     self.deliver_wire(&frame, bytes);
                 }
@@ -328,8 +328,8 @@ impl State {
         if pkt.hdr.dest_qp == crate::mcast::MULTICAST_QPN {
             // A copy to each of the device's QPs in the group (none: not to a group, or to
             // one without a member here).
-            let members = (frame.mgid)
-                .map(|g| self.w.devices[dev].groups.members(&g))
+            let members = (frame.mgid.as_deref())
+                .map(|g| self.w.devices[dev].groups.members(g))
                 .unwrap_or_default();
             if members.is_empty() {
                 self.w.devices[dev].counters.messages_dropped += 1;

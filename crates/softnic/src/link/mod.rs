@@ -65,8 +65,9 @@ pub(crate) struct Frame {
     pub(crate) ecn: u8,
     /// The switch it arrives at next (`None`: its destination device).
     pub(crate) at: Option<u16>,
-    /// The multicast group it goes to, if it goes to one (destination QP `0xFFFFFF`).
-    pub(crate) mgid: Option<[u8; 16]>,
+    /// The multicast group it goes to, if it goes to one (destination QP `0xFFFFFF`). Boxed:
+    /// every frame moves through the queue of frames in flight, and few go to a group.
+    pub(crate) mgid: Option<Box<[u8; 16]>>,
 }
 
 impl Frame {

@@ -419,7 +419,7 @@ impl Qp {
         let psn = psn_add(wqe.first_psn, k);
         let noack = self.req.noack + 1;
         let ack_req = self.transport == Transport::Rc && (last || noack >= ACK_EVERY);
-        let (to, dest_qp, deth) = match (self.transport, wqe.ud()) {
+        let (to, dest_qp, deth, group) = match (self.transport, wqe.ud()) {
             (
                 Transport::Ud,
                 Some(UdDest {
@@ -438,19 +438,15 @@ impl Qp {
                     qkey,
                     src_qp: self.qpn,
                 };
-                let to = if crate::mcast::is_multicast(&dgid) {
+                if crate::mcast::is_multicast(&dgid) {
                     // A group: see `send_group` below.
-                    None
+                    (None, remote_qpn, Some(deth), Some(dgid))
                 } else {
-                    w.route(self.dev, &dgid)
-                };
-                (to, remote_qpn, Some(deth))
+                    (w.route(self.dev, &dgid), remote_qpn, Some(deth), None)
+                }
             }
-            _ => (self.dest_dev, self.attr.dest_qp_num, None),
+            _ => (self.dest_dev, self.attr.dest_qp_num, None, None),
         };
-        let group = (wqe.ud())
-            .map(|d| d.dgid)
-            .filter(|g| self.transport == Transport::Ud && crate::mcast::is_multicast(g));
         let hdr = Headers {
             opcode: op,
             se: wqe.solicited && last,

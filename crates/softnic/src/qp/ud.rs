@@ -74,9 +74,9 @@ impl Qp {
         for &d in others {
             let mut copy = w.spare.take(bytes.len());
             copy.extend_from_slice(&bytes);
-            self.transmit(w, d, copy, None, Some(mgid));
+            self.transmit(w, d, copy, None, Some(Box::new(mgid)));
         }
-        self.transmit(w, last, bytes, None, Some(mgid));
+        self.transmit(w, last, bytes, None, Some(Box::new(mgid)));
     }
 
     pub(super) fn ud_receive(
@@ -110,7 +110,11 @@ impl Qp {
             }
             return;
         }
-        let dgid = frame.mgid.unwrap_or(w.devices[self.dev].gid);
+        let dgid = frame
+            .mgid
+            .as_deref()
+            .copied()
+            .unwrap_or(w.devices[self.dev].gid);
         let (grh, sl) = network_header(&frame.sgid, &dgid, wire_len);
         let written = w
             .scatter(self.dev, self.pd, &wqe.sges, 0, &grh, true)
