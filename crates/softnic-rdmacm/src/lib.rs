@@ -23,7 +23,8 @@
 //! (`poll` it; make it non-blocking and `rdma_get_cm_event` fails with `EAGAIN`); ids on
 //! `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, resolved by SIDR), synchronous ids (no channel:
 //! each call waits for its event, as librdmacm's do); IPv4 addresses (the link's: the
-//! device's own and any other softnic port; IPv6 fails with `EAFNOSUPPORT`); events with the
+//! device's own and any other softnic port, and multicast groups to join; IPv6 fails with
+//! `EAFNOSUPPORT`); events with the
 //! fields librdmacm fills; `rdma_create_qp` (with CQs and completion channels of its own
 //! when the caller gives none, as `rdma_verbs.h`'s helpers expect), `rdma_create_ep`,
 //! `rdma_get_request`, `rdma_getaddrinfo` of numeric addresses and host names.

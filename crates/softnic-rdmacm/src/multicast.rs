@@ -1,5 +1,7 @@
-//! Multicast joins on softnic's CM, which attaches the id's UD QP to the group (as librdmacm
-//! does on the `MULTICAST_JOIN` event) and says where to send in that event.
+//! Multicast joins on softnic's CM, which attaches the id's UD QP to the group and says where to
+//! send in the `MULTICAST_JOIN` event. (librdmacm attaches the id's QP when that event is
+//! taken; here it is attached at the join: a QP the id gets between its join and the event
+//! is not attached, where librdmacm would attach it.)
 
 use std::ffi::{c_int, c_void};
 

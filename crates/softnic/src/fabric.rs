@@ -344,6 +344,7 @@ impl Fabric {
             net: Net::default(),
             spare: Default::default(),
             udp_in: Vec::new(),
+            group_in: Default::default(),
             timers: Default::default(),
             faults: BTreeMap::new(),
             default_faults: Faults::NONE,

@@ -3,7 +3,10 @@
 //! goes to every device of the fabric with a QP in the group, and on the UDP link to the
 //! group's IPv4 address ([`group_ipv4`]), which every process whose device joined it hears; a
 //! device hands a copy to each of its QPs in the group (destination QP `0xFFFFFF`), checked as
-//! any UD receive (state, Q_Key, a receive WQE), its GRH naming the group as destination.
+//! any UD receive (state, Q_Key, a receive WQE), its GRH naming the group as destination. On
+//! the UDP link a group is its IPv4 address: groups at one address (two IPv6 MGIDs that hash
+//! alike, or one and the IPv4-mapped group of that address) are one group there, and their
+//! members get each datagram once, its GRH naming the first of them.
 
 use std::net::Ipv4Addr;
 
@@ -26,20 +29,7 @@ pub(crate) fn is_multicast(gid: &[u8; 16]) -> bool {
     gid[0] == 0xff || crate::roce::gid_ipv4(gid).is_some_and(|ip| ip.is_multicast())
 }
 
-/// The IPv4 group a multicast GID's packets travel to on the UDP link: the address itself
-/// when the GID is IPv4-mapped; for an IPv6 group (the UDP link is IPv4) an address of the
-/// organization-local scope `239.192.0.0/14` from a hash of the GID, the same in every
-/// process.
-pub(crate) fn group_ipv4(gid: &[u8; 16]) -> Ipv4Addr {
-    if let Some(ip) = crate::roce::gid_ipv4(gid).filter(Ipv4Addr::is_multicast) {
-        return ip;
-    }
-    // FNV-1a.
-    let h = gid.iter().fold(0x811c_9dc5u32, |h, &b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    Ipv4Addr::from(u32::from(Ipv4Addr::new(239, 192, 0, 0)) | (h & 0x0003_ffff))
-}
+pub(crate) use crate::roce::group_address as group_ipv4;
 
 /// The QP numbers of a group's members on one device.
 pub(crate) type Members = SmallVec<[u32; 4]>;
@@ -111,6 +101,26 @@ impl Groups {
             .collect()
     }
 
+    /// The members of the groups here whose packets travel to `ip` on the UDP link, each once.
+    pub(crate) fn members_at(&self, ip: Ipv4Addr) -> Members {
+        let mut all = Members::new();
+        for (g, m) in &self.groups {
+            if group_ipv4(g) == ip {
+                for &q in m {
+                    if !all.contains(&q) {
+                        all.push(q);
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// Whether QP `qpn` is in any group here.
+    pub(crate) fn holds(&self, qpn: u32) -> bool {
+        self.groups.values().any(|m| m.contains(&qpn))
+    }
+
     /// Whether group `gid` has a member here.
     pub(crate) fn has(&self, gid: &[u8; 16]) -> bool {
         self.groups.contains_key(gid)
@@ -140,7 +150,8 @@ impl crate::state::State {
     }
 
     /// Detaches QP `qpn` of device `dev` from group `mgid` (`None`: from every group, as it is
-    /// destroyed): 0, or EINVAL if it was not attached.
+    /// destroyed): 0, or EINVAL if it was not attached. A group left with no member here is
+    /// left on the UDP link too; the caller then wakes a sleeping progress thread.
     pub(crate) fn mcast_detach(&mut self, dev: usize, qpn: u32, mgid: Option<[u8; 16]>) -> i32 {
         let d = &mut self.w.devices[dev];
         let (r, gone) = match mgid {

@@ -166,7 +166,8 @@ impl State {
     }
 
     /// Takes in what the multicast groups device `dev` joined on the UDP link hold, and
-    /// delivers each packet to the device's groups at its address; how many came in.
+    /// delivers each packet once, as sent to the first of the device's groups at its address
+    /// (see [`deliver_wire`](Self::deliver_wire) for its members); how many came in.
     fn receive_groups(&mut self, dev: usize) -> usize {
         let Some(port) = self.w.devices[dev]
             .udp
@@ -175,20 +176,23 @@ impl State {
         else {
             return 0;
         };
-        let mut groups = std::mem::take(&mut port.groups);
-        let (mut malformed, mut bad_icrc) = (0, 0);
-        let n = groups.receive(
-            &mut |d| match d {
-                Damage::Malformed => malformed += 1,
-                Damage::BadIcrc => bad_icrc += 1,
-            },
-            &mut |ip, src, bytes| {
-                for mgid in self.w.devices[dev].groups.at_address(ip) {
+        let (mut got, mut buf) = std::mem::take(&mut self.w.group_in);
+        port.groups.receive(&mut got, &mut buf);
+        for g in &got {
+            let d = &mut self.w.devices[dev];
+            match g.damage {
+                Some(Damage::Malformed) => d.counters.malformed += 1,
+                Some(Damage::BadIcrc) => d.counters.icrc_errors += 1,
+                None => {
+                    let Some(&mgid) = d.groups.at_address(g.ip).first() else {
+                        d.counters.messages_dropped += 1;
+                        continue;
+                    };
                     let frame = Frame {
                         from: dev,
                         to: Dest::Local(dev),
-                        sport: src.port(),
-                        sgid: crate::roce::ipv4_gid(*src.ip()),
+                        sport: g.src.port(),
+                        sgid: crate::roce::ipv4_gid(*g.src.ip()),
                         bytes: Vec::new(),
                         sealed: false,
                         gather: None,
@@ -196,16 +200,12 @@ impl State {
                         at: None,
                         mgid: Some(Box::new(mgid)),
                     };
-                    self.deliver_wire(&frame, bytes);
+                    self.deliver_wire(&frame, &buf[g.at..g.at + g.len]);
                 }
-            },
-        );
-        let d = &mut self.w.devices[dev];
-        d.counters.malformed += malformed;
-        d.counters.icrc_errors += bad_icrc;
-        if let Some(port) = d.udp.as_mut() {
-            port.groups = groups;
+            }
         }
+        let n = got.len();
+        self.w.group_in = (got, buf);
         n
     }
 
@@ -322,15 +322,24 @@ impl State {
             return;
         }
         if pkt.hdr.dest_qp == 1 {
-            self.cm_receive(dev, &pkt, frame);
+            // (CM messages go to one port, never to a group.)
+            if frame.mgid.is_none() {
+                self.cm_receive(dev, &pkt, frame);
+            }
             return;
         }
         if pkt.hdr.dest_qp == crate::mcast::MULTICAST_QPN {
             // A copy to each of the device's QPs in the group (none: not to a group, or to
-            // one without a member here).
-            let members = (frame.mgid.as_deref())
-                .map(|g| self.w.devices[dev].groups.members(g))
-                .unwrap_or_default();
+            // one without a member here). On the UDP link a group is its IPv4 address: the
+            // members of every group of the device at that address, each once (two IPv6
+            // groups hashed to one address, or one and the IPv4 group of that address, are
+            // one group there).
+            let d = &self.w.devices[dev];
+            let members = match frame.mgid.as_deref() {
+                None => Default::default(),
+                Some(g) if d.udp.is_some() => d.groups.members_at(crate::mcast::group_ipv4(g)),
+                Some(g) => d.groups.members(g),
+            };
             if members.is_empty() {
                 self.w.devices[dev].counters.messages_dropped += 1;
             }

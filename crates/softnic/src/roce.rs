@@ -143,6 +143,21 @@ pub fn gid_address(gid: &[u8; 16]) -> Option<Ipv4Addr> {
     gid_ipv4(&g)
 }
 
+/// The IPv4 group address a multicast GID's packets travel to on softnic's UDP link: the
+/// address itself when the GID is IPv4-mapped; for an IPv6 group (the link is IPv4) an address
+/// of the organization-local scope `239.192.0.0/14` from a hash of the GID, the same in every
+/// process.
+pub fn group_address(gid: &[u8; 16]) -> Ipv4Addr {
+    if let Some(ip) = gid_ipv4(gid).filter(Ipv4Addr::is_multicast) {
+        return ip;
+    }
+    // FNV-1a.
+    let h = gid.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(239, 192, 0, 0)) | (h & 0x0003_ffff))
+}
+
 /// The IPv4-mapped GID of `ip`.
 pub fn ipv4_gid(ip: Ipv4Addr) -> [u8; 16] {
     let mut gid = [0u8; 16];

@@ -119,6 +119,8 @@ pub(crate) struct World {
     pub(crate) on_udp: bool,
     /// Scratch for datagrams taken in from the UDP link (kept to reuse its allocation).
     pub(crate) udp_in: Vec<crate::link::udp::Incoming>,
+    /// The same for datagrams taken in from multicast groups, and their bytes.
+    pub(crate) group_in: (Vec<crate::link::groups::Got>, Vec<u8>),
     /// (time, qp id) of every QP's timer entry (at or before its deadline; see
     /// [`Qp::set_timer`](crate::qp::Qp::set_timer)).
     pub(crate) timers: crate::timers::Timers,

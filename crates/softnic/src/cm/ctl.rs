@@ -117,6 +117,10 @@ impl State {
         if i.st != St::AddrResolved {
             return err(libc::EINVAL, "resolving a route before the address");
         }
+        if i.dst.is_some_and(|d| d.ip().is_multicast()) {
+            // A group has no route to connect over: it is joined (`rdma_join_multicast`).
+            return err(libc::EINVAL, "resolving a route to a multicast group");
+        }
         i.st = St::RouteResolved;
         self.w.cm.event(id, CmEventKind::RouteResolved, 0);
         Ok(())

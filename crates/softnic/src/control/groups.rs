@@ -64,7 +64,9 @@ unsafe fn on_group(
             return libc::EINVAL;
         };
         let r = f(st, dev, qpn, mgid);
-        shared.wake();
+        if r == 0 {
+            shared.wake();
+        }
         r
     })
 }

@@ -222,7 +222,8 @@ pub(crate) unsafe fn create_qp_with(
         let dev = st.w.contexts[&ctx].dev;
         let d = &mut st.w.devices[dev];
         let mut qpn = d.next_qpn;
-        while d.qpns.contains_key(&qpn) || qpn < 0x11 {
+        // (Not 0 and 1, the special QPs, nor 0xFFFFFF, the multicast QPN.)
+        while d.qpns.contains_key(&qpn) || qpn < 0x11 || qpn == crate::mcast::MULTICAST_QPN {
             qpn = (qpn + 1) & 0x00ff_ffff;
         }
         d.next_qpn = (qpn + 1) & 0x00ff_ffff;
@@ -348,8 +349,10 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         };
         q.reset(&mut st.w);
-        st.mcast_detach(q.dev, q.qpn, None);
-        shared.wake();
+        if st.w.devices[q.dev].groups.holds(q.qpn) {
+            st.mcast_detach(q.dev, q.qpn, None);
+            shared.wake();
+        }
         st.w.devices[q.dev].qpns.remove(&q.qpn);
         st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
         abi::unregister(q.shell.ptr().cast());

@@ -1,7 +1,8 @@
 //! The UDP link: a device's port on a real network, carrying RoCEv2 (InfiniBand packets in
 //! UDP datagrams to port 4791) between processes or hosts.
 //!
-//! A port is one receiving socket bound to `ip:4791` and a few sending sockets bound to
+//! A port is one receiving socket bound to `ip:4791` (and one more for each multicast group its
+//! device joined: see [`groups`](super::groups)) and a few sending sockets bound to
 //! `ip:<ephemeral>`: a QP always sends from the same one, so its UDP source port is a function
 //! of the QP (the flow entropy mlx5 and rxe put there for ECMP), and the receiver never
 //! depends on it. The sending sockets set don't-fragment, so the kernel puts identification

@@ -71,12 +71,15 @@ impl Qp {
             w.spare.give(bytes);
             return;
         };
+        // (A datagram for the UDP link leaves as bytes: its receivers know the group by the
+        // socket it comes to.)
+        let group = |d: Dest| matches!(d, Dest::Local(_)).then(|| Box::new(mgid));
         for &d in others {
             let mut copy = w.spare.take(bytes.len());
             copy.extend_from_slice(&bytes);
-            self.transmit(w, d, copy, None, Some(Box::new(mgid)));
+            self.transmit(w, d, copy, None, group(d));
         }
-        self.transmit(w, last, bytes, None, Some(Box::new(mgid)));
+        self.transmit(w, last, bytes, None, group(last));
     }
 
     pub(super) fn ud_receive(

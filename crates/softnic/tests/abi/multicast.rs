@@ -163,21 +163,43 @@ fn a_send_to_a_group_reaches_each_member_on_every_device() {
     let wc = poll_n(b.cq, 1)[0];
     assert_eq!(wc.qp_num, qpn(b2));
     assert!(poll(b.cq, 4).is_empty() && poll(c.cq, 4).is_empty());
+    // The destroyed member's place is free: with `other_key`, 56 members fit again on c, and
+    // no more (a group has room for 56 QPs a device).
+    let ty = ibv_qp_type::IBV_QPT_UD;
+    for k in 0..55 {
+        let q = c.qp(ty, cap(1, 1), true);
+        assert_eq!(attach(q, &g), 0, "member {k} of 55 more");
+    }
+    assert_eq!(attach(c.qp(ty, cap(1, 1), true), &g), libc::ENOMEM);
+}
+
+/// Two fabrics on the UDP link (seeds `seed` and `seed + 1`), a device of each, and a UD QP in
+/// RTS on the first to send from.
+fn across(seed: u64) -> ([Fabric; 2], Node, Node, *mut ibv_qp) {
+    let fabrics = [udp_fabric(seed), udp_fabric(seed + 1)];
+    let (a, b) = (
+        Node::open(&fabrics[0], "soft0"),
+        Node::open(&fabrics[1], "soft0"),
+    );
+    let ty = ibv_qp_type::IBV_QPT_UD;
+    let sender = a.qp(ty, cap(8, 8), true);
+    bring_up(sender, ty, b.gid, 0, |_| {});
+    (fabrics, a, b, sender)
 }
 
 /// On the UDP link a group is an IPv4 group address: a device of another fabric (another
-/// process) that joined hears it, and stops when its QP leaves. An IPv6 MGID travels to an
-/// address made from it, the same everywhere.
+/// process) that joined hears it while one of its QPs is in the group, and stops when the last
+/// leaves. An IPv6 MGID travels to an address made from it, the same everywhere.
 #[test]
 fn on_the_udp_link_every_fabric_that_joined_hears_the_group() {
     for g in [group_v4(), group_v6()] {
-        let (fa, fb) = (udp_fabric(21), udp_fabric(22));
-        let (a, b) = (Node::open(&fa, "soft0"), Node::open(&fb, "soft0"));
-        let ty = ibv_qp_type::IBV_QPT_UD;
-        let sender = a.qp(ty, cap(8, 8), true);
-        bring_up(sender, ty, b.gid, 0, |_| {});
+        let (_fabrics, a, b, sender) = across(21);
+        // (Each member's buffer kept: it is registered memory the device writes.)
+        let (first, _first_buf) = ud_member(&b, 2);
         let (member, buf) = ud_member(&b, 2);
-        assert_eq!(attach(member, &g), 0);
+        assert_eq!((attach(first, &g), attach(member, &g)), (0, 0));
+        // One of two leaves: the device is still in the group.
+        assert_eq!(detach(first, &g), 0);
         let mut msg = b"over the loopback, to a group".to_vec();
         send_to_group(&a, sender, g, &mut msg);
         assert!(ok(&poll_until(a.cq, 1)[0]));
@@ -191,4 +213,34 @@ fn on_the_udp_link_every_fabric_that_joined_hears_the_group() {
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(poll(b.cq, 4).is_empty(), "left the group");
     }
+}
+
+/// Two groups at one IPv4 address on the UDP link (an IPv6 MGID and the IPv4 group its packets
+/// travel to) are one group there: a datagram to either reaches every member of both, a QP in
+/// both once.
+#[test]
+fn groups_at_one_address_are_one_group_on_the_udp_link_each_member_served_once() {
+    let v6 = group_v6();
+    // SAFETY: a GID's bytes are plain data.
+    let raw = unsafe { v6.raw };
+    let v4 = ibv_gid {
+        raw: roce::ipv4_gid(roce::group_address(&raw)),
+    };
+    let (_fabrics, a, b, sender) = across(23);
+    let (in_v6, _buf_v6) = ud_member(&b, 2);
+    let (in_v4, _buf_v4) = ud_member(&b, 2);
+    let (in_both, _buf_both) = ud_member(&b, 2);
+    assert_eq!(attach(in_v6, &v6), 0);
+    assert_eq!(attach(in_v4, &v4), 0);
+    assert_eq!((attach(in_both, &v6), attach(in_both, &v4)), (0, 0));
+    let mut msg = b"to the address of both".to_vec();
+    send_to_group(&a, sender, v6, &mut msg);
+    assert!(ok(&poll_until(a.cq, 1)[0]));
+    let mut got: Vec<u32> = poll_until(b.cq, 3).iter().map(|w| w.qp_num).collect();
+    got.sort();
+    let mut want = vec![qpn(in_v6), qpn(in_v4), qpn(in_both)];
+    want.sort();
+    assert_eq!(got, want);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(poll(b.cq, 4).is_empty(), "each member once");
 }

@@ -50,6 +50,10 @@ fn an_id_joins_a_group_receives_what_is_sent_there_and_leaves() {
     expect(f, e.ca, CmEventKind::AddrResolved);
     let qa = e.a.qp(ibv_qp_type::IBV_QPT_UD, cap(4, 4), true);
     f.cm_attach_qp(tx, qa).unwrap();
+    // A receive the sender's QP would take if its send-only join had attached it.
+    let mut own = vec![0u8; 56];
+    let omr = e.a.reg(&mut own, LOCAL_WRITE);
+    post_recv(qa, &mut [recv_wr(3, &[sge(&own, omr)])]).unwrap();
     f.cm_join_multicast(tx, GROUP, true).unwrap();
     let to = expect(f, e.ca, CmEventKind::MulticastJoin);
     let mut src = b"to the group".to_vec();
@@ -71,6 +75,11 @@ fn an_id_joins_a_group_receives_what_is_sent_there_and_leaves() {
     let wc = poll_n(e.b.cq, 1)[0];
     assert!(ok(&wc) && wc.qp_num == qpn(qb), "{wc:?}");
     assert_eq!(&dst[40..40 + src.len()], &src[..]);
+    f.advance(std::time::Duration::from_millis(1));
+    assert!(
+        poll(e.a.cq, 2).is_empty(),
+        "a send-only member does not receive"
+    );
     // Left: the next datagram finds no member.
     f.cm_leave_multicast(rx, GROUP).unwrap();
     assert_eq!(
