@@ -130,4 +130,13 @@ fn joins_take_groups_on_datagram_ids_with_a_device() {
     // Bound to a device, without a QP: joined (to send).
     f.cm_join_multicast(ud, GROUP, false).unwrap();
     expect(f, e.ca, CmEventKind::MulticastJoin);
+    // A group is joined, never connected to: no route to it.
+    let to_group = f.cm_create_id(e.ca, PortSpace::Udp).unwrap();
+    f.cm_resolve_addr(to_group, None, SocketAddrV4::new(GROUP, 0))
+        .unwrap();
+    expect(f, e.ca, CmEventKind::AddrResolved);
+    assert_eq!(
+        f.cm_resolve_route(to_group).unwrap_err().errno,
+        libc::EINVAL
+    );
 }
