@@ -9,17 +9,20 @@ use softnic::roce;
 use crate::common::*;
 use crate::udp::{poll_until, udp_fabric};
 
-/// The IPv4-mapped group RoCEv2 programs use (`::ffff:239.1.2.3`, as rdma_cm makes it).
+/// The IPv4-mapped group RoCEv2 programs use (`::ffff:239.1.2.5`, as rdma_cm makes it). Each
+/// test on the UDP link has groups of its own: tests run at once, and a group is heard by
+/// every socket of the host that joined it.
 fn group_v4() -> ibv_gid {
     ibv_gid {
-        raw: roce::ipv4_gid(Ipv4Addr::new(239, 1, 2, 3)),
+        raw: roce::ipv4_gid(Ipv4Addr::new(239, 1, 2, 5)),
     }
 }
 
-/// An IPv6 group (perftest's default MGID, `ff01:0:0:2:c985::`).
-fn group_v6() -> ibv_gid {
+/// An IPv6 group (perftest's default MGID, `ff01:0:0:2:c985::`, with `last` as its last byte).
+fn group_v6(last: u8) -> ibv_gid {
     let mut raw = [0u8; 16];
     raw[..8].copy_from_slice(&[0xff, 0x01, 0, 0, 0, 2, 201, 133]);
+    raw[15] = last;
     ibv_gid { raw }
 }
 
@@ -79,10 +82,10 @@ fn attach_takes_ud_qps_and_multicast_gids_only_and_detach_what_was_attached() {
     assert_eq!(attach(no_ptr(), &group_v4()), einval, "no QP");
     assert_eq!(attach(ud, &group_v4()), 0);
     assert_eq!(attach(ud, &group_v4()), 0, "twice is once");
-    assert_eq!(attach(ud, &group_v6()), 0);
+    assert_eq!(attach(ud, &group_v6(0)), 0);
     assert_eq!(detach(ud, &group_v4()), 0);
     assert_eq!(detach(ud, &group_v4()), einval, "detached already");
-    assert_eq!(detach(ud, &group_v6()), 0);
+    assert_eq!(detach(ud, &group_v6(0)), 0);
     let mut attr = ibv_device_attr::default();
     // SAFETY: a live context and a writable attribute struct.
     assert_eq!(unsafe { (CONTROL.query_device)(a.ctx, &mut attr) }, 0);
@@ -192,7 +195,7 @@ fn across(seed: u64) -> ([Fabric; 2], Node, Node, *mut ibv_qp) {
 /// leaves. An IPv6 MGID travels to an address made from it, the same everywhere.
 #[test]
 fn on_the_udp_link_every_fabric_that_joined_hears_the_group() {
-    for g in [group_v4(), group_v6()] {
+    for g in [group_v4(), group_v6(1)] {
         let (_fabrics, a, b, sender) = across(21);
         // (Each member's buffer kept: it is registered memory the device writes.)
         let (first, _first_buf) = ud_member(&b, 2);
@@ -220,7 +223,7 @@ fn on_the_udp_link_every_fabric_that_joined_hears_the_group() {
 /// both once.
 #[test]
 fn groups_at_one_address_are_one_group_on_the_udp_link_each_member_served_once() {
-    let v6 = group_v6();
+    let v6 = group_v6(2);
     // SAFETY: a GID's bytes are plain data.
     let raw = unsafe { v6.raw };
     let v4 = ibv_gid {
