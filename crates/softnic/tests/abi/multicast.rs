@@ -153,7 +153,7 @@ fn a_send_to_a_group_reaches_each_member_on_every_device() {
         // IPv4-mapped on both sides: the IPv4 header, from the sender to the group.
         assert_eq!(buf[20], 0x45);
         assert_eq!(buf[32..36], from[12..]);
-        assert_eq!(buf[36..40], [239, 1, 2, 3]);
+        assert_eq!(buf[36..40], [239, 1, 2, 5]);
         assert_eq!(&buf[40..40 + msg.len()], &msg[..]);
     }
     assert!(poll(b.cq, 4).is_empty() && poll(c.cq, 4).is_empty());
