@@ -1,7 +1,6 @@
-//! Multicast joins on softnic's CM, which attaches the id's UD QP to the group and says where to
-//! send in the `MULTICAST_JOIN` event. (librdmacm attaches the id's QP when that event is
-//! taken; here it is attached at the join: a QP the id gets between its join and the event
-//! is not attached, where librdmacm would attach it.)
+//! Multicast joins on softnic's CM, which attaches the id's UD QP to the group (at the join, or
+//! when the id gets its QP after it; librdmacm does it when the `MULTICAST_JOIN` event is
+//! taken) and says where to send in that event.
 
 use std::ffi::{c_int, c_void};
 

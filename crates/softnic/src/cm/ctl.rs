@@ -170,12 +170,14 @@ impl State {
         if ps == PortSpace::Udp {
             self.cm_move(id, ibv_qp_state::IBV_QPS_RTR)?;
             self.cm_move(id, ibv_qp_state::IBV_QPS_RTS)?;
+            self.cm_attach_joined(id, qpn)?;
         }
         Ok(qpn)
     }
 
-    /// `rdma_destroy_qp`: the id forgets its QP.
+    /// `rdma_destroy_qp`: the id forgets its QP (which leaves the groups it joined for the id).
     pub(crate) fn cm_detach_qp(&mut self, id: u32) -> Result<(), CmError> {
+        self.cm_detach_joined(id);
         self.cm_id(id)?.qp = None;
         Ok(())
     }

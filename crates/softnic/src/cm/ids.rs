@@ -105,8 +105,8 @@ pub(crate) struct Id {
     pub(crate) last: Option<Box<[u8; super::mad::MAD_LEN]>>,
     /// Destroyed by its caller while its DREQ is unanswered: it lives on until answered.
     pub(crate) orphan: bool,
-    /// The multicast groups it joined (their GIDs), and whether its QP was attached to each.
-    pub(crate) groups: Vec<([u8; 16], bool)>,
+    /// The multicast groups it joined.
+    pub(crate) groups: Vec<super::groups::Joined>,
 }
 
 impl Id {

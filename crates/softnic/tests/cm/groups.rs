@@ -6,9 +6,25 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use crate::common::*;
 use crate::{CLIENT_IP, ends, expect};
-use softnic::cm::{CmEventKind, PortSpace};
+use softnic::cm::{CmEvent, CmEventKind, PortSpace};
 
 const GROUP: Ipv4Addr = Ipv4Addr::new(239, 1, 2, 3);
+
+/// Sends `msg` from UD QP `qp` of `node` where a `MULTICAST_JOIN` event says, and waits for
+/// the send's completion.
+fn send_where(node: &Node, qp: *mut ibv_qp, joined: &CmEvent, msg: &mut [u8], wr_id: u64) {
+    let mr = node.reg(msg, LOCAL_WRITE);
+    let mut attr = ah_attr(ibv_gid {
+        raw: joined.peer_gid,
+    });
+    // SAFETY: valid PD and attributes.
+    let ah = unsafe { (CONTROL.create_ah)(node.pd, &mut attr) };
+    assert!(!ah.is_null());
+    let wr = send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, &[sge(msg, mr)], SIGNALED);
+    let ud = with_ud(wr, ah, joined.param.qp_num, joined.param.qkey);
+    post_send(qp, &mut [ud]).unwrap();
+    assert!(ok(&poll_n(node.cq, 1)[0]));
+}
 
 #[test]
 fn an_id_joins_a_group_receives_what_is_sent_there_and_leaves() {
@@ -56,21 +72,8 @@ fn an_id_joins_a_group_receives_what_is_sent_there_and_leaves() {
     post_recv(qa, &mut [recv_wr(3, &[sge(&own, omr)])]).unwrap();
     f.cm_join_multicast(tx, GROUP, true).unwrap();
     let to = expect(f, e.ca, CmEventKind::MulticastJoin);
-    let mut src = b"to the group".to_vec();
-    let smr = e.a.reg(&mut src, LOCAL_WRITE);
-    let mut attr = ah_attr(ibv_gid { raw: to.peer_gid });
-    // SAFETY: valid PD and attributes.
-    let ah = unsafe { (CONTROL.create_ah)(e.a.pd, &mut attr) };
-    let send = |wr_id| {
-        let wr = send_wr(
-            wr_id,
-            ibv_wr_opcode::IBV_WR_SEND,
-            &[sge(&src, smr)],
-            SIGNALED,
-        );
-        post_send(qa, &mut [with_ud(wr, ah, to.param.qp_num, to.param.qkey)]).unwrap();
-        assert!(ok(&poll_n(e.a.cq, 1)[0]));
-    };
+    let src = b"to the group".to_vec();
+    let send = |wr_id| send_where(&e.a, qa, &to, &mut src.clone(), wr_id);
     send(7);
     let wc = poll_n(e.b.cq, 1)[0];
     assert!(ok(&wc) && wc.qp_num == qpn(qb), "{wc:?}");
@@ -139,4 +142,34 @@ fn joins_take_groups_on_datagram_ids_with_a_device() {
         f.cm_resolve_route(to_group).unwrap_err().errno,
         libc::EINVAL
     );
+}
+
+/// An id that joined before it had a QP gets the QP it is given attached (librdmacm attaches
+/// the QP it has when the join's event is taken); `rdma_destroy_qp` detaches it.
+#[test]
+fn a_qp_given_after_the_join_is_attached_and_its_destruction_detaches_it() {
+    let e = ends(33);
+    let f = &e.fabric;
+    let rx = f.cm_create_id(e.cb, PortSpace::Udp).unwrap();
+    f.cm_bind(rx, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 0))
+        .unwrap();
+    f.cm_join_multicast(rx, GROUP, false).unwrap();
+    let joined = expect(f, e.cb, CmEventKind::MulticastJoin);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_UD, cap(4, 4), true);
+    f.cm_attach_qp(rx, qb).unwrap();
+    let mut dst = vec![0u8; 2 * 56];
+    let dmr = e.b.reg(&mut dst, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(1, &[sge(&dst[..56], dmr)])]).unwrap();
+    post_recv(qb, &mut [recv_wr(2, &[sge(&dst[56..], dmr)])]).unwrap();
+    // The sender: a plain UD QP of soft0 sending where the event says.
+    let qa = e.a.qp(ibv_qp_type::IBV_QPT_UD, cap(4, 4), true);
+    bring_up(qa, ibv_qp_type::IBV_QPT_UD, e.b.gid, 0, |_| {});
+    let send = |wr_id| send_where(&e.a, qa, &joined, &mut b"after the join".to_vec(), wr_id);
+    send(5);
+    let wc = poll_n(e.b.cq, 1)[0];
+    assert!(ok(&wc) && wc.qp_num == qpn(qb), "{wc:?}");
+    f.cm_detach_qp(rx).unwrap();
+    send(6);
+    f.advance(std::time::Duration::from_millis(1));
+    assert!(poll(e.b.cq, 2).is_empty(), "detached with rdma_destroy_qp");
 }
