@@ -9,9 +9,7 @@ use softnic::roce;
 use crate::common::*;
 use crate::udp::{poll_until, udp_fabric};
 
-/// The IPv4-mapped group RoCEv2 programs use (`::ffff:239.1.2.5`, as rdma_cm makes it). Each
-/// test on the UDP link has groups of its own: tests run at once, and a group is heard by
-/// every socket of the host that joined it.
+/// The IPv4-mapped group RoCEv2 programs use (`::ffff:239.1.2.5`, as rdma_cm makes it).
 fn group_v4() -> ibv_gid {
     ibv_gid {
         raw: roce::ipv4_gid(Ipv4Addr::new(239, 1, 2, 5)),
@@ -24,6 +22,18 @@ fn group_v6(last: u8) -> ibv_gid {
     raw[..8].copy_from_slice(&[0xff, 0x01, 0, 0, 0, 2, 201, 133]);
     raw[15] = last;
     ibv_gid { raw }
+}
+
+/// Groups of a test on the UDP link whose sender is bound to `sender`: an IPv4-mapped one and
+/// an IPv6 one made from its address, which no other process or test has at the same time
+/// (tests run at once, in this process and maybe in others, and a group is heard by every
+/// socket of the host that joined it).
+fn own_groups(sender: Ipv4Addr) -> (ibv_gid, ibv_gid) {
+    let n = sender.octets()[3];
+    let v4 = ibv_gid {
+        raw: roce::ipv4_gid(Ipv4Addr::new(239, 1, 3, n)),
+    };
+    (v4, group_v6(n))
 }
 
 fn attach(qp: *mut ibv_qp, gid: &ibv_gid) -> i32 {
@@ -195,8 +205,10 @@ fn across(seed: u64) -> ([Fabric; 2], Node, Node, *mut ibv_qp) {
 /// leaves. An IPv6 MGID travels to an address made from it, the same everywhere.
 #[test]
 fn on_the_udp_link_every_fabric_that_joined_hears_the_group() {
-    for g in [group_v4(), group_v6(1)] {
-        let (_fabrics, a, b, sender) = across(21);
+    for v6 in [false, true] {
+        let (fabrics, a, b, sender) = across(21);
+        let groups = own_groups(fabrics[0].udp_addr("soft0").unwrap());
+        let g = if v6 { groups.1 } else { groups.0 };
         // (Each member's buffer kept: it is registered memory the device writes.)
         let (first, _first_buf) = ud_member(&b, 2);
         let (member, buf) = ud_member(&b, 2);
@@ -223,13 +235,13 @@ fn on_the_udp_link_every_fabric_that_joined_hears_the_group() {
 /// both once.
 #[test]
 fn groups_at_one_address_are_one_group_on_the_udp_link_each_member_served_once() {
-    let v6 = group_v6(2);
+    let (fabrics, a, b, sender) = across(23);
+    let (_, v6) = own_groups(fabrics[0].udp_addr("soft0").unwrap());
     // SAFETY: a GID's bytes are plain data.
     let raw = unsafe { v6.raw };
     let v4 = ibv_gid {
         raw: roce::ipv4_gid(roce::group_address(&raw)),
     };
-    let (_fabrics, a, b, sender) = across(23);
     let (in_v6, _buf_v6) = ud_member(&b, 2);
     let (in_v4, _buf_v4) = ud_member(&b, 2);
     let (in_both, _buf_both) = ud_member(&b, 2);
