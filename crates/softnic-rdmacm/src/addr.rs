@@ -48,6 +48,16 @@ pub(crate) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Result<Option<C
     }
 }
 
+/// The address at `sa`, which must be given: EINVAL for a null one, else as
+/// [`from_sockaddr`].
+///
+/// # Safety
+/// As [`from_sockaddr`].
+pub(crate) unsafe fn given_sockaddr(sa: *const libc::sockaddr) -> Result<CAddr, c_int> {
+    // SAFETY: per this function's contract.
+    unsafe { from_sockaddr(sa) }?.ok_or(libc::EINVAL)
+}
+
 /// A `sockaddr_in` of `a`.
 pub(crate) fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {

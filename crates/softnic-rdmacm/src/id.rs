@@ -10,7 +10,7 @@ use ibverbs_sys::{ibv_context, ibv_qp_init_attr};
 use softnic::cm::ConnParam;
 use softnic::cm::cabi::{CAddr, CIdInfo};
 
-use crate::addr::{from_sockaddr, store};
+use crate::addr::{from_sockaddr, given_sockaddr, store};
 use crate::types::*;
 use crate::{IDS, Lib, fail, lib, status};
 
@@ -442,9 +442,8 @@ export! {
     "RDMACM_1.0" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
         with_id(id, |l, t| {
             // SAFETY: a caller's address per the contract.
-            let a = match unsafe { from_sockaddr(addr) } {
-                Ok(Some(a)) => a,
-                Ok(None) => return fail(libc::EINVAL),
+            let a = match unsafe { given_sockaddr(addr) } {
+                Ok(a) => a,
                 Err(e) => return fail(e),
             };
             // SAFETY: a context of the fabric.

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::addr::from_sockaddr;
+use crate::addr::given_sockaddr;
 use crate::id::{with_id, with_id_then_wait};
 use crate::types::*;
 use crate::{fail, status};
@@ -45,9 +45,8 @@ export! {
     "RDMACM_1.0" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
         with_id(id, |l, t| {
             // SAFETY: a caller's address per the contract.
-            let a = match unsafe { from_sockaddr(addr) } {
-                Ok(Some(a)) => a,
-                Ok(None) => return fail(libc::EINVAL),
+            let a = match unsafe { given_sockaddr(addr) } {
+                Ok(a) => a,
                 Err(e) => return fail(e),
             };
             // SAFETY: a context of the fabric.
@@ -70,9 +69,8 @@ fn join(
 ) -> c_int {
     with_id_then_wait(id, |l, t| {
         // SAFETY: a caller's address per the contract.
-        let a = match unsafe { from_sockaddr(addr) } {
-            Ok(Some(a)) => a,
-            Ok(None) => return (fail(libc::EINVAL), false),
+        let a = match unsafe { given_sockaddr(addr) } {
+            Ok(a) => a,
             Err(e) => return (fail(e), false),
         };
         // Known before the event can be taken (on another thread) and looked for.
