@@ -179,23 +179,31 @@ fn side(r: &Run, addr: &str, args: &str, server: &str) -> Vec<String> {
     a
 }
 
-/// A server, then its client (again while it is rejected for coming first): both must exit
-/// 0 and the client say what success says. Returns the client's figure line.
+/// A server, then its client: both must exit 0 and the client say what success says.
+/// Returns the client's figure line.
+///
+/// A client rejected for coming before the server listens is tried again with a new server,
+/// given longer to start each time: a server that was rejecting may have gone past its
+/// listen with that client already (perftest's `-R` connects twice, listening again after a
+/// hand-shake on the first connection; a client that comes before the second listen is
+/// rejected and leaves a server waiting on the port for it, where a second client's first
+/// connection would be taken for the first client's second).
 fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
     let server_addr = if r.program == "fi_pingpong" {
         "127.0.0.1"
     } else {
         SERVER
     };
-    let server = Command::new(launcher)
-        .args(side(r, server_addr, r.server, server_addr))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", r.program))?;
     let deadline = Instant::now() + DEADLINE;
-    let client = loop {
-        std::thread::sleep(Duration::from_millis(300));
+    let mut head_start = Duration::from_millis(300);
+    let (client, mut server) = loop {
+        let mut server = Command::new(launcher)
+            .args(side(r, server_addr, r.server, server_addr))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", r.program))?;
+        std::thread::sleep(head_start);
         let mut c = Command::new(launcher);
         c.args(side(r, CLIENT, r.client, server_addr))
             .stdout(Stdio::piped())
@@ -220,10 +228,12 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
         ];
         let retry = !out.status.success() && early.iter().any(|w| text.contains(w));
         if !retry || Instant::now() > deadline {
-            break (out.status.success(), text);
+            break ((out.status.success(), text), server);
         }
+        let _ = server.kill();
+        let _ = server.wait();
+        head_start = (head_start * 2).min(Duration::from_secs(2));
     };
-    let mut server = server;
     if r.stays {
         let _ = server.kill();
     }
