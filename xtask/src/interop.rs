@@ -70,6 +70,10 @@ const CASES: &[Case] = &[
     pair("ib_read_bw", "-d soft0 -x 1 -s 16777216 -n 20", "#bytes"),
     pair("ib_write_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
     pair("ib_send_lat", "-d soft0 -x 0 -a -n 5", "#bytes"),
+    pair("ib_read_lat", "-d soft0 -x 0 -a -n 10", "#bytes"),
+    // Atomics: compare-and-swap (perftest's default) and fetch-and-add.
+    pair("ib_atomic_bw", "-d soft0 -x 1", "#bytes"),
+    pair("ib_atomic_lat", "-d soft0 -x 0 -A FETCH_AND_ADD", "#bytes"),
     // Multicast (-g): the server's UD QP joins a group and the client sends to it, an
     // IPv4-mapped group with the IPv4 GID (the server sleeping on its channel, -e: softnic's
     // progress thread takes the group's packets in), perftest's IPv6 default MGID with the
