@@ -34,6 +34,17 @@ const fn pair(program: &'static str, args: &'static str, says: &'static str) -> 
     }
 }
 
+/// One process.
+const fn alone(program: &'static str, args: &'static str, says: &'static str) -> Case {
+    Case {
+        program,
+        args,
+        pair: false,
+        says,
+        server_says: "",
+    }
+}
+
 /// A pair whose server prints no result (perftest's READ and atomic latency tests: only the
 /// side that issues the operations measures): it must exit 0 having said whom it talked to.
 const fn quiet_server(program: &'static str, args: &'static str, says: &'static str) -> Case {
@@ -48,20 +59,8 @@ const fn quiet_server(program: &'static str, args: &'static str, says: &'static 
 /// iterations to stay within the test budget). GID index 0 is the link-local GID and 1 the
 /// IPv4-mapped one, as on rxe: both are used.
 const CASES: &[Case] = &[
-    Case {
-        program: "ibv_devices",
-        args: "",
-        pair: false,
-        says: "soft0",
-        server_says: "",
-    },
-    Case {
-        program: "ibv_devinfo",
-        args: "-v",
-        pair: false,
-        says: "PORT_ACTIVE",
-        server_says: "",
-    },
+    alone("ibv_devices", "", "soft0"),
+    alone("ibv_devinfo", "-v", "PORT_ACTIVE"),
     pair("ibv_rc_pingpong", "-g 0", "iters in"),
     pair("ibv_rc_pingpong", "-g 1 -e", "iters in"),
     pair("ibv_rc_pingpong", "-g 0 -s 65536", "iters in"),
@@ -104,27 +103,9 @@ const CASES: &[Case] = &[
 /// softnic-verbs' C test of the extended verbs (`crates/softnic-verbs/tests/c/ext_verbs.c`,
 /// written against `<infiniband/verbs.h>` and its inline helpers).
 const BUILT: &[Case] = &[
-    Case {
-        program: LOOPBACK,
-        args: "",
-        pair: false,
-        says: "received",
-        server_says: "",
-    },
-    Case {
-        program: EXT_VERBS,
-        args: "",
-        pair: false,
-        says: "all checks passed",
-        server_says: "",
-    },
-    Case {
-        program: CONFORM,
-        args: "",
-        pair: false,
-        says: "conform: all checks passed",
-        server_says: "",
-    },
+    alone(LOOPBACK, "", "received"),
+    alone(EXT_VERBS, "", "all checks passed"),
+    alone(CONFORM, "", "conform: all checks passed"),
 ];
 
 const LOOPBACK: &str = "ibverbs crate: loopback";
