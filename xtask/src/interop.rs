@@ -308,7 +308,7 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
         }
         a
     };
-    let server = Command::new(launcher)
+    let mut server = Command::new(launcher)
         .args(args(false))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -321,7 +321,8 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
         let out = finish(
             Command::new(launcher).args(args(true)).output(),
             case.program,
-        )?;
+        )
+        .inspect_err(|_| stop(&mut server))?;
         let text = String::from_utf8_lossy(&out.stderr).to_lowercase();
         let refused = !out.status.success()
             && (text.contains("couldn't connect")
@@ -330,7 +331,7 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
             break out;
         }
     };
-    let server = wait_with_deadline(server, deadline, case.program)?;
+    let server = wait_with_deadline(server, deadline, case.program, "server")?;
     let c = checked(case.says, &client).map_err(|e| format!("client: {e}"));
     let s = checked(case.server_says, &server).map_err(|e| format!("server: {e}"));
     s.and(c)
@@ -341,11 +342,19 @@ fn finish(out: std::io::Result<Output>, program: &str) -> Result<Output, String>
     out.map_err(|e| format!("cannot run {program} (cargo xtask setup installs it): {e}"))
 }
 
-/// Waits for `child` until `deadline`, then kills it.
+/// Kills and reaps a server whose pair ended early: it is not left running, holding the
+/// address or port the next pair's server binds.
+fn stop(server: &mut std::process::Child) {
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// Waits for `child` (the pair's `role`: server, client...) until `deadline`, then kills it.
 fn wait_with_deadline(
     mut child: std::process::Child,
     deadline: Instant,
     program: &str,
+    role: &str,
 ) -> Result<Output, String> {
     loop {
         match child.try_wait() {
@@ -354,7 +363,7 @@ fn wait_with_deadline(
                 let _ = child.kill();
                 let out = finish(child.wait_with_output(), program)?;
                 return Err(format!(
-                    "{program} (server) did not finish in {DEADLINE:?}:\n{}{}",
+                    "{program} ({role}) did not finish in {DEADLINE:?}:\n{}{}",
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 ));

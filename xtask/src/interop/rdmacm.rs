@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::ucx::Row;
-use super::wait_with_deadline;
+use super::{stop, wait_with_deadline};
 
 /// One run: the program, the server's and the client's arguments (`{S}`: the server's
 /// address; `program => args` for a client program of its own), what the client says on
@@ -208,10 +208,11 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
         c.args(side(r, CLIENT, r.client, server_addr))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let child = c
+        let out = c
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", r.program))?;
-        let out = wait_with_deadline(child, deadline, r.program)?;
+            .map_err(|e| format!("starting {}: {e}", r.program))
+            .and_then(|child| wait_with_deadline(child, deadline, r.program, "client"));
+        let out = out.inspect_err(|_| stop(&mut server))?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -230,14 +231,13 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
         if !retry || Instant::now() > deadline {
             break ((out.status.success(), text), server);
         }
-        let _ = server.kill();
-        let _ = server.wait();
+        stop(&mut server);
         head_start = (head_start * 2).min(Duration::from_secs(2));
     };
     if r.stays {
         let _ = server.kill();
     }
-    let server = wait_with_deadline(server, deadline, r.program)?;
+    let server = wait_with_deadline(server, deadline, r.program, "server")?;
     let server_text = format!(
         "{}{}",
         String::from_utf8_lossy(&server.stdout),

@@ -13,7 +13,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{finish, wait_with_deadline};
+use super::{finish, stop, wait_with_deadline};
 
 /// A row of the interop summary.
 pub(super) struct Row {
@@ -245,7 +245,7 @@ fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
         }
         c
     };
-    let server = command(false)
+    let mut server = command(false)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -254,14 +254,15 @@ fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
     // The client retries until the server listens.
     let client = loop {
         std::thread::sleep(Duration::from_millis(100));
-        let out = finish(command(true).output(), "ucx_perftest")?;
+        let out =
+            finish(command(true).output(), "ucx_perftest").inspect_err(|_| stop(&mut server))?;
         let text = String::from_utf8_lossy(&out.stderr);
         if out.status.success() || !text.contains("Connection refused") || Instant::now() > deadline
         {
             break out;
         }
     };
-    let server = wait_with_deadline(server, deadline, "ucx_perftest");
+    let server = wait_with_deadline(server, deadline, "ucx_perftest", "server");
     let client = clean(client, "client")?;
     clean(server?, "server")?;
     client
@@ -292,7 +293,7 @@ fn mpi(launcher: &str, tls: &str) -> Result<String, String> {
     let child = c
         .spawn()
         .map_err(|e| format!("cannot run mpirun (cargo xtask setup installs it): {e}"))?;
-    let out = wait_with_deadline(child, Instant::now() + DEADLINE, "mpirun")?;
+    let out = wait_with_deadline(child, Instant::now() + DEADLINE, "mpirun", "both ranks")?;
     let text = clean(out, "mpirun")?;
     if !text.contains("mpi: all checks passed") {
         return Err(format!("no 'mpi: all checks passed':\n{text}"));
