@@ -54,7 +54,8 @@ pub(crate) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Result<Option<C
 /// # Safety
 /// As [`from_sockaddr`].
 pub(crate) unsafe fn given_sockaddr(sa: *const libc::sockaddr) -> Result<CAddr, c_int> {
-    // SAFETY: per this function's contract.
+    // SAFETY: `sa` is null or a readable address of its family, as this function's caller
+    // promises and `from_sockaddr` asks.
     unsafe { from_sockaddr(sa) }?.ok_or(libc::EINVAL)
 }
 
