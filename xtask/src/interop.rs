@@ -5,6 +5,7 @@
 //! rdma_cm programs on softnic's librdmacm ([`rdmacm`]). A summary table ends the run.
 
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::run::{cargo_cmd, cmd, status, target_bin};
@@ -129,6 +130,9 @@ fn path_of(program: &str) -> String {
 
 /// The longest one program may run.
 const DEADLINE: Duration = Duration::from_secs(120);
+/// How long a program's output pipes may stay open after it exited (held by a process it
+/// left behind) before the case fails.
+const PIPE_GRACE: Duration = Duration::from_secs(10);
 
 pub(crate) fn interop() -> Result<(), String> {
     // The launcher and the drop-in libibverbs.
@@ -288,7 +292,7 @@ fn run_one(launcher: &str, case: &Case) -> Result<String, String> {
     let mut c = Command::new(launcher);
     c.args(["--quiet", "--", &program])
         .args(case.args.split_whitespace());
-    let out = finish(c.output(), case.program)?;
+    let out = run_until(&mut c, Instant::now() + DEADLINE, case.program, "alone")?;
     checked(case.says, &out)
 }
 
@@ -318,9 +322,11 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
     // The client retries until the server listens (the programs do not).
     let client = loop {
         std::thread::sleep(Duration::from_millis(200));
-        let out = finish(
-            Command::new(launcher).args(args(true)).output(),
+        let out = run_until(
+            Command::new(launcher).args(args(true)),
+            deadline,
             case.program,
+            "client",
         )
         .inspect_err(|_| stop(&mut server))?;
         let text = String::from_utf8_lossy(&out.stderr).to_lowercase();
@@ -337,11 +343,6 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
     s.and(c)
 }
 
-/// The child's output, or why it could not run.
-fn finish(out: std::io::Result<Output>, program: &str) -> Result<Output, String> {
-    out.map_err(|e| format!("cannot run {program} (cargo xtask setup installs it): {e}"))
-}
-
 /// Kills and reaps a server whose pair ended early: it is not left running, holding the
 /// address or port the next pair's server binds.
 fn stop(server: &mut std::process::Child) {
@@ -350,28 +351,103 @@ fn stop(server: &mut std::process::Child) {
 }
 
 /// Waits for `child` (the pair's `role`: server, client...) until `deadline`, then kills it.
+/// Its piped output is read meanwhile (on a thread each), so a child that says much never
+/// blocks on a full pipe while this waits for it to exit.
 fn wait_with_deadline(
     mut child: std::process::Child,
     deadline: Instant,
     program: &str,
     role: &str,
 ) -> Result<Output, String> {
-    loop {
+    // Each pipe is read on a thread of its own into a buffer this keeps; the thread says when
+    // the pipe ended.
+    type Read = (Arc<Mutex<Vec<u8>>>, mpsc::Receiver<()>);
+    fn drain(mut pipe: Option<impl std::io::Read + Send + 'static>) -> Read {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let b = buf.clone();
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 16 << 10];
+            while let Some(p) = pipe.as_mut() {
+                match p.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => b
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(&chunk[..n]),
+                }
+            }
+            let _ = tx.send(());
+        });
+        (buf, rx)
+    }
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let mut late = false;
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => return finish(child.wait_with_output(), program),
+            Ok(Some(status)) => break status,
             Ok(None) if Instant::now() > deadline => {
+                late = true;
                 let _ = child.kill();
-                let out = finish(child.wait_with_output(), program)?;
-                return Err(format!(
-                    "{program} ({role}) did not finish in {DEADLINE:?}:\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
+                break child
+                    .wait()
+                    .map_err(|e| format!("reaping {program} ({role}): {e}"))?;
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("waiting for {program}: {e}")),
+            Err(e) => {
+                stop(&mut child);
+                return Err(format!("waiting for {program} ({role}): {e}"));
+            }
         }
+    };
+    // A pipe ends when its last writer exits: a process the child left behind (a daemon, a
+    // rank) may hold it, so what was read is taken after a grace period at the latest.
+    let grace = Instant::now() + PIPE_GRACE;
+    let mut held = false;
+    let mut read = |(buf, ended): Read| {
+        held |= ended
+            .recv_timeout(grace.saturating_duration_since(Instant::now()))
+            .is_err();
+        std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))
+    };
+    let out = Output {
+        status,
+        stdout: read(stdout),
+        stderr: read(stderr),
+    };
+    let (said, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    if late {
+        return Err(format!(
+            "{program} ({role}) did not finish in {DEADLINE:?}:\n{said}{err}"
+        ));
     }
+    if held {
+        return Err(format!(
+            "{program} ({role}) exited ({status}) but its output stayed open {PIPE_GRACE:?} \
+             (held by a process it left running):\n{said}{err}"
+        ));
+    }
+    Ok(out)
+}
+
+/// Runs `c` with its output piped, for `role`, until `deadline` (then kills it): a program
+/// that hangs fails its case instead of the whole matrix.
+fn run_until(
+    c: &mut Command,
+    deadline: Instant,
+    program: &str,
+    role: &str,
+) -> Result<Output, String> {
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {program} (cargo xtask setup installs it): {e}"))?;
+    wait_with_deadline(child, deadline, program, role)
 }
 
 /// Its standard output if `out` exited 0 and said `says` (what success says); else why not.
@@ -385,5 +461,76 @@ fn checked(says: &str, out: &Output) -> Result<String, String> {
             "exit {}; wanted {:?} in its output:\n{stdout}{stderr}",
             out.status, says
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    }
+
+    #[test]
+    fn a_program_past_its_deadline_is_killed_and_named() {
+        let start = Instant::now();
+        let r = run_until(
+            &mut sh("echo started; sleep 30"),
+            start + Duration::from_millis(300),
+            "sleeper",
+            "client",
+        );
+        let e = r.expect_err("ran past its deadline");
+        assert!(e.contains("sleeper (client) did not finish"), "{e}");
+        assert!(e.contains("started"), "what it said is kept: {e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "killed at the deadline"
+        );
+    }
+
+    #[test]
+    fn a_program_that_says_more_than_a_pipe_holds_is_not_blocked() {
+        // 1 MiB on each stream: more than a pipe's buffer, so unread it would block the
+        // program until the deadline.
+        let r = run_until(
+            &mut sh("head -c 1048576 /dev/zero; head -c 1048576 /dev/zero >&2; exit 3"),
+            Instant::now() + Duration::from_secs(20),
+            "talker",
+            "server",
+        )
+        .expect("finished");
+        assert_eq!(r.status.code(), Some(3));
+        assert_eq!((r.stdout.len(), r.stderr.len()), (1 << 20, 1 << 20));
+    }
+
+    #[test]
+    fn output_held_open_by_a_leftover_process_fails_after_the_grace() {
+        // The shell exits at once; the background sleep keeps its stdout open.
+        let start = Instant::now();
+        let e = run_until(
+            &mut sh("echo parent; sleep 60 & exit 0"),
+            start + Duration::from_secs(5),
+            "forker",
+            "alone",
+        )
+        .expect_err("its pipe stayed open");
+        assert!(e.contains("forker (alone) exited"), "{e}");
+        assert!(start.elapsed() < PIPE_GRACE + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_program_that_cannot_start_says_so() {
+        let e = run_until(
+            &mut Command::new("/nonexistent/program"),
+            Instant::now() + Duration::from_secs(5),
+            "nothing",
+            "client",
+        )
+        .expect_err("no such program");
+        assert!(e.contains("cannot run nothing"), "{e}");
     }
 }

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::ucx::Row;
-use super::{stop, wait_with_deadline};
+use super::{run_until, stop, wait_with_deadline};
 
 /// One run: the program, the server's and the client's arguments (`{S}`: the server's
 /// address; `program => args` for a client program of its own), what the client says on
@@ -204,15 +204,13 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
             .spawn()
             .map_err(|e| format!("starting {}: {e}", r.program))?;
         std::thread::sleep(head_start);
-        let mut c = Command::new(launcher);
-        c.args(side(r, CLIENT, r.client, server_addr))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let out = c
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", r.program))
-            .and_then(|child| wait_with_deadline(child, deadline, r.program, "client"));
-        let out = out.inspect_err(|_| stop(&mut server))?;
+        let out = run_until(
+            Command::new(launcher).args(side(r, CLIENT, r.client, server_addr)),
+            deadline,
+            r.program,
+            "client",
+        )
+        .inspect_err(|_| stop(&mut server))?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

@@ -13,7 +13,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{finish, stop, wait_with_deadline};
+use super::{run_until, stop, wait_with_deadline};
 
 /// A row of the interop summary.
 pub(super) struct Row {
@@ -202,10 +202,12 @@ fn launch(launcher: &str, as_nobody: bool) -> Command {
 
 /// `ucx_info -d` lists softnic's device with both verbs transports.
 fn ucx_info(launcher: &str, as_nobody: bool) -> Result<String, String> {
-    let out = launch(launcher, as_nobody)
-        .args(["--", "ucx_info", "-d"])
-        .output();
-    let out = finish(out, "ucx_info")?;
+    let out = run_until(
+        launch(launcher, as_nobody).args(["--", "ucx_info", "-d"]),
+        Instant::now() + DEADLINE,
+        "ucx_info",
+        "alone",
+    )?;
     if as_nobody && String::from_utf8_lossy(&out.stderr).contains("user namespaces look off") {
         // This host lets no ordinary user make a user namespace (the launcher said so): what
         // can be checked here is the device as root sees it.
@@ -254,8 +256,8 @@ fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
     // The client retries until the server listens.
     let client = loop {
         std::thread::sleep(Duration::from_millis(100));
-        let out =
-            finish(command(true).output(), "ucx_perftest").inspect_err(|_| stop(&mut server))?;
+        let out = run_until(&mut command(true), deadline, "ucx_perftest", "client")
+            .inspect_err(|_| stop(&mut server))?;
         let text = String::from_utf8_lossy(&out.stderr);
         if out.status.success() || !text.contains("Connection refused") || Instant::now() > deadline
         {
@@ -287,13 +289,8 @@ fn mpi(launcher: &str, tls: &str) -> Result<String, String> {
         "UCX_NET_DEVICES=soft0:1",
     ])
     .arg(&program)
-    .arg("100")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let child = c
-        .spawn()
-        .map_err(|e| format!("cannot run mpirun (cargo xtask setup installs it): {e}"))?;
-    let out = wait_with_deadline(child, Instant::now() + DEADLINE, "mpirun", "both ranks")?;
+    .arg("100");
+    let out = run_until(&mut c, Instant::now() + DEADLINE, "mpirun", "both ranks")?;
     let text = clean(out, "mpirun")?;
     if !text.contains("mpi: all checks passed") {
         return Err(format!("no 'mpi: all checks passed':\n{text}"));
