@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 
-use crate::{IndexPool, PoolError, capacity_for, check_index};
+use crate::{IndexPool, PoolError, capacity_for};
 
 /// Slot indices for one thread: a LIFO stack of free slots and a handed-out flag per slot.
 ///
@@ -55,8 +55,13 @@ impl IndexPool for LocalPool {
 
     #[inline]
     fn free(&self, index: u32) -> Result<(), PoolError> {
-        let i = check_index(index, self.stack.len())?;
-        if !self.allocated[i].replace(false) {
+        let Some(slot) = self.allocated.get(index as usize) else {
+            return Err(PoolError::Foreign {
+                index,
+                capacity: self.stack.len(),
+            });
+        };
+        if !slot.replace(false) {
             return Err(PoolError::DoubleFree { index });
         }
         let top = self.top.get();
@@ -69,7 +74,8 @@ impl IndexPool for LocalPool {
 
     #[inline]
     fn is_allocated(&self, index: u32) -> bool {
-        check_index(index, self.stack.len()).is_ok_and(|i| self.allocated[i].get())
+        // One flag a slot: an index outside the pool has none.
+        self.allocated.get(index as usize).is_some_and(Cell::get)
     }
 
     fn capacity(&self) -> usize {

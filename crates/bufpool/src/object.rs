@@ -169,14 +169,22 @@ impl<T> ObjectPool<T> {
         self.slots.is_empty()
     }
 
+    /// `index` as a `usize` if it is handed out (then it is inside the pool).
     #[inline]
     fn check(&self, index: u32) -> Result<usize, PoolError> {
-        let i = check_index(index, self.elems.len())?;
         if self.slots.is_allocated(index) {
-            Ok(i)
+            Ok(index as usize)
         } else {
-            Err(PoolError::DoubleFree { index })
+            Err(self.refusal(index))
         }
+    }
+
+    /// Why `index` is not handed out: outside the pool, or free.
+    #[cold]
+    fn refusal(&self, index: u32) -> PoolError {
+        check_index(index, self.elems.len())
+            .err()
+            .unwrap_or(PoolError::DoubleFree { index })
     }
 }
 
@@ -192,6 +200,32 @@ impl<T> std::fmt::Debug for ObjectPool<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handle_outside_the_pool_or_freed_is_refused_and_told_apart() {
+        let mut pool = ObjectPool::new(4, |_, _: &mut u64| {}).unwrap();
+        let foreign = |e| {
+            matches!(
+                e,
+                PoolError::Foreign {
+                    index: 9,
+                    capacity: 4
+                }
+            )
+        };
+        assert!(pool.get(Handle(9)).is_err_and(foreign));
+        assert!(pool.get_mut(Handle(9)).is_err_and(foreign));
+        assert!(pool.as_ptr(Handle(9)).is_err_and(foreign));
+        assert!(pool.handle_from_wr_id(9).is_err_and(foreign));
+        let h = pool.alloc().unwrap();
+        assert!(pool.get(h).is_ok());
+        pool.free(h).unwrap();
+        let freed = |e| matches!(e, PoolError::DoubleFree { index } if index == h.index());
+        assert!(pool.get(h).is_err_and(freed));
+        assert!(pool.get_mut(h).is_err_and(freed));
+        assert!(pool.free(h).is_err_and(freed));
+        assert!(pool.free(Handle(9)).is_err_and(foreign));
+    }
 
     #[test]
     fn pointers_into_elements_are_stable() {

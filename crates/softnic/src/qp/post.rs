@@ -27,7 +27,11 @@ unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<SgeList, i32> {
             // SAFETY: the caller guarantees `n` readable SGEs at `list`, which this copies
             // before returning.
             let sges = unsafe { std::slice::from_raw_parts(list, n as usize) };
-            Ok(SgeList::from_slice(sges))
+            // One SGE (most WRs) is pushed, not copied through a `memcpy` call.
+            Ok(match sges {
+                [one] => SgeList::from_buf_and_len([*one, *one], 1), // (the second unused)
+                _ => SgeList::from_slice(sges),
+            })
         }
     }
 }
@@ -108,6 +112,7 @@ impl Qp {
     ///
     /// # Safety
     /// As for [`Qp::send_wqe`].
+    #[inline(always)]
     unsafe fn check_send(
         &self,
         w: &World,
@@ -128,6 +133,7 @@ impl Qp {
     }
 
     /// Queues a checked WR, giving it its place in the send queue.
+    #[inline(always)]
     fn queue_send(&mut self, w: &mut World, mut wqe: SendWqe) {
         wqe.seq = self.sq.next_seq;
         self.sq.next_seq += 1;
@@ -152,6 +158,7 @@ impl Qp {
     ///
     /// # Safety
     /// `r`'s SGE list and (with `IBV_SEND_INLINE`) the memory it names must be readable.
+    #[inline(always)]
     unsafe fn send_wqe(&self, w: &World, r: &ibv_send_wr, built: bool) -> Result<SendWqe, i32> {
         use ibv_wr_opcode::*;
         let op = r.opcode;
