@@ -324,47 +324,46 @@ impl Headers {
             return Err(WireError::HeaderMismatch);
         }
         let pad = pad_of(payload_len);
-        // The BTH, and below the RETH, each appended whole (one length check apiece).
+        // Laid out on the stack, then appended at once (one length check and copy, not one
+        // per header).
+        let mut h = HeadBuf::default();
         let [p0, p1] = self.pkey.to_be_bytes();
         let [_, q1, q2, q3] = self.dest_qp.to_be_bytes(); // resv8 = 0
         let [s0, s1, s2, s3] =
             ((u32::from(self.ack_req) << 31) | (self.psn & PSN_MASK)).to_be_bytes();
         let se_pad = (u8::from(self.se) << 7) | ((pad as u8) << 4); // SE, M=0, pad, TVer=0
-        out.extend_from_slice(&[self.opcode, se_pad, p0, p1, 0, q1, q2, q3, s0, s1, s2, s3]);
+        h.put([self.opcode, se_pad, p0, p1, 0, q1, q2, q3, s0, s1, s2, s3]);
         if let Some(d) = self.deth {
-            out.extend_from_slice(&d.qkey.to_be_bytes());
-            out.extend_from_slice(&(d.src_qp & 0x00ff_ffff).to_be_bytes());
+            h.put(d.qkey.to_be_bytes());
+            h.put((d.src_qp & 0x00ff_ffff).to_be_bytes());
         }
         if let Some(f) = self.feth {
-            out.extend_from_slice(&f.to_be_bytes());
+            h.put(f.to_be_bytes());
         }
         if let Some(r) = self.reth {
-            let mut b = [0u8; RETH_LEN];
-            b[..8].copy_from_slice(&r.va.to_be_bytes());
-            b[8..12].copy_from_slice(&r.rkey.to_be_bytes());
-            b[12..].copy_from_slice(&r.len.to_be_bytes());
-            out.extend_from_slice(&b);
+            h.put(r.va.to_be_bytes());
+            h.put(r.rkey.to_be_bytes());
+            h.put(r.len.to_be_bytes());
         }
         if let Some(a) = self.atomic {
-            out.extend_from_slice(&a.va.to_be_bytes());
-            out.extend_from_slice(&a.rkey.to_be_bytes());
-            out.extend_from_slice(&a.swap_add.to_be_bytes());
-            out.extend_from_slice(&a.compare.to_be_bytes());
+            h.put(a.va.to_be_bytes());
+            h.put(a.rkey.to_be_bytes());
+            h.put(a.swap_add.to_be_bytes());
+            h.put(a.compare.to_be_bytes());
         }
         if let Some(imm) = self.imm {
-            out.extend_from_slice(&imm.to_ne_bytes()); // already big-endian in memory
+            h.put(imm.to_ne_bytes()); // already big-endian in memory
         }
         if let Some(rkey) = self.ieth {
-            out.extend_from_slice(&rkey.to_be_bytes());
+            h.put(rkey.to_be_bytes());
         }
         if let Some(a) = self.aeth {
-            out.extend_from_slice(
-                &((u32::from(a.syndrome) << 24) | (a.msn & 0x00ff_ffff)).to_be_bytes(),
-            );
+            h.put(((u32::from(a.syndrome) << 24) | (a.msn & 0x00ff_ffff)).to_be_bytes());
         }
         if let Some(orig) = self.atomic_ack {
-            out.extend_from_slice(&orig.to_be_bytes());
+            h.put(orig.to_be_bytes());
         }
+        out.extend_from_slice(h.bytes());
         Ok(())
     }
 
@@ -537,6 +536,47 @@ pub fn psn_diff(a: u32, b: u32) -> i32 {
 /// `psn + n` in the 24-bit PSN space.
 pub fn psn_add(psn: u32, n: u32) -> u32 {
     psn.wrapping_add(n) & PSN_MASK
+}
+
+/// A packet's headers as they are laid out, before they are appended to the frame: room for
+/// every header at once (more than any opcode carries), so `put` never runs out.
+struct HeadBuf {
+    buf: [u8; HEADROOM],
+    len: usize,
+}
+
+/// Every header's length added up: BTH, DETH, FETH, RETH, AtomicETH, ImmDt, IETH, AETH and
+/// AtomicAckETH.
+const HEADROOM: usize = BTH_LEN
+    + DETH_LEN
+    + FETH_LEN
+    + RETH_LEN
+    + ATOMIC_ETH_LEN
+    + IMM_LEN
+    + IETH_LEN
+    + AETH_LEN
+    + ATOMIC_ACK_ETH_LEN;
+
+impl Default for HeadBuf {
+    fn default() -> Self {
+        HeadBuf {
+            buf: [0; HEADROOM],
+            len: 0,
+        }
+    }
+}
+
+impl HeadBuf {
+    #[inline(always)]
+    fn put<const N: usize>(&mut self, b: [u8; N]) {
+        // Cannot run past the end: each header is put once at most (see `HEADROOM`).
+        self.buf[self.len..self.len + N].copy_from_slice(&b);
+        self.len += N;
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
 }
 
 #[cfg(test)]
