@@ -31,7 +31,7 @@ impl Clock {
     pub fn now(&self) -> u64 {
         match self {
             Clock::Wall(t) => t.elapsed().as_nanos() as u64,
-            Clock::Fabric(f) => f.now().as_nanos() as u64,
+            Clock::Fabric(f) => f.now_ns(),
         }
     }
 }

@@ -94,9 +94,7 @@ impl Steady {
 impl Run<'_> {
     /// The virtual time now (0 without a fabric).
     fn virtual_now(&self) -> u64 {
-        self.fabric
-            .as_ref()
-            .map_or(0, |f| f.now().as_nanos() as u64)
+        self.fabric.as_ref().map_or(0, |f| f.now_ns())
     }
 
     /// Message `m` of flow `i` was posted (at the time of this round: no lock).
