@@ -421,7 +421,8 @@ fn wait_with_deadline(
     );
     if late {
         return Err(format!(
-            "{program} ({role}) did not finish in {DEADLINE:?}:\n{said}{err}"
+            "{program} ({role}) ran past its deadline and was killed (a case has \
+             {DEADLINE:?} from its start):\n{said}{err}"
         ));
     }
     if held {
@@ -484,7 +485,7 @@ mod tests {
             "client",
         );
         let e = r.expect_err("ran past its deadline");
-        assert!(e.contains("sleeper (client) did not finish"), "{e}");
+        assert!(e.contains("sleeper (client) ran past its deadline"), "{e}");
         assert!(e.contains("started"), "what it said is kept: {e}");
         assert!(
             start.elapsed() < Duration::from_secs(20),
