@@ -72,6 +72,14 @@ pub(crate) fn rows(perf: &Path, out: &mut Out) -> Result<(), String> {
     }
     let (_, n0) = counted(perf, MESSAGES[0], Some(NIC_LOOP))?;
     let (_, n1) = counted(perf, MESSAGES[1], Some(NIC_LOOP))?;
+    if n1 <= n0 {
+        // Nothing counted inside it: the function is gone from the binary (inlined by its
+        // callers, or renamed), and the split below would call all of it the stack's own.
+        return Err(format!(
+            "callgrind counted nothing inside {NIC_LOOP} ({n0}, then {n1}): is it still \
+             #[inline(never)] and so named?"
+        ));
+    }
     let per_chunk = (i1 - i0) / (c1 - c0);
     let nic = (n1 - n0) / (c1 - c0);
     let case =
