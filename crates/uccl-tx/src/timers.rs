@@ -29,6 +29,16 @@ impl Timers {
             .push(Reverse((at, (u32::from(fid) << 16) | u32::from(lane))));
     }
 
+    /// Arms the timer `lane` of flow `fid` names (as [`arm`](Self::arm) does) at `at`, unless
+    /// its live entry, whose deadline `armed` holds, is due earlier already; `armed` then
+    /// holds `at`.
+    pub(crate) fn arm_by(&mut self, armed: &mut Option<u64>, at: u64, fid: u16, lane: u16) {
+        if armed.is_none_or(|a| at < a) {
+            *armed = Some(at);
+            self.arm(at, fid, lane);
+        }
+    }
+
     /// The earliest deadline (perhaps of a stale entry: an early wake-up, never a late one).
     pub(crate) fn next(&self) -> Option<u64> {
         self.heap.peek().map(|Reverse((at, _))| *at)

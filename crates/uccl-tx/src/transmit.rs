@@ -317,36 +317,33 @@ impl Tx {
             p,
             "a lane's WR on its path"
         );
-        self.arm_lane(fid, lane, now + rto);
+        // The lane's timers, armed here (the flow is at hand).
+        let l = &mut f.lanes[usize::from(lane)];
+        self.timers.arm_by(&mut l.armed, now + rto, fid, lane);
         if let Some(pto) = pto.filter(|_| !probe) {
-            self.arm_probe(fid, lane, now + pto);
+            self.timers
+                .arm_by(&mut l.probe, now + pto, fid, lane | PROBE);
         }
     }
 
     /// Arms the probe timer of `lane` of flow `fid` at `at`, unless it is armed earlier
     /// already (it re-arms itself from the lane's newest transmission when it fires).
     pub(crate) fn arm_probe(&mut self, fid: u16, lane: u16, at: u64) {
-        let Some(f) = self.open_flow_mut(fid) else {
+        let Some(f) = open_mut(&mut self.flows, fid) else {
             return;
         };
         let l = &mut f.lanes[usize::from(lane)];
-        if l.probe.is_none_or(|a| at < a) {
-            l.probe = Some(at);
-            self.timers.arm(at, fid, lane | PROBE);
-        }
+        self.timers.arm_by(&mut l.probe, at, fid, lane | PROBE);
     }
 
     /// Arms the retransmission timer of `lane` of flow `fid` at `at`, unless it is armed
     /// earlier already.
     pub(crate) fn arm_lane(&mut self, fid: u16, lane: u16, at: u64) {
-        let Some(f) = self.open_flow_mut(fid) else {
+        let Some(f) = open_mut(&mut self.flows, fid) else {
             return;
         };
         let l = &mut f.lanes[usize::from(lane)];
-        if l.armed.is_none_or(|a| at < a) {
-            l.armed = Some(at);
-            self.timers.arm(at, fid, lane);
-        }
+        self.timers.arm_by(&mut l.armed, at, fid, lane);
     }
 
     /// Takes back `in_chain` WRs from `first` on path `p` and every WR still staged there:
