@@ -268,6 +268,11 @@ pub(crate) struct Flow {
 }
 
 impl Flow {
+    /// The index of the path `lane` goes on.
+    pub(crate) fn path_of(&self, lane: u16) -> usize {
+        usize::from(self.lanes[usize::from(lane)].path.0)
+    }
+
     pub(crate) fn new(
         epoch: u32,
         lanes: Box<[Lane]>,

@@ -257,7 +257,7 @@ impl Tx {
         } else {
             f.retx.push_back(csn);
         }
-        let p = usize::from(f.lanes[usize::from(lane)].path.0);
+        let p = f.path_of(lane);
         self.path_resolved(p);
         self.activate(fid);
         if sends > max {

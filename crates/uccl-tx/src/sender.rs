@@ -220,7 +220,7 @@ impl Tx {
         let f = self.flow(fid).expect("caller checked");
         let (lane, left, call) = f.burst;
         if left > 0 && call == self.calls {
-            let p = usize::from(f.lanes[usize::from(lane)].path.0);
+            let p = f.path_of(lane);
             if self.paths[p].usable() {
                 self.open_flow_mut(fid).expect("checked").burst.1 = left - 1;
                 return Ok(lane);
@@ -305,7 +305,7 @@ impl Tx {
             ..Track::default()
         });
         f.inflight += 1;
-        let epoch = f.epoch;
+        let (epoch, p) = (f.epoch, f.path_of(lane));
         self.unacked += 1;
         let e = self.wrs.get_mut(h).expect("fresh handle");
         (e.kind, e.fid, e.epoch, e.lane, e.csn, e.msg, e.hdr) =
@@ -317,7 +317,7 @@ impl Tx {
             lkey,
         };
         e.slot.point_sges(usize::from(len > 0));
-        self.stage_chunk(fid, lane, h, false);
+        self.stage_chunk(p, h, false);
         true
     }
 
@@ -351,7 +351,7 @@ impl Tx {
         f.inflight += 1;
         f.msgs.get_mut(t.msg).expect("checked").wrs += 1;
         f.track.get_mut(csn).expect("checked").state = State::Staged;
-        let epoch = f.epoch;
+        let (epoch, p) = (f.epoch, f.path_of(lane));
         let hkey = *self.hdrs.key();
         let e = self.wrs.get_mut(h).expect("fresh handle");
         (e.kind, e.fid, e.epoch, e.lane, e.csn, e.msg) =
@@ -382,14 +382,12 @@ impl Tx {
                 e.slot.point_sges(1 + usize::from(t.len > 0));
             }
         }
-        self.stage_chunk(fid, lane, h, t.sends > 0);
+        self.stage_chunk(p, h, t.sends > 0);
         true
     }
 
-    /// Stages chunk WR `h` of flow `fid` on the path of `lane`.
-    fn stage_chunk(&mut self, fid: u16, lane: u16, h: bufpool::Handle, signal: bool) {
-        let f = self.flow(fid).expect("checked");
-        let p = usize::from(f.lanes[usize::from(lane)].path.0);
+    /// Stages chunk WR `h` on path `p` (its lane's).
+    fn stage_chunk(&mut self, p: usize, h: bufpool::Handle, signal: bool) {
         self.paths[p].inflight += 1;
         self.stage_wr(p, h, signal);
     }
