@@ -103,7 +103,7 @@ impl Engine {
         let busy = self.round(now, n)?;
         let redo = self.scratch.redo;
         if !redo {
-            self.scratch.settled_until = self.next_deadline().unwrap_or(u64::MAX);
+            self.scratch.settled_until = self.work_out_deadline().unwrap_or(u64::MAX);
         }
         // Work left for the next round: a caller that polls until a round is idle polls again.
         Ok(busy || redo)
@@ -212,6 +212,25 @@ impl Engine {
     /// arrives: a retransmission timer, a receive credit changing hands, a connection set-up
     /// in flight.
     pub fn next_deadline(&self) -> Option<u64> {
+        // A round that left the engine settled worked it out already, and nothing asked of the
+        // engine since can have moved it without unsettling it (see `settled`); a driver asks
+        // every engine for it whenever all are idle.
+        let settled = self.scratch.settled_until;
+        if settled != 0 {
+            // Early, never late: a set-up's socket look is due a period after the round.
+            debug_assert!(
+                settled <= self.work_out_deadline().unwrap_or(u64::MAX),
+                "engine {}: deadline {settled} kept from the last round, {:?} now",
+                self.id,
+                self.work_out_deadline()
+            );
+            return (settled != u64::MAX).then_some(settled);
+        }
+        self.work_out_deadline()
+    }
+
+    /// [`next_deadline`](Self::next_deadline), worked out from every source.
+    fn work_out_deadline(&self) -> Option<u64> {
         let or_never = |t: Option<u64>| t.unwrap_or(u64::MAX);
         let next = or_never(self.tx.poll_timeout())
             .min(or_never(self.credits.next_deadline()))
