@@ -312,12 +312,7 @@ fn run_pair(launcher: &str, case: &Case) -> Result<String, String> {
         }
         a
     };
-    let mut server = Command::new(launcher)
-        .args(args(false))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", case.program))?;
+    let mut server = spawn_piped(Command::new(launcher).args(args(false)), case.program)?;
     let deadline = Instant::now() + DEADLINE;
     // The client retries until the server listens (the programs do not).
     let client = loop {
@@ -442,13 +437,16 @@ fn run_until(
     program: &str,
     role: &str,
 ) -> Result<Output, String> {
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+    let child = spawn_piped(c.stdin(Stdio::null()), program)?;
+    wait_with_deadline(child, deadline, program, role)
+}
+
+/// Starts `c` with its output piped (for [`wait_with_deadline`] to read).
+fn spawn_piped(c: &mut Command, program: &str) -> Result<std::process::Child, String> {
+    c.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {program} (cargo xtask setup installs it): {e}"))?;
-    wait_with_deadline(child, deadline, program, role)
+        .map_err(|e| format!("cannot run {program} (cargo xtask setup installs it): {e}"))
 }
 
 /// Its standard output if `out` exited 0 and said `says` (what success says); else why not.

@@ -12,11 +12,11 @@
 //! interface addresses, so `fi_pingpong`'s server device is 127.0.0.1 (the loopback
 //! interface's). Each process has a deadline; counts are small (about a second a run).
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::ucx::Row;
-use super::{run_until, stop, wait_with_deadline};
+use super::{run_until, spawn_piped, stop, wait_with_deadline};
 
 /// One run: the program, the server's and the client's arguments (`{S}`: the server's
 /// address; `program => args` for a client program of its own), what the client says on
@@ -197,12 +197,10 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
     let deadline = Instant::now() + DEADLINE;
     let mut head_start = Duration::from_millis(300);
     let (client, mut server) = loop {
-        let mut server = Command::new(launcher)
-            .args(side(r, server_addr, r.server, server_addr))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", r.program))?;
+        let mut server = spawn_piped(
+            Command::new(launcher).args(side(r, server_addr, r.server, server_addr)),
+            r.program,
+        )?;
         std::thread::sleep(head_start);
         let out = run_until(
             Command::new(launcher).args(side(r, CLIENT, r.client, server_addr)),

@@ -10,10 +10,10 @@
 //! fails on a non-zero exit, on missing success output, and on any error line of UCX, MPI or
 //! the launcher in either process. Iteration counts are small: each run takes about a second.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use super::{run_until, stop, wait_with_deadline};
+use super::{run_until, spawn_piped, stop, wait_with_deadline};
 
 /// A row of the interop summary.
 pub(super) struct Row {
@@ -247,11 +247,7 @@ fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
         }
         c
     };
-    let mut server = command(false)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting ucx_perftest: {e}"))?;
+    let mut server = spawn_piped(&mut command(false), "ucx_perftest")?;
     let deadline = Instant::now() + DEADLINE;
     // The client retries until the server listens.
     let client = loop {
