@@ -437,6 +437,10 @@ const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
 
 /// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
 /// packet as one GSO send: how many runs left (`EAGAIN` if none could, the buffer being full).
+// Never inlined: its 32 KiB of `iovec`s would be in the frame of every caller up to the
+// progress loop, whose every call (in process too, where no datagram is ever sent) would then
+// touch each page of them (the stack probe: 77 instructions a chunk in bench row 13).
+#[inline(never)]
 fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> io::Result<usize> {
     debug_assert!(batch.len() <= BATCH);
     const CTL: usize = 4; // u64 words: CMSG_SPACE(2) is 24 bytes on 64-bit Linux
