@@ -83,6 +83,7 @@ impl Wheel {
     }
 
     /// The earliest deadline.
+    #[inline]
     pub(crate) fn next(&self) -> Option<u64> {
         if self.len == 0 {
             return None;

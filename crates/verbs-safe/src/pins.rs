@@ -270,11 +270,18 @@ impl Checker<'_> {
     }
 
     /// The pin of the region holding `addr..end` with key `lkey`, if any.
+    #[inline]
     fn region(&self, addr: u64, end: u64, lkey: u32) -> Option<u32> {
         let (start, last_end, last_key, id) = self.last.get();
         if start <= addr && end <= last_end && last_key == lkey {
             return Some(id);
         }
+        self.region_looked_up(addr, end, lkey)
+    }
+
+    /// [`region`](Self::region) when the last region found is not it.
+    #[inline(never)]
+    fn region_looked_up(&self, addr: u64, end: u64, lkey: u32) -> Option<u32> {
         let (_, &id) = self.t.regions.range(..=addr).next_back()?;
         let p = &self.t.slab[id as usize];
         (p.lkey == lkey && end <= p.end).then(|| {

@@ -137,6 +137,7 @@ const LARGE: usize = 4096 + 128;
 
 impl Spare {
     /// An empty buffer for a frame of `len` bytes.
+    #[inline]
     pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
         let (stack, size) = if len <= SMALL {
             (&mut self.small, SMALL)
