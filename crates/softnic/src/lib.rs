@@ -122,6 +122,7 @@ pub mod roce;
 mod shared;
 mod srq;
 mod state;
+mod table;
 mod timers;
 pub mod topology;
 

@@ -11,10 +11,10 @@ use ibverbs_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv
 use crate::abi::{self, Kind};
 use crate::control::{try_with, with_found};
 use crate::cq::{Arm, Reclaim, Stamp};
-use crate::hash::FastMap;
 use crate::qp::Qp;
 use crate::srq::Srq;
 use crate::state::State;
+use crate::table::Table;
 
 /// Events one `poll_cq` call may move the virtual clock through while its CQ stays empty.
 const POLL_WARP_BUDGET: usize = 1024;
@@ -191,7 +191,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
 }
 
 /// A polled completion frees the work-queue slots it covers.
-fn reclaim_slots(qps: &mut FastMap<u32, Qp>, srqs: &mut FastMap<u32, Srq>, r: Reclaim) {
+fn reclaim_slots(qps: &mut Table<Qp>, srqs: &mut Table<Srq>, r: Reclaim) {
     match r {
         Reclaim::Sq { qp, epoch, n } => {
             if let Some(q) = qps.get_mut(&qp).filter(|q| q.epoch == epoch) {

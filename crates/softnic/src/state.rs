@@ -104,9 +104,9 @@ pub(crate) struct World {
     pub(crate) pds: BTreeMap<u32, Pd>,
     pub(crate) mrs: BTreeMap<u32, Mr>,
     pub(crate) mws: BTreeMap<u32, crate::mw::Mw>,
-    pub(crate) cqs: crate::hash::FastMap<u32, Cq>,
+    pub(crate) cqs: crate::table::Table<Cq>,
     pub(crate) channels: BTreeMap<u32, Channel>,
-    pub(crate) srqs: crate::hash::FastMap<u32, Srq>,
+    pub(crate) srqs: crate::table::Table<Srq>,
     pub(crate) ahs: BTreeMap<u32, Ah>,
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,
@@ -133,7 +133,7 @@ pub(crate) struct World {
 }
 
 pub(crate) struct State {
-    pub(crate) qps: crate::hash::FastMap<u32, Qp>,
+    pub(crate) qps: crate::table::Table<Qp>,
     pub(crate) w: World,
     /// Whether the state was left quiet ([`Shared::quiet`](crate::shared::Shared::quiet)) when
     /// the lock was taken: nothing is due, so a round of progress would find nothing.

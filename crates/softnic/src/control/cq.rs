@@ -91,7 +91,11 @@ pub(super) unsafe extern "C" fn create_cq(
                 set_errno(libc::EINVAL);
                 return null_mut();
             }
-            let id = st.w.alloc_id();
+            let Some(id) = st.w.cqs.next_id() else {
+                // Every slot of the table is taken (over a million CQs).
+                set_errno(libc::ENOMEM);
+                return null_mut();
+            };
             let cq = ibv_cq {
                 context,
                 channel,

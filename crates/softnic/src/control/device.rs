@@ -119,7 +119,7 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
     );
     let found: Result<Shells, c_int> = try_with(context.cast(), Kind::Context, |_, st, id| {
         // The shell pointers of the objects of a table that belong to this context, in id
-        // (creation) order whatever the table's own, so that closing replays alike.
+        // order whatever the table's own, so that closing replays alike.
         macro_rules! of_context {
             ($table:expr) => {{
                 let mut v: Vec<_> = $table

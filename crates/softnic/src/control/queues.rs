@@ -37,7 +37,11 @@ pub(super) unsafe extern "C" fn create_srq(
         init.attr.max_sge = max_sge;
         let ctx = st.w.pds[&pd_id].ctx;
         let context = st.w.context_ptr(ctx);
-        let id = st.w.alloc_id();
+        let Some(id) = st.w.srqs.next_id() else {
+            // Every slot of the table is taken (over a million SRQs).
+            set_errno(libc::ENOMEM);
+            return null_mut();
+        };
         let srq = ibv_srq {
             context,
             srq_context: init.srq_context,
@@ -219,6 +223,11 @@ pub(crate) unsafe fn create_qp_with(
             return null_mut();
         };
         ia.cap = cap;
+        let Some(id) = st.qps.next_id() else {
+            // Every slot of the table is taken (over a million QPs).
+            set_errno(libc::ENOMEM);
+            return null_mut();
+        };
         let dev = st.w.contexts[&ctx].dev;
         let d = &mut st.w.devices[dev];
         let mut qpn = d.next_qpn;
@@ -227,7 +236,6 @@ pub(crate) unsafe fn create_qp_with(
             qpn = (qpn + 1) & 0x00ff_ffff;
         }
         d.next_qpn = (qpn + 1) & 0x00ff_ffff;
-        let id = st.w.alloc_id();
         let context = st.w.context_ptr(ctx);
         let qp = ibv_qp {
             context,
