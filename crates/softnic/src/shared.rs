@@ -44,8 +44,8 @@ pub(crate) struct Shared {
     /// link, so its progress thread keeps off the lock meanwhile (read without the lock).
     pub(crate) last_poll: AtomicU64,
     /// Virtual clock only: the fabric time plus one at which the state was last left, under
-    /// the lock, with nothing due (no packet, timer or transmission at or before that time);
-    /// 0 otherwise. Every taking of the lock that may change the state clears it
+    /// the lock, with nothing due (no packet, timer or transmission at or before that time;
+    /// with `auto_advance`, none at all); 0 otherwise. Every taking of the lock that may change the state clears it
     /// ([`Shared::lock_any`], [`Shared::nap`]; not [`Shared::read`], which only reads), so
     /// while it is set nothing has changed since: time does not move and nothing becomes due.
     /// An empty CQ's poll then has no progress to make, and the fabric's time is known,
@@ -97,14 +97,18 @@ impl Shared {
     }
 
     /// Notes, holding the lock as `st`, whether the state is left with nothing due at its
-    /// time (see [`Shared::quiet`]): only on the virtual clock, without the UDP link and
-    /// without `auto_advance` (whose polls move time).
+    /// time (see [`Shared::quiet`]): only on the virtual clock and without the UDP link. With
+    /// `auto_advance`, whose polls of an empty CQ move time to the next event, only when no
+    /// event is pending at all (an engine that waits for work, its traffic settled).
     pub(crate) fn leave_quiet(&self, st: &State) {
         let w = &st.w;
         let quiet = w.cfg.clock == crate::Clock::Virtual
-            && !w.cfg.auto_advance
             && !w.on_udp
-            && !st.due_by(w.now);
+            && if w.cfg.auto_advance {
+                st.next_event().is_none()
+            } else {
+                !st.due_by(w.now)
+            };
         // At the end of time (`now` = u64::MAX) there is no `now + 1`: not quiet.
         if let Some(at) = w.now.checked_add(1).filter(|_| quiet) {
             self.quiet.store(at, Ordering::Release);

@@ -1,7 +1,7 @@
-//! Polls of an empty CQ on a quiet fabric (virtual clock, `auto_advance` off, nothing due):
-//! answered without the fabric's lock, and never at the cost of what a locked poll would see:
-//! a completion made by any verb or by moving time, an overflow, a fabric broken since, a
-//! completion made on another thread.
+//! Polls of an empty CQ on a quiet fabric (virtual clock; nothing due, or with `auto_advance`
+//! nothing pending at all): answered without the fabric's lock, and never at the cost of what a
+//! locked poll would see: a completion made by any verb or by moving time, an overflow, a
+//! fabric broken since, a completion made on another thread.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +56,31 @@ fn an_empty_poll_sees_what_moving_time_delivers() {
     assert!(f.now() > before, "{:?} is after {before:?}", f.now());
     assert_eq!(poll(b.cq, 4).len(), 1);
     assert_eq!(poll(a.cq, 4).len(), 2);
+}
+
+#[test]
+fn with_auto_advance_an_empty_poll_still_moves_time_to_what_is_pending() {
+    // The default fabric: a poll of an empty CQ moves time to the next event.
+    let f = Fabric::default();
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    for round in 1..=3u64 {
+        // Nothing pending: polls find nothing, and time stays.
+        let t = f.now();
+        for _ in 0..3 {
+            assert!(poll(b.cq, 4).is_empty());
+            assert!(poll(a.cq, 4).is_empty());
+            assert_eq!(f.now(), t);
+        }
+        post_recv(qb, &mut [recv_wr(round, &[])]).unwrap();
+        post_send(qa, &mut [send(round)]).unwrap();
+        // The packet is in flight: the first poll moves time to its arrival.
+        let got = poll(b.cq, 4);
+        assert_eq!(got.len(), 1, "round {round}");
+        assert_eq!((got[0].wr_id, got[0].status), (round, 0));
+        assert!(f.now() > t);
+        // And the sender's poll to the ACK.
+        assert_eq!(poll(a.cq, 4).len(), 1, "round {round}");
+    }
 }
 
 #[test]
