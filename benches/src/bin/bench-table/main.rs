@@ -29,7 +29,8 @@
 //! 12. softnic's UDP link: `ib_write_bw -s 65536` against the kernel's own UDP limit on this
 //!     machine (`udp-limit`, next to this program) ([`link`]);
 //! 13. instructions per chunk of the whole process, counted by callgrind at the margin
-//!     between two run lengths ([`instructions`]; needs valgrind);
+//!     between two run lengths, and per poll of an idle engine (`idle-poll`, next to this
+//!     program) ([`instructions`]; needs valgrind);
 //! 14. the engine between two processes (UC and RC, 64 KiB and 16 KiB chunks) against
 //!     `ib_write_bw -s 65536` on the same softnic link, and its retransmissions at 0% loss
 //!     ([`goodput`]).
@@ -233,6 +234,10 @@ fn run() -> Result<(), String> {
         eprintln!("[13/14] instructions per chunk (callgrind, uccl-perf --no-payload)");
         if let Err(e) = instructions::rows(&opts.perf, &mut out) {
             out.notes.push(format!("Row 13 not measured: {e}"));
+        }
+        if let Err(e) = instructions::idle_rows(&mut out) {
+            out.notes
+                .push(format!("Row 13's idle poll not measured: {e}"));
         }
     }
     if want(10) {
