@@ -120,7 +120,7 @@ impl Engine {
     /// ([`check_settled`](Self::check_settled)).
     fn settled(&self, now: u64) -> bool {
         let round = self.scratch.rounds;
-        let dials = self.dials.active() && round.is_multiple_of(crate::dial::DIAL_EVERY);
+        let dials = round.is_multiple_of(crate::dial::DIAL_EVERY) && self.dials.active();
         now < self.scratch.settled_until
             && !round.is_multiple_of(ASYNC_EVERY)
             && !dials
