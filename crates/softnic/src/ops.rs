@@ -132,8 +132,9 @@ pub(crate) unsafe fn poll_stamped(
     // SAFETY: the registry found a CQ of softnic's at `cq`.
     let ready = unsafe { crate::extended::ready_flag(cq) };
     if found.fabric.quiet_now().is_some() && !ready.load(Ordering::Acquire) {
-        // Nothing changed since the state was left with nothing due: no progress to make
-        // and nothing to take (what the locked path below would find), without the lock.
+        // Nothing changed since the state was left with nothing due (with `auto_advance`,
+        // nothing pending: no event to move time to): no progress to make and nothing to take
+        // (what the locked path below would find), without the lock.
         // A progress thread asleep is woken as by any poll (a look at an atomic unless one
         // sleeps).
         found.fabric.wake_sleeper();

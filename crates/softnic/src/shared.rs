@@ -45,9 +45,10 @@ pub(crate) struct Shared {
     pub(crate) last_poll: AtomicU64,
     /// Virtual clock only: the fabric time plus one at which the state was last left, under
     /// the lock, with nothing due (no packet, timer or transmission at or before that time;
-    /// with `auto_advance`, none at all); 0 otherwise. Every taking of the lock that may change the state clears it
-    /// ([`Shared::lock_any`], [`Shared::nap`]; not [`Shared::read`], which only reads), so
-    /// while it is set nothing has changed since: time does not move and nothing becomes due.
+    /// with `auto_advance`, none pending at all); 0 otherwise. Every taking of the lock that
+    /// may change the state clears it ([`Shared::lock_any`], [`Shared::nap`]; not
+    /// [`Shared::read`], which only reads), so while it is set nothing has changed since: time
+    /// does not move and nothing becomes due.
     /// An empty CQ's poll then has no progress to make, and the fabric's time is known,
     /// without the lock (read without it).
     pub(crate) quiet: AtomicU64,
