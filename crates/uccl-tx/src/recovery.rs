@@ -75,10 +75,11 @@ impl Tx {
         let mut acked = 0u32;
         for _ in 0..ahead {
             let f = self.open_flow_mut(fid).expect("checked");
-            let (_, t) = f.track.pop_base().expect("within the span");
+            let (_, t) = f.track.take_base().expect("within the span");
             acked += u32::from(self.acknowledge(fid, &t));
         }
         let f = self.open_flow_mut(fid).expect("checked");
+        f.track.sacked_passed(ahead);
         let (base, span) = (f.track.base, f.track.span());
         // SACK bit i is CSN cum + 1 + i, i.e. bit i + 1 of the bitmap aligned at base (= cum).
         let fresh = Bits256::from_lsb_bytes(&ack.sack)

@@ -149,7 +149,17 @@ impl Tracking {
     }
 
     /// Removes the oldest chunk (the cumulative ACK passed it).
+    #[cfg(test)]
     pub(crate) fn pop_base(&mut self) -> Option<(u16, Track)> {
+        let popped = self.take_base()?;
+        self.sacked_passed(1);
+        Some(popped)
+    }
+
+    /// [`pop_base`](Self::pop_base) but for `sacked`, which still counts from the old base:
+    /// the caller says with [`sacked_passed`](Self::sacked_passed) how many it took, before
+    /// anything reads `sacked` (one shift of the bitmap for a run of chunks an ACK passed).
+    pub(crate) fn take_base(&mut self) -> Option<(u16, Track)> {
         if self.span() == 0 {
             return None;
         }
@@ -158,8 +168,12 @@ impl Tracking {
         let t = std::mem::take(&mut self.slots[i]);
         self.base = csn_add(csn, 1);
         self.acked = self.acked.wrapping_add(1);
-        self.sacked = self.sacked.shr(1);
         Some((csn, t))
+    }
+
+    /// `sacked` follows the base past the `n` chunks [`take_base`](Self::take_base) took.
+    pub(crate) fn sacked_passed(&mut self, n: u32) {
+        self.sacked = self.sacked.shr(n);
     }
 
     /// Forgets every chunk (the flow failed).
