@@ -156,9 +156,10 @@ impl Tracking {
         Some(popped)
     }
 
-    /// [`pop_base`](Self::pop_base) but for `sacked`, which still counts from the old base:
-    /// the caller says with [`sacked_passed`](Self::sacked_passed) how many it took, before
-    /// anything reads `sacked` (one shift of the bitmap for a run of chunks an ACK passed).
+    /// Removes the oldest chunk (the cumulative ACK passed it), but for its bit in `sacked`,
+    /// which still counts from the old base: the caller says with
+    /// [`sacked_passed`](Self::sacked_passed) how many it took, before anything reads `sacked`
+    /// (one shift of the bitmap for a run of chunks an ACK passed).
     pub(crate) fn take_base(&mut self) -> Option<(u16, Track)> {
         if self.span() == 0 {
             return None;
