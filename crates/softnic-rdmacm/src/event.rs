@@ -35,8 +35,12 @@ export! {
         if channel.is_null() || event.is_null() {
             return fail(libc::EINVAL);
         }
-        // SAFETY: a channel this library handed out.
-        let cm = unsafe { (*channel.cast::<Channel>()).cm };
+        // SAFETY: a channel this library handed out (never freed: see `Channel`).
+        let ch = unsafe { &*channel.cast::<Channel>() };
+        if ch.gone() {
+            wait_for_ever();
+        }
+        let cm = ch.cm;
         // Events of ids destroyed meanwhile (by another thread) are passed over, as the
         // kernel drops them with the id; so is a request whose listener went (rejected).
         let mut c = CEvent::default();
@@ -47,6 +51,10 @@ export! {
             // SAFETY: a context of the fabric and a valid out-pointer; may block in the CM.
             let e = unsafe { (l.ops.get_event)(l.ctx(), cm, &mut c) };
             if e != 0 {
+                // The channel was destroyed since the look above (its mark is set first).
+                if ch.gone() {
+                    wait_for_ever();
+                }
                 return fail(e);
             }
             if c.kind != CONNECT_REQUEST {
@@ -163,5 +171,16 @@ export! {
             .ok()
             .and_then(|e| EVENT_NAMES.get(e))
             .map_or(c"UNKNOWN EVENT".as_ptr(), |n| n.as_ptr())
+    }
+}
+
+/// What a thread that calls `rdma_get_cm_event` on a destroyed channel does: it waits for
+/// ever, as one that called a moment earlier does (a wait on a channel destroyed under it goes
+/// on, as a read of the kernel CM's descriptor does when another thread closes it). Programs
+/// destroy the channel under their event thread and exit: rping called `exit(-1)` on the
+/// error this was, racing its main thread's `exit(0)`.
+fn wait_for_ever() -> ! {
+    loop {
+        std::thread::park();
     }
 }

@@ -4,6 +4,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
 use std::ptr::null_mut;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ibverbs_sys::{ibv_context, ibv_qp_init_attr};
@@ -15,10 +16,23 @@ use crate::types::*;
 use crate::{IDS, Lib, fail, lib, status};
 
 /// An event channel: the struct programs see, then the CM's channel.
+///
+/// Never freed (16 bytes a channel destroyed): a program's event thread may still call
+/// `rdma_get_cm_event` on a channel its main thread has just destroyed (rping's does, as it
+/// exits), and must find memory there, and the mark that it is gone.
 #[repr(C)]
 pub(crate) struct Channel {
     pub(crate) ch: rdma_event_channel,
     pub(crate) cm: u32,
+    /// `rdma_destroy_event_channel` was called.
+    pub(crate) destroyed: AtomicBool,
+}
+
+impl Channel {
+    /// Whether `rdma_destroy_event_channel` was called on it.
+    pub(crate) fn gone(&self) -> bool {
+        self.destroyed.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// An id: the `rdma_cm_id` programs see (first), then the library's own.
@@ -127,6 +141,7 @@ pub(crate) fn new_channel(l: &Lib) -> Result<*mut Channel, c_int> {
     Ok(Box::into_raw(Box::new(Channel {
         ch: rdma_event_channel { fd },
         cm,
+        destroyed: AtomicBool::new(false),
     })))
 }
 
@@ -392,8 +407,11 @@ export! {
         if channel.is_null() {
             return;
         }
-        // SAFETY: a channel this library handed out.
-        let ch = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+        // SAFETY: a channel this library handed out (never freed: see `Channel`).
+        let ch = unsafe { &*channel.cast::<Channel>() };
+        if ch.destroyed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
         // SAFETY: a context of the fabric.
         let _ = unsafe { (l.ops.destroy_channel)(l.ctx(), ch.cm) };
     }

@@ -285,6 +285,26 @@ fn an_event_names_a_live_id_until_it_is_acked() {
     assert!(ok && text.contains("ok"), "{text}");
 }
 
+/// A thread that calls `rdma_get_cm_event` on a channel another thread has just destroyed
+/// waits (rping's event thread does as its main thread exits; the error it got made rping
+/// call `exit(-1)`). Under valgrind when it is installed, which reports a read of a freed
+/// channel.
+#[test]
+fn a_late_call_on_a_destroyed_channel_waits() {
+    let lib = library_dir();
+    let Some(exe) = build_turns(&lib) else { return };
+    let mut args = vec![exe.as_str(), "127.0.26.17", "late-get"];
+    if installed("valgrind") {
+        args.splice(0..0, ["valgrind", "-q", "--error-exitcode=9"]);
+    }
+    let (ok, text) = finish(
+        start(&lib, "127.0.26.17", &args),
+        Instant::now() + Duration::from_secs(120),
+    );
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(ok && text.contains("ok"), "{text}");
+}
+
 #[test]
 fn without_softnic_s_libibverbs_every_call_fails_with_enodev() {
     if !installed("rping") {

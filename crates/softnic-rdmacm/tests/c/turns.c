@@ -4,6 +4,9 @@
  *   and return; then the request is rejected and the wait ends with ECONNREFUSED.
  * - turns <address> late-ack: an event taken before its id is destroyed still names a live id
  *   until it is acked (the thread taking events may be reading it while another destroys it).
+ * - turns <address> late-get: a thread that calls rdma_get_cm_event on a channel another
+ *   thread has just destroyed waits, as rping's event thread must while its main thread exits
+ *   (returning an error there, rping calls exit(-1)).
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -56,9 +59,38 @@ static int late_ack(struct sockaddr_in *a) {
     return 0;
 }
 
+static atomic_int get_returned;
+
+static void *late_get_thread(void *arg) {
+    struct rdma_cm_event *ev;
+    rdma_get_cm_event((struct rdma_event_channel *)arg, &ev);
+    atomic_store(&get_returned, 1);
+    return NULL;
+}
+
+static int late_get(void) {
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    if (!ch)
+        return fail("channel");
+    rdma_destroy_event_channel(ch);
+    pthread_t t;
+    if (pthread_create(&t, NULL, late_get_thread, ch))
+        return fail("thread");
+    usleep(300000);
+    if (atomic_load(&get_returned)) {
+        printf("rdma_get_cm_event on a destroyed channel returned\n");
+        return 1;
+    }
+    /* The thread stays in its wait; exiting ends it. */
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
+    if (argc > 2 && !strcmp(argv[2], "late-get"))
+        return late_get();
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(7479)};
     inet_pton(AF_INET, argv[1], &a.sin_addr);
     if (argc > 2 && !strcmp(argv[2], "late-ack"))
