@@ -81,15 +81,7 @@ fn callgrind(program: &Path, args: &[&str], only: Option<&str>) -> Result<(Vec<u
 
 /// Row 13's idle line: instructions of one poll of an idle engine (`idle-poll`).
 pub(crate) fn idle_rows(out: &mut Out) -> Result<(), String> {
-    let bin = std::env::current_exe()
-        .map_err(|e| format!("where is this program? {e}"))?
-        .with_file_name("idle-poll");
-    if !bin.is_file() {
-        return Err(format!(
-            "no idle-poll at {} (build it: cargo build --release -p uccl-benches)",
-            bin.display()
-        ));
-    }
+    let bin = crate::ucx::beside("idle-poll", "uccl-benches")?;
     let polls = IDLE_POLLS.to_string();
     let (_, none) = callgrind(&bin, &["0"], None)?;
     let (_, many) = callgrind(&bin, &[&polls], None)?;

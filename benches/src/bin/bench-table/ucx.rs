@@ -48,16 +48,21 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 /// The `softnic-run` launcher next to this program.
 pub(crate) fn launcher() -> Result<std::path::PathBuf, String> {
-    let launcher = std::env::current_exe()
+    beside("softnic-run", "softnic-verbs")
+}
+
+/// The program `name` next to this one, which `cargo build --release -p <package>` builds.
+pub(crate) fn beside(name: &str, package: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::env::current_exe()
         .map_err(|e| format!("where is this program? {e}"))?
-        .with_file_name("softnic-run");
-    if !launcher.is_file() {
+        .with_file_name(name);
+    if !path.is_file() {
         return Err(format!(
-            "no softnic-run at {} (cargo build --release -p softnic-verbs)",
-            launcher.display()
+            "no {name} at {} (cargo build --release -p {package})",
+            path.display()
         ));
     }
-    Ok(launcher)
+    Ok(path)
 }
 
 /// Runs every case `reps` times (softnic perftest, softnic UCX, TCP UCX in turn).
