@@ -80,6 +80,11 @@ pub(super) fn execute(
         .zip(cpu0)
         .map(|(b, a)| b.saturating_sub(a));
     let virtual_time = run.fabric.as_ref().zip(v0).map(|(f, v)| f.now() - v);
+    // On the virtual clock this thread alone ran the run (the driver: engines and event loop).
+    let as_cpu = |wall| match virtual_time {
+        Some(_) => in_cpu(wall, cpu, elapsed),
+        None => wall,
+    };
     // Two processes: the ends part (outside what is measured).
     if marker {
         run.linger(role);
@@ -120,8 +125,8 @@ pub(super) fn execute(
         failover_retransmits: failover,
         nic,
         cpu,
-        check: run.payload.time,
-        nic_time: virtual_time.map(|_| run.nic_time),
+        check: as_cpu(run.payload.time),
+        nic_time: virtual_time.map(|_| as_cpu(run.nic_time)),
         // Nothing to copy with 0-byte messages or without payloads (and a copy of every byte
         // would be most of what a `--no-payload` run executes).
         memcpy_gbps: if msg == 0 || args.no_payload {
@@ -164,4 +169,42 @@ fn add(a: uccl_engine::Stats, b: uccl_engine::Stats) -> uccl_engine::Stats {
     s.bytes_received += b.bytes_received;
     s.writes_received += b.writes_received;
     s
+}
+
+/// A wall-time span of a run (softnic's event loop, the pattern checks: an `Instant` read each
+/// way, where a CPU clock read is a system call) in CPU time, given the process's `cpu` over
+/// the run's `elapsed` wall time. On a machine where other programs take turns, a wall span
+/// also holds their turns: in CPU it is the span times the share of the run this process ran
+/// (1 on an idle machine), as if the turns fell on every part of the run alike. Unscaled, the
+/// turns taken inside the event loop were subtracted from the stack's own CPU (0 ns a chunk on
+/// a busy machine). For a run on one thread: with more CPU than wall time (several threads)
+/// the span is left as measured.
+fn in_cpu(
+    wall: std::time::Duration,
+    cpu: Option<std::time::Duration>,
+    elapsed: std::time::Duration,
+) -> std::time::Duration {
+    match cpu {
+        Some(c) if c < elapsed => wall.mul_f64(c.as_secs_f64() / elapsed.as_secs_f64()),
+        _ => wall,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_cpu;
+    use std::time::Duration;
+
+    #[test]
+    fn wall_spans_count_the_share_of_the_run_the_process_ran() {
+        let ms = Duration::from_millis;
+        // An idle machine: the process ran all along.
+        assert_eq!(in_cpu(ms(30), Some(ms(100)), ms(100)), ms(30));
+        // Others took half the turns: half of the span was this process's.
+        assert_eq!(in_cpu(ms(30), Some(ms(50)), ms(100)), ms(15));
+        // More CPU than wall time (several threads), no CPU clock, no time at all: as measured.
+        assert_eq!(in_cpu(ms(30), Some(ms(150)), ms(100)), ms(30));
+        assert_eq!(in_cpu(ms(30), None, ms(100)), ms(30));
+        assert_eq!(in_cpu(ms(0), Some(ms(0)), ms(0)), ms(0));
+    }
 }

@@ -67,10 +67,11 @@ pub(crate) struct Measured {
     pub(crate) nic: Option<softnic::Counters>,
     /// Process CPU time over the run.
     pub(crate) cpu: Option<Duration>,
-    /// Of which: writing and checking the patterns.
+    /// Of which: writing and checking the patterns (on the virtual clock, wall time scaled by
+    /// the share of the run the process ran: see `measure::in_cpu`).
     pub(crate) check: Duration,
     /// Of which, on softnic's virtual clock: the simulated NIC's event loop (packets moved,
-    /// completions written), run by the driver between rounds.
+    /// completions written), run by the driver between rounds (scaled as `check`).
     pub(crate) nic_time: Option<Duration>,
     /// A single-threaded memcpy of the same bytes, in this run.
     pub(crate) memcpy_gbps: f64,
