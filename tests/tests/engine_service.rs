@@ -119,6 +119,41 @@ fn a_receive_cancelled_before_it_was_advertised_leaves_no_gap() {
     }
 }
 
+/// A receive withdrawn before it was advertised, with the next one posted at once (before the
+/// engine ran a round): the next one's advertisement may reach the sender before the withdrawal
+/// does, and must be matched with the send when the withdrawal lets it take its turn.
+#[test]
+fn a_receive_posted_right_after_one_withdrawn_unadvertised_takes_the_next_send() {
+    for cfg in setups() {
+        for deadline in [false, true] {
+            let (mut sim, ca, cb) = pair(&cfg);
+            let src = sim.engines[0].register(4096).unwrap();
+            src.write_at(0, &pattern(3, 0, 0, 4096)).unwrap();
+            let (first, second) = (
+                sim.engines[1].register(4096).unwrap(),
+                sim.engines[1].register(4096).unwrap(),
+            );
+            let r1 = if deadline {
+                let now = Opts::timeout(Duration::ZERO);
+                sim.engines[1].recv_with(cb, &first, 0, 4096, now).unwrap()
+            } else {
+                let r = sim.engines[1].recv(cb, &first, 0, 4096).unwrap();
+                r.cancel();
+                r
+            };
+            let r2 = sim.engines[1].recv(cb, &second, 0, 4096).unwrap();
+            finish(&mut sim, &[&r1]);
+            assert!(r1.test().unwrap().is_err(), "{cfg:?}");
+            let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
+            finish(&mut sim, &[&s, &r2]);
+            assert_eq!(r2.test().unwrap().unwrap().len, 4096, "{cfg:?}");
+            let mut got = vec![0u8; 4096];
+            second.read_at(0, &mut got).unwrap();
+            assert_eq!(got, pattern(3, 0, 0, 4096), "{cfg:?}");
+        }
+    }
+}
+
 /// A cancel that comes too late changes nothing: a receive whose message is arriving completes.
 #[test]
 fn a_receive_whose_message_is_arriving_completes_despite_a_cancel() {

@@ -292,11 +292,19 @@ impl Engine {
             let why = "the peer withdrew more receives at once than it can have posted";
             return self.fail_conn(ci, why, true);
         }
+        let waiting = c.cts.len();
         let ok = c.cts_order.withdraw(seq, &mut c.cts);
+        // The withdrawn one was the next to take: the advertisements that came after it (over
+        // the UD QP, ahead of this message on the control QP) take their turn now, and a send
+        // waiting for one is matched with it this round.
+        let advanced = c.cts.len() > waiting;
         c.ctl
             .backlog
             .push_back(Ctl::Withdrawn { seq, ok }.to_bytes());
         self.mark_ctl(ci);
+        if advanced {
+            self.mark_ready(ci);
+        }
     }
 
     /// The peer's answer about receive `seq` of connection `ci`: withdrawn (`ok`: it is
