@@ -31,7 +31,12 @@
 //!   clock, random on the wall clock). `rereg_mr` changes a region's translation, PD or
 //!   access in place. On-demand regions (`IBV_ACCESS_ON_DEMAND`, implicit ones too) have
 //!   their pages faulted in at each access, and one not mapped fails the access, never the
-//!   process; `ibv_advise_mr` prefetches.
+//!   process; `ibv_advise_mr` prefetches. Any other region's pages are faulted in when it is
+//!   registered, as the kernel pins them (for writing if the region may be written): memory
+//!   not mapped, or read-only for a region that writes, is refused with EFAULT, as the
+//!   kernel refuses it. softnic does not pin: memory unmapped or made read-only while it is
+//!   registered faults the process when the NIC next touches it, where pinned pages would
+//!   take the access (and keep the data from the program).
 //! - Memory windows as rxe has them (`ibv_context.ops.alloc_mw`, `bind_mw`, `dealloc_mw`):
 //!   type 1, bound by `ibv_bind_mw`, and type 2B, bound by an `IBV_WR_BIND_MW` work request to
 //!   the QP that posted it; invalidated by `IBV_WR_LOCAL_INV` or by a peer's

@@ -81,20 +81,23 @@ fn page_size() -> u64 {
 /// `_WRITE` if `write`. False if they cannot be: not mapped, or not readable (writable) as
 /// asked. Zero bytes always can.
 pub(crate) fn fault_in(addr: u64, len: u64, write: bool) -> bool {
+    populate(addr, len, write).is_ok()
+}
+
+/// `MADV_POPULATE_READ` (`_WRITE` if `write`) over the pages of `len` bytes at `addr`: the
+/// errno if it fails (ENOMEM: not mapped; EINVAL: a mapping that does not allow the access, or
+/// a kernel without these advices; EFAULT: an access that would fault).
+fn populate(addr: u64, len: u64, write: bool) -> Result<(), i32> {
     if len == 0 {
-        return true;
+        return Ok(());
     }
     let page = page_size();
     let start = addr & !(page - 1);
-    let Some(end) = addr
+    let end = addr
         .checked_add(len)
         .and_then(|e| e.checked_next_multiple_of(page))
-    else {
-        return false;
-    };
-    let Ok(span) = usize::try_from(end - start) else {
-        return false;
-    };
+        .ok_or(libc::EINVAL)?;
+    let span = usize::try_from(end - start).map_err(|_| libc::EINVAL)?;
     let advice = if write {
         libc::MADV_POPULATE_WRITE
     } else {
@@ -102,7 +105,47 @@ pub(crate) fn fault_in(addr: u64, len: u64, write: bool) -> bool {
     };
     // SAFETY: MADV_POPULATE_* only faults pages of existing mappings in, as touching them
     // would (without a signal where that would fail); it changes no mapping and no byte.
-    unsafe { libc::madvise(start as usize as *mut std::ffi::c_void, span, advice) == 0 }
+    match unsafe { libc::madvise(start as usize as *mut std::ffi::c_void, span, advice) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EFAULT)),
+    }
+}
+
+/// Whether the kernel has `MADV_POPULATE_*` (Linux 5.14 on): asked once, of a page of this
+/// process's own data.
+fn can_populate() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static PROBE: u8 = 0;
+    *ANSWER.get_or_init(|| populate(&raw const PROBE as u64, 1, false) != Err(libc::EINVAL))
+}
+
+/// Access through which a region's memory may be written: the kernel pins such a region's
+/// pages for writing (`ib_access_writable`: a window bound to the region may write it too).
+const WRITES: u32 =
+    LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC | ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+
+/// Whether the `len` bytes at `addr` may be a region with `access` that is not on demand.
+/// The kernel pins a region's pages when it is registered (`ib_umem_get`), for writing if
+/// `access` writes, and fails with EFAULT where it cannot: a range not mapped, or not writable
+/// for a region that writes. softnic does not pin; it faults the pages in the same way, and
+/// fails as the kernel does, so that no access through the region faults later (a peer's
+/// WRITE into a read-only page would kill the process). Memory unmapped or made read-only
+/// after its registration is still the program's to keep: the kernel's pinned pages would go
+/// on taking the NIC's accesses, where softnic's would fault. On a kernel without
+/// `MADV_POPULATE_*` the pages are taken as they are.
+pub(crate) fn pinnable(addr: u64, len: u64, access: u32) -> Result<(), i32> {
+    let write = access & WRITES != 0;
+    let mut tries = 0;
+    loop {
+        match populate(addr, len, write) {
+            Ok(()) => return Ok(()),
+            Err(libc::EINTR) if tries < 16 => tries += 1,
+            Err(libc::EINVAL) if !can_populate() => return Ok(()),
+            Err(_) => return Err(libc::EFAULT),
+        }
+    }
 }
 
 impl World {

@@ -44,16 +44,40 @@ fn range_ok(addr: *mut c_void, length: usize, access: u32) -> bool {
     implicit || ((!addr.is_null() || length == 0) && (addr as usize).checked_add(length).is_some())
 }
 
+/// Whether a region with `access` (known to be valid) may be made over `length` bytes at
+/// `addr`, as an errno: its range must be one ([`range_ok`]: EINVAL), and the pages of a
+/// region that is not on demand ones the kernel could pin (EFAULT: see
+/// [`crate::mr::pinnable`]); an on-demand region's are faulted in as they are accessed.
+///
+/// A region of no bytes registers (at any address): rxe refuses one (EINVAL, as every driver
+/// behind the kernel's `ib_umem_get`), but uccl-engine exports zero-byte ranges as regions.
+fn region_ok(addr: *mut c_void, length: usize, access: u32) -> Result<(), c_int> {
+    if !range_ok(addr, length, access) {
+        return Err(libc::EINVAL);
+    }
+    if access & ibv_access_flags::IBV_ACCESS_ON_DEMAND.0 != 0 {
+        return Ok(());
+    }
+    crate::mr::pinnable(addr as u64, length as u64, access)
+}
+
 pub(super) unsafe extern "C" fn reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
     length: usize,
     access: c_int,
 ) -> *mut ibv_mr {
+    let access = access as u32;
+    // The pages are looked at (and brought in) before the fabric's lock is taken: that takes
+    // a while for a large region. A PD that is not one is refused first, below.
+    let checked = match (access_ok(access), abi::lookup(pd.cast(), Kind::Pd)) {
+        (false, _) => Err(libc::EINVAL),
+        (true, Some(_)) => region_ok(addr, length, access),
+        (true, None) => Ok(()),
+    };
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
-        let access = access as u32;
-        if !access_ok(access) || !range_ok(addr, length, access) {
-            set_errno(libc::EINVAL);
+        if let Err(e) = checked {
+            set_errno(e);
             return null_mut();
         }
         let ctx = st.w.pds[&pd_id].ctx;
@@ -162,6 +186,19 @@ pub(super) unsafe extern "C" fn rereg_mr(
             || (translation && !range_ok(addr, length, 0));
         if bad {
             return Err(libc::EINVAL);
+        }
+        if translation || changes_access {
+            // The region it becomes is checked as a registration's.
+            let now_access = if changes_access {
+                access as u32
+            } else {
+                region.access
+            };
+            let (a, n) = match translation {
+                true => (addr, length),
+                false => (region.addr as usize as *mut c_void, region.len as usize),
+            };
+            region_ok(a, n, now_access)?;
         }
         if let Some(Some(p)) = new_pd {
             region.pd = p;

@@ -29,6 +29,129 @@ fn registration_checks_its_arguments() {
     }
 }
 
+/// An anonymous mapping of one page with protection `prot`, unmapped on drop.
+struct Page(*mut libc::c_void);
+
+impl Page {
+    fn new(prot: i32) -> Page {
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Page(p)
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, nothing refers to it any more.
+        unsafe { libc::munmap(self.0, 4096) };
+    }
+}
+
+/// Registration fails as the kernel's does where it could not pin the pages (`ib_umem_get`):
+/// EFAULT for a range not mapped, or not writable for a region that writes (local or remote
+/// write, remote atomics, window binds), so that no access through a region faults later
+/// (a peer's WRITE into a read-only page would kill the process). A read-only mapping
+/// registers for reading.
+#[test]
+fn registration_refuses_memory_the_kernel_could_not_pin() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let read_only = Page::new(libc::PROT_READ);
+    let no_access = Page::new(libc::PROT_NONE);
+    // Below `vm.mmap_min_addr`: never mapped (an address unmapped by the test could be mapped
+    // again by another test's thread meanwhile).
+    let unmapped = 0x1000 as *mut libc::c_void;
+    let reg = |p: *mut libc::c_void, len: usize, access: u32| {
+        // SAFETY: a live PD; the pointer is only recorded (and the registration may fail).
+        let mr = unsafe { (CONTROL.reg_mr)(a.pd, p, len, access as i32) };
+        // SAFETY: errno of this thread.
+        let errno = unsafe { *libc::__errno_location() };
+        if mr.is_null() {
+            Err(errno)
+        } else {
+            // SAFETY: a live MR made just now.
+            assert_eq!(unsafe { (CONTROL.dereg_mr)(mr) }, 0);
+            Ok(())
+        }
+    };
+    let writes = [
+        LOCAL_WRITE,
+        LOCAL_WRITE | REMOTE_WRITE,
+        LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
+        ibv_access_flags::IBV_ACCESS_MW_BIND.0,
+    ];
+    for access in writes {
+        assert_eq!(
+            reg(read_only.0, 4096, access),
+            Err(libc::EFAULT),
+            "{access:#x}"
+        );
+        assert_eq!(
+            reg(unmapped, 4096, access),
+            Err(libc::EFAULT),
+            "{access:#x}"
+        );
+    }
+    assert_eq!(reg(read_only.0, 4096, REMOTE_READ), Ok(()));
+    assert_eq!(reg(read_only.0, 100, 0), Ok(()));
+    assert_eq!(reg(unmapped, 4096, REMOTE_READ), Err(libc::EFAULT));
+    assert_eq!(reg(no_access.0, 4096, REMOTE_READ), Err(libc::EFAULT));
+    // No bytes: registered (rxe refuses them; see `region_ok` in softnic's control path).
+    assert_eq!(reg(read_only.0, 0, LOCAL_WRITE), Ok(()));
+    // A registration that ends past the mapping.
+    let mut heap = vec![0u8; 64];
+    assert_eq!(reg(heap.as_mut_ptr().cast(), 64, LOCAL_WRITE), Ok(()));
+    assert_eq!(
+        reg(read_only.0.cast::<u8>().wrapping_add(4000).cast(), 4096, 0),
+        Err(libc::EFAULT)
+    );
+    // ibv_rereg_mr checks the region it would make the same way: refused by the command, the
+    // region unchanged.
+    let rereg = |mr, flags: u32, p: *mut libc::c_void, len: usize, access: u32| {
+        // SAFETY: a live MR; the pointer is only recorded (and the change may fail).
+        let r = unsafe {
+            (CONTROL.rereg_mr)(
+                mr,
+                flags as i32,
+                std::ptr::null_mut(),
+                p,
+                len,
+                access as i32,
+            )
+        };
+        // SAFETY: errno of this thread.
+        (r, unsafe { *libc::__errno_location() })
+    };
+    let (access, translation) = (IBV_REREG_MR_CHANGE_ACCESS, IBV_REREG_MR_CHANGE_TRANSLATION);
+    let cmd = (IBV_REREG_MR_ERR_CMD, libc::EFAULT);
+    // SAFETY: a live PD; the page outlives the region.
+    let mr = unsafe { (CONTROL.reg_mr)(a.pd, read_only.0, 4096, REMOTE_READ as i32) };
+    assert!(!mr.is_null());
+    assert_eq!(rereg(mr, access, std::ptr::null_mut(), 0, LOCAL_WRITE), cmd);
+    let heap_p = heap.as_mut_ptr().cast();
+    assert_eq!(
+        rereg(mr, translation | access, heap_p, 64, LOCAL_WRITE).0,
+        0
+    );
+    assert_eq!(rereg(mr, translation, read_only.0, 4096, 0), cmd);
+    assert_eq!(rereg(mr, translation, unmapped, 4096, 0), cmd);
+    // SAFETY: a live MR's `ibv_mr`, then the MR itself.
+    unsafe {
+        assert_eq!(((*mr).addr, (*mr).length), (heap_p, 64), "unchanged");
+        assert_eq!((CONTROL.dereg_mr)(mr), 0);
+    }
+}
+
 fn send_from(f: &Fabric, sg: impl FnOnce(&Node, &mut Vec<u8>, *mut ibv_mr) -> ibv_sge) -> Wc {
     let (a, qa, b, qb) = pair(f, ibv_qp_type::IBV_QPT_RC, 8);
     let mut src = vec![1u8; 256];
