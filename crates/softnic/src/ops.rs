@@ -41,6 +41,10 @@ unsafe extern "C" fn post_send(
 ) -> c_int {
     let r = try_with(qp.cast(), Kind::Qp, |shared, st, id| {
         let State { qps, w, .. } = st;
+        if wr.is_null() {
+            // No WR list: EINVAL with `bad_wr` null, as rxe (mlx5 posts nothing and says 0).
+            return Err((libc::EINVAL, wr));
+        }
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_send contract.
         let r = unsafe { q.post_send(w, wr) };
@@ -59,6 +63,10 @@ unsafe extern "C" fn post_recv(
 ) -> c_int {
     let r = try_with(qp.cast(), Kind::Qp, |_, st, id| {
         let State { qps, w, .. } = st;
+        if wr.is_null() {
+            // No WR list: EINVAL with `bad_wr` null, as rxe (mlx5 posts nothing and says 0).
+            return Err((libc::EINVAL, wr));
+        }
         let q = qps.get_mut(&id).expect("registered QP exists");
         // SAFETY: the caller's chain is valid per the ibv_post_recv contract.
         let r = unsafe { q.post_recv(w, wr) };

@@ -118,9 +118,14 @@ impl Qp {
         }
     }
 
-    /// `ibv_modify_qp`: 0, EINVAL, or ENETUNREACH (an address vector toward a GID the link
-    /// cannot reach). On an error nothing has changed.
+    /// `ibv_modify_qp`: 0, EINVAL, EOPNOTSUPP (a mask bit from `IBV_QP_RATE_LIMIT` on, which
+    /// libibverbs' `ibv_cmd_modify_qp` refuses: the rate limit has a verb of its own), or
+    /// ENETUNREACH (an address vector toward a GID the link cannot reach). On an error nothing
+    /// has changed.
     pub(crate) fn modify(&mut self, w: &mut World, attr: &ibv_qp_attr, mask: u32) -> i32 {
+        if mask & !(ibv_qp_attr_mask::IBV_QP_RATE_LIMIT.0 - 1) != 0 {
+            return libc::EOPNOTSUPP;
+        }
         if self.validate(w, attr, mask).is_err() {
             return libc::EINVAL;
         }

@@ -75,6 +75,44 @@ fn null_and_foreign_pointers_are_refused_everywhere() {
     }
 }
 
+/// A live QP given no WR list (a null one) refuses the post with EINVAL and a null `bad_wr`,
+/// as rxe does; a modify with a mask bit from `IBV_QP_RATE_LIMIT` on is EOPNOTSUPP, as
+/// libibverbs' `ibv_cmd_modify_qp` answers, and changes nothing.
+#[test]
+fn a_null_wr_list_and_unknown_modify_bits_are_refused() {
+    let f = Fabric::default();
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    // SAFETY: live QPs of live contexts; softnic checks the null lists.
+    unsafe {
+        let mut bad: *mut ibv_send_wr = std::ptr::dangling_mut();
+        assert_eq!(
+            (*a.ctx).ops.post_send.unwrap()(qa, null_mut(), &mut bad),
+            libc::EINVAL
+        );
+        assert!(bad.is_null());
+        let mut bad: *mut ibv_recv_wr = std::ptr::dangling_mut();
+        assert_eq!(
+            (*b.ctx).ops.post_recv.unwrap()(qb, null_mut(), &mut bad),
+            libc::EINVAL
+        );
+        assert!(bad.is_null());
+    }
+    let attr = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_ERR,
+        ..Default::default()
+    };
+    let state = ibv_qp_attr_mask::IBV_QP_STATE.0;
+    for extra in [ibv_qp_attr_mask::IBV_QP_RATE_LIMIT.0, 1 << 26, 1 << 31] {
+        assert_eq!(
+            modify(qa, &attr, state | extra),
+            libc::EOPNOTSUPP,
+            "{extra:#x}"
+        );
+        assert_eq!(super::common::state(qa), ibv_qp_state::IBV_QPS_RTS);
+    }
+    assert_eq!(modify(qa, &attr, state), 0);
+}
+
 #[test]
 fn destroyed_objects_are_unknown_afterwards() {
     let f = Fabric::default();
