@@ -51,6 +51,7 @@ impl Pd {
     /// only (`access` may hold `LOCAL_WRITE`): registered memory that safe code may read and
     /// write through references, lent to one post at a time. Memory a peer may access
     /// remotely, or that many WRs use at once, is a [`DmaBuf`] ([`alloc_dma`](Self::alloc_dma)).
+    /// An empty buffer's region covers one byte of its own (a region has one at least).
     pub fn alloc_mr(
         self: &Arc<Self>,
         len: usize,
@@ -72,7 +73,8 @@ impl Pd {
     /// Allocates `len` zeroed bytes aligned to `align` and registers them with `access`, which
     /// may grant peers remote access (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`; these
     /// need `LOCAL_WRITE` too, as libibverbs requires): memory the NIC and peers may access at
-    /// any time, reached by copies (see [`DmaBuf`]).
+    /// any time, reached by copies (see [`DmaBuf`]). An empty buffer's region covers one byte
+    /// of its own (a region has one at least).
     pub fn alloc_dma(
         self: &Arc<Self>,
         len: usize,
@@ -120,9 +122,11 @@ impl Pd {
             layout,
             keep: false,
         };
+        // An empty buffer's region has its allocation's one byte: the kernel refuses to
+        // register no bytes (EINVAL), and the buffer's own length bounds every access anyway.
         // SAFETY: `mem` is owned by the returned buffer, which drops the MR before the memory;
         // the buffer's types keep references away from bytes the NIC may be accessing.
-        let mr = unsafe { self.register(ptr.as_ptr(), len, access) }?;
+        let mr = unsafe { self.register(ptr.as_ptr(), len.max(1), access) }?;
         Ok((mr, mem))
     }
 }
@@ -296,6 +300,17 @@ impl std::ops::Deref for MrBuf {
 }
 
 impl MrBuf {
+    /// The buffer's length in bytes (its region's, but for an empty buffer, whose region has
+    /// one byte: see [`Pd::alloc_mr`]).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The bytes. The NIC may only be reading them now (a send through a shared `Arc`).
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `mem` holds `len` initialised (zeroed) bytes for as long as `self` lives;
@@ -358,6 +373,17 @@ impl std::ops::Deref for DmaBuf {
 }
 
 impl DmaBuf {
+    /// The buffer's length in bytes (its region's, but for an empty buffer, whose region has
+    /// one byte: see [`Pd::alloc_dma`]).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     fn range(&self, offset: usize, len: usize) -> Result<*mut u8> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => {
