@@ -450,3 +450,20 @@ fn the_source_gid_index_and_the_lid_reach_the_provider() {
     );
     assert!(a.pd.create_ah(FROM, 0, Some(b.gid)).is_ok());
 }
+
+/// An empty buffer registers (its region covers one byte of its own: the kernel refuses to
+/// register none) and says it has no bytes: nothing can be read or written in it.
+#[test]
+fn an_empty_buffer_registers_one_byte_of_its_own_and_holds_none() {
+    let (_f, _v, a, _b) = fabric();
+    let mut m = a.pd.alloc_mr(0, 64, LW).unwrap();
+    assert!(m.is_empty() && m.as_mut_slice().is_empty());
+    let mr: &Mr = &m;
+    assert_eq!(mr.len(), 1);
+    let access = LW | AccessFlags::REMOTE_WRITE;
+    let d = a.pd.alloc_dma(0, 64, access).unwrap();
+    assert_eq!((d.len(), d.is_empty()), (0, true));
+    assert!(d.write_at(0, &[1]).is_err() && d.read_at(0, &mut [0]).is_err());
+    let mr: &Mr = &d;
+    assert_eq!(mr.len(), 1);
+}
