@@ -91,6 +91,17 @@ fn ranges_past_the_end_or_wrapping_u64_are_bad_range() {
             Err(EngineError::BadRange(_))
         ));
         assert!(Descriptor::from_bytes(&[0u8; 20]).is_none());
+        // The errors say which range, and what it runs past.
+        let e = a.send(ca, &buf, 4000, 97).unwrap_err().to_string();
+        let id = buf.id();
+        let want = format!("97 bytes at offset 4000 runs past buffer {id:?} (4096 bytes)");
+        assert!(e.contains(&want), "{e}");
+        let e = a.write(ca, &buf, 0, 2, &d, 4095).unwrap_err().to_string();
+        let want = format!(
+            "2 bytes at offset 4095 run past the 4096-byte export with rkey {:#x}",
+            d.rkey
+        );
+        assert!(e.contains(&want), "{e}");
         // Nothing was queued by the refusals: one good pair still matches in order.
         let recv = sim.engines[1].recv(cb, &far, 0, 4096).unwrap();
         let send = sim.engines[0].send(ca, &buf, 0, 100).unwrap();

@@ -815,14 +815,16 @@ fn notes_only_ride_on_writes_and_are_at_most_256_bytes() {
         ];
         for (call, r) in refused {
             assert!(
-                matches!(r, Err(EngineError::BadRange(_))),
+                matches!(r, Err(EngineError::MisplacedNote(_))),
                 "{mode:?} {call}: {r:?}"
             );
         }
         let r = sim.engines[1].recv_with(cb, &theirs, 0, 4 * KIB, noted);
-        assert!(
-            matches!(r, Err(EngineError::BadRange(_))),
-            "{mode:?}: {r:?}"
+        let e = r.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a note rides on a write, not on a receive",
+            "{mode:?}"
         );
         // Nothing of them went anywhere; notes of 256 B and of none arrive as they were.
         let long: Vec<u8> = (0..=255).collect();
@@ -1178,7 +1180,7 @@ fn the_threaded_handle_reads_writes_blocks_and_delivers_notes() {
         assert!(
             matches!(
                 r.wait_timeout(Duration::from_secs(30)),
-                Some(Err(EngineError::BadRange(_)))
+                Some(Err(EngineError::MisplacedNote(_)))
             ),
             "{mode:?}"
         );

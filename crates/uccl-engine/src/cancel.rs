@@ -55,7 +55,8 @@ impl Opts {
     /// else [`EngineError::Limit`]): a write, or the last block of a
     /// [`write_v`](Engine::write_v), carries it to the target engine, which delivers it to its
     /// application ([`Engine::notifications`]) once every byte of the write is in place, in
-    /// order with the connection's other deliveries. Other requests refuse a note. At most
+    /// order with the connection's other deliveries. Other requests refuse a note
+    /// ([`EngineError::MisplacedNote`]). At most
     /// [`MAX_NOTED`](crate::MAX_NOTED) notified writes may be outstanding on a connection. A notified write is never withdrawn
     /// (its note may be on its way): [`Request::cancel`](crate::Request::cancel) leaves it to
     /// complete, and a deadline that passes fails the connection.

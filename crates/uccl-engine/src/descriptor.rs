@@ -87,14 +87,16 @@ impl Descriptor {
 
     /// The address of `offset..offset + len` of the region, if that lies inside it; else why
     /// not.
-    pub(crate) fn place(&self, offset: u64, len: u64) -> Result<u64, &'static str> {
+    pub(crate) fn place(&self, offset: u64, len: u64) -> Result<u64, String> {
+        let range = || format!("{len} bytes at offset {offset}");
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err("the range runs past the exported region");
+            let of = format!("the {}-byte export with rkey {:#x}", self.len, self.rkey);
+            return Err(format!("{} run past {of}", range()));
         }
         self.addr
             .checked_add(offset)
             .filter(|a| a.checked_add(len).is_some())
-            .ok_or("the range runs past the address space")
+            .ok_or_else(|| format!("{} of the export run past the address space", range()))
     }
 }
 

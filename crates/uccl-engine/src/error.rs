@@ -61,9 +61,14 @@ pub enum EngineError {
         /// Why.
         reason: Arc<str>,
     },
-    /// A range outside its buffer, or a buffer of another engine.
+    /// A range outside its buffer or export (the message names the range and what it lies
+    /// outside of), or a buffer of another engine.
     #[error("bad buffer range: {0}")]
-    BadRange(&'static str),
+    BadRange(String),
+    /// A note ([`Opts::note`](crate::Opts::note)) given to a call it cannot ride on (named):
+    /// only a write (or a vectored write's last block) carries one.
+    #[error("a note rides on a write, not on {0}")]
+    MisplacedNote(&'static str),
     /// A message larger than the receive buffer the peer posted for it: the send and that
     /// receive both fail with it.
     #[error("a {len}-byte message for a {room}-byte receive buffer")]

@@ -99,7 +99,7 @@ impl Buffer {
         self.handle
             .mem
             .read_at(offset, out)
-            .map_err(|_| EngineError::BadRange("read outside the buffer"))
+            .map_err(|_| self.outside(offset as u64, out.len() as u64, "a read"))
     }
 
     /// Copies `data` to `offset`.
@@ -107,7 +107,7 @@ impl Buffer {
         self.handle
             .mem
             .write_at(offset, data)
-            .map_err(|_| EngineError::BadRange("write outside the buffer"))
+            .map_err(|_| self.outside(offset as u64, data.len() as u64, "a write"))
     }
 
     /// The engine it belongs to.
@@ -119,9 +119,17 @@ impl Buffer {
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > self.len() as u64) {
-            return Err(EngineError::BadRange("the range lies outside the buffer"));
+            return Err(self.outside(offset, len, "the range"));
         }
         Ok(())
+    }
+
+    /// `what` of `len` bytes at `offset`, which lies outside this buffer.
+    fn outside(&self, offset: u64, len: u64, what: &str) -> EngineError {
+        let (id, size) = (self.id(), self.len());
+        EngineError::BadRange(format!(
+            "{what} of {len} bytes at offset {offset} runs past buffer {id:?} ({size} bytes)"
+        ))
     }
 }
 
@@ -291,7 +299,7 @@ impl Memory {
     /// The live (not given back) entry of `buf`.
     fn entry(&mut self, buf: &Buffer) -> Result<&mut Entry> {
         if buf.engine() != self.engine {
-            return Err(EngineError::BadRange("a buffer of another engine"));
+            return Err(EngineError::BadRange("a buffer of another engine".into()));
         }
         let id = buf.id();
         self.slots

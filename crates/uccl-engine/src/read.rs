@@ -165,7 +165,7 @@ impl Engine {
         vectored: bool,
     ) -> Result<()> {
         if opts.has_note() {
-            return Err(EngineError::BadRange("a note rides on a write, not a read"));
+            return Err(EngineError::MisplacedNote("a read"));
         }
         let pieces = self.claim(conn, blocks, Access::READ, vectored)?;
         if pieces.is_empty() {
@@ -339,7 +339,7 @@ impl Engine {
                         verbs_safe::Error::Post { index, .. } => index.min(chain.len()),
                         _ => 0,
                     };
-                    failed = Some(e);
+                    failed = Some(EngineError::verbs("posting an RDMA READ")(e));
                     n
                 }
             };
@@ -351,8 +351,9 @@ impl Engine {
                 if let Some(x) = r.slots[slot as usize].take() {
                     self.tx.unreserve(x.path, 1);
                     r.per_path[usize::from(x.path.0)] -= 1;
-                    x.req
-                        .fail(EngineError::BadRange("a read could not be posted"));
+                    if let Some(e) = &failed {
+                        x.req.fail(e.clone());
+                    }
                 }
                 r.free.push(slot);
             }

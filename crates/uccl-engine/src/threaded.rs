@@ -263,7 +263,7 @@ impl EngineHandle {
         opts: Opts,
     ) -> Result<Request> {
         if buf.engine() != self.owner.id {
-            return Err(EngineError::BadRange("a buffer of another engine"));
+            return Err(EngineError::BadRange("a buffer of another engine".into()));
         }
         buf.check_range(offset, len)?;
         let req = self.request(conn);

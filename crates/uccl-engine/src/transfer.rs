@@ -168,7 +168,12 @@ impl Engine {
                 return self.start_reads(conn, std::slice::from_ref(&b), req, opts, false);
             }
             _ if opts.has_note() => {
-                return Err(EngineError::BadRange("a note rides on a write"));
+                let on = if matches!(op, Op::Send) {
+                    "a send"
+                } else {
+                    "a receive"
+                };
+                return Err(EngineError::MisplacedNote(on));
             }
             Op::Send => self.start_send(conn, buf, (offset, len), req)?,
             Op::Recv => self.start_recv(conn, buf, (offset, len), req)?,

@@ -143,7 +143,7 @@ impl Engine {
         let msgs = self.claim(conn, blocks, Access::WRITE, vectored)?;
         if msgs.is_empty() {
             if opts.has_note() {
-                return Err(EngineError::BadRange("a note needs a block to ride on"));
+                return Err(EngineError::MisplacedNote("a vectored write of no block"));
             }
             req.complete(Ok(Done { len: 0 }));
             return Ok(());
