@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use softnic::Faults;
 use uccl_engine::{
-    Descriptor, EngineError, MAX_NOTED, MAX_WAITING_NOTES, Mode, Opts, Request, connect_pair,
+    Access, Descriptor, EngineError, MAX_NOTED, MAX_WAITING_NOTES, Mode, Opts, Request,
+    connect_pair,
 };
 use uccl_integration::misuse::{all_done, finish, guard, pair, panic_msg, small_config};
 use uccl_integration::{Sim, pattern};
@@ -33,6 +34,50 @@ fn assert_in_words(e: &EngineError) {
 
 // ---------------------------------------------------------------------------------------------
 // Buffers and ranges.
+
+/// A descriptor withdrawn with anything changed (its key, place, length or rights) is not one
+/// this engine gave: `NoExport`, the export staying until its own descriptor withdraws it.
+#[test]
+fn a_withdrawal_of_a_descriptor_changed_in_any_field_is_no_export() {
+    guard(60, || {
+        let (mut sim, _ca, _cb) = pair(17, &small_config(Mode::Uc));
+        let e = &mut sim.engines[1];
+        let buf = e.register(8192).unwrap();
+        let d = e.export_with(&buf, 4096, 4096, Access::WRITE).unwrap();
+        let forged = [
+            Descriptor {
+                rkey: d.rkey ^ 1,
+                ..d
+            },
+            Descriptor {
+                addr: d.addr + 1,
+                ..d
+            },
+            Descriptor {
+                len: d.len - 1,
+                ..d
+            },
+            Descriptor {
+                access: Access::READ_WRITE,
+                ..d
+            },
+            Descriptor {
+                access: Access::READ,
+                ..d
+            },
+        ];
+        for f in forged {
+            let r = e.withdraw_export(&f);
+            assert!(
+                matches!(r, Err(EngineError::NoExport(x)) if x == f),
+                "{f:?}: {r:?}"
+            );
+            assert_eq!(e.usage().exports, 1, "{f:?}");
+        }
+        e.withdraw_export(&d).unwrap();
+        assert_eq!(e.usage().exports, 0);
+    });
+}
 
 /// Ranges past a buffer's end, or whose end wraps `u64`, are refused with `BadRange` by send,
 /// recv, write and export (and by `read_at`); so are destination offsets past a descriptor's

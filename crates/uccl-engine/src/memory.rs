@@ -540,17 +540,17 @@ impl Engine {
 
     /// Withdraws an export: its region is deregistered, so a peer's write through `d` fails
     /// from now on (at this end's NIC on RC; on UC the write is dropped, and a retransmission
-    /// is refused and reported to the sender). A peer's read of it that this engine serves (UC)
-    /// and has not started is refused; one started runs to its end, as a READ a NIC had begun
-    /// does. Fails with [`EngineError::NoExport`] for a descriptor this engine
-    /// did not give (or withdrew already).
+    /// is refused and reported to the sender), and fails the writer's connection (see
+    /// [`write`](Self::write)). A peer's read of it that this engine serves (UC) and has not
+    /// started is refused; one started runs to its end, as a READ a NIC had begun does. Fails
+    /// with [`EngineError::NoExport`] for a descriptor this engine did not give (its key,
+    /// place, length and rights as they were given), or withdrew already.
     pub fn withdraw_export(&mut self, d: &Descriptor) -> Result<()> {
         self.unsettle();
         let m = &mut self.memory;
-        let matches = m
-            .exports
-            .get(&d.rkey)
-            .is_some_and(|x| x.region.addr() == d.addr && x.region.len() as u64 == d.len);
+        let matches = m.exports.get(&d.rkey).is_some_and(|x| {
+            x.region.addr() == d.addr && x.region.len() as u64 == d.len && x.access == d.access
+        });
         if !matches {
             return Err(EngineError::NoExport(*d));
         }

@@ -116,6 +116,12 @@ impl Engine {
     /// not readable; one the peer refuses fails on UC with [`EngineError::ReadRefused`] (the
     /// connection goes on), and on RC at the peer's NIC (a remote access error, which fails
     /// the connection, as a refused write does).
+    ///
+    /// On UC a read's bytes come back as a message into a receive of its own, which takes a
+    /// place among the connection's receives (numbered in a ring of 128, and at most
+    /// `max_recvs` outstanding): once the ring has come round to a receive the peer has not
+    /// matched yet, the next reads wait for it (a receive the peer never sends to holds them
+    /// up until it is cancelled or times out: give such receives a [timeout](Opts::timeout)).
     #[allow(clippy::too_many_arguments)] // read's arguments, as write's
     pub fn read(
         &mut self,

@@ -72,7 +72,10 @@ impl Engine {
 
     /// Writes `len` bytes at `offset` of `buf` into `dst` (a peer's exported region) at
     /// `dst_offset`, with the same reliability as a send, in the order messages go out (see
-    /// [`send`](Self::send)); nothing is matched at the peer.
+    /// [`send`](Self::send)); nothing is matched at the peer. A write into memory the peer
+    /// does not offer (a wrong descriptor, or an export it withdrew meanwhile) fails the
+    /// connection, with the requests in flight on it, in both modes: refused by the peer's
+    /// NIC (RC) or by the peer's engine (UC).
     pub fn write(
         &mut self,
         conn: ConnId,
