@@ -122,10 +122,14 @@ pub enum Error {
         /// Why.
         reason: &'static str,
     },
-    /// `ibv_modify_srq` failed.
-    #[error("modifying SRQ: {errno}")]
+    /// `ibv_modify_srq` failed (arming the SRQ's limit).
+    #[error("arming the limit of SRQ {srq} at {limit} WQEs: {errno}")]
     ModifySrq {
-        /// The error.
+        /// The SRQ's number (`ibv_srq.handle`).
+        srq: u32,
+        /// The limit asked for.
+        limit: u32,
+        /// The error (EINVAL for a limit over the SRQ's depth).
         errno: Errno,
     },
     /// A post call failed at WR `index` of its chain; the `index` WRs before it were posted.

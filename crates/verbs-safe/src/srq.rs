@@ -105,7 +105,12 @@ impl Srq {
         if rc == 0 {
             Ok(())
         } else {
-            Err(Error::ModifySrq { errno: Errno(rc) })
+            Err(Error::ModifySrq {
+                // SAFETY: a live SRQ's `ibv_srq` is readable.
+                srq: unsafe { (*self.raw).handle },
+                limit,
+                errno: Errno(rc),
+            })
         }
     }
 

@@ -467,3 +467,12 @@ fn an_empty_buffer_registers_one_byte_of_its_own_and_holds_none() {
     let mr: &Mr = &d;
     assert_eq!(mr.len(), 1);
 }
+
+/// An allocation the host cannot make says what made it impossible: an alignment no memory
+/// has room for names the alignment, not the length.
+#[test]
+fn an_allocation_that_fails_names_its_cause() {
+    let (_f, _v, a, _b) = fabric();
+    let e = a.pd.alloc_dma(4096, 1 << 40, LW).unwrap_err().to_string();
+    assert!(e.contains("align") && !e.contains("len"), "{e}");
+}

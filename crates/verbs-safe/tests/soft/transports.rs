@@ -155,6 +155,11 @@ fn an_srq_feeds_many_qps_and_a_shared_cq_tells_them_apart() {
         .collect();
     // SAFETY: `buf` outlives the completions.
     unsafe { srq.post_recv(&mut wrs).unwrap() };
+    let over = srq.arm_limit(65).unwrap_err().to_string();
+    assert!(
+        over.contains("limit of SRQ") && over.contains("at 65 WQEs"),
+        "{over}"
+    );
     srq.arm_limit(60).unwrap();
     assert_eq!(srq.query().unwrap().limit, 60);
     let mut pairs = Vec::new();
