@@ -284,3 +284,58 @@ fn reads_in_flight_at_a_close_fail_and_everything_comes_back() {
         assert_eq!(notes.pop().map(|n| n.data), Some(b"x".to_vec()));
     }
 }
+
+/// UC: an export withdrawn while its owner serves reads of it refuses those whose bytes have
+/// not started out (`ReadRefused`) and lets the started ones end byte-exact; both ends go on.
+/// The owner's connections that serve no read are not looked at (a withdrawal costs the same
+/// with many connections as with none: bench row 7), and the one that served is looked at
+/// again for the next withdrawal while it serves.
+#[test]
+fn withdrawing_an_export_refuses_the_reads_of_it_not_started_yet() {
+    let (mut sim, ca, cb) = pair(5, &small_config(Mode::Uc));
+    let idle = sim.connect(0, 1).unwrap();
+    let size = 8 * MIB as usize;
+    let src = sim.engines[1].register(size).unwrap();
+    src.write_at(0, &pattern(9, 0, 0, size)).unwrap();
+    let dst = sim.engines[0].register(size).unwrap();
+    let piece = 256 * KIB;
+    let reads = |sim: &mut Sim, d: &Descriptor, n: u64| -> Vec<Request> {
+        (0..n)
+            .map(|i| sim.engines[0].read(ca, &dst, i * piece, d, i * piece, piece))
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    for round in 0..2 {
+        let d = sim.engines[1]
+            .export_with(&src, 0, size as u64, Access::READ)
+            .unwrap();
+        let rs = reads(&mut sim, &d, 32);
+        // Until the owner serves all of them: the last ones wait behind the first.
+        let served = sim.engines[1].stats().reads_served;
+        let limit = sim.fabric.now() + Duration::from_secs(5);
+        sim.run(limit, |s| s.engines[1].stats().reads_served == served + 32)
+            .unwrap();
+        sim.engines[1].withdraw_export(&d).unwrap();
+        let refs: Vec<&Request> = rs.iter().collect();
+        finish(&mut sim, 30, &refs).unwrap();
+        let mut refused = 0;
+        for (i, r) in rs.iter().enumerate() {
+            match r.test().unwrap() {
+                Ok(done) => {
+                    assert_eq!(done.len, piece, "round {round}, read {i}");
+                    let at = i * piece as usize;
+                    let want = pattern(9, 0, 0, size);
+                    assert!(
+                        bytes(&dst, at as u64, piece) == want[at..at + piece as usize],
+                        "round {round}, read {i}: its bytes"
+                    );
+                }
+                Err(EngineError::ReadRefused(_)) => refused += 1,
+                Err(e) => panic!("round {round}, read {i}: {e}"),
+            }
+        }
+        assert!(refused > 0, "round {round}: no read was refused");
+        assert!(sim.engines[0].is_open(ca) && sim.engines[1].is_open(cb));
+        assert!(sim.engines[0].is_open(idle.ca), "round {round}");
+    }
+}

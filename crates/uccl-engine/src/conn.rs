@@ -416,6 +416,8 @@ pub(crate) struct Conn {
     pub(crate) notes_done: u32,
     /// The peer's reads this end is serving (UC; at most [`RECV_IDS`]).
     pub(crate) serving: u32,
+    /// Whether it is in the engine's list of connections that serve reads (`readers`).
+    pub(crate) in_readers: bool,
     pub(crate) inbox: crate::notes::Inbox,
     /// Whether this connection is in the round's lists already.
     pub(crate) in_ready: bool,

@@ -180,6 +180,9 @@ pub struct Engine {
     pub(crate) cancels: Arc<crossbeam_queue::SegQueue<Request>>,
     /// The deadlines of requests that have one.
     pub(crate) deadlines: crate::cancel::Deadlines,
+    /// Connections that serve a peer's read, or did since an export was last withdrawn (UC):
+    /// what a withdrawal looks through, instead of every connection.
+    pub(crate) readers: Vec<u16>,
     pub(crate) scratch: Scratch,
     /// When the UD QP was last found short of receives (what comes then may find none and be
     /// dropped), if ever: see `acks.rs`.
@@ -291,6 +294,7 @@ impl Engine {
             rng,
             cancels: Arc::default(),
             deadlines: Default::default(),
+            readers: Vec::new(),
             scratch: Scratch::default(),
             ud_dry_at: None,
             stats: Stats::default(),

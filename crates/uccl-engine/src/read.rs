@@ -485,6 +485,10 @@ impl Engine {
                 let req = Request::of_engine(&self.owner, None);
                 c.track(msg, req, (len, false), use_).served = Some((from.rkey, seq));
                 c.serving += 1;
+                if !c.in_readers {
+                    c.in_readers = true;
+                    self.readers.push(ci);
+                }
             }
             Err(e) => {
                 tracing::warn!(conn = ci, error = %e, "serving a read failed");
@@ -509,30 +513,60 @@ impl Engine {
 
     /// The export with key `rkey` was withdrawn: the peers' reads of it this engine serves and
     /// has not started are refused; one started runs to its end (as a READ a NIC had begun
-    /// does). O(connections x messages in flight): a control-path call.
+    /// does). O(messages in flight of the connections that serve reads): a control-path call,
+    /// which an engine with many connections and no reads served makes in O(1).
     pub(crate) fn stop_serving(&mut self, rkey: u32) {
-        for ci in 0..self.conns.len() as u16 {
-            let mut msgs = std::mem::take(&mut self.scratch.msgs);
-            msgs.clear();
-            if let Some(c) = self.conns[usize::from(ci)].as_ref().filter(|c| c.is_open()) {
-                let first = c.first_msg;
-                msgs.extend(c.inflight.iter().enumerate().filter_map(|(i, m)| {
-                    m.as_ref()
-                        .filter(|m| m.served.is_some_and(|(k, _)| k == rkey))
-                        .map(|_| first + i as u64)
-                }));
+        // Only the connections that serve reads, or did since the last look (O(1) for an
+        // engine that serves none, whatever its connections): those that still do stay.
+        let readers = std::mem::take(&mut self.readers);
+        let mut still = Vec::new();
+        for &ci in &readers {
+            // Each once (a connection in a slot another had left may be there twice).
+            let Some(c) = self.conns[usize::from(ci)]
+                .as_mut()
+                .filter(|c| c.in_readers)
+            else {
+                continue;
+            };
+            c.in_readers = false;
+            self.stop_serving_on(ci, rkey);
+            if let Some(c) = self.conns[usize::from(ci)].as_ref()
+                && c.is_open()
+                && c.serving > 0
+            {
+                still.push(ci);
             }
-            for &msg in &msgs {
-                if self.tx.started(ci, msg) == Some(false) && self.tx.cancel(ci, msg) {
-                    let c = self.conns[usize::from(ci)].as_mut().expect("open");
-                    let m = c.message(msg).expect("tracked");
-                    m.withdrawn = Some(Why::Cancel);
-                    let seq = m.served.map_or(0, |(_, s)| s);
-                    self.refuse_read(ci, seq, ReadRefusal::Withdrawn);
-                }
-            }
-            self.scratch.msgs = msgs;
         }
+        for &ci in &still {
+            if let Some(c) = self.conns[usize::from(ci)].as_mut() {
+                c.in_readers = true;
+            }
+        }
+        self.readers = still;
+    }
+
+    /// [`stop_serving`](Self::stop_serving) on connection `ci`.
+    fn stop_serving_on(&mut self, ci: u16, rkey: u32) {
+        let mut msgs = std::mem::take(&mut self.scratch.msgs);
+        msgs.clear();
+        if let Some(c) = self.conns[usize::from(ci)].as_ref().filter(|c| c.is_open()) {
+            let first = c.first_msg;
+            msgs.extend(c.inflight.iter().enumerate().filter_map(|(i, m)| {
+                m.as_ref()
+                    .filter(|m| m.served.is_some_and(|(k, _)| k == rkey))
+                    .map(|_| first + i as u64)
+            }));
+        }
+        for &msg in &msgs {
+            if self.tx.started(ci, msg) == Some(false) && self.tx.cancel(ci, msg) {
+                let c = self.conns[usize::from(ci)].as_mut().expect("open");
+                let m = c.message(msg).expect("tracked");
+                m.withdrawn = Some(Why::Cancel);
+                let seq = m.served.map_or(0, |(_, s)| s);
+                self.refuse_read(ci, seq, ReadRefusal::Withdrawn);
+            }
+        }
+        self.scratch.msgs = msgs;
     }
 
     /// The peer refused read `seq` of connection `ci` (UC): it fails, moving nothing.

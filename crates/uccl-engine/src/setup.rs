@@ -350,6 +350,7 @@ impl Engine {
             next_note: 0,
             notes_done: 0,
             serving: 0,
+            in_readers: false,
             inbox: Default::default(),
             in_ready: false,
             in_acks: false,
