@@ -486,8 +486,18 @@ impl Engine {
                 c.track(msg, req, (len, false), use_).served = Some((from.rkey, seq));
                 c.serving += 1;
                 if !c.in_readers {
-                    c.in_readers = true;
-                    self.readers.push(ci);
+                    // Entries of connections gone from a slot another took stay until a look:
+                    // one now and then keeps the list within twice the slots.
+                    if self.readers.len() >= 2 * self.conns.len().max(8) {
+                        self.each_reader(|_, _| {});
+                    }
+                    // (That look keeps this one if its slot was there already.)
+                    if let Some(c) = self.conns[usize::from(ci)].as_mut()
+                        && !c.in_readers
+                    {
+                        c.in_readers = true;
+                        self.readers.push(ci);
+                    }
                 }
             }
             Err(e) => {
@@ -516,12 +526,16 @@ impl Engine {
     /// does). O(messages in flight of the connections that serve reads): a control-path call,
     /// which an engine with many connections and no reads served makes in O(1).
     pub(crate) fn stop_serving(&mut self, rkey: u32) {
-        // Only the connections that serve reads, or did since the last look (O(1) for an
-        // engine that serves none, whatever its connections): those that still do stay.
+        self.each_reader(|e, ci| e.stop_serving_on(ci, rkey));
+    }
+
+    /// Calls `f` once for each connection in `readers` (the connections that serve reads, or
+    /// did since the last look; a slot another connection took may be there twice), then
+    /// keeps only those that still serve.
+    fn each_reader(&mut self, mut f: impl FnMut(&mut Engine, u16)) {
         let readers = std::mem::take(&mut self.readers);
         let mut still = Vec::new();
         for &ci in &readers {
-            // Each once (a connection in a slot another had left may be there twice).
             let Some(c) = self.conns[usize::from(ci)]
                 .as_mut()
                 .filter(|c| c.in_readers)
@@ -529,7 +543,7 @@ impl Engine {
                 continue;
             };
             c.in_readers = false;
-            self.stop_serving_on(ci, rkey);
+            f(self, ci);
             if let Some(c) = self.conns[usize::from(ci)].as_ref()
                 && c.is_open()
                 && c.serving > 0
@@ -608,5 +622,56 @@ impl Engine {
             self.fail_conn(ci, "a read passed its deadline after it started", true);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Access, Clock, Engine, EngineConfig, connect_pair};
+    use verbs_safe::{Context, Verbs};
+
+    /// The engine's list of connections that serve reads keeps within twice its connection
+    /// slots, however many connections come, serve a read and go in the same slots between
+    /// two withdrawals (UC).
+    #[test]
+    fn the_list_of_readers_stays_within_twice_the_slots() {
+        let fabric = softnic::Fabric::default();
+        let verbs = Verbs::soft(&fabric);
+        let engine = |name: &str| {
+            let ctx = Context::open_by_name(&verbs, name).unwrap();
+            let cfg = EngineConfig {
+                max_conns: 2,
+                ..EngineConfig::default()
+            };
+            Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
+        };
+        let (mut a, mut b) = (engine("soft0"), engine("soft1"));
+        let (src, dst) = (b.register(4096).unwrap(), a.register(4096).unwrap());
+        let d = b.export_with(&src, 0, 4096, Access::READ).unwrap();
+        let mut most = 0;
+        for round in 0..40 {
+            let (ca, cb) = connect_pair(&mut a, &mut b).unwrap();
+            let r = a.read(ca, &dst, 0, &d, 0, 4096).unwrap();
+            let mut closed = false;
+            for _ in 0..100_000 {
+                if r.is_done() && !closed {
+                    a.close(ca).unwrap();
+                    closed = true;
+                }
+                if closed && !a.is_open(ca) && !b.is_open(cb) {
+                    break;
+                }
+                a.poll().unwrap();
+                b.poll().unwrap();
+            }
+            assert!(r.test().unwrap().is_ok(), "round {round}");
+            assert!(!b.is_open(cb), "round {round}");
+            most = most.max(b.readers.len());
+        }
+        assert!(most <= 16, "{most} entries for 2 slots");
+        assert!(
+            most >= 8,
+            "{most}: the slots' connections came and went in the list"
+        );
     }
 }
