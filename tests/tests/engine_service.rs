@@ -8,7 +8,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use softnic::Faults;
-use uccl_engine::{EngineConfig, EngineError, Mode, Opts, RecvKeys, Request, connect_pair};
+use uccl_engine::{Buffer, EngineConfig, EngineError, Mode, Opts, RecvKeys, Request, connect_pair};
 use uccl_integration::{Sim, pattern};
 
 /// The set-ups every case runs on.
@@ -51,6 +51,23 @@ fn rounds(sim: &mut Sim, n: usize) {
     }
 }
 
+/// A source buffer of `len` bytes at engine 0 holding pattern `p`, and two buffers as long at
+/// engine 1.
+fn source_and_two_sinks(sim: &mut Sim, len: usize, p: u64) -> (Buffer, Buffer, Buffer) {
+    let src = sim.engines[0].register(len).unwrap();
+    src.write_at(0, &pattern(p, 0, 0, len)).unwrap();
+    let sink = |sim: &mut Sim| sim.engines[1].register(len).unwrap();
+    (src, sink(sim), sink(sim))
+}
+
+/// Asserts that receive `r` completed with `len` bytes, which `buf` holds: pattern `p`.
+fn assert_arrived(r: &Request, buf: &Buffer, len: usize, p: u64, cfg: &EngineConfig) {
+    assert_eq!(r.test().unwrap().unwrap().len, len as u64, "{cfg:?}");
+    let mut got = vec![0u8; len];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, pattern(p, 0, 0, len), "{cfg:?}");
+}
+
 fn err(r: &Request) -> EngineError {
     r.test().expect("done").expect_err("failed")
 }
@@ -62,12 +79,7 @@ fn err(r: &Request) -> EngineError {
 fn a_receive_cancelled_before_a_send_arrives_is_withdrawn() {
     for cfg in setups() {
         let (mut sim, ca, cb) = pair(&cfg);
-        let src = sim.engines[0].register(8192).unwrap();
-        src.write_at(0, &pattern(1, 0, 0, 8192)).unwrap();
-        let (first, second) = (
-            sim.engines[1].register(8192).unwrap(),
-            sim.engines[1].register(8192).unwrap(),
-        );
+        let (src, first, second) = source_and_two_sinks(&mut sim, 8192, 1);
         let r1 = sim.engines[1].recv(cb, &first, 0, 8192).unwrap();
         rounds(&mut sim, 3);
         r1.cancel();
@@ -78,10 +90,8 @@ fn a_receive_cancelled_before_a_send_arrives_is_withdrawn() {
         assert!(!s.is_done(), "{cfg:?}: the send waits for a receive");
         let r2 = sim.engines[1].recv(cb, &second, 0, 8192).unwrap();
         finish(&mut sim, &[&s, &r2]);
-        assert_eq!(r2.test().unwrap().unwrap().len, 8192, "{cfg:?}");
+        assert_arrived(&r2, &second, 8192, 1, &cfg);
         let mut got = vec![0u8; 8192];
-        second.read_at(0, &mut got).unwrap();
-        assert_eq!(got, pattern(1, 0, 0, 8192), "{cfg:?}");
         first.read_at(0, &mut got).unwrap();
         assert!(
             got.iter().all(|&b| b == 0),
@@ -98,12 +108,7 @@ fn a_receive_cancelled_before_a_send_arrives_is_withdrawn() {
 fn a_receive_cancelled_before_it_was_advertised_leaves_no_gap() {
     for cfg in setups() {
         let (mut sim, ca, cb) = pair(&cfg);
-        let src = sim.engines[0].register(8192).unwrap();
-        src.write_at(0, &pattern(2, 0, 0, 8192)).unwrap();
-        let (first, second) = (
-            sim.engines[1].register(8192).unwrap(),
-            sim.engines[1].register(8192).unwrap(),
-        );
+        let (src, first, second) = source_and_two_sinks(&mut sim, 8192, 2);
         let r1 = sim.engines[1].recv(cb, &first, 0, 8192).unwrap();
         r1.cancel();
         finish(&mut sim, &[&r1]);
@@ -111,10 +116,7 @@ fn a_receive_cancelled_before_it_was_advertised_leaves_no_gap() {
         let r2 = sim.engines[1].recv(cb, &second, 0, 8192).unwrap();
         let s = sim.engines[0].send(ca, &src, 0, 8192).unwrap();
         finish(&mut sim, &[&s, &r2]);
-        assert_eq!(r2.test().unwrap().unwrap().len, 8192, "{cfg:?}");
-        let mut got = vec![0u8; 8192];
-        second.read_at(0, &mut got).unwrap();
-        assert_eq!(got, pattern(2, 0, 0, 8192), "{cfg:?}");
+        assert_arrived(&r2, &second, 8192, 2, &cfg);
         assert!(sim.engines[1].is_open(cb));
     }
 }
@@ -127,12 +129,7 @@ fn a_receive_posted_right_after_one_withdrawn_unadvertised_takes_the_next_send()
     for cfg in setups() {
         for deadline in [false, true] {
             let (mut sim, ca, cb) = pair(&cfg);
-            let src = sim.engines[0].register(4096).unwrap();
-            src.write_at(0, &pattern(3, 0, 0, 4096)).unwrap();
-            let (first, second) = (
-                sim.engines[1].register(4096).unwrap(),
-                sim.engines[1].register(4096).unwrap(),
-            );
+            let (src, first, second) = source_and_two_sinks(&mut sim, 4096, 3);
             let r1 = if deadline {
                 let now = Opts::timeout(Duration::ZERO);
                 sim.engines[1].recv_with(cb, &first, 0, 4096, now).unwrap()
@@ -146,10 +143,7 @@ fn a_receive_posted_right_after_one_withdrawn_unadvertised_takes_the_next_send()
             assert!(r1.test().unwrap().is_err(), "{cfg:?}");
             let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
             finish(&mut sim, &[&s, &r2]);
-            assert_eq!(r2.test().unwrap().unwrap().len, 4096, "{cfg:?}");
-            let mut got = vec![0u8; 4096];
-            second.read_at(0, &mut got).unwrap();
-            assert_eq!(got, pattern(3, 0, 0, 4096), "{cfg:?}");
+            assert_arrived(&r2, &second, 4096, 3, &cfg);
         }
     }
 }

@@ -156,6 +156,23 @@ mod vectored;
 mod window;
 mod wrid;
 
+/// Two engines built as `cfg` on devices `soft0` and `soft1` of `fabric`, connected: the unit
+/// tests' pair, and the connection's ids at each.
+#[cfg(test)]
+pub(crate) fn test_pair(
+    fabric: &softnic::Fabric,
+    cfg: &EngineConfig,
+) -> (Engine, Engine, ConnId, ConnId) {
+    let verbs = verbs_safe::Verbs::soft(fabric);
+    let engine = |name: &str| {
+        let ctx = verbs_safe::Context::open_by_name(&verbs, name).unwrap();
+        Engine::new(&ctx, cfg.clone(), Clock::Fabric(fabric.clone())).unwrap()
+    };
+    let (mut a, mut b) = (engine("soft0"), engine("soft1"));
+    let (ca, cb) = connect_pair(&mut a, &mut b).unwrap();
+    (a, b, ca, cb)
+}
+
 pub use cancel::Opts;
 pub use clock::Clock;
 pub use config::{EngineConfig, Mode, RecvKeys};

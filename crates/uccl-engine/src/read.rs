@@ -627,8 +627,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Access, Clock, Engine, EngineConfig, connect_pair};
-    use verbs_safe::{Context, Verbs};
+    use crate::{Access, EngineConfig, connect_pair, test_pair};
 
     /// The engine's list of connections that serve reads keeps within twice its connection
     /// slots, however many connections come, serve a read and go in the same slots between
@@ -636,21 +635,20 @@ mod tests {
     #[test]
     fn the_list_of_readers_stays_within_twice_the_slots() {
         let fabric = softnic::Fabric::default();
-        let verbs = Verbs::soft(&fabric);
-        let engine = |name: &str| {
-            let ctx = Context::open_by_name(&verbs, name).unwrap();
-            let cfg = EngineConfig {
-                max_conns: 2,
-                ..EngineConfig::default()
-            };
-            Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
+        let cfg = EngineConfig {
+            max_conns: 2,
+            ..EngineConfig::default()
         };
-        let (mut a, mut b) = (engine("soft0"), engine("soft1"));
+        let (mut a, mut b, ca, cb) = test_pair(&fabric, &cfg);
         let (src, dst) = (b.register(4096).unwrap(), a.register(4096).unwrap());
         let d = b.export_with(&src, 0, 4096, Access::READ).unwrap();
         let mut most = 0;
+        let mut first = Some((ca, cb));
         for round in 0..40 {
-            let (ca, cb) = connect_pair(&mut a, &mut b).unwrap();
+            let (ca, cb) = match first.take() {
+                Some(c) => c,
+                None => connect_pair(&mut a, &mut b).unwrap(),
+            };
             let r = a.read(ca, &dst, 0, &d, 0, 4096).unwrap();
             let mut closed = false;
             for _ in 0..100_000 {

@@ -240,22 +240,14 @@ pub(crate) struct Retransmitted {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Clock, Engine, EngineConfig, connect_pair};
-    use verbs_safe::{Context, Verbs};
+    use crate::{Engine, EngineConfig, test_pair};
 
     /// A retransmitted chunk is copied only where its original WRITE could have gone: inside
     /// the receive buffer or exported range, and with the key it was given.
     #[test]
     fn a_retransmission_needs_the_rkey_of_its_target() {
         let fabric = softnic::Fabric::default();
-        let verbs = Verbs::soft(&fabric);
-        let engine = |name: &str| {
-            let ctx = Context::open_by_name(&verbs, name).unwrap();
-            let cfg = EngineConfig::default();
-            Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
-        };
-        let (mut a, mut b) = (engine("soft0"), engine("soft1"));
-        let (_ca, cb) = connect_pair(&mut a, &mut b).unwrap();
+        let (_a, mut b, _ca, cb) = test_pair(&fabric, &EngineConfig::default());
         let (exported, posted) = (b.register(8192).unwrap(), b.register(8192).unwrap());
         let d = b.export(&exported, 4096, 4096).unwrap();
         let _r = b.recv(cb, &posted, 0, 8192).unwrap();

@@ -371,10 +371,8 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use softnic::{Fabric, FabricConfig};
-    use verbs_safe::{Context, Verbs};
 
     use super::*;
-    use crate::{Clock, connect_pair};
 
     impl Engine {
         /// Posts a bind the device refuses (a region without `MW_BIND` access) on the window
@@ -413,16 +411,8 @@ mod tests {
             auto_advance: false,
             ..Default::default()
         });
-        let verbs = Verbs::soft(&fabric);
-        let mut e: Vec<Engine> = (0..2)
-            .map(|i| {
-                let ctx = Context::open_by_name(&verbs, &format!("soft{i}")).unwrap();
-                let cfg = EngineConfig::default();
-                Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
-            })
-            .collect();
-        let (a, b) = e.split_at_mut(1);
-        let (ca, cb) = connect_pair(&mut a[0], &mut b[0]).unwrap();
+        let (a, b, ca, cb) = crate::test_pair(&fabric, &EngineConfig::default());
+        let mut e = [a, b];
         let dst = e[0].register(64 << 10).unwrap();
         let src = e[1].register(64 << 10).unwrap();
         src.write_at(0, &[0x5a; 64 << 10]).unwrap();
