@@ -161,7 +161,9 @@ impl Fabric {
         self.cm(|st| st.cm_leave(id.0, group))
     }
 
-    /// Listens (`rdma_listen`).
+    /// Listens (`rdma_listen`). An RC connection request that finds `backlog` requests not yet
+    /// taken from the channel is dropped (the requester sends it again after its timeout), as
+    /// the kernel's CM does; a UD one (SIDR) is rejected.
     pub fn cm_listen(&self, id: CmId, backlog: i32) -> Result<(), CmError> {
         self.cm(|st| st.cm_listen(id.0, backlog))
     }

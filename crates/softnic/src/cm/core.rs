@@ -282,8 +282,11 @@ impl State {
         };
         let li = &self.w.cm.ids[&l];
         if li.queued >= li.backlog {
-            self.w
-                .answer(dev, &from, tid, &rej(reject::CONSUMER_DEFINED));
+            // Dropped, not rejected, as the kernel's CM does (rdma_ucm's handler says ENOMEM,
+            // and ib_cm's `cm_destroy_id` does not reject "to allow future retries"): the
+            // requester sends its REQ again after its timeout, and gets in once the listener
+            // has taken a request off its backlog.
+            self.w.cm.count(dev, |c| c.backlog_drops += 1);
             return true;
         }
         let peer = ConnParam {

@@ -27,8 +27,11 @@ pub struct CmCounters {
     pub unexpected: u64,
     /// Duplicates answered (MRA for a REQ being decided, REP or RTU again).
     pub duplicates: u64,
-    /// REJs sent (nobody listening, backlog full, the application's reject).
+    /// REJs sent (nobody listening, the application's reject).
     pub rejects_sent: u64,
+    /// Connection requests dropped for a listener's full backlog (the requester sends them
+    /// again after its timeout).
+    pub backlog_drops: u64,
     /// Exchanges given up after every retry (REQ, REP, DREQ, SIDR REQ).
     pub timeouts: u64,
 }
