@@ -345,6 +345,13 @@ pub(crate) fn gid(ctx: *mut ibv_context) -> ibverbs_sys::ibv_gid {
 ///
 /// # Safety
 /// `p` is null or valid, its private data valid for its length.
+/// Whether an RC id (`RDMA_PS_TCP`) without a QP was given the connection's parameters (its
+/// QP number is in them): librdmacm's `ucma_valid_param` answers EINVAL otherwise.
+fn params_given(t: &mut Turn<'_>, param: *const rdma_conn_param) -> bool {
+    let c = t.c();
+    c.ps != RDMA_PS_TCP || !c.qp.is_null() || !param.is_null()
+}
+
 pub(crate) unsafe fn conn_param<'a>(p: *const rdma_conn_param) -> (ConnParam, &'a [u8]) {
     // SAFETY: per the contract.
     let Some(p) = (unsafe { p.as_ref() }) else {
@@ -521,6 +528,9 @@ export! {
     /// Connects: a REQ (RC) or SIDR REQ (UD) with the caller's private data.
     "RDMACM_1.0" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
         with_id_then_wait(id, |l, t| {
+            if !params_given(t, param) {
+                return (fail(libc::EINVAL), false);
+            }
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
             // SAFETY: a context of the fabric; `data` is valid for its length.
@@ -532,6 +542,9 @@ export! {
     /// Accepts a connection request (the CM moves an attached QP to RTR and RTS).
     "RDMACM_1.0" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
         with_id_then_wait(id, |l, t| {
+            if !params_given(t, param) {
+                return (fail(libc::EINVAL), false);
+            }
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
             // SAFETY: a context of the fabric; `data` is valid for its length.

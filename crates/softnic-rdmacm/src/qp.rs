@@ -74,7 +74,8 @@ fn drop_cqs(t: &mut Turn<'_>) {
 
 /// `rdma_create_qp`: the QP on the id's device, handed to the CM (INIT for RC, RTS for UD).
 fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c_int {
-    if t.c().verbs.is_null() {
+    // An id has one QP: a second is EINVAL, as librdmacm's `rdma_create_qp_ex` answers.
+    if t.c().verbs.is_null() || !t.c().qp.is_null() {
         return fail(libc::EINVAL);
     }
     let pd = if pd.is_null() {

@@ -283,6 +283,14 @@ fn a_late_call_on_a_destroyed_channel_waits() {
     turns_under_valgrind("127.0.26.17", "late-get");
 }
 
+/// What librdmacm refuses before anything is sent, with EINVAL: an RC connect with neither a
+/// QP nor parameters, responder resources above the device's, a second QP on an id (which
+/// keeps its first).
+#[test]
+fn connection_parameters_and_a_second_qp_are_checked() {
+    turns_under_valgrind("127.0.26.19", "params");
+}
+
 /// `turns <addr> <mode>` on a device at `addr`, under valgrind when it is installed (which
 /// then fails the run on a read of freed memory): it must say "ok" and exit 0.
 fn turns_under_valgrind(addr: &str, mode: &str) {

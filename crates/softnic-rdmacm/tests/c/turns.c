@@ -7,6 +7,9 @@
  * - turns <address> late-get: a thread that calls rdma_get_cm_event on a channel another
  *   thread has just destroyed waits, as rping's event thread must while its main thread exits
  *   (returning an error there, rping calls exit(-1)).
+ * - turns <address> params: what librdmacm refuses before anything is sent (EINVAL): an RC
+ *   connect with neither a QP nor parameters, responder resources above the device's, a
+ *   second QP on an id.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -86,6 +89,45 @@ static int late_get(void) {
     return 0;
 }
 
+static int params(struct sockaddr_in *a) {
+    struct rdma_cm_id *id;
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
+        return fail("id");
+    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)a, 2000) || rdma_resolve_route(id, 2000))
+        return fail("resolve");
+    errno = 0;
+    if (rdma_connect(id, NULL) != -1 || errno != EINVAL) {
+        printf("connect with no QP and no parameters: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
+    struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC};
+    if (rdma_create_qp(id, NULL, &qa))
+        return fail("create_qp");
+    struct ibv_qp *first = id->qp;
+    errno = 0;
+    if (rdma_create_qp(id, NULL, &qa) != -1 || errno != EINVAL || id->qp != first) {
+        printf("a second QP: errno %d, expected EINVAL and the first QP kept\n", errno);
+        return 1;
+    }
+    struct ibv_device_attr dev;
+    if (ibv_query_device(id->verbs, &dev))
+        return fail("query_device");
+    struct rdma_conn_param p = {.responder_resources = dev.max_qp_rd_atom + 1,
+                                .initiator_depth = 1, .retry_count = 7};
+    errno = 0;
+    if (rdma_connect(id, &p) != -1 || errno != EINVAL) {
+        printf("connect with %d responder resources: errno %d, expected EINVAL\n",
+               p.responder_resources, errno);
+        return 1;
+    }
+    rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -95,6 +137,8 @@ int main(int argc, char **argv) {
     inet_pton(AF_INET, argv[1], &a.sin_addr);
     if (argc > 2 && !strcmp(argv[2], "late-ack"))
         return late_ack(&a);
+    if (argc > 2 && !strcmp(argv[2], "params"))
+        return params(&a);
 
     struct rdma_event_channel *ch = rdma_create_event_channel();
     struct rdma_cm_id *listener;

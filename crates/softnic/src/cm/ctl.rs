@@ -297,20 +297,31 @@ impl State {
         let _ = self.cm_move(id, ibv_qp_state::IBV_QPS_ERR);
     }
 
-    /// The device's limits on `p` (librdmacm clamps them too: callers ask for
-    /// `RDMA_MAX_RESP_RES`, 255, to mean as many as the device has).
-    fn clamp(&self, p: ConnParam) -> ConnParam {
+    /// The device's limits on `p` for id `id`: callers ask for `RDMA_MAX_RESP_RES` and
+    /// `RDMA_MAX_INIT_DEPTH` (255) to mean as many as the device has; on RC any other value
+    /// above the device's `max_qp_rd_atom` is EINVAL, as librdmacm's `ucma_valid_param`
+    /// answers (UD has no reads: its values are not looked at).
+    fn clamp(&mut self, id: u32, p: ConnParam) -> Result<ConnParam, CmError> {
         let max = self.w.cfg.max_rd_atomic.min(255) as u8;
-        ConnParam {
+        let over = |v: u8| v != 255 && v > max;
+        if self.cm_id(id)?.ps == PortSpace::Tcp
+            && (over(p.responder_resources) || over(p.initiator_depth))
+        {
+            return err(
+                libc::EINVAL,
+                "responder resources or initiator depth above the device's max_qp_rd_atom",
+            );
+        }
+        Ok(ConnParam {
             responder_resources: p.responder_resources.min(max),
             initiator_depth: p.initiator_depth.min(max),
             ..p
-        }
+        })
     }
 
     /// `rdma_connect`: a REQ (RC) or SIDR REQ (UD) with `data` after the IP header.
     pub(crate) fn cm_connect(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
-        let p = self.clamp(p);
+        let p = self.clamp(id, p)?;
         let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
         let comm = self.w.cm.comm_id();
         let tid = u64::from(self.w.cm.fresh());
@@ -378,7 +389,7 @@ impl State {
 
     /// `rdma_accept`: RTR and RTS, then the REP (RC); the SIDR REP (UD).
     pub(crate) fn cm_accept(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
-        let p = self.clamp(p);
+        let p = self.clamp(id, p)?;
         let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
         let i = self.cm_id(id)?;
         if i.st != St::ReqRcvd {
