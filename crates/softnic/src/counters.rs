@@ -31,7 +31,8 @@ pub struct Counters {
     /// Packets the receiver dropped because the ICRC did not match.
     pub icrc_errors: u64,
     /// Packets the receiver dropped as malformed (truncated, unknown opcode, bad version or
-    /// pad) though their ICRC matched (only frames from outside, see [`crate::Fabric::inject`]).
+    /// pad, a READ response out of the IBA's shape) though their ICRC matched (only frames from
+    /// outside, see [`crate::Fabric::inject`]).
     pub malformed: u64,
     /// Request packets sent again (RC go-back-N after a timeout or NAK).
     pub retransmits: u64,

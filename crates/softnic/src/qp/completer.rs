@@ -304,10 +304,25 @@ impl Qp {
             }
             None => pkt.payload,
         };
-        // A response longer than what is left of the READ is malformed: ignored.
-        let len_ok = offset + data.len() as u64 <= front.len
-            && (last || data.len() as u64 == mtu || atomic_ack);
-        if !len_ok {
+        // The IBA's shapes, which rxe's completer checks too: a READ's responses before its
+        // last are FIRST (its first, or the first answering a READ re-issued from there) or
+        // MIDDLE (never its first), of a full MTU each; its last is a LAST (not its first) or
+        // an ONLY, with exactly what is left. Anything else is malformed: ignored (a READ must
+        // not complete while bytes of it were never written; its timer asks again).
+        let len = data.len() as u64;
+        let (full, exact) = (len == mtu, offset + len == front.len);
+        let first = psn == front.first_psn;
+        let shape_ok = match pkt.hdr.opcode {
+            _ if atomic_ack => offset + len <= front.len,
+            _ if front.answered_empty() => true,
+            opcode::RC_READ_RESPONSE_FIRST => !last && full,
+            opcode::RC_READ_RESPONSE_MIDDLE => !first && !last && full,
+            opcode::RC_READ_RESPONSE_LAST => !first && last && exact,
+            opcode::RC_READ_RESPONSE_ONLY => last && exact,
+            _ => false,
+        };
+        if !shape_ok {
+            self.count(w, |c| c.malformed += 1);
             return;
         }
         let written = match &front.payload {

@@ -379,6 +379,24 @@ pub fn write_wr(
     )
 }
 
+/// A signaled RDMA READ into all of `dst` (registered as `dmr`) from `remote_addr`, under
+/// `smr`'s rkey.
+pub fn read_wr(
+    wr_id: u64,
+    dst: &[u8],
+    dmr: *mut ibv_mr,
+    remote_addr: u64,
+    smr: *mut ibv_mr,
+) -> ibv_send_wr {
+    let wr = send_wr(
+        wr_id,
+        ibv_wr_opcode::IBV_WR_RDMA_READ,
+        &[sge(dst, dmr)],
+        SIGNALED,
+    );
+    with_rdma(wr, remote_addr, rkey(smr))
+}
+
 pub fn with_ud(mut wr: ibv_send_wr, ah: *mut ibv_ah, remote_qpn: u32, qkey: u32) -> ibv_send_wr {
     wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
         ah,

@@ -3,7 +3,7 @@
 //! never a wrapped address.
 
 use proptest::prelude::*;
-use softnic::packet::{AtomicEth, Deth, Headers, Reth, layout, opcode};
+use softnic::packet::{Aeth, AtomicEth, Deth, Headers, Reth, layout, opcode, syndrome};
 
 use crate::common::*;
 
@@ -17,16 +17,7 @@ fn a_duplicate_read_with_a_wrapping_range_is_dropped() {
     let mut local = vec![0u8; 2048];
     let rmr = b.reg(&mut remote, ALL_ACCESS);
     let lmr = a.reg(&mut local, LOCAL_WRITE);
-    let read = with_rdma(
-        send_wr(
-            1,
-            ibv_wr_opcode::IBV_WR_RDMA_READ,
-            &[sge(&local, lmr)],
-            SIGNALED,
-        ),
-        remote.as_ptr() as u64,
-        rkey(rmr),
-    );
+    let read = read_wr(1, &local, lmr, remote.as_ptr() as u64, rmr);
     post_send(qa, &mut [read]).unwrap();
     assert!(ok(&poll_n(a.cq, 1)[0]));
     // The READ used PSNs 100 and 101 (the pair starts at 100). Repeat it with a hostile range.
@@ -54,6 +45,80 @@ fn a_duplicate_read_with_a_wrapping_range_is_dropped() {
         "a dropped duplicate changes nothing"
     );
     assert_eq!(f.qp_counters(qb).unwrap().duplicates_received, 1);
+}
+
+/// A READ completes only on responses of the IBA's shapes, which rxe's completer checks too:
+/// FIRST (or MIDDLE after it) of a full MTU before the last, then a LAST or ONLY carrying
+/// exactly what is left (a FIRST may start again in the middle: a READ re-issued from there).
+/// Forged responses out of that shape (a MIDDLE, ONLY or LAST first, an ONLY or LAST in the
+/// middle, a FIRST or MIDDLE last, a short LAST) are dropped as malformed and complete
+/// nothing; the right ones then complete the READ with every byte.
+#[test]
+fn read_responses_out_of_shape_complete_nothing() {
+    // Time moves only when told (a poll of an empty CQ would move it to the READ's timeout).
+    let f = Fabric::new(FabricConfig {
+        auto_advance: false,
+        ..FabricConfig::default()
+    });
+    let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
+    // The READ's request never reaches its peer: every response is forged.
+    let down = Faults {
+        link_down: true,
+        ..Faults::NONE
+    };
+    f.set_faults("soft0", "soft1", down).unwrap();
+    let mut remote = vec![0u8; 3000];
+    let rmr = b.reg(&mut remote, ALL_ACCESS);
+    let mut local = vec![0u8; 3000];
+    let lmr = a.reg(&mut local, LOCAL_WRITE);
+    let read = read_wr(7, &local, lmr, remote.as_ptr() as u64, rmr);
+    post_send(qa, &mut [read]).unwrap();
+    // PSNs 100 to 102 (the pair starts at 100), 1024-byte MTU: 1024, 1024 and 952 bytes.
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 1) as u8).collect();
+    let part = |k: u32| &data[(k as usize * 1024)..(data.len()).min((k as usize + 1) * 1024)];
+    // SAFETY: reading raw GID bytes.
+    let from = unsafe { b.gid.raw };
+    let respond = |op: u8, k: u32, payload: &[u8]| {
+        let aeth = (op != opcode::RC_READ_RESPONSE_MIDDLE).then_some(Aeth {
+            syndrome: syndrome::ACK,
+            msn: 1,
+        });
+        let h = Headers {
+            opcode: op,
+            pkey: 0xffff,
+            dest_qp: qpn(qa),
+            psn: 100 + k,
+            aeth,
+            ..Headers::default()
+        };
+        f.inject("soft0", from, &frame(h, payload)).unwrap();
+    };
+    use opcode::{
+        RC_READ_RESPONSE_FIRST as FIRST, RC_READ_RESPONSE_LAST as LAST,
+        RC_READ_RESPONSE_MIDDLE as MIDDLE, RC_READ_RESPONSE_ONLY as ONLY,
+    };
+    // At each PSN in turn (so that none looks lost and asks again): what does not fit there,
+    // then what does. The last is owed 952 bytes: a LAST of 10 does not fit.
+    let wrong: [&[u8]; 3] = [&[MIDDLE, ONLY, LAST], &[ONLY, LAST], &[FIRST, MIDDLE]];
+    let right = [FIRST, MIDDLE];
+    for k in 0..3u32 {
+        for &op in wrong[k as usize] {
+            respond(op, k, part(k));
+        }
+        if let Some(&op) = right.get(k as usize) {
+            respond(op, k, part(k));
+        }
+    }
+    respond(LAST, 2, &part(2)[..10]);
+    f.step();
+    let early = poll(a.cq, 4);
+    assert!(early.is_empty(), "completed on forged responses: {early:?}");
+    assert_eq!(f.qp_counters(qa).unwrap().malformed, 8);
+    // The right last response completes it, every byte in place.
+    respond(LAST, 2, part(2));
+    let wc = poll_n(a.cq, 1)[0];
+    assert!(ok(&wc) && wc.wr_id == 7, "{wc:?}");
+    assert!(local == data, "the READ's bytes");
 }
 
 /// Garbage is counted and dropped.
