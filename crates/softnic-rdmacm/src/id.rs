@@ -340,11 +340,6 @@ pub(crate) fn gid(ctx: *mut ibv_context) -> ibverbs_sys::ibv_gid {
     g
 }
 
-/// `ConnParam` of a caller's `rdma_conn_param` (null: librdmacm's defaults), and its
-/// private data.
-///
-/// # Safety
-/// `p` is null or valid, its private data valid for its length.
 /// Whether an RC id (`RDMA_PS_TCP`) without a QP was given the connection's parameters (its
 /// QP number is in them): librdmacm's `ucma_valid_param` answers EINVAL otherwise.
 fn params_given(t: &mut Turn<'_>, param: *const rdma_conn_param) -> bool {
@@ -352,6 +347,11 @@ fn params_given(t: &mut Turn<'_>, param: *const rdma_conn_param) -> bool {
     c.ps != RDMA_PS_TCP || !c.qp.is_null() || !param.is_null()
 }
 
+/// `ConnParam` of a caller's `rdma_conn_param` (null: librdmacm's defaults), and its
+/// private data.
+///
+/// # Safety
+/// `p` is null or valid, its private data valid for its length.
 pub(crate) unsafe fn conn_param<'a>(p: *const rdma_conn_param) -> (ConnParam, &'a [u8]) {
     // SAFETY: per the contract.
     let Some(p) = (unsafe { p.as_ref() }) else {
