@@ -148,6 +148,7 @@ mod request;
 mod rng;
 mod round;
 mod rx;
+mod serve;
 mod setup;
 mod stats;
 mod threaded;
