@@ -12,7 +12,8 @@ use crate::types::{
 use crate::{fail, set_errno};
 
 /// The IPv4 address and port of a caller's `sockaddr`: `AF_INET`, or `AF_INET6` that is the
-/// unspecified address or IPv4-mapped. `Err(EAFNOSUPPORT)` for anything else.
+/// unspecified address or IPv4-mapped. `Err(EAFNOSUPPORT)` for other IPv6 addresses (the link
+/// carries IPv4), `Err(EINVAL)` for another family (librdmacm's `ucma_addrlen` knows none).
 ///
 /// # Safety
 /// `sa` is null or points to a `sockaddr` of its family's size.
@@ -44,7 +45,7 @@ pub(crate) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Result<Option<C
                 port: u16::from_be(sin6.sin6_port),
             }))
         }
-        _ => Err(libc::EAFNOSUPPORT),
+        _ => Err(libc::EINVAL),
     }
 }
 

@@ -283,9 +283,9 @@ fn a_late_call_on_a_destroyed_channel_waits() {
     turns_under_valgrind("127.0.26.17", "late-get");
 }
 
-/// What librdmacm refuses before anything is sent, with EINVAL: an RC connect with neither a
-/// QP nor parameters, responder resources above the device's, a second QP on an id (which
-/// keeps its first).
+/// What librdmacm refuses before anything is sent, with EINVAL: an id of no port space, an
+/// address of no family it knows, an RC connect with neither a QP nor parameters, responder
+/// resources above the device's, a second QP on an id (which keeps its first).
 #[test]
 fn connection_parameters_and_a_second_qp_are_checked() {
     turns_under_valgrind("127.0.26.19", "params");

@@ -7,9 +7,9 @@
  * - turns <address> late-get: a thread that calls rdma_get_cm_event on a channel another
  *   thread has just destroyed waits, as rping's event thread must while its main thread exits
  *   (returning an error there, rping calls exit(-1)).
- * - turns <address> params: what librdmacm refuses before anything is sent (EINVAL): an RC
- *   connect with neither a QP nor parameters, responder resources above the device's, a
- *   second QP on an id.
+ * - turns <address> params: what librdmacm refuses before anything is sent (EINVAL): an id of
+ *   no port space, an address of no family it knows, an RC connect with neither a QP nor
+ *   parameters, responder resources above the device's, a second QP on an id.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -91,8 +91,19 @@ static int late_get(void) {
 
 static int params(struct sockaddr_in *a) {
     struct rdma_cm_id *id;
+    errno = 0;
+    if (rdma_create_id(NULL, &id, NULL, (enum rdma_port_space)0x999) != -1 || errno != EINVAL) {
+        printf("an id of no port space: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
     if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
         return fail("id");
+    struct sockaddr unix_addr = {.sa_family = AF_UNIX};
+    errno = 0;
+    if (rdma_bind_addr(id, &unix_addr) != -1 || errno != EINVAL) {
+        printf("binding to an AF_UNIX address: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
     if (rdma_resolve_addr(id, NULL, (struct sockaddr *)a, 2000) || rdma_resolve_route(id, 2000))
         return fail("resolve");
     errno = 0;

@@ -254,7 +254,15 @@ unsafe extern "C" fn destroy_channel(ctx: Ctx, chan: u32) -> c_int {
 unsafe extern "C" fn create_id(ctx: Ctx, chan: u32, ps: u16, id: *mut u32) -> c_int {
     on(ctx, |f| {
         let Some(ps) = PortSpace::from_code(ps) else {
-            return super::err(libc::EPROTONOSUPPORT, "a port space softnic's CM lacks");
+            // RDMA_PS_IPOIB and RDMA_PS_IB exist (softnic's CM lacks them); anything else is no
+            // port space at all: EINVAL, as the kernel's ucma_get_qp_type answers.
+            let known = matches!(ps, 0x0002 | 0x013f);
+            let errno = if known {
+                libc::EPROTONOSUPPORT
+            } else {
+                libc::EINVAL
+            };
+            return super::err(errno, "a port space softnic's CM lacks");
         };
         let new = f.cm_create_id(ChannelId(chan), ps)?;
         // SAFETY: an out-pointer of the caller, null or valid.

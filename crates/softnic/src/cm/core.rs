@@ -481,12 +481,11 @@ impl State {
         }
         match i.st {
             St::Established | St::RepSent | St::RepRcvd | St::DreqSent => {
-                let event = true;
                 self.w.cm_settle(id);
                 self.cm_qp_error(id);
                 self.w.cm.ids.get_mut(&id).expect("there").tid = tid;
                 self.w.cm_send(id, &drep, false);
-                self.cm_time_wait(id, event);
+                self.cm_time_wait(id, Some(0));
                 true
             }
             St::TimeWait => {
@@ -505,7 +504,7 @@ impl State {
         match self.w.cm.ids[&id].st {
             St::DreqSent => {
                 self.w.cm_settle(id);
-                self.cm_time_wait(id, true);
+                self.cm_time_wait(id, Some(0));
                 true
             }
             St::TimeWait => {
@@ -516,16 +515,17 @@ impl State {
         }
     }
 
-    /// The connection is down: DISCONNECTED (if `event`), then time-wait until its timer.
-    pub(crate) fn cm_time_wait(&mut self, id: u32, event: bool) {
+    /// The connection is down: DISCONNECTED with status `event` (if any), then time-wait
+    /// until its timer.
+    pub(crate) fn cm_time_wait(&mut self, id: u32, event: Option<i32>) {
         if self.w.cm.ids.get(&id).is_some_and(|i| i.orphan) {
             // Its goodbye is over, and nobody waits for its events.
             self.forget(id);
             return;
         }
         self.w.cm.ids.get_mut(&id).expect("a live id").st = St::TimeWait;
-        if event {
-            self.w.cm.event(id, CmEventKind::Disconnected, 0);
+        if let Some(status) = event {
+            self.w.cm.event(id, CmEventKind::Disconnected, status);
         }
         let at = self.w.now + super::ib_time_ns(RESPONSE_TIMEOUT);
         self.w.cm_arm(id, at);
@@ -566,7 +566,9 @@ impl State {
                     self.cm_qp_error(id);
                     self.w.cm.event(id, CmEventKind::Unreachable, TIMED_OUT);
                 }
-                St::DreqSent => self.cm_time_wait(id, true),
+                // A DREQ never answered: DISCONNECTED all the same, with -ETIMEDOUT (the
+                // kernel's rdma_cm for IB_CM_DREQ_ERROR).
+                St::DreqSent => self.cm_time_wait(id, Some(if gave_up { TIMED_OUT } else { 0 })),
                 St::TimeWait => {
                     self.w.cm.ids.get_mut(&id).expect("there").st = St::Done;
                     self.w.cm.event(id, CmEventKind::TimewaitExit, 0);

@@ -188,6 +188,23 @@ fn rc_connects_carries_data_and_disconnects() {
     );
 }
 
+/// A DREQ never answered (the peer's link down): after its retries the connection is down all
+/// the same, DISCONNECTED with -ETIMEDOUT, as the kernel's rdma_cm reports IB_CM_DREQ_ERROR.
+#[test]
+fn a_dreq_never_answered_disconnects_with_etimedout() {
+    let e = ends(9);
+    let (c, _qa, _s, _qb) = connect(&e);
+    let down = Faults {
+        link_down: true,
+        ..Faults::NONE
+    };
+    e.fabric.set_faults("soft0", "soft1", down).unwrap();
+    e.fabric.cm_disconnect(c).unwrap();
+    let ev = expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    assert_eq!((ev.id, ev.status), (c, -libc::ETIMEDOUT));
+    assert_eq!(e.fabric.cm_counters("soft0").unwrap().timeouts, 1);
+}
+
 #[test]
 fn simultaneous_disconnects_give_one_event_each() {
     let e = ends(2);
