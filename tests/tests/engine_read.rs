@@ -296,7 +296,8 @@ fn withdrawing_an_export_refuses_the_reads_of_it_not_started_yet() {
     let idle = sim.connect(0, 1).unwrap();
     let size = 8 * MIB as usize;
     let src = sim.engines[1].register(size).unwrap();
-    src.write_at(0, &pattern(9, 0, 0, size)).unwrap();
+    let want = pattern(9, 0, 0, size);
+    src.write_at(0, &want).unwrap();
     let dst = sim.engines[0].register(size).unwrap();
     let piece = 256 * KIB;
     let reads = |sim: &mut Sim, d: &Descriptor, n: u64| -> Vec<Request> {
@@ -324,7 +325,6 @@ fn withdrawing_an_export_refuses_the_reads_of_it_not_started_yet() {
                 Ok(done) => {
                     assert_eq!(done.len, piece, "round {round}, read {i}");
                     let at = i * piece as usize;
-                    let want = pattern(9, 0, 0, size);
                     assert!(
                         bytes(&dst, at as u64, piece) == want[at..at + piece as usize],
                         "round {round}, read {i}: its bytes"

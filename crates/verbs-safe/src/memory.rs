@@ -113,7 +113,7 @@ impl Pd {
         })?;
         // Out of memory: for the length, or for an alignment larger than it (an allocation that
         // aligned finds no room).
-        let failed = match align > len {
+        let failed = || match align > len {
             true => Error::InvalidAttr {
                 name: "align",
                 value: align as u64,
@@ -126,7 +126,7 @@ impl Pd {
             },
         };
         // SAFETY: non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(failed)?;
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(failed)?;
         let mem = Allocation {
             ptr,
             layout,

@@ -684,6 +684,15 @@ pub fn overflowed_cq(f: &Fabric) -> (Node, *mut ibv_cq) {
     (a, small)
 }
 
+/// A fabric whose time moves only when told (a poll of an empty CQ does not move it to the
+/// next event).
+pub fn still() -> Fabric {
+    Fabric::new(FabricConfig {
+        auto_advance: false,
+        ..Default::default()
+    })
+}
+
 /// The bytes of a packet with headers `h` and `payload`, its ICRC included (for
 /// [`Fabric::inject`]).
 pub fn frame(h: softnic::packet::Headers, payload: &[u8]) -> Vec<u8> {

@@ -64,10 +64,7 @@ fn same_seed_same_run_bit_for_bit() {
 
 #[test]
 fn nothing_happens_without_a_poll_or_a_step() {
-    let f = Fabric::new(FabricConfig {
-        auto_advance: false,
-        ..Default::default()
-    });
+    let f = still();
     let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
     post_recv(qb, &mut [recv_wr(1, &[])]).unwrap();
     post_send(

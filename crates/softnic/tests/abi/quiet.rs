@@ -9,14 +9,6 @@ use std::time::Duration;
 
 use crate::common::*;
 
-/// A fabric whose time moves only when told.
-fn still() -> Fabric {
-    Fabric::new(FabricConfig {
-        auto_advance: false,
-        ..Default::default()
-    })
-}
-
 fn send(id: u64) -> ibv_send_wr {
     send_wr(id, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)
 }

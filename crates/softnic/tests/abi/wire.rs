@@ -56,10 +56,7 @@ fn a_duplicate_read_with_a_wrapping_range_is_dropped() {
 #[test]
 fn read_responses_out_of_shape_complete_nothing() {
     // Time moves only when told (a poll of an empty CQ would move it to the READ's timeout).
-    let f = Fabric::new(FabricConfig {
-        auto_advance: false,
-        ..FabricConfig::default()
-    });
+    let f = still();
     let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 8);
     // The READ's request never reaches its peer: every response is forged.
     let down = Faults {
