@@ -47,15 +47,39 @@ impl std::fmt::Debug for Kept {
     }
 }
 
+/// A buffer's own length, which bounds what a WR may name of it (its region can be longer:
+/// an empty buffer's region has one byte).
+pub(crate) trait Extent {
+    fn extent(&self) -> usize;
+}
+
+impl Extent for MrBuf {
+    fn extent(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Extent for crate::DmaBuf {
+    fn extent(&self) -> usize {
+        self.len()
+    }
+}
+
 impl Kept {
-    /// The SGE of `offset..offset + len` of `mr`, or a note that it is outside.
-    fn range(&mut self, mr: &Mr, offset: usize, len: u32) -> Option<ibv_sge> {
-        let s = mr.sge(offset, len);
+    /// The SGE of `offset..offset + len` of `buf`, or a note that it is outside.
+    fn range(
+        &mut self,
+        buf: &(impl Deref<Target = Mr> + Extent),
+        offset: usize,
+        len: u32,
+    ) -> Option<ibv_sge> {
+        let size = buf.extent();
+        let s = offset
+            .checked_add(len as usize)
+            .filter(|&end| end <= size)
+            .and_then(|_| buf.sge(offset, len));
         if s.is_none() {
-            self.bad = Some(format!(
-                "{offset}+{len} is outside a {}-byte buffer",
-                mr.len()
-            ));
+            self.bad = Some(format!("{offset}+{len} is outside a {size}-byte buffer"));
         }
         s
     }
@@ -77,9 +101,9 @@ impl Kept {
         offset: usize,
         len: u32,
     ) where
-        B: Deref<Target = Mr> + Any + Send + Sync,
+        B: Deref<Target = Mr> + Extent + Any + Send + Sync,
     {
-        if let Some(s) = self.range(buf, offset, len) {
+        if let Some(s) = self.range(&**buf, offset, len) {
             self.share(buf);
             sges.push(s);
         }

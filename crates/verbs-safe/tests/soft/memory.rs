@@ -466,6 +466,21 @@ fn an_empty_buffer_registers_one_byte_of_its_own_and_holds_none() {
     assert!(d.write_at(0, &[1]).is_err() && d.read_at(0, &mut [0]).is_err());
     let mr: &Mr = &d;
     assert_eq!(mr.len(), 1);
+    // A WR may name nothing of it, the region's byte included.
+    let (qa, _qb) = rc_pair(&a, &_b, QpCaps::default(), true);
+    let e = qa.post_recv_bufs(&mut [RecvWr::new(1).buf(m, 0, 1)]);
+    assert!(
+        e.unwrap_err()
+            .to_string()
+            .contains("0+1 is outside a 0-byte buffer")
+    );
+    let d = Arc::new(d);
+    let e = qa.post_send_bufs(&mut [SendWr::new(2, SendOp::Send).dma_buf(&d, 0, 1)]);
+    assert!(
+        e.unwrap_err()
+            .to_string()
+            .contains("0+1 is outside a 0-byte buffer")
+    );
 }
 
 /// An allocation the host cannot make says what made it impossible: an alignment no memory
