@@ -370,6 +370,8 @@ impl Fabric {
             started,
             last_poll: std::sync::atomic::AtomicU64::new(0),
             quiet: std::sync::atomic::AtomicU64::new(0),
+            waiting: Default::default(),
+            served: Default::default(),
         });
         let fabric = Fabric { shared };
         let st = fabric.shared.lock_any();

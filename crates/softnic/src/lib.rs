@@ -122,6 +122,8 @@ mod mw;
 mod ops;
 pub mod packet;
 mod progress;
+#[cfg(test)]
+mod progress_tests;
 mod qp;
 pub mod roce;
 mod shared;

@@ -37,7 +37,12 @@ const POST_RX_GAP_NS: u64 = 20_000;
 /// (an inter-processor interrupt, a halted core woken) and a delay its window feels. It yields
 /// its core between looks.
 const STAY_AWAKE: Duration = Duration::from_micros(50);
-/// Batches of datagrams a device takes in per round of progress, at most.
+/// Batches of datagrams a device takes in per round of progress, at least (unless the
+/// socket empties first); more while fewer than [`BURST`](crate::link::udp::BURST) packets
+/// came in them: a round takes in at least as many packets as a port may send in one, so
+/// that a flood of small requests (READs, each answered by many packets) drains as fast as
+/// it is answered, not behind a socket's queue of hundreds of milliseconds that every other
+/// connection's packets wait in.
 const RX_BATCHES: usize = 8;
 
 impl State {
@@ -111,11 +116,11 @@ impl State {
             // system call that finds nothing (one per look, before).
             let mut got = 0;
             let mut more = true;
-            for _ in 0..RX_BATCHES {
+            for batch in 0.. {
                 let Some(port) = self.w.devices[dev].udp.as_mut() else {
                     break;
                 };
-                if !more {
+                if !more || (batch >= RX_BATCHES && got >= crate::link::udp::BURST as usize) {
                     break;
                 }
                 let (n, full) = port.receive(&mut incoming);
@@ -523,6 +528,10 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                         return;
                     }
                 };
+                if nap.is_zero() {
+                    // Whoever waited for the lock meanwhile has it before the next round.
+                    shared.let_waiters_in();
+                }
                 drop(shared);
                 if nap.is_zero() {
                     worked_at = Some(std::time::Instant::now());
@@ -559,7 +568,8 @@ impl Fabric {
             .spawn(move || {
                 while !flag.load(Ordering::Acquire) {
                     match catch_unwind(AssertUnwindSafe(|| fabric.progress_and_nap(&flag))) {
-                        Ok(true) => {}
+                        // Whoever waited for the lock meanwhile has it before the next round.
+                        Ok(true) => fabric.shared.let_waiters_in(),
                         Ok(false) => return,
                         Err(payload) => {
                             report_panic(&fabric.shared, payload.as_ref());

@@ -2,8 +2,8 @@
 //! and how a sleeping progress thread is woken.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::abi;
@@ -52,6 +52,14 @@ pub(crate) struct Shared {
     /// An empty CQ's poll then has no progress to make, and the fabric's time is known,
     /// without the lock (read without it).
     pub(crate) quiet: AtomicU64,
+    /// Callers blocked on the lock (counted only when they found it taken). A progress thread
+    /// that has just done a round of work lets them in before it takes the lock again
+    /// ([`Shared::let_waiters_in`]): the mutex lets the thread that released it take it again
+    /// before a waiter it woke runs, so a progress thread kept busy (by a peer's flood, say)
+    /// would keep every other caller's verbs out for as long as it stays busy.
+    pub(crate) waiting: AtomicU32,
+    /// How many callers that were counted in `waiting` have had the lock since.
+    pub(crate) served: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -76,9 +84,39 @@ impl Shared {
 
     /// The state even if broken: for reading configuration and counters only.
     pub(crate) fn lock_any(&self) -> MutexGuard<'_, State> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.acquire();
         self.take_quiet(&mut st);
         st
+    }
+
+    /// Takes the lock (poisoned or not), counted in `waiting` while it is held elsewhere.
+    fn acquire(&self) -> MutexGuard<'_, State> {
+        match self.state.try_lock() {
+            Ok(st) => st,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                // No longer waiting, then served: in this order `let_waiters_in` never counts
+                // one caller twice (in `waiting` and in `served` since it looked).
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                self.served.fetch_add(1, Ordering::SeqCst);
+                st
+            }
+        }
+    }
+
+    /// Called by a progress thread, not holding the lock, between two rounds of work: returns
+    /// once every caller that was waiting for the lock has had it (each gets it in a moment:
+    /// nobody holds the lock while waiting for a progress thread), so that a thread kept busy
+    /// never keeps the others' verbs out.
+    pub(crate) fn let_waiters_in(&self) {
+        // Served first, then waiting: a caller counted in `waiting` here is served after `since`.
+        let since = self.served.load(Ordering::SeqCst);
+        let waiting = u64::from(self.waiting.load(Ordering::SeqCst));
+        while self.served.load(Ordering::SeqCst).wrapping_sub(since) < waiting {
+            std::thread::yield_now();
+        }
     }
 
     /// The lock was just taken as `st`: notes in it whether the state was left quiet, and
@@ -94,7 +132,7 @@ impl Shared {
 
     /// Runs `f` on the state, for reading only: `quiet` stays as it is.
     pub(crate) fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
-        f(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&self.acquire())
     }
 
     /// Notes, holding the lock as `st`, whether the state is left with nothing due at its
@@ -235,5 +273,47 @@ impl Shared {
         // The lock is taken again.
         self.take_quiet(&mut st);
         st
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::Fabric;
+
+    /// A progress thread between two rounds of work lets a caller that waits for the lock have
+    /// it before it takes the lock again (the mutex alone would mostly let the releasing
+    /// thread take it again first, and a busy thread keep every verb out).
+    #[test]
+    fn a_caller_waiting_for_the_lock_has_it_before_the_progress_thread_takes_it_again() {
+        let fabric = Fabric::default();
+        let shared = Arc::clone(&fabric.shared);
+        for round in 0..50 {
+            let st = shared.lock_any();
+            let had_it = Arc::new(AtomicBool::new(false));
+            let caller = {
+                let (shared, had_it) = (Arc::clone(&shared), Arc::clone(&had_it));
+                std::thread::spawn(move || {
+                    let _st = shared.lock_any();
+                    had_it.store(true, Ordering::SeqCst);
+                })
+            };
+            while shared.waiting.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            drop(st);
+            shared.let_waiters_in();
+            let _st = shared.lock_any();
+            assert!(
+                had_it.load(Ordering::SeqCst),
+                "round {round}: the waiting caller did not have the lock first"
+            );
+            drop(_st);
+            caller.join().unwrap();
+        }
+        // Nobody waits: no wait.
+        shared.let_waiters_in();
     }
 }
