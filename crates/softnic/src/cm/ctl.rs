@@ -400,6 +400,10 @@ impl State {
             PortSpace::Udp => private::SIDR_REP,
         };
         if data.len() > room {
+            // The kernel's rdma_accept, when the reply cannot be sent: the QP to ERROR and the
+            // request rejected, so the client hears at once.
+            self.cm_qp_error(id);
+            self.cm_reject(id, &[])?;
             return err(libc::EINVAL, "private data longer than a REP carries");
         }
         let qpn = if i.qp.is_some() { i.qpn } else { p.qp_num };
@@ -431,8 +435,12 @@ impl State {
             self.w.cm_send(id, &rep, false);
             return Ok(());
         }
-        if self.cm_id(id)?.qp.is_some() {
-            self.cm_ready_qp(id)?;
+        if self.cm_id(id)?.qp.is_some()
+            && let Err(e) = self.cm_ready_qp(id)
+        {
+            self.cm_qp_error(id);
+            self.cm_reject(id, &[])?;
+            return Err(e);
         }
         let mut private = [0u8; private::REP];
         private[..data.len()].copy_from_slice(data);

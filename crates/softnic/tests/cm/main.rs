@@ -273,6 +273,58 @@ fn a_request_beyond_a_full_backlog_waits_and_gets_in_once_one_is_taken() {
     assert_eq!((rej.status, &rej.private[..2]), (28, &b"no"[..]));
 }
 
+/// An accept that fails rejects the request, as the kernel's `rdma_accept` does (its
+/// `reject:` path: the QP to ERROR and a consumer-defined REJ, or a SIDR REP that rejects):
+/// the client hears REJECTED at once instead of waiting for its timeout, and the request
+/// cannot be accepted after.
+#[test]
+fn an_accept_that_fails_rejects_the_request() {
+    let e = ends(6);
+    listen(&e, PortSpace::Tcp, 8);
+    let c = client(&e, PortSpace::Tcp);
+    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(c, qa).unwrap();
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    // A REP carries 196 bytes of private data.
+    let too_long = [7u8; 197];
+    let err = e.fabric.cm_accept(req.id, param(), &too_long).unwrap_err();
+    assert_eq!(err.errno, libc::EINVAL, "{err:?}");
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
+    let rej = next_event(&e.fabric, e.ca, Duration::from_millis(10))
+        .expect("the client hears at once, not after its REQ's timeout");
+    assert_eq!(
+        (rej.kind, rej.status),
+        (CmEventKind::Rejected, 28),
+        "{rej:?}"
+    );
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    assert_eq!(e.fabric.cm_counters("soft1").unwrap().rejects_sent, 1);
+    let again = e.fabric.cm_accept(req.id, param(), &[]).unwrap_err();
+    assert_eq!(again.errno, libc::EINVAL, "{again:?}");
+
+    // A UD service's reply that cannot be sent rejects the SIDR request.
+    let e = ends(16);
+    let l = listen(&e, PortSpace::Udp, 8);
+    let c = client(&e, PortSpace::Udp);
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    let err = e
+        .fabric
+        .cm_accept(req.id, param(), &[0u8; 137])
+        .unwrap_err();
+    assert_eq!(err.errno, libc::EINVAL, "{err:?}");
+    let ev = next_event(&e.fabric, e.ca, Duration::from_millis(10)).expect("an answer at once");
+    assert_eq!(
+        (ev.kind, ev.status),
+        (CmEventKind::Unreachable, 2),
+        "SIDR status: rejected by the service; {ev:?}"
+    );
+}
+
 #[test]
 fn a_peer_that_vanishes_mid_handshake_is_unreachable() {
     let e = ends(5);
