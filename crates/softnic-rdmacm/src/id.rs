@@ -607,15 +607,24 @@ export! {
         })
     }
 
-    /// Options: accepted and ignored (softnic's CM has one way of doing each).
+    /// Options, checked as the kernel's `ucma_set_option` checks them (ENOSYS for a level or
+    /// an option it does not know, EINVAL for a value of the wrong size, EFAULT for none),
+    /// then ignored: softnic's CM has one way of doing each (the kernel's checks of the id's
+    /// state for address reuse and IPv6-only are not made).
     "RDMACM_1.0" fn rdma_set_option(
         id: *mut rdma_cm_id,
-        _level: c_int,
-        _optname: c_int,
-        _optval: *mut c_void,
-        _optlen: usize,
+        level: c_int,
+        optname: c_int,
+        optval: *mut c_void,
+        optlen: usize,
     ) -> c_int {
-        with_id(id, |_, _| 0)
+        with_id(id, |_, t| {
+            // The kernel copies the value in first.
+            if optval.is_null() && optlen > 0 {
+                return fail(libc::EFAULT);
+            }
+            option_error(level, optname, optlen, t.c().qp_type).map_or(0, fail)
+        })
     }
 
     /// An event of the id's QP the CM should know of: nothing to do.
@@ -653,5 +662,25 @@ export! {
         }
         // SAFETY: made by Box::into_raw of a boxed slice of n + 1 pointers.
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
+    }
+}
+
+/// What the kernel's `ucma_set_option` answers for an option (`None`: taken): the options of
+/// `RDMA_OPTION_ID` (a type of service and an ACK timeout of one byte, the latter for RC ids
+/// only; address reuse and IPv6-only of an `int`) and `RDMA_OPTION_IB`'s path records (whole
+/// `ibv_path_data`s, at least one).
+fn option_error(level: c_int, name: c_int, len: usize, qp_type: c_int) -> Option<c_int> {
+    /// `sizeof(struct ibv_path_data)`: flags, a reserved word and a 64-byte path record.
+    const PATH_DATA: usize = 72;
+    let size = |want: usize| (len != want).then_some(libc::EINVAL);
+    match (level, name) {
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) => size(1),
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => size(4),
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => size(1)
+            .or((qp_type != ibverbs_sys::ibv_qp_type::IBV_QPT_RC as c_int).then_some(libc::EINVAL)),
+        (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => {
+            (len == 0 || !len.is_multiple_of(PATH_DATA)).then_some(libc::EINVAL)
+        }
+        _ => Some(libc::ENOSYS),
     }
 }

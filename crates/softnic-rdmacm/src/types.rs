@@ -154,6 +154,20 @@ pub struct rdma_addrinfo {
 pub const RAI_PASSIVE: c_int = 1;
 /// `RDMA_PS_TCP`.
 pub const RDMA_PS_TCP: c_int = 0x0106;
+/// `RDMA_OPTION_ID`: options of the id.
+pub const RDMA_OPTION_ID: c_int = 0;
+/// `RDMA_OPTION_IB`: InfiniBand options.
+pub const RDMA_OPTION_IB: c_int = 1;
+/// `RDMA_OPTION_ID_TOS` (a `uint8_t`).
+pub const RDMA_OPTION_ID_TOS: c_int = 0;
+/// `RDMA_OPTION_ID_REUSEADDR` (an `int`).
+pub const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
+/// `RDMA_OPTION_ID_AFONLY` (an `int`).
+pub const RDMA_OPTION_ID_AFONLY: c_int = 2;
+/// `RDMA_OPTION_ID_ACK_TIMEOUT` (a `uint8_t`).
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+/// `RDMA_OPTION_IB_PATH` (`struct ibv_path_data` records).
+pub const RDMA_OPTION_IB_PATH: c_int = 1;
 /// `RDMA_PS_UDP`.
 pub const RDMA_PS_UDP: c_int = 0x0111;
 

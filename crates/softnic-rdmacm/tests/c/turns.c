@@ -7,9 +7,11 @@
  * - turns <address> late-get: a thread that calls rdma_get_cm_event on a channel another
  *   thread has just destroyed waits, as rping's event thread must while its main thread exits
  *   (returning an error there, rping calls exit(-1)).
- * - turns <address> params: what librdmacm refuses before anything is sent (EINVAL): an id of
- *   no port space, an address of no family it knows, an RC connect with neither a QP nor
- *   parameters, responder resources above the device's, a second QP on an id.
+ * - turns <address> params: what librdmacm (or the kernel under it) refuses before anything is
+ *   sent: options of the wrong size (EINVAL), level or name (ENOSYS) or at NULL (EFAULT), an
+ *   ACK timeout of a UD id; and (EINVAL) an id of no port space, an address of no family it
+ *   knows, an RC connect with neither a QP nor parameters, responder resources above the
+ *   device's, a second QP on an id.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -98,6 +100,44 @@ static int params(struct sockaddr_in *a) {
     }
     if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
         return fail("id");
+    uint8_t byte = 16;
+    int on = 1;
+    struct {
+        int level, name;
+        void *val;
+        size_t len;
+        int err;
+        const char *what;
+    } opts[] = {
+        {RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &byte, sizeof byte, 0, "a TOS byte"},
+        {RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &on, sizeof on, EINVAL, "a TOS of an int"},
+        {RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof on, 0, "address reuse"},
+        {RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &byte, sizeof byte, EINVAL, "IPv6-only of a byte"},
+        {RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &byte, sizeof byte, 0, "an ACK timeout"},
+        {RDMA_OPTION_ID, 99, &on, sizeof on, ENOSYS, "an option of no name"},
+        {7, RDMA_OPTION_ID_TOS, &byte, sizeof byte, ENOSYS, "an option of no level"},
+        {RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &on, sizeof on, EINVAL, "a path of 4 bytes"},
+        {RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, NULL, 1, EFAULT, "a TOS at NULL"},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        errno = 0;
+        int r = rdma_set_option(id, opts[i].level, opts[i].name, opts[i].val, opts[i].len);
+        if (opts[i].err ? (r != -1 || errno != opts[i].err) : r != 0) {
+            printf("set_option, %s: %d, errno %d, expected %d\n", opts[i].what, r, errno,
+                   opts[i].err);
+            return 1;
+        }
+    }
+    struct rdma_cm_id *ud;
+    if (rdma_create_id(NULL, &ud, NULL, RDMA_PS_UDP))
+        return fail("UD id");
+    errno = 0;
+    if (rdma_set_option(ud, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &byte, 1) != -1 ||
+        errno != EINVAL) {
+        printf("an ACK timeout of a UD id: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
+    rdma_destroy_id(ud);
     struct sockaddr unix_addr = {.sa_family = AF_UNIX};
     errno = 0;
     if (rdma_bind_addr(id, &unix_addr) != -1 || errno != EINVAL) {
@@ -189,8 +229,8 @@ int main(int argc, char **argv) {
         int mask = 0;
         if (rdma_init_qp_attr(client, &attr, &mask))
             return fail("init_qp_attr during the wait");
-        int v = 0;
-        if (rdma_set_option(client, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &v, sizeof v))
+        uint8_t tos = 0;
+        if (rdma_set_option(client, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos))
             return fail("set_option during the wait");
     }
     if (atomic_load(&connect_done)) {
