@@ -427,12 +427,26 @@ impl State {
     }
 
     fn on_rej(&mut self, dev: usize, from: [u8; 16], r: &Rej) -> bool {
-        let Some(id) = self.w.conn(dev, &from, r.remote_comm_id) else {
+        // A requester that gives up before it heard our REP (its id destroyed) never learnt
+        // our communication ID: its timeout REJ names the request by its own (the kernel's
+        // `cm_acquire_rejected_id` looks it up among the remote IDs for this reason).
+        let found = if r.remote_comm_id == 0 && r.reason == reject::TIMEOUT {
+            self.w
+                .cm
+                .by_remote
+                .get(&(dev, from, r.local_comm_id))
+                .copied()
+        } else {
+            self.w.conn(dev, &from, r.remote_comm_id)
+        };
+        let Some(id) = found else {
             return false;
         };
         let i = &self.w.cm.ids[&id];
         let ours = r.local_comm_id == 0 || i.remote_comm == 0 || r.local_comm_id == i.remote_comm;
-        if !ours || !matches!(i.st, St::ReqSent | St::RepSent | St::RepRcvd) {
+        // A request waiting for `rdma_accept` (REQ_RCVD) is rejected too, as the kernel's
+        // `cm_rej_handler` reports it.
+        if !ours || !matches!(i.st, St::ReqSent | St::ReqRcvd | St::RepSent | St::RepRcvd) {
             return false;
         }
         self.w.cm_settle(id);

@@ -325,6 +325,33 @@ fn an_accept_that_fails_rejects_the_request() {
     );
 }
 
+/// A client that gives up while its request waits for the server's `rdma_accept` (its id
+/// destroyed) rejects it with a timeout REJ, which names the request by the client's
+/// communication ID alone (the client never learnt the server's); the server's id hears
+/// REJECTED, as the kernel's CM reports a REJ in REQ_RCVD, and is not accepted after.
+#[test]
+fn a_request_whose_client_gives_up_is_rejected_at_the_server() {
+    let e = ends(17);
+    listen(&e, PortSpace::Tcp, 8);
+    let c = client(&e, PortSpace::Tcp);
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    e.fabric.cm_destroy_id(c).unwrap();
+    let rej =
+        next_event(&e.fabric, e.cb, Duration::from_millis(10)).expect("the server hears at once");
+    assert_eq!(
+        (rej.kind, rej.id, rej.status),
+        (CmEventKind::Rejected, req.id, 26),
+        "IB_CM_REJ_TIMEOUT; {rej:?}"
+    );
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
+    let err = e.fabric.cm_accept(req.id, param(), &[]).unwrap_err();
+    assert_eq!(err.errno, libc::EINVAL, "{err:?}");
+    e.fabric.cm_destroy_id(req.id).unwrap();
+}
+
 #[test]
 fn a_peer_that_vanishes_mid_handshake_is_unreachable() {
     let e = ends(5);
