@@ -79,15 +79,6 @@ impl Groups {
         (0, empty)
     }
 
-    /// Detaches QP `qpn` from every group (it is destroyed); returns the groups left empty.
-    pub(crate) fn remove_qp(&mut self, qpn: u32) -> Vec<[u8; 16]> {
-        let gids: Vec<[u8; 16]> = (self.groups.iter())
-            .filter(|(_, m)| m.contains(&qpn))
-            .map(|(g, _)| *g)
-            .collect();
-        gids.into_iter().filter(|g| self.detach(g, qpn).1).collect()
-    }
-
     /// The members of group `gid` (none if it has none here).
     pub(crate) fn members(&self, gid: &[u8; 16]) -> Members {
         self.groups.get(gid).cloned().unwrap_or_default()
@@ -149,22 +140,14 @@ impl crate::state::State {
         0
     }
 
-    /// Detaches QP `qpn` of device `dev` from group `mgid` (`None`: from every group, as it is
-    /// destroyed): 0, or EINVAL if it was not attached. A group left with no member here is
-    /// left on the UDP link too; the caller then wakes a sleeping progress thread.
-    pub(crate) fn mcast_detach(&mut self, dev: usize, qpn: u32, mgid: Option<[u8; 16]>) -> i32 {
+    /// Detaches QP `qpn` of device `dev` from group `mgid`: 0, or EINVAL if it was not
+    /// attached. A group left with no member here is left on the UDP link too; the caller then
+    /// wakes a sleeping progress thread.
+    pub(crate) fn mcast_detach(&mut self, dev: usize, qpn: u32, mgid: [u8; 16]) -> i32 {
         let d = &mut self.w.devices[dev];
-        let (r, gone) = match mgid {
-            Some(g) => match d.groups.detach(&g, qpn) {
-                (r, true) => (r, vec![g]),
-                (r, false) => (r, Vec::new()),
-            },
-            None => (0, d.groups.remove_qp(qpn)),
-        };
-        if let Some(port) = d.udp.as_mut() {
-            for g in &gone {
-                port.groups.leave(group_ipv4(g));
-            }
+        let (r, gone) = d.groups.detach(&mgid, qpn);
+        if gone && let Some(port) = d.udp.as_mut() {
+            port.groups.leave(group_ipv4(&mgid));
         }
         r
     }
@@ -209,7 +192,8 @@ mod tests {
         let mut b = a;
         b[15] = 0;
         assert_eq!(g.attach(b, 5), 0);
-        assert_eq!(g.remove_qp(5), vec![b], "b is left empty, a is not");
+        assert_eq!(g.detach(&b, 5), (0, true), "b is left empty");
+        assert_eq!(g.detach(&a, 5), (0, false), "a is not");
         assert!(g.has(&a) && !g.has(&b));
         assert_eq!(g.detach(&a, 5), (libc::EINVAL, false));
         for q in 6..6 + MAX_QPS_PER_GROUP - 1 {

@@ -135,12 +135,11 @@ impl State {
         self.detach_joined(dev, &attached);
     }
 
-    /// Detaches the QPs attached for `joined` on device `dev`. (A QP destroyed since left every
-    /// group then: its detach finds nothing.)
+    /// Detaches the QPs attached for `joined` on device `dev`.
     fn detach_joined(&mut self, dev: Option<usize>, joined: &[Joined]) {
         for j in joined {
             if let (Some(dev), Some(qpn)) = (dev, j.attached) {
-                self.mcast_detach(dev, qpn, Some(j.mgid));
+                self.mcast_detach(dev, qpn, j.mgid);
             }
         }
     }

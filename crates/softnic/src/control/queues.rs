@@ -352,15 +352,19 @@ pub(super) unsafe extern "C" fn query_qp(
 }
 
 pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
-    with_status(qp.cast(), Kind::Qp, |shared, st, id| {
+    with_status(qp.cast(), Kind::Qp, |_, st, id| {
+        let Some(q) = st.qps.get(&id) else {
+            return libc::EINVAL;
+        };
+        // Attached to a multicast group: its user detaches it first (the kernel's
+        // `uverbs_free_qp`, on every device).
+        if st.w.devices[q.dev].groups.holds(q.qpn) {
+            return libc::EBUSY;
+        }
         let Some(mut q) = st.qps.remove(&id) else {
             return libc::EINVAL;
         };
         q.reset(&mut st.w);
-        if st.w.devices[q.dev].groups.holds(q.qpn) {
-            st.mcast_detach(q.dev, q.qpn, None);
-            shared.wake();
-        }
         st.w.devices[q.dev].qpns.remove(&q.qpn);
         st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
         abi::unregister(q.shell.ptr().cast());

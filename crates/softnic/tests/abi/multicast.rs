@@ -112,7 +112,7 @@ fn attach_takes_ud_qps_and_multicast_gids_only_and_detach_what_was_attached() {
 
 /// Members on two devices get the datagram, each with the group as the GRH's destination and
 /// the sender as its source; a QP not attached, a member with another Q_Key and a member
-/// detached or destroyed get nothing.
+/// detached or destroyed get nothing; an attached member is not destroyed (EBUSY).
 #[test]
 fn a_send_to_a_group_reaches_each_member_on_every_device() {
     let f = Fabric::new(FabricConfig {
@@ -167,9 +167,13 @@ fn a_send_to_a_group_reaches_each_member_on_every_device() {
         assert_eq!(&buf[40..40 + msg.len()], &msg[..]);
     }
     assert!(poll(b.cq, 4).is_empty() && poll(c.cq, 4).is_empty());
-    // One detached, one destroyed: the next datagram reaches b2 alone.
+    // One detached, one destroyed: the next datagram reaches b2 alone. A member is not
+    // destroyed while attached (EBUSY, as the kernel answers its user): detached first.
     assert_eq!(detach(b1, &g), 0);
-    // SAFETY: a live QP with nothing outstanding.
+    // SAFETY: a live QP with nothing outstanding (not destroyed by the first call).
+    assert_eq!(unsafe { (CONTROL.destroy_qp)(c1) }, libc::EBUSY);
+    assert_eq!(detach(c1, &g), 0);
+    // SAFETY: as above.
     assert_eq!(unsafe { (CONTROL.destroy_qp)(c1) }, 0);
     send_to_group(&a, sender, g, &mut msg);
     assert!(ok(&poll_n(a.cq, 1)[0]));
