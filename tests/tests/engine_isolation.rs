@@ -24,7 +24,7 @@ use std::time::Duration;
 use scene::{Attacker, Export, HONEST, HOSTILE, Scene, Try, VICTIM, WRITE_RID, guesses};
 use uccl_engine::{Buffer, EngineError, Mode};
 use uccl_integration::pattern;
-use uccl_integration::raw_peer::Cts;
+use uccl_integration::raw_peer::{Cts, Hello};
 use uccl_tx::wire::RetrHdrRepr;
 use verbs_safe::SendOp;
 
@@ -323,4 +323,52 @@ fn into_another_connections_buffer(mode: Mode) {
 both_modes!(
     a_write_into_another_connections_buffer_fails,
     into_another_connections_buffer
+);
+
+/// A handshake that speaks for another engine: it names the honest engine's UD QP and Q_Key
+/// (its address, the same in every handshake it makes) and the honest engine's id of a live
+/// connection to the victim (a small index), with that connection's 7-bit ACK tag. Taken, the
+/// victim would send what it has for the forger's connection over its UD QP (on UC the
+/// advertisements of its receives, and its ACKs) to the honest engine, which would take them
+/// for the victim's on its own connection: its next message landed in a receive the victim had
+/// posted for the forger, and the honest receive completed with none of its bytes (found by an
+/// audit). Refused, naming the connection; the honest connections go on, and another
+/// connection between the two engines (another id at the honest engine) is taken.
+fn a_handshake_speaking_for_a_connected_engine_is_refused(mode: Mode) {
+    let mut s = Scene::new(mode, 2);
+    let ctx = s.ctx();
+    // A connection made by hand, for the honest engine's handshake.
+    let (hc, hello) = s.sim.engines[HONEST].offer().expect("offer");
+    let (vc, theirs) = s.victim().offer().expect("offer");
+    s.sim.engines[HONEST]
+        .complete(hc, &theirs)
+        .expect("complete");
+    s.victim().complete(vc, &hello).expect("complete");
+    let honest = Hello::parse(&hello).expect("a handshake");
+    let forged = Hello {
+        // Another control QP and first PSN, with the same low 7 bits (the ACK tag).
+        conn_qpn: 0x00ff_fff0,
+        conn_psn: honest.conn_psn ^ 0x00ab_cd00,
+        qps: (honest.qps.iter())
+            .map(|&(qpn, psn)| (qpn ^ 0x0080_0000, psn))
+            .collect(),
+        ..honest.clone()
+    };
+    let (offer, _) = s.victim().offer().expect("offer");
+    let err = (s.victim().complete(offer, &forged.to_bytes()))
+        .expect_err("a handshake speaking for the honest engine");
+    assert!(
+        matches!(err, EngineError::Handshake { .. }) && err.to_string().contains("already"),
+        "{ctx}: {err}"
+    );
+    s.honest_works();
+    s.sim
+        .connect(VICTIM, HONEST)
+        .unwrap_or_else(|e| panic!("{ctx}: another honest connection: {e}"));
+    s.honest_works();
+}
+
+both_modes!(
+    speaking_for_another_engine,
+    a_handshake_speaking_for_a_connected_engine_is_refused
 );

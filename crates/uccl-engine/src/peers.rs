@@ -63,6 +63,22 @@ impl std::ops::IndexMut<usize> for Peers {
 }
 
 impl Engine {
+    /// The connection of this engine that a handshake `h` would share its peer's UD messages
+    /// with: one to the same UD QP and Q_Key, which the peer calls by the same id and whose
+    /// ACK tag is the same. The peer tells them apart by nothing else, so what this engine
+    /// sends there for the new one (advertisements of receives, ACKs) would be taken for the
+    /// other's: a handshake that speaks for the engine at that address. (An engine gives each
+    /// of its live connections an id of its own, and one that reuses the id of a connection it
+    /// closed starts the new control QP at another PSN: its tag is another with 127 chances in
+    /// 128.) Set-up only: a look at every connection.
+    pub(crate) fn speaks_for(&self, h: &crate::proto::Hello) -> Option<crate::engine::ConnId> {
+        let &peer = self.peers.by_addr.get(&(h.gid, h.ctrl_qpn, h.qkey))?;
+        let tag = crate::setup::ack_tag(h.conn_psn);
+        (self.conns.iter().flatten())
+            .find(|c| c.peer == peer && c.peer_fid == h.fid && c.peer_tag == tag)
+            .map(|c| c.id)
+    }
+
     /// The peer engine at `gid`/`lid` with control QP `ctrl_qpn` of Q_Key `qkey`, added if
     /// new, held for one more connection (give it back with
     /// [`release_peer`](Self::release_peer)).

@@ -32,7 +32,7 @@ enum InitQp {
 
 /// The ACK tag of the connection whose control QP starts at `conn_psn`: its low 7 bits, which
 /// both ends know from the handshake.
-fn ack_tag(conn_psn: u32) -> u8 {
+pub(crate) fn ack_tag(conn_psn: u32) -> u8 {
     (conn_psn & u32::from(uccl_tx::wire::MAX_TAG)) as u8
 }
 
@@ -254,6 +254,14 @@ impl Engine {
             return Err(bad(format!(
                 "the peer's control Q_Key {:#x} is a controlled one",
                 h.qkey
+            )));
+        }
+        if let Some(other) = self.speaks_for(&h) {
+            return Err(bad(format!(
+                "it names the UD QP {:#x} (and Q_Key) of a connected engine, and that engine's \
+                 id {} and ACK tag of a connection, which connection {other} of this engine has \
+                 already: what this engine sends there would be taken for that connection's",
+                h.ctrl_qpn, h.fid
             )));
         }
         let index = offer.id.index;
