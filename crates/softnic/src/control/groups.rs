@@ -37,7 +37,7 @@ pub unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid
     // SAFETY: per this function's contract.
     unsafe {
         on_group(qp, gid, |st, dev, qpn, mgid| {
-            st.mcast_detach(dev, qpn, Some(mgid))
+            st.mcast_detach(dev, qpn, mgid)
         })
     }
 }
