@@ -583,6 +583,10 @@ export! {
     /// Moves the id to another channel (null: a channel of its own, synchronous).
     "RDMACM_1.0" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
         with_id(id, |l, t| {
+            // librdmacm: an id that already waits on a channel of its own has nowhere to go.
+            if channel.is_null() && t.calls.sync {
+                return fail(libc::EINVAL);
+            }
             let (chan, sync) = if channel.is_null() {
                 match new_channel(l) {
                     Ok(c) => (c.cast::<rdma_event_channel>(), true),

@@ -9,9 +9,9 @@
  *   (returning an error there, rping calls exit(-1)).
  * - turns <address> params: what librdmacm (or the kernel under it) refuses before anything is
  *   sent: options of the wrong size (EINVAL), level or name (ENOSYS) or at NULL (EFAULT), an
- *   ACK timeout of a UD id; and (EINVAL) an id of no port space, an address of no family it
- *   knows, an RC connect with neither a QP nor parameters, responder resources above the
- *   device's, a second QP on an id.
+ *   ACK timeout of a UD id; and (EINVAL) a synchronous id moved to a channel of its own again,
+ *   an id of no port space, an address of no family it knows, an RC connect with neither a QP
+ *   nor parameters, responder resources above the device's, a second QP on an id.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -127,6 +127,12 @@ static int params(struct sockaddr_in *a) {
                    opts[i].err);
             return 1;
         }
+    }
+    errno = 0;
+    if (rdma_migrate_id(id, NULL) != -1 || errno != EINVAL) {
+        printf("a synchronous id to a channel of its own again: errno %d, expected EINVAL\n",
+               errno);
+        return 1;
     }
     struct rdma_cm_id *ud;
     if (rdma_create_id(NULL, &ud, NULL, RDMA_PS_UDP))
