@@ -332,7 +332,7 @@ both_modes!(
 /// advertisements of its receives, and its ACKs) to the honest engine, which would take them
 /// for the victim's on its own connection: its next message landed in a receive the victim had
 /// posted for the forger, and the honest receive completed with none of its bytes (found by an
-/// audit). Refused, naming the connection; the honest connections go on, and another
+/// audit). Refused, naming the connection; the honest connection goes on, and another
 /// connection between the two engines (another id at the honest engine) is taken.
 fn a_handshake_speaking_for_a_connected_engine_is_refused(mode: Mode) {
     let mut s = Scene::new(mode, 2);

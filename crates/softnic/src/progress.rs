@@ -110,8 +110,9 @@ impl State {
             if let Some(port) = self.w.devices[dev].udp.as_mut() {
                 port.read_at = self.w.now;
             }
-            // Up to a few batches: what came while nobody looked, without starving the rest.
-            // Each is read where it came in, before the next one comes into the same buffers.
+            // A few batches, and at least a burst's worth of packets (see [`RX_BATCHES`]):
+            // what came while nobody looked, without starving the rest. Each is read where it
+            // came in, before the next one comes into the same buffers.
             // A batch that was not full emptied the socket: asking again would mostly be a
             // system call that finds nothing (one per look, before).
             let mut got = 0;
@@ -531,11 +532,11 @@ pub(crate) fn spawn_udp_progress(shared: &Arc<Shared>) -> std::io::Result<()> {
                 if nap.is_zero() {
                     // Whoever waited for the lock meanwhile has it before the next round.
                     shared.let_waiters_in();
+                    worked_at = Some(std::time::Instant::now());
+                    continue;
                 }
                 drop(shared);
-                if nap.is_zero() {
-                    worked_at = Some(std::time::Instant::now());
-                } else if let Some(fds) = fds {
+                if let Some(fds) = fds {
                     crate::link::udp::wait_readable(&fds, nap);
                     let _ = waker.drain();
                 } else {

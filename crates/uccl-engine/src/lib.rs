@@ -80,7 +80,10 @@
 //! else a peer sends (immediates, retransmission headers, ACKs, control messages) is checked
 //! before use, and a retransmitted chunk is copied only inside the range, and with the key,
 //! its original WRITE had. A connection that takes more of the shared receive queue than its
-//! grant allows is throttled, then failed (see [`EngineConfig::srq_depth`]).
+//! grant allows is throttled, then failed (see [`EngineConfig::srq_depth`]). A handshake that
+//! speaks for another engine (names its UD QP, and its id and ACK tag of a connection held
+//! already, so that what this engine sends there would be taken for that connection's) is
+//! refused.
 //!
 //! Where that rests on the device: windows (type 1) and exports are not tied to a connection,
 //! so between the connections of one engine isolation rests on the secrecy of 32-bit keys.

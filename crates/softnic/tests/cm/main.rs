@@ -101,6 +101,18 @@ pub fn client(e: &Ends, ps: PortSpace) -> CmId {
     id
 }
 
+/// As [`client`], with a QP of the port space's type (RC or UD) attached: (id, QP).
+pub fn client_with_qp(e: &Ends, ps: PortSpace) -> (CmId, *mut ibv_qp) {
+    let c = client(e, ps);
+    let ty = match ps {
+        PortSpace::Tcp => ibv_qp_type::IBV_QPT_RC,
+        PortSpace::Udp => ibv_qp_type::IBV_QPT_UD,
+    };
+    let qa = e.a.qp(ty, cap(4, 4), true);
+    e.fabric.cm_attach_qp(c, qa).unwrap();
+    (c, qa)
+}
+
 /// An RC connection set up through the CM: (client id, client QP, server id, server QP).
 pub fn connect(e: &Ends) -> (CmId, *mut ibv_qp, CmId, *mut ibv_qp) {
     let l = listen(e, PortSpace::Tcp, 8);
@@ -224,9 +236,7 @@ fn simultaneous_disconnects_give_one_event_each() {
 #[test]
 fn a_request_to_a_port_nobody_listens_on_is_rejected() {
     let e = ends(3);
-    let c = client(&e, PortSpace::Tcp);
-    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
-    e.fabric.cm_attach_qp(c, qa).unwrap();
+    let (c, qa) = client_with_qp(&e, PortSpace::Tcp);
     e.fabric.cm_connect(c, param(), &[]).unwrap();
     let rej = expect(&e.fabric, e.ca, CmEventKind::Rejected);
     assert_eq!(
@@ -281,9 +291,7 @@ fn a_request_beyond_a_full_backlog_waits_and_gets_in_once_one_is_taken() {
 fn an_accept_that_fails_rejects_the_request() {
     let e = ends(6);
     listen(&e, PortSpace::Tcp, 8);
-    let c = client(&e, PortSpace::Tcp);
-    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
-    e.fabric.cm_attach_qp(c, qa).unwrap();
+    let (c, qa) = client_with_qp(&e, PortSpace::Tcp);
     e.fabric.cm_connect(c, param(), &[]).unwrap();
     let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
     let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
@@ -380,9 +388,7 @@ fn a_peer_that_vanishes_mid_handshake_is_unreachable() {
 fn ud_resolves_by_sidr_and_carries_a_datagram() {
     let e = ends(6);
     listen(&e, PortSpace::Udp, 8);
-    let c = client(&e, PortSpace::Udp);
-    let qa = e.a.qp(ibv_qp_type::IBV_QPT_UD, cap(4, 4), true);
-    e.fabric.cm_attach_qp(c, qa).unwrap();
+    let (c, qa) = client_with_qp(&e, PortSpace::Udp);
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_RTS);
     e.fabric
         .cm_connect(c, ConnParam::default(), b"ud?")
@@ -451,14 +457,12 @@ fn resources_asked_as_rdma_max_are_the_device_s() {
     // device's 16, as librdmacm clamps them (the RTR with 255 failed before).
     let e = ends(9);
     listen(&e, PortSpace::Tcp, 8);
-    let c = client(&e, PortSpace::Tcp);
+    let (c, qa) = client_with_qp(&e, PortSpace::Tcp);
     let most = ConnParam {
         responder_resources: 255,
         initiator_depth: 255,
         ..param()
     };
-    let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
-    e.fabric.cm_attach_qp(c, qa).unwrap();
     e.fabric.cm_connect(c, most, &[]).unwrap();
     let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
     assert_eq!(req.param.responder_resources, 16);
