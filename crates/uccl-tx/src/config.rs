@@ -27,7 +27,9 @@ pub struct TxConfig {
     /// window; at most [`MAX_WINDOW`]). The receiver's credit bounds the chunks in flight
     /// further.
     pub flow_window: u16,
-    /// Most chunks of all flows unacknowledged at once.
+    /// Most chunks of all flows unacknowledged at once. Shared: a flow takes a new chunk only
+    /// while it holds fewer than are left free, so one flow alone holds at most half of it,
+    /// and `n` flows whose peers stop acknowledging at most `n / (n + 1)`, never all of it.
     pub engine_window: u32,
     /// The smallest retransmission timeout, in microseconds.
     pub rto_min_us: u64,

@@ -133,9 +133,10 @@ impl Tx {
             }
             f.retx.pop_front();
         }
+        let span = f.track.span();
         let what = match f.retx.front() {
             Some(&csn) => Send::Again(csn),
-            None if f.msgs.to_cut().is_some() && f.track.span() < flow_window => Send::New,
+            None if f.msgs.to_cut().is_some() && span < flow_window => Send::New,
             None => return Outcome::Idle,
         };
         if f.inflight >= f.credit {
@@ -155,7 +156,13 @@ impl Tx {
             }
             return Outcome::Idle;
         }
-        if matches!(what, Send::New) && unacked >= engine_window {
+        // The engine window is shared: a flow takes a new chunk from it only while it holds
+        // fewer than are left free (a dynamic threshold, as switches share their buffers), so
+        // flows whose peers stop acknowledging hold at most n/(n + 1) of it between n of
+        // them, never all of it, and the others go on meanwhile. (One flow alone may hold half.)
+        if matches!(what, Send::New)
+            && (unacked >= engine_window || span >= engine_window - unacked)
+        {
             if !f.waits_engine {
                 f.waits_engine = true;
                 self.engine_waiters.push_back(fid);
