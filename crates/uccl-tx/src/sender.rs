@@ -156,17 +156,20 @@ impl Tx {
             }
             return Outcome::Idle;
         }
-        // The engine window is shared: a flow takes a new chunk from it only while it holds
-        // fewer than are left free (a dynamic threshold, as switches share their buffers), so
-        // flows whose peers stop acknowledging hold at most n/(n + 1) of it between n of
-        // them, never all of it, and the others go on meanwhile. (One flow alone may hold half.)
-        if matches!(what, Send::New)
-            && (unacked >= engine_window || span >= engine_window - unacked)
-        {
+        if matches!(what, Send::New) && unacked >= engine_window {
             if !f.waits_engine {
                 f.waits_engine = true;
                 self.engine_waiters.push_back(fid);
             }
+            return Outcome::Idle;
+        }
+        // The engine window is shared: a flow takes a new chunk from it only while it holds
+        // fewer than are left free (a dynamic threshold, as switches share their buffers), so
+        // flows whose peers stop acknowledging hold at most n/(n + 1) of it between n of
+        // them, never all of it, and the others go on meanwhile. (One flow alone may hold half.)
+        // A flow over its share has that many chunks unacknowledged: the next ACK of them
+        // looks again (no wake-up of every such flow at every ACK of another).
+        if matches!(what, Send::New) && span >= engine_window - unacked {
             return Outcome::Idle;
         }
         let lane = match self
