@@ -119,9 +119,11 @@ impl Engine {
     /// did since the last look; a slot another connection took may be there twice), then
     /// keeps only those that still serve.
     fn each_reader(&mut self, mut f: impl FnMut(&mut Engine, u16)) {
-        let readers = std::mem::take(&mut self.readers);
-        let mut still = Vec::new();
-        for &ci in &readers {
+        // Those that still serve are kept at the front of the same list (no allocation).
+        let mut readers = std::mem::take(&mut self.readers);
+        let mut kept = 0;
+        for i in 0..readers.len() {
+            let ci = readers[i];
             let Some(c) = self.conns[usize::from(ci)]
                 .as_mut()
                 .filter(|c| c.in_readers)
@@ -134,15 +136,17 @@ impl Engine {
                 && c.is_open()
                 && c.serving > 0
             {
-                still.push(ci);
+                readers[kept] = ci;
+                kept += 1;
             }
         }
-        for &ci in &still {
+        readers.truncate(kept);
+        for &ci in &readers {
             if let Some(c) = self.conns[usize::from(ci)].as_mut() {
                 c.in_readers = true;
             }
         }
-        self.readers = still;
+        self.readers = readers;
     }
 
     /// [`stop_serving`](Self::stop_serving) on connection `ci`.

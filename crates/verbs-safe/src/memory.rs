@@ -113,17 +113,20 @@ impl Pd {
         })?;
         // Out of memory: for the length, or for an alignment larger than it (an allocation that
         // aligned finds no room).
-        let failed = || match align > len {
-            true => Error::InvalidAttr {
-                name: "align",
-                value: align as u64,
-                reason: "allocation failed: no memory at that alignment",
-            },
-            false => Error::InvalidAttr {
-                name: "len",
-                value: len as u64,
-                reason: "allocation failed",
-            },
+        let failed = || {
+            if align > len {
+                Error::InvalidAttr {
+                    name: "align",
+                    value: align as u64,
+                    reason: "allocation failed: no memory at that alignment",
+                }
+            } else {
+                Error::InvalidAttr {
+                    name: "len",
+                    value: len as u64,
+                    reason: "allocation failed",
+                }
+            }
         };
         // SAFETY: non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(failed)?;

@@ -256,7 +256,7 @@ unsafe extern "C" fn create_id(ctx: Ctx, chan: u32, ps: u16, id: *mut u32) -> c_
         let Some(ps) = PortSpace::from_code(ps) else {
             // RDMA_PS_IPOIB and RDMA_PS_IB exist (softnic's CM lacks them); anything else is no
             // port space at all: EINVAL, as the kernel's ucma_get_qp_type answers.
-            let known = matches!(ps, 0x0002 | 0x013f);
+            let known = matches!(ps, super::mad::ps::IPOIB | super::mad::ps::IB);
             let errno = if known {
                 libc::EPROTONOSUPPORT
             } else {

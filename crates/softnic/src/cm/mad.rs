@@ -91,6 +91,8 @@ pub mod ps {
     pub const UDP: u16 = 0x0111;
     /// `RDMA_PS_IB`.
     pub const IB: u16 = 0x013f;
+    /// `RDMA_PS_IPOIB`.
+    pub const IPOIB: u16 = 0x0002;
 }
 
 /// The service ID of `port` in port space `ps`.

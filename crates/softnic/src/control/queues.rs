@@ -353,12 +353,10 @@ pub(super) unsafe extern "C" fn query_qp(
 
 pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     with_status(qp.cast(), Kind::Qp, |_, st, id| {
-        let Some(q) = st.qps.get(&id) else {
-            return libc::EINVAL;
-        };
         // Attached to a multicast group: its user detaches it first (the kernel's
         // `uverbs_free_qp`, on every device).
-        if st.w.devices[q.dev].groups.holds(q.qpn) {
+        let attached = |q: &crate::qp::Qp| st.w.devices[q.dev].groups.holds(q.qpn);
+        if st.qps.get(&id).is_some_and(attached) {
             return libc::EBUSY;
         }
         let Some(mut q) = st.qps.remove(&id) else {
