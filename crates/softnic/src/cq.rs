@@ -50,7 +50,29 @@ pub(crate) struct Cq {
     pub(crate) arm: Arm,
     /// A completion did not fit: the CQ is in error (CQ_ERR was raised).
     pub(crate) overflowed: bool,
+    /// Completion events about the CQ that `get_cq_event` handed out (acknowledged ones are
+    /// counted in its shell's `comp_events_completed`).
+    pub(crate) comp_reported: u32,
+    /// Async events about the CQ that `get_async_event` handed out (acknowledged ones are
+    /// counted in its shell's `async_events_completed`).
+    pub(crate) async_reported: u32,
     pub(crate) shell: Shell<ibv_cq, crate::extended::CqEx>,
+}
+
+/// Whether events were handed out (`reported` so far) that are not yet acknowledged
+/// (`completed` so far): the destroy verbs wait until none are. Both count modulo 2^32; a
+/// program that acknowledges more than it took is not waited for.
+pub(crate) fn unacked(reported: u32, completed: u32) -> bool {
+    (reported.wrapping_sub(completed) as i32) > 0
+}
+
+impl Cq {
+    /// Whether an event about the CQ is out and not yet acknowledged.
+    pub(crate) fn unacked(&self) -> bool {
+        let cq = self.shell.get();
+        unacked(self.comp_reported, cq.comp_events_completed)
+            || unacked(self.async_reported, cq.async_events_completed)
+    }
 }
 
 impl Cq {

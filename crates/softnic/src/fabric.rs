@@ -372,6 +372,9 @@ impl Fabric {
             quiet: std::sync::atomic::AtomicU64::new(0),
             waiting: Default::default(),
             served: Default::default(),
+            acks: Mutex::new(()),
+            acked: Condvar::new(),
+            ack_waiters: Default::default(),
         });
         let fabric = Fabric { shared };
         let st = fabric.shared.lock_any();

@@ -60,6 +60,15 @@ pub(crate) struct Shared {
     pub(crate) waiting: AtomicU32,
     /// How many callers that were counted in `waiting` have had the lock since.
     pub(crate) served: AtomicU64,
+    /// Held by a destroy verb from its look at the object's unacknowledged events until it
+    /// waits on `acked` (taken before the state's lock, never while holding it), so that an
+    /// acknowledgement between the look and the wait still wakes it.
+    pub(crate) acks: Mutex<()>,
+    /// Destroy verbs wait here for the events they found unacknowledged.
+    pub(crate) acked: Condvar,
+    /// Destroy verbs waiting on `acked` (or about to look): acknowledgements wake them only
+    /// then, so that an event's acknowledgement costs no system call otherwise.
+    pub(crate) ack_waiters: AtomicU32,
 }
 
 impl Drop for Shared {
@@ -116,6 +125,17 @@ impl Shared {
         let waiting = u64::from(self.waiting.load(Ordering::SeqCst));
         while self.served.load(Ordering::SeqCst).wrapping_sub(since) < waiting {
             std::thread::yield_now();
+        }
+    }
+
+    /// An event was acknowledged (call without the state's lock): wakes the destroy verbs
+    /// waiting for acknowledgements, if any. A destroy verb counts itself in `ack_waiters`
+    /// before it looks under the state's lock, so one that saw this event unacknowledged is
+    /// counted by the time this looks.
+    pub(crate) fn acknowledged(&self) {
+        if self.ack_waiters.load(Ordering::SeqCst) > 0 {
+            drop(self.acks.lock().unwrap_or_else(|e| e.into_inner()));
+            self.acked.notify_all();
         }
     }
 

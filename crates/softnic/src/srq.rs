@@ -30,6 +30,9 @@ pub(crate) struct Srq {
     pub(crate) wqes: VecDeque<RecvWqe>,
     /// WQEs consumed whose completion has not been polled yet (they still hold a slot).
     pub(crate) unreclaimed: u32,
+    /// Async events about the SRQ that `get_async_event` handed out (acknowledged ones are
+    /// counted in its shell's `events_completed`).
+    pub(crate) events_reported: u32,
     pub(crate) shell: Shell<ibv_srq>,
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ibverbs_sys::*;
 
-use super::{try_with, with, with_status};
+use super::{destroy_when_acked, try_with, with, with_status};
 use crate::abi::{self, Kind, Shell, set_errno};
 use crate::cq::{Arm, Channel, Cq, EventFd};
 
@@ -116,6 +116,8 @@ pub(super) unsafe extern "C" fn create_cq(
                     wallclock: false,
                     arm: Arm::Off,
                     overflowed: false,
+                    comp_reported: 0,
+                    async_reported: 0,
                     shell,
                 },
             );
@@ -126,9 +128,12 @@ pub(super) unsafe extern "C" fn create_cq(
 }
 
 pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
-    with_status(cq.cast(), Kind::Cq, |_, st, id| {
+    destroy_when_acked(cq.cast(), Kind::Cq, |_, st, id| {
         if st.qps.values().any(|q| q.send_cq == id || q.recv_cq == id) {
-            return libc::EBUSY;
+            return Some(libc::EBUSY);
+        }
+        if st.w.cqs.get(&id).is_some_and(Cq::unacked) {
+            return None;
         }
         if let Some(c) = st.w.cqs.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
@@ -136,7 +141,7 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
                 ch.events.retain(|&(cq, _)| cq != id);
             }
         }
-        0
+        Some(0)
     })
 }
 
@@ -195,10 +200,10 @@ pub(super) unsafe extern "C" fn get_cq_event(
             set_errno(libc::EAGAIN);
             return -1;
         };
-        let p =
-            st.w.cqs
-                .get_mut(&cq_id)
-                .map_or(null_mut(), |c| c.shell.ptr());
+        let p = st.w.cqs.get_mut(&cq_id).map_or(null_mut(), |c| {
+            c.comp_reported = c.comp_reported.wrapping_add(1);
+            c.shell.ptr()
+        });
         // SAFETY: both out-pointers were checked non-null and, per the contract, are writable.
         unsafe {
             *cq = p;
@@ -209,11 +214,13 @@ pub(super) unsafe extern "C" fn get_cq_event(
 }
 
 pub(super) unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
-    with(cq.cast(), Kind::Cq, (), |_, st, id| {
-        if let Some(c) = st.w.cqs.get_mut(&id) {
-            c.shell.update(|cq| {
-                cq.comp_events_completed = cq.comp_events_completed.wrapping_add(nevents)
-            });
-        }
-    })
+    let shared = with(cq.cast(), Kind::Cq, None, |shared, st, id| {
+        let c = st.w.cqs.get_mut(&id)?;
+        c.shell
+            .update(|cq| cq.comp_events_completed = cq.comp_events_completed.wrapping_add(nevents));
+        Some(Arc::clone(shared))
+    });
+    if let Some(shared) = shared {
+        shared.acknowledged();
+    }
 }

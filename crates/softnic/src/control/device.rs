@@ -10,6 +10,7 @@ use ibverbs_sys::*;
 use super::{try_with, with, with_status};
 use crate::abi::{self, Kind, Shell, set_errno};
 use crate::cq::EventFd;
+use crate::fabric::Shared;
 use crate::state::{Context, Element, Pd};
 
 use super::cq::{destroy_comp_channel, destroy_cq};
@@ -118,6 +119,19 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
         Vec<*mut ibv_pd>,
     );
     let found: Result<Shells, c_int> = try_with(context.cast(), Kind::Context, |_, st, id| {
+        // Released, nothing waits for the acknowledgement of an event (the kernel's release of
+        // a closed descriptor does not): what was handed out is forgotten.
+        for (_, c) in st.w.cqs.iter_mut().filter(|(_, c)| c.ctx == id) {
+            let shell = c.shell.get();
+            c.comp_reported = shell.comp_events_completed;
+            c.async_reported = shell.async_events_completed;
+        }
+        for (_, q) in st.qps.iter_mut().filter(|(_, q)| q.ctx == id) {
+            q.events_reported = q.shell.get().events_completed;
+        }
+        for (_, s) in st.w.srqs.iter_mut().filter(|(_, s)| s.ctx == id) {
+            s.events_reported = s.shell.get().events_completed;
+        }
         // The shell pointers of the objects of a table that belong to this context, in id
         // order whatever the table's own, so that closing replays alike.
         macro_rules! of_context {
@@ -356,16 +370,23 @@ pub(super) unsafe extern "C" fn get_async_event(
                 set_errno(libc::EAGAIN);
                 return Some(-1);
             };
+            // Counted as handed out: destroying the object waits for its acknowledgement.
             let element = match ev.element {
-                Element::Cq(c) => ibv_async_event__bindgen_ty_1 {
-                    cq: st.w.cqs.get_mut(&c).map(|c| c.shell.ptr())?,
-                },
-                Element::Qp(q) => ibv_async_event__bindgen_ty_1 {
-                    qp: st.qps.get_mut(&q).map(|q| q.shell.ptr())?,
-                },
-                Element::Srq(s) => ibv_async_event__bindgen_ty_1 {
-                    srq: st.w.srqs.get_mut(&s).map(|s| s.shell.ptr())?,
-                },
+                Element::Cq(c) => {
+                    let c = st.w.cqs.get_mut(&c)?;
+                    c.async_reported = c.async_reported.wrapping_add(1);
+                    ibv_async_event__bindgen_ty_1 { cq: c.shell.ptr() }
+                }
+                Element::Qp(q) => {
+                    let q = st.qps.get_mut(&q)?;
+                    q.events_reported = q.events_reported.wrapping_add(1);
+                    ibv_async_event__bindgen_ty_1 { qp: q.shell.ptr() }
+                }
+                Element::Srq(s) => {
+                    let s = st.w.srqs.get_mut(&s)?;
+                    s.events_reported = s.events_reported.wrapping_add(1);
+                    ibv_async_event__bindgen_ty_1 { srq: s.shell.ptr() }
+                }
             };
             // SAFETY: checked non-null; writable per the contract.
             unsafe {
@@ -388,25 +409,25 @@ pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
     }
     // SAFETY: non-null, and points to an event `get_async_event` filled, per the contract.
     let ev = unsafe { *event };
-
-    match ev.event_type {
+    let shared = |shared: &Arc<Shared>| Some(Arc::clone(shared));
+    let acked = match ev.event_type {
         IBV_EVENT_CQ_ERR => {
             // SAFETY: for this event type the union holds the CQ pointer.
             let p = unsafe { ev.element.cq };
-            with(p.cast(), Kind::Cq, (), |_, st, id| {
-                if let Some(c) = st.w.cqs.get_mut(&id) {
-                    c.shell.update(|cq| cq.async_events_completed += 1);
-                }
-            });
+            with(p.cast(), Kind::Cq, None, |sh, st, id| {
+                let c = st.w.cqs.get_mut(&id)?;
+                c.shell.update(|cq| cq.async_events_completed += 1);
+                shared(sh)
+            })
         }
         IBV_EVENT_SRQ_LIMIT_REACHED | IBV_EVENT_SRQ_ERR => {
             // SAFETY: for these event types the union holds the SRQ pointer.
             let p = unsafe { ev.element.srq };
-            with(p.cast(), Kind::Srq, (), |_, st, id| {
-                if let Some(s) = st.w.srqs.get_mut(&id) {
-                    s.shell.update(|s| s.events_completed += 1);
-                }
-            });
+            with(p.cast(), Kind::Srq, None, |sh, st, id| {
+                let s = st.w.srqs.get_mut(&id)?;
+                s.shell.update(|s| s.events_completed += 1);
+                shared(sh)
+            })
         }
         IBV_EVENT_PORT_ACTIVE
         | IBV_EVENT_PORT_ERR
@@ -415,15 +436,18 @@ pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
         | IBV_EVENT_SM_CHANGE
         | IBV_EVENT_CLIENT_REREGISTER
         | IBV_EVENT_GID_CHANGE
-        | IBV_EVENT_DEVICE_FATAL => {}
+        | IBV_EVENT_DEVICE_FATAL => None,
         _ => {
             // SAFETY: every other event type is about a QP.
             let p = unsafe { ev.element.qp };
-            with(p.cast(), Kind::Qp, (), |_, st, id| {
-                if let Some(q) = st.qps.get_mut(&id) {
-                    q.shell.update(|q| q.events_completed += 1);
-                }
-            });
+            with(p.cast(), Kind::Qp, None, |sh, st, id| {
+                let q = st.qps.get_mut(&id)?;
+                q.shell.update(|q| q.events_completed += 1);
+                shared(sh)
+            })
         }
+    };
+    if let Some(shared) = acked {
+        shared.acknowledged();
     }
 }

@@ -5,11 +5,15 @@
 //! failure; functions returning `int` return 0 or an errno value; `get_cq_event` and
 //! `get_async_event` return -1 and set `errno`. A pointer softnic did not hand out (NULL,
 //! foreign, or already destroyed) is never dereferenced: it fails with EINVAL. Destroying an
-//! object still in use by another fails with EBUSY.
+//! object still in use by another fails with EBUSY. Destroying a CQ, QP or SRQ waits until
+//! every event handed out about it (`get_cq_event`, `get_async_event`) is acknowledged, as
+//! rdma-core's destroy verbs do; [`release_device`] waits for none.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use ibverbs_sys::*;
 
@@ -171,6 +175,42 @@ pub(crate) fn with<R>(
     f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> R,
 ) -> R {
     try_with(ptr, kind, f).unwrap_or(fail)
+}
+
+/// For the destroy verbs of objects that events name (CQs, QPs, SRQs): runs `f` under the lock
+/// until it gives a status. `f` answers `None` while an event it handed out about the object is
+/// unacknowledged, and the call then waits, without the lock, for an acknowledgement: as
+/// rdma-core's destroy commands wait until the object's `events_completed` reaches the
+/// kernel's `events_reported`, so that a thread that took an event may use the object until
+/// it acknowledges it (ibv_get_cq_event(3)). Fails as [`with_status`] does.
+fn destroy_when_acked(
+    ptr: *const c_void,
+    kind: Kind,
+    mut f: impl FnMut(&Arc<Shared>, &mut State, u32) -> Option<c_int>,
+) -> c_int {
+    let Some(found) = abi::lookup(ptr, kind) else {
+        set_errno(libc::EINVAL);
+        return libc::EINVAL;
+    };
+    let shared = Arc::clone(&found.fabric);
+    let mut gate = shared.acks.lock().unwrap_or_else(PoisonError::into_inner);
+    shared.ack_waiters.fetch_add(1, Ordering::SeqCst);
+    let status = loop {
+        match with_found(&found, &mut f) {
+            Ok(Some(status)) => break status,
+            Err(e) => break e,
+            // The timeout only bounds how late a broken fabric is noticed: acknowledgements
+            // wake the wait (`Shared::acknowledged`).
+            Ok(None) => {
+                gate = (shared.acked)
+                    .wait_timeout(gate, Duration::from_millis(100))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+        }
+    };
+    shared.ack_waiters.fetch_sub(1, Ordering::SeqCst);
+    status
 }
 
 /// [`try_with`] for functions that return an errno value: EINVAL for unknown pointers, EIO on

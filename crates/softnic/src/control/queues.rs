@@ -5,8 +5,9 @@ use std::ptr::null_mut;
 
 use ibverbs_sys::*;
 
-use super::{with, with_status};
+use super::{destroy_when_acked, with, with_status};
 use crate::abi::{self, Kind, Shell, gid_bytes, set_errno};
+use crate::cq::unacked;
 use crate::qp::{Qp, RecvQueue, Requester, Responder, SendQueue, Transport};
 use crate::srq::Srq;
 use crate::state::{Ah, State};
@@ -61,6 +62,7 @@ pub(super) unsafe extern "C" fn create_srq(
                 limit: a.srq_limit,
                 wqes: VecDeque::new(),
                 unreclaimed: 0,
+                events_reported: 0,
                 shell,
             },
         );
@@ -123,14 +125,19 @@ pub(super) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
 }
 
 pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
-    with_status(srq.cast(), Kind::Srq, |_, st, id| {
+    destroy_when_acked(srq.cast(), Kind::Srq, |_, st, id| {
         if st.qps.values().any(|q| q.srq == Some(id)) {
-            return libc::EBUSY;
+            return Some(libc::EBUSY);
         }
-        if let Some(s) = st.w.srqs.remove(&id) {
-            abi::unregister(s.shell.ptr().cast());
+        let Some(s) = st.w.srqs.get(&id) else {
+            return Some(libc::EINVAL);
+        };
+        if unacked(s.events_reported, s.shell.get().events_completed) {
+            return None;
         }
-        0
+        abi::unregister(s.shell.ptr().cast());
+        st.w.srqs.remove(&id);
+        Some(0)
     })
 }
 
@@ -275,6 +282,7 @@ pub(crate) unsafe fn create_qp_with(
                 state: ibv_qp_state::IBV_QPS_RESET,
                 cap,
                 sq_sig_all: ia.sq_sig_all != 0,
+                events_reported: 0,
                 attr,
                 dest_dev: None,
                 peer_gid: None,
@@ -352,15 +360,20 @@ pub(super) unsafe extern "C" fn query_qp(
 }
 
 pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
-    with_status(qp.cast(), Kind::Qp, |_, st, id| {
+    destroy_when_acked(qp.cast(), Kind::Qp, |_, st, id| {
+        let Some(q) = st.qps.get(&id) else {
+            return Some(libc::EINVAL);
+        };
         // Attached to a multicast group: its user detaches it first (the kernel's
         // `uverbs_free_qp`, on every device).
-        let attached = |q: &crate::qp::Qp| st.w.devices[q.dev].groups.holds(q.qpn);
-        if st.qps.get(&id).is_some_and(attached) {
-            return libc::EBUSY;
+        if st.w.devices[q.dev].groups.holds(q.qpn) {
+            return Some(libc::EBUSY);
+        }
+        if unacked(q.events_reported, q.shell.get().events_completed) {
+            return None;
         }
         let Some(mut q) = st.qps.remove(&id) else {
-            return libc::EINVAL;
+            return Some(libc::EINVAL);
         };
         q.reset(&mut st.w);
         st.w.devices[q.dev].qpns.remove(&q.qpn);
@@ -368,7 +381,7 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         abi::unregister(q.shell.ptr().cast());
         // SAFETY: the QP's own shell.
         unsafe { crate::extended::release_qp(q.shell.ptr()) };
-        0
+        Some(0)
     })
 }
 

@@ -375,6 +375,9 @@ pub(crate) struct Qp {
     pub(crate) state: ibv_qp_state::Type,
     pub(crate) cap: ibv_qp_cap,
     pub(crate) sq_sig_all: bool,
+    /// Async events about the QP that `get_async_event` handed out (acknowledged ones are
+    /// counted in its shell's `events_completed`).
+    pub(crate) events_reported: u32,
     /// Current attributes (what `query_qp` returns).
     pub(crate) attr: ibv_qp_attr,
     /// The device the AV of an RC/UC QP points to.

@@ -282,6 +282,56 @@ pub fn bring_up(
     assert_eq!(modify(qp, &a, mk), 0, "to RTS");
 }
 
+/// An RC QP on `soft0` connected to one on `soft1` whose receive CQ (of 16) has a completion
+/// channel: (qp a, node b, qp b, the channel, the CQ).
+pub fn channel_pair(
+    f: &Fabric,
+) -> (
+    *mut ibv_qp,
+    Node,
+    *mut ibv_qp,
+    *mut ibv_comp_channel,
+    *mut ibv_cq,
+) {
+    let a = Node::open(f, "soft0");
+    let b = Node::open(f, "soft1");
+    // SAFETY: valid context.
+    let ch = unsafe { (CONTROL.create_comp_channel)(b.ctx) };
+    assert!(!ch.is_null());
+    let cq = b.new_cq(16, ch);
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let qa = a.qp(ty, cap(8, 8), true);
+    let qb = b.qp_with(ty, cap(8, 8), true, b.cq, cq, null_mut());
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    (qa, b, qb, ch, cq)
+}
+
+/// A UC QP on `soft0` connected to one on `soft1` that receives from an SRQ of 8 WQEs of one
+/// SGE: (node a, qp a, node b, qp b, the SRQ).
+pub fn srq_pair(f: &Fabric) -> (Node, *mut ibv_qp, Node, *mut ibv_qp, *mut ibv_srq) {
+    let a = Node::open(f, "soft0");
+    let b = Node::open(f, "soft1");
+    let ty = ibv_qp_type::IBV_QPT_UC;
+    let srq = b.srq(8, 1, 0);
+    let qa = a.qp(ty, cap(8, 8), true);
+    let qb = b.qp_with(ty, cap(8, 8), true, b.cq, b.cq, srq);
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    (a, qa, b, qb, srq)
+}
+
+/// `modify_srq` of the limit alone: the event fires when fewer than `limit` are posted.
+pub fn arm_srq_limit(srq: *mut ibv_srq, limit: u32) -> i32 {
+    let mut attr = ibv_srq_attr {
+        max_wr: 0,
+        max_sge: 0,
+        srq_limit: limit,
+    };
+    // SAFETY: an SRQ softnic checks, and valid attributes.
+    unsafe { (CONTROL.modify_srq)(srq, &mut attr, IBV_SRQ_LIMIT as i32) }
+}
+
 /// Two connected QPs of type `ty` on two devices; returns (node a, qp a, node b, qp b).
 pub fn pair(
     fabric: &Fabric,

@@ -58,19 +58,9 @@ fn readable(fd: i32, timeout_ms: i32) -> bool {
 #[test]
 fn completion_channel_fd_wakes_on_an_armed_completion() {
     let f = Fabric::default();
-    let a = Node::open(&f, "soft0");
-    let b = Node::open(&f, "soft1");
-    // SAFETY: valid context.
-    let ch = unsafe { (CONTROL.create_comp_channel)(b.ctx) };
-    assert!(!ch.is_null());
+    let (qa, _b, qb, ch, cq) = channel_pair(&f);
     // SAFETY: a live channel is readable.
     let fd = unsafe { (*ch).fd };
-    let cq = b.new_cq(16, ch);
-    let ty = ibv_qp_type::IBV_QPT_RC;
-    let qa = a.qp(ty, cap(8, 8), true);
-    let qb = b.qp_with(ty, cap(8, 8), true, b.cq, cq, std::ptr::null_mut());
-    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
-    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
     post_recv(qb, &mut [recv_wr(1, &[]), recv_wr(2, &[]), recv_wr(3, &[])]).unwrap();
 
     // Not armed: a completion does not wake the fd.

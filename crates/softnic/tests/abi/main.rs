@@ -12,6 +12,7 @@ mod counters;
 mod cqs;
 mod determinism;
 mod devices;
+mod events;
 mod extended;
 mod faults;
 mod keys;

@@ -76,38 +76,13 @@ fn two_qps_take_their_receives_from_one_srq() {
 #[test]
 fn srq_limit_fires_once_and_disarms() {
     let f = Fabric::default();
-    let a = Node::open(&f, "soft0");
-    let b = Node::open(&f, "soft1");
-    let ty = ibv_qp_type::IBV_QPT_UC;
-    let srq = b.srq(8, 1, 0);
-    let qa = a.qp(ty, cap(8, 8), true);
-    let qb = b.qp_with(ty, cap(8, 8), true, b.cq, b.cq, srq);
-    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
-    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    let (_a, qa, b, _qb, srq) = srq_pair(&f);
     let mut wrs: Vec<ibv_recv_wr> = (0..4).map(|i| recv_wr(i, &[])).collect();
     post_srq_recv(srq, &mut wrs).unwrap();
     // Arm the limit at 3: the event fires when fewer than 3 are posted.
-    let mut attr = ibv_srq_attr {
-        max_wr: 0,
-        max_sge: 0,
-        srq_limit: 3,
-    };
-    assert_eq!(
-        // SAFETY: valid SRQ and attributes.
-        unsafe { (CONTROL.modify_srq)(srq, &mut attr, IBV_SRQ_LIMIT as i32) },
-        0
-    );
+    assert_eq!(arm_srq_limit(srq, 3), 0);
     // A limit above max_wr is refused.
-    let mut too_big = ibv_srq_attr {
-        max_wr: 0,
-        max_sge: 0,
-        srq_limit: 9,
-    };
-    assert_eq!(
-        // SAFETY: as above.
-        unsafe { (CONTROL.modify_srq)(srq, &mut too_big, IBV_SRQ_LIMIT as i32) },
-        libc::EINVAL
-    );
+    assert_eq!(arm_srq_limit(srq, 9), libc::EINVAL);
     let send = || send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED);
     post_send(qa, &mut [send()]).unwrap(); // 3 left: not below the limit
     poll_n(b.cq, 1);
