@@ -631,9 +631,17 @@ export! {
         })
     }
 
-    /// An event of the id's QP the CM should know of: nothing to do.
-    "RDMACM_1.0" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
-        with_id(id, |_, _| 0)
+    /// An event of the id's QP the CM acts on, as the kernel's: `IBV_EVENT_COMM_EST` (the QP
+    /// received before the RTU came) establishes an accepted connection (EISCONN once
+    /// established), `IBV_EVENT_PATH_MIG` is taken on an established one; EINVAL otherwise.
+    "RDMACM_1.0" fn rdma_notify(id: *mut rdma_cm_id, event: c_int) -> c_int {
+        with_id(id, |l, t| {
+            let Ok(event) = u32::try_from(event) else {
+                return fail(libc::EINVAL);
+            };
+            // SAFETY: a context of the fabric.
+            status(unsafe { (l.ops.notify)(l.ctx(), t.cm(), event) })
+        })
     }
 
     /// The opened devices, NULL-terminated (free with `rdma_free_devices`).

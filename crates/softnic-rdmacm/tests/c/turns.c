@@ -134,6 +134,11 @@ static int params(struct sockaddr_in *a) {
                errno);
         return 1;
     }
+    errno = 0;
+    if (rdma_notify(id, IBV_EVENT_COMM_EST) != -1 || errno != EINVAL) {
+        printf("COMM_EST of an id not connecting: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
     struct rdma_cm_id *ud;
     if (rdma_create_id(NULL, &ud, NULL, RDMA_PS_UDP))
         return fail("UD id");

@@ -215,6 +215,14 @@ impl Fabric {
         self.cm(|st| st.cm_establish(id.0))
     }
 
+    /// Tells the CM of an event of the id's QP (`rdma_notify`): `IBV_EVENT_COMM_EST` when the
+    /// QP of a passive id received before the RTU came establishes the connection (EISCONN
+    /// once established); `IBV_EVENT_PATH_MIG` is taken on an established connection; EINVAL
+    /// otherwise.
+    pub fn cm_notify(&self, id: CmId, event: u32) -> Result<(), CmError> {
+        self.cm(|st| st.cm_notify(id.0, event))
+    }
+
     /// Disconnects (`rdma_disconnect`).
     pub fn cm_disconnect(&self, id: CmId) -> Result<(), CmError> {
         self.cm(|st| st.cm_disconnect(id.0))

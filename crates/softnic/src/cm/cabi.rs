@@ -15,7 +15,7 @@ use crate::abi::{self, Kind};
 use crate::fabric::Fabric;
 
 /// The layout version of [`CmOps`] and [`CEvent`]: a library built for another refuses it.
-pub const CM_OPS_VERSION: u32 = 3;
+pub const CM_OPS_VERSION: u32 = 4;
 
 /// An IPv4 address and port (host byte order).
 #[repr(C)]
@@ -164,6 +164,8 @@ pub struct CmOps {
     pub join_multicast: unsafe extern "C" fn(Ctx, u32, CAddr, c_int) -> c_int,
     /// [`Fabric::cm_leave_multicast`].
     pub leave_multicast: unsafe extern "C" fn(Ctx, u32, CAddr) -> c_int,
+    /// [`Fabric::cm_notify`] (an `ibv_event_type`).
+    pub notify: unsafe extern "C" fn(Ctx, u32, u32) -> c_int,
 }
 
 /// softnic's CM as a C table.
@@ -192,6 +194,7 @@ pub static CM_OPS: CmOps = CmOps {
     lingering,
     join_multicast,
     leave_multicast,
+    notify,
 };
 
 /// Runs `f` on the fabric of context `ctx`: 0, or the errno of its error (EINVAL for a
@@ -381,6 +384,10 @@ unsafe extern "C" fn reject(ctx: Ctx, id: u32, data: *const u8, len: u32) -> c_i
 
 unsafe extern "C" fn establish(ctx: Ctx, id: u32) -> c_int {
     on(ctx, |f| f.cm_establish(CmId(id)))
+}
+
+unsafe extern "C" fn notify(ctx: Ctx, id: u32, event: u32) -> c_int {
+    on(ctx, |f| f.cm_notify(CmId(id), event))
 }
 
 unsafe extern "C" fn disconnect(ctx: Ctx, id: u32) -> c_int {

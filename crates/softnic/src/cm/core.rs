@@ -392,6 +392,25 @@ impl State {
         self.w.cm_send(id, &rtu, false);
     }
 
+    /// The connection of passive id `id`, whose REP went out, is up (its RTU came, or its
+    /// user said the QP received: `rdma_notify`): ESTABLISHED, reported to its user.
+    pub(crate) fn cm_passive_established(&mut self, id: u32) {
+        self.w.cm_settle(id);
+        let i = self.w.cm.ids.get_mut(&id).expect("a live id");
+        i.st = St::Established;
+        let ev = CmEvent {
+            kind: CmEventKind::Established,
+            id: CmId(id),
+            listen_id: None,
+            status: 0,
+            private: Vec::new(),
+            param: i.peer,
+            peer_gid: i.peer_gid,
+            addrs: None,
+        };
+        self.w.cm.push(id, ev);
+    }
+
     fn on_rtu(&mut self, dev: usize, from: [u8; 16], local: u32, remote: u32) -> bool {
         let Some(id) = self.w.conn(dev, &from, remote) else {
             return false;
@@ -402,20 +421,7 @@ impl State {
         }
         match i.st {
             St::RepSent => {
-                let peer = i.peer;
-                self.w.cm_settle(id);
-                self.w.cm.ids.get_mut(&id).expect("there").st = St::Established;
-                let ev = CmEvent {
-                    kind: CmEventKind::Established,
-                    id: CmId(id),
-                    listen_id: None,
-                    status: 0,
-                    private: Vec::new(),
-                    param: peer,
-                    peer_gid: from,
-                    addrs: None,
-                };
-                self.w.cm.push(id, ev);
+                self.cm_passive_established(id);
                 true
             }
             St::Established | St::DreqSent | St::TimeWait => {

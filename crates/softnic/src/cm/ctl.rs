@@ -517,6 +517,32 @@ impl State {
         Ok(())
     }
 
+    /// `rdma_notify`: an event of the id's QP the CM acts on, as the kernel's `ib_cm_notify`.
+    /// `IBV_EVENT_COMM_EST` (the QP received before the RTU came) establishes a passive
+    /// connection whose REP went out, EISCONN on one established; `IBV_EVENT_PATH_MIG` is
+    /// taken on an established connection (softnic's paths have no alternate to migrate to).
+    /// EINVAL for any other event, or an id in any other state (not connected over the CM, or
+    /// a UDP id).
+    pub(crate) fn cm_notify(&mut self, id: u32, event: u32) -> Result<(), CmError> {
+        let i = self.cm_id(id)?;
+        match (event, i.st, i.ps) {
+            (_, _, PortSpace::Udp) => err(libc::EINVAL, "notifying a UDP id"),
+            (ibverbs_sys::IBV_EVENT_COMM_EST, St::RepSent, _) => {
+                self.cm_passive_established(id);
+                Ok(())
+            }
+            (ibverbs_sys::IBV_EVENT_COMM_EST, St::Established, _) => {
+                err(libc::EISCONN, "the connection is established")
+            }
+            (ibverbs_sys::IBV_EVENT_PATH_MIG, St::Established, _) => Ok(()),
+            (ibverbs_sys::IBV_EVENT_COMM_EST | ibverbs_sys::IBV_EVENT_PATH_MIG, ..) => err(
+                libc::EINVAL,
+                "notifying an id in a state that takes no such event",
+            ),
+            _ => err(libc::EINVAL, "an event the CM does not take"),
+        }
+    }
+
     /// `rdma_disconnect`: the QP to ERROR and a DREQ (nothing more once the peer's came).
     pub(crate) fn cm_disconnect(&mut self, id: u32) -> Result<(), CmError> {
         let i = self.cm_id(id)?;

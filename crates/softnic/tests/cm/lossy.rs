@@ -182,3 +182,66 @@ fn an_id_destroyed_right_after_its_disconnect_still_gets_its_dreq_through() {
     assert_eq!(next_event(&e.fabric, e.ca, Duration::from_secs(30)), None);
     e.fabric.cm_destroy_id(s).unwrap();
 }
+
+/// `rdma_notify(IBV_EVENT_COMM_EST)`, as the kernel's `ib_cm_notify`: a server whose QP
+/// receives while the RTU is lost establishes the connection at once (the RTU that comes
+/// later is a duplicate, no second event), and says EISCONN once established; other states,
+/// other events and UDP ids are EINVAL.
+#[test]
+fn a_server_told_its_qp_received_is_established_before_the_rtu() {
+    use ibverbs_sys::{IBV_EVENT_COMM_EST, IBV_EVENT_PATH_MIG, IBV_EVENT_SQ_DRAINED};
+    let e = ends(18);
+    let errno = |r: Result<(), softnic::cm::CmError>| r.map_err(|e| e.errno);
+    let idle = client(&e, PortSpace::Tcp);
+    assert_eq!(
+        errno(e.fabric.cm_notify(idle, IBV_EVENT_COMM_EST)),
+        Err(libc::EINVAL)
+    );
+    listen(&e, PortSpace::Tcp, 8);
+    let (c, qa) = client_with_qp(&e, PortSpace::Tcp);
+    // Every RTU lost (MADs in order: REQ, REP, then the RTU and its retransmissions).
+    let rtus = drop_mads(&e.fabric, &[2, 3, 4, 5, 6, 7, 8, 9]);
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(16, 16), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    e.fabric.cm_accept(req.id, param(), &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Established);
+    // The client sends at once; the server's QP receives with the RTU lost.
+    send_works(&e.a, qa, &e.b, qb, 100);
+    assert_eq!(next_event(&e.fabric, e.cb, Duration::from_millis(1)), None);
+    assert!(
+        *rtus.lock().unwrap() < 4,
+        "the RTU has not been sent again yet"
+    );
+    assert_eq!(
+        errno(e.fabric.cm_notify(req.id, IBV_EVENT_SQ_DRAINED)),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        errno(e.fabric.cm_notify(req.id, IBV_EVENT_PATH_MIG)),
+        Err(libc::EINVAL)
+    );
+    e.fabric.cm_notify(req.id, IBV_EVENT_COMM_EST).unwrap();
+    let est = expect(&e.fabric, e.cb, CmEventKind::Established);
+    assert_eq!(est.id, req.id);
+    assert_eq!(
+        errno(e.fabric.cm_notify(req.id, IBV_EVENT_COMM_EST)),
+        Err(libc::EISCONN)
+    );
+    assert_eq!(
+        errno(e.fabric.cm_notify(c, IBV_EVENT_COMM_EST)),
+        Err(libc::EISCONN)
+    );
+    e.fabric.cm_notify(req.id, IBV_EVENT_PATH_MIG).unwrap();
+    // Nothing more comes: the server sends no REP again, and no second ESTABLISHED.
+    e.fabric.set_packet_filter(None);
+    assert_eq!(next_event(&e.fabric, e.cb, Duration::from_secs(60)), None);
+    send_works(&e.a, qa, &e.b, qb, 100);
+
+    let u = client(&e, PortSpace::Udp);
+    assert_eq!(
+        errno(e.fabric.cm_notify(u, IBV_EVENT_COMM_EST)),
+        Err(libc::EINVAL)
+    );
+}
