@@ -156,11 +156,15 @@ fn open() -> Result<Lib, (c_int, String)> {
     Ok(Lib { ops, devs })
 }
 
-/// At exit, waits (at most [`LINGER`]) while ids destroyed by the program still send their
-/// DREQ: the kernel's CM would go on after the process, a softnic process's CM ends with it,
-/// and a DREQ lost then would leave its peer connected for ever.
+/// At exit, destroys the ids the program still holds (as the kernel's CM does when the
+/// process's descriptor closes: a connection's peer hears DISCONNECTED, not nothing), then
+/// waits (at most [`LINGER`]) while destroyed ids still send their DREQ: the kernel's CM
+/// would go on after the process, a softnic process's CM ends with it, and a DREQ lost then
+/// would leave its peer connected for ever.
 extern "C" fn linger() {
     let Some(Ok(l)) = LIB.get() else { return };
+    // SAFETY: a context of the fabric.
+    unsafe { (l.ops.close_all)(l.ctx()) };
     let end = std::time::Instant::now() + LINGER;
     // SAFETY: a context of the fabric.
     while unsafe { (l.ops.lingering)(l.ctx()) } > 0 && std::time::Instant::now() < end {

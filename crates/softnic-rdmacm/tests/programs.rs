@@ -291,6 +291,25 @@ fn connection_parameters_and_a_second_qp_are_checked() {
     turns_under_valgrind("127.0.26.19", "params");
 }
 
+/// A client process that exits connected (no disconnect, no destroy) says goodbye, as the
+/// kernel's CM does when the process's descriptor closes: its server hears DISCONNECTED
+/// soon after, not never (an RC QP with nothing to send never notices its peer gone).
+#[test]
+fn a_process_that_exits_connected_disconnects() {
+    let lib = library_dir();
+    let Some(exe) = build_turns(&lib) else { return };
+    let addr = "127.0.26.31";
+    let Some((s, c)) = pair(
+        &[&exe, addr, "exit-server"],
+        &[&exe, addr, "exit-client"],
+        [addr, "127.0.26.32"],
+    ) else {
+        return;
+    };
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(s.contains("ok") && c.contains("ok"), "{s}\n{c}");
+}
+
 /// `turns <addr> <mode>` on a device at `addr`, under valgrind when it is installed (which
 /// then fails the run on a read of freed memory): it must say "ok" and exit 0.
 fn turns_under_valgrind(addr: &str, mode: &str) {

@@ -12,6 +12,10 @@
  *   ACK timeout of a UD id; and (EINVAL) a synchronous id moved to a channel of its own again,
  *   an id of no port space, an address of no family it knows, an RC connect with neither a QP
  *   nor parameters, responder resources above the device's, a second QP on an id.
+ * - turns <address> exit-server, then turns <address> exit-client (another process): the client
+ *   connects and exits without disconnecting or destroying anything; the server must hear
+ *   DISCONNECTED soon after (10 s at most), as the kernel's CM sends the DREQ of a process's
+ *   connections when it exits.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -19,7 +23,9 @@
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <stdatomic.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -190,6 +196,63 @@ static int params(struct sockaddr_in *a) {
     return 0;
 }
 
+static struct ibv_qp_init_attr rc_attr = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                                   .max_send_sge = 1, .max_recv_sge = 1},
+                                           .qp_type = IBV_QPT_RC};
+
+/* The next event of `ch` within `ms` milliseconds, or NULL. */
+static struct rdma_cm_event *event_within(struct rdma_event_channel *ch, int ms) {
+    struct pollfd p = {.fd = ch->fd, .events = POLLIN};
+    struct rdma_cm_event *ev;
+    if (poll(&p, 1, ms) != 1 || rdma_get_cm_event(ch, &ev))
+        return NULL;
+    return ev;
+}
+
+static int exit_server(struct sockaddr_in *a) {
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *listener;
+    if (!ch || rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP))
+        return fail("listener id");
+    if (rdma_bind_addr(listener, (struct sockaddr *)a) || rdma_listen(listener, 4))
+        return fail("listen");
+    enum rdma_cm_event_type want[] = {RDMA_CM_EVENT_CONNECT_REQUEST, RDMA_CM_EVENT_ESTABLISHED,
+                                      RDMA_CM_EVENT_DISCONNECTED};
+    for (int i = 0; i < 3; i++) {
+        struct rdma_cm_event *ev = event_within(ch, i == 0 ? 50000 : 10000);
+        if (!ev) {
+            printf("no %s in time\n", rdma_event_str(want[i]));
+            return 1;
+        }
+        if (ev->event != want[i]) {
+            printf("expected %s, got %s\n", rdma_event_str(want[i]), rdma_event_str(ev->event));
+            return 1;
+        }
+        struct rdma_cm_id *id = ev->id;
+        rdma_ack_cm_event(ev);
+        if (i == 0 && (rdma_create_qp(id, NULL, &rc_attr) || rdma_accept(id, NULL)))
+            return fail("accept");
+    }
+    printf("ok\n");
+    return 0;
+}
+
+static int exit_client(struct sockaddr_in *a) {
+    struct rdma_cm_id *id;
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
+        return fail("id");
+    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)a, 2000) || rdma_resolve_route(id, 2000))
+        return fail("resolve");
+    if (rdma_create_qp(id, NULL, &rc_attr))
+        return fail("create_qp");
+    struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1};
+    if (rdma_connect(id, &p))
+        return fail("connect");
+    printf("ok\n");
+    /* Nothing disconnected, nothing destroyed. */
+    exit(0);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -201,6 +264,10 @@ int main(int argc, char **argv) {
         return late_ack(&a);
     if (argc > 2 && !strcmp(argv[2], "params"))
         return params(&a);
+    if (argc > 2 && !strcmp(argv[2], "exit-server"))
+        return exit_server(&a);
+    if (argc > 2 && !strcmp(argv[2], "exit-client"))
+        return exit_client(&a);
 
     struct rdma_event_channel *ch = rdma_create_event_channel();
     struct rdma_cm_id *listener;

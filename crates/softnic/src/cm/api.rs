@@ -303,6 +303,14 @@ impl Fabric {
         self.shared.lock_any().cm_lingering()
     }
 
+    /// Destroys every id still held, as [`cm_destroy_id`](Self::cm_destroy_id) does: what a
+    /// process does as it exits, as the kernel's CM does for a process whose descriptor
+    /// closes (its connections' DREQs then linger: [`cm_lingering`](Self::cm_lingering)).
+    /// Returns how many ids there were.
+    pub fn cm_close_all(&self) -> usize {
+        self.shared.lock_any().cm_close_all()
+    }
+
     /// The CM counters of device `name`.
     pub fn cm_counters(&self, name: &str) -> Option<CmCounters> {
         let st = self.shared.lock_any();

@@ -74,6 +74,23 @@ impl State {
         }
     }
 
+    /// The process ends: every id it still holds is destroyed as [`cm_destroy_id`] destroys
+    /// one (a DREQ for a connection, a REJ for a request not decided), as the kernel's CM
+    /// destroys a process's ids when its descriptor closes. Returns how many there were.
+    ///
+    /// [`cm_destroy_id`]: Self::cm_destroy_id
+    pub(crate) fn cm_close_all(&mut self) -> usize {
+        let live: Vec<u32> = (self.w.cm.ids.iter())
+            .filter(|(_, i)| !i.orphan)
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &live {
+            // A listener's destruction takes the requests it had not handed out with it.
+            let _ = self.cm_destroy_id(id);
+        }
+        live.len()
+    }
+
     /// Ids destroyed whose goodbye (a DREQ) is not answered yet.
     pub(crate) fn cm_lingering(&self) -> usize {
         self.w.cm.ids.values().filter(|i| i.orphan).count()

@@ -166,6 +166,8 @@ pub struct CmOps {
     pub leave_multicast: unsafe extern "C" fn(Ctx, u32, CAddr) -> c_int,
     /// [`Fabric::cm_notify`] (an `ibv_event_type`).
     pub notify: unsafe extern "C" fn(Ctx, u32, u32) -> c_int,
+    /// [`Fabric::cm_close_all`] (0 for a context that is not softnic's).
+    pub close_all: unsafe extern "C" fn(Ctx) -> u32,
 }
 
 /// softnic's CM as a C table.
@@ -195,6 +197,7 @@ pub static CM_OPS: CmOps = CmOps {
     join_multicast,
     leave_multicast,
     notify,
+    close_all,
 };
 
 /// Runs `f` on the fabric of context `ctx`: 0, or the errno of its error (EINVAL for a
@@ -424,6 +427,15 @@ unsafe extern "C" fn id_info(ctx: Ctx, id: u32, out: *mut CIdInfo) -> c_int {
         unsafe { put(out, info) };
         Ok(())
     })
+}
+
+unsafe extern "C" fn close_all(ctx: Ctx) -> u32 {
+    let mut n = 0;
+    on(ctx, |f| {
+        n = f.cm_close_all() as u32;
+        Ok(())
+    });
+    n
 }
 
 unsafe extern "C" fn lingering(ctx: Ctx) -> u32 {

@@ -30,7 +30,9 @@ fn node_guid(dev: usize) -> u64 {
 
 impl State {
     pub(crate) fn cm_id(&mut self, id: u32) -> Result<&mut Id, CmError> {
-        self.w.cm.ids.get_mut(&id).ok_or(CmError {
+        // A destroyed id that lingers for its DREQ is no longer its caller's.
+        let live = self.w.cm.ids.get_mut(&id).filter(|i| !i.orphan);
+        live.ok_or(CmError {
             errno: libc::EINVAL,
             what: "no such CM id",
         })

@@ -217,6 +217,28 @@ fn a_dreq_never_answered_disconnects_with_etimedout() {
     assert_eq!(e.fabric.cm_counters("soft0").unwrap().timeouts, 1);
 }
 
+/// A process's end (`cm_close_all`, which softnic's librdmacm calls at exit) destroys every
+/// id it holds as `rdma_destroy_id` would: the connection's DREQs go and are answered.
+#[test]
+fn closing_all_destroys_every_id_and_says_goodbye() {
+    let e = ends(19);
+    let (c, qa, s, qb) = connect(&e);
+    assert_eq!(e.fabric.cm_close_all(), 3, "the listener and both ends");
+    assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
+    for id in [c, s] {
+        let err = e.fabric.cm_destroy_id(id).unwrap_err();
+        assert_eq!(err.errno, libc::EINVAL, "{err:?}");
+    }
+    assert!(
+        e.fabric.cm_lingering() > 0,
+        "the DREQs wait for their answers"
+    );
+    assert_eq!(next_event(&e.fabric, e.ca, Duration::from_secs(60)), None);
+    assert_eq!(e.fabric.cm_lingering(), 0, "answered");
+    assert_eq!(e.fabric.cm_close_all(), 0);
+}
+
 #[test]
 fn simultaneous_disconnects_give_one_event_each() {
     let e = ends(2);
