@@ -135,7 +135,8 @@ impl CompChannel {
     /// may wait at once: each event goes to one of them, and the others go on waiting until
     /// their own timeout.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<usize>> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        // A timeout past what the clock can count is forever.
+        let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
         loop {
             let ms = match deadline {
                 None => -1,

@@ -31,8 +31,11 @@ pub(crate) struct Kept {
     /// An SGE (or address handle) the WR does not hold was added: only an `unsafe` post may
     /// take it.
     pub(crate) raw: bool,
-    /// A range outside its buffer.
+    /// A range outside its buffer (or empty).
     pub(crate) bad: Option<String>,
+    /// A safe post took the buffers this WR named (they come back with its completion): it
+    /// holds none, so it may not be posted again.
+    pub(crate) spent: bool,
     /// The table of the [`CompletionContext`](crate::CompletionContext) this WR names.
     pub(crate) handler_of: Option<Arc<Tracker>>,
 }
@@ -74,6 +77,14 @@ impl Kept {
         len: u32,
     ) -> Option<ibv_sge> {
         let size = buf.extent();
+        if len == 0 {
+            // A zero length means 2 GiB to some NICs (mlx5): never let one through.
+            self.bad = Some(format!(
+                "an empty range at {offset} (some NICs read 0 as 2 GiB): name no buffer for \
+                 0 bytes"
+            ));
+            return None;
+        }
         let s = offset
             .checked_add(len as usize)
             .filter(|&end| end <= size)
@@ -135,6 +146,13 @@ impl Kept {
         (writes_local, inline): (bool, bool),
     ) -> Result<()> {
         let bad = |reason: String| Err(Error::InvalidWr { index, reason });
+        if self.spent {
+            return bad(
+                "posted already: the buffers it names went with that post (they come back with \
+                 its completion); build a new WR"
+                    .into(),
+            );
+        }
         if let Some(reason) = &self.bad {
             return bad(reason.clone());
         }
@@ -187,6 +205,9 @@ pub(crate) trait SafeWr {
     /// Checks it may be posted safely on a QP or SRQ of `tracker`'s context.
     fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()>;
     fn kept_mut(&mut self) -> &mut Kept;
+    /// Its buffers went with a post: it forgets its SGEs (they name buffers it no longer
+    /// holds) and refuses to be posted again.
+    fn spend(&mut self);
     fn wr_id_mut(&mut self) -> &mut u64;
     /// Makes sure the WR produces a completion (the only moment its buffers come back).
     fn force_signaled(&mut self);
@@ -214,6 +235,7 @@ pub(crate) fn post_tracked<W: SafeWr>(
             ids.push(None);
             continue;
         }
+        let holds = !k.shared.is_empty() || !k.owned.is_empty();
         let posted = Posted {
             wr_id: user,
             owner,
@@ -221,7 +243,7 @@ pub(crate) fn post_tracked<W: SafeWr>(
             owned: std::mem::take(&mut k.owned),
         };
         *w.wr_id_mut() = tracker.insert(Entry::Posted(posted));
-        ids.push(Some(user));
+        ids.push(Some((user, holds)));
     }
     let r = post(wrs);
     let first_unposted = match &r {
@@ -230,11 +252,13 @@ pub(crate) fn post_tracked<W: SafeWr>(
         Err(_) => 0,
     };
     for (i, (w, user)) in wrs.iter_mut().zip(ids).enumerate() {
-        let Some(user) = user else { continue };
+        let Some((user, holds)) = user else { continue };
         let tracked = std::mem::replace(w.wr_id_mut(), user);
-        if i >= first_unposted
-            && let Some(Entry::Posted(p)) = tracker.remove(tracked)
-        {
+        if i < first_unposted {
+            if holds {
+                w.spend();
+            }
+        } else if let Some(Entry::Posted(p)) = tracker.remove(tracked) {
             let k = w.kept_mut();
             k.shared = p.shared;
             k.owned = p.owned;

@@ -257,6 +257,15 @@ pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>, ud: boo
             reason: format!("opcode {}: {what}", s.wr.opcode),
         });
     }
+    if matches!(
+        s.wr.opcode,
+        op::IBV_WR_ATOMIC_CMP_AND_SWP | op::IBV_WR_ATOMIC_FETCH_AND_ADD
+    ) {
+        let sges = s
+            .sges()
+            .map_err(|reason| Error::InvalidWr { index, reason })?;
+        crate::wr::atomic_target(index, sges)?;
+    }
     if s.wr.send_flags & ibverbs_sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
         return Err(Error::InvalidWr {
             index,

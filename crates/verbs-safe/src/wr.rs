@@ -75,6 +75,11 @@ pub enum SendOp {
 
 impl SendOp {
     /// Whether the NIC writes the local SGEs (READ and atomics).
+    /// A compare-and-swap or a fetch-and-add.
+    pub(crate) fn is_atomic(self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
     fn writes_local(self) -> bool {
         matches!(
             self,
@@ -486,6 +491,23 @@ impl RecvWr {
     }
 }
 
+/// The check of an atomic's SGEs at position `index`: the NIC writes the 8 bytes it read
+/// there whatever the SGE's length, so exactly one SGE of 8 bytes.
+pub(crate) fn atomic_target(index: usize, sges: &[ibv_sge]) -> Result<()> {
+    match sges {
+        [one] if one.length == 8 => Ok(()),
+        _ => Err(Error::InvalidWr {
+            index,
+            reason: format!(
+                "an atomic writes back 8 bytes: its target must be one SGE of 8 bytes, not {} \
+                 of {} bytes",
+                sges.len(),
+                sges.iter().map(|s| u64::from(s.length)).sum::<u64>()
+            ),
+        }),
+    }
+}
+
 /// Links `wrs` through `next`; returns the head.
 pub(crate) fn chain_send<'a>(
     wrs: impl DoubleEndedIterator<Item = &'a mut SendWr>,
@@ -516,10 +538,18 @@ impl SafeWr for SendWr {
     fn check_safe(&self, index: usize, tracker: &Arc<Tracker>) -> Result<()> {
         let writes = self.op.writes_local();
         self.kept
-            .check(index, self.wr.wr_id, tracker, (writes, self.is_inline()))
+            .check(index, self.wr.wr_id, tracker, (writes, self.is_inline()))?;
+        if self.op.is_atomic() {
+            atomic_target(index, &self.sges)?;
+        }
+        Ok(())
     }
     fn kept_mut(&mut self) -> &mut Kept {
         &mut self.kept
+    }
+    fn spend(&mut self) {
+        self.sges.clear();
+        self.kept.spent = true;
     }
     fn wr_id_mut(&mut self) -> &mut u64 {
         &mut self.wr.wr_id
@@ -537,6 +567,10 @@ impl SafeWr for RecvWr {
     fn kept_mut(&mut self) -> &mut Kept {
         &mut self.kept
     }
+    fn spend(&mut self) {
+        self.sges.clear();
+        self.kept.spent = true;
+    }
     fn wr_id_mut(&mut self) -> &mut u64 {
         &mut self.wr.wr_id
     }
@@ -549,6 +583,9 @@ impl SafeWr for UdSendWr {
     }
     fn kept_mut(&mut self) -> &mut Kept {
         self.wr.kept_mut()
+    }
+    fn spend(&mut self) {
+        self.wr.spend();
     }
     fn wr_id_mut(&mut self) -> &mut u64 {
         self.wr.wr_id_mut()

@@ -100,11 +100,14 @@ impl<T: Connected, S: CanPostSend> Qp<T, S> {
     /// completion is polled, which gives the moved-in ones back
     /// ([`Completion::take_bufs`](crate::Completion::take_bufs)) and reports the WR's own
     /// `wr_id`. Every WR is signaled (its completion is what releases its buffers). A WR with a
-    /// raw SGE, a range outside its buffer, a shared buffer as a READ/atomic target, or a plain
-    /// `wr_id` with bit 63 set is refused before anything is posted, and so is inline data
-    /// next to a [`DmaBuf`](crate::DmaBuf) or on a READ or atomic, and a UD destination ([`SendWr::ud`]: a
-    /// UD QP takes [`UdSendWr`]s); on a post error the WRs from the failing one on get their
-    /// buffers back ([`SendWr::take_bufs`]).
+    /// raw SGE, a range outside its buffer or empty, a shared buffer as a READ/atomic target,
+    /// an atomic target that is not one range of 8 bytes, or a plain `wr_id` with bit 63 set
+    /// is refused before anything is posted, and so is inline data next to a
+    /// [`DmaBuf`](crate::DmaBuf) or on a READ or atomic, and a UD destination ([`SendWr::ud`]:
+    /// a UD QP takes [`UdSendWr`]s). A posted WR that named buffers gave them to the post: it
+    /// is refused if posted again (a WR of inline data alone may go any number of times). On a
+    /// post error the WRs from the failing one on get their buffers back
+    /// ([`SendWr::take_bufs`]) and may be posted again.
     pub fn post_send_bufs(&self, wrs: &mut [SendWr]) -> Result<()> {
         let i = &self.inner;
         post_tracked(&i.pd.ctx.tracker, i.owner(), wrs, |wrs| {

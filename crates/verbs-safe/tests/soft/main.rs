@@ -8,6 +8,7 @@ mod drops;
 mod memory;
 mod pins;
 mod posting;
+mod reposts;
 mod slots;
 mod transports;
 mod typestate;
