@@ -29,11 +29,12 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 
 /// A buffer of an engine: a slot and a generation (a stale id never names a newer buffer in
-/// the same slot).
+/// the same slot: 64 bits, as a slot freed and taken again every microsecond would wrap 32 in
+/// about an hour).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferId {
     index: u32,
-    generation: u32,
+    generation: u64,
 }
 
 impl std::fmt::Display for BufferId {
@@ -214,7 +215,7 @@ impl Entry {
 }
 
 struct Slot {
-    generation: u32,
+    generation: u64,
     entry: Option<Entry>,
 }
 
