@@ -74,15 +74,17 @@ impl State {
 
     /// `rdma_resolve_addr`: the device and the peer's GID; `ADDR_RESOLVED`, or `ADDR_ERROR`
     /// with `-EHOSTUNREACH` for an address the link does not reach. A multicast group is
-    /// reached from any device (a join follows: see `groups.rs`).
+    /// reached from any device (a join follows: see `groups.rs`). The unspecified address is
+    /// loopback, as the kernel's `cma_resolve_loopback`: the bound device's own address (the
+    /// first device's if unbound).
     pub(crate) fn cm_resolve_addr(
         &mut self,
         id: u32,
         src: Option<SocketAddrV4>,
         dst: SocketAddrV4,
     ) -> Result<(), CmError> {
-        if dst.ip().is_unspecified() || dst.ip().is_broadcast() {
-            return err(libc::EINVAL, "resolving an address that names no port");
+        if dst.ip().is_broadcast() {
+            return err(libc::EINVAL, "resolving the broadcast address");
         }
         if self.cm_id(id)?.st == St::Idle {
             let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
@@ -93,6 +95,11 @@ impl State {
             return err(libc::EINVAL, "resolving an address on an id in use");
         }
         let bound = i.dev;
+        let dst = if dst.ip().is_unspecified() {
+            SocketAddrV4::new(self.dev_ip(bound.unwrap_or(0)), dst.port())
+        } else {
+            dst
+        };
         let dev = bound.or_else(|| self.dev_of_ip(*dst.ip())).unwrap_or(0);
         let gid = crate::roce::ipv4_gid(*dst.ip());
         if !dst.ip().is_multicast() && self.w.route(dev, &gid).is_none() {

@@ -473,6 +473,41 @@ fn addresses_the_link_does_not_reach_fail_clearly() {
     );
 }
 
+/// The unspecified address resolves to loopback, as the kernel's `cma_resolve_loopback`: the
+/// bound device's own address (the first device's if unbound), where a listener of the same
+/// device takes the request.
+#[test]
+fn the_any_address_resolves_to_the_device_itself() {
+    let e = ends(20);
+    let l = listen(&e, PortSpace::Tcp, 8);
+    let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER.port());
+    let c = e.fabric.cm_create_id(e.cb, PortSpace::Tcp).unwrap();
+    let src = SocketAddrV4::new(*SERVER.ip(), 0);
+    e.fabric.cm_resolve_addr(c, Some(src), any).unwrap();
+    expect(&e.fabric, e.cb, CmEventKind::AddrResolved);
+    let (dev, _, dst) = e.fabric.cm_id_addrs(c).unwrap();
+    assert_eq!((dev, dst), (Some(1), Some(SERVER)), "soft1's own address");
+    e.fabric.cm_resolve_route(c).unwrap();
+    expect(&e.fabric, e.cb, CmEventKind::RouteResolved);
+    let qc = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(c, qc).unwrap();
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    let qs = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qs).unwrap();
+    e.fabric.cm_accept(req.id, param(), &[]).unwrap();
+    expect(&e.fabric, e.cb, CmEventKind::Established);
+    expect(&e.fabric, e.cb, CmEventKind::Established);
+    send_works(&e.b, qc, &e.b, qs, 100);
+    // Unbound: the first device's.
+    let u = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    e.fabric.cm_resolve_addr(u, None, any).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
+    let (dev, _, dst) = e.fabric.cm_id_addrs(u).unwrap();
+    assert_eq!((dev, dst.map(|d| *d.ip())), (Some(0), Some(CLIENT_IP)));
+}
+
 #[test]
 fn resources_asked_as_rdma_max_are_the_device_s() {
     // libfabric asks for RDMA_MAX_RESP_RES and RDMA_MAX_INIT_DEPTH (255): the QPs get the
