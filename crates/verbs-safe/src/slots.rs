@@ -233,20 +233,18 @@ where
 /// checked against the pinned regions (no memory-window binds, no TSO headers, no
 /// invalidations), only SENDs on a UD QP (`ud`: its WR's union holds the address handle, which
 /// an RDMA WR's remote address would overlay), and never inline.
+#[inline]
 pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>, ud: bool) -> Result<()> {
     use ibverbs_sys::ibv_wr_opcode as op;
-    let send = matches!(s.wr.opcode, op::IBV_WR_SEND | op::IBV_WR_SEND_WITH_IMM);
-    let ok = send
-        || (!ud
-            && matches!(
-                s.wr.opcode,
-                op::IBV_WR_RDMA_WRITE
-                    | op::IBV_WR_RDMA_WRITE_WITH_IMM
-                    | op::IBV_WR_RDMA_READ
-                    | op::IBV_WR_ATOMIC_CMP_AND_SWP
-                    | op::IBV_WR_ATOMIC_FETCH_AND_ADD
-            ));
-    if !ok {
+    const SENDS: u32 = 1 << op::IBV_WR_SEND | 1 << op::IBV_WR_SEND_WITH_IMM;
+    const ATOMICS: u32 = 1 << op::IBV_WR_ATOMIC_CMP_AND_SWP | 1 << op::IBV_WR_ATOMIC_FETCH_AND_ADD;
+    const DATA: u32 = SENDS
+        | ATOMICS
+        | 1 << op::IBV_WR_RDMA_WRITE
+        | 1 << op::IBV_WR_RDMA_WRITE_WITH_IMM
+        | 1 << op::IBV_WR_RDMA_READ;
+    let bit = 1u32.checked_shl(s.wr.opcode).unwrap_or(0);
+    if bit & if ud { SENDS } else { DATA } == 0 {
         let what = if ud {
             "a UD QP sends SENDs only"
         } else {
@@ -257,14 +255,8 @@ pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>, ud: boo
             reason: format!("opcode {}: {what}", s.wr.opcode),
         });
     }
-    if matches!(
-        s.wr.opcode,
-        op::IBV_WR_ATOMIC_CMP_AND_SWP | op::IBV_WR_ATOMIC_FETCH_AND_ADD
-    ) {
-        let sges = s
-            .sges()
-            .map_err(|reason| Error::InvalidWr { index, reason })?;
-        crate::wr::atomic_target(index, sges)?;
+    if bit & ATOMICS != 0 {
+        check_atomic(index, s)?;
     }
     if s.wr.send_flags & ibverbs_sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
         return Err(Error::InvalidWr {
@@ -275,6 +267,17 @@ pub(crate) fn check_send_op<const N: usize>(index: usize, s: &WrSlot<N>, ud: boo
         });
     }
     Ok(())
+}
+
+/// An atomic slot's SGEs: one of the 8 bytes the NIC writes back (off the path of the other
+/// operations).
+#[cold]
+#[inline(never)]
+fn check_atomic<const N: usize>(index: usize, s: &WrSlot<N>) -> Result<()> {
+    let sges = s
+        .sges()
+        .map_err(|reason| Error::InvalidWr { index, reason })?;
+    crate::wr::atomic_target(index, sges)
 }
 
 /// The common checks of a slot at position `index`: an id this crate does not reserve, and
