@@ -346,6 +346,7 @@ impl Fabric {
             udp_in: Vec::new(),
             group_in: Default::default(),
             timers: Default::default(),
+            alarms: Default::default(),
             faults: BTreeMap::new(),
             default_faults: Faults::NONE,
             filter: None,

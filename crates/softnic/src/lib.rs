@@ -105,6 +105,7 @@
 //! ```
 
 mod abi;
+mod alarm;
 pub mod baseline;
 pub mod cm;
 mod control;
@@ -134,6 +135,7 @@ mod timers;
 pub mod topology;
 
 pub use abi::Wc;
+pub use alarm::Alarm;
 pub use control::{CONTROL, ControlPath, attach_mcast, detach_mcast, release_device, resize_cq};
 pub use counters::Counters;
 pub use extended::qp_to_qp_ex;

@@ -124,6 +124,8 @@ pub(crate) struct World {
     /// (time, qp id) of every QP's timer entry (at or before its deadline; see
     /// [`Qp::set_timer`](crate::qp::Qp::set_timer)).
     pub(crate) timers: crate::timers::Timers,
+    /// The deadlines of the fabric's users (see `alarm.rs`).
+    pub(crate) alarms: crate::alarm::Alarms,
     pub(crate) faults: BTreeMap<(usize, usize), Faults>,
     pub(crate) default_faults: Faults,
     pub(crate) filter: Option<PacketFilter>,

@@ -27,6 +27,18 @@ impl Clock {
         Clock::Wall(Instant::now())
     }
 
+    /// An alarm on the fabric's clock if it is virtual and moves by itself
+    /// (`auto_advance`): an idle engine moves it to the next deadline of the fabric's users.
+    pub(crate) fn alarm(&self) -> Option<softnic::Alarm> {
+        match self {
+            Clock::Fabric(f) => {
+                let c = f.config();
+                (c.auto_advance && c.clock == softnic::Clock::Virtual).then(|| f.alarm())
+            }
+            Clock::Wall(_) => None,
+        }
+    }
+
     /// Nanoseconds since the clock's origin.
     pub fn now(&self) -> u64 {
         match self {

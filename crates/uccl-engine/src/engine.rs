@@ -110,6 +110,8 @@ pub(crate) struct Scratch {
     pub(crate) took_input: bool,
     /// Whether something asked for a full next round during this one (`Engine::unsettle`).
     pub(crate) redo: bool,
+    /// What the engine's alarm was last set to (see `Engine::idle`).
+    pub(crate) alarm_at: Option<u64>,
     /// Connections with a CTS or a send to match.
     pub(crate) ready: Vec<u16>,
     /// Connections with an ACK to send.
@@ -147,6 +149,9 @@ pub struct Engine {
     pub(crate) owner: Arc<crate::request::Owner>,
     pub(crate) cfg: EngineConfig,
     pub(crate) clock: Clock,
+    /// On a softnic fabric whose virtual clock moves by itself: the engine's next deadline,
+    /// so that an idle engine can move the clock to it (see `Engine::idle`).
+    pub(crate) alarm: Option<softnic::Alarm>,
     pub(crate) io: Io,
     pub(crate) tx: Tx,
     pub(crate) conns: Vec<Option<Conn>>,
@@ -275,6 +280,7 @@ impl Engine {
             id,
             owner: crate::request::Owner::new(id),
             credits,
+            alarm: clock.alarm(),
             clock,
             io,
             tx,

@@ -81,6 +81,11 @@ impl Engine {
     /// Runs one round; returns whether anything happened. Embed it in a loop of your own, or
     /// let [`Engine::spawn`](crate::Engine::spawn) run it on a thread.
     ///
+    /// On a softnic fabric whose virtual clock moves by itself (`Fabric::default()`), a round
+    /// with nothing to do moves the clock to the engine's next timer once nothing is pending
+    /// on the fabric (every packet of the moment lost, say), stopping at any other engine's
+    /// earlier timer: a loop that polls its engines, and nothing else, recovers losses.
+    ///
     /// A round finds the CQ empty most of the time: if nothing was asked of the engine since
     /// the last round and no deadline came, it stops there, so an engine waiting for work
     /// costs a CQ poll and a few loads a round.
@@ -94,6 +99,7 @@ impl Engine {
             if self.scratch.rounds.is_multiple_of(2) {
                 self.check_settled(now)?;
             }
+            self.idle();
             // Set-ups waiting for their turn want the engine back soon, as a full round says.
             return Ok(self.dials.waiting());
         }
@@ -104,9 +110,28 @@ impl Engine {
         let redo = self.scratch.redo;
         if !redo {
             self.scratch.settled_until = self.work_out_deadline().unwrap_or(u64::MAX);
+            if !busy {
+                self.idle();
+            }
         }
         // Work left for the next round: a caller that polls until a round is idle polls again.
         Ok(busy || redo)
+    }
+
+    /// A round found nothing to do. On a fabric whose virtual clock moves by itself, nothing
+    /// else moves it to the engine's timers once no packet is pending (every one lost, say):
+    /// the engine's alarm says when its next deadline is, and once set (one idle round later,
+    /// so that the other engines polled in turn set theirs) the clock moves to the earliest
+    /// alarm of the fabric if nothing is pending on it.
+    fn idle(&mut self) {
+        let Some(alarm) = &self.alarm else { return };
+        let at = Some(self.scratch.settled_until).filter(|&t| t != u64::MAX);
+        if self.scratch.alarm_at != at {
+            alarm.set(at);
+            self.scratch.alarm_at = at;
+        } else if at.is_some() {
+            alarm.advance_idle();
+        }
     }
 
     /// Whether a round at `now` that found the CQ empty has nothing else to do. A round leaves

@@ -140,7 +140,14 @@ impl std::fmt::Debug for EngineHandle {
 impl Engine {
     /// Moves the engine onto a thread of its own (named `uccl-engine-<device>`), which runs
     /// [`poll`](Self::poll) until the handle is shut down or dropped.
-    pub fn spawn(self) -> Result<EngineHandle> {
+    ///
+    /// On softnic, give threaded engines a wall-clock fabric (`softnic::Clock::Wall`): a
+    /// virtual clock is moved by whichever thread polls, so it runs ahead of an engine thread
+    /// that sleeps, and a threaded engine does not move it to its timers (an engine polled in
+    /// the caller's loop does: see [`poll`](Self::poll)). Lossless runs work on either clock;
+    /// on a virtual one, recovering a loss may wait for ever.
+    pub fn spawn(mut self) -> Result<EngineHandle> {
+        self.alarm = None;
         let shared = Arc::new(Shared {
             queue: ArrayQueue::new(QUEUE_DEPTH),
             stop: AtomicBool::new(false),

@@ -121,3 +121,46 @@ fn the_wall_clock_follows_real_time() {
     assert!(f.now() >= before + Duration::from_millis(2));
     assert!(f.now() <= t0.elapsed(), "never ahead of real time");
 }
+
+/// Alarms: an idle fabric's virtual clock moves to the earliest alarm set later than now
+/// (never past an earlier one), not while a packet is pending, not on the wall clock, and an
+/// alarm dropped counts no more.
+#[test]
+fn an_idle_virtual_clock_moves_to_the_earliest_alarm() {
+    let f = Fabric::default();
+    let (a, b) = (f.alarm(), f.alarm());
+    assert_eq!(a.advance_idle(), None, "no alarm set");
+    a.set(Some(5_000));
+    b.set(Some(3_000));
+    assert_eq!(a.advance_idle(), Some(3_000), "the other's alarm first");
+    assert_eq!(f.now_ns(), 3_000);
+    assert_eq!(b.advance_idle(), Some(5_000));
+    assert_eq!(a.advance_idle(), None, "both passed");
+    b.set(Some(9_000));
+    drop(b);
+    assert_eq!(a.advance_idle(), None, "a dropped alarm counts no more");
+    // A packet pending: the fabric's own events come first (a poll moves time to them).
+    let (_na, qa, _nb, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 4);
+    a.set(Some(f.now_ns() + 1_000_000_000));
+    post_recv(qb, &mut [recv_wr(1, &[])]).unwrap();
+    post_send(
+        qa,
+        &mut [send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    assert!(f.next_event().is_some());
+    assert_eq!(a.advance_idle(), None, "a packet is pending");
+    f.run_until_idle().unwrap();
+    assert_eq!(a.advance_idle(), Some(f.now_ns()), "then the alarm");
+    let wall = Fabric::new(FabricConfig {
+        clock: Clock::Wall,
+        ..Default::default()
+    });
+    let w = wall.alarm();
+    w.set(Some(u64::MAX / 2));
+    assert_eq!(
+        w.advance_idle(),
+        None,
+        "the wall clock moves by itself only"
+    );
+}
