@@ -22,13 +22,13 @@ use uccl_integration::{Sim, pattern};
 /// Both modes of the engine.
 const MODES: [Mode; 2] = [Mode::Uc, Mode::Rc];
 
-/// Asserts that `e` names connections in words ("connection 0 of engine 2 (generation 1)"),
-/// never as a Debug dump of a `ConnId`.
+/// Asserts that `e` names connections and buffers in words ("connection 0 of engine 2
+/// (generation 1)", "buffer 0 (generation 0)"), never as a Debug dump of their ids.
 fn assert_in_words(e: &EngineError) {
     let s = e.to_string();
     assert!(
-        !s.contains("ConnId"),
-        "an error prints a ConnId's Debug: {s}"
+        !s.contains("ConnId") && !s.contains("BufferId"),
+        "an error prints an id's Debug: {s}"
     );
 }
 
@@ -137,9 +137,11 @@ fn ranges_past_the_end_or_wrapping_u64_are_bad_range() {
         ));
         assert!(Descriptor::from_bytes(&[0u8; 20]).is_none());
         // The errors say which range, and what it runs past.
-        let e = a.send(ca, &buf, 4000, 97).unwrap_err().to_string();
+        let e = a.send(ca, &buf, 4000, 97).unwrap_err();
+        assert_in_words(&e);
+        let e = e.to_string();
         let id = buf.id();
-        let want = format!("97 bytes at offset 4000 runs past buffer {id:?} (4096 bytes)");
+        let want = format!("97 bytes at offset 4000 runs past buffer {id} (4096 bytes)");
         assert!(e.contains(&want), "{e}");
         let e = a.write(ca, &buf, 0, 2, &d, 4095).unwrap_err().to_string();
         let want = format!(

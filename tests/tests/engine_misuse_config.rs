@@ -537,3 +537,52 @@ fn thousands_of_sends_and_writes_outstanding_all_complete() {
         }
     });
 }
+
+/// What only the device knows is checked by `Engine::new` and named: a port the device does
+/// not have, chunks longer than the port's largest message. A fabric MTU below the engine's
+/// path MTU is not an error: the engine's QPs take the smaller (its memory-window QP, which
+/// carries no data, the smallest).
+#[test]
+fn device_limits_are_named_or_taken() {
+    let engine_on = |fc: FabricConfig, cfg: EngineConfig| {
+        let fabric = Fabric::new(fc);
+        let verbs = Verbs::soft(&fabric);
+        let clock = Clock::Fabric(fabric.clone());
+        let open = |name| Context::open_by_name(&verbs, name).unwrap();
+        let a = Engine::new(&open("soft0"), cfg.clone(), clock.clone());
+        let b = Engine::new(&open("soft1"), cfg, clock);
+        (fabric, a, b)
+    };
+    let port = EngineConfig {
+        port: 2,
+        ..EngineConfig::default()
+    };
+    let (_, a, _) = engine_on(FabricConfig::default(), port);
+    assert_eq!(a.err().as_ref().and_then(named_field), Some("port"));
+    let short = FabricConfig {
+        max_msg_size: 1024,
+        ..FabricConfig::default()
+    };
+    let (_, a, _) = engine_on(short, EngineConfig::default());
+    assert_eq!(a.err().as_ref().and_then(named_field), Some("chunk_size"));
+    let small_mtu = FabricConfig {
+        mtu: 1000,
+        ..FabricConfig::default()
+    };
+    let (fabric, a, b) = engine_on(small_mtu, EngineConfig::default());
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    let (ca, cb) = connect_pair(&mut a, &mut b).unwrap();
+    let (src, dst) = (a.register(64 << 10).unwrap(), b.register(64 << 10).unwrap());
+    let data = pattern(3, 0, 0, 64 << 10);
+    src.write_at(0, &data).unwrap();
+    let recv = b.recv(cb, &dst, 0, 64 << 10).unwrap();
+    let send = a.send(ca, &src, 0, 64 << 10).unwrap();
+    while recv.test().is_none() || send.test().is_none() {
+        a.poll().unwrap();
+        b.poll().unwrap();
+        assert!(fabric.now_ns() < 5_000_000_000, "stuck");
+    }
+    let mut got = vec![0u8; 64 << 10];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got == data);
+}

@@ -271,9 +271,18 @@ impl Io {
         let pd = ctx
             .alloc_pd()
             .map_err(EngineError::verbs("allocating a PD"))?;
-        let port = ctx
-            .query_port(cfg.port)
-            .map_err(EngineError::verbs("querying the port"))?;
+        let port = ctx.query_port(cfg.port).map_err(|_| EngineError::Config {
+            field: "port",
+            value: cfg.port.into(),
+            reason: "not a port of the device (ibv_query_port refuses it)",
+        })?;
+        if u64::from(cfg.tx.chunk_size) > u64::from(port.max_msg_size) {
+            return Err(EngineError::Config {
+                field: "chunk_size",
+                value: cfg.tx.chunk_size.into(),
+                reason: "above the largest message the port carries (its max_msg_sz)",
+            });
+        }
         let mtu = port.active_mtu.bytes().min(cfg.path_mtu.bytes());
         let gid_index = match cfg.gid_index {
             Some(i) if u32::from(i) >= port.gid_table_len => {

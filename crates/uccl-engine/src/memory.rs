@@ -129,7 +129,7 @@ impl Buffer {
     fn outside(&self, offset: u64, len: u64, what: &str) -> EngineError {
         let (id, size) = (self.id(), self.len());
         EngineError::BadRange(format!(
-            "{what} of {len} bytes at offset {offset} runs past buffer {id:?} ({size} bytes)"
+            "{what} of {len} bytes at offset {offset} runs past buffer {id} ({size} bytes)"
         ))
     }
 }

@@ -127,7 +127,11 @@ impl WindowQp {
             ..ConnInit::default()
         })
         .map_err(|e| up(e.error))?
-        .rtr(UcRtr::new(self.me, self.from))
+        // It carries binds only, no data: the smallest MTU, which every port takes.
+        .rtr(UcRtr {
+            path_mtu: verbs_safe::Mtu::Mtu256,
+            ..UcRtr::new(self.me, self.from)
+        })
         .map_err(|e| up(e.error))?
         .rts(SqPsn(self.me.psn))
         .map_err(|e| up(e.error))
