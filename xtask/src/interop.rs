@@ -114,7 +114,7 @@ const EXT_VERBS: &str = "ext_verbs.c";
 /// softnic-verbs' C test of what a conformance suite asks (`tests/c/conform.c`).
 const CONFORM: &str = "conform.c";
 
-/// The path of a program: where [`build_local`] put a built one, else its name.
+/// The path of a program: where `build_local` put a built one, else its name.
 fn path_of(program: &str) -> String {
     let built = match program {
         LOOPBACK => "target/ibverbs-crate/debug/examples/loopback",

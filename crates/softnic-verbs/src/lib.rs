@@ -3,7 +3,7 @@
 //!
 //! This crate builds a shared library with libibverbs's soname and symbol versions
 //! (`IBVERBS_1.0`, `IBVERBS_1.1`, ... , `IBVERBS_PRIVATE_34`), whose verbs are served by
-//! [softnic](softnic): one device, `soft0`, on softnic's UDP link (RoCEv2 over UDP to any other
+//! [softnic]: one device, `soft0`, on softnic's UDP link (RoCEv2 over UDP to any other
 //! softnic process or host), and the `softnic-run` launcher that runs a program with it in
 //! place of the system library:
 //!

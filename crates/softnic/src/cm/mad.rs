@@ -2,7 +2,7 @@
 //! MADs of management class 0x07 sent as UD datagrams to QP1, and the "RDMA IP CM Service"
 //! header (IBTA Annex A11) that rdma_cm puts first in a REQ's (or SIDR REQ's) private data.
 //!
-//! Every message is a [`Mad`]: the 24-byte common MAD header, then the CM attribute's 232
+//! Every message is a MAD: the 24-byte common MAD header, then the CM attribute's 232
 //! bytes. [`Msg::parse`] reads one from untrusted bytes (anything malformed is an error, never a
 //! panic); [`Msg::emit`] writes one. Field offsets are those of the IBTA tables (the kernel's
 //! `ibta_vol1_c12.h` has the same), so tshark decodes what softnic sends.

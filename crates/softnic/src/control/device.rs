@@ -416,7 +416,9 @@ pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
             let p = unsafe { ev.element.cq };
             with(p.cast(), Kind::Cq, None, |sh, st, id| {
                 let c = st.w.cqs.get_mut(&id)?;
-                c.shell.update(|cq| cq.async_events_completed += 1);
+                c.shell.update(|cq| {
+                    cq.async_events_completed = cq.async_events_completed.wrapping_add(1)
+                });
                 shared(sh)
             })
         }
@@ -425,7 +427,8 @@ pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
             let p = unsafe { ev.element.srq };
             with(p.cast(), Kind::Srq, None, |sh, st, id| {
                 let s = st.w.srqs.get_mut(&id)?;
-                s.shell.update(|s| s.events_completed += 1);
+                s.shell
+                    .update(|s| s.events_completed = s.events_completed.wrapping_add(1));
                 shared(sh)
             })
         }
@@ -442,7 +445,8 @@ pub(super) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
             let p = unsafe { ev.element.qp };
             with(p.cast(), Kind::Qp, None, |sh, st, id| {
                 let q = st.qps.get_mut(&id)?;
-                q.shell.update(|q| q.events_completed += 1);
+                q.shell
+                    .update(|q| q.events_completed = q.events_completed.wrapping_add(1));
                 shared(sh)
             })
         }
