@@ -25,7 +25,8 @@
 //! assert_eq!((chain.path(), chain.len()), (path, 3)); // 10 000 bytes in 4 KiB chunks
 //! // The last WR is signaled: its completion covers the three.
 //! let signaled = chain.wrs().last().unwrap().wr.wr_id;
-//! // (post `chain.head()` with verbs-safe's `Qp::post_send_chain`, then report it)
+//! // (post it with `chain.post(...)` through verbs-safe's safe `Qp::post_slots`, which reports
+//! // what was posted; here, by hand:)
 //! chain.posted(3);
 //! drop(t);
 //!
@@ -54,8 +55,10 @@
 //!
 //! `poll_transmit` returns a [`Transmit`] that borrows the transmit side; its
 //! [`next_chain`](Transmit::next_chain) yields [`Chain`]s of up to `max_chain` WRs for one
-//! path. Post [`Chain::head`] on that path's QP, then report [`Chain::posted`] with the number
-//! of WRs the provider accepted (all, or the `bad_wr` index of a failed post). WRs not
+//! path. Post it with [`Chain::post`], which hands the pool's slots to a poster (verbs-safe's
+//! safe `Qp::post_slots`) and reports what the provider accepted; or post [`Chain::head`]
+//! yourself (verbs-safe's `unsafe` `Qp::post_send_chain`) and report [`Chain::posted`] with the
+//! number of WRs the provider accepted (all, or the `bad_wr` index of a failed post). WRs not
 //! reported posted (a chain dropped, the rest of a failed post, the chains never asked for
 //! when the `Transmit` drops) are taken back: their send-queue slots, WR extensions and header
 //! slots return, and their chunks are sent again on a later call. While the borrow lasts
