@@ -224,6 +224,17 @@ fn closing_fails_what_is_in_flight_and_tells_the_peer() {
         Err(EngineError::ConnectionFailed { .. })
     ));
     assert!(!sim.engines[0].is_open(ca));
+    // Freed on both ends: a later call on either says how it ended, not that there is no
+    // such connection.
+    for (e, c, why) in [(0, ca, "closed by this end"), (1, cb, "the peer closed it")] {
+        let buf = sim.engines[e].register(10).unwrap();
+        match sim.engines[e].send(c, &buf, 0, 10) {
+            Err(EngineError::ConnectionFailed { conn, reason }) => {
+                assert_eq!((conn, &*reason), (c, why))
+            }
+            other => panic!("a send on a closed connection: {other:?}"),
+        }
+    }
 }
 
 /// Sends one 1 MiB message of 4 KiB chunks from engine 0 to engine 1 with `tweak` applied

@@ -310,6 +310,13 @@ impl Engine {
                 return true;
             }
             let c = self.conns[usize::from(ci)].take().expect("checked");
+            if let crate::conn::State::Draining(why) = &c.state {
+                let i = usize::from(ci);
+                if self.ended.len() <= i {
+                    self.ended.resize(i + 1, None);
+                }
+                self.ended[i] = Some((c.id, why.clone()));
+            }
             for q in &c.qps {
                 self.data_qpns.remove(q.qpn());
             }

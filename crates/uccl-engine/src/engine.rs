@@ -155,6 +155,9 @@ pub struct Engine {
     pub(crate) io: Io,
     pub(crate) tx: Tx,
     pub(crate) conns: Vec<Option<Conn>>,
+    /// Why each slot's last connection ended, once freed: a later call on it says so (the
+    /// error its requests failed with), not that there is no such connection.
+    pub(crate) ended: Vec<Option<(ConnId, EngineError)>>,
     /// Connections offered and not yet completed, by index (a slot is free when it is in
     /// neither table).
     pub(crate) offers: Vec<Option<crate::setup::Offer>>,
@@ -285,6 +288,7 @@ impl Engine {
             io,
             tx,
             conns: Vec::new(),
+            ended: Vec::new(),
             offers: Vec::new(),
             generation: 0,
             last_tags: Vec::new(),
@@ -404,11 +408,15 @@ impl Engine {
 
     /// The open connection `id`.
     pub(crate) fn open_conn(&mut self, id: ConnId) -> Result<&mut Conn> {
+        let ended = &self.ended;
         self.conns
             .get_mut(usize::from(id.index))
             .and_then(Option::as_mut)
             .filter(|c| c.id == id)
-            .ok_or(EngineError::NoConnection(id))
+            .ok_or_else(|| match ended.get(usize::from(id.index)) {
+                Some(Some((was, why))) if *was == id => why.clone(),
+                _ => EngineError::NoConnection(id),
+            })
             .and_then(|c| match &c.state {
                 State::Open => Ok(c),
                 State::Draining(e) => Err(e.clone()),

@@ -49,11 +49,14 @@ pub enum EngineError {
         /// The limit.
         limit: u64,
     },
-    /// No such connection (never opened, or already torn down).
+    /// No such connection: never one of this engine's, or long gone (its slot has since held
+    /// another connection that ended too). A connection that ended says how
+    /// ([`ConnectionFailed`](Self::ConnectionFailed)) until then, even torn down.
     #[error("no connection {0}")]
     NoConnection(ConnId),
-    /// The connection failed (its peer disappeared, a QP failed, retransmissions ran out) and
-    /// was torn down; its requests failed with this.
+    /// The connection failed or was closed (its peer disappeared or closed it, a QP failed,
+    /// retransmissions ran out, it was closed here) and was torn down; its requests failed
+    /// with this, and so does every later call on it.
     #[error("connection {conn} failed: {reason}")]
     ConnectionFailed {
         /// The connection.
