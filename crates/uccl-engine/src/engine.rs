@@ -426,7 +426,8 @@ impl Engine {
     /// Polls the engine until `req` completes; for an embedded engine (a threaded one makes
     /// progress by itself: [`Request::wait`]). A request of another engine that has not
     /// completed is refused ([`EngineError::OtherEngine`]): polling this one would never
-    /// complete it.
+    /// complete it. It polls only this engine: with the peer's engine on the same thread,
+    /// poll both in a loop of your own (the crate's example), or this waits for ever.
     pub fn wait<T: Clone>(&mut self, req: &Request<T>) -> Result<T> {
         if req.engine() != self.id {
             return req
@@ -474,7 +475,9 @@ impl Engine {
             .collect()
     }
 
-    /// Whether `conn` is open (not failed, closed or unknown).
+    /// Whether `conn` is open (not failed, closed or unknown). A connection with nothing in
+    /// flight learns that its peer is gone only when a request on it waits (keep-alives run
+    /// while requests wait), so an idle connection whose peer vanished stays open until then.
     pub fn is_open(&self, conn: ConnId) -> bool {
         self.conns
             .get(usize::from(conn.index))
