@@ -32,6 +32,15 @@ fn destroy_waits_for(destroy: impl FnOnce() -> i32 + Send + 'static, ack: impl F
     r
 }
 
+/// [`destroy_waits_for`] the acknowledgement of async event `ev`.
+fn destroy_waits_for_ack_of(
+    mut ev: ibv_async_event,
+    destroy: impl FnOnce() -> i32 + Send + 'static,
+) -> i32 {
+    // SAFETY: the event get_async_event gave, acknowledged once.
+    destroy_waits_for(destroy, || unsafe { (CONTROL.ack_async_event)(&mut ev) })
+}
+
 /// The next async event of `ctx`, not acknowledged.
 fn take_async_event(ctx: *mut ibv_context) -> ibv_async_event {
     let mut ev = ibv_async_event {
@@ -91,14 +100,12 @@ fn destroy_qp_waits_for_its_async_events_to_be_acknowledged() {
     let f = Fabric::default();
     let (a, qa, _b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 4);
     drain(qa);
-    let mut ev = take_async_event(a.ctx);
+    let ev = take_async_event(a.ctx);
     assert_eq!(ev.event_type, IBV_EVENT_SQ_DRAINED);
     let p = qa as usize;
     // SAFETY: a live QP.
     let destroy = move || unsafe { (CONTROL.destroy_qp)(p as *mut ibv_qp) };
-    // SAFETY: the event get_async_event gave.
-    let ack = || unsafe { (CONTROL.ack_async_event)(&mut ev) };
-    assert_eq!(destroy_waits_for(destroy, ack), 0);
+    assert_eq!(destroy_waits_for_ack_of(ev, destroy), 0);
 }
 
 #[test]
@@ -113,16 +120,14 @@ fn destroy_srq_waits_for_its_async_events_to_be_acknowledged() {
     )
     .unwrap();
     poll_n(b.cq, 1);
-    let mut ev = take_async_event(b.ctx);
+    let ev = take_async_event(b.ctx);
     assert_eq!(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
     // SAFETY: a live QP.
     assert_eq!(unsafe { (CONTROL.destroy_qp)(qb) }, 0);
     let p = srq as usize;
     // SAFETY: a live SRQ no QP uses.
     let destroy = move || unsafe { (CONTROL.destroy_srq)(p as *mut ibv_srq) };
-    // SAFETY: the event get_async_event gave.
-    let ack = || unsafe { (CONTROL.ack_async_event)(&mut ev) };
-    assert_eq!(destroy_waits_for(destroy, ack), 0);
+    assert_eq!(destroy_waits_for_ack_of(ev, destroy), 0);
 }
 
 #[test]
