@@ -87,7 +87,7 @@ impl Sim {
             topology,
             ..Default::default()
         });
-        fabric.set_default_faults(faults);
+        fabric.set_default_faults(faults).unwrap();
         let verbs = Verbs::soft(&fabric);
         let engines = (0..n)
             .map(|i| {

@@ -22,7 +22,7 @@ fn documented_loop(mode: Mode, loss: f64) {
     let mut a = Engine::new(&open("soft0"), cfg.clone(), clock.clone()).unwrap();
     let mut b = Engine::new(&open("soft1"), cfg, clock).unwrap();
     let (ca, cb) = connect_pair(&mut a, &mut b).unwrap();
-    fabric.set_default_faults(Faults::loss(loss));
+    fabric.set_default_faults(Faults::loss(loss)).unwrap();
     const LEN: usize = 1 << 20;
     let (sa, da) = (a.register(LEN).unwrap(), a.register(LEN).unwrap());
     let (sb, db) = (b.register(LEN).unwrap(), b.register(LEN).unwrap());

@@ -758,10 +758,12 @@ impl Peer {
         let fabric = Fabric::try_new(udp_config(None, seed.wrapping_add(u64::from(me.dir()))))
             .unwrap_or_else(|e| panic!("{}: a UDP fabric: {e}", me.name()));
         if loss > 0.0 {
-            fabric.set_default_faults(Faults {
-                loss,
-                ..Faults::NONE
-            });
+            fabric
+                .set_default_faults(Faults {
+                    loss,
+                    ..Faults::NONE
+                })
+                .unwrap();
         }
         let ip = fabric.udp_addr("soft0").expect("soft0 is on the UDP link");
         let gid = fabric.gid("soft0").expect("soft0 has a GID");

@@ -139,7 +139,9 @@ fn build() -> Result<Fabric, String> {
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;
-    fabric.set_default_faults(faults);
+    fabric
+        .set_default_faults(faults)
+        .map_err(|e| e.to_string())?;
     if var("SOFTNIC_STATS").is_some_and(|v| v == "1") {
         // SAFETY: registers a function with the C ABI that takes no arguments and only reads
         // the fabric (which is never dropped) through its own lock.

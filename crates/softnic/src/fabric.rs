@@ -11,7 +11,7 @@ use ibverbs_sys::{ibv_device, ibv_qp};
 use crate::abi::{self, Kind, Shell};
 use crate::counters::Counters;
 use crate::cq::EventFd;
-use crate::faults::{Faults, PacketFilter, Rng};
+use crate::faults::{Faults, InvalidFaults, PacketFilter, Rng};
 use crate::link::udp::UdpPort;
 use crate::link::{Dest, Frame, Net};
 pub(crate) use crate::shared::{Shared, panic_message};
@@ -165,6 +165,8 @@ pub enum Error {
     },
     /// No device of that name is on this fabric.
     UnknownDevice(String),
+    /// A fault probability is not a number in `0.0..=1.0`.
+    InvalidFaults(InvalidFaults),
     /// The system refused what a fabric on the UDP link needs (an eventfd, a thread).
     System {
         /// What was being done.
@@ -190,6 +192,7 @@ impl std::fmt::Display for Error {
             }
             Error::Broken { reason } => write!(f, "fabric broken by an earlier panic: {reason}"),
             Error::UnknownDevice(name) => write!(f, "no device named {name:?} on this fabric"),
+            Error::InvalidFaults(e) => e.fmt(f),
             Error::System { what, reason } => write!(f, "{what}: {reason}"),
             Error::Bind {
                 addr: Some(a),
@@ -204,6 +207,12 @@ impl std::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+impl From<InvalidFaults> for Error {
+    fn from(e: InvalidFaults) -> Self {
+        Error::InvalidFaults(e)
+    }
+}
 
 /// A software RDMA fabric: devices, the network between them, the clock.
 ///
@@ -588,8 +597,11 @@ impl Fabric {
         Ok(())
     }
 
-    /// Sets the faults on packets from device `from` to device `to`.
+    /// Sets the faults on packets from device `from` to device `to`. A probability that is not
+    /// a number in `0.0..=1.0` is refused ([`Error::InvalidFaults`]), and the faults set before
+    /// stay.
     pub fn set_faults(&self, from: &str, to: &str, faults: Faults) -> Result<(), Error> {
+        faults.check()?;
         let mut st = self.shared.lock_any();
         let index = |n: &str| {
             st.w.devices
@@ -602,9 +614,13 @@ impl Fabric {
         Ok(())
     }
 
-    /// Sets the faults of every direction that has none set of its own.
-    pub fn set_default_faults(&self, faults: Faults) {
+    /// Sets the faults of every direction that has none set of its own. A probability that is
+    /// not a number in `0.0..=1.0` is refused ([`Error::InvalidFaults`]), and the faults set
+    /// before stay.
+    pub fn set_default_faults(&self, faults: Faults) -> Result<(), Error> {
+        faults.check()?;
         self.shared.lock_any().w.default_faults = faults;
+        Ok(())
     }
 
     /// Installs (or removes) a hook called on every packet sent, before the random faults.

@@ -3,7 +3,8 @@
 
 /// The faults injected on packets from one device to another.
 ///
-/// Probabilities are per packet, in `0.0..=1.0`; each is drawn independently, in this order:
+/// Probabilities are per packet, in `0.0..=1.0` (the fabric refuses others when they are set:
+/// [`Faults::check`]); each is drawn independently, in this order:
 /// link down (everything dropped), loss, corruption (one random bit flipped; the receiver's ICRC
 /// check drops the packet), duplication (a second copy follows), reordering (this packet is held
 /// back by up to `reorder_delay_ns`, so later ones overtake it).
@@ -34,6 +35,24 @@ impl Faults {
         reorder_delay_ns: 0,
     };
 
+    /// Checks that every probability is a number in `0.0..=1.0`: the first that is not is
+    /// named, with its value (NaN would silently mean "never", 1.5 "always").
+    pub fn check(&self) -> Result<(), InvalidFaults> {
+        let probabilities = [
+            ("loss", self.loss),
+            ("corrupt", self.corrupt),
+            ("duplicate", self.duplicate),
+            ("reorder", self.reorder),
+        ];
+        match probabilities
+            .into_iter()
+            .find(|(_, p)| !(0.0..=1.0).contains(p))
+        {
+            Some((field, value)) => Err(InvalidFaults { field, value }),
+            None => Ok(()),
+        }
+    }
+
     /// Only loss, with probability `p`.
     pub fn loss(p: f64) -> Self {
         Faults {
@@ -42,6 +61,36 @@ impl Faults {
         }
     }
 }
+
+/// A [`Faults`] probability that is not a number in `0.0..=1.0`. Two are equal when they name
+/// the same field with the same bits (so a NaN equals itself).
+#[derive(Debug, Clone, Copy)]
+pub struct InvalidFaults {
+    /// The field (`loss`, `corrupt`, `duplicate` or `reorder`).
+    pub field: &'static str,
+    /// Its value.
+    pub value: f64,
+}
+
+impl std::fmt::Display for InvalidFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fault probability `{}` is {}: it must be a number in 0.0..=1.0",
+            self.field, self.value
+        )
+    }
+}
+
+impl std::error::Error for InvalidFaults {}
+
+impl PartialEq for InvalidFaults {
+    fn eq(&self, other: &Self) -> bool {
+        self.field == other.field && self.value.to_bits() == other.value.to_bits()
+    }
+}
+
+impl Eq for InvalidFaults {}
 
 /// What the fabric knows of a packet when it asks a [`PacketFilter`] about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

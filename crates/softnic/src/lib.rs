@@ -140,7 +140,7 @@ pub use control::{CONTROL, ControlPath, attach_mcast, detach_mcast, release_devi
 pub use counters::Counters;
 pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
-pub use faults::{Faults, PacketFilter, PacketInfo, Verdict};
+pub use faults::{Faults, InvalidFaults, PacketFilter, PacketInfo, Verdict};
 pub use progress::ProgressThread;
 pub use qp::check_transition;
 pub use topology::{PortStats, PortTo, Red, SwitchConfig, Topology};

@@ -260,7 +260,8 @@ pub(crate) fn run(args: &Args) -> Result<Vec<RunResult>, Error> {
             copy_payload: !args.no_payload,
             ..Default::default()
         });
-        f.set_default_faults(args.faults());
+        f.set_default_faults(args.faults())
+            .expect("the argument parser checked every probability");
         f
     });
     let verbs = fabric.as_ref().map_or_else(Verbs::system, Verbs::soft);

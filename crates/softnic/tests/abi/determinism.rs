@@ -16,7 +16,8 @@ fn run(seed: u64) -> (Vec<Wc>, Vec<Wc>, Counters, std::time::Duration) {
         duplicate: 0.05,
         corrupt: 0.02,
         ..Faults::NONE
-    });
+    })
+    .unwrap();
     let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 64);
     let mut src: Vec<u8> = (0..64 * 2500).map(|i| (i * 7 % 256) as u8).collect();
     let mut dst = vec![0u8; 64 * 2500];

@@ -15,7 +15,7 @@ fn rc_delivery_under(faults: Faults, n: usize, len: usize) -> (Counters, Counter
         seed: 11,
         ..Default::default()
     });
-    f.set_default_faults(faults);
+    f.set_default_faults(faults).unwrap();
     let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 64);
     let mut src: Vec<u8> = (0..n * len).map(|i| (i % 251) as u8).collect();
     let mut dst = vec![0u8; n * len];
@@ -71,7 +71,8 @@ fn rc_writes_land_byte_exact_under_every_fault() {
         duplicate: 0.05,
         corrupt: 0.05,
         ..Faults::NONE
-    });
+    })
+    .unwrap();
     let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 64);
     let mut src: Vec<u8> = (0..n * len).map(|i| (i % 253) as u8).collect();
     let mut dst = vec![0u8; n * len];
@@ -354,7 +355,7 @@ fn ud_drops_lost_datagrams() {
         seed: 3,
         ..Default::default()
     });
-    f.set_default_faults(Faults::loss(0.5));
+    f.set_default_faults(Faults::loss(0.5)).unwrap();
     let a = Node::open(&f, "soft0");
     let b = Node::open(&f, "soft1");
     let ty = ibv_qp_type::IBV_QPT_UD;
@@ -389,4 +390,79 @@ fn ud_drops_lost_datagrams() {
     let dropped = f.qp_counters(qa).unwrap().packets_dropped;
     assert!(dropped > 10 && got > 10, "{dropped} {got}");
     assert_eq!(got + dropped, 64);
+}
+
+/// A fault probability must be a number in `0.0..=1.0`: NaN (which would mean "never"), a
+/// negative one or one above 1 is refused with the field named, and the faults set before stay.
+#[test]
+fn fault_probabilities_outside_0_to_1_are_refused() {
+    let f = Fabric::new(FabricConfig {
+        devices: 2,
+        ..Default::default()
+    });
+    let bad = [
+        ("loss", Faults::loss(f64::NAN)),
+        (
+            "corrupt",
+            Faults {
+                corrupt: 1.5,
+                ..Faults::NONE
+            },
+        ),
+        (
+            "duplicate",
+            Faults {
+                duplicate: -0.1,
+                ..Faults::NONE
+            },
+        ),
+        (
+            "reorder",
+            Faults {
+                reorder: f64::INFINITY,
+                ..Faults::NONE
+            },
+        ),
+    ];
+    for (field, faults) in bad {
+        let e = f.set_faults("soft0", "soft1", faults).unwrap_err();
+        assert!(e.to_string().contains(field), "{field}: {e}");
+        let e = f.set_default_faults(faults).unwrap_err();
+        assert!(e.to_string().contains(field), "{field}: {e}");
+    }
+    f.set_default_faults(Faults::loss(1.0)).unwrap();
+    f.set_faults("soft0", "soft1", Faults::loss(0.0)).unwrap();
+    assert!(f.set_default_faults(Faults::loss(f64::NAN)).is_err());
+    assert!(f.set_faults("soft0", "soft1", Faults::loss(-1.0)).is_err());
+    // The refused sets changed nothing: soft0 -> soft1 is lossless, soft1 -> soft0 loses all.
+    let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_UC, 4);
+    let (mut src, mut dst, mut back) = ([7u8; 64], [0u8; 64], [9u8; 64]);
+    let (smr, dmr) = (a.reg(&mut src, LOCAL_WRITE), b.reg(&mut dst, LOCAL_WRITE));
+    let bmr = b.reg(&mut back, LOCAL_WRITE);
+    post_recv(qb, &mut [recv_wr(1, &[sge(&dst, dmr)])]).unwrap();
+    let s = [sge(&src, smr)];
+    post_send(
+        qa,
+        &mut [send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &s, SIGNALED)],
+    )
+    .unwrap();
+    let got = poll_n(b.cq, 1);
+    assert!(
+        got.len() == 1 && ok(&got[0]),
+        "soft0 -> soft1 stayed lossless"
+    );
+    assert_eq!(dst, src);
+    let s = [sge(&back, bmr)];
+    post_send(
+        qb,
+        &mut [send_wr(3, ibv_wr_opcode::IBV_WR_SEND, &s, SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    let dropped = |d| f.device_counters(d).unwrap().packets_dropped;
+    assert_eq!(
+        (dropped("soft0"), dropped("soft1")),
+        (0, 1),
+        "soft1 -> soft0 loses all"
+    );
 }

@@ -41,7 +41,7 @@ proptest! {
         writes in proptest::collection::vec(any::<bool>(), 24),
     ) {
         let f = Fabric::new(FabricConfig { seed, ..Default::default() });
-        f.set_default_faults(faults);
+        f.set_default_faults(faults).unwrap();
         let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 64);
         let total: usize = sizes.iter().sum();
         let mut src: Vec<u8> = (0..total).map(|i| (i as u64).wrapping_mul(seed | 1) as u8).collect();
@@ -212,7 +212,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..24),
     ) {
         let f = Fabric::new(FabricConfig { seed, ..Default::default() });
-        f.set_default_faults(faults);
+        f.set_default_faults(faults).unwrap();
         let (a, qa, b, qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 64);
         let atomic = ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
         let flags = ibv_qp_attr { qp_access_flags: ALL_ACCESS | atomic, ..Default::default() };

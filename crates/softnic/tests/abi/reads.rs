@@ -151,7 +151,7 @@ fn a_long_read_recovers_from_loss() {
             seed,
             ..Default::default()
         });
-        f.set_default_faults(Faults::loss(0.03));
+        f.set_default_faults(Faults::loss(0.03)).unwrap();
         let (a, qa, b, _qb) = pair(&f, ibv_qp_type::IBV_QPT_RC, 16);
         let mut remote = pattern(64 * 1024, seed as u8);
         let mut local = vec![0u8; 64 * 1024];

@@ -162,8 +162,9 @@ fn rc_moves_every_byte_between_two_fabrics_under_faults() {
         duplicate: 0.05,
         reorder: 0.05,
         ..lossy
-    });
-    b.set_default_faults(lossy);
+    })
+    .unwrap();
+    b.set_default_faults(lossy).unwrap();
     let (na, qa, nb, qb) = rc_across(&a, &b, 64);
     const N: usize = 8;
     const LEN: usize = 20_000; // five packets at the 4096-byte MTU

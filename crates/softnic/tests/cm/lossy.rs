@@ -51,11 +51,11 @@ fn duplicated_and_reordered_mads_connect_once() {
             loss: 0.2,
             ..Faults::NONE
         };
-        e.fabric.set_default_faults(faults);
+        e.fabric.set_default_faults(faults).unwrap();
         let (c, qa, s, qb) = connect(&e);
-        e.fabric.set_default_faults(Faults::NONE);
+        e.fabric.set_default_faults(Faults::NONE).unwrap();
         send_works(&e.a, qa, &e.b, qb, 500);
-        e.fabric.set_default_faults(faults);
+        e.fabric.set_default_faults(faults).unwrap();
         e.fabric.cm_disconnect(c).unwrap();
         expect(&e.fabric, e.ca, CmEventKind::Disconnected);
         expect(&e.fabric, e.cb, CmEventKind::Disconnected);
@@ -79,13 +79,15 @@ fn duplicated_and_reordered_mads_connect_once() {
 /// Every event of both ends and the CM counters of a lossy run.
 fn lossy_run(seed: u64) -> (Vec<CmEvent>, String) {
     let e = ends(seed);
-    e.fabric.set_default_faults(Faults {
-        loss: 0.3,
-        duplicate: 0.3,
-        reorder: 0.3,
-        reorder_delay_ns: 50_000,
-        ..Faults::NONE
-    });
+    e.fabric
+        .set_default_faults(Faults {
+            loss: 0.3,
+            duplicate: 0.3,
+            reorder: 0.3,
+            reorder_delay_ns: 50_000,
+            ..Faults::NONE
+        })
+        .unwrap();
     let l = listen(&e, PortSpace::Tcp, 8);
     let mut events = Vec::new();
     let c = client(&e, PortSpace::Tcp);

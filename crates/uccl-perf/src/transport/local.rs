@@ -41,7 +41,9 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
             topology: args.fabric.topology(),
             ..Default::default()
         });
-        fabric.set_default_faults(args.faults());
+        fabric
+            .set_default_faults(args.faults())
+            .map_err(|e| e.to_string())?;
         let verbs = Verbs::soft(&fabric);
         let names = (0..devices).map(|i| format!("soft{i}")).collect();
         (Some(fabric), verbs, names)

@@ -63,7 +63,9 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
             ..Default::default()
         })
         .map_err(|e| e.to_string())?;
-        fabric.set_default_faults(args.faults());
+        fabric
+            .set_default_faults(args.faults())
+            .map_err(|e| e.to_string())?;
         let ip = fabric
             .udp_addr("soft0")
             .map_or_else(String::new, |a| a.to_string());
