@@ -362,3 +362,58 @@ fn a_sender_waiting_for_a_receive_asks_seldom() {
         "the receive was advertised over the UD QP"
     );
 }
+
+/// An idle connection (no request waits on it) hears nothing from a peer that is gone. With
+/// `idle_keepalive_ms` it pings after that long without a word: a ping to a dead peer runs out
+/// of RC retries and the connection ends, saying why, to `is_open` and to every later call. A
+/// live peer whose engine does not run keeps it open (its NIC acknowledges the pings), and with
+/// 0, the default, an idle connection sends nothing.
+#[test]
+fn an_idle_connection_with_a_keep_alive_learns_that_its_peer_is_gone() {
+    for mode in [Mode::Uc, Mode::Rc] {
+        for (keepalive_ms, peer_lives) in [(100, false), (100, true), (0, false)] {
+            let case = format!("{mode:?}, keep-alive {keepalive_ms} ms, peer alive {peer_lives}");
+            let cfg = EngineConfig {
+                mode,
+                idle_keepalive_ms: keepalive_ms,
+                ..EngineConfig::default()
+            };
+            let mut sim = Sim::new(64, 2, Faults::NONE, &cfg);
+            let [a, b] = &mut sim.engines[..] else {
+                unreachable!()
+            };
+            let (ca, _cb) = connect_pair(a, b).unwrap();
+            // Whatever the set-up left in flight is answered first: then both ends are idle.
+            let _ = sim.run(sim.fabric.now() + Duration::from_millis(10), |_| false);
+            let peer = sim.engines.remove(1);
+            let _peer = peer_lives.then_some(peer);
+            let until = sim.fabric.now() + Duration::from_secs(3);
+            let ended = sim.run(until, |s| !s.engines[0].is_open(ca));
+            let pings = sim.engines[0].stats().pings_sent;
+            if keepalive_ms > 0 && !peer_lives {
+                ended.unwrap_or_else(|e| panic!("{case}: {e}"));
+                let buf = sim.engines[0].register(64).unwrap();
+                match sim.engines[0].recv(ca, &buf, 0, 64) {
+                    Err(EngineError::ConnectionFailed { reason, .. }) => {
+                        assert!(reason.contains("control"), "{case}: {reason}")
+                    }
+                    other => panic!("{case}: {other:?}"),
+                }
+            } else {
+                let buf = sim.engines[0].register(64).unwrap();
+                let why = sim.engines[0].recv(ca, &buf, 0, 64);
+                assert!(ended.is_err(), "{case}: ended: {:?}", why.err());
+                assert!(sim.engines[0].is_open(ca), "{case}");
+            }
+            if keepalive_ms == 0 {
+                assert_eq!(pings, 0, "{case}");
+            } else {
+                // One a keep-alive interval while the peer answers (3 s: at least 15 of them).
+                assert!(
+                    pings >= 1 && (!peer_lives || pings >= 15),
+                    "{case}: {pings} pings"
+                );
+            }
+        }
+    }
+}

@@ -74,6 +74,18 @@ pub struct EngineConfig {
     /// arrival at a listener) to the connection ready, in milliseconds: past it the handshake
     /// fails with the step it was at.
     pub handshake_timeout_ms: u64,
+    /// How long an idle connection (no request waiting on it) may hear nothing from its peer
+    /// before it pings, in milliseconds; 0 (the default): an idle connection sends nothing,
+    /// as TCP without `SO_KEEPALIVE`. A ping to a peer that is gone (its process ended, its
+    /// host or link down) runs out of the control QP's RC retries (about half a second) and
+    /// the connection ends ("a send of its control QP failed"): [`Engine::is_open`] turns
+    /// false and every later call on it says why. A live peer's NIC acknowledges the pings
+    /// even while its engine is not polled. Without it, an idle connection learns that its
+    /// peer is gone only when a request on it waits (the busy keep-alive, a quarter of
+    /// `tx.max_silence_us`).
+    ///
+    /// [`Engine::is_open`]: crate::Engine::is_open
+    pub idle_keepalive_ms: u64,
     /// What key receive buffers are advertised with ([`RecvKeys::Window`] by default).
     pub recv_keys: RecvKeys,
     /// Completions taken from the CQ per poll round: sends, receives and control share it, so
@@ -108,6 +120,7 @@ impl Default for EngineConfig {
             ack_delay_us: 40,
             max_recvs: 64,
             handshake_timeout_ms: 10_000,
+            idle_keepalive_ms: 0,
             recv_keys: RecvKeys::Window,
             poll_budget: 192,
             port: 1,

@@ -172,6 +172,8 @@ pub struct Engine {
     pub(crate) paths: Vec<(u16, u16)>,
     /// Keep-alive timers of connections waiting for their peer.
     pub(crate) keepalive: crate::keepalive::Timers,
+    /// Idle keep-alive timers of every open connection, when `idle_keepalive_ms` is set.
+    pub(crate) idle_pings: crate::keepalive::Timers,
     /// Control probe timers of connections with control sends outstanding.
     pub(crate) ctl_probes: crate::keepalive::Probes,
     /// Ask timers of UC connections waiting for an advertisement (see `need.rs`).
@@ -297,6 +299,7 @@ impl Engine {
             paths: Vec::new(),
             spare_paths: Vec::new(),
             keepalive: Default::default(),
+            idle_pings: Default::default(),
             ctl_probes: Default::default(),
             cts_timers: Default::default(),
             peers: Default::default(),
@@ -476,8 +479,11 @@ impl Engine {
     }
 
     /// Whether `conn` is open (not failed, closed or unknown). A connection with nothing in
-    /// flight learns that its peer is gone only when a request on it waits (keep-alives run
-    /// while requests wait), so an idle connection whose peer vanished stays open until then.
+    /// flight learns that its peer is gone when a request on it waits (keep-alives run while
+    /// requests wait), or, with
+    /// [`idle_keepalive_ms`](crate::EngineConfig::idle_keepalive_ms) set, within that long plus
+    /// the control QP's retries; by default an idle connection whose peer vanished stays open
+    /// until a request waits.
     pub fn is_open(&self, conn: ConnId) -> bool {
         self.conns
             .get(usize::from(conn.index))

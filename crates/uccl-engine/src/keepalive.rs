@@ -78,6 +78,53 @@ impl Engine {
         }
     }
 
+    /// The idle keep-alive interval (`None`: off).
+    fn idle_keepalive_ns(&self) -> Option<u64> {
+        (self.cfg.idle_keepalive_ms > 0)
+            .then(|| self.cfg.idle_keepalive_ms.saturating_mul(1_000_000))
+    }
+
+    /// Arms connection `ci`'s idle keep-alive timer (once, when it opens; it re-arms itself
+    /// while the connection is open), if the engine has one.
+    pub(crate) fn arm_idle_keepalive(&mut self, ci: u16, now: u64) {
+        let (Some(interval), Some(c)) = (
+            self.idle_keepalive_ns(),
+            self.conns[usize::from(ci)].as_ref(),
+        ) else {
+            return;
+        };
+        self.idle_pings
+            .push_back((now.saturating_add(interval), c.id));
+    }
+
+    /// Runs the idle keep-alive timers that are due: a connection that heard nothing from its
+    /// peer for an interval pings it, whatever it waits for (a busy one's pings are the
+    /// keep-alive's above, and this one's backlog check keeps the two from doubling up).
+    pub(crate) fn idle_keepalive(&mut self, now: u64) {
+        let Some(interval) = self.idle_keepalive_ns() else {
+            return;
+        };
+        while let Some(&(at, id)) = self.idle_pings.front() {
+            if at > now {
+                return;
+            }
+            self.idle_pings.pop_front();
+            let Some(c) = self.conns[usize::from(id.index)]
+                .as_mut()
+                .filter(|c| c.id == id && c.is_open())
+            else {
+                continue;
+            };
+            if now.saturating_sub(c.heard) >= interval && c.ctl.backlog.is_empty() {
+                c.ctl.backlog.push_back(Ctl::Ping.to_bytes());
+                self.stats.pings_sent += 1;
+                self.mark_ctl(id.index);
+            }
+            self.idle_pings
+                .push_back((now.saturating_add(interval), id));
+        }
+    }
+
     /// The control probe interval: the transmit side's timeout before any RTT sample (the
     /// control QP has no estimate of its own; a shorter interval probes behind messages that
     /// only queue behind data, and a probe lost is itself a lost tail).
@@ -178,9 +225,13 @@ impl Engine {
         }
     }
 
-    /// When the next keep-alive timer is due.
+    /// When the next keep-alive timer (busy or idle) is due.
     pub(crate) fn keepalive_deadline(&self) -> Option<u64> {
-        self.keepalive.front().map(|&(at, _)| at)
+        let at = |t: &Timers| t.front().map(|&(at, _)| at);
+        match (at(&self.keepalive), at(&self.idle_pings)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 

@@ -215,6 +215,7 @@ impl Engine {
         }
         self.credits.tick(now);
         self.keepalive(now);
+        self.idle_keepalive(now);
         self.ctl_probes(now);
         self.cts_timers(now);
         busy |= self.transmit(now);

@@ -381,6 +381,7 @@ impl Engine {
                 "posting a connection's control receives",
             )(e));
         }
+        self.arm_idle_keepalive(index, self.clock.now());
         tracing::debug!(
             conn = index,
             peer_fid = h.fid,
