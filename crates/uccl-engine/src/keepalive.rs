@@ -25,6 +25,9 @@
 //! the back keeps them sorted): arming, expiring and re-arming are O(1), whatever the number
 //! of connections.
 
+use std::collections::VecDeque;
+
+use crate::conn::Conn;
 use crate::engine::{ConnId, Engine};
 use crate::proto::{CTL_LEN, CTL_PACK, Ctl, ctl_copy, ctl_pack};
 
@@ -53,15 +56,8 @@ impl Engine {
     /// Runs the keep-alive timers that are due.
     pub(crate) fn keepalive(&mut self, now: u64) {
         let interval = self.keepalive_ns();
-        while let Some(&(at, id)) = self.keepalive.front() {
-            if at > now {
-                return;
-            }
-            self.keepalive.pop_front();
-            let Some(c) = self.conns[usize::from(id.index)]
-                .as_mut()
-                .filter(|c| c.id == id && c.is_open())
-            else {
+        while let Some((_, id)) = pop_due(&mut self.keepalive, now, |&(at, _)| at) {
+            let Some(c) = self.live_conn(id) else {
                 continue;
             };
             c.in_keepalive = false;
@@ -104,15 +100,8 @@ impl Engine {
         let Some(interval) = self.idle_keepalive_ns() else {
             return;
         };
-        while let Some(&(at, id)) = self.idle_pings.front() {
-            if at > now {
-                return;
-            }
-            self.idle_pings.pop_front();
-            let Some(c) = self.conns[usize::from(id.index)]
-                .as_mut()
-                .filter(|c| c.id == id && c.is_open())
-            else {
+        while let Some((_, id)) = pop_due(&mut self.idle_pings, now, |&(at, _)| at) {
+            let Some(c) = self.live_conn(id) else {
                 continue;
             };
             if now.saturating_sub(c.heard) >= interval && c.ctl.backlog.is_empty() {
@@ -150,15 +139,8 @@ impl Engine {
     /// else waits for a send slot: then those go first, and show the gap as well), or copies
     /// its advertisements (every later interval of the stall).
     pub(crate) fn ctl_probes(&mut self, now: u64) {
-        while let Some(&(at, id, completions)) = self.ctl_probes.front() {
-            if at > now {
-                return;
-            }
-            self.ctl_probes.pop_front();
-            let Some(c) = self.conns[usize::from(id.index)]
-                .as_mut()
-                .filter(|c| c.id == id && c.is_open())
-            else {
+        while let Some((_, id, completions)) = pop_due(&mut self.ctl_probes, now, |&(at, ..)| at) {
+            let Some(c) = self.live_conn(id) else {
                 continue;
             };
             c.in_ctl_probe = false;
@@ -225,6 +207,13 @@ impl Engine {
         }
     }
 
+    /// Connection `id`, if it is still the open connection of its slot.
+    fn live_conn(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.conns[usize::from(id.index)]
+            .as_mut()
+            .filter(|c| c.id == id && c.is_open())
+    }
+
     /// When the next keep-alive timer (busy or idle) is due.
     pub(crate) fn keepalive_deadline(&self) -> Option<u64> {
         let at = |t: &Timers| t.front().map(|&(at, _)| at);
@@ -235,9 +224,19 @@ impl Engine {
     }
 }
 
+/// Takes the first timer of `timers` (in deadline order; `at` reads a timer's deadline) if it
+/// is due by `now`.
+fn pop_due<T: Copy>(timers: &mut VecDeque<T>, now: u64, at: impl Fn(&T) -> u64) -> Option<T> {
+    let first = *timers.front()?;
+    (at(&first) <= now).then(|| {
+        timers.pop_front();
+        first
+    })
+}
+
 /// The keep-alive timers: (deadline, connection), in deadline order.
-pub(crate) type Timers = std::collections::VecDeque<(u64, ConnId)>;
+pub(crate) type Timers = VecDeque<(u64, ConnId)>;
 
 /// The control probe timers: (deadline, connection, its control send completions when
 /// armed), in deadline order.
-pub(crate) type Probes = std::collections::VecDeque<(u64, ConnId, u64)>;
+pub(crate) type Probes = VecDeque<(u64, ConnId, u64)>;
