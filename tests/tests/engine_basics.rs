@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use softnic::Faults;
-use uccl_engine::{EngineConfig, EngineError, Mode, connect_pair};
+use uccl_engine::{ConnId, EngineConfig, EngineError, Mode, connect_pair};
 use uccl_integration::{Sim, pattern};
 
 fn cfg(mode: Mode) -> EngineConfig {
@@ -235,6 +235,62 @@ fn closing_fails_what_is_in_flight_and_tells_the_peer() {
             other => panic!("a send on a closed connection: {other:?}"),
         }
     }
+}
+
+/// `close` returns a request that completes once the connection is gone from this end: the
+/// peer told, every WR of it flushed and polled, its slot free (`usage` counts nothing of it).
+/// A second close shares it; a close whose peer is gone completes when the control QP's retries
+/// run out; dropping the engine first fails it with `Stopped`.
+#[test]
+fn a_close_completes_once_the_connection_is_gone() {
+    let (mut sim, ca) = connected(7, Mode::Uc);
+    let a = &mut sim.engines[0];
+    let src = a.register(1 << 20).unwrap();
+    let sending = a.send(ca, &src, 0, 1 << 20).unwrap();
+    let closed = a.close(ca).unwrap();
+    let again = a.close(ca).unwrap();
+    assert!(closed.test().is_none(), "not gone yet");
+    sim.run(sim.fabric.now() + Duration::from_secs(5), |_| {
+        closed.test().is_some()
+    })
+    .unwrap();
+    assert!(matches!(closed.test(), Some(Ok(()))), "{:?}", closed.test());
+    assert!(matches!(again.test(), Some(Ok(()))), "{:?}", again.test());
+    assert!(sending.test().is_some_and(|r| r.is_err()));
+    let u = sim.engines[0].usage();
+    assert_eq!((u.connections, u.draining), (0, 0), "{u:?}");
+
+    // The peer is gone: the close is done when its Close runs out of retries.
+    let (mut sim, ca) = connected(8, Mode::Rc);
+    let _ = sim.run(sim.fabric.now() + Duration::from_millis(10), |_| false);
+    drop(sim.engines.remove(1));
+    let closed = sim.engines[0].close(ca).unwrap();
+    sim.run(sim.fabric.now() + Duration::from_secs(5), |_| {
+        closed.test().is_some()
+    })
+    .unwrap();
+    assert!(matches!(closed.test(), Some(Ok(()))), "{:?}", closed.test());
+    assert_eq!(sim.engines[0].usage().draining, 0);
+
+    // The engine goes before the close is done.
+    let (mut sim, ca) = connected(9, Mode::Uc);
+    let closed = sim.engines[0].close(ca).unwrap();
+    drop(sim.engines.remove(0));
+    assert!(
+        matches!(closed.test(), Some(Err(EngineError::Stopped))),
+        "{:?}",
+        closed.test()
+    );
+}
+
+/// Two engines on a lossless fabric, connected: the simulation and engine 0's end.
+fn connected(seed: u64, mode: Mode) -> (Sim, ConnId) {
+    let mut sim = Sim::new(seed, 2, Faults::NONE, &cfg(mode));
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, _cb) = connect_pair(a, b).unwrap();
+    (sim, ca)
 }
 
 /// Sends one 1 MiB message of 4 KiB chunks from engine 0 to engine 1 with `tweak` applied

@@ -245,7 +245,7 @@ fn conn_ids_of_another_engine_and_after_closing_twice() {
             );
             // Freed: a later call says how it ended.
             let a = &mut sim.engines[0];
-            for late in [a.close(ca), a.send(ca, &buf_a, 0, 1).map(drop)] {
+            for late in [a.close(ca).map(drop), a.send(ca, &buf_a, 0, 1).map(drop)] {
                 match late {
                     Err(EngineError::ConnectionFailed { conn, reason }) => {
                         assert_eq!((conn, &*reason), (ca, "closed by this end"), "{mode:?}")

@@ -442,6 +442,9 @@ pub(crate) struct Conn {
     pub(crate) in_ctl_probe: bool,
     /// Its asks for advertisements the UD QP lost (UC; see `need.rs`).
     pub(crate) asks: crate::need::Asks,
+    /// What [`Engine::close`](crate::Engine::close) returned: completed when the connection
+    /// is freed.
+    pub(crate) closed: Option<crate::Request<()>>,
 }
 
 impl Conn {
@@ -559,6 +562,9 @@ impl Conn {
             if !busy(r) {
                 *w = None;
             }
+        }
+        if stopping && let Some(closed) = self.closed.take() {
+            closed.fail(e.clone());
         }
         for s in self.sends.drain(..) {
             s.req.fail(e.clone());

@@ -309,7 +309,10 @@ impl Engine {
             if !(data_done && ctl_done) {
                 return true;
             }
-            let c = self.conns[usize::from(ci)].take().expect("checked");
+            let mut c = self.conns[usize::from(ci)].take().expect("checked");
+            if let Some(closed) = c.closed.take() {
+                closed.finish(Ok(()));
+            }
             if let crate::conn::State::Draining(why) = &c.state {
                 let i = usize::from(ci);
                 if self.ended.len() <= i {

@@ -456,16 +456,29 @@ impl Engine {
     }
 
     /// Closes `conn`: tells the peer, then tears the connection down (requests still in
-    /// flight on it fail). Closing it again before that is done does nothing more.
-    pub fn close(&mut self, conn: ConnId) -> Result<()> {
+    /// flight on it fail). The request completes (`Ok`) once the connection is gone from
+    /// this end: the peer told (or its retries ran out), every WR of the connection flushed
+    /// and polled, its slot free. After that no WR of it touches memory, and dropping the
+    /// engine cannot cut the goodbye short. It fails with [`EngineError::Stopped`] if the
+    /// engine goes first. Closing it again before it is gone returns the same request.
+    pub fn close(&mut self, conn: ConnId) -> Result<Request<()>> {
         self.unsettle();
-        let c = self.open_conn(conn)?;
-        if std::mem::replace(&mut c.ctl.closing, true) {
-            return Ok(());
+        if let Some(r) = self
+            .conns
+            .get(usize::from(conn.index))
+            .and_then(Option::as_ref)
+            .filter(|c| c.id == conn)
+            .and_then(|c| c.closed.clone())
+        {
+            return Ok(r);
         }
+        let closed = Request::of_engine(&self.owner, None);
+        let c = self.open_conn(conn)?;
+        c.ctl.closing = true;
+        c.closed = Some(closed.clone());
         c.ctl.backlog.push_back(Ctl::Close.to_bytes());
         self.mark_ctl(conn.index);
-        Ok(())
+        Ok(closed)
     }
 
     /// The connection ids open now.

@@ -371,6 +371,7 @@ impl Engine {
             in_keepalive: false,
             in_ctl_probe: false,
             asks: Default::default(),
+            closed: None,
         };
         let posted = c.ctl.flush(index);
         self.conns[usize::from(index)] = Some(c);

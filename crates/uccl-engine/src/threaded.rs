@@ -461,7 +461,7 @@ impl EngineHandle {
     }
 
     /// [`Engine::close`] on the engine thread.
-    pub fn close(&self, conn: ConnId) -> Result<()> {
+    pub fn close(&self, conn: ConnId) -> Result<Request<()>> {
         self.call(move |e| e.close(conn))?
     }
 
