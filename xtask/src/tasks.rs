@@ -19,6 +19,12 @@ pub(crate) fn test() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
+    // Every public item's docs, their links included (after clippy: the dependencies'
+    // metadata it checked serve here too).
+    status(
+        cargo_cmd(&["doc", "--workspace", "--no-deps", "--locked"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
     // Everything the later steps run (the launcher and the drop-in libibverbs for interop,
     // uccl-perf and check_capture for capture), and the tests.
     crate::run::build_workspace()?;
