@@ -229,6 +229,12 @@ pub(crate) unsafe fn create_qp_with(
             set_errno(libc::EINVAL);
             return null_mut();
         };
+        // A WQE holds its SGEs or its inline bytes: rxe (`rxe_qp_init_req`) and mlx5 make the
+        // inline limit at least the SGEs' room (16 bytes each), and say so. (Here it stays within
+        // the device's limit.)
+        cap.max_inline_data = (cap.max_send_sge.saturating_mul(16))
+            .min(c.max_inline_data)
+            .max(cap.max_inline_data);
         ia.cap = cap;
         let Some(id) = st.qps.next_id() else {
             // Every slot of the table is taken (over a million QPs).

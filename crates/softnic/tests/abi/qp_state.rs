@@ -2,6 +2,8 @@
 //! flushes, queue depth, SGE and inline limits, chained posts with bad_wr, selective signaling,
 //! fences.
 
+use std::ptr::null_mut;
+
 use crate::common::*;
 use ibv_qp_attr_mask as k;
 use ibv_qp_state::*;
@@ -501,4 +503,66 @@ fn a_qp_moved_to_sqd_reports_drained_when_the_last_ack_arrives() {
     assert_eq!(ev.event_type, IBV_EVENT_SQ_DRAINED);
     assert!(async_event(a.ctx).is_none(), "once");
     assert_eq!(poll_n(a.cq, 1)[0].wr_id, 1);
+}
+
+/// As rxe and mlx5 do, a QP's inline limit is at least the room its send SGEs take in a WQE
+/// (16 bytes each), and the QP says so: one asked for one send SGE and no inline data takes 16
+/// inline bytes (`rdma_xclient` posts 16 inline bytes on such a QP), not 17.
+#[test]
+fn the_inline_limit_is_at_least_the_send_sges_room() {
+    let f = Fabric::default();
+    let (a, b) = (Node::open(&f, "soft0"), Node::open(&f, "soft1"));
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let asked = |sges, inline| ibv_qp_cap {
+        max_send_sge: sges,
+        max_inline_data: inline,
+        ..cap(8, 8)
+    };
+    for (sges, inline, given) in [(1, 0, 16), (2, 40, 40), (4, 0, 64), (0, 0, 0)] {
+        let mut init = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq: a.cq,
+            recv_cq: a.cq,
+            srq: null_mut(),
+            cap: asked(sges, inline),
+            qp_type: ty,
+            sq_sig_all: 1,
+        };
+        // SAFETY: valid PD and init attributes.
+        let qp = unsafe { (CONTROL.create_qp)(a.pd, &mut init) };
+        assert!(!qp.is_null());
+        assert_eq!(
+            init.cap.max_inline_data, given,
+            "{sges} SGEs, {inline} asked"
+        );
+        assert_eq!(
+            query(qp).cap.max_inline_data,
+            given,
+            "{sges} SGEs, {inline} asked"
+        );
+    }
+    let qa = a.qp(ty, asked(1, 0), true);
+    let qb = b.qp(ty, cap(8, 8), true);
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    let (mut src, mut dst) = ([5u8; 17], [0u8; 17]);
+    let (smr, dmr) = (a.reg(&mut src, LOCAL_WRITE), b.reg(&mut dst, LOCAL_WRITE));
+    post_recv(qb, &mut [recv_wr(1, &[sge(&dst, dmr)])]).unwrap();
+    let too_long = [sge(&src, smr)];
+    assert_eq!(
+        post_send(
+            qa,
+            &mut [send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &too_long, INLINE)]
+        ),
+        Err((libc::EINVAL, 0))
+    );
+    let sixteen = [sge(&src[..16], smr)];
+    post_send(
+        qa,
+        &mut [send_wr(3, ibv_wr_opcode::IBV_WR_SEND, &sixteen, INLINE)],
+    )
+    .unwrap();
+    let got = poll_n(b.cq, 1);
+    assert!(ok(&got[0]) && got[0].byte_len == 16, "{got:?}");
+    assert_eq!(dst[..16], src[..16]);
 }
