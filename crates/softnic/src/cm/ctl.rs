@@ -399,8 +399,9 @@ impl State {
     /// `rdma_accept`: RTR and RTS, then the REP (RC); the SIDR REP (UD).
     pub(crate) fn cm_accept(&mut self, id: u32, p: ConnParam, data: &[u8]) -> Result<(), CmError> {
         let p = self.clamp(id, p)?;
-        let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
         let i = self.cm_id(id)?;
+        // The PSN chosen when the request came (`rdma_init_qp_attr` may have given it already).
+        let psn = i.psn;
         if i.st != St::ReqRcvd {
             return err(libc::EINVAL, "accepting an id with no connection request");
         }
@@ -417,7 +418,6 @@ impl State {
         }
         let qpn = if i.qp.is_some() { i.qpn } else { p.qp_num };
         let peer = i.peer;
-        i.psn = psn;
         i.param = ConnParam {
             responder_resources: p.responder_resources.min(peer.initiator_depth),
             initiator_depth: p.initiator_depth.min(peer.responder_resources),

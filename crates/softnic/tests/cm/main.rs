@@ -113,6 +113,15 @@ pub fn client_with_qp(e: &Ends, ps: PortSpace) -> (CmId, *mut ibv_qp) {
     (c, qa)
 }
 
+/// A client with an RC QP that asks [`SERVER`] (listening) to connect with `asked`: (its id,
+/// its QP, the server's connection request).
+pub fn request(e: &Ends, asked: ConnParam) -> (CmId, *mut ibv_qp, CmEvent) {
+    listen(e, PortSpace::Tcp, 8);
+    let (c, qa) = client_with_qp(e, PortSpace::Tcp);
+    e.fabric.cm_connect(c, asked, &[]).unwrap();
+    (c, qa, expect(&e.fabric, e.cb, CmEventKind::ConnectRequest))
+}
+
 /// An RC connection set up through the CM: (client id, client QP, server id, server QP).
 pub fn connect(e: &Ends) -> (CmId, *mut ibv_qp, CmId, *mut ibv_qp) {
     let l = listen(e, PortSpace::Tcp, 8);
@@ -173,6 +182,52 @@ pub fn handshake_without_qps(e: &Ends, c: CmId, data: &[u8]) -> CmEvent {
     };
     e.fabric.cm_accept(req.id, server, &[]).unwrap();
     req
+}
+
+/// A server that moves its own QP with `rdma_init_qp_attr` before it accepts (`rping -q`, and
+/// any program that manages its QPs): the attributes come from the request, as the kernel's
+/// CM takes them when the REQ arrives (the peer's retry counts and read depth, the PSN the REP
+/// will carry), so its READs are in the sequence the client expects and go again when lost.
+#[test]
+fn a_server_moves_its_own_qp_before_it_accepts() {
+    let e = ends(21);
+    let asked = ConnParam {
+        retry_count: 5,
+        rnr_retry_count: 6,
+        ..param()
+    };
+    let (_c, qa, req) = request(&e, asked);
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(16, 16), true);
+    for st in [
+        ibv_qp_state::IBV_QPS_INIT,
+        ibv_qp_state::IBV_QPS_RTR,
+        ibv_qp_state::IBV_QPS_RTS,
+    ] {
+        let (attr, mask) = e.fabric.cm_init_qp_attr(req.id, st).unwrap();
+        assert_eq!(modify(qb, &attr, mask), 0, "to {st}");
+    }
+    let moved = query(qb);
+    assert_eq!((moved.retry_cnt, moved.rnr_retry), (5, 6));
+    assert_eq!(moved.max_dest_rd_atomic, 4);
+    let server = ConnParam {
+        qp_num: qpn(qb),
+        ..param()
+    };
+    e.fabric.cm_accept(req.id, server, &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Established);
+    expect(&e.fabric, e.cb, CmEventKind::Established);
+    // The server reads the client's memory: its PSNs are those the REP told the client.
+    let mut theirs: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+    let mut mine = vec![0u8; 8192];
+    let smr = e.a.reg(&mut theirs, ALL_ACCESS);
+    let dmr = e.b.reg(&mut mine, LOCAL_WRITE);
+    let wr = read_wr(9, &mine, dmr, theirs.as_ptr() as u64, smr);
+    post_send(qb, &mut [wr]).unwrap();
+    let done = poll_n(e.b.cq, 1);
+    assert!(ok(&done[0]), "{done:?}");
+    assert_eq!(mine, theirs);
+    send_works(&e.b, qb, &e.a, qa, 5000);
+    send_works(&e.a, qa, &e.b, qb, 5000);
 }
 
 #[test]
@@ -513,15 +568,12 @@ fn resources_asked_as_rdma_max_are_the_device_s() {
     // libfabric asks for RDMA_MAX_RESP_RES and RDMA_MAX_INIT_DEPTH (255): the QPs get the
     // device's 16, as librdmacm clamps them (the RTR with 255 failed before).
     let e = ends(9);
-    listen(&e, PortSpace::Tcp, 8);
-    let (c, qa) = client_with_qp(&e, PortSpace::Tcp);
     let most = ConnParam {
         responder_resources: 255,
         initiator_depth: 255,
         ..param()
     };
-    e.fabric.cm_connect(c, most, &[]).unwrap();
-    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    let (_c, qa, req) = request(&e, most);
     assert_eq!(req.param.responder_resources, 16);
     let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
     e.fabric.cm_attach_qp(req.id, qb).unwrap();
