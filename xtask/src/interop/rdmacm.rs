@@ -109,6 +109,21 @@ const RUNS: &[Run] = &[
         "#bytes",
     ),
     FI_PINGPONG,
+    // Both sides move their own QPs with rdma_init_qp_attr, the server's before it accepts
+    // (the attributes come from the request).
+    run(
+        "rping",
+        "-s -a {S} -C 10 -V -q",
+        "-c -a {S} -C 10 -V -q -v",
+        "ping data: rdma-ping-9:",
+    ),
+    // A QP of one send SGE and no inline data asked for takes 16 inline bytes, as on rxe.
+    run(
+        "rdma_xserver",
+        "-c r",
+        "rdma_xclient => -s {S} -c r",
+        "rdma_xclient: end 0",
+    ),
     // Multicast: the server's id joins the group and receives what the client's (joined
     // too) sends there, 3 s after its join (mckey's pause for a subnet manager).
     run(
