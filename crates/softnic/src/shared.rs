@@ -98,6 +98,30 @@ impl Shared {
         st
     }
 
+    /// As [`lock_any`](Self::lock_any), giving up after `patience`: for what runs at exit,
+    /// where the holder may be this very thread, stopped in a verb by the signal handler that
+    /// called `exit`, and would never give the lock back.
+    pub(crate) fn lock_within(&self, patience: Duration) -> Option<MutexGuard<'_, State>> {
+        let end = Instant::now() + patience;
+        loop {
+            match self.state.try_lock() {
+                Ok(mut st) => {
+                    self.take_quiet(&mut st);
+                    return Some(st);
+                }
+                Err(TryLockError::Poisoned(e)) => {
+                    let mut st = e.into_inner();
+                    self.take_quiet(&mut st);
+                    return Some(st);
+                }
+                Err(TryLockError::WouldBlock) if Instant::now() < end => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(TryLockError::WouldBlock) => return None,
+            }
+        }
+    }
+
     /// Takes the lock (poisoned or not), counted in `waiting` while it is held elsewhere.
     fn acquire(&self) -> MutexGuard<'_, State> {
         match self.state.try_lock() {

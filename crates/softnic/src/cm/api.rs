@@ -14,6 +14,10 @@ use crate::cq::EventFd;
 use crate::fabric::Fabric;
 use crate::state::State;
 
+/// How long the at-exit calls ([`Fabric::cm_close_all`], [`Fabric::cm_lingering`]) wait for
+/// the fabric's lock before they give up.
+const AT_EXIT_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Fabric {
     /// Runs `f` on the state, then makes progress (what `f` sent leaves).
     fn cm<R>(&self, f: impl FnOnce(&mut State) -> Result<R, CmError>) -> Result<R, CmError> {
@@ -298,17 +302,25 @@ impl Fabric {
 
     /// How many destroyed ids still send their DREQ (unanswered so far): a process about to
     /// exit waits for them (softnic's librdmacm does, at exit), as the kernel's CM would go
-    /// on sending them after the process.
+    /// on sending them after the process. 0 if the fabric's lock stays held for 200 ms (see
+    /// [`cm_close_all`](Self::cm_close_all)).
     pub fn cm_lingering(&self) -> usize {
-        self.shared.lock_any().cm_lingering()
+        self.shared
+            .lock_within(AT_EXIT_PATIENCE)
+            .map_or(0, |st| st.cm_lingering())
     }
 
     /// Destroys every id still held, as [`cm_destroy_id`](Self::cm_destroy_id) does: what a
     /// process does as it exits, as the kernel's CM does for a process whose descriptor
     /// closes (its connections' DREQs then linger: [`cm_lingering`](Self::cm_lingering)).
-    /// Returns how many ids there were.
+    /// Returns how many ids there were. If the fabric's lock stays held for 200 ms (a signal
+    /// handler that called `exit` stopped this thread in a verb, and the lock is never given
+    /// back), nothing is done and 0 returned: the process exits without its goodbyes rather
+    /// than hang.
     pub fn cm_close_all(&self) -> usize {
-        self.shared.lock_any().cm_close_all()
+        self.shared
+            .lock_within(AT_EXIT_PATIENCE)
+            .map_or(0, |mut st| st.cm_close_all())
     }
 
     /// The CM counters of device `name`.
@@ -360,5 +372,28 @@ mod tests {
         let waiter = std::thread::spawn(move || f2.cm_take_event(ch, &fd2));
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(!waiter.is_finished(), "{:?}", waiter.join());
+    }
+
+    /// A process that exits from a signal handler which interrupted a verb (libfabric's PSM
+    /// provider calls `exit` on SIGTERM) runs softnic's at-exit goodbye while the interrupted
+    /// verb holds the fabric's lock: the goodbye gives up after a moment, it does not wait
+    /// for a lock that is never given back (the process hung until SIGKILL).
+    #[test]
+    fn the_goodbye_at_exit_does_not_wait_for_a_lock_never_given_back() {
+        let fabric = Fabric::new(FabricConfig::default());
+        fabric
+            .cm_create_id(fabric.cm_create_channel().unwrap(), PortSpace::Tcp)
+            .unwrap();
+        let held = fabric.shared.lock_any();
+        let f2 = fabric.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send((f2.cm_close_all(), f2.cm_lingering()));
+        });
+        let done = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        assert_eq!(done, Ok((0, 0)), "gave up, closing nothing");
+        // With the lock free, the goodbye is said.
+        assert_eq!(fabric.cm_close_all(), 1);
     }
 }
