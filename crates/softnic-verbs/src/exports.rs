@@ -119,14 +119,11 @@ export! {
 
     /// The node GUID (big-endian): a modified EUI-64 of the device's address.
     "IBVERBS_1.1" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-        let ip = fabric()
+        fabric()
             .ok()
             .filter(|f| f.devices().contains(&device))
-            .and_then(|f| f.udp_addr("soft0"));
-        ip.map_or(0, |ip| {
-            let ip = ip.octets();
-            u64::from_be_bytes([0x02, 0, ip[0], 0xff, 0xfe, ip[1], ip[2], ip[3]]).to_be()
-        })
+            .and_then(|f| f.node_guid("soft0"))
+            .map_or(0, u64::to_be)
     }
 
     /// The device's index (0: there is one).

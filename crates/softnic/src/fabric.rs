@@ -448,6 +448,20 @@ impl Fabric {
         })
     }
 
+    /// The node GUID of device `name` (host order; `ibv_query_device` gives it big-endian):
+    /// on the [UDP link](Link::Udp) a modified EUI-64 of its address, else `02:00::` and the
+    /// device's index.
+    pub fn node_guid(&self, name: &str) -> Option<u64> {
+        self.shared.read(|st| {
+            let (i, d) =
+                st.w.devices
+                    .iter()
+                    .enumerate()
+                    .find(|(_, d)| d.name == name)?;
+            Some(d.node_guid(i))
+        })
+    }
+
     /// The IPv4-mapped GID of device `name`: index 0 of its GID table on the in-process
     /// network, index 1 on the UDP link (after the link-local GID, as rxe's table is).
     pub fn gid(&self, name: &str) -> Option<[u8; 16]> {

@@ -43,6 +43,19 @@ pub(crate) struct Device {
 }
 
 impl Device {
+    /// Its node GUID (host order): on the UDP link a modified EUI-64 of its address (as rxe's
+    /// is of its MAC), so that each process's device has its own; else `02:00::` and the
+    /// device's index.
+    pub(crate) fn node_guid(&self, index: usize) -> u64 {
+        match &self.udp {
+            Some(p) => {
+                let ip = p.ip.octets();
+                u64::from_be_bytes([0x02, 0, ip[0], 0xff, 0xfe, ip[1], ip[2], ip[3]])
+            }
+            None => 0x0200_0000_0000_0000 | index as u64,
+        }
+    }
+
     /// The GID table of the device's port: on the in-process network its IPv4-mapped GID; on
     /// the UDP link rxe's table on a RoCE port, the link-local GID (`fe80::ffff:a.b.c.d`)
     /// then the IPv4-mapped one. Both reach the device. Packets travel over IPv4 either way,

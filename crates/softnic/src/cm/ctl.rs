@@ -23,11 +23,6 @@ pub(crate) fn mtu_code(bytes: u32) -> u8 {
     }
 }
 
-/// Device `dev`'s node GUID, as `ibv_query_device` reports it.
-fn node_guid(dev: usize) -> u64 {
-    0x0200_0000_0000_0000 | dev as u64
-}
-
 impl State {
     pub(crate) fn cm_id(&mut self, id: u32) -> Result<&mut Id, CmError> {
         // A destroyed id that lingers for its DREQ is no longer its caller's.
@@ -372,7 +367,7 @@ impl State {
             PortSpace::Tcp => Msg::Req(Box::new(mad::Req {
                 local_comm_id: comm,
                 service_id: sid,
-                ca_guid: node_guid(dev),
+                ca_guid: self.w.devices[dev].node_guid(dev),
                 qpn,
                 responder_resources: p.responder_resources,
                 initiator_depth: p.initiator_depth,
@@ -463,7 +458,7 @@ impl State {
             flow_control: p.flow_control,
             rnr_retry: p.rnr_retry_count.min(7),
             srq: p.srq,
-            ca_guid: node_guid(dev),
+            ca_guid: self.w.devices[dev].node_guid(dev),
             private,
         }));
         self.cm_id(id)?.st = St::RepSent;

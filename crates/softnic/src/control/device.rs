@@ -196,8 +196,8 @@ pub(super) unsafe extern "C" fn query_device(
         let c = &st.w.cfg;
         let dev = st.w.contexts[&id].dev;
         let mut a = ibv_device_attr {
-            node_guid: (0x0200_0000_0000_0000u64 | dev as u64).to_be(),
-            sys_image_guid: (0x0200_0000_0000_0000u64 | dev as u64).to_be(),
+            node_guid: st.w.devices[dev].node_guid(dev).to_be(),
+            sys_image_guid: st.w.devices[dev].node_guid(dev).to_be(),
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
             vendor_id: 0x1_5f,

@@ -429,3 +429,24 @@ fn rtr_toward_an_unreachable_gid_fails_with_enetunreach() {
     let (rtr, mk) = rtr_attr(ty, nb.gid, qpn(qb), 100);
     assert_eq!(modify(qa, &rtr, mk), 0);
 }
+
+/// A device on the UDP link has the node GUID of its address (a modified EUI-64, as rxe's is
+/// of its MAC): in `ibv_query_device` and in the fabric's answer alike, so two processes'
+/// devices differ (it was `0x0200000000000000` on every one).
+#[test]
+fn a_device_on_the_udp_link_has_the_guid_of_its_address() {
+    let (a, b) = (udp_fabric(1), udp_fabric(2));
+    let guid = |f: &Fabric| {
+        let n = Node::open(f, "soft0");
+        let mut attr = ibv_device_attr::default();
+        // SAFETY: a context softnic made, and a writable attribute struct.
+        assert_eq!(unsafe { (CONTROL.query_device)(n.ctx, &mut attr) }, 0);
+        let ip = f.udp_addr("soft0").unwrap().octets();
+        let eui = u64::from_be_bytes([2, 0, ip[0], 0xff, 0xfe, ip[1], ip[2], ip[3]]);
+        assert_eq!(u64::from_be(attr.node_guid), eui);
+        assert_eq!(u64::from_be(attr.sys_image_guid), eui);
+        assert_eq!(f.node_guid("soft0"), Some(eui));
+        eui
+    };
+    assert_ne!(guid(&a), guid(&b));
+}
