@@ -156,7 +156,9 @@ impl State {
         self.w.cm.ids.iter().find_map(|(&id, i)| {
             let src = i.src?;
             let here = i.dev.is_none_or(|d| d == dev);
-            let addr = src.ip().is_unspecified() || *src.ip() == to;
+            // Bound to no device (the any address: 0.0.0.0, or loopback as the kernel takes
+            // it), it listens at every address.
+            let addr = i.dev.is_none() || *src.ip() == to;
             (i.st == St::Listen && i.ps == ps && src.port() == port && here && addr).then_some(id)
         })
     }

@@ -42,14 +42,20 @@ impl State {
         (0..self.w.devices.len()).find(|&d| self.dev_ip(d) == ip)
     }
 
-    /// `rdma_bind_addr`.
+    /// Whether `ip` is the any address: unspecified, or a loopback address no device has (the
+    /// kernel's `cma_any_addr` takes loopback as any).
+    fn any_addr(&self, ip: Ipv4Addr) -> bool {
+        ip.is_unspecified() || (ip.is_loopback() && self.dev_of_ip(ip).is_none())
+    }
+
+    /// `rdma_bind_addr`: to the device of the address, or to none for the any address.
     pub(crate) fn cm_bind(&mut self, id: u32, addr: SocketAddrV4) -> Result<(), CmError> {
         let i = self.cm_id(id)?;
         if i.st != St::Idle {
             return err(libc::EINVAL, "binding an id that is bound already");
         }
         let ps = i.ps;
-        let dev = if addr.ip().is_unspecified() {
+        let dev = if self.any_addr(*addr.ip()) {
             None
         } else {
             match self.dev_of_ip(*addr.ip()) {
@@ -71,7 +77,8 @@ impl State {
     /// with `-EHOSTUNREACH` for an address the link does not reach. A multicast group is
     /// reached from any device (a join follows: see `groups.rs`). The unspecified address is
     /// loopback, as the kernel's `cma_resolve_loopback`: the bound device's own address (the
-    /// first device's if unbound).
+    /// first device's if unbound). (A loopback destination is not: on the UDP link it is
+    /// another process's device.)
     pub(crate) fn cm_resolve_addr(
         &mut self,
         id: u32,

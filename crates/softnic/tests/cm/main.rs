@@ -528,6 +528,40 @@ fn addresses_the_link_does_not_reach_fail_clearly() {
     );
 }
 
+/// A loopback address that is no device's is the any address to bind to, as the kernel's
+/// `cma_any_addr` takes it: a listener bound to 127.0.0.1 takes requests to every device's
+/// address (libfabric's verbs provider binds "localhost"; it was EADDRNOTAVAIL).
+#[test]
+fn a_loopback_address_no_device_has_is_the_any_address() {
+    let e = ends(22);
+    let l = e.fabric.cm_create_id(e.cb, PortSpace::Tcp).unwrap();
+    let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, SERVER.port());
+    e.fabric.cm_bind(l, lo).unwrap();
+    e.fabric.cm_listen(l, 8).unwrap();
+    let (c, qa) = client_with_qp(&e, PortSpace::Tcp);
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qb).unwrap();
+    e.fabric.cm_accept(req.id, param(), &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Established);
+    send_works(&e.a, qa, &e.b, qb, 100);
+    // As a destination it is an address like another (on the UDP link, another process's
+    // device may have it): here nobody has it.
+    let u = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    e.fabric.cm_resolve_addr(u, None, lo).unwrap();
+    let ev = expect(&e.fabric, e.ca, CmEventKind::AddrError);
+    assert_eq!(ev.status, -libc::EHOSTUNREACH);
+    // Not loopback, no device's: still refused.
+    let v = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    let far = SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 0);
+    assert_eq!(
+        e.fabric.cm_bind(v, far).unwrap_err().errno,
+        libc::EADDRNOTAVAIL
+    );
+}
+
 /// The unspecified address resolves to loopback, as the kernel's `cma_resolve_loopback`: the
 /// bound device's own address (the first device's if unbound), where a listener of the same
 /// device takes the request.
