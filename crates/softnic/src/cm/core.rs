@@ -304,17 +304,19 @@ impl State {
         let id = self.new_request(dev, from, tid, l, r.local_comm_id, ip, peer, &r.private);
         let port_mtu = super::ctl::mtu_code(self.w.cfg.mtu);
         let psn = self.w.cm.fresh() & crate::packet::PSN_MASK;
+        let max = self.w.cfg.max_rd_atomic.min(255) as u8;
         let i = self.w.cm.ids.get_mut(&id).expect("just made");
         i.remote_qpn = r.qpn;
         i.remote_psn = r.starting_psn;
         i.mtu = r.mtu.min(port_mtu);
         // What `rdma_init_qp_attr` gives before the accept, as the kernel's CM keeps them from
         // the REQ (`cm_req_handler`): the PSN the REP will carry, the peer's retry counts, and
-        // read depths that mirror the peer's. The accept narrows the depths.
+        // read depths that mirror the peer's, within the device's (a REQ may ask anything).
+        // The accept narrows the depths.
         i.psn = psn;
         i.param = ConnParam {
-            responder_resources: r.initiator_depth,
-            initiator_depth: r.responder_resources,
+            responder_resources: r.initiator_depth.min(max),
+            initiator_depth: r.responder_resources.min(max),
             retry_count: r.retry_count,
             rnr_retry_count: r.rnr_retry,
             ..ConnParam::default()

@@ -120,3 +120,50 @@ proptest! {
         let _ = l;
     }
 }
+
+/// A REQ that asks for more READ depth than any device has (255, from a peer that is not
+/// softnic, or not honest): the attributes `rdma_init_qp_attr` gives before the accept stay
+/// within the device's, so a server that moves its own QP with them can.
+#[test]
+fn a_req_asking_any_read_depth_gives_attributes_the_device_takes() {
+    let e = ends(23);
+    let l = listen(&e, PortSpace::Tcp, 8);
+    let mut private = [0u8; mad::private::REQ];
+    let ip = mad::IpHeader {
+        src: CLIENT_IP,
+        src_port: 5000,
+        dst: *SERVER.ip(),
+    };
+    ip.emit(&mut private);
+    let req = mad::Req {
+        local_comm_id: 77,
+        service_id: mad::service_id(mad::ps::TCP, SERVER.port()),
+        qpn: 0x99,
+        responder_resources: 255,
+        initiator_depth: 255,
+        starting_psn: 5,
+        retry_count: 7,
+        rnr_retry: 7,
+        private,
+        ..sample_req()
+    };
+    inject(
+        &e.fabric,
+        &e.a,
+        &Msg::Req(Box::new(req)).emit(3),
+        mad::GSI_QKEY,
+    );
+    let ev = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(ev.listen_id, Some(l));
+    let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    for st in [
+        ibv_qp_state::IBV_QPS_INIT,
+        ibv_qp_state::IBV_QPS_RTR,
+        ibv_qp_state::IBV_QPS_RTS,
+    ] {
+        let (attr, mask) = e.fabric.cm_init_qp_attr(ev.id, st).unwrap();
+        assert_eq!(modify(qb, &attr, mask), 0, "to {st}");
+    }
+    let q = query(qb);
+    assert_eq!((q.max_dest_rd_atomic, q.max_rd_atomic), (16, 16));
+}
