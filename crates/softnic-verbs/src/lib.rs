@@ -60,18 +60,16 @@ static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
 /// Says the device's counters (and its connection manager's, if used) on standard error (at
 /// exit, with `SOFTNIC_STATS=1`).
 extern "C" fn print_stats() {
-    if let Some(Ok(f)) = FABRIC.get() {
-        for name in f.device_names() {
-            if let Some(c) = f.device_counters(&name) {
-                eprintln!("softnic: {name}: {c:?}");
-            }
-            // Its connection manager's, once a program used it (librdmacm).
-            if let Some(c) = f
-                .cm_counters(&name)
-                .filter(|c| c.mads_sent + c.mads_received > 0)
-            {
-                eprintln!("softnic: {name}: CM {c:?}");
-            }
+    let Some(Ok(f)) = FABRIC.get() else { return };
+    let Some(devices) = f.counters_at_exit() else {
+        eprintln!("softnic: no counters: the fabric is held by a verb this exit interrupted");
+        return;
+    };
+    for (name, c, cm) in devices {
+        eprintln!("softnic: {name}: {c:?}");
+        // Its connection manager's, once a program used it (librdmacm).
+        if cm.mads_sent + cm.mads_received > 0 {
+            eprintln!("softnic: {name}: CM {cm:?}");
         }
     }
 }

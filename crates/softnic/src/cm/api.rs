@@ -323,6 +323,19 @@ impl Fabric {
             .map_or(0, |mut st| st.cm_close_all())
     }
 
+    /// Every device's name, counters and CM counters, read in one look at the fabric: what
+    /// `SOFTNIC_STATS=1` prints at exit. `None` if the fabric's lock stays held for 200 ms (a
+    /// signal handler that called `exit` stopped this thread in a verb; see
+    /// [`cm_close_all`](Self::cm_close_all)).
+    pub fn counters_at_exit(&self) -> Option<Vec<(String, crate::Counters, CmCounters)>> {
+        let st = self.shared.lock_within(AT_EXIT_PATIENCE)?;
+        let all = st.w.devices.iter().enumerate().map(|(i, d)| {
+            let cm = st.w.cm.counters.get(&i).copied().unwrap_or_default();
+            (d.name.clone(), d.counters, cm)
+        });
+        Some(all.collect())
+    }
+
     /// The CM counters of device `name`.
     pub fn cm_counters(&self, name: &str) -> Option<CmCounters> {
         let st = self.shared.lock_any();
@@ -375,9 +388,10 @@ mod tests {
     }
 
     /// A process that exits from a signal handler which interrupted a verb (libfabric's PSM
-    /// provider calls `exit` on SIGTERM) runs softnic's at-exit goodbye while the interrupted
-    /// verb holds the fabric's lock: the goodbye gives up after a moment, it does not wait
-    /// for a lock that is never given back (the process hung until SIGKILL).
+    /// provider calls `exit` on SIGTERM) runs softnic's at-exit goodbye (and, with
+    /// `SOFTNIC_STATS=1`, its counters' print) while the interrupted verb holds the fabric's
+    /// lock: each gives up after a moment, none waits for a lock that is never given back (the
+    /// process hung until SIGKILL).
     #[test]
     fn the_goodbye_at_exit_does_not_wait_for_a_lock_never_given_back() {
         let fabric = Fabric::new(FabricConfig::default());
@@ -390,9 +404,23 @@ mod tests {
         std::thread::spawn(move || {
             let _ = tx.send((f2.cm_close_all(), f2.cm_lingering()));
         });
+        let f3 = fabric.clone();
+        let (tx3, rx3) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx3.send(f3.counters_at_exit().is_none());
+        });
         let done = rx.recv_timeout(std::time::Duration::from_secs(10));
+        let stats = rx3.recv_timeout(std::time::Duration::from_secs(10));
         drop(held);
         assert_eq!(done, Ok((0, 0)), "gave up, closing nothing");
+        assert_eq!(stats, Ok(true), "gave up, printing nothing");
+        let names: Vec<String> = fabric
+            .counters_at_exit()
+            .unwrap()
+            .into_iter()
+            .map(|d| d.0)
+            .collect();
+        assert_eq!(names, ["soft0", "soft1"]);
         // With the lock free, the goodbye is said.
         assert_eq!(fabric.cm_close_all(), 1);
     }
