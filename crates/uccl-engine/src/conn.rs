@@ -162,8 +162,6 @@ pub(crate) struct Ctl {
     pub(crate) ack: Option<[u8; CTL_LEN]>,
     /// The send slot of a Close, once posted: its completion ends the connection.
     pub(crate) close_slot: Option<u32>,
-    /// [`Engine::close`](crate::Engine::close) asked for a Close already: another is not sent.
-    pub(crate) closing: bool,
     /// Sends completed so far (a control probe looks for progress).
     pub(crate) completions: u64,
     /// A probe ping went since the last completion (one per stall; see `keepalive.rs`).
@@ -442,8 +440,8 @@ pub(crate) struct Conn {
     pub(crate) in_ctl_probe: bool,
     /// Its asks for advertisements the UD QP lost (UC; see `need.rs`).
     pub(crate) asks: crate::need::Asks,
-    /// What [`Engine::close`](crate::Engine::close) returned: completed when the connection
-    /// is freed.
+    /// What [`Engine::close`](crate::Engine::close) returned (`Some`: a Close was asked for,
+    /// and another is not sent): completed when the connection is freed.
     pub(crate) closed: Option<crate::Request<()>>,
 }
 

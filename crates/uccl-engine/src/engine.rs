@@ -400,7 +400,7 @@ impl Engine {
     /// takes none (they would fail with the close).
     pub(crate) fn conn_for_request(&mut self, id: ConnId) -> Result<&mut Conn> {
         let c = self.open_conn(id)?;
-        if c.ctl.closing {
+        if c.closed.is_some() {
             return Err(EngineError::ConnectionFailed {
                 conn: id,
                 reason: crate::control::CLOSED_HERE.into(),
@@ -474,7 +474,6 @@ impl Engine {
         }
         let closed = Request::of_engine(&self.owner, None);
         let c = self.open_conn(conn)?;
-        c.ctl.closing = true;
         c.closed = Some(closed.clone());
         c.ctl.backlog.push_back(Ctl::Close.to_bytes());
         self.mark_ctl(conn.index);

@@ -334,7 +334,6 @@ impl Engine {
                 backlog: VecDeque::new(),
                 ack: None,
                 close_slot: None,
-                closing: false,
                 completions: 0,
                 probed: false,
                 copies: vec![0; depth as usize].into_boxed_slice(),

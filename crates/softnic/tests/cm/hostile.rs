@@ -156,14 +156,7 @@ fn a_req_asking_any_read_depth_gives_attributes_the_device_takes() {
     let ev = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
     assert_eq!(ev.listen_id, Some(l));
     let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
-    for st in [
-        ibv_qp_state::IBV_QPS_INIT,
-        ibv_qp_state::IBV_QPS_RTR,
-        ibv_qp_state::IBV_QPS_RTS,
-    ] {
-        let (attr, mask) = e.fabric.cm_init_qp_attr(ev.id, st).unwrap();
-        assert_eq!(modify(qb, &attr, mask), 0, "to {st}");
-    }
+    move_by_cm(&e, ev.id, qb);
     let q = query(qb);
     assert_eq!((q.max_dest_rd_atomic, q.max_rd_atomic), (16, 16));
 }

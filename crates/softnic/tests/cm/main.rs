@@ -122,6 +122,19 @@ pub fn request(e: &Ends, asked: ConnParam) -> (CmId, *mut ibv_qp, CmEvent) {
     (c, qa, expect(&e.fabric, e.cb, CmEventKind::ConnectRequest))
 }
 
+/// Moves `qp` to INIT, RTR and RTS with the attributes `rdma_init_qp_attr` gives for `id`, as
+/// a program that manages its own QP does.
+pub fn move_by_cm(e: &Ends, id: CmId, qp: *mut ibv_qp) {
+    for st in [
+        ibv_qp_state::IBV_QPS_INIT,
+        ibv_qp_state::IBV_QPS_RTR,
+        ibv_qp_state::IBV_QPS_RTS,
+    ] {
+        let (attr, mask) = e.fabric.cm_init_qp_attr(id, st).unwrap();
+        assert_eq!(modify(qp, &attr, mask), 0, "to {st}");
+    }
+}
+
 /// An RC connection set up through the CM: (client id, client QP, server id, server QP).
 pub fn connect(e: &Ends) -> (CmId, *mut ibv_qp, CmId, *mut ibv_qp) {
     let l = listen(e, PortSpace::Tcp, 8);
@@ -198,14 +211,7 @@ fn a_server_moves_its_own_qp_before_it_accepts() {
     };
     let (_c, qa, req) = request(&e, asked);
     let qb = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(16, 16), true);
-    for st in [
-        ibv_qp_state::IBV_QPS_INIT,
-        ibv_qp_state::IBV_QPS_RTR,
-        ibv_qp_state::IBV_QPS_RTS,
-    ] {
-        let (attr, mask) = e.fabric.cm_init_qp_attr(req.id, st).unwrap();
-        assert_eq!(modify(qb, &attr, mask), 0, "to {st}");
-    }
+    move_by_cm(&e, req.id, qb);
     let moved = query(qb);
     assert_eq!((moved.retry_cnt, moved.rnr_retry), (5, 6));
     assert_eq!(moved.max_dest_rd_atomic, 4);
