@@ -227,7 +227,7 @@ impl UdpPort {
                 match send_batch(fd, out, batch) {
                     Ok(n) => sent += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if batch[0].len() > 1 => {
+                    Err(e) if batch[0].len() > 1 && !congested(&e) => {
                         // The route cannot take GSO sends (no checksum offload, an MTU below
                         // the segment size, IPsec): this run and every packet from now on go
                         // alone, sealed again as such.
@@ -244,8 +244,8 @@ impl UdpPort {
                         seal_runs(self.ip, sport, out, &self.runs[sent..sent + n]);
                     }
                     Err(_) => {
-                        // The first message was refused (a full buffer: EAGAIN): dropped,
-                        // as on a congested wire; the transports recover.
+                        // The first message was refused (a full buffer: EAGAIN, ENOBUFS):
+                        // dropped, as on a congested wire; the transports recover.
                         failed += batch[0].len() as u64;
                         sent += 1;
                     }
@@ -437,6 +437,15 @@ const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
 
 /// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
 /// packet as one GSO send: how many runs left (`EAGAIN` if none could, the buffer being full).
+/// Whether a refused send says the way out is full for now (the socket's buffer, the device's
+/// queue, memory), not that the route cannot take the send as it was made: the datagrams are
+/// dropped as a congested wire drops them, and a GSO send that met it is no reason to give up
+/// GSO for good.
+fn congested(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+        || matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM))
+}
+
 // Never inlined: its 32 KiB of `iovec`s would be in the frame of every caller up to the
 // progress loop, whose every call (in process too, where no datagram is ever sent) would then
 // touch each page of them (the stack probe: 77 instructions a chunk in bench row 13).
@@ -560,6 +569,17 @@ pub(super) fn set_buffer(s: &UdpSocket, force: i32, plain: i32, bytes: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_buffer_is_congestion_not_a_route_that_refuses_gso() {
+        for e in [libc::EAGAIN, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(congested(&io::Error::from_raw_os_error(e)), "errno {e}");
+        }
+        // What a route that cannot segment says (no checksum offload, a smaller MTU).
+        for e in [libc::EIO, libc::EINVAL, libc::EMSGSIZE, libc::EOPNOTSUPP] {
+            assert!(!congested(&io::Error::from_raw_os_error(e)), "errno {e}");
+        }
+    }
 
     #[test]
     fn a_batch_that_is_not_full_says_the_socket_was_emptied() {
