@@ -175,7 +175,7 @@ impl Engine {
         if let Some(c) = self.conns[usize::from(ack.fid)].as_mut() {
             c.heard = now;
         }
-        self.tx.on_ack(now, &ack);
+        self.tx.on_ack_seen(now, self.scratch.seen_since, &ack);
     }
 
     /// Builds the ACK of connection `ci` now and stages it for its peer, in place of one staged

@@ -39,6 +39,11 @@ impl Clock {
         }
     }
 
+    /// Whether this is a fabric's virtual clock (time moves only as the fabric's events do).
+    pub(crate) fn is_virtual(&self) -> bool {
+        matches!(self, Clock::Fabric(f) if f.config().clock == softnic::Clock::Virtual)
+    }
+
     /// Nanoseconds since the clock's origin.
     pub fn now(&self) -> u64 {
         match self {

@@ -110,6 +110,13 @@ pub(crate) struct Scratch {
     pub(crate) took_input: bool,
     /// Whether something asked for a full next round during this one (`Engine::unsettle`).
     pub(crate) redo: bool,
+    /// When the engine last looked at its CQ (polled it), on a clock that runs by itself.
+    pub(crate) looked_at: u64,
+    /// Since when this round's completions may have waited for the engine: its last look
+    /// before this round (a thread descheduled or napping is late to see them; the receiver's
+    /// hold and the sender's RTT sample count it as this host's time, not the network's). On
+    /// a virtual clock the round's own time: an engine polled at every event waits for none.
+    pub(crate) seen_since: u64,
     /// What the engine's alarm was last set to (see `Engine::idle`).
     pub(crate) alarm_at: Option<u64>,
     /// Connections with a CTS or a send to match.
@@ -152,6 +159,8 @@ pub struct Engine {
     /// On a softnic fabric whose virtual clock moves by itself: the engine's next deadline,
     /// so that an idle engine can move the clock to it (see `Engine::idle`).
     pub(crate) alarm: Option<softnic::Alarm>,
+    /// Whether the clock is a fabric's virtual one (see `Scratch::seen_since`).
+    pub(crate) virtual_clock: bool,
     pub(crate) io: Io,
     pub(crate) tx: Tx,
     pub(crate) conns: Vec<Option<Conn>>,
@@ -286,6 +295,7 @@ impl Engine {
             owner: crate::request::Owner::new(id),
             credits,
             alarm: clock.alarm(),
+            virtual_clock: clock.is_virtual(),
             clock,
             io,
             tx,
@@ -354,6 +364,7 @@ impl Engine {
             ack_requests: t.ack_requests,
             credit_stalls: t.credit_stalls,
             window_stalls: t.window_stalls,
+            host_delayed_samples: t.host_delayed_samples,
             ..self.stats
         }
     }

@@ -107,10 +107,14 @@ impl Engine {
         }
         let mut delivered = std::mem::take(&mut self.scratch.delivered);
         delivered.clear();
+        // The chunk may have waited for this end since its last look: the ACK says it was held
+        // from then, so that the sender's RTT sample leaves this host's delays out.
+        let seen = self.scratch.seen_since;
         let c = self.conns[usize::from(ci)].as_mut().expect("checked");
         c.heard = now;
-        let a =
-            c.rx.on_chunk(imm, len, (lane, copy.is_some(), now), |d| delivered.push(d));
+        let a = c.rx.on_chunk(imm, len, (lane, copy.is_some(), seen), |d| {
+            delivered.push(d)
+        });
         match a {
             Arrival::New => {
                 self.stats.chunks_received += 1;

@@ -92,6 +92,12 @@ impl Engine {
     pub fn poll(&mut self) -> Result<bool> {
         let now = self.clock.now();
         let n = self.drain_cq()?;
+        self.scratch.seen_since = if self.virtual_clock {
+            now
+        } else {
+            self.scratch.looked_at.min(now)
+        };
+        self.scratch.looked_at = now;
         self.scratch.rounds = self.scratch.rounds.wrapping_add(1);
         if n == 0 && self.settled(now) {
             // Debug builds check every other skipped round (the rest skip, as release builds).

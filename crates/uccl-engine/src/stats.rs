@@ -69,6 +69,9 @@ pub struct Stats {
     /// Times a flow had data and credit but its congestion window was full (see
     /// [`uccl_tx::TxConfig::target_delay_us`]).
     pub window_stalls: u64,
+    /// RTT samples the congestion window left out as this host's time, not the network's (see
+    /// [`uccl_tx::Tx::on_ack_seen`]): the engine looked late, or the peer held the chunk long.
+    pub host_delayed_samples: u64,
     /// Chunks received again (duplicates and retransmissions of what had arrived).
     pub dropped_duplicate: u64,
     /// Chunks or control messages dropped as malformed or not matching their connection

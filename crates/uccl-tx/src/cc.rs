@@ -40,7 +40,11 @@
 //! timestamps), a smaller floor lets many flows share a short path.
 //!
 //! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
-//! delay already says which.
+//! delay already says which. Nor does a sample that may be a host's time rather than the
+//! network's (`Tx::on_ack_seen`: the ACK found long after the last look at the completions,
+//! or the chunk held at the receiver beyond its declared ACK delay, by more than the target
+//! delay): Swift tells the two apart with NIC timestamps, which a software NIC sharing its
+//! cores with the programs it serves cannot give.
 
 /// How long a smallest delay stands for the path's base (ns): the base is the smallest of this
 /// epoch's samples and the last epoch's, so one that old is forgotten within two epochs (as

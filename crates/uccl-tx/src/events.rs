@@ -93,6 +93,10 @@ pub struct TxStats {
     pub stale_acks: u64,
     /// Completions ignored: for a WR that is not outstanding (unknown path, already covered).
     pub bad_completions: u64,
+    /// RTT samples left out of the congestion window: the ACK may have waited for this end to
+    /// look, or the receiver held the chunk beyond its declared ACK delay, longer than the
+    /// window's target delay (see [`Tx::on_ack_seen`](crate::Tx::on_ack_seen)).
+    pub host_delayed_samples: u64,
     /// Times a flow with something to send found its credit window full.
     pub credit_stalls: u64,
     /// Times a flow with something to send (and credit) found its congestion window full.

@@ -86,7 +86,10 @@
 //! windows of an incast converge to fair shares. A window below one chunk paces the flow (one
 //! chunk every `srtt / window`, [`TxConfig::pacing`]) instead of keeping a chunk in flight at
 //! all times. [`Tx::rtt_samples`] keeps every sample. Short queues keep the RTT, and with it
-//! the retransmission timeout and the tail-loss probe, short.
+//! the retransmission timeout and the tail-loss probe, short. A sample that may hold more
+//! host time than the target delay (an ACK its caller found long after it last looked, see
+//! [`Tx::on_ack_seen`], or a chunk held beyond the peer's declared ACK delay) leaves the
+//! window alone: on a busy host, a descheduled thread is not a queue.
 //!
 //! # Completions and buffers
 //!

@@ -40,6 +40,18 @@ impl Tx {
     /// transmission that triggered it, declares lost what its delivery proves lost, and takes
     /// the receive window it grants (see [`AckRepr::credit`]).
     pub fn on_ack(&mut self, now: u64, ack: &AckRepr) {
+        self.on_ack_seen(now, now, ack);
+    }
+
+    /// [`on_ack`](Self::on_ack) for an ACK found at `now` that was not there when this end
+    /// last looked at its completions, at `looked`: it may have waited for this host up to
+    /// `now - looked`. An RTT that may hold more host time than the queueing the congestion
+    /// window targets (`TxConfig::target_delay_us`), counting what the receiver held the chunk
+    /// beyond its declared ACK delay, says nothing of the network's queues: it feeds the
+    /// retransmission timeout but leaves the window as it was
+    /// ([`TxStats::host_delayed_samples`](crate::TxStats::host_delayed_samples)). A thread
+    /// descheduled on a busy host, or an engine that napped, then does not read as a queue.
+    pub fn on_ack_seen(&mut self, now: u64, looked: u64, ack: &AckRepr) {
         self.stats.acks += 1;
         let fid = ack.fid;
         let Some(f) = self.open_flow_mut(fid) else {
@@ -103,7 +115,7 @@ impl Tx {
                 self.sample(
                     fid,
                     p,
-                    now,
+                    (now, now.saturating_sub(looked)),
                     now.saturating_sub(sent.at),
                     ack.queue_ns,
                     acked,
@@ -131,22 +143,38 @@ impl Tx {
         self.engine_changed();
     }
 
-    /// An RTT sample of path `p` for flow `fid`: `rtt` from sending to the ACK, of which the
-    /// receiver held the chunk `held` ns (believed up to the peer's declared ACK delay), with
-    /// `acked` chunks newly acknowledged by the ACK. Feeds the path's estimator and the flow's
-    /// congestion window.
-    fn sample(&mut self, fid: u16, p: PathId, now: u64, rtt: u64, held: u32, acked: u32) {
-        let held = u64::from(held).min(self.cfg.peer_ack_delay_us * 1000);
-        let rtt = rtt.saturating_sub(held);
+    /// An RTT sample of path `p` for flow `fid`, taken at `now` by an ACK that may have waited
+    /// `unseen` ns for this end to look: `rtt` from sending to the ACK, of which the receiver
+    /// held the chunk `held` ns (believed up to the peer's declared ACK delay), with `acked`
+    /// chunks newly acknowledged by the ACK. Feeds the path's estimator, and the flow's
+    /// congestion window unless it may hold more host time than the window's target.
+    fn sample(
+        &mut self,
+        fid: u16,
+        p: PathId,
+        (now, unseen): (u64, u64),
+        rtt: u64,
+        held: u32,
+        acked: u32,
+    ) {
+        let declared = self.cfg.peer_ack_delay_us * 1000;
+        let rtt = rtt.saturating_sub(u64::from(held).min(declared));
         self.rtts.saturating_record(rtt.max(1));
         let est = &mut self.paths[usize::from(p.0)].rtt;
         est.sample(rtt);
         let srtt = est.srtt().unwrap_or(rtt);
-        if self.cfg.target_delay_us > 0 {
-            let target = self.cc_target();
-            if let Some(f) = self.open_flow_mut(fid) {
-                f.cc.on_sample(now, rtt, &target, srtt, acked);
-            }
+        if self.cfg.target_delay_us == 0 {
+            return;
+        }
+        // Host time the RTT may hold that nothing above took out.
+        let host = unseen + u64::from(held).saturating_sub(declared);
+        if host > self.cfg.target_delay_us * 1000 {
+            self.stats.host_delayed_samples += 1;
+            return;
+        }
+        let target = self.cc_target();
+        if let Some(f) = self.open_flow_mut(fid) {
+            f.cc.on_sample(now, rtt, &target, srtt, acked);
         }
     }
 

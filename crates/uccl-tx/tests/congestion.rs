@@ -145,3 +145,38 @@ fn a_window_below_one_chunk_paces_the_flow() {
         assert!(gap > 3 * srtt / 2 && gap < 3 * srtt, "{gap} vs srtt {srtt}");
     }
 }
+
+/// An RTT that may hold more host time than the queueing the window targets says nothing of
+/// the network's queues: an ACK found long after this end last looked (a descheduled thread,
+/// an engine that napped), or a chunk the receiver held longer than its declared ACK delay
+/// allows for, leaves the window as it was. The sample still feeds the retransmission timeout,
+/// and is counted. An ACK found right after a look steers the window as before.
+#[test]
+fn an_rtt_that_may_be_host_time_does_not_steer_the_window() {
+    // Swift's rule: one sample over the target (60 us) would cut the window.
+    let mut t = sixteen_in_flight(false);
+    let held = |cum, echo, us: u32| AckRepr {
+        queue_ns: us * 1000,
+        ..ack(1, cum, echo)
+    };
+    let srtt = t.path_srtt(uccl_tx::PathId(0)).unwrap();
+    // RTT 200 us less 40 held: 160, over the target; but this end last looked 100 us before
+    // it found the ACK, which may have waited all that time.
+    t.on_ack_seen(200_000, 100_000, &held(8, 7, 40));
+    assert_eq!(t.flow_info(1).unwrap().window, 16);
+    assert_eq!(t.stats().host_delayed_samples, 1);
+    assert_ne!(
+        t.path_srtt(uccl_tx::PathId(0)).unwrap(),
+        srtt,
+        "the RTO still learns"
+    );
+    // The receiver held the chunk 140 us, 100 beyond its declared 40.
+    t.on_ack_seen(240_000, 239_000, &held(12, 11, 140));
+    assert_eq!(t.flow_info(1).unwrap().window, 16);
+    assert_eq!(t.stats().host_delayed_samples, 2);
+    // Found 1 us after a look, held 40 us: an RTT of 220 us is a queue. Keep 1 - 0.8 * 160 /
+    // 220 = 42%, at least half: 8.
+    t.on_ack_seen(260_000, 259_000, &held(16, 15, 40));
+    assert_eq!(t.flow_info(1).unwrap().window, 8);
+    assert_eq!(t.stats().host_delayed_samples, 2);
+}

@@ -161,6 +161,7 @@ fn add(a: uccl_engine::Stats, b: uccl_engine::Stats) -> uccl_engine::Stats {
     s.chunks_received += b.chunks_received;
     s.credit_stalls += b.credit_stalls;
     s.window_stalls += b.window_stalls;
+    s.host_delayed_samples += b.host_delayed_samples;
     s.dropped_duplicate += b.dropped_duplicate;
     s.dropped_invalid += b.dropped_invalid;
     s.dropped_out_of_window += b.dropped_out_of_window;
