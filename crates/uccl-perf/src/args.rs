@@ -259,6 +259,7 @@ impl Args {
 
     /// Checks what the parser could not check alone: combinations. One line on error.
     pub(crate) fn check(&self) -> Result<(), String> {
+        self.fabric.check()?;
         if self.op.vectored() && self.msg_size.is_some() {
             return Err(
                 "--op writev|readv: a message is --iov blocks of --block-size; --msg-size \

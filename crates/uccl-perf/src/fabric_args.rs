@@ -108,6 +108,26 @@ impl FabricArgs {
 
     /// Switches on the longest path: one on a star, three between two leaves (a flow within a
     /// leaf crosses one: its target is then a little generous).
+    /// Refuses congestion-window values the engine cannot take, naming the option: the window
+    /// is kept in 1/1024 chunks, and never below 1/1024 or, for the floor, above one chunk.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let chunks = [
+            ("--additive-increase", self.additive_increase, f64::MAX),
+            ("--min-window", self.min_window, 1.0),
+        ];
+        for (flag, value, most) in chunks {
+            if let Some(v) = value
+                && !(1.0 / 1024.0..=most).contains(&v)
+            {
+                let to = if most == 1.0 { " to 1" } else { "" };
+                return Err(format!(
+                    "{flag} {v}: must be a number of chunks from 1/1024 (0.0009765625){to}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn hops(&self) -> u8 {
         match self.topology {
             TopologyArg::Direct => 0,

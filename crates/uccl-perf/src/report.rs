@@ -42,7 +42,6 @@ struct Config<'a> {
     test: Test,
     device: &'a str,
     role: Role,
-    op: OpArg,
     #[serde(flatten)]
     run: RunOptions,
     max_chain: u32,
@@ -89,6 +88,7 @@ struct EngineJson<'a> {
     nic_retransmits: Option<u64>,
     credit_stalls: u64,
     window_stalls: u64,
+    host_delayed_samples: u64,
     duplicates_dropped: u64,
     cpu_s: Option<f64>,
     cpu_ns_per_chunk: Option<f64>,
@@ -110,7 +110,6 @@ fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
         test: args.test,
         device: &args.device,
         role: m.role,
-        op: args.op,
         run: RunOptions::of(args),
         max_chain: crate::transport::engine_config(args, 1).tx.max_chain,
         clock: if args.virtual_clock() {
@@ -132,10 +131,16 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         Role::Server | Role::Both => m.bytes_received,
     };
     let goodput = gbps(moved, m.elapsed);
+    // Per chunk this end moved: sent, or (a server) received.
+    let chunks = if s.chunks_sent > 0 {
+        s.chunks_sent
+    } else {
+        s.chunks_received
+    };
     let cpu_per_chunk = m
         .cpu
-        .filter(|_| s.chunks_sent > 0)
-        .map(|c| c.as_nanos() as f64 / s.chunks_sent as f64);
+        .filter(|_| chunks > 0)
+        .map(|c| c.as_nanos() as f64 / chunks as f64);
     // The stack's own part: without the simulated NIC's event loop and the pattern checks.
     let stack_per_chunk = m
         .cpu
@@ -189,6 +194,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             nic_retransmits: m.nic.map(|c| c.retransmits),
             credit_stalls: s.credit_stalls,
             window_stalls: s.window_stalls,
+            host_delayed_samples: s.host_delayed_samples,
             duplicates_dropped: s.dropped_duplicate,
             cpu_s: m.cpu.map(|c| c.as_secs_f64()),
             cpu_ns_per_chunk: cpu_per_chunk,

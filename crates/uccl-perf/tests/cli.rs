@@ -530,10 +530,12 @@ fn one_sided_ops_run_between_two_processes() {
 fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
     let (server, client) = server_and_client(
         "--json",
-        "--json --flows 2 --qps-per-flow 2 --msg-size 64KiB --duration 1 --loss 0 --seed 9",
+        "--json --flows 2 --qps-per-flow 2 --msg-size 64KiB --duration 1 --loss 0 --seed 9 \
+         --target-delay-us 20",
     );
     let (s, c) = (json_of("server", &server), json_of("client", &client));
     for (k, v) in [
+        ("target_delay_us", serde_json::json!(20)),
         ("flows", serde_json::json!(2)),
         ("qps_per_flow", 2.into()),
         ("msg_size", 65536.into()),
@@ -553,6 +555,18 @@ fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
         assert!(
             j["goodput_gbps"].as_f64().is_some_and(|g| g > 0.0),
             "{who}'s goodput: {j}"
+        );
+        assert!(
+            j["cpu_ns_per_chunk"].as_f64().is_some_and(|g| g > 0.0),
+            "{who}'s CPU per chunk it moved: {j}"
+        );
+    }
+    for (who, out) in [("server", &server), ("client", &client)] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.matches("\"op\":").count(),
+            1,
+            "{who}: a key once: {text}"
         );
     }
 }

@@ -20,8 +20,9 @@ use crate::args::{Args, OpArg, RecvKeysArg, TransportArg, TxMode};
 
 /// The version of the exchange; a client and a server of different versions refuse each other.
 const VERSION: u32 = 1;
-/// How long either end waits for the other's line.
-const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long either end waits for the other's line (and the server for each of the client's
+/// flows to connect).
+pub(super) const TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client tries again a server that refuses its connection (one started at the
 /// same moment may not listen yet).
 const SERVER_START: Duration = Duration::from_secs(5);
@@ -57,6 +58,29 @@ pub(crate) struct RunOptions {
     tx_mode: TxMode,
     recv_keys: RecvKeysArg,
     no_payload: bool,
+    /// The congestion window's and the ACKs' options (`None`, `false`: not given, the
+    /// engine's default): the client's flows are steered by them, the server's ACKs by
+    /// `--ack-delay-us`.
+    #[serde(default)]
+    ack_delay_us: Option<u32>,
+    #[serde(default)]
+    target_delay_us: Option<u64>,
+    #[serde(default)]
+    flow_scaling_us: Option<u64>,
+    #[serde(default)]
+    base_rtt_ns: Option<u64>,
+    #[serde(default)]
+    hop_delay_ns: Option<u64>,
+    #[serde(default)]
+    additive_increase: Option<f64>,
+    #[serde(default)]
+    min_window: Option<f64>,
+    #[serde(default)]
+    swift_decrease: bool,
+    #[serde(default)]
+    no_pacing: bool,
+    #[serde(default)]
+    no_ack_requests: bool,
 }
 
 /// `--op`'s default, for a client that does not say.
@@ -106,6 +130,16 @@ impl RunOptions {
             tx_mode: args.tx_mode,
             recv_keys: args.recv_keys,
             no_payload: args.no_payload,
+            ack_delay_us: args.fabric.ack_delay_us,
+            target_delay_us: args.fabric.target_delay_us,
+            flow_scaling_us: args.fabric.flow_scaling_us,
+            base_rtt_ns: args.fabric.base_rtt_ns,
+            hop_delay_ns: args.fabric.hop_delay_ns,
+            additive_increase: args.fabric.additive_increase,
+            min_window: args.fabric.min_window,
+            swift_decrease: args.fabric.swift_decrease,
+            no_pacing: args.fabric.no_pacing,
+            no_ack_requests: args.fabric.no_ack_requests,
         }
     }
 
@@ -116,6 +150,7 @@ impl RunOptions {
             v.to_possible_value().map(|p| p.get_name().to_string())
         }
         let some = |v: &dyn std::fmt::Display| Some(v.to_string());
+        let set = |on: bool| on.then(String::new);
         vec![
             ("transport", name(self.transport)),
             ("op", name(self.op)),
@@ -136,7 +171,26 @@ impl RunOptions {
             ("seed", some(&self.seed)),
             ("tx_mode", name(self.tx_mode)),
             ("recv_keys", name(self.recv_keys)),
-            ("no_payload", self.no_payload.then(String::new)),
+            ("no_payload", set(self.no_payload)),
+            ("ack_delay_us", self.ack_delay_us.map(|v| v.to_string())),
+            (
+                "target_delay_us",
+                self.target_delay_us.map(|v| v.to_string()),
+            ),
+            (
+                "flow_scaling_us",
+                self.flow_scaling_us.map(|v| v.to_string()),
+            ),
+            ("base_rtt_ns", self.base_rtt_ns.map(|v| v.to_string())),
+            ("hop_delay_ns", self.hop_delay_ns.map(|v| v.to_string())),
+            (
+                "additive_increase",
+                self.additive_increase.map(|v| v.to_string()),
+            ),
+            ("min_window", self.min_window.map(|v| v.to_string())),
+            ("swift_decrease", set(self.swift_decrease)),
+            ("no_pacing", set(self.no_pacing)),
+            ("no_ack_requests", set(self.no_ack_requests)),
         ]
     }
 
@@ -197,6 +251,17 @@ impl RunOptions {
         a.tx_mode = self.tx_mode;
         a.recv_keys = self.recv_keys;
         a.no_payload = self.no_payload;
+        let f = &mut a.fabric;
+        f.ack_delay_us = self.ack_delay_us;
+        f.target_delay_us = self.target_delay_us;
+        f.flow_scaling_us = self.flow_scaling_us;
+        f.base_rtt_ns = self.base_rtt_ns;
+        f.hop_delay_ns = self.hop_delay_ns;
+        f.additive_increase = self.additive_increase;
+        f.min_window = self.min_window;
+        f.swift_decrease = self.swift_decrease;
+        f.no_pacing = self.no_pacing;
+        f.no_ack_requests = self.no_ack_requests;
         a.check()?;
         Ok(a)
     }
@@ -389,6 +454,39 @@ mod tests {
                 vec!["no --messages".to_string()]
             ),
             "--flows 3 and --seed 1 are the client's too"
+        );
+    }
+
+    #[test]
+    fn the_congestion_windows_options_travel_with_the_run() {
+        let client = RunOptions::of(&args(
+            "--client h --target-delay-us 0 --ack-delay-us 5 --min-window 0.5 --swift-decrease",
+        ));
+        let a = client.apply(&args("--server")).unwrap();
+        assert_eq!(a.fabric.target_delay_us, Some(0));
+        assert_eq!(a.fabric.ack_delay_us, Some(5));
+        assert_eq!(a.fabric.min_window, Some(0.5));
+        assert!(a.fabric.swift_decrease && !a.fabric.no_pacing);
+        assert_eq!(RunOptions::of(&a), client, "the client's run");
+        assert_eq!(
+            conflicts(&args("--server --target-delay-us 10 --no-pacing"), &client),
+            (
+                vec![
+                    "--target-delay-us 10".to_string(),
+                    "--no-pacing".to_string()
+                ],
+                vec![
+                    "--target-delay-us 0".to_string(),
+                    "no --no-pacing".to_string()
+                ]
+            )
+        );
+        let mut run = client;
+        run.min_window = Some(2.0);
+        assert!(
+            run.apply(&args("--server"))
+                .unwrap_err()
+                .starts_with("--min-window 2: ")
         );
     }
 

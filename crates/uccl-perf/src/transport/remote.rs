@@ -4,8 +4,9 @@
 //! size than the run's (0 bytes, or 1 when messages have none) from the sender ends each flow.
 
 use std::net::TcpListener;
+use std::time::{Duration, Instant};
 
-use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
+use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine, Request};
 use verbs_safe::Verbs;
 
 use super::flow::{Credits, Flow, RxSide, TxSide};
@@ -27,16 +28,19 @@ pub(super) enum Side<'a> {
 /// `--client` say: first the two agree on the run (the client's options; see [`agree`]),
 /// then every flow connects. The options the run had, and what it measured.
 pub(super) fn run(args: &Args) -> Result<(Args, Measured), String> {
+    // A device that cannot be opened fails now, before the other end waits for this one.
+    if !args.soft() {
+        open(&Verbs::system(), &args.device)?;
+    }
     match &args.client {
         None => {
             let listener = TcpListener::bind(("0.0.0.0", args.port))
                 .map_err(|e| format!("listening on port {}: {e}", args.port))?;
+            // The port listened on (the kernel's choice for `--port 0`).
+            let port = listener.local_addr().map_or(args.port, |a| a.port());
             say(
                 args,
-                &format!(
-                    "uccl-perf: waiting for a client on port {} (it chooses the run)",
-                    args.port
-                ),
+                &format!("uccl-perf: waiting for a client on port {port} (it chooses the run)"),
             );
             let args = agree::serve(&listener, args)?;
             let m = start(&args, Side::Server(&listener))?;
@@ -91,6 +95,26 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
+/// Polls `e` until `req` completes, for at most `limit`: a client that agreed on the run and
+/// then never connects its flows (its device failed, it died) does not hold the server for
+/// ever.
+fn within<T: Clone>(e: &mut Engine, req: &Request<T>, limit: Duration) -> Result<T, String> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(r) = req.test() {
+            return r.map_err(|e| e.to_string());
+        }
+        if Instant::now() >= end {
+            return Err(format!(
+                "the client did not connect it within {} s (did it fail after agreeing on the \
+                 run?)",
+                limit.as_secs()
+            ));
+        }
+        e.poll().map_err(|e| e.to_string())?;
+    }
+}
+
 /// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
 /// least) of engine `e`'s connection `conn`.
 fn take_export(e: &mut Engine, conn: ConnId, small: &Buffer) -> Result<Descriptor, String> {
@@ -121,7 +145,8 @@ pub(super) fn run_side(
             Side::Server(listener) => {
                 let conn = e
                     .accept(listener)
-                    .and_then(|c| e.wait(&c))
+                    .map_err(|err| err.to_string())
+                    .and_then(|c| within(e, &c, agree::TIMEOUT))
                     .map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
                 let mut rx = RxSide::new(engine, conn, dst, None);
