@@ -44,7 +44,7 @@ use crate::wrid;
 
 /// Window operations the window QP may have outstanding: one per receive every connection may
 /// have posted (a receive's bind completes before its unbind is posted), at most what the
-/// device allows.
+/// device allows (more binds than that wait their turn).
 pub(crate) fn depth(cfg: &EngineConfig, limits: &DeviceLimits) -> u32 {
     let want = u64::from(cfg.max_conns) * u64::from(cfg.max_recvs);
     want.min(u64::from(limits.max_qp_wr)) as u32
@@ -66,6 +66,9 @@ pub(crate) struct WindowQp {
     broken: bool,
     /// Receives to bind once it is back: connection, request id, receive sequence number.
     rebind: VecDeque<(u16, usize, u32)>,
+    /// Receives to bind once it has room (more were posted at once than it takes), in the
+    /// order they were posted (their windows are advertised in that order): as `rebind`.
+    queued: VecDeque<(u16, usize, u32)>,
     /// Why it could not be brought back.
     dead: Option<EngineError>,
 }
@@ -113,6 +116,7 @@ impl WindowQp {
             ops: 0,
             broken: false,
             rebind: VecDeque::new(),
+            queued: VecDeque::new(),
             dead: None,
         };
         w.qp = Some(w.up(qp)?);
@@ -152,8 +156,32 @@ impl WindowQp {
 impl Engine {
     /// Binds the window of receive `slot` of connection `ci` over the receive's range, and
     /// records the key it is to be advertised with; the advertisement leaves once the bind
-    /// completed. While the window QP is being brought back, the bind waits for it.
+    /// completed. While the window QP is being brought back, or has no room (more receives
+    /// were posted at once than the device lets it take), the bind waits its turn.
     pub(crate) fn bind_window(&mut self, ci: u16, slot: usize) -> Result<()> {
+        let seq = self.conns[usize::from(ci)]
+            .as_ref()
+            .and_then(|c| c.recvs[slot].as_ref())
+            .expect("a posted receive")
+            .seq;
+        let w = self.io.windows.as_mut().expect("receive windows");
+        if w.dead.is_none() {
+            if w.broken {
+                w.rebind.push_back((ci, slot, seq));
+                return Ok(());
+            }
+            if w.ops >= w.depth || !w.queued.is_empty() {
+                // Bound in turn as operations in flight complete (`bind_queued`).
+                w.queued.push_back((ci, slot, seq));
+                return Ok(());
+            }
+        }
+        self.post_bind(ci, slot)
+    }
+
+    /// Posts the bind of receive `slot`'s window (there is room on the window QP), unless the
+    /// QP could not be brought back.
+    fn post_bind(&mut self, ci: u16, slot: usize) -> Result<()> {
         let w = self.io.windows.as_mut().expect("receive windows");
         if let Some(e) = &w.dead {
             return Err(e.clone());
@@ -162,16 +190,6 @@ impl Engine {
             .as_mut()
             .expect("an open connection");
         let r = c.recvs[slot].as_mut().expect("a posted receive");
-        if w.broken {
-            w.rebind.push_back((ci, slot, r.seq));
-            return Ok(());
-        }
-        if w.ops >= w.depth {
-            return Err(EngineError::Limit {
-                what: "receive windows being bound or unbound at once",
-                limit: w.depth.into(),
-            });
-        }
         let mw = match &mut c.windows[slot] {
             Some(mw) => mw,
             none @ None => none.insert(
@@ -336,6 +354,45 @@ impl Engine {
         if w.broken && w.ops == 0 {
             self.recover_windows();
         }
+        self.bind_queued();
+    }
+
+    /// Binds the receives that wait for room on the window QP, in order, while it has room.
+    fn bind_queued(&mut self) {
+        loop {
+            let Some(w) = self.io.windows.as_mut() else {
+                return;
+            };
+            if w.broken || w.dead.is_some() || w.ops >= w.depth {
+                return;
+            }
+            let Some((ci, slot, seq)) = w.queued.pop_front() else {
+                return;
+            };
+            self.bind_waiting(ci, slot, seq);
+        }
+    }
+
+    /// Binds receive `slot` of connection `ci` (sequence `seq`), which waited for the window
+    /// QP, if it still waits; one that ended meanwhile is reported, and if the bind cannot be
+    /// posted its connection fails.
+    fn bind_waiting(&mut self, ci: u16, slot: usize, seq: u32) {
+        let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
+            self.report_recv(ci, slot);
+            return;
+        };
+        let waits = c.recvs[slot]
+            .as_ref()
+            .is_some_and(|r| r.seq == seq && r.window == Win::Idle);
+        if !waits {
+            return;
+        }
+        if c.recvs[slot].as_ref().is_some_and(|r| r.ending.is_some()) {
+            self.report_recv(ci, slot);
+        } else if let Err(e) = self.post_bind(ci, slot) {
+            let why = format!("binding a receive's memory window failed: {e}");
+            self.fail_conn(ci, why, true);
+        }
     }
 
     /// Brings the window QP back once every operation in flight completed after a failure, and
@@ -346,29 +403,19 @@ impl Engine {
         let w = self.io.windows.as_mut().expect("receive windows");
         w.broken = false;
         let back = w.recover(psn);
-        let waiting = std::mem::take(&mut w.rebind);
+        // The receives whose binds failed were posted before those still queued.
+        let mut waiting = std::mem::take(&mut w.rebind);
+        waiting.append(&mut w.queued);
         if let Err(e) = &back {
             tracing::error!("the memory-window QP could not be brought back: {e}");
             w.dead = Some(e.clone());
-        }
-        for (ci, slot, seq) in waiting {
-            let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
-                self.report_recv(ci, slot);
-                continue;
-            };
-            let waits = c.recvs[slot]
-                .as_ref()
-                .is_some_and(|r| r.seq == seq && r.window == Win::Idle);
-            if !waits {
-                continue;
+            for (ci, slot, seq) in waiting {
+                self.bind_waiting(ci, slot, seq);
             }
-            if c.recvs[slot].as_ref().is_some_and(|r| r.ending.is_some()) {
-                self.report_recv(ci, slot);
-            } else if let Err(e) = self.bind_window(ci, slot) {
-                let why = format!("binding a receive's memory window again failed: {e}");
-                self.fail_conn(ci, why, true);
-            }
+            return;
         }
+        w.queued = waiting;
+        self.bind_queued();
     }
 }
 
@@ -401,6 +448,66 @@ mod tests {
             .unwrap();
             w.ops += 1;
             std::mem::forget(mw);
+        }
+    }
+
+    /// More receives posted at once than the window QP takes (the device's `max_qp_wr`) wait
+    /// their turn to be bound, in order: every message arrives, where the receive beyond the
+    /// QP's room used to fail with a limit.
+    #[test]
+    fn receives_beyond_the_window_qps_room_wait_their_turn() {
+        let fabric = Fabric::new(FabricConfig {
+            devices: 2,
+            seed: 7,
+            max_qp_wr: 256,
+            auto_advance: false,
+            ..Default::default()
+        });
+        // Room for 3 x 127 receives; the window QP takes 256 operations.
+        let cfg = EngineConfig {
+            max_conns: 3,
+            max_recvs: 127,
+            sq_depth: 64,
+            srq_depth: 64,
+            srq_refill: 16,
+            ..EngineConfig::default()
+        };
+        let (a, b, ca, cb) = crate::test_pair(&fabric, &cfg);
+        let mut e = [a, b];
+        let mut conns = vec![(ca, cb)];
+        for _ in 0..2 {
+            let (x, y) = e.split_at_mut(1);
+            conns.push(crate::connect_pair(&mut x[0], &mut y[0]).unwrap());
+        }
+        let (per, len) = (100u64, 64u64);
+        let n = per * conns.len() as u64;
+        let dst = e[0].register((n * len) as usize).unwrap();
+        let src = e[1].register((n * len) as usize).unwrap();
+        for k in 0..n {
+            src.write_at((k * len) as usize, &[k as u8; 64]).unwrap();
+        }
+        let at = |k: u64| (conns[(k / per) as usize], k * len);
+        let recvs: Vec<_> = (0..n)
+            .map(|k| e[0].recv(at(k).0.0, &dst, at(k).1, len).unwrap())
+            .collect();
+        let sends: Vec<_> = (0..n)
+            .map(|k| e[1].send(at(k).0.1, &src, at(k).1, len).unwrap())
+            .collect();
+        let end = fabric.now() + std::time::Duration::from_secs(5);
+        while !recvs.iter().chain(&sends).all(|r| r.is_done()) {
+            assert!(fabric.now() < end, "not done: {:?}", e[0].stats());
+            let busy = e.iter_mut().fold(false, |b, e| e.poll().unwrap() | b);
+            if !busy {
+                fabric.advance(std::time::Duration::from_micros(1));
+            }
+        }
+        for r in recvs.iter().chain(&sends) {
+            assert!(r.test().unwrap().is_ok(), "{:?}", r.test());
+        }
+        let mut got = vec![0; (n * len) as usize];
+        dst.read_at(0, &mut got).unwrap();
+        for (k, m) in got.chunks(len as usize).enumerate() {
+            assert!(m.iter().all(|&x| x == k as u8), "message {k}");
         }
     }
 
