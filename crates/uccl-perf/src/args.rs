@@ -321,6 +321,7 @@ impl Args {
             if self.inflight.is_some_and(|n| n > 127) {
                 return Err("--inflight is at most 127 (receives advertised per flow)".into());
             }
+            crate::transport::check_receive_memory(self)?;
         } else {
             if self.msg_size() == 0 {
                 return Err(

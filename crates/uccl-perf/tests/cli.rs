@@ -263,6 +263,16 @@ fn bad_arguments_get_one_line() {
         ("--duration x", "not a number"),
         ("--poll-interval-ns 2000000", "0..=1000000"),
         ("--poll-interval-ns -5", "--poll-interval-ns"),
+        (
+            "--additive-increase 0",
+            "--additive-increase 0: must be a number of chunks from 1/1024",
+        ),
+        ("--min-window 2", "--min-window 2: must be a number of chunks"),
+        // 128 buffers of a chunk in each of 2 engines: 256 GiB.
+        (
+            "--chunk-size 1GiB --msg-size 1GiB",
+            "--chunk-size 1 GiB: UC receive buffers would take",
+        ),
     ] {
         let out = perf(args);
         assert!(!out.status.success(), "{args}");

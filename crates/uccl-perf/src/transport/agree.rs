@@ -278,12 +278,14 @@ fn flag_text(id: &str, value: &Option<String>) -> String {
 }
 
 /// The server's options given on its command line that the client's run differs in: (this
-/// server's, the client's), as command lines have them.
+/// server's, the client's), as command lines have them. The blocks of a vectored op are no
+/// matter to a run of another op.
 fn conflicts(server: &Args, client: &RunOptions) -> (Vec<String>, Vec<String>) {
     let ours = RunOptions::of(server).flags();
     let mut differ = (Vec::new(), Vec::new());
     for ((id, mine), (_, theirs)) in ours.iter().zip(client.flags()) {
-        if *mine != theirs && server.given.iter().any(|g| g == id) {
+        let matters = client.op.vectored() || !matches!(*id, "iov" | "block_size");
+        if *mine != theirs && matters && server.given.iter().any(|g| g == id) {
             differ.0.push(flag_text(id, mine));
             differ.1.push(flag_text(id, &theirs));
         }
@@ -446,6 +448,11 @@ mod tests {
         assert!(a.server && a.json, "the server's own options stay");
         assert_eq!(RunOptions::of(&a), client, "the client's run");
         assert_eq!(a.duration, Some(Duration::from_millis(2500)));
+        assert_eq!(
+            conflicts(&args("--server --iov 4"), &client),
+            (vec![], vec![]),
+            "no blocks in a send"
+        );
         let given = args("--server --flows 3 --messages 10 --seed 1");
         assert_eq!(
             conflicts(&given, &client),

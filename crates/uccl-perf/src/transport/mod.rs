@@ -131,6 +131,40 @@ pub(crate) fn engine_config(args: &Args, conns: u32) -> EngineConfig {
     cfg
 }
 
+/// Refuses a UC run whose receive buffers would take more than half of the memory this
+/// machine has available, naming `--chunk-size`: each engine keeps `srq_depth` buffers of a
+/// chunk each (at least 128, see [`engine_config`]). Where the machine does not say (no
+/// `/proc/meminfo`), nothing is refused.
+pub(crate) fn check_receive_memory(args: &Args) -> Result<(), String> {
+    if args.transport != TransportArg::Uc {
+        return Ok(());
+    }
+    let buffers = u64::from(engine_config(args, 1).srq_depth);
+    let slot = args.chunk_size + 64;
+    // Both ends' engines in one process.
+    let engines = u64::from(args.engines) * if args.remote() { 1 } else { 2 };
+    let need = buffers.saturating_mul(slot).saturating_mul(engines);
+    match available_memory() {
+        Some(avail) if need > avail / 2 => Err(format!(
+            "--chunk-size {}: UC receive buffers would take {} ({buffers} chunks in each of \
+             {engines} engines), more than half of the {} this machine has available (a \
+             smaller --chunk-size, or --transport rc, whose receives take no buffers)",
+            crate::args::human_size(args.chunk_size),
+            crate::args::human_size(need),
+            crate::args::human_size(avail)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The memory this machine has available (`MemAvailable` of `/proc/meminfo`), if it says.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Messages per flow in flight: `--inflight`, or as many as fit in 4 MiB (2 to 32; 32 of 0
 /// bytes).
 pub(crate) fn inflight(args: &Args) -> u32 {

@@ -4,9 +4,9 @@
 //! size than the run's (0 bytes, or 1 when messages have none) from the sender ends each flow.
 
 use std::net::TcpListener;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine, Request};
+use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
 
 use super::flow::{Credits, Flow, RxSide, TxSide};
@@ -95,24 +95,29 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
-/// Polls `e` until `req` completes, for at most `limit`: a client that agreed on the run and
-/// then never connects its flows (its device failed, it died) does not hold the server for
-/// ever.
-fn within<T: Clone>(e: &mut Engine, req: &Request<T>, limit: Duration) -> Result<T, String> {
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(r) = req.test() {
-            return r.map_err(|e| e.to_string());
+/// The client's next flow, accepted on `listener` within [`agree::TIMEOUT`]: a client that
+/// agreed on the run and then never connects its flows (its device failed, it died) does not
+/// hold the server for ever. A connection that is not a flow (another client asking for a
+/// run, anything else) is dropped and the next one taken: the run goes on.
+fn accept_flow(e: &mut Engine, listener: &TcpListener) -> Result<ConnId, String> {
+    let end = Instant::now() + agree::TIMEOUT;
+    let mut last = None;
+    while Instant::now() < end {
+        let req = e.accept(listener).map_err(|e| e.to_string())?;
+        while !req.is_done() && Instant::now() < end {
+            e.poll().map_err(|e| e.to_string())?;
         }
-        if Instant::now() >= end {
-            return Err(format!(
-                "the client did not connect it within {} s (did it fail after agreeing on the \
-                 run?)",
-                limit.as_secs()
-            ));
+        match req.test() {
+            Some(Ok(conn)) => return Ok(conn),
+            Some(Err(why)) => last = Some(why),
+            None => break,
         }
-        e.poll().map_err(|e| e.to_string())?;
     }
+    let last = last.map_or_else(String::new, |why| format!("; the last connection: {why}"));
+    Err(format!(
+        "the client did not connect it within {} s (did it fail after agreeing on the run?){last}",
+        agree::TIMEOUT.as_secs()
+    ))
 }
 
 /// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
@@ -143,11 +148,8 @@ pub(super) fn run_side(
         let e = &mut engines[engine];
         let (tx, rx) = match side {
             Side::Server(listener) => {
-                let conn = e
-                    .accept(listener)
-                    .map_err(|err| err.to_string())
-                    .and_then(|c| within(e, &c, agree::TIMEOUT))
-                    .map_err(|err| format!("accepting flow {f}: {err}"))?;
+                let conn =
+                    accept_flow(e, listener).map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
                 let mut rx = RxSide::new(engine, conn, dst, None);
                 if args.op.reads() {
