@@ -267,7 +267,10 @@ fn bad_arguments_get_one_line() {
             "--additive-increase 0",
             "--additive-increase 0: must be a number of chunks from 1/1024",
         ),
-        ("--min-window 2", "--min-window 2: must be a number of chunks"),
+        (
+            "--min-window 2",
+            "--min-window 2: must be a number of chunks",
+        ),
         // 128 buffers of a chunk in each of 2 engines: 256 GiB.
         (
             "--chunk-size 1GiB --msg-size 1GiB",

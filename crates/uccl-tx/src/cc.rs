@@ -239,7 +239,8 @@ impl Window {
 
 impl crate::tx::Tx {
     /// Every RTT sample the ACKs gave (ns, the receiver's hold time left out: the delay the
-    /// congestion window steers by), since the transmit side began or
+    /// congestion window steers by, the samples it leaves out as a host's time included), since
+    /// the transmit side began or
     /// [`reset_rtt_samples`](Self::reset_rtt_samples). Recording allocates nothing; samples
     /// above [`RTT_RANGE_NS`](crate::RTT_RANGE_NS) count as that.
     pub fn rtt_samples(&self) -> &hdrhistogram::Histogram<u64> {
