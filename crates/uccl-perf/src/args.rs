@@ -93,8 +93,9 @@ pub(crate) struct Args {
     #[arg(long, default_value = "soft", value_parser = nonempty)]
     pub(crate) device: String,
     /// Run the receiving side and wait for a `--client`, whose run options (flows, sizes,
-    /// messages or duration, transport, faults, seed...) this side adopts: a run option given
-    /// here too must be the client's, or the run is refused at once, naming it.
+    /// messages or duration, transport, faults, seed, the congestion window's...) this side
+    /// adopts: a run option given here too must be the client's, or the run is refused at
+    /// once, naming it.
     #[arg(long, conflicts_with = "client")]
     pub(crate) server: bool,
     /// Run the sending side against the `--server` on HOST, with this side's run options
