@@ -58,7 +58,7 @@ pub(super) fn run(args: &Args) -> Result<Measured, String> {
         let ctx = open(&verbs, name)?;
         engines.push(
             Engine::new(&ctx, cfg.clone(), clock.clone())
-                .map_err(|e| format!("starting an engine on {name}: {e}"))?,
+                .map_err(|e| super::engine_error(name, &e))?,
         );
     }
     let window = u64::from(inflight(args));

@@ -165,6 +165,19 @@ fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Why an engine on `device` would not start; for a configuration the device cannot take, with
+/// the options it comes from (the engine's error names its own settings).
+pub(crate) fn engine_error(device: &str, e: &uccl_engine::EngineError) -> String {
+    let from = match e {
+        uccl_engine::EngineError::Config { .. } => {
+            " (uccl-perf sets max_conns from --flows and --engines, qps_per_conn from \
+             --qps-per-flow, max_recvs from --inflight, the SRQ from --chunk-size)"
+        }
+        _ => "",
+    };
+    format!("starting an engine on {device}: {e}{from}")
+}
+
 /// Messages per flow in flight: `--inflight`, or as many as fit in 4 MiB (2 to 32; 32 of 0
 /// bytes).
 pub(crate) fn inflight(args: &Args) -> u32 {

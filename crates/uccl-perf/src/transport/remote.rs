@@ -89,7 +89,7 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
         let ctx = open(&verbs, &device)?;
         engines.push(
             Engine::new(&ctx, cfg.clone(), Clock::wall())
-                .map_err(|e| format!("starting an engine on {}: {e}", args.device))?,
+                .map_err(|e| super::engine_error(&args.device, &e))?,
         );
     }
     run_side(args, engines, vec![device; n], fabric, side)
