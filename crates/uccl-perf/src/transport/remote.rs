@@ -47,11 +47,23 @@ pub(super) fn run(args: &Args) -> Result<(Args, Measured), String> {
             Ok((args, m))
         }
         Some(host) => {
-            let addr = format!("{host}:{}", args.port);
+            let addr = address(host, args.port);
             agree::ask(&addr, args)?;
             let m = start(args, Side::Client(&addr))?;
             Ok((args.clone(), m))
         }
+    }
+}
+
+/// The server's address for `--client HOST`: `HOST:PORT`, unless HOST names its port itself
+/// (`127.0.0.1:18515`, `[::1]:18515`); an IPv6 address in brackets.
+fn address(host: &str, port: u16) -> String {
+    if host.parse::<std::net::SocketAddr>().is_ok() {
+        host.to_string()
+    } else if host.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -215,4 +227,18 @@ pub(super) fn run_side(
         Side::Client(_) => Role::Client,
     };
     execute(args, role, engines, names, fabric, flows, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::address;
+
+    #[test]
+    fn a_host_may_name_its_port_and_be_ipv6() {
+        assert_eq!(address("10.0.0.1", 7), "10.0.0.1:7");
+        assert_eq!(address("server.local", 7), "server.local:7");
+        assert_eq!(address("127.0.0.1:18515", 7), "127.0.0.1:18515");
+        assert_eq!(address("::1", 7), "[::1]:7");
+        assert_eq!(address("[::1]:9", 7), "[::1]:9");
+    }
 }
