@@ -106,8 +106,6 @@ impl FabricArgs {
         }
     }
 
-    /// Switches on the longest path: one on a star, three between two leaves (a flow within a
-    /// leaf crosses one: its target is then a little generous).
     /// Refuses congestion-window values the engine cannot take, naming the option: the window
     /// is kept in 1/1024 chunks, and never below 1/1024 or, for the floor, above one chunk.
     pub(crate) fn check(&self) -> Result<(), String> {
@@ -128,6 +126,8 @@ impl FabricArgs {
         Ok(())
     }
 
+    /// Switches on the longest path: one on a star, three between two leaves (a flow within a
+    /// leaf crosses one: its target is then a little generous).
     pub(crate) fn hops(&self) -> u8 {
         match self.topology {
             TopologyArg::Direct => 0,

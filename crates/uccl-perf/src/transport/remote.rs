@@ -109,8 +109,10 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
 
 /// The client's next flow, accepted on `listener` within [`agree::TIMEOUT`]: a client that
 /// agreed on the run and then never connects its flows (its device failed, it died) does not
-/// hold the server for ever. A connection that is not a flow (another client asking for a
-/// run, anything else) is dropped and the next one taken: the run goes on.
+/// hold the server for ever. A connection whose handshake fails otherwise than by closing
+/// (another client asking for a run, which is not an engine's handshake, or says too little
+/// of one) is dropped and the next one taken: the run goes on. One the client closed (it died
+/// while its flows connected) ends the run at once.
 fn accept_flow(e: &mut Engine, listener: &TcpListener) -> Result<ConnId, String> {
     let end = Instant::now() + agree::TIMEOUT;
     let mut last = None;
@@ -121,6 +123,7 @@ fn accept_flow(e: &mut Engine, listener: &TcpListener) -> Result<ConnId, String>
         }
         match req.test() {
             Some(Ok(conn)) => return Ok(conn),
+            Some(Err(why)) if closed(&why) => return Err(why.to_string()),
             Some(Err(why)) => last = Some(why),
             None => break,
         }
@@ -130,6 +133,13 @@ fn accept_flow(e: &mut Engine, listener: &TcpListener) -> Result<ConnId, String>
         "the client did not connect it within {} s (did it fail after agreeing on the run?){last}",
         agree::TIMEOUT.as_secs()
     ))
+}
+
+/// Whether a handshake failed because the peer closed its connection (the engine says so in
+/// words: "the peer closed the connection ...").
+fn closed(e: &uccl_engine::EngineError) -> bool {
+    matches!(e, uccl_engine::EngineError::Handshake { reason, .. }
+        if reason.contains("peer closed"))
 }
 
 /// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
