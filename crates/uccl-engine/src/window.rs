@@ -141,6 +141,13 @@ impl WindowQp {
         .map_err(|e| up(e.error))
     }
 
+    /// Whether a bind may be posted: room is kept for the unbinds of receives that end, so
+    /// that they keep their windows (a refused unbind deallocates the window instead, which
+    /// costs a new one at the slot's next receive).
+    fn has_room(&self) -> bool {
+        self.ops + self.depth / 8 < self.depth
+    }
+
     /// Brings the QP back after a failure, at PSN `psn`.
     fn recover(&mut self, psn: u32) -> Result<()> {
         let qp = self.qp.take().expect("a QP to bring back");
@@ -165,16 +172,11 @@ impl Engine {
             .expect("a posted receive")
             .seq;
         let w = self.io.windows.as_mut().expect("receive windows");
-        if w.dead.is_none() {
-            if w.broken {
-                w.rebind.push_back((ci, slot, seq));
-                return Ok(());
-            }
-            if w.ops >= w.depth || !w.queued.is_empty() {
-                // Bound in turn as operations in flight complete (`bind_queued`).
-                w.queued.push_back((ci, slot, seq));
-                return Ok(());
-            }
+        if w.dead.is_none() && (w.broken || !w.has_room() || !w.queued.is_empty()) {
+            // Bound in turn as operations in flight complete, or once the QP is back, after
+            // the binds that failed (`bind_queued`).
+            w.queued.push_back((ci, slot, seq));
+            return Ok(());
         }
         self.post_bind(ci, slot)
     }
@@ -363,7 +365,7 @@ impl Engine {
             let Some(w) = self.io.windows.as_mut() else {
                 return;
             };
-            if w.broken || w.dead.is_some() || w.ops >= w.depth {
+            if w.broken || w.dead.is_some() || !w.has_room() {
                 return;
             }
             let Some((ci, slot, seq)) = w.queued.pop_front() else {
@@ -377,18 +379,21 @@ impl Engine {
     /// QP, if it still waits; one that ended meanwhile is reported, and if the bind cannot be
     /// posted its connection fails.
     fn bind_waiting(&mut self, ci: u16, slot: usize, seq: u32) {
-        let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
-            self.report_recv(ci, slot);
+        // Only the receive that waited, and only while it waits (no bind of it in flight): the
+        // slot may hold a later receive since, or the connection may be another one.
+        let Some(c) = self.conns[usize::from(ci)].as_mut() else {
             return;
         };
-        let waits = c.recvs[slot]
+        let Some(r) = c.recvs[slot]
             .as_ref()
-            .is_some_and(|r| r.seq == seq && r.window == Win::Idle);
-        if !waits {
+            .filter(|r| r.seq == seq && r.window == Win::Idle)
+        else {
             return;
-        }
-        if c.recvs[slot].as_ref().is_some_and(|r| r.ending.is_some()) {
+        };
+        if r.ending.is_some() {
             self.report_recv(ci, slot);
+        } else if !c.is_open() {
+            // Its connection's teardown ends it.
         } else if let Err(e) = self.post_bind(ci, slot) {
             let why = format!("binding a receive's memory window failed: {e}");
             self.fail_conn(ci, why, true);
@@ -451,11 +456,13 @@ mod tests {
         }
     }
 
-    /// More receives posted at once than the window QP takes (the device's `max_qp_wr`) wait
-    /// their turn to be bound, in order: every message arrives, where the receive beyond the
-    /// QP's room used to fail with a limit.
-    #[test]
-    fn receives_beyond_the_window_qps_room_wait_their_turn() {
+    /// More receives posted at once than the window QP takes (the device's `max_qp_wr`, less
+    /// the room kept for unbinds) wait their turn to be bound: every message arrives, where
+    /// the receive beyond the QP's room used to fail with a limit. With `cancel`, receives
+    /// still waiting are withdrawn and the window QP fails with binds waiting (it is brought
+    /// back and binds them after the binds that failed): the others still take every message,
+    /// in order.
+    fn beyond_the_window_qps_room(cancel: bool) {
         let fabric = Fabric::new(FabricConfig {
             devices: 2,
             seed: 7,
@@ -486,13 +493,33 @@ mod tests {
         for k in 0..n {
             src.write_at((k * len) as usize, &[k as u8; 64]).unwrap();
         }
-        let at = |k: u64| (conns[(k / per) as usize], k * len);
+        let conn = |k: u64| conns[(k / per) as usize];
         let recvs: Vec<_> = (0..n)
-            .map(|k| e[0].recv(at(k).0.0, &dst, at(k).1, len).unwrap())
+            .map(|k| e[0].recv(conn(k).0, &dst, k * len, len).unwrap())
             .collect();
-        let sends: Vec<_> = (0..n)
-            .map(|k| e[1].send(at(k).0.1, &src, at(k).1, len).unwrap())
-            .collect();
+        // Receives 250-259 of the last connection wait for room (the first 224 binds took it).
+        let cancelled = if cancel { 250..260 } else { 0..0 };
+        for k in cancelled.clone() {
+            recvs[k as usize].cancel();
+        }
+        if cancel {
+            e[0].poll().unwrap();
+            e[0].break_window_qp();
+        }
+        // Each connection's sends take its receives in order, skipping the withdrawn ones.
+        let mut sends = Vec::new();
+        let mut expect = vec![None; n as usize];
+        for c in 0..conns.len() as u64 {
+            let mut next = c * per;
+            for k in c * per..(c + 1) * per {
+                if cancelled.contains(&k) {
+                    continue;
+                }
+                sends.push(e[1].send(conn(k).1, &src, next * len, len).unwrap());
+                expect[k as usize] = Some(next as u8);
+                next += 1;
+            }
+        }
         let end = fabric.now() + std::time::Duration::from_secs(5);
         while !recvs.iter().chain(&sends).all(|r| r.is_done()) {
             assert!(fabric.now() < end, "not done: {:?}", e[0].stats());
@@ -501,14 +528,33 @@ mod tests {
                 fabric.advance(std::time::Duration::from_micros(1));
             }
         }
-        for r in recvs.iter().chain(&sends) {
-            assert!(r.test().unwrap().is_ok(), "{:?}", r.test());
+        for (k, r) in recvs.iter().enumerate() {
+            let got = r.test().unwrap();
+            if cancelled.contains(&(k as u64)) {
+                assert!(matches!(got, Err(EngineError::Cancelled)), "{k}: {got:?}");
+            } else {
+                assert!(got.is_ok(), "{k}: {got:?}");
+            }
         }
+        assert!(sends.iter().all(|r| matches!(r.test(), Some(Ok(_)))));
         let mut got = vec![0; (n * len) as usize];
         dst.read_at(0, &mut got).unwrap();
         for (k, m) in got.chunks(len as usize).enumerate() {
-            assert!(m.iter().all(|&x| x == k as u8), "message {k}");
+            if let Some(x) = expect[k] {
+                assert!(m.iter().all(|&b| b == x), "receive {k}: {:?}", &m[..4]);
+            }
         }
+        assert_eq!(e[0].stats().window_qp_recoveries, u64::from(cancel));
+    }
+
+    #[test]
+    fn receives_beyond_the_window_qps_room_wait_their_turn() {
+        beyond_the_window_qps_room(false);
+    }
+
+    #[test]
+    fn receives_waiting_for_room_can_be_withdrawn_and_survive_a_failed_window_qp() {
+        beyond_the_window_qps_room(true);
     }
 
     /// A window operation that fails (and the ones flushed after it) costs no receive: the

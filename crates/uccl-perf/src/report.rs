@@ -131,11 +131,10 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
         Role::Server | Role::Both => m.bytes_received,
     };
     let goodput = gbps(moved, m.elapsed);
-    // Per chunk this end moved: sent, or (a server) received.
-    let chunks = if s.chunks_sent > 0 {
-        s.chunks_sent
-    } else {
-        s.chunks_received
+    // Per chunk this end moved: a server's received (its sends hand slots back), else sent.
+    let chunks = match m.role {
+        Role::Server => s.chunks_received,
+        Role::Client | Role::Both => s.chunks_sent,
     };
     let cpu_per_chunk = m
         .cpu

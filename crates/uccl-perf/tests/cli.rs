@@ -271,9 +271,9 @@ fn bad_arguments_get_one_line() {
             "--min-window 2",
             "--min-window 2: must be a number of chunks",
         ),
-        // 128 buffers of a chunk in each of 2 engines: 256 GiB.
+        // 128 buffers of a chunk in each of 8 engines: 1 TiB.
         (
-            "--chunk-size 1GiB --msg-size 1GiB",
+            "--chunk-size 1GiB --msg-size 1GiB --engines 4 --flows 4",
             "--chunk-size 1 GiB: UC receive buffers would take",
         ),
     ] {

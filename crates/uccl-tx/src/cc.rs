@@ -40,11 +40,14 @@
 //! timestamps), a smaller floor lets many flows share a short path.
 //!
 //! Loss does not shrink it: on UC a lost packet is as likely noise as congestion, and the
-//! delay already says which. Nor does a sample that may be a host's time rather than the
-//! network's (`Tx::on_ack_seen`: the ACK found long after the last look at the completions,
-//! or the chunk held at the receiver beyond its declared ACK delay, by more than the target
-//! delay): Swift tells the two apart with NIC timestamps, which a software NIC sharing its
-//! cores with the programs it serves cannot give.
+//! delay already says which. A sample more than the target delay of which may be a host's
+//! time rather than the network's (`Tx::on_ack_seen`: the ACK found long after the last look
+//! at the completions, or the chunk held at the receiver beyond its declared ACK delay) steers
+//! the window only where that time cannot change the verdict (under the target with it, or
+//! over without it), and never teaches the base: Swift tells the two apart with NIC
+//! timestamps, which a software NIC sharing its cores with the programs it serves cannot
+//! give. (The receiver's hold counts from its last look, so it is at least the chunk's wait,
+//! and a sample may read up to a poll's interval short.)
 
 /// How long a smallest delay stands for the path's base (ns): the base is the smallest of this
 /// epoch's samples and the last epoch's, so one that old is forgotten within two epochs (as
@@ -194,9 +197,35 @@ impl Window {
             .saturating_add(t.flow_scaling(self.cwnd))
     }
 
+    /// The delay a sample steers the window by when more than the target delay of it, `most -
+    /// least` ns, may be a host's time rather than the network's: `most` if even that is under
+    /// the target, `least` if even that is over; `None` where the host's time decides, or
+    /// while no sample without such doubt has given the path's base (the sample is left out).
+    /// Such a sample never teaches the base.
+    pub(crate) fn verdict(&self, most: u64, least: u64, t: &Target) -> Option<u64> {
+        if t.base == 0 && self.min_rtt.min(self.last_min_rtt) == u64::MAX {
+            return None;
+        }
+        let target = self.target(t);
+        if most < target {
+            Some(most)
+        } else if least >= target {
+            Some(least)
+        } else {
+            None
+        }
+    }
+
     /// `acked` chunks were newly acknowledged, and the ACK gave the fabric delay `delay` (ns,
     /// the receiver's hold time out) at `now`; `srtt` is the smoothed RTT of the sample's path.
     pub(crate) fn on_sample(&mut self, now: u64, delay: u64, t: &Target, srtt: u64, acked: u32) {
+        self.learn(now, Some(delay));
+        self.steer(now, delay, t, srtt, acked);
+    }
+
+    /// Starts a new epoch of the base when the last one is old, and (`delay`, a sample of the
+    /// fabric's delay without a host's time in doubt) learns from it.
+    pub(crate) fn learn(&mut self, now: u64, delay: Option<u64>) {
         let epoch = *self.epoch.get_or_insert(now);
         let age = now.saturating_sub(epoch);
         if age >= BASE_EPOCH_NS {
@@ -209,7 +238,14 @@ impl Window {
             self.min_rtt = u64::MAX;
             self.epoch = Some(now);
         }
-        self.min_rtt = self.min_rtt.min(delay);
+        if let Some(delay) = delay {
+            self.min_rtt = self.min_rtt.min(delay);
+        }
+    }
+
+    /// Grows or shrinks the window for a sample of delay `delay` (see `on_sample`), without
+    /// learning the base from it.
+    pub(crate) fn steer(&mut self, now: u64, delay: u64, t: &Target, srtt: u64, acked: u32) {
         let target = self.target(t);
         let acked = u64::from(acked);
         if delay < target {

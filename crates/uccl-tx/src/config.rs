@@ -39,7 +39,8 @@ pub struct TxConfig {
     pub rto_initial_us: u64,
     /// The longest the peer may hold an ACK back (its delayed ACK), in microseconds: added
     /// to every retransmission timeout, since the RTT samples (taken from the chunk that
-    /// triggered each ACK) do not see it (QUIC's `max_ack_delay`).
+    /// triggered each ACK) do not see it (QUIC's `max_ack_delay`). What an ACK says the peer
+    /// held beyond it counts as the peer host's time: see [`Tx::on_ack_seen`](crate::Tx::on_ack_seen).
     pub peer_ack_delay_us: u64,
     /// The queueing delay a flow's congestion window lets it add, in microseconds: the window
     /// keeps the flow's RTT under the smallest RTT it has seen lately plus this (Swift's target

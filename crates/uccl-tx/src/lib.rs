@@ -88,8 +88,9 @@
 //! all times. [`Tx::rtt_samples`] keeps every sample. Short queues keep the RTT, and with it
 //! the retransmission timeout and the tail-loss probe, short. A sample that may hold more
 //! host time than the target delay (an ACK its caller found long after it last looked, see
-//! [`Tx::on_ack_seen`], or a chunk held beyond the peer's declared ACK delay) leaves the
-//! window alone: on a busy host, a descheduled thread is not a queue.
+//! [`Tx::on_ack_seen`], or a chunk held beyond the peer's declared ACK delay) steers the
+//! window only where that time cannot change the verdict: on a busy host, a descheduled
+//! thread is not a queue, and a queue above the host's delays still is.
 //!
 //! # Completions and buffers
 //!

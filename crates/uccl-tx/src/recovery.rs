@@ -45,12 +45,15 @@ impl Tx {
 
     /// [`on_ack`](Self::on_ack) for an ACK found at `now` that was not there when this end
     /// last looked at its completions, at `looked`: it may have waited for this host up to
-    /// `now - looked`. An RTT that may hold more host time than the queueing the congestion
-    /// window targets (`TxConfig::target_delay_us`), counting what the receiver held the chunk
-    /// beyond its declared ACK delay, says nothing of the network's queues: it feeds the
-    /// retransmission timeout but leaves the window as it was
-    /// ([`TxStats::host_delayed_samples`](crate::TxStats::host_delayed_samples)). A thread
-    /// descheduled on a busy host, or an engine that napped, then does not read as a queue.
+    /// `now - looked`. That wait, and what the receiver held the chunk beyond its declared ACK
+    /// delay, may be host time rather than the network's: the RTT sample feeds the
+    /// retransmission timeout whole, and the congestion window only where the host time cannot
+    /// change its verdict. Under the target even with all of it, the window grows as for any
+    /// sample; over the target even without any of it, it shrinks for what is left; in
+    /// between, the sample says nothing of the network's queues and the window stays as it
+    /// was ([`TxStats::host_delayed_samples`](crate::TxStats::host_delayed_samples)). A thread
+    /// descheduled on a busy host, or an engine that napped, then does not read as a queue,
+    /// while a queue that stands out above the host's delays still does.
     pub fn on_ack_seen(&mut self, now: u64, looked: u64, ack: &AckRepr) {
         self.stats.acks += 1;
         let fid = ack.fid;
@@ -166,15 +169,23 @@ impl Tx {
         if self.cfg.target_delay_us == 0 {
             return;
         }
-        // Host time the RTT may hold that nothing above took out.
+        let target = self.cc_target();
+        let Some(f) = open_mut(&mut self.flows, fid) else {
+            return;
+        };
+        // Host time the RTT may hold that nothing above took out: up to the target delay the
+        // sample counts as the network's, as any sample's small errors do.
         let host = unseen + u64::from(held).saturating_sub(declared);
-        if host > self.cfg.target_delay_us * 1000 {
-            self.stats.host_delayed_samples += 1;
+        if host <= target.queueing {
+            f.cc.on_sample(now, rtt, &target, srtt, acked);
             return;
         }
-        let target = self.cc_target();
-        if let Some(f) = self.open_flow_mut(fid) {
-            f.cc.on_sample(now, rtt, &target, srtt, acked);
+        match f.cc.verdict(rtt, rtt.saturating_sub(host), &target) {
+            Some(delay) => {
+                f.cc.learn(now, None);
+                f.cc.steer(now, delay, &target, srtt, acked);
+            }
+            None => self.stats.host_delayed_samples += 1,
         }
     }
 

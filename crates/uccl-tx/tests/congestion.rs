@@ -146,11 +146,11 @@ fn a_window_below_one_chunk_paces_the_flow() {
     }
 }
 
-/// An RTT that may hold more host time than the queueing the window targets says nothing of
-/// the network's queues: an ACK found long after this end last looked (a descheduled thread,
-/// an engine that napped), or a chunk the receiver held longer than its declared ACK delay
-/// allows for, leaves the window as it was. The sample still feeds the retransmission timeout,
-/// and is counted. An ACK found right after a look steers the window as before.
+/// An RTT that may hold host time (an ACK found long after this end last looked, a chunk the
+/// receiver held beyond its declared ACK delay) steers the window only where the host's time
+/// cannot change the verdict: a sample over the target with the host's time but under it
+/// without leaves the window as it was (counted), while one over the target even without the
+/// host's time cuts it for what is left. The RTO learns from every sample.
 #[test]
 fn an_rtt_that_may_be_host_time_does_not_steer_the_window() {
     // Swift's rule: one sample over the target (60 us) would cut the window.
@@ -160,9 +160,9 @@ fn an_rtt_that_may_be_host_time_does_not_steer_the_window() {
         ..ack(1, cum, echo)
     };
     let srtt = t.path_srtt(uccl_tx::PathId(0)).unwrap();
-    // RTT 200 us less 40 held: 160, over the target; but this end last looked 100 us before
-    // it found the ACK, which may have waited all that time.
-    t.on_ack_seen(200_000, 100_000, &held(8, 7, 40));
+    // RTT 200 us less 40 held: 160, over the target; but this end last looked 150 us before
+    // it found the ACK, which may have waited all that time: 10 us without it.
+    t.on_ack_seen(200_000, 50_000, &held(8, 7, 40));
     assert_eq!(t.flow_info(1).unwrap().window, 16);
     assert_eq!(t.stats().host_delayed_samples, 1);
     assert_ne!(
@@ -170,13 +170,14 @@ fn an_rtt_that_may_be_host_time_does_not_steer_the_window() {
         srtt,
         "the RTO still learns"
     );
-    // The receiver held the chunk 140 us, 100 beyond its declared 40.
-    t.on_ack_seen(240_000, 239_000, &held(12, 11, 140));
+    // The receiver held the chunk 240 us, 200 beyond its declared 40: 200 - 40 = 160 us with
+    // the hold's excess, nothing without it.
+    t.on_ack_seen(240_000, 239_000, &held(12, 11, 240));
     assert_eq!(t.flow_info(1).unwrap().window, 16);
     assert_eq!(t.stats().host_delayed_samples, 2);
-    // Found 1 us after a look, held 40 us: an RTT of 220 us is a queue. Keep 1 - 0.8 * 160 /
-    // 220 = 42%, at least half: 8.
-    t.on_ack_seen(260_000, 259_000, &held(16, 15, 40));
+    // Found 60 us after a look, held 40 us: 220 us, and 160 even if the 60 were the host's,
+    // over the target either way: a queue. Keep 1 - 0.8 * 100 / 160 = 50%: 8.
+    t.on_ack_seen(260_000, 200_000, &held(16, 15, 40));
     assert_eq!(t.flow_info(1).unwrap().window, 8);
     assert_eq!(t.stats().host_delayed_samples, 2);
 }

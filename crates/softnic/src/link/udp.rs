@@ -435,8 +435,6 @@ fn cut_runs(out: &[Outgoing], gso: bool, runs: &mut Vec<std::ops::Range<usize>>)
 /// Most packets one batch of runs may hold (BATCH runs of up to 64 segments).
 const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
 
-/// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
-/// packet as one GSO send: how many runs left (`EAGAIN` if none could, the buffer being full).
 /// Whether a refused send says the way out is full for now (the socket's buffer, the device's
 /// queue, memory), not that the route cannot take the send as it was made: the datagrams are
 /// dropped as a congested wire drops them, and a GSO send that met it is no reason to give up
@@ -446,6 +444,8 @@ fn congested(e: &io::Error) -> bool {
         || matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM))
 }
 
+/// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
+/// packet as one GSO send: how many runs left (`EAGAIN` if none could, the buffer being full).
 // Never inlined: its 32 KiB of `iovec`s would be in the frame of every caller up to the
 // progress loop, whose every call (in process too, where no datagram is ever sent) would then
 // touch each page of them (the stack probe: 77 instructions a chunk in bench row 13).

@@ -19,7 +19,7 @@ use super::{inflight, say};
 use crate::args::{Args, OpArg, RecvKeysArg, TransportArg, TxMode};
 
 /// The version of the exchange; a client and a server of different versions refuse each other.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// How long either end waits for the other's line (and the server for each of the client's
 /// flows to connect).
 pub(super) const TIMEOUT: Duration = Duration::from_secs(30);

@@ -40,7 +40,9 @@ pub const MAX_TAG: u8 = 0x7f;
 ///   means "send nothing now". An ACK that advances `cum` sets the sender's window; among ACKs
 ///   with the same `cum` (whose order the sender cannot tell) the largest credit wins, so a
 ///   delayed older ACK never shrinks a window a newer one opened;
-/// - `queue_ns`: how long that chunk waited at the receiver;
+/// - `queue_ns`: how long that chunk may have waited at the receiver: from the receiver's last
+///   look at its completions before it found the chunk's, to the ACK (so at least as long as
+///   it waited);
 /// - bitmap: bit `i` (byte `i / 8`, bit `i % 8`, LSB first) set means CSN `cum + 1 + i`
 ///   arrived.
 ///
