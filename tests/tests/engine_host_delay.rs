@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use uccl_engine::{Clock, Engine, EngineConfig, Mode, connect_pair};
+use uccl_engine::{EngineConfig, Mode, connect_pair};
 
 /// A sender whose engine looks at its completions only every 2 ms (a thread that other
 /// programs keep off its core), against a receiver on a thread of its own that acknowledges
@@ -17,22 +17,12 @@ use uccl_engine::{Clock, Engine, EngineConfig, Mode, connect_pair};
 /// keeps no congestion window.)
 #[test]
 fn acks_an_engine_finds_late_are_counted_as_the_hosts_time() {
-    let fabric = softnic::Fabric::new(softnic::FabricConfig {
-        clock: softnic::Clock::Wall,
-        ..Default::default()
-    });
-    let _progress = fabric.spawn_progress_thread();
-    let verbs = verbs_safe::Verbs::soft(&fabric);
     let cfg = EngineConfig {
         mode: Mode::Uc,
         ..EngineConfig::default()
     };
     assert_eq!(cfg.tx.target_delay_us, 50, "the default the case is about");
-    let engine = |name: &str| {
-        let ctx = verbs_safe::Context::open_by_name(&verbs, name).unwrap();
-        Engine::new(&ctx, cfg.clone(), Clock::wall()).unwrap()
-    };
-    let (mut a, mut b) = (engine("soft0"), engine("soft1"));
+    let (_fabric, mut a, mut b) = uccl_integration::wall_pair(&cfg);
     let (ca, cb) = connect_pair(&mut a, &mut b).unwrap();
     let (len, n) = (1u64 << 20, 8u64);
     let src = a.register(len as usize).unwrap();
