@@ -12,7 +12,7 @@ use uccl_integration::Sim;
 use uccl_integration::workload::{self, Kind, Link, Op, Pacing};
 
 /// How long after the failure every request must have failed: UC notices after
-/// `max_silence_us` (1 s) without ACK progress, RC after 8 transport timeouts of 67 ms.
+/// `max_silence_us` (1 s) without ACK progress, RC after 8 transport timeouts of 134 ms.
 const BOUND: Duration = Duration::from_secs(3);
 
 const BIG: usize = 8 << 20;
@@ -230,10 +230,14 @@ fn rc_killed_sender_fails_a_receiver_that_only_receives() {
 }
 
 /// The link between engines 0 and 1 goes down for `outage` in the middle of a workload, then
-/// comes back: shorter than either mode's patience, so every message still arrives, exactly
-/// once, in order, byte-exact, and nothing fails.
-fn outage(seed: u64, mode: Mode, outage: Duration) {
-    let mut sim = Sim::new(seed, 2, Faults::NONE, &cfg(mode));
+/// comes back: shorter than `tx.max_silence_us` (`patience`), the time a connection gives a
+/// silent peer in either mode, so every message still arrives, exactly once, in order,
+/// byte-exact, and nothing fails (the RC QPs' transport timeouts, the control QP's in UC
+/// mode too, wait as long).
+fn outage(seed: u64, mode: Mode, outage: Duration, patience: Duration) {
+    let mut c = cfg(mode);
+    c.tx.max_silence_us = patience.as_micros() as u64;
+    let mut sim = Sim::new(seed, 2, Faults::NONE, &c);
     let link = sim.connect(0, 1).unwrap();
     let ops: Vec<Op> = (0..16)
         .map(|i| Op {
@@ -278,12 +282,25 @@ fn outage(seed: u64, mode: Mode, outage: Duration) {
     workload::close_all(&mut sim, &[link], Duration::from_secs(5)).unwrap();
 }
 
+/// The default patience (1 s).
+const SECOND: Duration = Duration::from_secs(1);
+
 #[test]
 fn uc_a_brief_outage_is_survived() {
-    outage(35, Mode::Uc, Duration::from_millis(800));
+    outage(35, Mode::Uc, Duration::from_millis(900), SECOND);
 }
 
 #[test]
 fn rc_a_brief_outage_is_survived() {
-    outage(36, Mode::Rc, Duration::from_millis(400));
+    outage(36, Mode::Rc, Duration::from_millis(900), SECOND);
+}
+
+#[test]
+fn uc_an_outage_within_a_longer_patience_is_survived() {
+    outage(37, Mode::Uc, Duration::from_secs(3), Duration::from_secs(4));
+}
+
+#[test]
+fn rc_an_outage_within_a_longer_patience_is_survived() {
+    outage(38, Mode::Rc, Duration::from_secs(3), Duration::from_secs(4));
 }

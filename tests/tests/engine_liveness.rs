@@ -97,8 +97,9 @@ fn a_threaded_engine_whose_thread_dies_fails_everything_and_refuses_more() {
 /// The receiver's advertisement of a 4 KiB buffer is lost: its first `ud` UD messages (on UC the
 /// advertisement goes in the first) and its first `rc` control SENDs (on RC the advertisement
 /// is the first; on UC the first is the advertisement sent again when the sender asks for it).
-/// The message must still arrive, byte-exact, well before the RC timeout (67 ms). Returns the
-/// simulation, the two ends and the virtual time it took.
+/// The message must still arrive, byte-exact, well before the RC timeout (134 ms at the
+/// default `max_silence_us`). Returns the simulation, the two ends and the virtual time it
+/// took.
 fn lose_advertisement(mode: Mode, ud: u64, rc: u64) -> (Sim, ConnId, ConnId, Duration) {
     const RC_SEND_ONLY: u8 = 0x04;
     const UD_SEND_ONLY: u8 = 0x64;
@@ -188,7 +189,7 @@ fn an_advertisement_the_ud_qp_lost_is_asked_for_again() {
 /// When the probe is lost too (or the NAK it draws, or the message's second transmission),
 /// the peer's NIC stays silent until the RC timeout: the advertisements the control QP holds
 /// back are then copied over the UD QP, once per probe interval for at most three intervals
-/// (the stall may last until the RC timeout, 67 ms). The original arrives then all the same and
+/// (the stall may last until the RC timeout, 134 ms). The original arrives then all the same and
 /// is dropped as a copy: the next message goes to the next buffer.
 #[test]
 fn an_advertisement_held_back_by_a_stalled_control_qp_is_copied_over_ud() {

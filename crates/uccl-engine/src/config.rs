@@ -77,7 +77,7 @@ pub struct EngineConfig {
     /// How long an idle connection (no request waiting on it) may hear nothing from its peer
     /// before it pings, in milliseconds; 0 (the default): an idle connection sends nothing,
     /// as TCP without `SO_KEEPALIVE`. A ping to a peer that is gone (its process ended, its
-    /// host or link down) runs out of the control QP's RC retries (about half a second) and
+    /// host or link down) runs out of the control QP's RC retries (after `tx.max_silence_us`) and
     /// the connection ends ("a send of its control QP failed"): [`Engine::is_open`] turns
     /// false and every later call on it says why. A live peer's NIC acknowledges the pings
     /// even while its engine is not polled. Without it, an idle connection learns that its
@@ -103,6 +103,14 @@ pub struct EngineConfig {
     /// `wr_pool` is at most 16384 in an engine. By default its timeouts ask the peer for an
     /// ACK before they resend ([`TxConfig::ack_requests`]; UC only: in RC mode the NIC
     /// recovers losses): a peer slow to ACK is not taken for a lost chunk.
+    ///
+    /// Its `max_silence_us` (1 s by default) is how long a connection gives a peer that
+    /// answers nothing (its process descheduled or stopped, a link down) in either mode: the
+    /// RC QPs (the control QP, and the data QPs in RC mode) make 8 tries with a local ACK
+    /// timeout of 4.096 us * 2^t, the shortest from t = 14 (67 ms) to 18 (1.07 s) whose tries
+    /// cover it (up to 8.6 s). On RC a lost packet that no later one reveals (a tail loss)
+    /// waits for that timeout: 134 ms at the default, the price of not failing a connection
+    /// whose peer was off its CPU for half a second.
     pub tx: TxConfig,
 }
 

@@ -89,7 +89,27 @@ impl DataQp {
 /// How a path is brought up, per transport.
 pub(crate) trait Path: Transport<Init = ConnInit> {
     fn rtr(remote: Remote, from: LocalPort, mtu: Mtu) -> Self::Rtr;
-    fn rts(psn: u32) -> Self::Rts;
+    /// RTS attributes from `psn` on, an RC QP waiting `timeout` (an IB timeout code) for each
+    /// ACK.
+    fn rts(psn: u32, timeout: u8) -> Self::Rts;
+}
+
+/// The tries an RC QP makes before it fails: the first send and 7 retries.
+const RC_TRIES: u64 = 8;
+/// The shortest and the longest local ACK timeout of the engine's RC QPs, as IB codes
+/// (4.096 us * 2^code): 67 ms (a descheduled peer is not retried at once) and 1.07 s (a tail
+/// loss costs one timeout).
+const RC_TIMEOUTS: std::ops::RangeInclusive<u8> = 14..=18;
+
+/// The local ACK timeout (IB code) of the engine's RC QPs when a peer may stay silent for
+/// `max_silence_us`: the shortest of [`RC_TIMEOUTS`] whose [`RC_TRIES`] cover it, so that an
+/// RC QP gives a silent peer as long as a UC flow does (up to 8.6 s).
+pub(crate) fn rc_timeout(max_silence_us: u64) -> u8 {
+    let per_try_ns = max_silence_us.saturating_mul(1000).div_ceil(RC_TRIES);
+    RC_TIMEOUTS
+        .clone()
+        .find(|&t| 4096u64 << t >= per_try_ns)
+        .unwrap_or(*RC_TIMEOUTS.end())
 }
 
 impl Path for Uc {
@@ -99,7 +119,7 @@ impl Path for Uc {
             ..UcRtr::new(remote, from)
         }
     }
-    fn rts(psn: u32) -> SqPsn {
+    fn rts(psn: u32, _timeout: u8) -> SqPsn {
         SqPsn(psn)
     }
 }
@@ -113,8 +133,10 @@ impl Path for Rc {
             ..RcRtr::new(remote, from)
         }
     }
-    fn rts(psn: u32) -> RcRts {
+    fn rts(psn: u32, timeout: u8) -> RcRts {
         RcRts {
+            timeout,
+            retry_cnt: (RC_TRIES - 1) as u8,
             // RNR retries forever: a zero-SGE SRQ that runs dry only delays.
             rnr_retry: 7,
             ..RcRts::new(psn)
@@ -122,19 +144,29 @@ impl Path for Rc {
     }
 }
 
-/// Brings a QP in INIT to RTS towards `remote`.
+/// How a QP is brought up: the peer's QP, the path to it and the local ACK timeout (RC).
+pub(crate) struct Route {
+    /// The local port and GID the QP sends from.
+    pub(crate) from: LocalPort,
+    /// The path MTU.
+    pub(crate) mtu: Mtu,
+    /// The local ACK timeout of an RC QP ([`rc_timeout`]).
+    pub(crate) timeout: u8,
+}
+
+/// Brings a QP in INIT to RTS towards `remote`, sending from `psn`.
 pub(crate) fn bring_up<T: Path>(
     qp: Qp<T, Init>,
     remote: Remote,
-    from: LocalPort,
-    mtu: Mtu,
+    route: &Route,
     psn: u32,
 ) -> Result<Qp<T, Rts>> {
     let verbs = |e: verbs_safe::Error| EngineError::verbs("connecting a QP")(e);
     let qp = qp
-        .rtr(T::rtr(remote, from, mtu))
+        .rtr(T::rtr(remote, route.from, route.mtu))
         .map_err(|e| verbs(e.error))?;
-    qp.rts(T::rts(psn)).map_err(|e| verbs(e.error))
+    qp.rts(T::rts(psn, route.timeout))
+        .map_err(|e| verbs(e.error))
 }
 
 /// Moves a new QP to INIT, allowing peers `access`.
@@ -585,5 +617,23 @@ impl Conn {
             }
         }
         self.recvs_posted = kept;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rc_timeout;
+
+    #[test]
+    fn an_rc_qps_tries_cover_the_silence_a_peer_is_allowed() {
+        // 8 tries of 67 ms (code 14) cover 0.54 s, of 134 ms (15) 1.07 s.
+        assert_eq!(rc_timeout(50_000), 14);
+        assert_eq!(rc_timeout(536_000), 14);
+        assert_eq!(rc_timeout(1_000_000), 15);
+        assert_eq!(rc_timeout(4_000_000), 17);
+        assert_eq!(rc_timeout(8_000_000), 18);
+        // Longer silences: 1.07 s a try at most, or a tail loss would stall for longer.
+        assert_eq!(rc_timeout(60_000_000), 18);
+        assert_eq!(rc_timeout(u64::MAX), 18);
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! A lost control message is a stall of its own: RC recovers a lost packet at once only when a
 //! later one on the same QP shows the responder the PSN gap (it NAKs, the requester goes back);
-//! the last message before a quiet spell waits for the local ACK timeout (67 ms). So a
+//! the last message before a quiet spell waits for the local ACK timeout (134 ms at the default
+//! `max_silence_us`, see [`EngineConfig::tx`](crate::EngineConfig::tx)). So a
 //! connection whose control sends have seen no completion for a probe interval (the transmit
 //! side's initial retransmission timeout, 1 ms by default) sends one [`Ctl::Ping`] behind them,
 //! a tail-loss probe: the gap shows, or the ping's ACK acknowledges what a lost ACK left

@@ -265,8 +265,11 @@ impl Engine {
             )));
         }
         let index = offer.id.index;
-        let from = self.io.from;
-        let mtu = self.path_mtu()?;
+        let route = conn::Route {
+            from: self.io.from,
+            mtu: self.path_mtu()?,
+            timeout: conn::rc_timeout(self.cfg.tx.max_silence_us),
+        };
         let remote = |qpn, psn| Remote {
             qpn,
             psn,
@@ -277,19 +280,14 @@ impl Engine {
         for (lane, (q, &(qpn, their))) in offer.data.into_iter().zip(&h.qps).enumerate() {
             let ours = mine.qps[lane].1;
             qps.push(match q {
-                InitQp::Uc(q) => {
-                    DataQp::Uc(conn::bring_up(q, remote(qpn, their), from, mtu, ours)?)
-                }
-                InitQp::Rc(q) => {
-                    DataQp::Rc(conn::bring_up(q, remote(qpn, their), from, mtu, ours)?)
-                }
+                InitQp::Uc(q) => DataQp::Uc(conn::bring_up(q, remote(qpn, their), &route, ours)?),
+                InitQp::Rc(q) => DataQp::Rc(conn::bring_up(q, remote(qpn, their), &route, ours)?),
             });
         }
         let ctl = conn::bring_up(
             offer.ctl,
             remote(h.conn_qpn, h.conn_psn),
-            from,
-            mtu,
+            &route,
             mine.conn_psn,
         )?;
         let depth = io::conn_ctrl_depth(&self.cfg);
