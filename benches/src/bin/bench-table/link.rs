@@ -28,6 +28,7 @@ pub(crate) fn rows(reps: usize, out: &mut Out) -> Result<(), String> {
         softnic.push(crate::ucx::ib_write_bw_gbps(
             &launcher,
             crate::perf::free_port()?,
+            65536,
         )?);
     }
     let (k, s) = (median(&kernel), median(&softnic));

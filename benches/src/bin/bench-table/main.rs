@@ -32,8 +32,8 @@
 //!     between two run lengths, and per poll of an idle engine (`idle-poll`, next to this
 //!     program) ([`instructions`]; needs valgrind);
 //! 14. the engine between two processes (UC and RC, 64 KiB and 16 KiB chunks) against
-//!     `ib_write_bw -s 65536` on the same softnic link, and its retransmissions at 0% loss
-//!     ([`goodput`]).
+//!     `ib_write_bw -s 65536` on the same softnic link (the 16 KiB chunks against
+//!     `-s 16384` too), and its retransmissions at 0% loss ([`goodput`]).
 //!
 //! Rows 1, 5, 6, 7, 9, 11, 13 and 14 run the `uccl-perf` binary (`--perf PATH`, by default the one next to this
 //! program: build both with `cargo build --release -p uccl-perf -p uccl-benches`). Progress goes
