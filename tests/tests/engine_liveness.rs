@@ -94,6 +94,43 @@ fn a_threaded_engine_whose_thread_dies_fails_everything_and_refuses_more() {
     assert!(matches!(b.register(10), Err(EngineError::Stopped)));
 }
 
+/// Two engines in `mode`, one data QP a connection, connected on a fabric seeded `seed`.
+fn one_qp_pair(mode: Mode, seed: u64) -> (Sim, ConnId, ConnId) {
+    let cfg = EngineConfig {
+        mode,
+        qps_per_conn: 1,
+        ..EngineConfig::default()
+    };
+    let mut sim = Sim::new(seed, 2, Faults::NONE, &cfg);
+    let [a, b] = &mut sim.engines[..] else {
+        unreachable!()
+    };
+    let (ca, cb) = connect_pair(a, b).unwrap();
+    (sim, ca, cb)
+}
+
+/// Sends one message of `len` bytes of `byte` from engine 0 (`ca`) to engine 1 (`cb`), checks
+/// that both ends succeed and that it arrives byte-exact, and returns the virtual time it took.
+fn transfer(sim: &mut Sim, ca: ConnId, cb: ConnId, len: usize, byte: u8) -> Duration {
+    let src = sim.engines[0].register(len).unwrap();
+    src.write_at(0, &vec![byte; len]).unwrap();
+    let dst = sim.engines[1].register(len).unwrap();
+    let start = sim.fabric.now();
+    let s = sim.engines[0].send(ca, &src, 0, len as u64).unwrap();
+    let r = sim.engines[1].recv(cb, &dst, 0, len as u64).unwrap();
+    sim.run(start + Duration::from_secs(1), |_| {
+        s.test().is_some() && r.test().is_some()
+    })
+    .unwrap();
+    let took = sim.fabric.now() - start;
+    assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
+    assert!(matches!(s.test(), Some(Ok(_))), "{:?}", s.test());
+    let mut got = vec![0u8; len];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == byte), "the bytes differ");
+    took
+}
+
 /// The receiver's advertisement of a 4 KiB buffer is lost: its first `ud` UD messages (on UC the
 /// advertisement goes in the first) and its first `rc` control SENDs (on RC the advertisement
 /// is the first; on UC the first is the advertisement sent again when the sender asks for it).
@@ -103,16 +140,7 @@ fn a_threaded_engine_whose_thread_dies_fails_everything_and_refuses_more() {
 fn lose_advertisement(mode: Mode, ud: u64, rc: u64) -> (Sim, ConnId, ConnId, Duration) {
     const RC_SEND_ONLY: u8 = 0x04;
     const UD_SEND_ONLY: u8 = 0x64;
-    let cfg = EngineConfig {
-        mode,
-        qps_per_conn: 1,
-        ..EngineConfig::default()
-    };
-    let mut sim = Sim::new(63, 2, Faults::NONE, &cfg);
-    let [a, b] = &mut sim.engines[..] else {
-        unreachable!()
-    };
-    let (ca, cb) = connect_pair(a, b).unwrap();
+    let (mut sim, ca, cb) = one_qp_pair(mode, 63);
     let dropped = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let seen = Arc::clone(&dropped);
     sim.fabric
@@ -129,27 +157,13 @@ fn lose_advertisement(mode: Mode, ud: u64, rc: u64) -> (Sim, ConnId, ConnId, Dur
                 Verdict::Pass
             }
         })));
-    let src = sim.engines[0].register(4096).unwrap();
-    src.write_at(0, &[7; 4096]).unwrap();
-    let dst = sim.engines[1].register(4096).unwrap();
-    let start = sim.fabric.now();
-    let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
-    let r = sim.engines[1].recv(cb, &dst, 0, 4096).unwrap();
-    sim.run(start + Duration::from_secs(1), |_| {
-        s.test().is_some() && r.test().is_some()
-    })
-    .unwrap();
-    let took = sim.fabric.now() - start;
+    let took = transfer(&mut sim, ca, cb, 4096, 7);
     for (k, lose) in [ud, rc].into_iter().enumerate() {
         assert!(
             dropped[k].load(Ordering::Relaxed) >= lose,
             "{mode:?}: not lost"
         );
     }
-    assert!(matches!(r.test(), Some(Ok(_))), "{mode:?}: {:?}", r.test());
-    let mut got = [0u8; 4096];
-    dst.read_at(0, &mut got).unwrap();
-    assert!(got.iter().all(|&x| x == 7), "{mode:?}: the bytes differ");
     assert!(
         took < Duration::from_millis(5),
         "{mode:?}: the lost advertisement took {took:?} of virtual time to recover"
@@ -205,22 +219,8 @@ fn an_advertisement_held_back_by_a_stalled_control_qp_is_copied_over_ud() {
     // the gap before a second).
     let copies = sim.engines[1].stats().ctl_copies;
     assert!((1..=3).contains(&copies), "{copies} copies");
-    let src = sim.engines[0].register(4096).unwrap();
-    src.write_at(0, &[9; 4096]).unwrap();
-    let dst = sim.engines[1].register(4096).unwrap();
-    let s = sim.engines[0].send(ca, &src, 0, 4096).unwrap();
-    let r = sim.engines[1].recv(cb, &dst, 0, 4096).unwrap();
-    sim.run(later + Duration::from_secs(1), |_| {
-        s.test().is_some() && r.test().is_some()
-    })
-    .unwrap();
-    assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
-    let mut got = [0u8; 4096];
-    dst.read_at(0, &mut got).unwrap();
-    assert!(
-        got.iter().all(|&x| x == 9),
-        "the second message missed its buffer"
-    );
+    // The second message lands in its own buffer, whole.
+    transfer(&mut sim, ca, cb, 4096, 9);
 }
 
 /// A read (UC, served by the peer's engine) held back by a stalled control QP is copied over
@@ -417,4 +417,24 @@ fn an_idle_connection_with_a_keep_alive_learns_that_its_peer_is_gone() {
             }
         }
     }
+}
+
+/// RC mode: a message's only packet, lost with nothing behind it on its data QP, costs a NIC
+/// probe (a zero-length WRITE a probe interval later shows the peer's NIC the gap, which it
+/// NAKs, and the packet goes again at once), not the data QP's local ACK timeout (134 ms).
+#[test]
+fn a_lost_tail_of_an_rc_message_costs_a_nic_probe_not_the_rc_timeout() {
+    let (mut sim, ca, cb) = one_qp_pair(Mode::Rc, 64);
+    let seen = drop_first(&sim, 0, 1, softnic::packet::opcode::RC_WRITE_ONLY_IMM, 1);
+    let took = transfer(&mut sim, ca, cb, 1024, 5);
+    assert_eq!(
+        seen.load(Ordering::Relaxed),
+        2,
+        "lost once, then sent again"
+    );
+    assert!(
+        took < Duration::from_millis(10),
+        "the lost tail took {took:?} of virtual time to recover"
+    );
+    assert!(sim.engines[0].stats().nic_probes >= 1);
 }

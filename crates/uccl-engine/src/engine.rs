@@ -361,6 +361,7 @@ impl Engine {
             rto_retransmits: t.rto_retransmits,
             fast_retransmits: t.fast_retransmits,
             probe_retransmits: t.probe_retransmits,
+            nic_probes: t.nic_probes,
             ack_requests: t.ack_requests,
             credit_stalls: t.credit_stalls,
             window_stalls: t.window_stalls,
@@ -518,7 +519,8 @@ impl Engine {
 /// The transmit side's configuration for `cfg`: the peer delays its ACKs as this engine does
 /// (both run one configuration), unless every chunk fills an ACK by itself; in RC mode the
 /// NIC recovers every loss, so the transmit side never retransmits (its timers are out of
-/// reach).
+/// reach), and a data QP whose WRs see no completion for `rto_initial_us` gets a NIC probe
+/// (see [`TxConfig::nic_probe_us`]).
 fn tx_config(cfg: &EngineConfig) -> TxConfig {
     let mut t = cfg.tx.clone();
     let delays = cfg.ack_every > 1 && t.chunk_size < cfg.ack_bytes;
@@ -532,6 +534,8 @@ fn tx_config(cfg: &EngineConfig) -> TxConfig {
         t.rto_max_us = hour;
         t.max_silence_us = uccl_tx::MAX_TIME_US;
         t.tail_probes = false;
+        // A tail loss waits for the QP's local ACK timeout unless a later packet shows it.
+        t.nic_probe_us = cfg.tx.rto_initial_us;
         t.ack_requests = false;
         // ACKs ride the control QP behind the engine's other control messages: their delay
         // is not the data path's queue.

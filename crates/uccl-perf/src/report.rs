@@ -75,6 +75,7 @@ struct EngineJson<'a> {
     rto_retransmits: u64,
     fast_retransmits: u64,
     probe_retransmits: u64,
+    nic_probes: u64,
     ack_requests: u64,
     acks_sent: u64,
     ack_packets: u64,
@@ -180,6 +181,7 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             rto_retransmits: s.rto_retransmits,
             fast_retransmits: s.fast_retransmits,
             probe_retransmits: s.probe_retransmits,
+            nic_probes: s.nic_probes,
             ack_requests: s.ack_requests,
             acks_sent: s.acks_sent,
             ack_packets: s.ack_packets,
@@ -407,12 +409,13 @@ pub(crate) fn engine(args: &Args, m: &Measured) {
             "retransmit",
             format!(
                 "{retransmits} chunks ({} fast, {} probes, {} after a timeout), {} duplicates \
-                 dropped; {} ACK requests before resending",
+                 dropped; {} ACK requests before resending; {} NIC probes (RC)",
                 s.fast_retransmits,
                 s.probe_retransmits,
                 s.rto_retransmits,
                 s.dropped_duplicate,
                 s.ack_requests,
+                s.nic_probes,
             ),
         ),
     ]);

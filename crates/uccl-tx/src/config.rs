@@ -118,6 +118,15 @@ pub struct TxConfig {
     /// How long a flow with chunks in flight may see no ACK progress before it fails (at least
     /// `rto_max_us`).
     pub max_silence_us: u64,
+    /// On a transport whose NIC recovers losses (RC), how long a path's posted WRs may go
+    /// without a completion before it gets a zero-length signaled RDMA WRITE, a NIC probe
+    /// (0, the default: never). A lost packet that no later one on its QP reveals (a tail
+    /// loss) otherwise waits for the QP's local ACK timeout (67 ms or more); the probe shows
+    /// the responder a PSN gap, which it NAKs at once, or draws the ACK that a lost one left
+    /// owed. One probe per stall: until a completion comes, the NIC's own recovery (the
+    /// probe's NAK, or its timeout) goes on without more. uccl-engine sets it in RC mode (to
+    /// its `rto_initial_us`).
+    pub nic_probe_us: u64,
     /// Every `signal_every`-th WR of a QP asks for a completion; so do every retransmission
     /// (to free its header slot soon) and the last WR staged on a QP by each
     /// `poll_transmit` (so every WR has a completion coming after it).
@@ -161,6 +170,7 @@ impl Default for TxConfig {
             ack_requests: false,
             max_retransmits: 16,
             max_silence_us: 1_000_000,
+            nic_probe_us: 0,
             signal_every: 16,
             max_chain: 32,
             burst_bytes: 0,
@@ -203,6 +213,7 @@ impl TxConfig {
             ("hop_delay_ns", self.hop_delay_ns / 1000),
             ("base_rtt_ns", self.base_rtt_ns / 1000),
             ("max_silence_us", self.max_silence_us),
+            ("nic_probe_us", self.nic_probe_us),
         ] {
             if us > MAX_TIME_US {
                 return bad(

@@ -76,8 +76,14 @@ pub struct TxStats {
     /// (none with [`TxConfig::ack_requests`](crate::TxConfig::ack_requests): the probe asks).
     pub probe_retransmits: u64,
     /// Zero-length signaled WRs posted to collect the completion of WRs left unsignaled by a
-    /// post that failed half-way.
+    /// post that failed half-way, or as NIC probes
+    /// ([`TxConfig::nic_probe_us`](crate::TxConfig::nic_probe_us)).
     pub signals: u64,
+    /// NIC probes owed: times a path's posted WRs went a probe interval without a completion
+    /// (once per such stall)
+    /// ([`TxConfig::nic_probe_us`](crate::TxConfig::nic_probe_us)); a probe is not posted
+    /// when other WRs go on the path first.
+    pub nic_probes: u64,
     /// WRs handed out and not posted (taken back: a post that failed, a chain dropped).
     pub taken_back: u64,
     /// Retransmission timeouts that declared chunks lost.

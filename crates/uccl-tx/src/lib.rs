@@ -124,6 +124,7 @@ mod cost_tests;
 mod error;
 mod events;
 mod flow;
+mod nic_probe;
 mod path;
 mod recovery;
 mod sender;

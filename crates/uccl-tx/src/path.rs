@@ -89,8 +89,18 @@ pub(crate) struct Path {
     pub(crate) waiters: VecDeque<u16>,
     /// (flow, lane) pairs that send on this path.
     pub(crate) users: Vec<(u16, u16)>,
-    /// The last WR posted is unsignaled and nothing follows it (a post failed half-way).
+    /// The last WR posted is unsignaled and nothing follows it (a post failed half-way), or
+    /// the path is owed a NIC probe: a zero-length signaled WRITE goes next, unless other WRs
+    /// do.
     pub(crate) owe_signal: bool,
+    /// The deadline of the path's live NIC probe timer, while armed.
+    pub(crate) nic_probe: Option<u64>,
+    /// When the path last made progress: its last completion, or the post that found it with
+    /// nothing outstanding.
+    pub(crate) progress_at: u64,
+    /// `completed` when the path was last owed a NIC probe: it is owed another only once a
+    /// completion moved it (one probe per stall).
+    pub(crate) probed: Option<u64>,
     pub(crate) staged: Staged,
     /// Send-queue slots the caller took for WRs of its own ([`Tx::reserve`](crate::Tx::reserve)).
     pub(crate) reserved: u32,
@@ -111,6 +121,9 @@ impl Path {
             waiters: VecDeque::new(),
             users: Vec::new(),
             owe_signal: false,
+            nic_probe: None,
+            progress_at: 0,
+            probed: None,
             staged: Staged::default(),
             reserved: 0,
         }

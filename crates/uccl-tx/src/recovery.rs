@@ -24,7 +24,7 @@ use crate::error::TxError;
 use crate::events::Event;
 use crate::flow::{IDLE, Status, open_mut};
 use crate::path::PathId;
-use crate::timers::{PROBE, SILENCE};
+use crate::timers::{PATHS, PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
 use crate::wire::{ANSWER_PATH, AckRepr, csn_add};
@@ -333,7 +333,9 @@ impl Tx {
     /// again as a tail-loss probe; a flow with chunks outstanding and no ACK progress for
     /// `max_silence_us` fails. With [`TxConfig::ack_requests`](crate::TxConfig::ack_requests)
     /// both timeouts ask the peer instead ([`Event::AckRequest`]), and its answer declares
-    /// the losses.
+    /// the losses. A path whose WRs saw no completion for
+    /// [`TxConfig::nic_probe_us`](crate::TxConfig::nic_probe_us) gets a NIC probe in the
+    /// next [`poll_transmit`](Self::poll_transmit).
     pub fn handle_timeout(&mut self, now: u64) {
         let due = &mut self.paced_due;
         self.pacer
@@ -348,7 +350,9 @@ impl Tx {
             {
                 self.work += 1;
             }
-            if lane == SILENCE {
+            if fid == PATHS {
+                self.nic_probe_due(usize::from(lane), deadline, now);
+            } else if lane == SILENCE {
                 self.silence_due(fid, deadline, now);
             } else if lane & PROBE != 0 {
                 self.probe_due(fid, lane & !PROBE, deadline, now);

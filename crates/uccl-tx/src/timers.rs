@@ -1,5 +1,5 @@
 //! Deadlines in a binary heap keyed by time: a retransmission timer and a tail-loss probe
-//! timer per lane (a flow's path), and a silence timer per flow.
+//! timer per lane (a flow's path), a silence timer per flow, and a NIC probe timer per path.
 //!
 //! Entries are never removed early. Each lane or flow remembers the deadline of its one live
 //! entry; an entry that fires with another deadline than that is stale and skipped, and a
@@ -11,6 +11,9 @@ use std::collections::BinaryHeap;
 
 /// The "lane" of a flow's silence timer.
 pub(crate) const SILENCE: u16 = u16::MAX;
+
+/// The "flow" of a path's NIC probe timer, whose "lane" is the path (flow ids stop below it).
+pub(crate) const PATHS: u16 = u16::MAX;
 
 /// Set in the "lane" of a lane's probe timer (a flow has fewer than 2^15 lanes:
 /// `Tx::open_flow` refuses more; [`SILENCE`] is told apart first).

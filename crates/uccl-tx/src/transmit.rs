@@ -274,6 +274,9 @@ impl Tx {
         let (kind, fid, epoch, lane, csn) = (e.kind, e.fid, e.epoch, e.lane, e.csn);
         let seq = WrId::from_raw(e.slot.wr.wr_id).seq;
         self.stats.wrs += 1;
+        if self.cfg.nic_probe_us > 0 {
+            self.nic_probe_posted(p);
+        }
         if kind == Kind::Signal {
             self.stats.signals += 1;
             return;

@@ -492,6 +492,9 @@ impl Tx {
             }
             None => self.stats.bad_completions += 1,
         }
+        if self.cfg.nic_probe_us > 0 {
+            self.nic_probe_progress(p);
+        }
         if !success {
             self.fail_path(id.path);
         }

@@ -151,6 +151,7 @@ fn add(a: uccl_engine::Stats, b: uccl_engine::Stats) -> uccl_engine::Stats {
     s.rto_retransmits += b.rto_retransmits;
     s.fast_retransmits += b.fast_retransmits;
     s.probe_retransmits += b.probe_retransmits;
+    s.nic_probes += b.nic_probes;
     s.ack_requests += b.ack_requests;
     s.ack_answers += b.ack_answers;
     s.acks_sent += b.acks_sent;
