@@ -278,6 +278,12 @@ fn outage(seed: u64, mode: Mode, outage: Duration, patience: Duration) {
     );
     let dropped = sim.fabric.device_counters("soft1").unwrap().packets_dropped;
     assert!(dropped > 0, "seed {seed}: nothing was lost in the outage");
+    // On UC a WR completes once sent: no NIC probe, ever.
+    let probes = sim.engines[0].stats().nic_probes + sim.engines[1].stats().nic_probes;
+    assert!(
+        mode == Mode::Rc || probes == 0,
+        "seed {seed}: {probes} NIC probes on UC"
+    );
     workload::drain(&mut sim, Duration::from_secs(5)).unwrap();
     workload::close_all(&mut sim, &[link], Duration::from_secs(5)).unwrap();
 }

@@ -109,8 +109,11 @@ pub struct EngineConfig {
     /// RC QPs (the control QP, and the data QPs in RC mode) make 8 tries with a local ACK
     /// timeout of 4.096 us * 2^t, the shortest from t = 14 (67 ms) to 18 (1.07 s) whose tries
     /// cover it (up to 8.6 s). On RC a lost packet that no later one reveals (a tail loss)
-    /// waits for that timeout: 134 ms at the default, the price of not failing a connection
-    /// whose peer was off its CPU for half a second.
+    /// costs a probe after `rto_initial_us` (a zero-length WRITE on a data QP, a ping on the
+    /// control QP); the timeout (134 ms at the default) is left for a lost probe or NAK, and
+    /// for a packet lost again when it is sent again: the price of not failing a connection
+    /// whose peer was off its CPU for up to `max_silence_us`. The engine sets the transmit
+    /// side's `nic_probe_us` itself (`rto_initial_us` on RC, 0 on UC).
     pub tx: TxConfig,
 }
 

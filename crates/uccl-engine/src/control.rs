@@ -296,13 +296,12 @@ impl Engine {
             return;
         }
         let depth = crate::io::conn_ctrl_depth(&self.cfg) as usize;
-        let sq = self.cfg.sq_depth;
         let mut draining = std::mem::take(&mut self.scratch.draining);
         draining.retain(|&ci| {
             let Some(c) = self.conns[usize::from(ci)].as_ref() else {
                 return false;
             };
-            let data_done = c.paths.iter().all(|&p| self.tx.path_room(p) == sq);
+            let data_done = c.paths.iter().all(|&p| self.tx.path_is_idle(p));
             let ctl_done = c.ctl.send.free.len() == depth
                 && c.ctl.recv.owed.len() == depth
                 && c.window_ops == 0;

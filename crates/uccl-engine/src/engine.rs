@@ -520,13 +520,15 @@ impl Engine {
 /// (both run one configuration), unless every chunk fills an ACK by itself; in RC mode the
 /// NIC recovers every loss, so the transmit side never retransmits (its timers are out of
 /// reach), and a data QP whose WRs see no completion for `rto_initial_us` gets a NIC probe
-/// (see [`TxConfig::nic_probe_us`]).
+/// (see [`TxConfig::nic_probe_us`], which the engine sets, in either mode).
 fn tx_config(cfg: &EngineConfig) -> TxConfig {
     let mut t = cfg.tx.clone();
     let delays = cfg.ack_every > 1 && t.chunk_size < cfg.ack_bytes;
     if delays {
         t.peer_ack_delay_us = t.peer_ack_delay_us.max(u64::from(cfg.ack_delay_us));
     }
+    // On UC a WR completes once sent: nothing for a NIC probe to reveal.
+    t.nic_probe_us = 0;
     if cfg.mode == Mode::Rc {
         let hour = 3_600_000_000;
         t.rto_min_us = hour;

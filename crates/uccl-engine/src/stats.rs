@@ -42,9 +42,10 @@ pub struct Stats {
     /// an ACK, so that its delivery proves the chunks before it lost (see
     /// [`uccl_tx::TxStats::probe_retransmits`]).
     pub probe_retransmits: u64,
-    /// RC mode: times a data QP's WRs went `tx.rto_initial_us` without a completion, so that
-    /// it got a zero-length WRITE behind them, which shows the peer's NIC a lost packet at
-    /// once (see [`uccl_tx::TxConfig::nic_probe_us`]).
+    /// RC mode: NIC probes owed, times a data QP's WRs went `tx.rto_initial_us` or more
+    /// without a completion (once per such stall): a zero-length WRITE behind them, unless
+    /// other WRs went first, shows the peer's NIC a lost packet at once (see
+    /// [`uccl_tx::TxConfig::nic_probe_us`]).
     pub nic_probes: u64,
     /// ACK requests this engine's timeouts made before resending anything (see
     /// [`uccl_tx::TxConfig::ack_requests`]; [`uccl_tx::TxStats::ack_requests`]: counted when

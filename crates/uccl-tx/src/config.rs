@@ -121,11 +121,12 @@ pub struct TxConfig {
     /// On a transport whose NIC recovers losses (RC), how long a path's posted WRs may go
     /// without a completion before it gets a zero-length signaled RDMA WRITE, a NIC probe
     /// (0, the default: never). A lost packet that no later one on its QP reveals (a tail
-    /// loss) otherwise waits for the QP's local ACK timeout (67 ms or more); the probe shows
-    /// the responder a PSN gap, which it NAKs at once, or draws the ACK that a lost one left
-    /// owed. One probe per stall: until a completion comes, the NIC's own recovery (the
-    /// probe's NAK, or its timeout) goes on without more. uccl-engine sets it in RC mode (to
-    /// its `rto_initial_us`).
+    /// loss) otherwise waits for the QP's local ACK timeout; the probe shows the responder a
+    /// PSN gap, which it NAKs at once, or draws the ACK that a lost one left owed. A stall is
+    /// probed one to two intervals after the path's last completion, once: until a completion
+    /// comes, the NIC's own recovery (the probe's NAK, or its timeout) goes on without more.
+    /// While it is on, each path with a send queue of 2 or more keeps one slot for the probe.
+    /// uccl-engine sets it in RC mode (to its `rto_initial_us`).
     pub nic_probe_us: u64,
     /// Every `signal_every`-th WR of a QP asks for a completion; so do every retransmission
     /// (to free its header slot soon) and the last WR staged on a QP by each

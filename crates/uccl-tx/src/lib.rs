@@ -5,8 +5,9 @@
 //! chunk in an offset-indexed ring, keeps each flow within the receive window its peer
 //! granted, and retransmits on timeout, on loss proven by a later delivery on the same QP, and
 //! for a tail-loss probe (a QP's newest chunk, unacknowledged for two smoothed RTTs or more), each
-//! time as a SEND whose scatter-gather list is `[retransmission header, original payload]`. It
-//! never calls a verb, never reads a clock and never spawns (quinn-proto's model): the caller
+//! time as a SEND whose scatter-gather list is `[retransmission header, original payload]`. On
+//! a QP whose NIC recovers losses itself (RC) it can instead probe a stalled send queue with a
+//! zero-length WRITE ([`TxConfig::nic_probe_us`]). It never calls a verb, never reads a clock and never spawns (quinn-proto's model): the caller
 //! feeds it time, ACKs and send completions, and posts the chains it hands out.
 //!
 //! ```

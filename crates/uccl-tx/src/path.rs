@@ -95,19 +95,23 @@ pub(crate) struct Path {
     pub(crate) owe_signal: bool,
     /// The deadline of the path's live NIC probe timer, while armed.
     pub(crate) nic_probe: Option<u64>,
-    /// When the path last made progress: its last completion, or the post that found it with
-    /// nothing outstanding.
-    pub(crate) progress_at: u64,
+    /// `completed` when the NIC probe timer was armed or last fired.
+    pub(crate) probe_mark: u64,
     /// `completed` when the path was last owed a NIC probe: it is owed another only once a
     /// completion moved it (one probe per stall).
     pub(crate) probed: Option<u64>,
+    /// Send-queue slots kept for a NIC probe (1 while probes are on): WRs of flows and of the
+    /// caller leave them free.
+    pub(crate) spare: u32,
     pub(crate) staged: Staged,
     /// Send-queue slots the caller took for WRs of its own ([`Tx::reserve`](crate::Tx::reserve)).
     pub(crate) reserved: u32,
 }
 
 impl Path {
-    pub(crate) fn new(depth: u32, first_seq: u64) -> Self {
+    /// A path whose send queue holds `depth` WRs, numbered from `first_seq`, `spare` of the
+    /// slots kept for NIC probes.
+    pub(crate) fn new(depth: u32, first_seq: u64, spare: u32) -> Self {
         Path {
             depth,
             posted: first_seq,
@@ -122,8 +126,9 @@ impl Path {
             users: Vec::new(),
             owe_signal: false,
             nic_probe: None,
-            progress_at: 0,
+            probe_mark: 0,
             probed: None,
+            spare,
             staged: Staged::default(),
             reserved: 0,
         }
@@ -133,15 +138,21 @@ impl Path {
         (seq & (self.ring.len() as u64 - 1)) as usize
     }
 
-    /// Slots free now.
-    pub(crate) fn depth(&self) -> u32 {
-        self.depth
+    /// Slots free for a flow's WR or the caller's (the spare ones left).
+    pub(crate) fn room(&self) -> u32 {
+        self.probe_room().saturating_sub(self.spare)
     }
 
-    pub(crate) fn room(&self) -> u32 {
+    /// Slots free for a zero-length signaled WRITE, the spare ones included.
+    pub(crate) fn probe_room(&self) -> u32 {
         self.depth
             .saturating_sub((self.posted - self.completed) as u32)
             .saturating_sub(self.reserved)
+    }
+
+    /// Whether nothing is outstanding, reserved or staged on the path.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.posted == self.completed && self.reserved == 0 && self.staged.len == 0
     }
 
     /// Whether a WR may be staged on this path now: not failed, room in its send queue, and
@@ -162,7 +173,7 @@ impl Path {
 
     /// Takes the next slot for WR extension `h`; returns its sequence number.
     pub(crate) fn take(&mut self, h: Handle) -> u64 {
-        debug_assert!(self.room() > 0);
+        debug_assert!(self.probe_room() > 0);
         let seq = self.posted;
         let i = self.slot(seq);
         self.ring[i] = Some(h);
@@ -229,7 +240,7 @@ mod tests {
     #[test]
     fn completions_retire_every_wr_up_to_them_across_the_32_bit_wrap() {
         for first in [0, (1u64 << 32) - 3, (1u64 << 40) - 2] {
-            let mut p = Path::new(6, first);
+            let mut p = Path::new(6, first, 0);
             let pool = bufpool::ObjectPool::<u8>::new(8, |_, _| {}).unwrap();
             let hs: Vec<Handle> = (0..6).map(|_| pool.alloc().unwrap()).collect();
             let seqs: Vec<u64> = hs.iter().map(|&x| p.take(x)).collect();
@@ -255,13 +266,13 @@ mod tests {
 
     #[test]
     fn a_suspect_path_carries_one_probe() {
-        let mut p = Path::new(4, 0);
+        let mut p = Path::new(4, 0, 0);
         assert!(p.usable());
         p.backoff = 1;
         assert!(p.usable());
         p.inflight = 1;
         assert!(!p.usable());
-        assert!(p.rank(1000) > Path::new(4, 0).rank(1000), "penalised");
+        assert!(p.rank(1000) > Path::new(4, 0, 0).rank(1000), "penalised");
         p.failed = true;
         p.inflight = 0;
         assert!(!p.usable());

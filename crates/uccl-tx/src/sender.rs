@@ -100,7 +100,7 @@ impl Tx {
                 self.owing.swap_remove(i);
                 continue;
             }
-            if path.room() == 0 {
+            if path.probe_room() == 0 {
                 i += 1;
                 continue;
             }

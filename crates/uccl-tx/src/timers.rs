@@ -16,7 +16,7 @@ pub(crate) const SILENCE: u16 = u16::MAX;
 pub(crate) const PATHS: u16 = u16::MAX;
 
 /// Set in the "lane" of a lane's probe timer (a flow has fewer than 2^15 lanes:
-/// `Tx::open_flow` refuses more; [`SILENCE`] is told apart first).
+/// `Tx::open_flow` refuses more; [`PATHS`], then [`SILENCE`], are told apart first).
 pub(crate) const PROBE: u16 = 1 << 15;
 
 #[derive(Debug, Default)]

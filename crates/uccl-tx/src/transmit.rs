@@ -389,6 +389,8 @@ impl Tx {
         }
         let _ = self.wrs.free(h);
         if kind == Kind::Signal {
+            // The stall it was to probe may be probed again.
+            self.paths[p].probed = None;
             return;
         }
         self.paths[p].inflight -= 1;

@@ -167,7 +167,11 @@ impl Tx {
                 reason: "at most 65536 paths, each with a send queue of 1..=2^20 WRs",
             });
         }
-        self.paths.push(Path::new(sq_depth, self.cfg.first_wr_seq));
+        self.paths.push(Path::new(
+            sq_depth,
+            self.cfg.first_wr_seq,
+            self.spare(sq_depth),
+        ));
         Ok(PathId((self.paths.len() - 1) as u16))
     }
 
@@ -184,7 +188,7 @@ impl Tx {
         if sq_depth == 0 || sq_depth > 1 << 20 {
             return Err(busy("a send queue must hold 1..=2^20 WRs"));
         }
-        let first = self.cfg.first_wr_seq;
+        let (first, spare) = (self.cfg.first_wr_seq, self.spare(sq_depth));
         let p = self
             .paths
             .get_mut(usize::from(path.0))
@@ -192,10 +196,10 @@ impl Tx {
         if !p.users.is_empty() {
             return Err(busy("a flow still uses it"));
         }
-        if p.room() != p.depth() || p.staged.len > 0 {
+        if !p.is_idle() {
             return Err(busy("WRs posted on it have not completed"));
         }
-        *p = Path::new(sq_depth, first);
+        *p = Path::new(sq_depth, first, spare);
         Ok(())
     }
 
@@ -403,9 +407,17 @@ impl Tx {
         self.hdrs.len()
     }
 
-    /// Free send-queue slots of `path`.
+    /// Free send-queue slots of `path` (with NIC probes on, less the one kept for a probe).
     pub fn path_room(&self, path: PathId) -> u32 {
         self.paths.get(usize::from(path.0)).map_or(0, Path::room)
+    }
+
+    /// Whether `path` exists and holds nothing: every WR posted on it covered by a completion
+    /// fed back, nothing staged, no slot reserved (as [`reuse_path`](Self::reuse_path) wants).
+    pub fn path_is_idle(&self, path: PathId) -> bool {
+        self.paths
+            .get(usize::from(path.0))
+            .is_some_and(Path::is_idle)
     }
 
     /// Takes `n` send-queue slots of `path` for WRs the caller posts itself (an RDMA READ, say):
@@ -491,9 +503,6 @@ impl Tx {
                 }
             }
             None => self.stats.bad_completions += 1,
-        }
-        if self.cfg.nic_probe_us > 0 {
-            self.nic_probe_progress(p);
         }
         if !success {
             self.fail_path(id.path);

@@ -1,8 +1,8 @@
 //! NIC probes (`TxConfig::nic_probe_us`): on RC, where the NIC recovers losses and the
 //! transmit side's own timers are out of reach, a path whose posted WRs see no completion for
 //! the interval gets a zero-length signaled RDMA WRITE behind them (a later packet that shows
-//! the responder a lost one), one at a time, and never while completions come or other WRs
-//! go out.
+//! the responder a lost one), once per stall, into a slot the path keeps for it, and never
+//! while completions come or other WRs go out.
 
 mod util;
 
@@ -124,4 +124,80 @@ fn without_an_interval_a_stalled_path_waits_for_the_nic() {
         assert!(at(&mut t, k * MS).is_empty(), "{k} ms");
     }
     assert_eq!(t.stats().nic_probes, 0);
+}
+
+#[test]
+fn a_completion_since_the_last_look_is_progress() {
+    let (mut t, _) = one_path(rc(1000));
+    t.send(1, msg(100)).unwrap();
+    let a = at(&mut t, 0);
+    t.send(1, msg(100)).unwrap();
+    let b = at(&mut t, MS / 2);
+    assert_eq!((a.len(), b.len()), (1, 1));
+    // A completes at 0.95 ms: at 1 and 1.5 ms the path is not stalled.
+    complete(&mut t, &a);
+    for now in [MS, MS + MS / 2] {
+        assert!(at(&mut t, now).is_empty(), "at {now}");
+    }
+    assert_eq!(t.stats().nic_probes, 0);
+    // B, alone since 0.95 ms, is probed at the next look.
+    let probe = at(&mut t, 2 * MS);
+    assert_eq!(probe.len(), 1);
+    assert!(is_probe(&probe[0]));
+}
+
+#[test]
+fn a_full_send_queue_keeps_a_slot_for_its_probe() {
+    let mut t = tx(rc(1000));
+    let p = t.add_path(4).unwrap();
+    t.open_flow(1, &[p], 256).unwrap();
+    t.send(1, msg(1000)).unwrap();
+    // Three of the four slots go to the flow.
+    assert_eq!(at(&mut t, 0).len(), 3);
+    assert_eq!(t.path_room(p), 0);
+    assert!(!t.reserve(p, 1), "nor may the caller take the spare slot");
+    let probe = at(&mut t, MS);
+    assert_eq!(probe.len(), 1);
+    assert!(is_probe(&probe[0]), "{probe:?}");
+    // Without probes the flow has all four.
+    let mut t = tx(rc(0));
+    let p = t.add_path(4).unwrap();
+    t.open_flow(1, &[p], 256).unwrap();
+    t.send(1, msg(1000)).unwrap();
+    assert_eq!(at(&mut t, 0).len(), 4);
+}
+
+#[test]
+fn only_the_stalled_path_is_probed() {
+    let mut t = tx(rc(1000));
+    let (p, q) = (t.add_path(64).unwrap(), t.add_path(64).unwrap());
+    t.open_flow(1, &[p, q], 256).unwrap();
+    t.send(1, msg(400)).unwrap();
+    let sent = at(&mut t, 0);
+    assert!(
+        sent.iter().any(|w| w.path == p) && sent.iter().any(|w| w.path == q),
+        "{sent:?}"
+    );
+    // Path p's WRs complete; q's do not.
+    let on_p: Vec<Wr> = sent.iter().filter(|w| w.path == p).copied().collect();
+    complete(&mut t, &on_p);
+    let probes = at(&mut t, MS);
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    assert!(is_probe(&probes[0]) && probes[0].path == q, "{probes:?}");
+}
+
+#[test]
+fn a_probe_taken_back_leaves_the_stall_to_be_probed_again() {
+    let (mut t, _) = one_path(rc(1000));
+    t.send(1, msg(100)).unwrap();
+    assert_eq!(at(&mut t, 0).len(), 1);
+    t.handle_timeout(MS);
+    // The provider refuses the probe.
+    let (refused, _) = post_with(&mut t, MS, |_, _| 0);
+    assert!(refused.is_empty());
+    assert_eq!(t.stats().taken_back, 1);
+    let probe = at(&mut t, 2 * MS);
+    assert_eq!(probe.len(), 1);
+    assert!(is_probe(&probe[0]));
+    assert_eq!(t.stats().nic_probes, 2);
 }
