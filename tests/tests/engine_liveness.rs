@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use softnic::{Faults, PacketInfo, Verdict};
 use uccl_engine::{ConnId, EngineConfig, EngineError, Mode, connect_pair};
-use uccl_integration::Sim;
+use uccl_integration::{Sim, misuse};
 
 /// Drops the first `n` packets with BTH opcode `opcode` from device `from` to device `to`;
 /// counts every such packet, dropped or not.
@@ -101,12 +101,7 @@ fn one_qp_pair(mode: Mode, seed: u64) -> (Sim, ConnId, ConnId) {
         qps_per_conn: 1,
         ..EngineConfig::default()
     };
-    let mut sim = Sim::new(seed, 2, Faults::NONE, &cfg);
-    let [a, b] = &mut sim.engines[..] else {
-        unreachable!()
-    };
-    let (ca, cb) = connect_pair(a, b).unwrap();
-    (sim, ca, cb)
+    misuse::pair(seed, &cfg)
 }
 
 /// Sends one message of `len` bytes of `byte` from engine 0 (`ca`) to engine 1 (`cb`), checks
@@ -118,10 +113,7 @@ fn transfer(sim: &mut Sim, ca: ConnId, cb: ConnId, len: usize, byte: u8) -> Dura
     let start = sim.fabric.now();
     let s = sim.engines[0].send(ca, &src, 0, len as u64).unwrap();
     let r = sim.engines[1].recv(cb, &dst, 0, len as u64).unwrap();
-    sim.run(start + Duration::from_secs(1), |_| {
-        s.test().is_some() && r.test().is_some()
-    })
-    .unwrap();
+    misuse::finish(sim, 1, &[&s, &r]).unwrap();
     let took = sim.fabric.now() - start;
     assert!(matches!(r.test(), Some(Ok(_))), "{:?}", r.test());
     assert!(matches!(s.test(), Some(Ok(_))), "{:?}", s.test());
