@@ -138,6 +138,13 @@ pub(crate) struct Args {
     /// Messages in flight per flow (default: as many as fit in 4 MiB, 2 to 32).
     #[arg(long, value_parser = count::<u32>, value_name = "N", allow_negative_numbers = true)]
     pub(crate) inflight: Option<u32>,
+    /// How long a connection may hear nothing from its peer while it has data in flight
+    /// before it fails, in milliseconds (EngineConfig's `tx.max_silence_us`; default 1000).
+    /// The RC QPs' retries cover as much, up to 8.6 s. More patience for a peer on a busy
+    /// host, whose process may be descheduled for longer; less to learn of a dead one
+    /// sooner. At least 50 (the longest retransmission timeout), at most 3600000.
+    #[arg(long, value_parser = silence_ms, value_name = "MS", allow_negative_numbers = true)]
+    pub(crate) max_silence_ms: Option<u64>,
     /// Two-sided (send/recv) or one-sided (write into an exported region, read from one).
     #[arg(long, value_enum, default_value = "send")]
     pub(crate) op: OpArg,
@@ -356,6 +363,21 @@ impl Args {
             } else {
                 0.0
             })
+    }
+}
+
+/// The values `--max-silence-ms` takes: from the transmit side's longest retransmission
+/// timeout (`rto_max_us`, 50 ms) to an hour.
+pub(crate) const SILENCE_MS: std::ops::RangeInclusive<u64> = 50..=3_600_000;
+
+fn silence_ms(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(ms) if SILENCE_MS.contains(&ms) => Ok(ms),
+        _ => Err(format!(
+            "{s:?} is not a number of milliseconds from {} to {}",
+            SILENCE_MS.start(),
+            SILENCE_MS.end()
+        )),
     }
 }
 

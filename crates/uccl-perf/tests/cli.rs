@@ -264,6 +264,11 @@ fn bad_arguments_get_one_line() {
         ("--poll-interval-ns 2000000", "0..=1000000"),
         ("--poll-interval-ns -5", "--poll-interval-ns"),
         (
+            "--max-silence-ms 10",
+            "not a number of milliseconds from 50",
+        ),
+        ("--max-silence-ms -1", "--max-silence-ms"),
+        (
             "--additive-increase 0",
             "--additive-increase 0: must be a number of chunks from 1/1024",
         ),
@@ -348,31 +353,42 @@ impl Running {
     }
 }
 
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `uccl-perf --server --port {port} {opts}`, once it says it is waiting (standard output is
+/// the JSON, standard error says when it listens).
+fn listening_server(port: u16, opts: &str) -> Running {
+    let (tx, rx) = mpsc::channel();
+    let srv = start(&format!("--server --port {port} {opts}"), "waiting for", tx);
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        let out = srv.finish(Instant::now());
+        panic!("the server did not listen: {}", stderr(&out));
+    }
+    srv
+}
+
 /// Runs `uccl-perf --server {server}` and, once it says it is waiting, `--client 127.0.0.1
 /// {client}`, both on a free port; their outputs (the server's, the client's). Each is killed
 /// if it has not ended within a minute.
 fn server_and_client(server: &str, client: &str) -> (Output, Output) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let (tx, rx) = mpsc::channel();
-    // The server says on standard error when it listens (standard output is the JSON).
-    let srv = start(
-        &format!("--server --port {port} {server}"),
-        "waiting for",
-        tx.clone(),
-    );
-    let listening = rx.recv_timeout(Duration::from_secs(30));
+    server_and_client_at("127.0.0.1", server, client)
+}
+
+/// [`server_and_client`] with the client given `--client {host}`.
+fn server_and_client_at(host: &str, server: &str, client: &str) -> (Output, Output) {
+    let port = free_port();
+    let srv = listening_server(port, server);
     let deadline = Instant::now() + Duration::from_secs(60);
-    if listening.is_err() {
-        let out = srv.finish(Instant::now());
-        panic!("the server did not listen: {}", stderr(&out));
-    }
     let cli = start(
-        &format!("--client 127.0.0.1 --port {port} {client}"),
+        &format!("--client {host} --port {port} {client}"),
         "",
-        tx,
+        mpsc::channel().0,
     );
     let cli = cli.finish(deadline);
     (srv.finish(deadline), cli)
@@ -446,10 +462,7 @@ fn two_processes_end_cleanly_when_the_last_ack_is_lost() {
 /// gives up, naming the address.
 #[test]
 fn a_client_started_before_its_server_waits_for_it() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let (tx, _rx) = mpsc::channel();
     let opts = format!("--json --flows 2 {SMALL}");
     let cli = start(
@@ -544,11 +557,12 @@ fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
     let (server, client) = server_and_client(
         "--json",
         "--json --flows 2 --qps-per-flow 2 --msg-size 64KiB --duration 1 --loss 0 --seed 9 \
-         --target-delay-us 20",
+         --target-delay-us 20 --max-silence-ms 3000",
     );
     let (s, c) = (json_of("server", &server), json_of("client", &client));
     for (k, v) in [
         ("target_delay_us", serde_json::json!(20)),
+        ("max_silence_ms", 3000.into()),
         ("flows", serde_json::json!(2)),
         ("qps_per_flow", 2.into()),
         ("msg_size", 65536.into()),
@@ -582,6 +596,111 @@ fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
             "{who}: a key once: {text}"
         );
     }
+}
+
+/// Connections to the server's port that are not its client's (a port scan that connects and
+/// closes, a stranger that speaks another protocol), before the client and while its flows
+/// connect and run, are ignored: the run goes on (one that closed at once ended the server:
+/// taken for the client, or for a client that died while its flows connected).
+#[test]
+fn strangers_at_the_servers_port_do_not_end_its_run() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let port = free_port();
+    let opts = format!("--json --flows 4 --qps-per-flow 2 {SMALL}");
+    let srv = listening_server(port, &opts);
+    let at = ("127.0.0.1", port);
+    drop(std::net::TcpStream::connect(at).expect("a scan connects"));
+    let mut http = std::net::TcpStream::connect(at).expect("a stranger connects");
+    http.write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .expect("and speaks");
+    let done = AtomicBool::new(false);
+    let (srv, cli) = std::thread::scope(|s| {
+        // A scan at every millisecond while the client's flows connect and run.
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                drop(std::net::TcpStream::connect(at));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let cli = start(
+            &format!("--client 127.0.0.1 --port {port} {opts}"),
+            "",
+            mpsc::channel().0,
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let cli = cli.finish(deadline);
+        let srv = srv.finish(deadline);
+        done.store(true, Ordering::Relaxed);
+        (srv, cli)
+    });
+    assert_eq!(json_of("client", &cli)["messages_sent"], 24);
+    assert_eq!(json_of("server", &srv)["messages_received"], 24);
+    assert!(
+        stderr(&srv).contains("uccl-perf: ignored a connection from 127.0.0.1:"),
+        "{}",
+        stderr(&srv)
+    );
+}
+
+/// A client that agrees on the run and then goes away before it connects its flows (it died,
+/// or was stopped) ends the server at once, saying so; the server waited 30 s for flows that
+/// could not come.
+#[test]
+fn a_client_that_goes_away_after_agreeing_ends_the_server_at_once() {
+    use std::io::Write;
+    // The run options a client sends, caught by a listener of this test's.
+    let catcher = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = catcher.local_addr().expect("its address").port();
+    let opts = format!("--json --flows 2 {SMALL}");
+    let cli = start(
+        &format!("--client 127.0.0.1 --port {port} {opts}"),
+        "",
+        mpsc::channel().0,
+    );
+    let (c, _) = catcher.accept().expect("the client connects");
+    let mut hello = String::new();
+    BufReader::new(&c).read_line(&mut hello).expect("its run");
+    drop((c, catcher));
+    cli.finish(Instant::now() + Duration::from_secs(30));
+
+    // That run, agreed with a server by a client that then leaves.
+    let port = free_port();
+    let srv = listening_server(port, &opts);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    s.write_all(hello.as_bytes()).expect("sends the run");
+    let mut answer = String::new();
+    BufReader::new(&s)
+        .read_line(&mut answer)
+        .expect("an answer");
+    assert_eq!(answer.trim(), "\"ok\"");
+    drop(s);
+    let out = srv.finish(Instant::now() + Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("accepting flow 0: the client closed its connection to this server"),
+        "{err}"
+    );
+}
+
+/// The server takes clients over IPv6 as well as IPv4 (it listened on IPv4 only, so
+/// `--client ::1` was refused); skipped on a host without IPv6.
+#[test]
+fn a_client_reaches_the_server_over_ipv6() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this host has no IPv6 loopback");
+        return;
+    }
+    let opts = format!("--json --flows 2 --qps-per-flow 2 {SMALL}");
+    let (srv, cli) = server_and_client_at("::1", &opts, &opts);
+    assert_eq!(json_of("client", &cli)["messages_sent"], 12);
+    assert_eq!(json_of("server", &srv)["messages_received"], 12);
+    assert!(
+        stderr(&srv).contains("the client at [::1]:"),
+        "{}",
+        stderr(&srv)
+    );
 }
 
 /// A server started with a run option the client's differs from refuses the run at once, and

@@ -2,27 +2,33 @@
 //! the server's port carries its run options (one JSON line), and the server adopts them, or
 //! refuses at once when it was given a run option of its own that differs, naming it. Either
 //! way the answer (one JSON line) reaches the client, which then connects its flows, or stops
-//! with the server's reason.
+//! with the server's reason. The client keeps this connection (the [`Session`]) open while the
+//! run lasts, so the server learns at once if it goes away; connections to the port that
+//! bring no run options (a port scan's, a stranger's) are ignored.
 //!
 //! The options are the resolved ones (`--msg-size` as bytes, `--messages` as a count unless
 //! `--duration`, the loss that applies, the messages in flight), so the server runs exactly
 //! the client's run.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use super::{inflight, say};
-use crate::args::{Args, OpArg, RecvKeysArg, TransportArg, TxMode};
+use crate::args::{Args, OpArg, RecvKeysArg, SILENCE_MS, TransportArg, TxMode};
 
 /// The version of the exchange; a client and a server of different versions refuse each other.
-const VERSION: u32 = 2;
+/// 3: the client keeps its connection open while the run lasts; `max_silence_ms`.
+const VERSION: u32 = 3;
 /// How long either end waits for the other's line (and the server for each of the client's
 /// flows to connect).
 pub(super) const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the server waits for the run options of a connection it took before it ignores
+/// it (a client sends them as soon as it connects).
+const HELLO_WAIT: Duration = Duration::from_secs(5);
 /// How long a client tries again a server that refuses its connection (one started at the
 /// same moment may not listen yet).
 const SERVER_START: Duration = Duration::from_secs(5);
@@ -81,6 +87,10 @@ pub(crate) struct RunOptions {
     no_pacing: bool,
     #[serde(default)]
     no_ack_requests: bool,
+    /// `--max-silence-ms` (`None`: the engine's default): both ends give a silent peer as
+    /// long.
+    #[serde(default)]
+    max_silence_ms: Option<u64>,
 }
 
 /// `--op`'s default, for a client that does not say.
@@ -140,6 +150,7 @@ impl RunOptions {
             swift_decrease: args.fabric.swift_decrease,
             no_pacing: args.fabric.no_pacing,
             no_ack_requests: args.fabric.no_ack_requests,
+            max_silence_ms: args.max_silence_ms,
         }
     }
 
@@ -191,6 +202,7 @@ impl RunOptions {
             ("swift_decrease", set(self.swift_decrease)),
             ("no_pacing", set(self.no_pacing)),
             ("no_ack_requests", set(self.no_ack_requests)),
+            ("max_silence_ms", self.max_silence_ms.map(|v| v.to_string())),
         ]
     }
 
@@ -225,6 +237,9 @@ impl RunOptions {
         if let Some((flag, p)) = faults.iter().find(|(_, p)| !(0.0..=1.0).contains(p)) {
             return Err(format!("{flag} {p}"));
         }
+        if let Some(ms) = self.max_silence_ms.filter(|ms| !SILENCE_MS.contains(ms)) {
+            return Err(format!("--max-silence-ms {ms}"));
+        }
         let mut a = args.clone();
         a.transport = self.transport;
         a.op = self.op;
@@ -251,6 +266,7 @@ impl RunOptions {
         a.tx_mode = self.tx_mode;
         a.recv_keys = self.recv_keys;
         a.no_payload = self.no_payload;
+        a.max_silence_ms = self.max_silence_ms;
         let f = &mut a.fabric;
         f.ack_delay_us = self.ack_delay_us;
         f.target_delay_us = self.target_delay_us;
@@ -298,7 +314,13 @@ fn read_line(s: &TcpStream) -> Result<String, String> {
     let mut line = String::new();
     BufReader::new(s.take(MAX_LINE))
         .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+                let wait = s.read_timeout().ok().flatten().unwrap_or_default();
+                format!("nothing came within {} s", wait.as_secs())
+            }
+            _ => e.to_string(),
+        })?;
     if line.is_empty() {
         return Err("the connection closed".into());
     }
@@ -312,68 +334,113 @@ fn write_line(mut s: &TcpStream, value: &impl Serialize) -> Result<(), String> {
     s.write_all(line.as_bytes()).map_err(|e| e.to_string())
 }
 
-/// The server's side: takes the first connection on `listener`, reads the client's run and
-/// answers. The options to run with (`args` with the client's run), or why not.
-pub(super) fn serve(listener: &TcpListener, args: &Args) -> Result<Args, String> {
-    let (s, peer) = listener
-        .accept()
-        .map_err(|e| format!("accepting the client: {e}"))?;
-    let _ = s.set_read_timeout(Some(TIMEOUT));
-    let _ = s.set_write_timeout(Some(TIMEOUT));
-    let hello: Hello = read_line(&s)
-        .and_then(|l| serde_json::from_str(&l).map_err(|e| e.to_string()))
-        .map_err(|e| {
-            format!(
-                "the first connection to port {} (from {peer}) sent no uccl-perf run options \
-                 ({e}): a client of another version?",
-                args.port
-            )
-        })?;
-    let refuse = |why: String| {
-        let _ = write_line(&s, &Answer::Refused(why.clone()));
-        format!("refused the client at {peer}: {why}")
-    };
-    if hello.uccl_perf != VERSION {
-        return Err(refuse(format!(
-            "the client speaks version {} of the run options, this server {VERSION}",
-            hello.uccl_perf
-        )));
+/// The connection on which the two ends agreed on the run. The client keeps it open until its
+/// run ends, so that the server learns at once when it ends or dies while its flows connect
+/// (a stranger's connection to the port, which fails its handshake, is no sign of that).
+#[derive(Debug)]
+pub(super) struct Session(TcpStream);
+
+impl Session {
+    /// Whether the other end closed the session: it ended, or died.
+    pub(super) fn ended(&self) -> bool {
+        let mut b = [0u8; 1];
+        // Non-blocking since the run was agreed: data waiting (none is sent) or none yet
+        // means the client is there.
+        match self.0.peek(&mut b) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
+        }
     }
-    let (ours, theirs) = conflicts(args, &hello.run);
+}
+
+/// The server's side: takes connections on `listener` until one brings a client's run,
+/// answers it, and returns the options to run with (`args` with the client's run) and the
+/// client's session, or why the client was refused. A connection that sends no run options
+/// within [`HELLO_WAIT`] (a port scan, a stray client of another protocol) is ignored,
+/// named on standard error, and the next one taken.
+pub(super) fn serve(listener: &TcpListener, args: &Args) -> Result<(Args, Session), String> {
+    loop {
+        let (s, peer) = listener
+            .accept()
+            .map_err(|e| format!("accepting the client: {e}"))?;
+        // An IPv4 client of the dual-stack listener as IPv4 (127.0.0.1, not ::ffff:127.0.0.1).
+        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
+        let _ = s.set_read_timeout(Some(HELLO_WAIT));
+        let _ = s.set_write_timeout(Some(TIMEOUT));
+        let first = read_line(&s).and_then(|line| {
+            let version = serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v.get("uccl_perf")?.as_u64())
+                .ok_or("it sent something else")?;
+            Ok((line, version))
+        });
+        let (line, version) = match first {
+            Ok(first) => first,
+            Err(why) => {
+                say(
+                    args,
+                    &format!(
+                        "uccl-perf: ignored a connection from {peer}, not a uccl-perf client's \
+                         run options: {why}"
+                    ),
+                );
+                continue;
+            }
+        };
+        let refuse = |why: String| {
+            let _ = write_line(&s, &Answer::Refused(why.clone()));
+            format!("refused the client at {peer}: {why}")
+        };
+        if version != u64::from(VERSION) {
+            return Err(refuse(format!(
+                "the client speaks version {version} of the run options, this server {VERSION}"
+            )));
+        }
+        let hello: Hello = serde_json::from_str(&line)
+            .map_err(|e| refuse(format!("its run options are not valid: {e}")))?;
+        let adopted = adopt(args, &hello.run).map_err(refuse)?;
+        write_line(&s, &Answer::Ok).map_err(|e| format!("answering the client at {peer}: {e}"))?;
+        s.set_nonblocking(true)
+            .map_err(|e| format!("the client's connection from {peer}: {e}"))?;
+        let changed: Vec<String> = RunOptions::of(args)
+            .flags()
+            .into_iter()
+            .zip(hello.run.flags())
+            // What the client set (its `--duration` says it has no `--messages`).
+            .filter(|((_, mine), (_, theirs))| mine != theirs && theirs.is_some())
+            .map(|(_, (id, theirs))| flag_text(id, &theirs))
+            .collect();
+        say(
+            &adopted,
+            &if changed.is_empty() {
+                format!("uccl-perf: the client at {peer} runs this server's options")
+            } else {
+                format!("uccl-perf: the client at {peer} runs {}", changed.join(" "))
+            },
+        );
+        return Ok((adopted, Session(s)));
+    }
+}
+
+/// `args` running the client's `run`, or why not: a run option the server was given that
+/// differs, or a value no command line could give.
+fn adopt(args: &Args, run: &RunOptions) -> Result<Args, String> {
+    let (ours, theirs) = conflicts(args, run);
     if !ours.is_empty() {
-        return Err(refuse(format!(
+        return Err(format!(
             "the server was started with {}, the client asks for {} (start the server \
              without them: it adopts the client's run options; or with the same)",
             ours.join(" "),
             theirs.join(" ")
-        )));
+        ));
     }
-    let adopted = hello
-        .run
-        .apply(args)
-        .map_err(|e| refuse(format!("the client's run options are not valid: {e}")))?;
-    write_line(&s, &Answer::Ok).map_err(|e| format!("answering the client at {peer}: {e}"))?;
-    let changed: Vec<String> = RunOptions::of(args)
-        .flags()
-        .into_iter()
-        .zip(hello.run.flags())
-        // What the client set (its `--duration` says it has no `--messages`).
-        .filter(|((_, mine), (_, theirs))| mine != theirs && theirs.is_some())
-        .map(|(_, (id, theirs))| flag_text(id, &theirs))
-        .collect();
-    say(
-        &adopted,
-        &if changed.is_empty() {
-            format!("uccl-perf: the client at {peer} runs this server's options")
-        } else {
-            format!("uccl-perf: the client at {peer} runs {}", changed.join(" "))
-        },
-    );
-    Ok(adopted)
+    run.apply(args)
+        .map_err(|e| format!("the client's run options are not valid: {e}"))
 }
 
-/// The client's side: sends `args`' run to the server at `addr` and waits for its answer.
-pub(super) fn ask(addr: &str, args: &Args) -> Result<(), String> {
+/// The client's side: sends `args`' run to the server at `addr` and waits for its answer;
+/// the session to keep open while the run lasts.
+pub(super) fn ask(addr: &str, args: &Args) -> Result<Session, String> {
     let addrs: Vec<_> = addr
         .to_socket_addrs()
         .map_err(|e| format!("resolving {addr}: {e}"))?
@@ -415,7 +482,7 @@ pub(super) fn ask(addr: &str, args: &Args) -> Result<(), String> {
         serde_json::from_str(&line).map_err(|e| format!("{e}: {}", line.trim()))
     };
     match talk().map_err(|e| format!("agreeing on the run with the server at {addr}: {e}"))? {
-        Answer::Ok => Ok(()),
+        Answer::Ok => Ok(Session(s)),
         Answer::Refused(why) => Err(format!("the server at {addr} refused the run: {why}")),
     }
 }
@@ -494,6 +561,38 @@ mod tests {
             run.apply(&args("--server"))
                 .unwrap_err()
                 .starts_with("--min-window 2: ")
+        );
+    }
+
+    #[test]
+    fn the_patience_for_a_silent_peer_travels_with_the_run() {
+        let client = RunOptions::of(&args("--client h --max-silence-ms 4000"));
+        let a = client.apply(&args("--server")).unwrap();
+        assert_eq!(a.max_silence_ms, Some(4000));
+        assert_eq!(
+            crate::transport::engine_config(&a, 1).tx.max_silence_us,
+            4_000_000
+        );
+        let default = RunOptions::of(&args("--client h")).apply(&args("--server"));
+        assert_eq!(
+            crate::transport::engine_config(&default.unwrap(), 1)
+                .tx
+                .max_silence_us,
+            uccl_engine::EngineConfig::default().tx.max_silence_us,
+            "the engine's own without the option"
+        );
+        assert_eq!(
+            conflicts(&args("--server --max-silence-ms 2000"), &client),
+            (
+                vec!["--max-silence-ms 2000".to_string()],
+                vec!["--max-silence-ms 4000".to_string()]
+            )
+        );
+        let mut run = client;
+        run.max_silence_ms = Some(1);
+        assert_eq!(
+            run.apply(&args("--server")).unwrap_err(),
+            "--max-silence-ms 1"
         );
     }
 

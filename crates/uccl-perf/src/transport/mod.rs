@@ -122,6 +122,9 @@ pub(crate) fn engine_config(args: &Args, conns: u32) -> EngineConfig {
     cfg.tx.seed = args.seed;
     // Enough that even 10% of every fault together never exhausts them.
     cfg.tx.max_retransmits = 64;
+    if let Some(ms) = args.max_silence_ms {
+        cfg.tx.max_silence_us = ms * 1000;
+    }
     // On UC every SRQ buffer holds a chunk: about 32 MiB of them, 128 to 1024.
     let slot = args.chunk_size + 64;
     let depth = ((32 << 20) / slot).clamp(128, 1024) as u32;
@@ -256,8 +259,8 @@ mod tests {
         assert_eq!(x.nic, y.nic);
     }
 
-    /// The two-process path, in one process: a server and a client thread over TCP on one
-    /// softnic fabric on the wall clock.
+    /// The two-process path, in one process: a server and a client thread agree on the run
+    /// and connect over TCP on one softnic fabric on the wall clock.
     #[test]
     fn server_and_client_talk_over_tcp() {
         let a = args(
@@ -285,7 +288,11 @@ mod tests {
         std::thread::scope(|s| {
             let a = &a;
             let n = names.clone();
-            let server = s.spawn(move || run_side(a, srv, n, None, Side::Server(&listener)));
+            let server = s.spawn(move || {
+                let (a, session) = agree::serve(&listener, a)?;
+                run_side(&a, srv, n, None, Side::Server(&listener, &session))
+            });
+            let _session = agree::ask(&addr, a).unwrap();
             let c = run_side(a, cli, names, None, Side::Client(&addr)).unwrap();
             let sv = server.join().unwrap().unwrap();
             assert_eq!((c.role, c.messages_sent), (Role::Client, 12));

@@ -3,12 +3,13 @@
 //! the two processes, each on its own 127.0.0.x), connected over TCP. A message of another
 //! size than the run's (0 bytes, or 1 when messages have none) from the sender ends each flow.
 
-use std::net::TcpListener;
-use std::time::Instant;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6, TcpListener};
+use std::time::{Duration, Instant};
 
 use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
 
+use super::agree::Session;
 use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
 use super::run::{NOTICE, NOTICES_AT};
@@ -18,8 +19,9 @@ use crate::args::Args;
 /// Which end of every flow this process runs, and how it reaches the other process.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Side<'a> {
-    /// The receivers (`--server`): each flow accepted on this listener.
-    Server(&'a TcpListener),
+    /// The receivers (`--server`): each flow accepted on this listener, from the client
+    /// whose session this is.
+    Server(&'a TcpListener, &'a Session),
     /// The senders (`--client`): each flow connected to the server at this address.
     Client(&'a str),
 }
@@ -34,25 +36,50 @@ pub(super) fn run(args: &Args) -> Result<(Args, Measured), String> {
     }
     match &args.client {
         None => {
-            let listener = TcpListener::bind(("0.0.0.0", args.port))
-                .map_err(|e| format!("listening on port {}: {e}", args.port))?;
+            let listener =
+                listen(args.port).map_err(|e| format!("listening on port {}: {e}", args.port))?;
             // The port listened on (the kernel's choice for `--port 0`).
             let port = listener.local_addr().map_or(args.port, |a| a.port());
             say(
                 args,
                 &format!("uccl-perf: waiting for a client on port {port} (it chooses the run)"),
             );
-            let args = agree::serve(&listener, args)?;
-            let m = start(&args, Side::Server(&listener))?;
+            let (args, session) = agree::serve(&listener, args)?;
+            let m = start(&args, Side::Server(&listener, &session))?;
             Ok((args, m))
         }
         Some(host) => {
             let addr = address(host, args.port);
-            agree::ask(&addr, args)?;
+            // Kept open until the run ends: the server learns so if this process dies.
+            let _session = agree::ask(&addr, args)?;
             let m = start(args, Side::Client(&addr))?;
             Ok((args.clone(), m))
         }
     }
+}
+
+/// The server's listener on `port`, for clients over IPv6 and IPv4 alike (one socket on `::`
+/// that takes both), or over IPv4 alone where this host has no IPv6.
+fn listen(port: u16) -> std::io::Result<TcpListener> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
+    let both = || -> std::io::Result<TcpListener> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::INET6,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        // As the standard library's own listeners: a port left in TIME_WAIT by the last run
+        // can be listened on at once.
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+        sockopt::set_ipv6_v6only(&fd, false)?;
+        rustix::net::bind(&fd, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))?;
+        rustix::net::listen(&fd, 128)?;
+        Ok(TcpListener::from(fd))
+    };
+    // Without IPv6 (no such family, or `::` not an address here), IPv4's error is the one
+    // to tell: a port in use fails both ways.
+    both().or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
 }
 
 /// The server's address for `--client HOST`: `HOST:PORT`, unless HOST names its port itself
@@ -107,23 +134,41 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
+/// How often the server looks whether the client closed its session while it waits for a
+/// flow.
+const SESSION_LOOK: Duration = Duration::from_millis(10);
+
 /// The client's next flow, accepted on `listener` within [`agree::TIMEOUT`]: a client that
-/// agreed on the run and then never connects its flows (its device failed, it died) does not
-/// hold the server for ever. A connection whose handshake fails otherwise than by closing
-/// (another client asking for a run, which is not an engine's handshake, or says too little
-/// of one) is dropped and the next one taken: the run goes on. One the client closed (it died
-/// while its flows connected) ends the run at once.
-fn accept_flow(e: &mut Engine, listener: &TcpListener) -> Result<ConnId, String> {
+/// agreed on the run and then never connects its flows (its device failed) does not hold the
+/// server for ever, and one that closes its `session` (it died, or gave up) ends the run at
+/// once. A connection whose handshake fails (a stranger's, another client asking for a run,
+/// which is not an engine's handshake) is dropped and the next one taken: the run goes on.
+fn accept_flow(
+    e: &mut Engine,
+    listener: &TcpListener,
+    session: &Session,
+) -> Result<ConnId, String> {
     let end = Instant::now() + agree::TIMEOUT;
     let mut last = None;
+    let mut looked = Instant::now();
     while Instant::now() < end {
         let req = e.accept(listener).map_err(|e| e.to_string())?;
         while !req.is_done() && Instant::now() < end {
             e.poll().map_err(|e| e.to_string())?;
+            if looked.elapsed() >= SESSION_LOOK {
+                looked = Instant::now();
+                if session.ended() {
+                    let last = last
+                        .map_or_else(String::new, |why| format!("; the last connection: {why}"));
+                    return Err(format!(
+                        "the client closed its connection to this server (it ended or died) \
+                         before it connected this flow{last}"
+                    ));
+                }
+            }
         }
         match req.test() {
             Some(Ok(conn)) => return Ok(conn),
-            Some(Err(why)) if closed(&why) => return Err(why.to_string()),
             Some(Err(why)) => last = Some(why),
             None => break,
         }
@@ -133,13 +178,6 @@ fn accept_flow(e: &mut Engine, listener: &TcpListener) -> Result<ConnId, String>
         "the client did not connect it within {} s (did it fail after agreeing on the run?){last}",
         agree::TIMEOUT.as_secs()
     ))
-}
-
-/// Whether a handshake failed because the peer closed its connection (the engine says so in
-/// words: "the peer closed the connection ...").
-fn closed(e: &uccl_engine::EngineError) -> bool {
-    matches!(e, uccl_engine::EngineError::Handshake { reason, .. }
-        if reason.contains("peer closed"))
 }
 
 /// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
@@ -169,9 +207,9 @@ pub(super) fn run_side(
         let engine = f % n;
         let e = &mut engines[engine];
         let (tx, rx) = match side {
-            Side::Server(listener) => {
-                let conn =
-                    accept_flow(e, listener).map_err(|err| format!("accepting flow {f}: {err}"))?;
+            Side::Server(listener, session) => {
+                let conn = accept_flow(e, listener, session)
+                    .map_err(|err| format!("accepting flow {f}: {err}"))?;
                 let dst = buffer(e, window * msg)?;
                 let mut rx = RxSide::new(engine, conn, dst, None);
                 if args.op.reads() {
@@ -233,7 +271,7 @@ pub(super) fn run_side(
         });
     }
     let role = match side {
-        Side::Server(_) => Role::Server,
+        Side::Server(..) => Role::Server,
         Side::Client(_) => Role::Client,
     };
     execute(args, role, engines, names, fabric, flows, true)
