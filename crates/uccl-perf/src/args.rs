@@ -167,7 +167,8 @@ pub(crate) struct Args {
     /// softnic: probability that a packet has a bit flipped (its ICRC then drops it).
     #[arg(long, default_value = "0", value_parser = probability, value_name = "P", allow_negative_numbers = true)]
     pub(crate) corrupt: f64,
-    /// softnic's virtual clock: while the engines wait for the NIC, they poll at most once per
+    /// softnic's virtual clock (`--device soft` in one process; refused elsewhere, where the
+    /// engines poll on the wall clock): while the engines wait for the NIC, they poll at most once per
     /// this many nanoseconds of virtual time and take what arrived meanwhile in one round, as
     /// a busy engine's poll loop does (0: a round at every NIC event, each packet apart, as if
     /// polling took no time). Timers fire up to this late. At most 1000000.
@@ -286,6 +287,13 @@ impl Args {
             return Err(
                 "--senders/--topology/--switch-buffer/--ecn build softnic's simulated fabric: \
                  softnic in one process only (--device soft, not --server/--client)"
+                    .into(),
+            );
+        }
+        if !self.virtual_clock() && self.given.iter().any(|g| g == "poll_interval_ns") {
+            return Err(
+                "--poll-interval-ns paces the engines on softnic's virtual clock (--device \
+                 soft in one process); elsewhere they poll on the wall clock, as fast as they can"
                     .into(),
             );
         }

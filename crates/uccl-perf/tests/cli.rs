@@ -269,6 +269,10 @@ fn bad_arguments_get_one_line() {
         ),
         ("--max-silence-ms -1", "--max-silence-ms"),
         (
+            "--client 127.0.0.1 --poll-interval-ns 500",
+            "--poll-interval-ns paces the engines on softnic's virtual clock",
+        ),
+        (
             "--additive-increase 0",
             "--additive-increase 0: must be a number of chunks from 1/1024",
         ),
