@@ -305,3 +305,35 @@ fn clients_that_say_nothing_cannot_keep_a_real_one_out() {
     );
     drop(silent);
 }
+
+/// A connection the caller accepted itself is set up by `accept_stream`, beside one of a
+/// client that says nothing (which holds only its own handshake, and fails alone at the
+/// deadline, saying so); one that sends garbage fails at once, naming why.
+#[test]
+fn connections_the_caller_accepted_are_set_up_alone() {
+    use std::io::Write;
+    let (_fabric, mut a, mut b) = engines_with(|c| c.handshake_timeout_ms = 1_000);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _silent_client = std::net::TcpStream::connect(addr).unwrap();
+    let silent = a.accept_stream(listener.accept().unwrap().0).unwrap();
+    let mut junk_client = std::net::TcpStream::connect(addr).unwrap();
+    junk_client.write_all(&[0xab; 200]).unwrap();
+    let junk = a.accept_stream(listener.accept().unwrap().0).unwrap();
+    let c = b.connect(addr).unwrap();
+    let real = a.accept_stream(listener.accept().unwrap().0).unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while ![&silent, &junk, &real, &c].iter().all(|r| r.is_done()) {
+        assert!(std::time::Instant::now() < end, "not set up");
+        a.poll().unwrap();
+        b.poll().unwrap();
+    }
+    let ca = real.test().unwrap().unwrap();
+    c.test().unwrap().unwrap();
+    assert!(a.is_open(ca));
+    let why = junk.test().unwrap().unwrap_err().to_string();
+    assert!(why.contains("not a uccl-rs engine"), "{why}");
+    let why = silent.test().unwrap().unwrap_err().to_string();
+    assert!(why.contains("timed out"), "{why}");
+    assert_eq!(a.usage().connections, 1);
+}

@@ -8,6 +8,7 @@
 //!   the QPs, then exchanges a ready byte so that neither end sends before the other's QPs
 //!   can receive.
 //! - [`Engine::accept`] takes one connection of a listener the caller keeps;
+//!   [`Engine::accept_stream`] one the caller accepted itself;
 //!   [`Engine::listen`] hands a listener to the engine, which accepts while it runs (at most
 //!   `MAX_INCOMING` handshakes at once; the kernel's backlog holds the rest), and
 //!   [`Engine::incoming`] hands out the connections it set up, in order. An accepting end
@@ -209,6 +210,25 @@ impl Engine {
         Ok(req)
     }
 
+    /// Sets up a connection on `stream`, a TCP connection the caller accepted itself (from a
+    /// listener of its own, when it chose to), with an engine calling
+    /// [`connect`](Self::connect) at the other end. Returns at once; the handle completes as
+    /// the engine polls, with the connection or with why that handshake failed. Several may
+    /// run at once: a client that sends nothing holds only its own.
+    pub fn accept_stream(&mut self, stream: std::net::TcpStream) -> Result<Connecting> {
+        self.unsettle();
+        let taking = |e| io_err("a connecting engine", "taking the connection", e);
+        let peer = stream.peer_addr().map_err(taking)?;
+        stream.set_nonblocking(true).map_err(taking)?;
+        let req = Request::of_engine(&self.owner, None);
+        self.start_incoming(
+            TcpStream::from_std(stream),
+            peer,
+            Target::Handle(req.clone()),
+        )?;
+        Ok(req)
+    }
+
     /// Hands `listener` to the engine, which accepts connections on it while it runs (see
     /// [`incoming`](Self::incoming)); replaces a listener handed over before. At most 64
     /// handshakes are in flight at once; with 64 in flight, one whose client has not sent its
@@ -397,6 +417,8 @@ impl Engine {
         target: Target,
     ) -> Result<()> {
         let _ = stream.set_nodelay(true);
+        // An IPv4 client of a dual-stack listener named as IPv4 (not ::ffff:a.b.c.d).
+        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
         let slot = self.dials.add(Attempt::new(stream, peer, target))?;
         // Its first bytes may be in already (no readiness event would come for them).
         self.step_attempt(slot);

@@ -140,9 +140,11 @@ pub(crate) struct Args {
     pub(crate) inflight: Option<u32>,
     /// How long a connection may hear nothing from its peer while it has data in flight
     /// before it fails, in milliseconds (EngineConfig's `tx.max_silence_us`; default 1000).
-    /// The RC QPs' retries cover as much, up to 8.6 s. More patience for a peer on a busy
-    /// host, whose process may be descheduled for longer; less to learn of a dead one
-    /// sooner. At least 50 (the longest retransmission timeout), at most 3600000.
+    /// The RC QPs' retries (the control QP's always) cover as much up to 8.6 s and no more: a
+    /// peer whose NIC stays silent longer (a host down; softnic's NIC inside a stopped
+    /// process) fails the connection after 8.6 s whatever this says. More patience for a
+    /// peer on a busy host, whose process may be descheduled for longer; less to learn of a
+    /// dead one sooner. At least 50 (the longest retransmission timeout), at most 3600000.
     #[arg(long, value_parser = silence_ms, value_name = "MS", allow_negative_numbers = true)]
     pub(crate) max_silence_ms: Option<u64>,
     /// Two-sided (send/recv) or one-sided (write into an exported region, read from one).

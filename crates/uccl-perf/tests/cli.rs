@@ -602,14 +602,23 @@ fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
     }
 }
 
-/// Connections to the server's port that are not its client's (a port scan that connects and
-/// closes, a stranger that speaks another protocol), before the client and while its flows
-/// connect and run, are ignored: the run goes on (one that closed at once ended the server:
-/// taken for the client, or for a client that died while its flows connected).
+/// Connections to the server's port that are not its client's, before the client and while
+/// its flows connect and run, are ignored: a port scan that connects and closes, a stranger
+/// that speaks another protocol, and ones that connect and say nothing, held open (each held
+/// the server's only handshake: the client's connection waited behind it until its own
+/// deadline). The run goes on (one that closed at once ended the server, taken for the
+/// client, or for a client that died while its flows connected).
 #[test]
 fn strangers_at_the_servers_port_do_not_end_its_run() {
     use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};
+    /// Stops the strangers however the test ends (a panic must not leave them running).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let port = free_port();
     let opts = format!("--json --flows 4 --qps-per-flow 2 {SMALL}");
     let srv = listening_server(port, &opts);
@@ -620,23 +629,30 @@ fn strangers_at_the_servers_port_do_not_end_its_run() {
         .expect("and speaks");
     let done = AtomicBool::new(false);
     let (srv, cli) = std::thread::scope(|s| {
-        // A scan at every millisecond while the client's flows connect and run.
+        // A scan at every millisecond while the client's flows connect and run, and every
+        // tenth connection held open and silent.
         s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                drop(std::net::TcpStream::connect(at));
+            let mut silent = Vec::new();
+            for i in 0.. {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(c) = std::net::TcpStream::connect(at)
+                    && i % 10 == 0
+                {
+                    silent.push(c);
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
+        let _stop = Stop(&done);
         let cli = start(
             &format!("--client 127.0.0.1 --port {port} {opts}"),
             "",
             mpsc::channel().0,
         );
         let deadline = Instant::now() + Duration::from_secs(60);
-        let cli = cli.finish(deadline);
-        let srv = srv.finish(deadline);
-        done.store(true, Ordering::Relaxed);
-        (srv, cli)
+        (srv.finish(deadline), cli.finish(deadline))
     });
     assert_eq!(json_of("client", &cli)["messages_sent"], 24);
     assert_eq!(json_of("server", &srv)["messages_received"], 24);

@@ -10,13 +10,14 @@
 //! `--duration`, the loss that applies, the messages in flight), so the server runs exactly
 //! the client's run.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
+use super::session::{self, Session};
 use super::{inflight, say};
 use crate::args::{Args, OpArg, RecvKeysArg, SILENCE_MS, TransportArg, TxMode};
 
@@ -26,14 +27,11 @@ const VERSION: u32 = 3;
 /// How long either end waits for the other's line (and the server for each of the client's
 /// flows to connect).
 pub(super) const TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the server waits for the run options of a connection it took before it ignores
-/// it (a client sends them as soon as it connects).
-const HELLO_WAIT: Duration = Duration::from_secs(5);
 /// How long a client tries again a server that refuses its connection (one started at the
 /// same moment may not listen yet).
 const SERVER_START: Duration = Duration::from_secs(5);
 /// The longest line either end reads.
-const MAX_LINE: u64 = 64 << 10;
+pub(super) const MAX_LINE: u64 = 64 << 10;
 
 /// What makes a run, as the client sends it (and as the JSON report's `config` has it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,22 +307,29 @@ fn conflicts(server: &Args, client: &RunOptions) -> (Vec<String>, Vec<String>) {
     differ
 }
 
-/// Reads one line (at most [`MAX_LINE`] bytes) of `s`.
-fn read_line(s: &TcpStream) -> Result<String, String> {
-    let mut line = String::new();
-    BufReader::new(s.take(MAX_LINE))
-        .read_line(&mut line)
-        .map_err(|e| match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => {
-                let wait = s.read_timeout().ok().flatten().unwrap_or_default();
-                format!("nothing came within {} s", wait.as_secs())
-            }
-            _ => e.to_string(),
-        })?;
-    if line.is_empty() {
-        return Err("the connection closed".into());
+/// Reads one line (at most [`MAX_LINE`] bytes) of `s` within `within` in all (a peer that
+/// sends a byte now and then does not stretch it). Byte by byte, so that nothing after the
+/// line (the server's go-aheads, see [`Session`]) is taken with it.
+fn read_line(s: &TcpStream, within: Duration) -> Result<String, String> {
+    let end = Instant::now() + within;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.last() != Some(&b'\n') {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || line.len() as u64 == MAX_LINE {
+            return Err(format!("no line came within {} s", within.as_secs()));
+        }
+        let _ = s.set_read_timeout(Some(left));
+        match (&*s).read(&mut b) {
+            Ok(0) if line.is_empty() => return Err("the connection closed".into()),
+            Ok(0) => return Err("the connection closed within a line".into()),
+            Ok(_) => line.push(b[0]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e.to_string()),
+        }
     }
-    Ok(line)
+    String::from_utf8(line).map_err(|_| "the line is not UTF-8".into())
 }
 
 /// Writes `value` as one JSON line to `s`.
@@ -334,92 +339,43 @@ fn write_line(mut s: &TcpStream, value: &impl Serialize) -> Result<(), String> {
     s.write_all(line.as_bytes()).map_err(|e| e.to_string())
 }
 
-/// The connection on which the two ends agreed on the run. The client keeps it open until its
-/// run ends, so that the server learns at once when it ends or dies while its flows connect
-/// (a stranger's connection to the port, which fails its handshake, is no sign of that).
-#[derive(Debug)]
-pub(super) struct Session(TcpStream);
-
-impl Session {
-    /// Whether the other end closed the session: it ended, or died.
-    pub(super) fn ended(&self) -> bool {
-        let mut b = [0u8; 1];
-        // Non-blocking since the run was agreed: data waiting (none is sent) or none yet
-        // means the client is there.
-        match self.0.peek(&mut b) {
-            Ok(n) => n == 0,
-            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
-        }
-    }
-}
-
-/// The server's side: takes connections on `listener` until one brings a client's run,
-/// answers it, and returns the options to run with (`args` with the client's run) and the
-/// client's session, or why the client was refused. A connection that sends no run options
-/// within [`HELLO_WAIT`] (a port scan, a stray client of another protocol) is ignored,
-/// named on standard error, and the next one taken.
+/// The server's side: takes connections on `listener` until one brings a client's run (see
+/// [`session::first_client`]: strangers are ignored), answers it, and returns the options to
+/// run with (`args` with the client's run) and the client's session, or why the client was
+/// refused.
 pub(super) fn serve(listener: &TcpListener, args: &Args) -> Result<(Args, Session), String> {
-    loop {
-        let (s, peer) = listener
-            .accept()
-            .map_err(|e| format!("accepting the client: {e}"))?;
-        // An IPv4 client of the dual-stack listener as IPv4 (127.0.0.1, not ::ffff:127.0.0.1).
-        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-        let _ = s.set_read_timeout(Some(HELLO_WAIT));
-        let _ = s.set_write_timeout(Some(TIMEOUT));
-        let first = read_line(&s).and_then(|line| {
-            let version = serde_json::from_str::<serde_json::Value>(&line)
-                .ok()
-                .and_then(|v| v.get("uccl_perf")?.as_u64())
-                .ok_or("it sent something else")?;
-            Ok((line, version))
-        });
-        let (line, version) = match first {
-            Ok(first) => first,
-            Err(why) => {
-                say(
-                    args,
-                    &format!(
-                        "uccl-perf: ignored a connection from {peer}, not a uccl-perf client's \
-                         run options: {why}"
-                    ),
-                );
-                continue;
-            }
-        };
-        let refuse = |why: String| {
-            let _ = write_line(&s, &Answer::Refused(why.clone()));
-            format!("refused the client at {peer}: {why}")
-        };
-        if version != u64::from(VERSION) {
-            return Err(refuse(format!(
-                "the client speaks version {version} of the run options, this server {VERSION}"
-            )));
-        }
-        let hello: Hello = serde_json::from_str(&line)
-            .map_err(|e| refuse(format!("its run options are not valid: {e}")))?;
-        let adopted = adopt(args, &hello.run).map_err(refuse)?;
-        write_line(&s, &Answer::Ok).map_err(|e| format!("answering the client at {peer}: {e}"))?;
-        s.set_nonblocking(true)
-            .map_err(|e| format!("the client's connection from {peer}: {e}"))?;
-        let changed: Vec<String> = RunOptions::of(args)
-            .flags()
-            .into_iter()
-            .zip(hello.run.flags())
-            // What the client set (its `--duration` says it has no `--messages`).
-            .filter(|((_, mine), (_, theirs))| mine != theirs && theirs.is_some())
-            .map(|(_, (id, theirs))| flag_text(id, &theirs))
-            .collect();
-        say(
-            &adopted,
-            &if changed.is_empty() {
-                format!("uccl-perf: the client at {peer} runs this server's options")
-            } else {
-                format!("uccl-perf: the client at {peer} runs {}", changed.join(" "))
-            },
-        );
-        return Ok((adopted, Session(s)));
+    let (s, peer, line, version) = session::first_client(listener, args)?;
+    let refuse = |why: String| {
+        let _ = write_line(&s, &Answer::Refused(why.clone()));
+        format!("refused the client at {peer}: {why}")
+    };
+    if version != u64::from(VERSION) {
+        return Err(refuse(format!(
+            "the client speaks version {version} of the run options, this server {VERSION}"
+        )));
     }
+    let hello: Hello = serde_json::from_str(&line)
+        .map_err(|e| refuse(format!("its run options are not valid: {e}")))?;
+    let adopted = adopt(args, &hello.run).map_err(refuse)?;
+    write_line(&s, &Answer::Ok).map_err(|e| format!("answering the client at {peer}: {e}"))?;
+    let session = Session::server(s, peer)?;
+    let changed: Vec<String> = RunOptions::of(args)
+        .flags()
+        .into_iter()
+        .zip(hello.run.flags())
+        // What the client set (its `--duration` says it has no `--messages`).
+        .filter(|((_, mine), (_, theirs))| mine != theirs && theirs.is_some())
+        .map(|(_, (id, theirs))| flag_text(id, &theirs))
+        .collect();
+    say(
+        &adopted,
+        &if changed.is_empty() {
+            format!("uccl-perf: the client at {peer} runs this server's options")
+        } else {
+            format!("uccl-perf: the client at {peer} runs {}", changed.join(" "))
+        },
+    );
+    Ok((adopted, session))
 }
 
 /// `args` running the client's `run`, or why not: a run option the server was given that
@@ -478,11 +434,11 @@ pub(super) fn ask(addr: &str, args: &Args) -> Result<Session, String> {
     };
     let talk = || -> Result<Answer, String> {
         write_line(&s, &hello)?;
-        let line = read_line(&s)?;
+        let line = read_line(&s, TIMEOUT)?;
         serde_json::from_str(&line).map_err(|e| format!("{e}: {}", line.trim()))
     };
     match talk().map_err(|e| format!("agreeing on the run with the server at {addr}: {e}"))? {
-        Answer::Ok => Ok(Session(s)),
+        Answer::Ok => Ok(Session::client(s)),
         Answer::Refused(why) => Err(format!("the server at {addr} refused the run: {why}")),
     }
 }

@@ -23,6 +23,7 @@ mod local;
 mod measure;
 mod remote;
 mod run;
+mod session;
 
 use std::time::Duration;
 
@@ -292,8 +293,8 @@ mod tests {
                 let (a, session) = agree::serve(&listener, a)?;
                 run_side(&a, srv, n, None, Side::Server(&listener, &session))
             });
-            let _session = agree::ask(&addr, a).unwrap();
-            let c = run_side(a, cli, names, None, Side::Client(&addr)).unwrap();
+            let session = agree::ask(&addr, a).unwrap();
+            let c = run_side(a, cli, names, None, Side::Client(&addr, &session)).unwrap();
             let sv = server.join().unwrap().unwrap();
             assert_eq!((c.role, c.messages_sent), (Role::Client, 12));
             assert_eq!((sv.role, sv.messages_received), (Role::Server, 12));

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
 
-use super::agree::Session;
 use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
 use super::run::{NOTICE, NOTICES_AT};
+use super::session::Session;
 use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
 use crate::args::Args;
 
@@ -22,8 +22,9 @@ pub(super) enum Side<'a> {
     /// The receivers (`--server`): each flow accepted on this listener, from the client
     /// whose session this is.
     Server(&'a TcpListener, &'a Session),
-    /// The senders (`--client`): each flow connected to the server at this address.
-    Client(&'a str),
+    /// The senders (`--client`): each flow connected to the server at this address when
+    /// the server, whose session this is, takes it.
+    Client(&'a str, &'a Session),
 }
 
 /// Runs this process's end of every flow, on engines of `--device`, as `--server` or
@@ -50,9 +51,10 @@ pub(super) fn run(args: &Args) -> Result<(Args, Measured), String> {
         }
         Some(host) => {
             let addr = address(host, args.port);
-            // Kept open until the run ends: the server learns so if this process dies.
-            let _session = agree::ask(&addr, args)?;
-            let m = start(args, Side::Client(&addr))?;
+            // Kept open until the run ends: the server paces the flows on it, and learns so if
+            // this process dies.
+            let session = agree::ask(&addr, args)?;
+            let m = start(args, Side::Client(&addr, &session))?;
             Ok((args.clone(), m))
         }
     }
@@ -77,9 +79,23 @@ fn listen(port: u16) -> std::io::Result<TcpListener> {
         rustix::net::listen(&fd, 128)?;
         Ok(TcpListener::from(fd))
     };
-    // Without IPv6 (no such family, or `::` not an address here), IPv4's error is the one
-    // to tell: a port in use fails both ways.
-    both().or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+    // IPv4 alone only where this host has no IPv6 (no such family or protocol, or `::` not
+    // an address here); any other error (a port in use) is IPv6's to tell.
+    both().or_else(|e| {
+        use rustix::io::Errno;
+        let no_v6 = [
+            Errno::AFNOSUPPORT,
+            Errno::PROTONOSUPPORT,
+            Errno::ADDRNOTAVAIL,
+        ]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()));
+        if no_v6 {
+            TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+        } else {
+            Err(e)
+        }
+    })
 }
 
 /// The server's address for `--client HOST`: `HOST:PORT`, unless HOST names its port itself
@@ -134,50 +150,64 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
-/// How often the server looks whether the client closed its session while it waits for a
-/// flow.
-const SESSION_LOOK: Duration = Duration::from_millis(10);
+/// How often the server looks for new connections, and whether the client closed its
+/// session, while it waits for a flow.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
 
-/// The client's next flow, accepted on `listener` within [`agree::TIMEOUT`]: a client that
-/// agreed on the run and then never connects its flows (its device failed) does not hold the
-/// server for ever, and one that closes its `session` (it died, or gave up) ends the run at
-/// once. A connection whose handshake fails (a stranger's, another client asking for a run,
-/// which is not an engine's handshake) is dropped and the next one taken: the run goes on.
+/// The client's next flow, set up on engine `e` within [`agree::TIMEOUT`]. The server tells
+/// the client to connect it (see [`Session`]) and takes every connection to `listener` (non-
+/// blocking) meanwhile, each set up on its own: one that fails or says nothing (a stranger's,
+/// another client asking for a run) holds only its own handshake, and the run goes on. A
+/// client that agreed on the run and never connects (its device failed) does not hold the
+/// server for ever, and one that closes its session (its process died, it gave up) ends the
+/// run at once.
 fn accept_flow(
     e: &mut Engine,
     listener: &TcpListener,
     session: &Session,
 ) -> Result<ConnId, String> {
+    session.go()?;
     let end = Instant::now() + agree::TIMEOUT;
+    let mut tries: Vec<uccl_engine::Connecting> = Vec::new();
     let mut last = None;
     let mut looked = Instant::now();
-    while Instant::now() < end {
-        let req = e.accept(listener).map_err(|e| e.to_string())?;
-        while !req.is_done() && Instant::now() < end {
-            e.poll().map_err(|e| e.to_string())?;
-            if looked.elapsed() >= SESSION_LOOK {
-                looked = Instant::now();
-                if session.ended() {
-                    let last = last
-                        .map_or_else(String::new, |why| format!("; the last connection: {why}"));
-                    return Err(format!(
-                        "the client closed its connection to this server (it ended or died) \
-                         before it connected this flow{last}"
-                    ));
-                }
+    let why = loop {
+        if let Some(i) = tries.iter().position(|t| t.is_done()) {
+            match tries.swap_remove(i).test() {
+                Some(Ok(conn)) => return Ok(conn),
+                Some(Err(why)) => last = Some(why),
+                None => {}
+            }
+            continue;
+        }
+        if Instant::now() >= end {
+            break format!(
+                "the client did not connect it within {} s (did it fail after agreeing on the \
+                 run?)",
+                agree::TIMEOUT.as_secs()
+            );
+        }
+        e.poll().map_err(|e| e.to_string())?;
+        if looked.elapsed() < LOOK_EVERY {
+            continue;
+        }
+        looked = Instant::now();
+        if session.ended() {
+            break "the client closed its connection to this server (it ended or died) before it \
+                   connected this flow"
+                .to_string();
+        }
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => tries.push(e.accept_stream(stream).map_err(|e| e.to_string())?),
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(err) if super::session::is_transient(&err) => {}
+                Err(err) => return Err(format!("accepting a connection: {err}")),
             }
         }
-        match req.test() {
-            Some(Ok(conn)) => return Ok(conn),
-            Some(Err(why)) => last = Some(why),
-            None => break,
-        }
-    }
+    };
     let last = last.map_or_else(String::new, |why| format!("; the last connection: {why}"));
-    Err(format!(
-        "the client did not connect it within {} s (did it fail after agreeing on the run?){last}",
-        agree::TIMEOUT.as_secs()
-    ))
+    Err(format!("{why}{last}"))
 }
 
 /// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
@@ -202,6 +232,12 @@ pub(super) fn run_side(
     let window = u64::from(inflight(args));
     let msg = args.msg_size();
     let n = engines.len();
+    if let Side::Server(listener, _) = side {
+        // Every connection is taken as it comes (see `accept_flow`).
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("the listener: {e}"))?;
+    }
     let mut flows = Vec::new();
     for f in 0..usize::from(args.flows) {
         let engine = f % n;
@@ -234,7 +270,8 @@ pub(super) fn run_side(
                 }
                 (None, Some(rx))
             }
-            Side::Client(addr) => {
+            Side::Client(addr, session) => {
+                session.wait_go()?;
                 let conn = e
                     .connect(addr)
                     .and_then(|c| e.wait(&c))
@@ -272,7 +309,7 @@ pub(super) fn run_side(
     }
     let role = match side {
         Side::Server(..) => Role::Server,
-        Side::Client(_) => Role::Client,
+        Side::Client(..) => Role::Client,
     };
     execute(args, role, engines, names, fabric, flows, true)
 }
