@@ -4,7 +4,7 @@
 //! size than the run's (0 bytes, or 1 when messages have none) from the sender ends each flow.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6, TcpListener};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
@@ -12,7 +12,7 @@ use verbs_safe::Verbs;
 use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
 use super::run::{NOTICE, NOTICES_AT};
-use super::session::Session;
+use super::session::{LOOK_EVERY, Session};
 use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
 use crate::args::Args;
 
@@ -150,9 +150,9 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
-/// How often the server looks for new connections, and whether the client closed its
-/// session, while it waits for a flow.
-const LOOK_EVERY: Duration = Duration::from_millis(1);
+/// Handshakes of connections to the port a flow may have in flight: more wait in the
+/// kernel's backlog (a flood of strangers costs the server no more sockets than this).
+const TRIES: usize = 64;
 
 /// The client's next flow, set up on engine `e` within [`agree::TIMEOUT`]. The server tells
 /// the client to connect it (see [`Session`]) and takes every connection to `listener` (non-
@@ -197,7 +197,7 @@ fn accept_flow(
                    connected this flow"
                 .to_string();
         }
-        loop {
+        while tries.len() < TRIES {
             match listener.accept() {
                 Ok((stream, _)) => tries.push(e.accept_stream(stream).map_err(|e| e.to_string())?),
                 Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,

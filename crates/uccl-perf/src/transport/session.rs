@@ -16,8 +16,9 @@ const HELLO_WAIT: Duration = Duration::from_secs(2);
 /// Connections the server reads at once while it looks for its client's; one more pushes out
 /// the oldest.
 const READING: usize = 64;
-/// How often the server looks at its connections while none has anything.
-const LOOK_EVERY: Duration = Duration::from_millis(1);
+/// How often the server looks at the connections to its port, and at its client's session,
+/// while nothing happens.
+pub(super) const LOOK_EVERY: Duration = Duration::from_millis(1);
 
 /// Connections that bring no run options named on standard error, at most.
 const IGNORED_NAMED: u32 = 8;
