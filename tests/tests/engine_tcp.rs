@@ -312,16 +312,20 @@ fn clients_that_say_nothing_cannot_keep_a_real_one_out() {
 #[test]
 fn connections_the_caller_accepted_are_set_up_alone() {
     use std::io::Write;
-    let (_fabric, mut a, mut b) = engines_with(|c| c.handshake_timeout_ms = 1_000);
+    let (_fabric, mut a, mut b) = engines_with(|c| c.handshake_timeout_ms = 2_500);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    let take = |a: &mut Engine| {
+        let (s, peer) = listener.accept().unwrap();
+        a.accept_stream(s, peer).unwrap()
+    };
     let _silent_client = std::net::TcpStream::connect(addr).unwrap();
-    let silent = a.accept_stream(listener.accept().unwrap().0).unwrap();
+    let silent = take(&mut a);
     let mut junk_client = std::net::TcpStream::connect(addr).unwrap();
     junk_client.write_all(&[0xab; 200]).unwrap();
-    let junk = a.accept_stream(listener.accept().unwrap().0).unwrap();
+    let junk = take(&mut a);
     let c = b.connect(addr).unwrap();
-    let real = a.accept_stream(listener.accept().unwrap().0).unwrap();
+    let real = take(&mut a);
     let end = std::time::Instant::now() + Duration::from_secs(20);
     while ![&silent, &junk, &real, &c].iter().all(|r| r.is_done()) {
         assert!(std::time::Instant::now() < end, "not set up");
@@ -336,4 +340,105 @@ fn connections_the_caller_accepted_are_set_up_alone() {
     let why = silent.test().unwrap().unwrap_err().to_string();
     assert!(why.contains("timed out"), "{why}");
     assert_eq!(a.usage().connections, 1);
+}
+
+/// Polls both engines until every handle is done (20 s at most).
+fn settle(a: &mut Engine, b: &mut Engine, handles: &[&uccl_engine::Connecting]) {
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !handles.iter().all(|r| r.is_done()) {
+        assert!(std::time::Instant::now() < end, "not set up");
+        a.poll().unwrap();
+        b.poll().unwrap();
+    }
+}
+
+/// A client that resets its connection while it waits in the listener's backlog (a
+/// connect-and-RST scan): the caller accepts a connection that has no peer any more
+/// (`getpeername` fails), and its handshake fails alone, naming the address `accept` gave;
+/// the next client is set up.
+#[test]
+fn a_connection_reset_before_it_was_accepted_fails_alone() {
+    let (_fabric, mut a, mut b) = engines([Mode::Uc, Mode::Uc]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let scan = std::net::TcpStream::connect(addr).unwrap();
+    rustix::net::sockopt::set_socket_linger(&scan, Some(Duration::ZERO)).unwrap();
+    drop(scan);
+    thread::sleep(Duration::from_millis(50));
+    let (s, scanner) = listener.accept().unwrap();
+    assert!(
+        s.peer_addr().is_err(),
+        "the scan's connection was not reset"
+    );
+    let reset = a.accept_stream(s, scanner).unwrap();
+    let c = b.connect(addr).unwrap();
+    let (s, peer) = listener.accept().unwrap();
+    let real = a.accept_stream(s, peer).unwrap();
+    settle(&mut a, &mut b, &[&reset, &real, &c]);
+    let why = reset.test().unwrap().unwrap_err().to_string();
+    assert!(why.contains(&scanner.to_string()), "{why}");
+    real.test().unwrap().unwrap();
+    c.test().unwrap().unwrap();
+}
+
+/// A set-up given up with `abandon` fails with `Cancelled` and lets go of what it held: a
+/// caller-accepted handshake its socket (the client sees it close), a one-shot accept its
+/// listener (the next client is the caller's), a handle waiting for the listener's next
+/// connection its turn, a connect its attempt. A completed one is left alone.
+#[test]
+fn abandoned_set_ups_fail_and_let_go_of_what_they_held() {
+    use std::io::Read;
+    let (_fabric, mut a, mut b) = engines([Mode::Uc, Mode::Uc]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancelled =
+        |r: &uccl_engine::Connecting| matches!(r.test(), Some(Err(EngineError::Cancelled)));
+
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let (s, peer) = listener.accept().unwrap();
+    let taken = a.accept_stream(s, peer).unwrap();
+    a.poll().unwrap();
+    assert_eq!(a.handshakes(), 1);
+    assert!(a.abandon(&taken));
+    assert!(cancelled(&taken), "{:?}", taken.test());
+    assert_eq!(a.handshakes(), 0);
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(silent.read(&mut [0u8; 64]).unwrap(), 0, "still open");
+    assert!(!a.abandon(&taken), "abandoned twice");
+
+    let once = a.accept(&listener).unwrap();
+    assert!(a.abandon(&once));
+    assert!(cancelled(&once));
+    let _next = std::net::TcpStream::connect(addr).unwrap();
+    for _ in 0..100 {
+        a.poll().unwrap();
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_ok(),
+        "the abandoned accept took the next client"
+    );
+    listener.set_nonblocking(false).unwrap();
+
+    let served = TcpListener::bind("127.0.0.1:0").unwrap();
+    a.listen(served.try_clone().unwrap()).unwrap();
+    let given_up = a.incoming().unwrap();
+    let second = a.incoming().unwrap();
+    assert!(a.abandon(&given_up));
+    let c = b.connect(served.local_addr().unwrap()).unwrap();
+    settle(&mut a, &mut b, &[&second, &c]);
+    assert!(cancelled(&given_up));
+    second.test().unwrap().unwrap();
+
+    let nobody = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dial = b.connect(nobody.local_addr().unwrap()).unwrap();
+    b.poll().unwrap();
+    assert!(b.abandon(&dial));
+    assert!(cancelled(&dial));
+    assert_eq!(b.handshakes(), 0);
+    assert!(!b.abandon(&c), "a completed set-up was abandoned");
+    assert!(!a.abandon(&dial), "another engine's set-up was abandoned");
+    c.test().unwrap().unwrap();
 }

@@ -8,7 +8,8 @@
 //!   the QPs, then exchanges a ready byte so that neither end sends before the other's QPs
 //!   can receive.
 //! - [`Engine::accept`] takes one connection of a listener the caller keeps;
-//!   [`Engine::accept_stream`] one the caller accepted itself;
+//!   [`Engine::accept_stream`] one the caller accepted itself; [`Engine::abandon`] gives up
+//!   any of these;
 //!   [`Engine::listen`] hands a listener to the engine, which accepts while it runs (at most
 //!   `MAX_INCOMING` handshakes at once; the kernel's backlog holds the rest), and
 //!   [`Engine::incoming`] hands out the connections it set up, in order. An accepting end
@@ -211,15 +212,22 @@ impl Engine {
     }
 
     /// Sets up a connection on `stream`, a TCP connection the caller accepted itself (from a
-    /// listener of its own, when it chose to), with an engine calling
-    /// [`connect`](Self::connect) at the other end. Returns at once; the handle completes as
-    /// the engine polls, with the connection or with why that handshake failed. Several may
-    /// run at once: a client that sends nothing holds only its own.
-    pub fn accept_stream(&mut self, stream: std::net::TcpStream) -> Result<Connecting> {
+    /// listener of its own, when it chose to) from `peer` (as `accept` returned it), with an
+    /// engine calling [`connect`](Self::connect) at the other end. Returns at once; the handle
+    /// completes as the engine polls, with the connection or with why that handshake failed
+    /// (a peer that reset the connection before it was accepted fails it there). Several may
+    /// run at once: a client that sends nothing holds only its own, until the handshake
+    /// timeout or until the caller [`abandon`](Self::abandon)s it. An error only if the engine
+    /// cannot take the socket.
+    pub fn accept_stream(
+        &mut self,
+        stream: std::net::TcpStream,
+        peer: SocketAddr,
+    ) -> Result<Connecting> {
         self.unsettle();
-        let taking = |e| io_err("a connecting engine", "taking the connection", e);
-        let peer = stream.peer_addr().map_err(taking)?;
-        stream.set_nonblocking(true).map_err(taking)?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| io_err(&peer.to_string(), "taking the connection", e))?;
         let req = Request::of_engine(&self.owner, None);
         self.start_incoming(
             TcpStream::from_std(stream),
@@ -227,6 +235,44 @@ impl Engine {
             Target::Handle(req.clone()),
         )?;
         Ok(req)
+    }
+
+    /// Gives up the set-up `setup` stands for ([`connect`](Self::connect),
+    /// [`accept`](Self::accept), [`accept_stream`](Self::accept_stream),
+    /// [`incoming`](Self::incoming)) if it has not completed: its handshake ends (its socket
+    /// closes, QPs it created are destroyed, so the peer's handshake fails), a one-shot
+    /// accept stops listening, a handle waiting for the listener's next connection stops
+    /// waiting (that connection goes to the next). The handle fails with
+    /// [`EngineError::Cancelled`]. Whether it was in flight: a handle that completed, or
+    /// another engine's, is left as it is.
+    pub fn abandon(&mut self, setup: &Connecting) -> bool {
+        self.unsettle();
+        if setup.is_done() || setup.engine() != self.id {
+            return false;
+        }
+        let this = |t: &Target| matches!(t, Target::Handle(r) if r.same(setup));
+        let d = &mut self.dials;
+        if let Some(slot) =
+            (d.attempts.iter()).position(|a| a.as_ref().is_some_and(|a| this(&a.target)))
+        {
+            self.end_attempt(slot, Progress::Failed(EngineError::Cancelled));
+        } else if let Some(slot) =
+            (d.once.iter()).position(|o| o.as_ref().is_some_and(|(_, r)| r.same(setup)))
+        {
+            let (mut l, req) = d.once[slot].take().expect("found");
+            if let Some((p, _)) = &d.poll {
+                let _ = p.registry().deregister(&mut l);
+            }
+            req.fail(EngineError::Cancelled);
+        } else if let Some(i) = d.waiting.iter().position(|r| r.same(setup)) {
+            d.waiting
+                .remove(i)
+                .expect("found")
+                .fail(EngineError::Cancelled);
+        } else {
+            return false;
+        }
+        true
     }
 
     /// Hands `listener` to the engine, which accepts connections on it while it runs (see

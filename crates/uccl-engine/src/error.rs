@@ -112,8 +112,9 @@ pub enum EngineError {
     #[error("the peer refused the read: {0}")]
     ReadRefused(&'static str),
     /// The request was cancelled ([`Request::cancel`](crate::Request::cancel)) before it
-    /// started.
-    #[error("the request was cancelled before it started")]
+    /// started, or a set-up given up ([`Engine::abandon`](crate::Engine::abandon)) before it
+    /// completed.
+    #[error("the request was cancelled before it completed")]
     Cancelled,
     /// The request's deadline ([`Opts::timeout`](crate::Opts::timeout)) passed before it
     /// completed.

@@ -487,6 +487,21 @@ impl EngineHandle {
         self.call(move |e| e.accept(&l))?
     }
 
+    /// [`Engine::accept_stream`] on the engine thread.
+    pub fn accept_stream(
+        &self,
+        stream: std::net::TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Result<crate::Connecting> {
+        self.call(move |e| e.accept_stream(stream, peer))?
+    }
+
+    /// [`Engine::abandon`] on the engine thread.
+    pub fn abandon(&self, setup: &crate::Connecting) -> Result<bool> {
+        let setup = setup.clone();
+        self.call(move |e| e.abandon(&setup))
+    }
+
     /// [`Engine::listen`] on the engine thread.
     pub fn listen(&self, listener: std::net::TcpListener) -> Result<()> {
         self.call(move |e| e.listen(listener))?

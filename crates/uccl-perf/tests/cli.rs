@@ -604,10 +604,12 @@ fn a_server_runs_the_clients_options_and_each_side_reports_what_it_moved() {
 
 /// Connections to the server's port that are not its client's, before the client and while
 /// its flows connect and run, are ignored: a port scan that connects and closes, a stranger
-/// that speaks another protocol, and ones that connect and say nothing, held open (each held
+/// that speaks another protocol, ones that connect and say nothing, held open (each held
 /// the server's only handshake: the client's connection waited behind it until its own
-/// deadline). The run goes on (one that closed at once ended the server, taken for the
-/// client, or for a client that died while its flows connected).
+/// deadline), and ones reset before the server takes them (the server asked the connection
+/// for its peer, which it no longer had, and ended the run). The run goes on (one that
+/// closed at once ended the server, taken for the client, or for a client that died while
+/// its flows connected).
 #[test]
 fn strangers_at_the_servers_port_do_not_end_its_run() {
     use std::io::Write;
@@ -629,18 +631,25 @@ fn strangers_at_the_servers_port_do_not_end_its_run() {
         .expect("and speaks");
     let done = AtomicBool::new(false);
     let (srv, cli) = std::thread::scope(|s| {
-        // A scan at every millisecond while the client's flows connect and run, and every
-        // tenth connection held open and silent.
+        // A scan at every millisecond while the client's flows connect and run: every tenth
+        // connection held open and silent (200 at most), every third of the others reset
+        // (SO_LINGER 0: the server may take it with no peer left).
         s.spawn(|| {
             let mut silent = Vec::new();
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             for i in 0.. {
                 if done.load(Ordering::Relaxed) {
                     break;
                 }
-                if let Ok(c) = std::net::TcpStream::connect(at)
-                    && i % 10 == 0
+                // Not blocked for seconds by a SYN retried while the backlog is full.
+                if let Ok(c) =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100))
                 {
-                    silent.push(c);
+                    if i % 10 == 0 && silent.len() < 200 {
+                        silent.push(c);
+                    } else if i % 3 == 0 {
+                        let _ = rustix::net::sockopt::set_socket_linger(&c, Some(Duration::ZERO));
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -22,8 +22,9 @@ use super::{inflight, say};
 use crate::args::{Args, OpArg, RecvKeysArg, SILENCE_MS, TransportArg, TxMode};
 
 /// The version of the exchange; a client and a server of different versions refuse each other.
-/// 3: the client keeps its connection open while the run lasts; `max_silence_ms`.
-const VERSION: u32 = 3;
+/// 3: the client keeps its connection open while the run lasts; `max_silence_ms`. 4: the
+/// client connects each flow when the server says so on that connection.
+const VERSION: u32 = 4;
 /// How long either end waits for the other's line (and the server for each of the client's
 /// flows to connect).
 pub(super) const TIMEOUT: Duration = Duration::from_secs(30);
@@ -316,7 +317,10 @@ fn read_line(s: &TcpStream, within: Duration) -> Result<String, String> {
     let mut b = [0u8; 1];
     while line.last() != Some(&b'\n') {
         let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() || line.len() as u64 == MAX_LINE {
+        if line.len() as u64 == MAX_LINE {
+            return Err(format!("the line is longer than {MAX_LINE} bytes"));
+        }
+        if left.is_zero() {
             return Err(format!("no line came within {} s", within.as_secs()));
         }
         let _ = s.set_read_timeout(Some(left));
@@ -344,7 +348,12 @@ fn write_line(mut s: &TcpStream, value: &impl Serialize) -> Result<(), String> {
 /// run with (`args` with the client's run) and the client's session, or why the client was
 /// refused.
 pub(super) fn serve(listener: &TcpListener, args: &Args) -> Result<(Args, Session), String> {
-    let (s, peer, line, version) = session::first_client(listener, args)?;
+    let session::FirstLine {
+        s,
+        peer,
+        line,
+        version,
+    } = session::first_client(listener, args)?;
     let refuse = |why: String| {
         let _ = write_line(&s, &Answer::Refused(why.clone()));
         format!("refused the client at {peer}: {why}")
@@ -354,7 +363,7 @@ pub(super) fn serve(listener: &TcpListener, args: &Args) -> Result<(Args, Sessio
             "the client speaks version {version} of the run options, this server {VERSION}"
         )));
     }
-    let hello: Hello = serde_json::from_str(&line)
+    let hello: Hello = serde_json::from_value(line)
         .map_err(|e| refuse(format!("its run options are not valid: {e}")))?;
     let adopted = adopt(args, &hello.run).map_err(refuse)?;
     write_line(&s, &Answer::Ok).map_err(|e| format!("answering the client at {peer}: {e}"))?;

@@ -3,16 +3,17 @@
 //! the two processes, each on its own 127.0.0.x), connected over TCP. A message of another
 //! size than the run's (0 bytes, or 1 when messages have none) from the sender ends each flow.
 
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6, TcpListener};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use uccl_engine::{Access, Buffer, Clock, ConnId, DESCRIPTOR_LEN, Descriptor, Engine};
+use uccl_engine::{Access, Buffer, Clock, ConnId, Connecting, DESCRIPTOR_LEN, Descriptor, Engine};
 use verbs_safe::Verbs;
 
 use super::flow::{Credits, Flow, RxSide, TxSide};
 use super::measure::execute;
 use super::run::{NOTICE, NOTICES_AT};
-use super::session::{LOOK_EVERY, Session};
+use super::session::{PUSH_OUT_AFTER, Session};
 use super::{Measured, Role, agree, buffer, engine_config, inflight, open, say};
 use crate::args::Args;
 
@@ -150,42 +151,68 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
     run_side(args, engines, vec![device; n], fabric, side)
 }
 
-/// Handshakes of connections to the port a flow may have in flight: more wait in the
-/// kernel's backlog (a flood of strangers costs the server no more sockets than this).
+/// Handshakes of connections to the port a flow has in flight at most: with this many, the
+/// oldest gives its place up to a newer connection once it is [`PUSH_OUT_AFTER`] old, and
+/// more wait in the kernel's backlog meanwhile.
 const TRIES: usize = 64;
+/// How often the server looks at the connections to its port, and at its client's session,
+/// while it sets up a flow (it polls the engine between looks).
+const LOOK_EVERY: Duration = Duration::from_millis(1);
 
 /// The client's next flow, set up on engine `e` within [`agree::TIMEOUT`]. The server tells
 /// the client to connect it (see [`Session`]) and takes every connection to `listener` (non-
 /// blocking) meanwhile, each set up on its own: one that fails or says nothing (a stranger's,
-/// another client asking for a run) holds only its own handshake, and the run goes on. A
-/// client that agreed on the run and never connects (its device failed) does not hold the
-/// server for ever, and one that closes its session (its process died, it gave up) ends the
-/// run at once.
+/// another client asking for a run) holds only its own handshake, and gives it up for a
+/// newer connection with [`TRIES`] in flight; the others are given up once the flow is
+/// set up. A client that agreed on the run and never connects (its device failed) does not
+/// hold the server for ever, and one that closes its session (its process died, it gave up)
+/// ends the run at once.
 fn accept_flow(
     e: &mut Engine,
     listener: &TcpListener,
     session: &Session,
 ) -> Result<ConnId, String> {
     session.go()?;
-    let end = Instant::now() + agree::TIMEOUT;
-    let mut tries: Vec<uccl_engine::Connecting> = Vec::new();
+    // Oldest first, with when each began.
+    let mut tries: VecDeque<(Connecting, Instant)> = VecDeque::new();
     let mut last = None;
+    let got = take_flow(e, listener, session, &mut tries, &mut last);
+    for (t, _) in tries {
+        e.abandon(&t);
+    }
+    got.map_err(|why| {
+        let last = last.map_or_else(String::new, |why| format!("; the last connection: {why}"));
+        format!("{why}{last}")
+    })
+}
+
+/// [`accept_flow`]'s loop: the handshakes it started are in `tries` (and stay there unless
+/// they ended), the last one's failure in `last`.
+fn take_flow(
+    e: &mut Engine,
+    listener: &TcpListener,
+    session: &Session,
+    tries: &mut VecDeque<(Connecting, Instant)>,
+    last: &mut Option<uccl_engine::EngineError>,
+) -> Result<ConnId, String> {
+    let end = Instant::now() + agree::TIMEOUT;
     let mut looked = Instant::now();
-    let why = loop {
-        if let Some(i) = tries.iter().position(|t| t.is_done()) {
-            match tries.swap_remove(i).test() {
+    loop {
+        if let Some(i) = tries.iter().position(|(t, _)| t.is_done()) {
+            let (t, _) = tries.remove(i).expect("found");
+            match t.test() {
                 Some(Ok(conn)) => return Ok(conn),
-                Some(Err(why)) => last = Some(why),
+                Some(Err(why)) => *last = Some(why),
                 None => {}
             }
             continue;
         }
         if Instant::now() >= end {
-            break format!(
+            return Err(format!(
                 "the client did not connect it within {} s (did it fail after agreeing on the \
                  run?)",
                 agree::TIMEOUT.as_secs()
-            );
+            ));
         }
         e.poll().map_err(|e| e.to_string())?;
         if looked.elapsed() < LOOK_EVERY {
@@ -193,21 +220,36 @@ fn accept_flow(
         }
         looked = Instant::now();
         if session.ended() {
-            break "the client closed its connection to this server (it ended or died) before it \
-                   connected this flow"
-                .to_string();
+            return Err(
+                "the client closed its connection to this server (it ended or died) \
+                        before it connected this flow"
+                    .to_string(),
+            );
         }
-        while tries.len() < TRIES {
+        loop {
+            // With every place taken, only a connection that pushes the oldest out is taken.
+            let full = tries.len() >= TRIES;
+            if full
+                && tries
+                    .front()
+                    .is_some_and(|(_, at)| at.elapsed() < PUSH_OUT_AFTER)
+            {
+                break;
+            }
             match listener.accept() {
-                Ok((stream, _)) => tries.push(e.accept_stream(stream).map_err(|e| e.to_string())?),
+                Ok((stream, peer)) => {
+                    if full && let Some((oldest, _)) = tries.pop_front() {
+                        e.abandon(&oldest);
+                    }
+                    let t = e.accept_stream(stream, peer).map_err(|e| e.to_string())?;
+                    tries.push_back((t, Instant::now()));
+                }
                 Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(err) if super::session::is_transient(&err) => {}
                 Err(err) => return Err(format!("accepting a connection: {err}")),
             }
         }
-    };
-    let last = last.map_or_else(String::new, |why| format!("; the last connection: {why}"));
-    Err(format!("{why}{last}"))
+    }
 }
 
 /// The peer's export, sent as the flow's first message: received into `small` (64 bytes at
@@ -271,7 +313,7 @@ pub(super) fn run_side(
                 (None, Some(rx))
             }
             Side::Client(addr, session) => {
-                session.wait_go()?;
+                session.wait_go(f)?;
                 let conn = e
                     .connect(addr)
                     .and_then(|c| e.wait(&c))
@@ -316,7 +358,62 @@ pub(super) fn run_side(
 
 #[cfg(test)]
 mod tests {
-    use super::address;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use uccl_engine::{Clock, Engine, EngineConfig};
+    use verbs_safe::{Context, Verbs};
+
+    use super::{Session, TRIES, accept_flow, address};
+
+    /// More silent connections to the port than a flow has handshakes in flight, all ahead of
+    /// the client's flow in the backlog: the oldest give their places up, and the flow is set
+    /// up (with handshake deadlines longer than the server's wait for the flow, a flow held
+    /// up behind them would never be), and none of the silent ones is still held once it is.
+    #[test]
+    fn a_flood_of_silent_connections_does_not_hold_a_flow_up() {
+        let fabric = softnic::Fabric::new(softnic::FabricConfig {
+            devices: 2,
+            clock: softnic::Clock::Wall,
+            ..Default::default()
+        });
+        let verbs = Verbs::soft(&fabric);
+        let engine = |i: usize| {
+            let ctx = Context::open_by_name(&verbs, &format!("soft{i}")).unwrap();
+            let cfg = EngineConfig {
+                handshake_timeout_ms: 2 * super::agree::TIMEOUT.as_millis() as u64,
+                ..EngineConfig::default()
+            };
+            Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
+        };
+        let mut server = engine(0);
+        let client = engine(1).spawn().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let side = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut go = TcpStream::connect(side.local_addr().unwrap()).unwrap();
+        let (s, peer) = side.accept().unwrap();
+        let session = Session::server(s, peer).unwrap();
+        let silent: Vec<TcpStream> = (0..TRIES + 40)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let flow = std::thread::spawn(move || {
+            go.read_exact(&mut [0u8; 1]).unwrap();
+            let c = client.connect(addr).unwrap();
+            let got = c.wait();
+            (got, client, go)
+        });
+        let conn = accept_flow(&mut server, &listener, &session);
+        let (got, _client, _go) = flow.join().unwrap();
+        let conn = conn.unwrap();
+        got.unwrap();
+        assert!(server.is_open(conn));
+        for _ in 0..10 {
+            server.poll().unwrap();
+        }
+        assert_eq!(server.handshakes(), 0, "handshakes left behind");
+        drop(silent);
+    }
 
     #[test]
     fn a_host_may_name_its_port_and_be_ipv6() {

@@ -13,21 +13,24 @@ use crate::args::Args;
 /// How long the server waits for the run options of a connection it took before it ignores
 /// it (a client sends them as soon as it connects).
 const HELLO_WAIT: Duration = Duration::from_secs(2);
-/// Connections the server reads at once while it looks for its client's; one more pushes out
-/// the oldest.
+/// Connections the server reads at once while it looks for its client's.
 const READING: usize = 64;
-/// How often the server looks at the connections to its port, and at its client's session,
-/// while nothing happens.
-pub(super) const LOOK_EVERY: Duration = Duration::from_millis(1);
+/// How long a connection the server reads (for run options here, for a flow's handshake
+/// while flows are set up) keeps its place against a newer one while every place is taken:
+/// an honest client speaks at once, so one that has said nothing for this long gives its
+/// place up to a connection that waits for one.
+pub(super) const PUSH_OUT_AFTER: Duration = Duration::from_secs(1);
 
 /// Connections that bring no run options named on standard error, at most.
 const IGNORED_NAMED: u32 = 8;
 
 /// Whether an `accept` failed for the connection it was taking, not for the listener: the
 /// client went before it was taken, a network error pending on it (which Linux reports
-/// there, see accept(2)), or a signal. The next connection may do.
+/// there, see accept(2)), a firewall rule that forbids it, or a signal. The next connection
+/// may do.
 pub(super) fn is_transient(e: &std::io::Error) -> bool {
     use ErrorKind::*;
+    use rustix::io::Errno;
     matches!(
         e.kind(),
         ConnectionAborted
@@ -39,9 +42,10 @@ pub(super) fn is_transient(e: &std::io::Error) -> bool {
             | TimedOut
     ) || e.raw_os_error().is_some_and(|n| {
         [
-            rustix::io::Errno::PROTO,
-            rustix::io::Errno::NOPROTOOPT,
-            rustix::io::Errno::OPNOTSUPP,
+            Errno::PROTO,
+            Errno::NOPROTOOPT,
+            Errno::OPNOTSUPP,
+            Errno::PERM,
         ]
         .iter()
         .any(|x| x.raw_os_error() == n)
@@ -53,18 +57,26 @@ struct Caller {
     s: TcpStream,
     peer: SocketAddr,
     line: Vec<u8>,
-    until: Instant,
+    since: Instant,
+}
+
+/// What the server's client sent first: its connection and address, and its run options'
+/// line as JSON, with the version it names.
+pub(super) struct FirstLine {
+    pub(super) s: TcpStream,
+    pub(super) peer: SocketAddr,
+    pub(super) line: serde_json::Value,
+    pub(super) version: u64,
 }
 
 /// The first connection to `listener` that sends a line naming a version of the run options
-/// (`{"uccl_perf": N, ...}`), with its peer, the line and the version. Every connection is
-/// read at once, each for [`HELLO_WAIT`] in all: one that closes, says something else or
-/// nothing (a port scan, a stranger, a peer that sends a byte now and then) is ignored,
-/// named on standard error (the first [`IGNORED_NAMED`]), and never holds the others up.
-pub(super) fn first_client(
-    listener: &TcpListener,
-    args: &Args,
-) -> Result<(TcpStream, SocketAddr, String, u64), String> {
+/// (`{"uccl_perf": N, ...}`). Up to [`READING`] connections are read at once, each for
+/// [`HELLO_WAIT`] in all: one that closes, says something else or nothing (a port scan, a
+/// stranger, a peer that sends a byte now and then) is ignored, named on standard error
+/// (the first [`IGNORED_NAMED`]), and never holds the others up; with every place taken, the
+/// oldest makes room for a newer connection after [`PUSH_OUT_AFTER`]. The server sleeps
+/// until a connection or a byte comes, or a deadline passes.
+pub(super) fn first_client(listener: &TcpListener, args: &Args) -> Result<FirstLine, String> {
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("the listener: {e}"))?;
@@ -88,25 +100,31 @@ pub(super) fn first_client(
             );
         }
     };
+    // The caller that has been read longest: the one to push out.
+    let oldest = |callers: &[Caller]| (0..callers.len()).min_by_key(|&i| callers[i].since);
     loop {
-        let mut busy = false;
+        // Every connection waiting while there is room; with none, only one that pushes the
+        // oldest out (a connection is taken only once it is there to take).
         loop {
+            let full = callers.len() >= READING;
+            let out = oldest(&callers).filter(|&i| callers[i].since.elapsed() >= PUSH_OUT_AFTER);
+            if full && out.is_none() {
+                break;
+            }
             match listener.accept() {
                 Ok((s, peer)) => {
-                    busy = true;
                     if s.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    if callers.len() == READING {
-                        let oldest = callers.remove(0);
-                        ignore(oldest, "pushed out by newer connections");
+                    if let Some(i) = out.filter(|_| full) {
+                        ignore(callers.swap_remove(i), "pushed out by a newer connection");
                     }
                     callers.push(Caller {
                         s,
                         // An IPv4 client of the dual-stack listener as IPv4 (not ::ffff:a.b.c.d).
                         peer: SocketAddr::new(peer.ip().to_canonical(), peer.port()),
                         line: Vec::new(),
-                        until: Instant::now() + HELLO_WAIT,
+                        since: Instant::now(),
                     });
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -121,17 +139,22 @@ pub(super) fn first_client(
             let why = match (&c.s).read(&mut b) {
                 Ok(0) => Some("the connection closed"),
                 Ok(n) => {
-                    busy = true;
                     c.line.extend_from_slice(&b[..n]);
                     if let Some(end) = c.line.iter().position(|&x| x == b'\n') {
                         let c = callers.swap_remove(i);
                         match version(&c.line[..=end]) {
-                            Some((line, v)) => {
+                            Some((line, version)) => {
                                 // The client waits for the answer: a blocking connection again.
                                 c.s.set_nonblocking(false)
                                     .map_err(|e| format!("the client's connection: {e}"))?;
                                 let _ = c.s.set_write_timeout(Some(TIMEOUT));
-                                return Ok((c.s, c.peer, line, v));
+                                let (s, peer) = (c.s, c.peer);
+                                return Ok(FirstLine {
+                                    s,
+                                    peer,
+                                    line,
+                                    version,
+                                });
                             }
                             None => ignore(c, "it sent something else"),
                         }
@@ -144,26 +167,50 @@ pub(super) fn first_client(
                 }
                 Err(_) => Some("the connection failed"),
             };
-            let why =
-                why.or((Instant::now() >= callers[i].until).then_some("nothing came in time"));
-            match why {
+            let late = callers[i].since.elapsed() >= HELLO_WAIT;
+            match why.or(late.then_some("nothing came in time")) {
                 Some(why) => ignore(callers.swap_remove(i), why),
                 None => i += 1,
             }
         }
-        if !busy {
-            std::thread::sleep(LOOK_EVERY);
-        }
+        wait(listener, &callers)?;
     }
 }
 
-/// The line as text and the version it names, if it is a JSON object with `uccl_perf`.
-fn version(line: &[u8]) -> Option<(String, u64)> {
-    let line = String::from_utf8(line.to_vec()).ok()?;
-    let v = serde_json::from_str::<serde_json::Value>(&line)
-        .ok()?
-        .get("uccl_perf")?
-        .as_u64()?;
+/// Sleeps until a connection waits on `listener` (while it can be taken: see
+/// [`first_client`]), one of the `callers` sends something or closes, or the next of their
+/// deadlines passes.
+fn wait(listener: &TcpListener, callers: &[Caller]) -> Result<(), String> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let oldest = callers.iter().map(|c| c.since).min();
+    let full = callers.len() >= READING;
+    // The next deadline: a caller's HELLO_WAIT, or the oldest's PUSH_OUT_AFTER while full.
+    let next = oldest.map(|t| t + if full { PUSH_OUT_AFTER } else { HELLO_WAIT });
+    let mut fds: Vec<PollFd<'_>> = callers
+        .iter()
+        .map(|c| PollFd::new(&c.s, PollFlags::IN))
+        .collect();
+    if !full {
+        fds.push(PollFd::new(listener, PollFlags::IN));
+    }
+    let timeout = next.map(|t| {
+        let left = t.saturating_duration_since(Instant::now());
+        // Rounded up to the next millisecond: no wake-up just before the deadline.
+        Timespec::try_from(left + Duration::from_millis(1)).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        })
+    });
+    match poll(&mut fds, timeout.as_ref()) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(format!("waiting for the client: {e}")),
+    }
+}
+
+/// The line as JSON and the version it names, if it is an object with `uccl_perf`.
+fn version(line: &[u8]) -> Option<(serde_json::Value, u64)> {
+    let line = serde_json::from_slice::<serde_json::Value>(line).ok()?;
+    let v = line.get("uccl_perf")?.as_u64()?;
     Some((line, v))
 }
 
@@ -215,13 +262,65 @@ impl Session {
         }
     }
 
-    /// The client waits until the server takes its next flow.
-    pub(super) fn wait_go(&self) -> Result<(), String> {
+    /// The client waits until the server takes its next flow, flow `f`.
+    pub(super) fn wait_go(&self, f: usize) -> Result<(), String> {
         let mut b = [0u8; 1];
-        match (&self.0).read(&mut b) {
-            Ok(1) => Ok(()),
-            Ok(_) => Err("the server closed its connection (it failed or stopped)".into()),
-            Err(e) => Err(format!("waiting for the server to take the next flow: {e}")),
+        loop {
+            return match (&self.0).read(&mut b) {
+                Ok(1) => Ok(()),
+                Ok(_) => Err(format!(
+                    "flow {f}: the server closed its connection before it took the flow (it \
+                     failed or stopped)"
+                )),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    Err(format!(
+                        "flow {f}: the server did not take the flow within {} s",
+                        TIMEOUT.as_secs()
+                    ))
+                }
+                Err(e) => Err(format!(
+                    "flow {f}: waiting for the server to take the flow: {e}"
+                )),
+            };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::{READING, first_client};
+    use crate::args::Args;
+
+    /// A burst of more connections than the server reads at once, right behind the client's
+    /// (every one in the backlog before the server looks): the client's line is read first,
+    /// not pushed out unread by the burst.
+    #[test]
+    fn a_burst_behind_the_client_does_not_push_it_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).unwrap();
+        client.write_all(b"{\"uccl_perf\": 99}\n").unwrap();
+        let burst: Vec<TcpStream> = (0..READING + 20)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let args = Args::parse_from(["uccl-perf", "--server"]);
+            let _ = tx.send(first_client(&listener, &args).map(|f| (f.peer, f.version)));
+        });
+        let (peer, version) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the client's line was never read")
+            .unwrap();
+        assert_eq!((peer, version), (client.local_addr().unwrap(), 99));
+        drop(burst);
     }
 }
