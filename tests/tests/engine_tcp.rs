@@ -435,10 +435,56 @@ fn abandoned_set_ups_fail_and_let_go_of_what_they_held() {
     let nobody = TcpListener::bind("127.0.0.1:0").unwrap();
     let dial = b.connect(nobody.local_addr().unwrap()).unwrap();
     b.poll().unwrap();
+    assert!(!a.abandon(&dial), "another engine's set-up was abandoned");
+    assert!(!dial.is_done());
     assert!(b.abandon(&dial));
     assert!(cancelled(&dial));
     assert_eq!(b.handshakes(), 0);
     assert!(!b.abandon(&c), "a completed set-up was abandoned");
-    assert!(!a.abandon(&dial), "another engine's set-up was abandoned");
     c.test().unwrap().unwrap();
+}
+
+/// A set-up abandoned after its client sent its handshake, once it holds a connection (its
+/// QPs created, the engine waiting for the client to be ready): the connection goes, and
+/// the client's goes with it (its handshake fails, or its connection is closed). Until the
+/// client spoke, `peer_spoke` says it had not.
+#[test]
+fn a_set_up_abandoned_after_its_client_spoke_lets_go_of_its_connection() {
+    let (_fabric, mut a, mut b) = engines([Mode::Uc, Mode::Uc]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = b.connect(listener.local_addr().unwrap()).unwrap();
+    let (s, peer) = listener.accept().unwrap();
+    let t = a.accept_stream(s, peer).unwrap();
+    assert!(!a.peer_spoke(&t), "the client has not been polled yet");
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    // The client is polled only until its handshake is in: it never says it is ready.
+    while !a.peer_spoke(&t) {
+        assert!(std::time::Instant::now() < end, "the client never spoke");
+        b.poll().unwrap();
+        a.poll().unwrap();
+    }
+    while a.usage().connections == 0 {
+        assert!(std::time::Instant::now() < end, "no connection was made");
+        a.poll().unwrap();
+    }
+    assert!(!t.is_done());
+    assert!(a.abandon(&t));
+    assert!(!a.peer_spoke(&t), "an abandoned set-up is not in flight");
+    assert!(matches!(t.test(), Some(Err(EngineError::Cancelled))));
+    // The client's handshake fails, or (this end's ready byte was sent before it was
+    // abandoned) completes and its connection is closed by this end.
+    while !c.is_done() || a.usage().connections > 0 || b.usage().connections > 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "{:?} {:?} {:?}",
+            c.test(),
+            a.usage(),
+            b.usage()
+        );
+        a.poll().unwrap();
+        b.poll().unwrap();
+    }
+    if let Ok(conn) = c.test().unwrap() {
+        assert!(!b.is_open(conn));
+    }
 }

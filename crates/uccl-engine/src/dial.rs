@@ -8,8 +8,8 @@
 //!   the QPs, then exchanges a ready byte so that neither end sends before the other's QPs
 //!   can receive.
 //! - [`Engine::accept`] takes one connection of a listener the caller keeps;
-//!   [`Engine::accept_stream`] one the caller accepted itself; [`Engine::abandon`] gives up
-//!   any of these;
+//!   [`Engine::accept_stream`] one the caller accepted itself (and [`Engine::peer_spoke`]
+//!   tells whether its client sent its handshake); [`Engine::abandon`] gives up any of these;
 //!   [`Engine::listen`] hands a listener to the engine, which accepts while it runs (at most
 //!   `MAX_INCOMING` handshakes at once; the kernel's backlog holds the rest), and
 //!   [`Engine::incoming`] hands out the connections it set up, in order. An accepting end
@@ -125,6 +125,11 @@ impl Dials {
     fn remove(&mut self, slot: usize) -> Option<Attempt> {
         let mut a = self.attempts.get_mut(slot)?.take()?;
         self.live -= 1;
+        if a.parked {
+            // Not stepped for an attempt that ended (nor for the next in its slot): with
+            // none left, a parked one would keep the engine from ever being idle.
+            self.parked.retain(|&s| s != slot);
+        }
         if let Some((p, _)) = &self.poll {
             let _ = p.registry().deregister(&mut a.stream);
         }
@@ -240,11 +245,13 @@ impl Engine {
     /// Gives up the set-up `setup` stands for ([`connect`](Self::connect),
     /// [`accept`](Self::accept), [`accept_stream`](Self::accept_stream),
     /// [`incoming`](Self::incoming)) if it has not completed: its handshake ends (its socket
-    /// closes, QPs it created are destroyed, so the peer's handshake fails), a one-shot
-    /// accept stops listening, a handle waiting for the listener's next connection stops
-    /// waiting (that connection goes to the next). The handle fails with
-    /// [`EngineError::Cancelled`]. Whether it was in flight: a handle that completed, or
-    /// another engine's, is left as it is.
+    /// closes, and the connection it made, if any, is withdrawn or closed: the peer's
+    /// handshake fails, or, if it had already completed on the peer's side, the peer's
+    /// connection is closed or fails when it hears nothing more), a one-shot accept stops
+    /// listening, a handle waiting for the listener's next connection stops waiting (that
+    /// connection goes to the next). The handle fails with [`EngineError::Cancelled`].
+    /// Whether it was in flight: a handle that completed, or another engine's, is left as it
+    /// is.
     pub fn abandon(&mut self, setup: &Connecting) -> bool {
         self.unsettle();
         if setup.is_done() || setup.engine() != self.id {
@@ -273,6 +280,16 @@ impl Engine {
             return false;
         }
         true
+    }
+
+    /// Whether the peer of `setup`, a set-up in flight on this engine, has sent its whole
+    /// handshake. An accepting end's peer that has not, long after it connected, is likely no
+    /// engine at all (a port scan, a stranger: see [`abandon`](Self::abandon)); one that has
+    /// is an engine, perhaps a busy one. False for a set-up not in flight here (completed,
+    /// waiting for a client to connect, or another engine's).
+    pub fn peer_spoke(&self, setup: &Connecting) -> bool {
+        (self.dials.attempts.iter().flatten())
+            .any(|a| matches!(&a.target, Target::Handle(r) if r.same(setup)) && a.heard())
     }
 
     /// Hands `listener` to the engine, which accepts connections on it while it runs (see
@@ -335,9 +352,15 @@ impl Engine {
     pub(crate) fn drive_dials(&mut self, data_busy: bool) -> Result<()> {
         self.dials.budget = SETUPS_PER_LOOK;
         self.dials.data_busy = data_busy;
-        while self.dials.budget > 0
-            && let Some(slot) = self.dials.parked.pop_front()
-        {
+        // Those parked before this look, once each: one whose turn has not come parks again
+        // (stepping it again now would spin until its turn).
+        for _ in 0..self.dials.parked.len() {
+            if self.dials.budget == 0 {
+                break;
+            }
+            let Some(slot) = self.dials.parked.pop_front() else {
+                break;
+            };
             if let Some(a) = self.dials.attempts.get_mut(slot).and_then(Option::as_mut) {
                 a.parked = false;
                 self.step_attempt(slot);
@@ -507,5 +530,77 @@ impl Engine {
             .as_ref()
             .map_or("peer".into(), |a| a.peer.to_string());
         EngineError::Handshake { peer, reason }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::handshake::Step;
+    use super::{Attempt, Dials, Target};
+    use crate::EngineConfig;
+
+    /// While the engine moves data, a set-up step whose turn has not come (see
+    /// `SETUP_SHARE`) waits for a later look: the look steps it once and goes on, where it
+    /// stepped it again and again until its turn came (stalling the data path meanwhile).
+    #[test]
+    fn a_set_up_step_whose_turn_has_not_come_waits_for_a_later_look() {
+        let fabric = softnic::Fabric::new(softnic::FabricConfig {
+            devices: 2,
+            ..Default::default()
+        });
+        let (mut e, _peer, _, _) = crate::test_pair(&fabric, &EngineConfig::default());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (s, peer) = listener.accept().unwrap();
+        let setup = e.accept_stream(s, peer).unwrap();
+        let slot = (e.dials.attempts.iter()).position(Option::is_some).unwrap();
+        // Its client's handshake in, its QPs to create; the next step's turn an hour away.
+        e.dials.attempts[slot].as_mut().unwrap().step = Step::Offer;
+        e.dials.next_setup = Some(Instant::now() + Duration::from_secs(3600));
+        e.step_attempt(slot);
+        assert_eq!(Vec::from(e.dials.parked.clone()), [slot]);
+        // A look stuck for a minute fails the test rather than hang it for the hour.
+        let done = Arc::new(AtomicBool::new(false));
+        let watched = Arc::clone(&done);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(60));
+            if !watched.load(Ordering::SeqCst) {
+                eprintln!("a look at the sockets stepped a parked set-up for a minute");
+                std::process::exit(101);
+            }
+        });
+        e.drive_dials(true).unwrap();
+        done.store(true, Ordering::SeqCst);
+        assert_eq!(
+            Vec::from(e.dials.parked.clone()),
+            [slot],
+            "not parked again"
+        );
+        assert!(!setup.is_done());
+    }
+
+    /// An attempt that ends while it waits for its turn to create or connect QPs leaves the
+    /// queue of those waiting: with it there, and no socket left to look at, the engine
+    /// would never be idle (its set-ups would seem to wait for ever).
+    #[test]
+    fn an_attempt_that_ends_while_parked_leaves_the_queue() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let peer = client.local_addr().unwrap();
+        let (s, _) = listener.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut d = Dials::default();
+        let mut a = Attempt::new(mio::net::TcpStream::from_std(s), peer, Target::Listener);
+        a.parked = true;
+        let slot = d.add(a).unwrap();
+        d.parked.push_back(slot);
+        assert!(d.waiting());
+        assert!(d.remove(slot).is_some());
+        assert!(!d.waiting(), "the ended attempt is still parked");
+        assert!(!d.active());
     }
 }

@@ -496,6 +496,12 @@ impl EngineHandle {
         self.call(move |e| e.accept_stream(stream, peer))?
     }
 
+    /// [`Engine::peer_spoke`] on the engine thread.
+    pub fn peer_spoke(&self, setup: &crate::Connecting) -> Result<bool> {
+        let setup = setup.clone();
+        self.call(move |e| e.peer_spoke(&setup))
+    }
+
     /// [`Engine::abandon`] on the engine thread.
     pub fn abandon(&self, setup: &crate::Connecting) -> Result<bool> {
         let setup = setup.clone();

@@ -96,6 +96,18 @@ impl Attempt {
     }
 }
 
+impl Attempt {
+    /// Whether the peer's whole handshake is in.
+    pub(super) fn heard(&self) -> bool {
+        match self.step {
+            Step::Connecting | Step::ReadHello => false,
+            // A connector sends its own first.
+            Step::Offer | Step::SendHello => !self.connector,
+            Step::Complete | Step::SendReady | Step::ReadReady => true,
+        }
+    }
+}
+
 /// How an attempt ended.
 pub(super) enum Progress {
     Done(ConnId),

@@ -152,8 +152,8 @@ fn start(args: &Args, side: Side<'_>) -> Result<Measured, String> {
 }
 
 /// Handshakes of connections to the port a flow has in flight at most: with this many, the
-/// oldest gives its place up to a newer connection once it is [`PUSH_OUT_AFTER`] old, and
-/// more wait in the kernel's backlog meanwhile.
+/// oldest whose client has not sent its handshake within [`PUSH_OUT_AFTER`] gives its place
+/// up to a newer connection, and more wait in the kernel's backlog meanwhile.
 const TRIES: usize = 64;
 /// How often the server looks at the connections to its port, and at its client's session,
 /// while it sets up a flow (it polls the engine between looks).
@@ -178,7 +178,12 @@ fn accept_flow(
     let mut last = None;
     let got = take_flow(e, listener, session, &mut tries, &mut last);
     for (t, _) in tries {
-        e.abandon(&t);
+        // One set up meanwhile is not the flow (it came after, or the run ends): closed.
+        if !e.abandon(&t)
+            && let Some(Ok(conn)) = t.test()
+        {
+            let _ = e.close(conn);
+        }
     }
     got.map_err(|why| {
         let last = last.map_or_else(String::new, |why| format!("; the last connection: {why}"));
@@ -186,8 +191,8 @@ fn accept_flow(
     })
 }
 
-/// [`accept_flow`]'s loop: the handshakes it started are in `tries` (and stay there unless
-/// they ended), the last one's failure in `last`.
+/// [`accept_flow`]'s loop: the handshakes in flight are in `tries` (those that ended, and
+/// those pushed out and abandoned, are taken from it), the last one's failure in `last`.
 fn take_flow(
     e: &mut Engine,
     listener: &TcpListener,
@@ -227,18 +232,23 @@ fn take_flow(
             );
         }
         loop {
-            // With every place taken, only a connection that pushes the oldest out is taken.
+            // With every place taken, a connection is taken only to push out the oldest
+            // handshake whose client has said nothing for a while (none that completed, or
+            // whose client is an engine, however slow).
             let full = tries.len() >= TRIES;
-            if full
-                && tries
-                    .front()
-                    .is_some_and(|(_, at)| at.elapsed() < PUSH_OUT_AFTER)
-            {
+            let out = full.then(|| {
+                tries.iter().position(|(t, at)| {
+                    at.elapsed() >= PUSH_OUT_AFTER && !t.is_done() && !e.peer_spoke(t)
+                })
+            });
+            if out == Some(None) {
                 break;
             }
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    if full && let Some((oldest, _)) = tries.pop_front() {
+                    if let Some(Some(i)) = out
+                        && let Some((oldest, _)) = tries.remove(i)
+                    {
                         e.abandon(&oldest);
                     }
                     let t = e.accept_stream(stream, peer).map_err(|e| e.to_string())?;

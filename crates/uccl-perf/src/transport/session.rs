@@ -17,8 +17,9 @@ const HELLO_WAIT: Duration = Duration::from_secs(2);
 const READING: usize = 64;
 /// How long a connection the server reads (for run options here, for a flow's handshake
 /// while flows are set up) keeps its place against a newer one while every place is taken:
-/// an honest client speaks at once, so one that has said nothing for this long gives its
-/// place up to a connection that waits for one.
+/// an honest client speaks at once, so one that has not sent all it should (its whole line,
+/// its whole handshake) within this long gives its place up to a connection that waits for
+/// one.
 pub(super) const PUSH_OUT_AFTER: Duration = Duration::from_secs(1);
 
 /// Connections that bring no run options named on standard error, at most.
@@ -26,8 +27,9 @@ const IGNORED_NAMED: u32 = 8;
 
 /// Whether an `accept` failed for the connection it was taking, not for the listener: the
 /// client went before it was taken, a network error pending on it (which Linux reports
-/// there, see accept(2)), a firewall rule that forbids it, or a signal. The next connection
-/// may do.
+/// there, see accept(2)), or a signal. The next connection may do. (Not EPERM: a security
+/// module that refuses `accept` leaves the connection waiting, and taking it again at once
+/// would spin.)
 pub(super) fn is_transient(e: &std::io::Error) -> bool {
     use ErrorKind::*;
     use rustix::io::Errno;
@@ -41,14 +43,9 @@ pub(super) fn is_transient(e: &std::io::Error) -> bool {
             | NetworkDown
             | TimedOut
     ) || e.raw_os_error().is_some_and(|n| {
-        [
-            Errno::PROTO,
-            Errno::NOPROTOOPT,
-            Errno::OPNOTSUPP,
-            Errno::PERM,
-        ]
-        .iter()
-        .any(|x| x.raw_os_error() == n)
+        [Errno::PROTO, Errno::NOPROTOOPT, Errno::OPNOTSUPP]
+            .iter()
+            .any(|x| x.raw_os_error() == n)
     })
 }
 
@@ -179,18 +176,25 @@ pub(super) fn first_client(listener: &TcpListener, args: &Args) -> Result<FirstL
 
 /// Sleeps until a connection waits on `listener` (while it can be taken: see
 /// [`first_client`]), one of the `callers` sends something or closes, or the next of their
-/// deadlines passes.
+/// deadlines passes: a caller's [`HELLO_WAIT`], or, with every place taken and none to push
+/// out yet, the oldest's [`PUSH_OUT_AFTER`].
 fn wait(listener: &TcpListener, callers: &[Caller]) -> Result<(), String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let oldest = callers.iter().map(|c| c.since).min();
     let full = callers.len() >= READING;
-    // The next deadline: a caller's HELLO_WAIT, or the oldest's PUSH_OUT_AFTER while full.
-    let next = oldest.map(|t| t + if full { PUSH_OUT_AFTER } else { HELLO_WAIT });
+    let can_push = oldest.is_some_and(|t| t.elapsed() >= PUSH_OUT_AFTER);
+    let next = oldest.map(|t| {
+        t + if full && !can_push {
+            PUSH_OUT_AFTER
+        } else {
+            HELLO_WAIT
+        }
+    });
     let mut fds: Vec<PollFd<'_>> = callers
         .iter()
         .map(|c| PollFd::new(&c.s, PollFlags::IN))
         .collect();
-    if !full {
+    if !full || can_push {
         fds.push(PollFd::new(listener, PollFlags::IN));
     }
     let timeout = next.map(|t| {
