@@ -246,8 +246,8 @@ impl Engine {
     /// [`accept`](Self::accept), [`accept_stream`](Self::accept_stream),
     /// [`incoming`](Self::incoming)) if it has not completed: its handshake ends (its socket
     /// closes, and the connection it made, if any, is withdrawn or closed: the peer's
-    /// handshake fails, or, if it had already completed on the peer's side, the peer's
-    /// connection is closed or fails when it hears nothing more), a one-shot accept stops
+    /// handshake fails, or, if this end's ready byte had gone, completes, and the peer is
+    /// then told over the control QP that the connection is closed), a one-shot accept stops
     /// listening, a handle waiting for the listener's next connection stops waiting (that
     /// connection goes to the next). The handle fails with [`EngineError::Cancelled`].
     /// Whether it was in flight: a handle that completed, or another engine's, is left as it
@@ -283,9 +283,10 @@ impl Engine {
     }
 
     /// Whether the peer of `setup`, a set-up in flight on this engine, has sent its whole
-    /// handshake. An accepting end's peer that has not, long after it connected, is likely no
-    /// engine at all (a port scan, a stranger: see [`abandon`](Self::abandon)); one that has
-    /// is an engine, perhaps a busy one. False for a set-up not in flight here (completed,
+    /// handshake (well formed so far: what it asks for is checked in the next steps). An
+    /// accepting end's peer that has not, long after it connected, is likely no engine at all
+    /// (a port scan, a stranger: see [`abandon`](Self::abandon)); one that has is most likely
+    /// an engine, perhaps a busy one. False for a set-up not in flight here (completed,
     /// waiting for a client to connect, or another engine's).
     pub fn peer_spoke(&self, setup: &Connecting) -> bool {
         (self.dials.attempts.iter().flatten())
@@ -561,11 +562,18 @@ mod tests {
         // Its client's handshake in, its QPs to create; the next step's turn an hour away.
         e.dials.attempts[slot].as_mut().unwrap().step = Step::Offer;
         e.dials.next_setup = Some(Instant::now() + Duration::from_secs(3600));
+        (e.dials.data_busy, e.dials.budget) = (true, 1);
         e.step_attempt(slot);
         assert_eq!(Vec::from(e.dials.parked.clone()), [slot]);
         // A look stuck for a minute fails the test rather than hang it for the hour.
-        let done = Arc::new(AtomicBool::new(false));
-        let watched = Arc::clone(&done);
+        struct Looked(Arc<AtomicBool>);
+        impl Drop for Looked {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let looked = Looked(Arc::new(AtomicBool::new(false)));
+        let watched = Arc::clone(&looked.0);
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_secs(60));
             if !watched.load(Ordering::SeqCst) {
@@ -574,7 +582,7 @@ mod tests {
             }
         });
         e.drive_dials(true).unwrap();
-        done.store(true, Ordering::SeqCst);
+        drop(looked);
         assert_eq!(
             Vec::from(e.dials.parked.clone()),
             [slot],

@@ -368,19 +368,31 @@ pub(super) fn run_side(
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
-    use std::net::{TcpListener, TcpStream};
-    use uccl_engine::{Clock, Engine, EngineConfig};
+    use std::collections::VecDeque;
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use uccl_engine::{Clock, Engine, EngineConfig, EngineHandle};
     use verbs_safe::{Context, Verbs};
 
-    use super::{Session, TRIES, accept_flow, address};
+    use super::{PUSH_OUT_AFTER, Session, TRIES, accept_flow, address, take_flow};
 
-    /// More silent connections to the port than a flow has handshakes in flight, all ahead of
-    /// the client's flow in the backlog: the oldest give their places up, and the flow is set
-    /// up (with handshake deadlines longer than the server's wait for the flow, a flow held
-    /// up behind them would never be), and none of the silent ones is still held once it is.
-    #[test]
-    fn a_flood_of_silent_connections_does_not_hold_a_flow_up() {
+    /// A server's engine and a client's (threaded) on one softnic fabric, each with handshake
+    /// deadlines longer than the server's wait for a flow (a flow held up behind strangers
+    /// would never be set up); the server's port (non-blocking) and its address; a session,
+    /// with its client's end.
+    struct Rig {
+        _fabric: softnic::Fabric,
+        server: Engine,
+        client: EngineHandle,
+        listener: TcpListener,
+        addr: SocketAddr,
+        session: Session,
+        go: TcpStream,
+    }
+
+    fn rig() -> Rig {
         let fabric = softnic::Fabric::new(softnic::FabricConfig {
             devices: 2,
             clock: softnic::Clock::Wall,
@@ -395,15 +407,31 @@ mod tests {
             };
             Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
         };
-        let mut server = engine(0);
-        let client = engine(1).spawn().unwrap();
+        let (server, client) = (engine(0), engine(1).spawn().unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         listener.set_nonblocking(true).unwrap();
         let side = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut go = TcpStream::connect(side.local_addr().unwrap()).unwrap();
+        let go = TcpStream::connect(side.local_addr().unwrap()).unwrap();
         let (s, peer) = side.accept().unwrap();
-        let session = Session::server(s, peer).unwrap();
+        Rig {
+            _fabric: fabric,
+            server,
+            client,
+            listener,
+            addr,
+            session: Session::server(s, peer).unwrap(),
+            go,
+        }
+    }
+
+    /// More silent connections to the port than a flow has handshakes in flight, all ahead of
+    /// the client's flow in the backlog: the oldest give their places up, and the flow is set
+    /// up, and none of the silent ones is still held once it is.
+    #[test]
+    fn a_flood_of_silent_connections_does_not_hold_a_flow_up() {
+        let mut r = rig();
+        let (client, addr, mut go) = (r.client, r.addr, r.go);
         let silent: Vec<TcpStream> = (0..TRIES + 40)
             .map(|_| TcpStream::connect(addr).unwrap())
             .collect();
@@ -413,16 +441,65 @@ mod tests {
             let got = c.wait();
             (got, client, go)
         });
-        let conn = accept_flow(&mut server, &listener, &session);
+        let conn = accept_flow(&mut r.server, &r.listener, &r.session);
         let (got, _client, _go) = flow.join().unwrap();
         let conn = conn.unwrap();
         got.unwrap();
-        assert!(server.is_open(conn));
+        assert!(r.server.is_open(conn));
         for _ in 0..10 {
-            server.poll().unwrap();
+            r.server.poll().unwrap();
         }
-        assert_eq!(server.handshakes(), 0, "handshakes left behind");
+        assert_eq!(r.server.handshakes(), 0, "handshakes left behind");
         drop(silent);
+    }
+
+    /// A connection whose client sent an engine's whole handshake (and then went quiet, as a
+    /// busy engine may) keeps its place however long it takes, while silent ones behind it,
+    /// with every place taken, give theirs up to newer connections and to the flow.
+    #[test]
+    fn a_handshake_whose_client_spoke_keeps_its_place() {
+        let mut r = rig();
+        let (client, addr) = (r.client, r.addr);
+        // An engine's handshake, caught on a port of the test's (its engine waits for an
+        // answer that never comes while the test lasts).
+        let catcher = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _caught = client.connect(catcher.local_addr().unwrap()).unwrap();
+        let (mut c, _) = catcher.accept().unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut hello = Vec::new();
+        let mut b = [0u8; 4096];
+        while let Ok(n @ 1..) = c.read(&mut b) {
+            hello.extend_from_slice(&b[..n]);
+        }
+        assert!(!hello.is_empty(), "no handshake came");
+        let mut spoke = TcpStream::connect(addr).unwrap();
+        spoke.write_all(&hello).unwrap();
+        // Every place taken behind it, and one more waiting from the start.
+        let silent: Vec<TcpStream> = (0..TRIES)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let flow = std::thread::spawn(move || {
+            std::thread::sleep(PUSH_OUT_AFTER + Duration::from_millis(300));
+            let got = client.connect(addr).unwrap().wait();
+            (got, client)
+        });
+        let (mut tries, mut last) = (VecDeque::new(), None);
+        let conn = take_flow(
+            &mut r.server,
+            &r.listener,
+            &r.session,
+            &mut tries,
+            &mut last,
+        );
+        let (got, _client) = flow.join().unwrap();
+        conn.unwrap();
+        got.unwrap();
+        assert!(
+            tries.iter().any(|(t, _)| r.server.peer_spoke(t)),
+            "the handshake whose client spoke was pushed out ({last:?})"
+        );
+        drop((silent, spoke, c));
     }
 
     #[test]
