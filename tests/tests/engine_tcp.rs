@@ -326,12 +326,7 @@ fn connections_the_caller_accepted_are_set_up_alone() {
     let junk = take(&mut a);
     let c = b.connect(addr).unwrap();
     let real = take(&mut a);
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    while ![&silent, &junk, &real, &c].iter().all(|r| r.is_done()) {
-        assert!(std::time::Instant::now() < end, "not set up");
-        a.poll().unwrap();
-        b.poll().unwrap();
-    }
+    settle(&mut a, &mut b, &[&silent, &junk, &real, &c]);
     let ca = real.test().unwrap().unwrap();
     c.test().unwrap().unwrap();
     assert!(a.is_open(ca));

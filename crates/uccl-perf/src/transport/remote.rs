@@ -233,8 +233,8 @@ fn take_flow(
         }
         loop {
             // With every place taken, a connection is taken only to push out the oldest
-            // handshake whose client has said nothing for a while (none that completed, or
-            // whose client is an engine, however slow).
+            // handshake whose client has not sent its own for a while (never one that
+            // completed, nor one whose client did: an engine, however slow).
             let full = tries.len() >= TRIES;
             let out = full.then(|| {
                 tries.iter().position(|(t, at)| {
