@@ -152,7 +152,21 @@ pub(super) fn run_all(launcher: &str) -> Vec<Row> {
     RUNS.iter()
         .map(|r| {
             let started = Instant::now();
-            let result = run_pair(launcher, r);
+            let mut result = run_pair(launcher, r);
+            // perftest's close under loss, lost as it would be on a real NIC: again, twice
+            // at most (the run is of the data, which both ends moved).
+            for _ in 0..2 {
+                match &result {
+                    Err(why) if r.loss.is_some() && lost_at_close(why) => {
+                        eprintln!(
+                            "xtask interop: {} {}: perftest's close lost under loss; again",
+                            r.program, r.client
+                        );
+                        result = run_pair(launcher, r);
+                    }
+                    _ => break,
+                }
+            }
             let args = match r.loss {
                 Some(p) => format!("{} (loss {p})", r.client),
                 None => r.client.to_string(),
@@ -176,6 +190,17 @@ pub(super) fn run_all(launcher: &str) -> Vec<Row> {
             }
         })
         .collect()
+}
+
+/// Whether a run failed only in perftest's close, after both ends moved all their data and
+/// printed their figures: the server's last message of the closing exchange still waited
+/// for its ACK when the client, done, disconnected (the ACK lost: the client's QP, in the
+/// error state once it disconnects, takes no retransmission, so a real NIC fails it too,
+/// after its retries). With 1% loss, about one run in a hundred.
+fn lost_at_close(why: &str) -> bool {
+    why.starts_with("server failed")
+        && why.contains("Failed to close connection")
+        && why.matches("#bytes").count() >= 2
 }
 
 /// The launcher's arguments for one side.
@@ -281,4 +306,33 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")
         .to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lost_at_close;
+
+    /// Only a server that failed in perftest's close, after both ends printed their
+    /// figures, is taken for the close lost under loss.
+    #[test]
+    fn only_perftests_close_is_taken_for_one_lost_under_loss() {
+        let figures = " #bytes     #iterations    BW peak[MB/sec]\n 65536      200   1372.39\n";
+        let close = format!(
+            "server failed (exit status: 1):\n{figures} Bad wc status 5\n Unable to write \
+             from socket/rdma_cm\nFailed to close connection between server and client\n\
+             \nclient:\n{figures}"
+        );
+        assert!(lost_at_close(&close));
+        // Before the data moved, or the client's failure: not the close.
+        let early = close.replacen(figures, "", 1);
+        assert!(!lost_at_close(&early));
+        assert!(!lost_at_close(&close.replacen(
+            "server failed",
+            "client failed",
+            1
+        )));
+        assert!(!lost_at_close(
+            &close.replace("Failed to close connection", "Bad wc")
+        ));
+    }
 }
