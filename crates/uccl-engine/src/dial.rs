@@ -517,8 +517,7 @@ impl Engine {
     /// The listener's handshake that has waited longest for its client's, if that has been
     /// [`STALLED`] at least: its slot, how long, and its step.
     fn stalled_incoming(&self) -> Option<(usize, Duration, Step)> {
-        let waiting =
-            |a: &Attempt| matches!(a.target, Target::Listener) && matches!(a.step, Step::ReadHello);
+        let waiting = |a: &Attempt| matches!(a.target, Target::Listener) && !a.heard();
         (self.dials.attempts.iter().enumerate())
             .filter_map(|(i, a)| a.as_ref().filter(|a| waiting(a)).map(|a| (i, a)))
             .min_by_key(|(_, a)| a.started)

@@ -145,10 +145,9 @@ pub(super) fn first_client(listener: &TcpListener, args: &Args) -> Result<FirstL
                                 c.s.set_nonblocking(false)
                                     .map_err(|e| format!("the client's connection: {e}"))?;
                                 let _ = c.s.set_write_timeout(Some(TIMEOUT));
-                                let (s, peer) = (c.s, c.peer);
                                 return Ok(FirstLine {
-                                    s,
-                                    peer,
+                                    s: c.s,
+                                    peer: c.peer,
                                     line,
                                     version,
                                 });
@@ -270,23 +269,27 @@ impl Session {
     pub(super) fn wait_go(&self, f: usize) -> Result<(), String> {
         let mut b = [0u8; 1];
         loop {
-            return match (&self.0).read(&mut b) {
-                Ok(1) => Ok(()),
-                Ok(_) => Err(format!(
-                    "flow {f}: the server closed its connection before it took the flow (it \
-                     failed or stopped)"
-                )),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            match (&self.0).read(&mut b) {
+                Ok(1) => return Ok(()),
+                Ok(_) => {
+                    return Err(format!(
+                        "flow {f}: the server closed its connection before it took the flow \
+                         (it failed or stopped)"
+                    ));
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    Err(format!(
+                    return Err(format!(
                         "flow {f}: the server did not take the flow within {} s",
                         TIMEOUT.as_secs()
-                    ))
+                    ));
                 }
-                Err(e) => Err(format!(
-                    "flow {f}: waiting for the server to take the flow: {e}"
-                )),
-            };
+                Err(e) => {
+                    return Err(format!(
+                        "flow {f}: waiting for the server to take the flow: {e}"
+                    ));
+                }
+            }
         }
     }
 }
