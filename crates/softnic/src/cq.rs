@@ -1,6 +1,6 @@
 //! Completion queues, completion channels and their file descriptors.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -217,13 +217,20 @@ impl World {
             Arm::Solicited => solicited || wc.status != ibv_wc_status::IBV_WC_SUCCESS,
         };
         if fire {
-            c.arm = Arm::Off;
-            let user = c.shell.get().cq_context;
-            if let Some(ch) = c.channel.and_then(|id| self.channels.get_mut(&id)) {
-                ch.events.push_back((cq, user));
-                ch.fd.signal();
-            }
+            c.raise(cq, &mut self.channels);
         }
         true
+    }
+}
+
+impl Cq {
+    /// Raises the completion event of CQ `id` on its channel (if it has one), and disarms it.
+    pub(crate) fn raise(&mut self, id: u32, channels: &mut BTreeMap<u32, Channel>) {
+        self.arm = Arm::Off;
+        let user = self.shell.get().cq_context;
+        if let Some(ch) = self.channel.and_then(|c| channels.get_mut(&c)) {
+            ch.events.push_back((id, user));
+            ch.fd.signal();
+        }
     }
 }
