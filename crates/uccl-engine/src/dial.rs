@@ -48,6 +48,11 @@ pub(crate) const DIAL_PERIOD_NS: u64 = 100_000;
 const SETUPS_PER_LOOK: u32 = 2;
 /// The share of its time (1/n) an engine that moves data gives set-ups.
 pub(super) const SETUP_SHARE: u32 = 5;
+/// The longest a set-up step counts for its successor's turn: creating and connecting a
+/// connection's QPs takes tens of microseconds on softnic and about a millisecond on
+/// hardware, so a step that took longer had its thread descheduled, and five times that
+/// would hold every set-up back for seconds while data moves.
+const SETUP_STEP_MAX: Duration = Duration::from_millis(10);
 /// Incoming handshakes a listener has in flight at once.
 const MAX_INCOMING: usize = 64;
 /// How long a listener's handshake may wait on its client before, with [`MAX_INCOMING`] in
@@ -93,6 +98,13 @@ impl Dials {
     /// Whether set-ups wait for their turn (the engine should come back soon).
     pub(crate) fn waiting(&self) -> bool {
         !self.parked.is_empty()
+    }
+
+    /// A set-up step that began at `began` took `took`: while data moves, the next waits
+    /// `SETUP_SHARE` times as long, counting at most [`SETUP_STEP_MAX`] (a step that took
+    /// longer was descheduled, not slow).
+    pub(crate) fn setup_took(&mut self, began: std::time::Instant, took: Duration) {
+        self.next_setup = Some(began + took.min(SETUP_STEP_MAX) * SETUP_SHARE);
     }
 
     fn poll(&mut self) -> Result<&Poll> {

@@ -170,8 +170,7 @@ impl Engine {
                     self.complete_hello(slot)
                 };
                 // While data moves, the next set-up step waits its turn (see `SETUP_SHARE`).
-                let took = now.elapsed();
-                self.dials.next_setup = Some(now + took * super::SETUP_SHARE);
+                self.dials.setup_took(now, now.elapsed());
                 r?;
             }
             Step::SendHello | Step::SendReady => match a.stream.write(&a.out[a.sent..]) {

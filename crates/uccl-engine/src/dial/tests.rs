@@ -76,3 +76,21 @@ fn an_attempt_that_ends_while_parked_leaves_the_queue() {
     assert!(!d.waiting(), "the ended attempt is still parked");
     assert!(!d.active());
 }
+
+/// A set-up step during which the engine's thread was descheduled (a second, on a busy
+/// machine) holds the next set-up back for as long as an honest slow step would, not five
+/// times the second: set-ups arriving while data moves would wait seconds for their turn,
+/// and past their handshake deadline.
+#[test]
+fn a_descheduled_set_up_step_does_not_hold_the_next_for_long() {
+    let mut d = Dials::default();
+    let began = Instant::now();
+    d.setup_took(began, Duration::from_micros(40));
+    assert_eq!(d.next_setup, Some(began + Duration::from_micros(200)));
+    d.setup_took(began, Duration::from_secs(1));
+    let wait = d.next_setup.unwrap() - began;
+    assert!(
+        wait <= Duration::from_millis(50),
+        "the next set-up waits {wait:?}"
+    );
+}
