@@ -35,8 +35,8 @@ fn transport(t: TransportArg) -> &'static str {
     }
 }
 
-/// The configuration a run used, as the JSON reports it: the run's options, and this
-/// process's.
+/// The configuration a run used, as the JSON reports it: the run's options (those left at
+/// the engine's defaults with the values in effect), and this process's.
 #[derive(Debug, Serialize)]
 struct Config<'a> {
     test: Test,
@@ -107,12 +107,13 @@ struct EngineJson<'a> {
 }
 
 fn config<'a>(args: &'a Args, m: &Measured) -> Config<'a> {
+    let engine = crate::transport::engine_config(args, 1);
     Config {
         test: args.test,
         device: &args.device,
         role: m.role,
-        run: RunOptions::of(args),
-        max_chain: crate::transport::engine_config(args, 1).tx.max_chain,
+        run: RunOptions::of(args).effective(&engine),
+        max_chain: engine.tx.max_chain,
         clock: if args.virtual_clock() {
             "virtual"
         } else {

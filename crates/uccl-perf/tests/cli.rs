@@ -57,6 +57,23 @@ fn a_default_shaped_run_verifies_every_byte() {
         (&c["transport"], &c["flows"], &c["qps_per_flow"], &c["loss"]),
         (&"uc".into(), &4.into(), &8.into(), &0.01.into())
     );
+    // Options left at the engine's defaults are reported with the values in effect.
+    for k in [
+        "ack_delay_us",
+        "target_delay_us",
+        "flow_scaling_us",
+        "base_rtt_ns",
+        "hop_delay_ns",
+        "additive_increase",
+        "min_window",
+        "max_silence_ms",
+    ] {
+        assert!(c[k].is_number(), "{k}: {c}");
+    }
+    let engine = uccl_engine::EngineConfig::default();
+    assert_eq!(c["ack_delay_us"], engine.ack_delay_us);
+    assert_eq!(c["max_silence_ms"], engine.tx.max_silence_us / 1000);
+    assert_eq!(c["min_window"], f64::from(engine.tx.min_window) / 1024.0);
     // The same seed, the same run.
     let again = json(SMALL);
     for k in ["retransmits", "acks_sent", "packets_dropped", "virtual_s"] {

@@ -153,6 +153,22 @@ impl RunOptions {
         }
     }
 
+    /// These options with those left at the engine's defaults (`None`) given the values in
+    /// effect in `cfg`, the engines' configuration: what a report says the run used.
+    pub(crate) fn effective(mut self, cfg: &uccl_engine::EngineConfig) -> Self {
+        let tx = &cfg.tx;
+        let chunks = |v: u32| Some(f64::from(v) / 1024.0);
+        self.ack_delay_us = Some(cfg.ack_delay_us);
+        self.target_delay_us = Some(tx.target_delay_us);
+        self.flow_scaling_us = Some(tx.flow_scaling_us);
+        self.base_rtt_ns = Some(tx.base_rtt_ns);
+        self.hop_delay_ns = Some(tx.hop_delay_ns);
+        self.additive_increase = chunks(tx.additive_increase);
+        self.min_window = chunks(tx.min_window);
+        self.max_silence_ms = Some(tx.max_silence_us / 1000);
+        self
+    }
+
     /// Each option by its id (clap's, e.g. `msg_size`) with its value as a command line gives
     /// it (`""` for a flag that is set, `None` for one not given).
     fn flags(&self) -> Vec<(&'static str, Option<String>)> {
