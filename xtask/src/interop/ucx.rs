@@ -5,8 +5,10 @@
 //! (as an ordinary user when run as root: the launcher's device view needs no root);
 //! `ucx_perftest` runs between a server and a client process (UCP tests with
 //! `UCX_TLS=rc_verbs,ud_verbs` and with `ud_verbs` alone, UCT tests on one transport, some under
-//! 1% loss); an MPI ping-pong and bandwidth test of ours (`tests/c/mpi_pingpong.c`, built with
-//! `mpicc`) runs on two ranks with `--mca pml ucx`, each rank its own softnic device. A run
+//! 1% loss); MPI tests of ours (built with `mpicc`: a ping-pong and bandwidth test,
+//! `tests/c/mpi_pingpong.c`, on two ranks, and collectives and one-sided communication,
+//! `tests/c/mpi_collectives.c`, on four) run with `--mca pml ucx --mca osc ucx`, each rank its
+//! own softnic device. A run
 //! fails on a non-zero exit, on missing success output, and on any error line of UCX, MPI or
 //! the launcher in either process. Iteration counts are small: each run takes about a second.
 
@@ -110,27 +112,63 @@ const ERROR_LINES: &[&str] = &[
 /// The longest one process may run.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// The MPI test program, built by [`build_mpi`].
-pub(super) const MPI_PROGRAM: &str = "target/interop/mpi_pingpong";
+/// An MPI test program of ours, `crates/softnic-verbs/tests/c/<name>.c`, built by
+/// [`build_mpi`] into `target/interop/<name>`.
+pub(super) struct MpiTest {
+    pub(super) name: &'static str,
+    ranks: u8,
+    args: &'static [&'static str],
+    /// The lines (their beginnings) of rank 0's output the summary shows.
+    figures: &'static [&'static str],
+}
 
-/// Builds the MPI test with `mpicc` (from `libopenmpi-dev`, installed by setup).
+/// The MPI tests: two ranks' ping-pong and bandwidth (`MPI_Send`, `MPI_Isend`), and four
+/// ranks' collectives and one-sided communication (`MPI_Allreduce`, `MPI_Alltoall`,
+/// `MPI_Put`, `MPI_Fetch_and_op`, ...).
+pub(super) const MPI_TESTS: &[MpiTest] = &[
+    MpiTest {
+        name: "mpi_pingpong",
+        ranks: 2,
+        args: &["100"],
+        figures: &["mpi: ping-pong 8", "mpi: bandwidth"],
+    },
+    MpiTest {
+        name: "mpi_collectives",
+        ranks: 4,
+        args: &[],
+        figures: &["mpi: all checks passed"],
+    },
+];
+
+impl MpiTest {
+    /// Where [`build_mpi`] puts the program.
+    pub(super) fn program(&self) -> std::path::PathBuf {
+        crate::run::workspace_root()
+            .join("target/interop")
+            .join(self.name)
+    }
+}
+
+/// Builds the MPI tests with `mpicc` (from `libopenmpi-dev`, installed by setup).
 pub(super) fn build_mpi() -> Result<(), String> {
     let root = crate::run::workspace_root();
     std::fs::create_dir_all(root.join("target/interop")).map_err(|e| e.to_string())?;
-    let source = root.join("crates/softnic-verbs/tests/c/mpi_pingpong.c");
-    let out = root.join(MPI_PROGRAM);
-    crate::run::status(&mut crate::run::cmd(
-        "mpicc",
-        &[
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            &out.to_string_lossy(),
-            &source.to_string_lossy(),
-        ],
-    ))
+    for t in MPI_TESTS {
+        let source = root.join(format!("crates/softnic-verbs/tests/c/{}.c", t.name));
+        crate::run::status(&mut crate::run::cmd(
+            "mpicc",
+            &[
+                "-O1",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-o",
+                &t.program().to_string_lossy(),
+                &source.to_string_lossy(),
+            ],
+        ))?;
+    }
+    Ok(())
 }
 
 /// Runs every UCX and MPI case, reporting each as it ends.
@@ -174,10 +212,12 @@ pub(super) fn run(launcher: &str) -> Vec<Row> {
         args.push_str(p.args);
         report("ucx_perftest", args, started, perftest(launcher, p));
     }
-    for tls in MPI {
-        let started = Instant::now();
-        let args = format!("-np 2 --mca pml ucx UCX_TLS={tls}");
-        report("mpirun", args, started, mpi(launcher, tls));
+    for t in MPI_TESTS {
+        for tls in MPI {
+            let started = Instant::now();
+            let args = format!("-np {} --mca pml ucx UCX_TLS={tls} {}", t.ranks, t.name);
+            report("mpirun", args, started, mpi(launcher, t, tls));
+        }
     }
     rows
 }
@@ -270,11 +310,12 @@ fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
         .ok_or_else(|| format!("client: no 'Final:' line:\n{client}"))
 }
 
-/// The MPI test on two ranks over UCX with `tls`.
-fn mpi(launcher: &str, tls: &str) -> Result<String, String> {
-    let program = crate::run::workspace_root().join(MPI_PROGRAM);
+/// MPI test `t` on its ranks over UCX with `tls` (one-sided communication too: `osc ucx`).
+fn mpi(launcher: &str, t: &MpiTest, tls: &str) -> Result<String, String> {
     let mut c = launch(launcher, false);
-    c.args(["--", "mpirun", "-np", "2", "--mca", "pml", "ucx"]);
+    let ranks = t.ranks.to_string();
+    c.args(["--", "mpirun", "-np", &ranks, "--oversubscribe"]);
+    c.args(["--mca", "pml", "ucx", "--mca", "osc", "ucx"]);
     if is_root() {
         c.arg("--allow-run-as-root");
     }
@@ -284,16 +325,16 @@ fn mpi(launcher: &str, tls: &str) -> Result<String, String> {
         "-x",
         "UCX_NET_DEVICES=soft0:1",
     ])
-    .arg(&program)
-    .arg("100");
-    let out = run_until(&mut c, Instant::now() + DEADLINE, "mpirun", "both ranks")?;
+    .arg(t.program())
+    .args(t.args);
+    let out = run_until(&mut c, Instant::now() + DEADLINE, "mpirun", "every rank")?;
     let text = clean(out, "mpirun")?;
     if !text.contains("mpi: all checks passed") {
         return Err(format!("no 'mpi: all checks passed':\n{text}"));
     }
     Ok(text
         .lines()
-        .filter(|l| l.starts_with("mpi: ping-pong 8") || l.starts_with("mpi: bandwidth"))
+        .filter(|l| t.figures.iter().any(|f| l.starts_with(f)))
         .map(|l| l.trim_start_matches("mpi: "))
         .collect::<Vec<_>>()
         .join("; "))
