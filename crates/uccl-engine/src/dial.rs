@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -59,6 +59,9 @@ const MAX_INCOMING: usize = 64;
 /// flight, a newer client takes its slot (an honest client answers in milliseconds; one that
 /// connects and says nothing would otherwise keep others out until its timeout).
 const STALLED: Duration = Duration::from_secs(1);
+/// How long a listener whose `accept` failed for want of descriptors or memory waits before it
+/// tries again (each try that fails costs a system call, and the failure is said once).
+const ACCEPT_AGAIN: Duration = Duration::from_millis(10);
 /// Failed incoming handshakes kept for [`Engine::incoming_failures`].
 const FAILURES_KEPT: usize = 64;
 /// The token of the engine's listener; one-shot listeners count down from it.
@@ -74,6 +77,9 @@ pub(crate) struct Dials {
     listener: Option<TcpListener>,
     /// The listener has connections waiting that were not taken (too many in flight).
     backlogged: bool,
+    /// `accept` failed leaving its connection queued (out of descriptors or memory): when to
+    /// try again.
+    accept_again: Option<Instant>,
     /// One-shot accepts: a duplicate of the caller's listener, and who gets the connection.
     once: Vec<Option<(TcpListener, Connecting)>>,
     /// Connections the listener set up, and handles waiting for one.
@@ -86,7 +92,7 @@ pub(crate) struct Dials {
     /// The engine moved data in the round before this look, and when the next set-up step
     /// may run then.
     data_busy: bool,
-    next_setup: Option<std::time::Instant>,
+    next_setup: Option<Instant>,
 }
 
 impl Dials {
@@ -103,7 +109,7 @@ impl Dials {
     /// A set-up step that began at `began` took `took`: while data moves, the next waits
     /// `SETUP_SHARE` times as long, counting at most [`SETUP_STEP_MAX`] (a step that took
     /// longer was descheduled, not slow).
-    pub(crate) fn setup_took(&mut self, began: std::time::Instant, took: Duration) {
+    pub(crate) fn setup_took(&mut self, began: Instant, took: Duration) {
         self.next_setup = Some(began + took.min(SETUP_STEP_MAX) * SETUP_SHARE);
     }
 
@@ -162,6 +168,26 @@ impl Dials {
             self.waiting.pop_front().expect("checked").finish(Ok(c));
         }
     }
+}
+
+/// Whether `accept` failed for its client's sake (the connection is gone from the queue): it
+/// went away before it was accepted (ECONNABORTED), or a network error was pending on it,
+/// which Linux reports from `accept` (accept(2): to be treated as EAGAIN).
+fn client_gone(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::ConnectionAborted
+        || e.raw_os_error().is_some_and(|n| {
+            [
+                libc::EPROTO,
+                libc::ENETDOWN,
+                libc::ENOPROTOOPT,
+                libc::EHOSTDOWN,
+                libc::ENONET,
+                libc::EHOSTUNREACH,
+                libc::EOPNOTSUPP,
+                libc::ENETUNREACH,
+            ]
+            .contains(&n)
+        })
 }
 
 fn io_err(peer: &str, what: &str, e: std::io::Error) -> EngineError {
@@ -309,7 +335,9 @@ impl Engine {
     /// [`incoming`](Self::incoming)); replaces a listener handed over before. At most 64
     /// handshakes are in flight at once; with 64 in flight, one whose client has not sent its
     /// handshake for a second makes room for the next client (it fails, see
-    /// [`incoming_failures`](Self::incoming_failures)).
+    /// [`incoming_failures`](Self::incoming_failures)). A process out of descriptors or
+    /// memory cannot accept: the engine reports that once and tries again every 10 ms, and the
+    /// waiting clients are set up once it can.
     pub fn listen(&mut self, listener: std::net::TcpListener) -> Result<()> {
         self.unsettle();
         listener
@@ -433,6 +461,9 @@ impl Engine {
                 .filter(|a| matches!(a.target, Target::Listener))
                 .count()
         };
+        if self.dials.accept_again.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
         loop {
             // Full: a newer client may take the slot of one that has said nothing for a while
             // (once it is accepted: with nobody waiting, nobody is pushed out).
@@ -446,21 +477,30 @@ impl Engine {
             };
             match l.accept() {
                 Ok((stream, peer)) => {
+                    self.dials.accept_again = None;
                     if full {
                         self.push_out_stalled();
                     }
                     self.start_incoming(stream, peer, Target::Listener)?
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    self.dials.backlogged = false;
+                    (self.dials.backlogged, self.dials.accept_again) = (false, None);
                     return Ok(());
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    // The client went away before it was accepted (ECONNABORTED), or the
-                    // process is out of descriptors: that client fails, the listener stays.
+                Err(e) if client_gone(&e) => {
+                    // That client fails; the next may be waiting behind it.
                     self.dials
                         .failed_incoming(io_err("a connecting engine", "accepting", e));
+                }
+                Err(e) => {
+                    // Out of descriptors or memory (or refused by a security module): the
+                    // connection stays queued. Said once; tried again after a while.
+                    if self.dials.accept_again.is_none() {
+                        self.dials
+                            .failed_incoming(io_err("a connecting engine", "accepting", e));
+                    }
+                    self.dials.accept_again = Some(Instant::now() + ACCEPT_AGAIN);
                     return Ok(());
                 }
             }
