@@ -12,33 +12,46 @@ use std::time::{Duration, Instant};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 use uccl_engine::EngineConfig;
 
-/// Takes every descriptor the process may still open: the soft limit lowered to just above
-/// the highest open one, and the holes below filled. Dropping what it returns frees them
-/// (and `restore` gives the limit back).
-fn exhaust_descriptors() -> (Vec<OwnedFd>, Rlimit) {
-    let saved = getrlimit(Resource::Nofile);
-    let highest = std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
-        .max()
-        .unwrap();
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
+/// Every descriptor the process could still open, taken: the soft limit lowered to just above
+/// the highest open one and the holes below filled. Dropped (at the end of the window, or by a
+/// panic inside it), it frees them and gives the limit back.
+struct Exhausted {
+    held: Vec<OwnedFd>,
+    saved: Rlimit,
+}
+
+impl Exhausted {
+    fn take() -> Exhausted {
+        let saved = getrlimit(Resource::Nofile);
+        let highest = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap();
+        let lowered = Rlimit {
             current: Some(highest + 1),
             maximum: saved.maximum,
-        },
-    )
-    .unwrap();
-    let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap_or_else(|e| {
-        panic!("no descriptor free below the highest open one, {highest}: {e}")
-    }));
-    let mut held = vec![];
-    while let Ok(fd) = null.try_clone() {
-        held.push(fd);
+        };
+        setrlimit(Resource::Nofile, lowered).unwrap();
+        let mut taken = Exhausted {
+            held: vec![],
+            saved,
+        };
+        let null = std::fs::File::open("/dev/null").map(OwnedFd::from);
+        let null = null.unwrap_or_else(|e| panic!("none free below {highest}: {e}"));
+        while let Ok(fd) = null.try_clone() {
+            taken.held.push(fd);
+        }
+        taken.held.push(null);
+        taken
     }
-    held.push(null);
-    (held, saved)
+}
+
+impl Drop for Exhausted {
+    fn drop(&mut self) {
+        self.held.clear();
+        let _ = setrlimit(Resource::Nofile, self.saved);
+    }
 }
 
 #[test]
@@ -55,7 +68,7 @@ fn a_listener_out_of_descriptors_says_so_once_and_sets_the_client_up_once_one_is
     let client = b.connect(addr).unwrap();
     let incoming = a.incoming().unwrap();
 
-    let (held, saved) = exhaust_descriptors();
+    let exhausted = Exhausted::take();
     let until = Instant::now() + Duration::from_millis(300);
     while Instant::now() < until {
         a.poll().unwrap();
@@ -63,8 +76,7 @@ fn a_listener_out_of_descriptors_says_so_once_and_sets_the_client_up_once_one_is
     }
     let why = a.incoming_failures();
     let done = (incoming.is_done(), client.is_done());
-    drop(held);
-    setrlimit(Resource::Nofile, saved).unwrap();
+    drop(exhausted);
     assert_eq!(done, (false, false), "set up without a descriptor?");
     assert_eq!(why.len(), 1, "said once, not on every look: {why:?}");
     let text = why[0].to_string();

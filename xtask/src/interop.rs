@@ -99,7 +99,7 @@ const CASES: &[Case] = &[
     ),
     pair("ib_send_lat", "-d soft0 -x 0 -c UD -g -n 500", "#bytes"),
     // Events with completion moderation: this perftest arms its CQ before it polls what the
-    // last event left, and waits only because the CQ raises its event at once when armed
+    // last event left, and completes only because the CQ raises its event at once when armed
     // with completions unpolled (as ConnectX does).
     pair("ib_send_bw", "-d soft0 -x 0 -e -Q 2 -n 500", "#bytes"),
 ];

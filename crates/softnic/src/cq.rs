@@ -90,6 +90,9 @@ pub(crate) struct Channel {
     pub(crate) fd: Arc<EventFd>,
     /// Completion events not yet taken by `get_cq_event`: the CQ id and its context pointer.
     pub(crate) events: VecDeque<(u32, UserPtr)>,
+    /// Counts on `fd` whose events went with their CQ (destroyed before they were taken):
+    /// `get_cq_event` takes them and waits on, as if they had never been.
+    pub(crate) stale: u64,
     pub(crate) shell: Shell<ibv_comp_channel>,
 }
 

@@ -202,7 +202,9 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
         // none until a new completion comes; a program written for those works here too (an
         // event with nothing new is one poll that finds nothing), and one written against
         // ConnectX, such as perftest 4.5's `ib_send_bw -e -Q 2`, which arms before it polls
-        // what the last event left, does not wait for ever.
+        // what the last event left, does not wait for ever. Armed solicited-only, it waits
+        // for a new solicited or failed completion, whatever is queued (the queue does not
+        // keep which completions were solicited).
         if c.arm == Arm::Next && !c.entries.is_empty() {
             c.raise(id, &mut w.channels);
         }

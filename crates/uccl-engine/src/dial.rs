@@ -48,11 +48,12 @@ pub(crate) const DIAL_PERIOD_NS: u64 = 100_000;
 const SETUPS_PER_LOOK: u32 = 2;
 /// The share of its time (1/n) an engine that moves data gives set-ups.
 pub(super) const SETUP_SHARE: u32 = 5;
-/// The longest a set-up step counts for its successor's turn: creating and connecting a
-/// connection's QPs takes tens of microseconds on softnic and about a millisecond on
-/// hardware, so a step that took longer had its thread descheduled, and five times that
-/// would hold every set-up back for seconds while data moves.
-const SETUP_STEP_MAX: Duration = Duration::from_millis(10);
+/// The longest a set-up step counts for its successor's turn. Creating and connecting a
+/// connection's QPs takes tens of microseconds on softnic, and on hardware about a
+/// millisecond, tens with hundreds of QPs a connection; a step that took longer than this had
+/// its thread descheduled, and five times that would hold every set-up back for seconds while
+/// data moves.
+const SETUP_STEP_MAX: Duration = Duration::from_millis(50);
 /// Incoming handshakes a listener has in flight at once.
 const MAX_INCOMING: usize = 64;
 /// How long a listener's handshake may wait on its client before, with [`MAX_INCOMING`] in
@@ -336,8 +337,8 @@ impl Engine {
     /// handshakes are in flight at once; with 64 in flight, one whose client has not sent its
     /// handshake for a second makes room for the next client (it fails, see
     /// [`incoming_failures`](Self::incoming_failures)). A process out of descriptors or
-    /// memory cannot accept: the engine reports that once and tries again every 10 ms, and the
-    /// waiting clients are set up once it can.
+    /// memory cannot accept: the engine reports that once (see `incoming_failures`) and tries
+    /// again every 10 ms at most, and the waiting clients are set up once it can.
     pub fn listen(&mut self, listener: std::net::TcpListener) -> Result<()> {
         self.unsettle();
         listener
@@ -354,7 +355,7 @@ impl Engine {
         {
             let _ = p.registry().deregister(&mut old);
         }
-        self.dials.backlogged = true;
+        (self.dials.backlogged, self.dials.accept_again) = (true, None);
         Ok(())
     }
 
@@ -376,7 +377,8 @@ impl Engine {
     }
 
     /// Why incoming handshakes on the engine's listener failed since the last call (the last
-    /// 64 at most), oldest first.
+    /// 64 at most), oldest first; also why the listener could not accept (once for a run of
+    /// failures that leave the connection queued, such as EMFILE).
     pub fn incoming_failures(&mut self) -> Vec<EngineError> {
         self.unsettle();
         self.dials.failures.drain(..).collect()
@@ -464,6 +466,9 @@ impl Engine {
         if self.dials.accept_again.is_some_and(|t| Instant::now() < t) {
             return Ok(());
         }
+        // Clients gone before they were accepted, taken from the queue this look (a look takes
+        // a backlog's worth at most, then comes back).
+        let mut gone = 0;
         loop {
             // Full: a newer client may take the slot of one that has said nothing for a while
             // (once it is accepted: with nobody waiting, nobody is pushed out).
@@ -492,11 +497,16 @@ impl Engine {
                     // That client fails; the next may be waiting behind it.
                     self.dials
                         .failed_incoming(io_err("a connecting engine", "accepting", e));
+                    gone += 1;
+                    if gone == MAX_INCOMING {
+                        return Ok(());
+                    }
                 }
                 Err(e) => {
                     // Out of descriptors or memory (or refused by a security module): the
                     // connection stays queued. Said once; tried again after a while.
                     if self.dials.accept_again.is_none() {
+                        tracing::warn!(error = %e, "the listener cannot accept");
                         self.dials
                             .failed_incoming(io_err("a connecting engine", "accepting", e));
                     }
@@ -512,11 +522,13 @@ impl Engine {
         let Some((l, _)) = self.dials.once.get(slot).and_then(Option::as_ref) else {
             return Ok(());
         };
-        let accepted = match l.accept() {
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                return Ok(());
+        let accepted = loop {
+            match l.accept() {
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock) => return Ok(()),
+                // A client gone before it was accepted is not the caller's: the next is.
+                Err(e) if e.kind() == ErrorKind::Interrupted || client_gone(&e) => {}
+                other => break other,
             }
-            other => other,
         };
         let (mut l, req) = self.dials.once[slot].take().expect("checked");
         if let Some((p, _)) = &self.dials.poll {

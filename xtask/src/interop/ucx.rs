@@ -8,9 +8,9 @@
 //! 1% loss); MPI tests of ours (built with `mpicc`: a ping-pong and bandwidth test,
 //! `tests/c/mpi_pingpong.c`, on two ranks, and collectives and one-sided communication,
 //! `tests/c/mpi_collectives.c`, on four) run with `--mca pml ucx --mca osc ucx`, each rank its
-//! own softnic device. A run
-//! fails on a non-zero exit, on missing success output, and on any error line of UCX, MPI or
-//! the launcher in either process. Iteration counts are small: each run takes about a second.
+//! own softnic device. A run fails on a non-zero exit, on missing success output, and on any
+//! error line of UCX, MPI or the launcher in either process. Iteration counts are small: each
+//! run takes about a second.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -114,9 +114,12 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// An MPI test program of ours, `crates/softnic-verbs/tests/c/<name>.c`, built by
 /// [`build_mpi`] into `target/interop/<name>`.
-pub(super) struct MpiTest {
-    pub(super) name: &'static str,
+struct MpiTest {
+    /// The program's (and its source's) name.
+    name: &'static str,
+    /// The ranks `mpirun` starts (`-np`).
     ranks: u8,
+    /// The program's arguments.
     args: &'static [&'static str],
     /// The lines (their beginnings) of rank 0's output the summary shows.
     figures: &'static [&'static str],
@@ -125,7 +128,7 @@ pub(super) struct MpiTest {
 /// The MPI tests: two ranks' ping-pong and bandwidth (`MPI_Send`, `MPI_Isend`), and four
 /// ranks' collectives and one-sided communication (`MPI_Allreduce`, `MPI_Alltoall`,
 /// `MPI_Put`, `MPI_Fetch_and_op`, ...).
-pub(super) const MPI_TESTS: &[MpiTest] = &[
+const MPI_TESTS: &[MpiTest] = &[
     MpiTest {
         name: "mpi_pingpong",
         ranks: 2,
@@ -142,7 +145,7 @@ pub(super) const MPI_TESTS: &[MpiTest] = &[
 
 impl MpiTest {
     /// Where [`build_mpi`] puts the program.
-    pub(super) fn program(&self) -> std::path::PathBuf {
+    fn program(&self) -> std::path::PathBuf {
         crate::run::workspace_root()
             .join("target/interop")
             .join(self.name)
@@ -215,7 +218,10 @@ pub(super) fn run(launcher: &str) -> Vec<Row> {
     for t in MPI_TESTS {
         for tls in MPI {
             let started = Instant::now();
-            let args = format!("-np {} --mca pml ucx UCX_TLS={tls} {}", t.ranks, t.name);
+            let args = format!(
+                "-np {} --oversubscribe --mca pml ucx --mca osc ucx UCX_TLS={tls} {}",
+                t.ranks, t.name
+            );
             report("mpirun", args, started, mpi(launcher, t, tls));
         }
     }

@@ -36,6 +36,7 @@ pub(super) unsafe extern "C" fn create_comp_channel(
                     ctx,
                     fd,
                     events: VecDeque::new(),
+                    stale: 0,
                     shell,
                 },
             );
@@ -138,7 +139,11 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         if let Some(c) = st.w.cqs.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
             if let Some(ch) = c.channel.and_then(|ch| st.w.channels.get_mut(&ch)) {
+                let had = ch.events.len();
                 ch.events.retain(|&(cq, _)| cq != id);
+                // Their counts stay on the descriptor (taking them here could block, under
+                // the lock, on a count a waiter took meanwhile): `get_cq_event` skips them.
+                ch.stale += (had - ch.events.len()) as u64;
             }
         }
         Some(0)
@@ -185,32 +190,44 @@ pub(super) unsafe extern "C" fn get_cq_event(
     }) else {
         return -1;
     };
-    // Wait without holding the fabric's lock: another thread drives progress meanwhile. The
-    // descriptor stays open while this thread holds it, even if the channel is destroyed.
-    if let Err(e) = fd.wait() {
-        set_errno(e);
-        return -1;
-    }
-    with(channel.cast(), Kind::Channel, -1, |_, st, id| {
-        let Some((cq_id, user)) =
-            st.w.channels
-                .get_mut(&id)
-                .and_then(|c| c.events.pop_front())
-        else {
-            set_errno(libc::EAGAIN);
+    loop {
+        // Wait without holding the fabric's lock: another thread drives progress meanwhile.
+        // The descriptor stays open while this thread holds it, even if the channel is
+        // destroyed.
+        if let Err(e) = fd.wait() {
+            set_errno(e);
             return -1;
-        };
-        let p = st.w.cqs.get_mut(&cq_id).map_or(null_mut(), |c| {
-            c.comp_reported = c.comp_reported.wrapping_add(1);
-            c.shell.ptr()
-        });
-        // SAFETY: both out-pointers were checked non-null and, per the contract, are writable.
-        unsafe {
-            *cq = p;
-            *cq_context = user;
         }
-        0
-    })
+        let taken = with(channel.cast(), Kind::Channel, Some(-1), |_, st, id| {
+            let ch =
+                st.w.channels
+                    .get_mut(&id)
+                    .expect("registered channel exists");
+            let Some((cq_id, user)) = ch.events.pop_front() else {
+                if ch.stale > 0 {
+                    // The count of a destroyed CQ's event: wait on for a live one.
+                    ch.stale -= 1;
+                    return None;
+                }
+                set_errno(libc::EAGAIN);
+                return Some(-1);
+            };
+            let p = st.w.cqs.get_mut(&cq_id).map_or(null_mut(), |c| {
+                c.comp_reported = c.comp_reported.wrapping_add(1);
+                c.shell.ptr()
+            });
+            // SAFETY: both out-pointers were checked non-null and, per the contract, are
+            // writable.
+            unsafe {
+                *cq = p;
+                *cq_context = user;
+            }
+            Some(0)
+        });
+        if let Some(r) = taken {
+            return r;
+        }
+    }
 }
 
 pub(super) unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {

@@ -1,6 +1,9 @@
 //! Point 6: Completion queues: shared by many QPs, bounded (overflow raises CQ_ERR, never a silent
 //! loss), completion channels with a real file descriptor.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::common::*;
 
 #[test]
@@ -180,6 +183,65 @@ fn arming_a_cq_with_completions_unpolled_raises_its_event_at_once() {
     take_cq_event(ch, cq);
     assert!(!readable(fd, 0), "one event per arming");
     assert_eq!(poll(cq, 4).len(), 1);
+}
+
+/// A CQ destroyed with an event not yet taken: a blocking `get_cq_event` on its channel skips
+/// that event and waits for one of the channel's other CQ (it returned -1 with EAGAIN at once,
+/// having taken the destroyed CQ's count off the descriptor and found no event).
+#[test]
+fn a_blocking_wait_on_a_channel_skips_the_events_of_a_destroyed_cq() {
+    let f = Fabric::default();
+    let (qa, b, qb, ch, cq) = channel_pair(&f);
+    let other = b.new_cq(16, ch);
+    post_recv(qb, &mut [recv_wr(1, &[])]).unwrap();
+    post_send(
+        qa,
+        &mut [send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    // Its event raised (armed with a completion unpolled), not taken.
+    assert_eq!(req_notify(cq, false), 0);
+    // SAFETY: live objects, no QP left on the CQ.
+    unsafe {
+        assert_eq!((CONTROL.destroy_qp)(qb), 0);
+        assert_eq!((CONTROL.destroy_cq)(cq), 0);
+    }
+    // The other CQ receives on a new pair of QPs.
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let a = Node::open(&f, "soft0");
+    let qa2 = a.qp(ty, cap(8, 8), true);
+    let qb2 = b.qp_with(ty, cap(8, 8), true, b.cq, other, std::ptr::null_mut());
+    bring_up(qa2, ty, b.gid, qpn(qb2), |_| {});
+    bring_up(qb2, ty, a.gid, qpn(qa2), |_| {});
+    assert_eq!(req_notify(other, false), 0);
+    let (ch_addr, done) = (ch as usize, Arc::new(AtomicBool::new(false)));
+    let waiter = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let (mut got_cq, mut got_ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+            let ch = ch_addr as *mut ibv_comp_channel;
+            // SAFETY: the channel outlives the thread (joined below); valid out-pointers.
+            let r = unsafe { (CONTROL.get_cq_event)(ch, &mut got_cq, &mut got_ctx) };
+            done.store(true, Ordering::SeqCst);
+            (r, got_cq as usize)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "returned with no event to take"
+    );
+    post_recv(qb2, &mut [recv_wr(2, &[])]).unwrap();
+    post_send(
+        qa2,
+        &mut [send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(waiter.join().unwrap(), (0, other as usize));
+    // SAFETY: acknowledging the event just taken.
+    unsafe { (CONTROL.ack_cq_events)(other, 1) };
 }
 
 #[test]

@@ -154,18 +154,20 @@ impl RunOptions {
     }
 
     /// These options with those left at the engine's defaults (`None`) given the values in
-    /// effect in `cfg`, the engines' configuration: what a report says the run used.
+    /// effect in `cfg`, the engines' configuration: what a report says the run used. Options
+    /// given stay as given.
     pub(crate) fn effective(mut self, cfg: &uccl_engine::EngineConfig) -> Self {
         let tx = &cfg.tx;
-        let chunks = |v: u32| Some(f64::from(v) / 1024.0);
-        self.ack_delay_us = Some(cfg.ack_delay_us);
-        self.target_delay_us = Some(tx.target_delay_us);
-        self.flow_scaling_us = Some(tx.flow_scaling_us);
-        self.base_rtt_ns = Some(tx.base_rtt_ns);
-        self.hop_delay_ns = Some(tx.hop_delay_ns);
-        self.additive_increase = chunks(tx.additive_increase);
-        self.min_window = chunks(tx.min_window);
-        self.max_silence_ms = Some(tx.max_silence_us / 1000);
+        let chunks = |v: u32| f64::from(v) / 1024.0;
+        self.ack_delay_us.get_or_insert(cfg.ack_delay_us);
+        self.target_delay_us.get_or_insert(tx.target_delay_us);
+        self.flow_scaling_us.get_or_insert(tx.flow_scaling_us);
+        self.base_rtt_ns.get_or_insert(tx.base_rtt_ns);
+        self.hop_delay_ns.get_or_insert(tx.hop_delay_ns);
+        self.additive_increase
+            .get_or_insert(chunks(tx.additive_increase));
+        self.min_window.get_or_insert(chunks(tx.min_window));
+        self.max_silence_ms.get_or_insert(tx.max_silence_us / 1000);
         self
     }
 
