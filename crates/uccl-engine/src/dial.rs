@@ -524,7 +524,7 @@ impl Engine {
         };
         let accepted = loop {
             match l.accept() {
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock) => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
                 // A client gone before it was accepted is not the caller's: the next is.
                 Err(e) if e.kind() == ErrorKind::Interrupted || client_gone(&e) => {}
                 other => break other,
