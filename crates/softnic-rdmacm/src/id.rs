@@ -340,11 +340,12 @@ pub(crate) fn gid(ctx: *mut ibv_context) -> ibverbs_sys::ibv_gid {
     g
 }
 
-/// Whether an RC id (`RDMA_PS_TCP`) without a QP was given the connection's parameters (its
-/// QP number is in them): librdmacm's `ucma_valid_param` answers EINVAL otherwise.
+/// Whether an RC id (`RDMA_PS_TCP`, `RDMA_PS_IB`) without a QP was given the connection's
+/// parameters (its QP number is in them): librdmacm's `ucma_valid_param` answers EINVAL
+/// otherwise.
 fn params_given(t: &mut Turn<'_>, param: *const rdma_conn_param) -> bool {
     let c = t.c();
-    c.ps != RDMA_PS_TCP || !c.qp.is_null() || !param.is_null()
+    c.ps == RDMA_PS_UDP || !c.qp.is_null() || !param.is_null()
 }
 
 /// `ConnParam` of a caller's `rdma_conn_param` (null: librdmacm's defaults), and its

@@ -21,7 +21,8 @@
 //!
 //! What it serves: event channels whose `fd` is a real descriptor, readable while events wait
 //! (`poll` it; make it non-blocking and `rdma_get_cm_event` fails with `EAGAIN`); ids on
-//! `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, resolved by SIDR), synchronous ids (no channel:
+//! `RDMA_PS_TCP` (RC), `RDMA_PS_UDP` (UD, resolved by SIDR) and `RDMA_PS_IB` (RC, in its own
+//! ports), synchronous ids (no channel:
 //! each call waits for its event, as librdmacm's do); IPv4 addresses (the link's: the
 //! device's own and any other softnic port, and multicast groups to join; IPv6 fails with
 //! `EAFNOSUPPORT`); events with the
@@ -39,7 +40,9 @@
 //! it joins to send only), and `MULTICAST_JOIN` says where to send.
 //!
 //! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), ECE
-//! (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses.
+//! (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, UD QPs on
+//! `RDMA_PS_IB` ids (`EINVAL`), `RDMA_PS_IPOIB` (`EPROTONOSUPPORT`: on RoCE the kernel's CM
+//! cannot give it the IPoIB group's Q_Key either).
 
 #[macro_use]
 mod export;

@@ -124,6 +124,13 @@ const RUNS: &[Run] = &[
         "rdma_xclient => -s {S} -c r",
         "rdma_xclient: end 0",
     ),
+    // RDMA_PS_IB over IPv4: RC connections in service IDs of that port space.
+    run(
+        "ucmatose",
+        "-b {S} -P ib -c 4 -C 10",
+        "-s {S} -P ib -c 4 -C 10",
+        "return status 0",
+    ),
     // Multicast: the server's id joins the group and receives what the client's (joined
     // too) sends there, 3 s after its join (mckey's pause for a subnet manager).
     run(

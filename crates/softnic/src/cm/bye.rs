@@ -1,9 +1,10 @@
 //! Goodbyes: destroying an id as the kernel's CM does, and ids that outlive their caller
 //! until their DREQ is answered.
 
+use super::CmError;
 use super::ids::St;
 use super::mad::{Msg, Rej, private, reject};
-use super::{CmError, PortSpace};
+use crate::qp::Transport;
 use crate::state::State;
 
 impl State {
@@ -26,19 +27,19 @@ impl State {
                 let _ = self.cm_destroy_id(child);
             }
         }
-        let bye = match (st, ps) {
+        let bye = match (st, ps.transport()) {
             (St::ReqRcvd, _) => {
                 let _ = self.cm_reject(id, &[]);
                 None
             }
-            (St::ReqSent, PortSpace::Tcp) => Some(Msg::Rej(Box::new(Rej {
+            (St::ReqSent, Transport::Rc) => Some(Msg::Rej(Box::new(Rej {
                 local_comm_id: local,
                 remote_comm_id: remote,
                 msg_rejected: 2,
                 reason: reject::TIMEOUT,
                 private: [0; private::REJ],
             }))),
-            (St::Established | St::RepSent | St::RepRcvd, PortSpace::Tcp) => {
+            (St::Established | St::RepSent | St::RepRcvd, Transport::Rc) => {
                 let dreq = Msg::Dreq(local, remote, qpn);
                 self.cm_qp_error(id);
                 self.w.cm_settle(id);

@@ -260,9 +260,10 @@ unsafe extern "C" fn destroy_channel(ctx: Ctx, chan: u32) -> c_int {
 unsafe extern "C" fn create_id(ctx: Ctx, chan: u32, ps: u16, id: *mut u32) -> c_int {
     on(ctx, |f| {
         let Some(ps) = PortSpace::from_code(ps) else {
-            // RDMA_PS_IPOIB and RDMA_PS_IB exist (softnic's CM lacks them); anything else is no
-            // port space at all: EINVAL, as the kernel's ucma_get_qp_type answers.
-            let known = matches!(ps, super::mad::ps::IPOIB | super::mad::ps::IB);
+            // RDMA_PS_IPOIB exists (softnic's CM lacks it: on RoCE the kernel's fails too, its
+            // Q_Key comes from an IPoIB group); anything else is no port space at all:
+            // EINVAL, as the kernel's ucma_get_qp_type answers.
+            let known = ps == super::mad::ps::IPOIB;
             let errno = if known {
                 libc::EPROTONOSUPPORT
             } else {

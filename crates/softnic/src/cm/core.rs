@@ -6,6 +6,7 @@ use super::mad::{self, IpHeader, MAD_LEN, Msg, Rej, Rep, private, reject};
 use super::{CmEvent, CmEventKind, CmId, ConnParam, MAX_RETRIES, PortSpace, RESPONSE_TIMEOUT};
 use crate::link::Frame;
 use crate::packet::{Deth, Headers, Packet, opcode};
+use crate::qp::Transport;
 use crate::state::{State, World};
 
 /// `-ETIMEDOUT`, the status of an exchange the peer never answered.
@@ -176,12 +177,12 @@ impl State {
         };
         self.w.cm.count(dev, |c| c.duplicates += 1);
         let i = &self.w.cm.ids[&id];
-        match (i.st, i.ps) {
-            (St::ReqRcvd, PortSpace::Tcp) => {
+        match (i.st, i.ps.transport()) {
+            (St::ReqRcvd, Transport::Rc) => {
                 let mra = Msg::Mra(i.local_comm, remote_comm, 0, RESPONSE_TIMEOUT + 2);
                 self.w.cm_send(id, &mra, false);
             }
-            (St::TimeWait | St::Done, PortSpace::Tcp) => {
+            (St::TimeWait | St::Done, Transport::Rc) => {
                 // A request of a connection that is over: stale (IBTA 12.9.8.3.1).
                 let rej = Msg::Rej(Box::new(Rej {
                     local_comm_id: i.local_comm,
@@ -193,7 +194,7 @@ impl State {
                 let tid = i.tid;
                 self.w.answer(dev, &from, tid, &rej);
             }
-            (St::RepSent, _) | (St::Established, PortSpace::Udp) => {
+            (St::RepSent, _) | (St::Established, Transport::Ud) => {
                 let last = i.resend.as_ref().map(|r| r.mad.clone()).or(i.last.clone());
                 if let Some(m) = last {
                     self.w.send_mad(dev, &from, &m);
@@ -272,9 +273,9 @@ impl State {
         };
         let ip = IpHeader::parse(&r.private);
         let listener = match (mad::split_service_id(r.service_id), ip) {
-            (Some((mad::ps::TCP, port)), Some(ip)) if r.transport == 0 => {
-                self.listener(dev, PortSpace::Tcp, port, ip.dst)
-            }
+            (Some((code, port)), Some(ip)) if r.transport == 0 => PortSpace::from_code(code)
+                .filter(|ps| ps.transport() == Transport::Rc)
+                .and_then(|ps| self.listener(dev, ps, port, ip.dst)),
             _ => None,
         };
         let (Some(l), Some(ip)) = (listener, ip) else {
@@ -330,7 +331,7 @@ impl State {
         };
         let i = &self.w.cm.ids[&id];
         match i.st {
-            St::ReqSent if i.ps == PortSpace::Tcp => {}
+            St::ReqSent if i.ps.transport() == Transport::Rc => {}
             St::Established | St::RepRcvd if r.local_comm_id == i.remote_comm => {
                 let last = i.last.clone();
                 self.w.cm.count(dev, |c| c.duplicates += 1);

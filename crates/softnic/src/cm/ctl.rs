@@ -6,9 +6,7 @@ use ibverbs_sys::{ibv_access_flags, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state}
 
 use super::ids::{Id, St};
 use super::mad::{self, IpHeader, Msg, Rej, Rep, SidrRep, private, reject};
-use super::{
-    CmError, CmEventKind, ConnParam, MAX_RETRIES, PortSpace, QP_TIMEOUT, RESPONSE_TIMEOUT, err,
-};
+use super::{CmError, CmEventKind, ConnParam, MAX_RETRIES, QP_TIMEOUT, RESPONSE_TIMEOUT, err};
 use crate::qp::Transport;
 use crate::state::State;
 
@@ -163,11 +161,7 @@ impl State {
         let Some(q) = self.qps.get(&qp) else {
             return err(libc::EINVAL, "attaching a QP that is not one");
         };
-        let want = match ps {
-            PortSpace::Tcp => Transport::Rc,
-            PortSpace::Udp => Transport::Ud,
-        };
-        if Some(q.dev) != dev || q.transport != want {
+        if Some(q.dev) != dev || q.transport != ps.transport() {
             return err(libc::EINVAL, "attaching a QP of another device or type");
         }
         if q.state != ibv_qp_state::IBV_QPS_RESET {
@@ -178,7 +172,7 @@ impl State {
         i.qp = Some(qp);
         i.qpn = qpn;
         self.cm_move(id, ibv_qp_state::IBV_QPS_INIT)?;
-        if ps == PortSpace::Udp {
+        if ps.transport() == Transport::Ud {
             self.cm_move(id, ibv_qp_state::IBV_QPS_RTR)?;
             self.cm_move(id, ibv_qp_state::IBV_QPS_RTS)?;
             self.cm_attach_joined(id, qpn)?;
@@ -221,8 +215,8 @@ impl State {
             st,
             St::RepRcvd | St::ReqRcvd | St::RepSent | St::Established
         );
-        let mask = match (state, ps) {
-            (ibv_qp_state::IBV_QPS_INIT, PortSpace::Tcp) => {
+        let mask = match (state, ps.transport()) {
+            (ibv_qp_state::IBV_QPS_INIT, Transport::Rc) => {
                 a.port_num = 1;
                 a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
                     | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
@@ -231,12 +225,12 @@ impl State {
                     .0;
                 m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS
             }
-            (ibv_qp_state::IBV_QPS_INIT, PortSpace::Udp) => {
+            (ibv_qp_state::IBV_QPS_INIT, Transport::Ud) => {
                 a.port_num = 1;
                 a.qkey = mad::UDP_QKEY;
                 m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY
             }
-            (ibv_qp_state::IBV_QPS_RTR, PortSpace::Tcp) if connected => {
+            (ibv_qp_state::IBV_QPS_RTR, Transport::Rc) if connected => {
                 a.ah_attr.is_global = 1;
                 a.ah_attr.port_num = 1;
                 a.ah_attr.grh.dgid.raw = peer;
@@ -255,7 +249,7 @@ impl State {
                     | m::IBV_QP_MAX_DEST_RD_ATOMIC
                     | m::IBV_QP_MIN_RNR_TIMER
             }
-            (ibv_qp_state::IBV_QPS_RTS, PortSpace::Tcp) if connected => {
+            (ibv_qp_state::IBV_QPS_RTS, Transport::Rc) if connected => {
                 a.timeout = QP_TIMEOUT;
                 a.retry_cnt = p.retry_count.min(7);
                 a.rnr_retry = p.rnr_retry_count.min(7);
@@ -268,8 +262,8 @@ impl State {
                     | m::IBV_QP_SQ_PSN
                     | m::IBV_QP_MAX_QP_RD_ATOMIC
             }
-            (ibv_qp_state::IBV_QPS_RTR, PortSpace::Udp) => m::IBV_QP_STATE,
-            (ibv_qp_state::IBV_QPS_RTS, PortSpace::Udp) => m::IBV_QP_STATE | m::IBV_QP_SQ_PSN,
+            (ibv_qp_state::IBV_QPS_RTR, Transport::Ud) => m::IBV_QP_STATE,
+            (ibv_qp_state::IBV_QPS_RTS, Transport::Ud) => m::IBV_QP_STATE | m::IBV_QP_SQ_PSN,
             (ibv_qp_state::IBV_QPS_ERR | ibv_qp_state::IBV_QPS_RESET, _) => m::IBV_QP_STATE,
             _ => {
                 return err(
@@ -315,7 +309,7 @@ impl State {
     fn clamp(&mut self, id: u32, p: ConnParam) -> Result<ConnParam, CmError> {
         let max = self.w.cfg.max_rd_atomic.min(255) as u8;
         let over = |v: u8| v != 255 && v > max;
-        if self.cm_id(id)?.ps == PortSpace::Tcp
+        if self.cm_id(id)?.ps.transport() == Transport::Rc
             && (over(p.responder_resources) || over(p.initiator_depth))
         {
             return err(
@@ -341,9 +335,9 @@ impl State {
         if i.st != St::RouteResolved {
             return err(libc::EINVAL, "connecting before the route is resolved");
         }
-        let room = match i.ps {
-            PortSpace::Tcp => private::REQ,
-            PortSpace::Udp => private::SIDR_REQ,
+        let room = match i.ps.transport() {
+            Transport::Ud => private::SIDR_REQ,
+            _ => private::REQ,
         } - mad::IP_HDR_LEN;
         if data.len() > room {
             return err(libc::EINVAL, "private data longer than a REQ carries");
@@ -369,9 +363,9 @@ impl State {
         .emit(&mut private);
         private[mad::IP_HDR_LEN..][..data.len()].copy_from_slice(data);
         let sid = mad::service_id(ps.code(), dst.port());
-        let msg = match ps {
-            PortSpace::Udp => Msg::SidrReq(comm, sid, Box::new(private)),
-            PortSpace::Tcp => Msg::Req(Box::new(mad::Req {
+        let msg = match ps.transport() {
+            Transport::Ud => Msg::SidrReq(comm, sid, Box::new(private)),
+            _ => Msg::Req(Box::new(mad::Req {
                 local_comm_id: comm,
                 service_id: sid,
                 ca_guid: self.w.devices[dev].node_guid(dev),
@@ -407,9 +401,9 @@ impl State {
         if i.st != St::ReqRcvd {
             return err(libc::EINVAL, "accepting an id with no connection request");
         }
-        let room = match i.ps {
-            PortSpace::Tcp => private::REP,
-            PortSpace::Udp => private::SIDR_REP,
+        let room = match i.ps.transport() {
+            Transport::Ud => private::SIDR_REP,
+            _ => private::REP,
         };
         if data.len() > room {
             // The kernel's rdma_accept, when the reply cannot be sent: the QP to ERROR and the
@@ -429,7 +423,7 @@ impl State {
         };
         let (local, remote, ps, dev) = (i.local_comm, i.remote_comm, i.ps, i.dev.unwrap_or(0));
         let param = i.param;
-        if ps == PortSpace::Udp {
+        if ps.transport() == Transport::Ud {
             let mut private = [0u8; private::SIDR_REP];
             private[..data.len()].copy_from_slice(data);
             let sid = mad::service_id(ps.code(), i.src.map_or(0, |s| s.port()));
@@ -479,9 +473,9 @@ impl State {
         if i.st != St::ReqRcvd {
             return err(libc::EINVAL, "rejecting an id with no connection request");
         }
-        let room = match i.ps {
-            PortSpace::Tcp => private::REJ,
-            PortSpace::Udp => private::SIDR_REP,
+        let room = match i.ps.transport() {
+            Transport::Ud => private::SIDR_REP,
+            _ => private::REJ,
         };
         if data.len() > room {
             return err(libc::EINVAL, "private data longer than a REJ carries");
@@ -489,8 +483,8 @@ impl State {
         i.st = St::Done;
         let (local, remote, ps, dev) = (i.local_comm, i.remote_comm, i.ps, i.dev.unwrap_or(0));
         let port = i.src.map_or(0, |s| s.port());
-        let msg = match ps {
-            PortSpace::Tcp => {
+        let msg = match ps.transport() {
+            Transport::Rc | Transport::Uc => {
                 let mut private = [0u8; private::REJ];
                 private[..data.len()].copy_from_slice(data);
                 Msg::Rej(Box::new(Rej {
@@ -501,7 +495,7 @@ impl State {
                     private,
                 }))
             }
-            PortSpace::Udp => {
+            Transport::Ud => {
                 let mut private = [0u8; private::SIDR_REP];
                 private[..data.len()].copy_from_slice(data);
                 Msg::SidrRep(Box::new(SidrRep {
@@ -536,8 +530,8 @@ impl State {
     /// a UDP id).
     pub(crate) fn cm_notify(&mut self, id: u32, event: u32) -> Result<(), CmError> {
         let i = self.cm_id(id)?;
-        match (event, i.st, i.ps) {
-            (_, _, PortSpace::Udp) => err(libc::EINVAL, "notifying a UDP id"),
+        match (event, i.st, i.ps.transport()) {
+            (_, _, Transport::Ud) => err(libc::EINVAL, "notifying a UDP id"),
             (ibverbs_sys::IBV_EVENT_COMM_EST, St::RepSent, _) => {
                 self.cm_passive_established(id);
                 Ok(())
@@ -557,9 +551,9 @@ impl State {
     /// `rdma_disconnect`: the QP to ERROR and a DREQ (nothing more once the peer's came).
     pub(crate) fn cm_disconnect(&mut self, id: u32) -> Result<(), CmError> {
         let i = self.cm_id(id)?;
-        match (i.st, i.ps) {
-            (St::Established | St::RepSent | St::RepRcvd, PortSpace::Tcp) => {}
-            (St::DreqSent | St::TimeWait | St::Done, _) | (St::Established, PortSpace::Udp) => {
+        match (i.st, i.ps.transport()) {
+            (St::Established | St::RepSent | St::RepRcvd, Transport::Rc) => {}
+            (St::DreqSent | St::TimeWait | St::Done, _) | (St::Established, Transport::Ud) => {
                 return Ok(());
             }
             _ => return err(libc::EINVAL, "disconnecting an id that is not connected"),

@@ -8,8 +8,9 @@ use std::net::Ipv4Addr;
 
 use super::ids::St;
 use super::mad::UDP_QKEY;
-use super::{CmError, CmEvent, CmEventKind, CmId, ConnParam, PortSpace, err};
+use super::{CmError, CmEvent, CmEventKind, CmId, ConnParam, err};
 use crate::mcast::MULTICAST_QPN;
+use crate::qp::Transport;
 use crate::state::State;
 
 /// A group an id joined.
@@ -39,7 +40,7 @@ impl State {
         }
         let mgid = crate::roce::ipv4_gid(group);
         let i = self.cm_id(id)?;
-        if i.ps != PortSpace::Udp {
+        if i.ps.transport() != Transport::Ud {
             return err(
                 libc::EINVAL,
                 "joining a group on an id whose QPs are not UD",

@@ -43,6 +43,7 @@ mod groups;
 mod ids;
 mod sidr;
 
+use crate::qp::Transport;
 use std::net::SocketAddrV4;
 
 pub use ids::CmCounters;
@@ -68,6 +69,10 @@ pub enum PortSpace {
     Tcp,
     /// `RDMA_PS_UDP`: unreliable datagrams (UD QPs), resolved by SIDR.
     Udp,
+    /// `RDMA_PS_IB`: any QP type in the kernel's CM; RC connections in softnic's. Its own
+    /// ports and service IDs, otherwise as `RDMA_PS_TCP` (IPv4 addresses, a CMA header in the
+    /// private data).
+    Ib,
 }
 
 impl PortSpace {
@@ -76,15 +81,26 @@ impl PortSpace {
         match self {
             PortSpace::Tcp => mad::ps::TCP,
             PortSpace::Udp => mad::ps::UDP,
+            PortSpace::Ib => mad::ps::IB,
         }
     }
 
-    /// The port space of a code (`RDMA_PS_TCP` 0x0106, `RDMA_PS_UDP` 0x0111).
+    /// The port space of a code (`RDMA_PS_TCP` 0x0106, `RDMA_PS_UDP` 0x0111, `RDMA_PS_IB`
+    /// 0x013f).
     pub fn from_code(code: u16) -> Option<PortSpace> {
         match code {
             mad::ps::TCP => Some(PortSpace::Tcp),
             mad::ps::UDP => Some(PortSpace::Udp),
+            mad::ps::IB => Some(PortSpace::Ib),
             _ => None,
+        }
+    }
+
+    /// The QPs its ids connect: UD (resolved by SIDR) or RC (REQ, REP, RTU).
+    pub(crate) fn transport(self) -> Transport {
+        match self {
+            PortSpace::Udp => Transport::Ud,
+            PortSpace::Tcp | PortSpace::Ib => Transport::Rc,
         }
     }
 }

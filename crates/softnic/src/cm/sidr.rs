@@ -4,6 +4,7 @@
 use super::ids::St;
 use super::mad::{self, IpHeader, Msg, SidrRep, private};
 use super::{CmEvent, CmEventKind, CmId, ConnParam, PortSpace};
+use crate::qp::Transport;
 use crate::state::State;
 
 impl State {
@@ -54,7 +55,7 @@ impl State {
             return false;
         };
         let i = &self.w.cm.ids[&id];
-        if i.st != St::ReqSent || i.ps != PortSpace::Udp {
+        if i.st != St::ReqSent || i.ps.transport() != Transport::Ud {
             return false;
         }
         self.w.cm_settle(id);

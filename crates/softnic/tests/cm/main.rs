@@ -105,7 +105,7 @@ pub fn client(e: &Ends, ps: PortSpace) -> CmId {
 pub fn client_with_qp(e: &Ends, ps: PortSpace) -> (CmId, *mut ibv_qp) {
     let c = client(e, ps);
     let ty = match ps {
-        PortSpace::Tcp => ibv_qp_type::IBV_QPT_RC,
+        PortSpace::Tcp | PortSpace::Ib => ibv_qp_type::IBV_QPT_RC,
         PortSpace::Udp => ibv_qp_type::IBV_QPT_UD,
     };
     let qa = e.a.qp(ty, cap(4, 4), true);
@@ -137,8 +137,13 @@ pub fn move_by_cm(e: &Ends, id: CmId, qp: *mut ibv_qp) {
 
 /// An RC connection set up through the CM: (client id, client QP, server id, server QP).
 pub fn connect(e: &Ends) -> (CmId, *mut ibv_qp, CmId, *mut ibv_qp) {
-    let l = listen(e, PortSpace::Tcp, 8);
-    let c = client(e, PortSpace::Tcp);
+    connect_in(e, PortSpace::Tcp)
+}
+
+/// As [`connect`], in port space `ps` (RC: `Tcp` or `Ib`).
+pub fn connect_in(e: &Ends, ps: PortSpace) -> (CmId, *mut ibv_qp, CmId, *mut ibv_qp) {
+    let l = listen(e, ps, 8);
+    let c = client(e, ps);
     let qa = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(16, 16), true);
     e.fabric.cm_attach_qp(c, qa).unwrap();
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_INIT);
@@ -258,6 +263,40 @@ fn rc_connects_carries_data_and_disconnects() {
         (ca.retransmits, ca.malformed, ca.unexpected),
         (0, 0, 0),
         "{ca:?}"
+    );
+}
+
+/// `RDMA_PS_IB` over IPv4, as `ucmatose -P ib` uses it (the kernel's CM serves it on RoCE):
+/// RC connections in service IDs of their own, so a listener on the same port of
+/// `RDMA_PS_TCP` is another listener, and a client of one does not reach the other. It was
+/// refused with EPROTONOSUPPORT.
+#[test]
+fn the_ib_port_space_connects_rc_in_ports_of_its_own() {
+    let e = ends(23);
+    let (c, qa, s, qb) = connect_in(&e, PortSpace::Ib);
+    send_works(&e.a, qa, &e.b, qb, 3000);
+    send_works(&e.b, qb, &e.a, qa, 3000);
+    e.fabric.cm_disconnect(c).unwrap();
+    expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    e.fabric.cm_destroy_id(c).unwrap();
+    e.fabric.cm_destroy_id(s).unwrap();
+    // The IB listener still holds SERVER's port of RDMA_PS_IB; RDMA_PS_TCP's is free, and a
+    // TCP client reaches the TCP listener only.
+    let tcp = listen(&e, PortSpace::Tcp, 8);
+    let (c, _qa) = client_with_qp(&e, PortSpace::Tcp);
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(tcp));
+    e.fabric.cm_reject(req.id, &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Rejected);
+    e.fabric.cm_destroy_id(tcp).unwrap();
+    let (c, _qa) = client_with_qp(&e, PortSpace::Tcp);
+    e.fabric.cm_connect(c, param(), &[]).unwrap();
+    let rej = expect(&e.fabric, e.ca, CmEventKind::Rejected);
+    assert_eq!(
+        rej.status, 8,
+        "invalid service ID: no TCP listener at the port"
     );
 }
 
