@@ -342,7 +342,7 @@ pub(crate) fn gid(ctx: *mut ibv_context) -> ibverbs_sys::ibv_gid {
 
 /// Whether an RC id (`RDMA_PS_TCP`, `RDMA_PS_IB`) without a QP was given the connection's
 /// parameters (its QP number is in them): librdmacm's `ucma_valid_param` answers EINVAL
-/// otherwise.
+/// otherwise on `RDMA_PS_TCP`, and softnic on `RDMA_PS_IB` too (RC there as well).
 fn params_given(t: &mut Turn<'_>, param: *const rdma_conn_param) -> bool {
     let c = t.c();
     c.ps == RDMA_PS_UDP || !c.qp.is_null() || !param.is_null()

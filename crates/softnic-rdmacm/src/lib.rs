@@ -22,11 +22,9 @@
 //! What it serves: event channels whose `fd` is a real descriptor, readable while events wait
 //! (`poll` it; make it non-blocking and `rdma_get_cm_event` fails with `EAGAIN`); ids on
 //! `RDMA_PS_TCP` (RC), `RDMA_PS_UDP` (UD, resolved by SIDR) and `RDMA_PS_IB` (RC, in its own
-//! ports), synchronous ids (no channel:
-//! each call waits for its event, as librdmacm's do); IPv4 addresses (the link's: the
-//! device's own and any other softnic port, and multicast groups to join; IPv6 fails with
-//! `EAFNOSUPPORT`); events with the
-//! fields librdmacm fills; `rdma_create_qp` (with CQs and completion channels of its own
+//! ports), synchronous ids (no channel: each call waits for its event, as librdmacm's do);
+//! IPv4 addresses (the link's: the device's own and any other softnic port, and multicast
+//! groups to join; IPv6 fails with `EAFNOSUPPORT`); events with the fields librdmacm fills; `rdma_create_qp` (with CQs and completion channels of its own
 //! when the caller gives none, as `rdma_verbs.h`'s helpers expect), `rdma_create_ep`,
 //! `rdma_get_request`, `rdma_getaddrinfo` of numeric addresses and host names.
 //!
@@ -40,9 +38,10 @@
 //! it joins to send only), and `MULTICAST_JOIN` says where to send.
 //!
 //! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), ECE
-//! (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, UD QPs on
-//! `RDMA_PS_IB` ids (`EINVAL`), `RDMA_PS_IPOIB` (`EPROTONOSUPPORT`: on RoCE the kernel's CM
-//! cannot give it the IPoIB group's Q_Key either).
+//! (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, QPs other than RC on
+//! `RDMA_PS_IB` ids (`EINVAL`; `rdma_create_ep` of such an address: `EPROTONOSUPPORT`),
+//! `RDMA_PS_IPOIB` (`EPROTONOSUPPORT`: on RoCE the kernel's CM cannot give it the IPoIB
+//! group's Q_Key either).
 
 #[macro_use]
 mod export;

@@ -190,6 +190,14 @@ export! {
             return fail(libc::EINVAL);
         };
         let ps = if ai.ai_port_space != 0 { ai.ai_port_space } else { RDMA_PS_TCP };
+        // librdmacm makes the id with the address's QP type (`rdma_create_id2`); softnic's
+        // ids have their port space's: UD on RDMA_PS_UDP, RC on the others (the kernel's
+        // RDMA_PS_IB serves any, softnic's RC only).
+        let ud = ibverbs_sys::ibv_qp_type::IBV_QPT_UD as c_int;
+        let want = if ps == RDMA_PS_UDP { ud } else { ibverbs_sys::ibv_qp_type::IBV_QPT_RC as c_int };
+        if ai.ai_qp_type != 0 && ai.ai_qp_type != want {
+            return fail(if ps == RDMA_PS_IB { libc::EPROTONOSUPPORT } else { libc::EINVAL });
+        }
         let new = match new_id(l, null_mut(), null_mut(), ps, None) {
             Ok(p) => p,
             Err(e) => return fail(e),

@@ -170,6 +170,8 @@ pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
 pub const RDMA_OPTION_IB_PATH: c_int = 1;
 /// `RDMA_PS_UDP`.
 pub const RDMA_PS_UDP: c_int = 0x0111;
+/// `RDMA_PS_IB`.
+pub const RDMA_PS_IB: c_int = 0x013f;
 
 // The header's layout (gcc on x86_64, `offsetof`/`sizeof` of Debian 12's rdma_cma.h).
 const _: () = {

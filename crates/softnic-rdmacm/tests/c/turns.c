@@ -11,7 +11,9 @@
  *   sent: options of the wrong size (EINVAL), level or name (ENOSYS) or at NULL (EFAULT), an
  *   ACK timeout of a UD id; and (EINVAL) a synchronous id moved to a channel of its own again,
  *   an id of no port space, an address of no family it knows, an RC connect with neither a QP
- *   nor parameters, responder resources above the device's, a second QP on an id.
+ *   nor parameters, responder resources above the device's, a second QP on an id; an id of
+ *   RDMA_PS_IB is made, one of RDMA_PS_IPOIB and an endpoint of RDMA_PS_IB with a UD QP are
+ *   not (EPROTONOSUPPORT: softnic's RDMA_PS_IB is RC only).
  * - turns <address> exit-server, then turns <address> exit-client (another process): the client
  *   connects and exits without disconnecting or destroying anything; the server must hear
  *   DISCONNECTED soon after (10 s at most), as the kernel's CM sends the DREQ of a process's
@@ -102,6 +104,22 @@ static int params(struct sockaddr_in *a) {
     errno = 0;
     if (rdma_create_id(NULL, &id, NULL, (enum rdma_port_space)0x999) != -1 || errno != EINVAL) {
         printf("an id of no port space: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_IB))
+        return fail("an id of RDMA_PS_IB");
+    rdma_destroy_id(id);
+    errno = 0;
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_IPOIB) != -1 || errno != EPROTONOSUPPORT) {
+        printf("an id of RDMA_PS_IPOIB: errno %d, expected EPROTONOSUPPORT\n", errno);
+        return 1;
+    }
+    struct rdma_addrinfo ud_ib = {.ai_port_space = RDMA_PS_IB, .ai_qp_type = IBV_QPT_UD,
+                                  .ai_dst_addr = (struct sockaddr *)a,
+                                  .ai_dst_len = sizeof *a};
+    errno = 0;
+    if (rdma_create_ep(&id, &ud_ib, NULL, NULL) != -1 || errno != EPROTONOSUPPORT) {
+        printf("a UD endpoint of RDMA_PS_IB: errno %d, expected EPROTONOSUPPORT\n", errno);
         return 1;
     }
     if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))

@@ -173,7 +173,8 @@ impl Fabric {
     }
 
     /// Gives the id its QP (`rdma_create_qp` does it with the QP it made): the QP, in RESET,
-    /// of the id's device, RC for `RDMA_PS_TCP` and UD for `RDMA_PS_UDP`, goes to INIT (RC) or
+    /// of the id's device, RC for `RDMA_PS_TCP` and `RDMA_PS_IB`, UD for `RDMA_PS_UDP`, goes to
+    /// INIT (RC) or
     /// RTS (UD), and the CM moves it from then on. Returns the QP number.
     pub fn cm_attach_qp(&self, id: CmId, qp: *mut ibv_qp) -> Result<u32, CmError> {
         let found = abi::lookup(qp.cast(), Kind::Qp)

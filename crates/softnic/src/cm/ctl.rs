@@ -305,7 +305,8 @@ impl State {
     /// The device's limits on `p` for id `id`: callers ask for `RDMA_MAX_RESP_RES` and
     /// `RDMA_MAX_INIT_DEPTH` (255) to mean as many as the device has; on RC any other value
     /// above the device's `max_qp_rd_atom` is EINVAL, as librdmacm's `ucma_valid_param`
-    /// answers (UD has no reads: its values are not looked at).
+    /// answers on `RDMA_PS_TCP` (softnic on `RDMA_PS_IB` too, RC as well; UD has no reads:
+    /// its values are not looked at).
     fn clamp(&mut self, id: u32, p: ConnParam) -> Result<ConnParam, CmError> {
         let max = self.w.cfg.max_rd_atomic.min(255) as u8;
         let over = |v: u8| v != 255 && v > max;

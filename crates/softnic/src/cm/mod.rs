@@ -4,7 +4,8 @@
 //! MRA, REJ, REP, RTU, DREQ, DREP, SIDR REQ/REP; [`mad`]) over the link, simulated or UDP, as
 //! the kernel's CM sends them over rxe; faults apply to them as to any packet. Above it, the
 //! address-level connection manager of librdmacm: ids bound to an IPv4 address and port of a
-//! port space (`RDMA_PS_TCP` for RC, `RDMA_PS_UDP` for UD), listeners with a backlog, address
+//! port space (`RDMA_PS_TCP` and `RDMA_PS_IB` for RC, `RDMA_PS_UDP` for UD), listeners with a
+//! backlog, address
 //! and route resolution, connect/accept/reject/disconnect with private data, and the QP
 //! transitions rdma_cm does for its caller (INIT when a QP is attached, RTR and RTS with the
 //! PSNs, path MTU, responder resources and initiator depth the messages carry, ERROR on a
