@@ -193,9 +193,9 @@ export! {
         // librdmacm makes the id with the address's QP type (`rdma_create_id2`); softnic's
         // ids have their port space's: UD on RDMA_PS_UDP, RC on the others (the kernel's
         // RDMA_PS_IB serves any, softnic's RC only).
-        let ud = ibverbs_sys::ibv_qp_type::IBV_QPT_UD as c_int;
-        let want = if ps == RDMA_PS_UDP { ud } else { ibverbs_sys::ibv_qp_type::IBV_QPT_RC as c_int };
-        if ai.ai_qp_type != 0 && ai.ai_qp_type != want {
+        use ibverbs_sys::ibv_qp_type::{IBV_QPT_RC, IBV_QPT_UD};
+        let want = if ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC };
+        if ai.ai_qp_type != 0 && ai.ai_qp_type != want as c_int {
             return fail(if ps == RDMA_PS_IB { libc::EPROTONOSUPPORT } else { libc::EINVAL });
         }
         let new = match new_id(l, null_mut(), null_mut(), ps, None) {

@@ -5,12 +5,11 @@
 //! the kernel's CM sends them over rxe; faults apply to them as to any packet. Above it, the
 //! address-level connection manager of librdmacm: ids bound to an IPv4 address and port of a
 //! port space (`RDMA_PS_TCP` and `RDMA_PS_IB` for RC, `RDMA_PS_UDP` for UD), listeners with a
-//! backlog, address
-//! and route resolution, connect/accept/reject/disconnect with private data, and the QP
-//! transitions rdma_cm does for its caller (INIT when a QP is attached, RTR and RTS with the
-//! PSNs, path MTU, responder resources and initiator depth the messages carry, ERROR on a
-//! disconnect). Events queue on channels whose file descriptors are readable while events
-//! wait ([`CmEvent`]).
+//! backlog, address and route resolution, connect/accept/reject/disconnect with private data,
+//! and the QP transitions rdma_cm does for its caller (INIT when a QP is attached, RTR and RTS
+//! with the PSNs, path MTU, responder resources and initiator depth the messages carry, ERROR
+//! on a disconnect). Events queue on channels whose file descriptors are readable while
+//! events wait ([`CmEvent`]).
 //!
 //! Lost MADs are sent again after the CM response timeout ([`RESPONSE_TIMEOUT`], up to
 //! [`MAX_RETRIES`] times), duplicates are answered as the IBTA says (a REQ being decided gets an
