@@ -171,24 +171,32 @@ impl Dials {
     }
 }
 
-/// Whether `accept` failed for its client's sake (the connection is gone from the queue): it
-/// went away before it was accepted (ECONNABORTED), or a network error was pending on it,
-/// which Linux reports from `accept` (accept(2): to be treated as EAGAIN).
-fn client_gone(e: &std::io::Error) -> bool {
-    e.kind() == ErrorKind::ConnectionAborted
-        || e.raw_os_error().is_some_and(|n| {
-            [
-                libc::EPROTO,
-                libc::ENETDOWN,
-                libc::ENOPROTOOPT,
-                libc::EHOSTDOWN,
-                libc::ENONET,
-                libc::EHOSTUNREACH,
-                libc::EOPNOTSUPP,
-                libc::ENETUNREACH,
-            ]
-            .contains(&n)
-        })
+/// Whether `accept` failed for the connection it was taking, not for the listener (the
+/// connection is gone from the queue, and the next may do): its client went away before it
+/// was accepted (ECONNABORTED, ECONNRESET), or a network error was pending on it, which Linux
+/// reports from `accept` (accept(2): to be treated as EAGAIN). Not EMFILE and the like, nor a
+/// security module's EPERM: those leave the connection queued, and taking it again at once
+/// would fail again.
+pub fn client_gone(e: &std::io::Error) -> bool {
+    use ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionAborted
+            | ConnectionReset
+            | HostUnreachable
+            | NetworkUnreachable
+            | NetworkDown
+            | TimedOut
+    ) || e.raw_os_error().is_some_and(|n| {
+        [
+            libc::EPROTO,
+            libc::ENOPROTOOPT,
+            libc::EHOSTDOWN,
+            libc::ENONET,
+            libc::EOPNOTSUPP,
+        ]
+        .contains(&n)
+    })
 }
 
 fn io_err(peer: &str, what: &str, e: std::io::Error) -> EngineError {

@@ -181,6 +181,7 @@ pub use cancel::Opts;
 pub use clock::Clock;
 pub use config::{EngineConfig, Mode, RecvKeys};
 pub use descriptor::{Access, DESCRIPTOR_LEN, Descriptor};
+pub use dial::client_gone;
 pub use engine::{ConnId, Engine, Usage};
 pub use error::{EngineError, Result};
 pub use memory::{Buffer, BufferId};

@@ -25,28 +25,10 @@ pub(super) const PUSH_OUT_AFTER: Duration = Duration::from_secs(1);
 /// Connections that bring no run options named on standard error, at most.
 const IGNORED_NAMED: u32 = 8;
 
-/// Whether an `accept` failed for the connection it was taking, not for the listener: the
-/// client went before it was taken, a network error pending on it (which Linux reports
-/// there, see accept(2)), or a signal. The next connection may do. (Not EPERM: a security
-/// module that refuses `accept` leaves the connection waiting, and taking it again at once
-/// would spin.)
+/// Whether an `accept` failed for the connection it was taking, not for the listener
+/// ([`uccl_engine::client_gone`]), or was interrupted by a signal: the next connection may do.
 pub(super) fn is_transient(e: &std::io::Error) -> bool {
-    use ErrorKind::*;
-    use rustix::io::Errno;
-    matches!(
-        e.kind(),
-        ConnectionAborted
-            | ConnectionReset
-            | Interrupted
-            | HostUnreachable
-            | NetworkUnreachable
-            | NetworkDown
-            | TimedOut
-    ) || e.raw_os_error().is_some_and(|n| {
-        [Errno::PROTO, Errno::NOPROTOOPT, Errno::OPNOTSUPP]
-            .iter()
-            .any(|x| x.raw_os_error() == n)
-    })
+    e.kind() == ErrorKind::Interrupted || uccl_engine::client_gone(e)
 }
 
 /// A connection the server reads, not yet known to be a client's.
