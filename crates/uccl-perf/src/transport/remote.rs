@@ -161,7 +161,8 @@ const LOOK_EVERY: Duration = Duration::from_millis(1);
 
 /// The client's next flow, set up on engine `e` within [`agree::TIMEOUT`]. The server tells
 /// the client to connect it (see [`Session`]) and takes every connection to `listener` (non-
-/// blocking) meanwhile, each set up on its own: one that fails or says nothing (a stranger's,
+/// blocking) meanwhile: one from another host than the client's is closed at once; the
+/// others are each set up on their own: one that fails or says nothing (a stranger's,
 /// another client asking for a run) holds only its own handshake, and gives it up for a
 /// newer connection with [`TRIES`] in flight; the others are given up once the flow is
 /// set up. A client that agreed on the run and never connects (its device failed) does not
@@ -245,6 +246,8 @@ fn take_flow(
                 break;
             }
             match listener.accept() {
+                // Closed at once: another host's engine is never the flow.
+                Ok((_, peer)) if !session.from_client(peer) => {}
                 Ok((stream, peer)) => {
                     if let Some(Some(i)) = out
                         && let Some((oldest, _)) = tries.remove(i)
@@ -370,7 +373,8 @@ pub(super) fn run_side(
 mod tests {
     use std::collections::VecDeque;
     use std::io::{Read, Write};
-    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+    use std::sync::mpsc;
     use std::time::Duration;
 
     use uccl_engine::{Clock, Engine, EngineConfig, EngineHandle};
@@ -378,14 +382,15 @@ mod tests {
 
     use super::{PUSH_OUT_AFTER, Session, TRIES, accept_flow, address, take_flow};
 
-    /// A server's engine and a client's (threaded) on one softnic fabric, each with handshake
-    /// deadlines longer than the server's wait for a flow (a flow held up behind strangers
-    /// would never be set up); the server's port (non-blocking) and its address; a session,
-    /// with its client's end.
+    /// A server's engine, a client's and a stranger's (threaded) on one softnic fabric, each
+    /// with handshake deadlines longer than the server's wait for a flow (a flow held up
+    /// behind strangers would never be set up); the server's port (non-blocking) and its
+    /// address; a session from 127.0.0.1, with its client's end.
     struct Rig {
         _fabric: softnic::Fabric,
         server: Engine,
         client: EngineHandle,
+        stranger: EngineHandle,
         listener: TcpListener,
         addr: SocketAddr,
         session: Session,
@@ -394,7 +399,7 @@ mod tests {
 
     fn rig() -> Rig {
         let fabric = softnic::Fabric::new(softnic::FabricConfig {
-            devices: 2,
+            devices: 3,
             clock: softnic::Clock::Wall,
             ..Default::default()
         });
@@ -408,8 +413,11 @@ mod tests {
             Engine::new(&ctx, cfg, Clock::Fabric(fabric.clone())).unwrap()
         };
         let (server, client) = (engine(0), engine(1).spawn().unwrap());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
+        let stranger = engine(2).spawn().unwrap();
+        // On every address of the host: a stranger may come from another than the client's.
+        let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         listener.set_nonblocking(true).unwrap();
         let side = TcpListener::bind("127.0.0.1:0").unwrap();
         let go = TcpStream::connect(side.local_addr().unwrap()).unwrap();
@@ -418,6 +426,7 @@ mod tests {
             _fabric: fabric,
             server,
             client,
+            stranger,
             listener,
             addr,
             session: Session::server(s, peer).unwrap(),
@@ -500,6 +509,66 @@ mod tests {
             "the handshake whose client spoke was pushed out ({last:?})"
         );
         drop((silent, spoke, c));
+    }
+
+    /// A TCP relay to `to` from `from` (another address than the client's): the address
+    /// to connect to it at. It takes one connection and copies both ways; each side's end
+    /// is passed on.
+    fn relay_from(from: Ipv4Addr, to: SocketAddr) -> SocketAddr {
+        use rustix::net::{AddressFamily, SocketType};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (a, _) = l.accept().unwrap();
+            let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+            rustix::net::bind(&fd, &SocketAddrV4::new(from, 0)).unwrap();
+            rustix::net::connect(&fd, &to).unwrap();
+            let b = TcpStream::from(fd);
+            let copy = |mut x: TcpStream, mut y: TcpStream| {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut x, &mut y);
+                    let _ = y.shutdown(std::net::Shutdown::Write);
+                })
+            };
+            copy(a.try_clone().unwrap(), b.try_clone().unwrap());
+            copy(b, a);
+        });
+        at
+    }
+
+    /// An engine on another host than the session's client (here another loopback address)
+    /// that connects while the server waits for a flow is not taken for the flow: its
+    /// handshake fails, and the client's own flow is set up.
+    #[test]
+    fn a_connection_from_another_host_than_the_clients_is_not_the_flow() {
+        let mut r = rig();
+        let (client, stranger, addr, mut go) = (r.client, r.stranger, r.addr, r.go);
+        let (told, heard) = mpsc::channel();
+        let relay = relay_from(Ipv4Addr::new(127, 0, 0, 2), addr);
+        let strange = std::thread::spawn(move || {
+            let got = stranger.connect(relay).unwrap().wait();
+            let _ = told.send(got.is_ok());
+            (got, stranger)
+        });
+        let flow = std::thread::spawn(move || {
+            go.read_exact(&mut [0u8; 1]).unwrap();
+            // The client connects once the stranger's handshake has ended (if it was taken
+            // for the flow, never: the server waits for no other).
+            if heard.recv_timeout(Duration::from_secs(30)) != Ok(false) {
+                return (None, client, go);
+            }
+            let got = client.connect(addr).unwrap().wait();
+            (Some(got), client, go)
+        });
+        let conn = accept_flow(&mut r.server, &r.listener, &r.session);
+        let (got, _client, _go) = flow.join().unwrap();
+        let (strange, _stranger) = strange.join().unwrap();
+        assert!(
+            strange.is_err(),
+            "the stranger's connection was taken for the flow"
+        );
+        conn.unwrap();
+        got.expect("the client never connected").unwrap();
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! keep open while the run lasts.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::agree::{MAX_LINE, TIMEOUT};
@@ -205,20 +205,35 @@ fn version(line: &[u8]) -> Option<(serde_json::Value, u64)> {
 /// client connects each flow only when the server says it takes the next (one byte), so that
 /// each is set up by the engine the server chose for it.
 #[derive(Debug)]
-pub(super) struct Session(TcpStream);
+pub(super) struct Session {
+    s: TcpStream,
+    /// The server's end: the client's address (IPv4 as such, not v4-mapped).
+    client: Option<IpAddr>,
+}
 
 impl Session {
-    /// The server's end: it never waits on it.
+    /// The server's end, with the client at `peer`: it never waits on it.
     pub(super) fn server(s: TcpStream, peer: SocketAddr) -> Result<Self, String> {
         s.set_nonblocking(true)
             .map_err(|e| format!("the client's connection from {peer}: {e}"))?;
-        Ok(Session(s))
+        Ok(Session {
+            s,
+            client: Some(peer.ip().to_canonical()),
+        })
     }
 
     /// The client's end: [`wait_go`](Self::wait_go) waits at most [`TIMEOUT`].
     pub(super) fn client(s: TcpStream) -> Self {
         let _ = s.set_read_timeout(Some(TIMEOUT));
-        Session(s)
+        Session { s, client: None }
+    }
+
+    /// Whether a connection from `peer` may be one of the client's flows: it comes from the
+    /// client's host (its address on this session). The client's engines connect to the
+    /// address the session did, so the kernel gives them the same source address; another
+    /// host's engine cannot take a flow's place.
+    pub(super) fn from_client(&self, peer: SocketAddr) -> bool {
+        self.client == Some(peer.ip().to_canonical())
     }
 
     /// Whether the client closed the session: it ended, or its process died. (A host that
@@ -228,7 +243,7 @@ impl Session {
     pub(super) fn ended(&self) -> bool {
         let mut b = [0u8; 1024];
         for _ in 0..8 {
-            match (&self.0).read(&mut b) {
+            match (&self.s).read(&mut b) {
                 Ok(0) => return true,
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -240,7 +255,7 @@ impl Session {
 
     /// The server takes the next flow: the client may connect it.
     pub(super) fn go(&self) -> Result<(), String> {
-        match (&self.0).write(&[1]) {
+        match (&self.s).write(&[1]) {
             Ok(1) => Ok(()),
             Ok(_) => Err("the client's connection takes nothing".into()),
             Err(e) => Err(format!("telling the client to connect its next flow: {e}")),
@@ -251,7 +266,7 @@ impl Session {
     pub(super) fn wait_go(&self, f: usize) -> Result<(), String> {
         let mut b = [0u8; 1];
         loop {
-            match (&self.0).read(&mut b) {
+            match (&self.s).read(&mut b) {
                 Ok(1) => return Ok(()),
                 Ok(_) => {
                     return Err(format!(
