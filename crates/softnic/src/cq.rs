@@ -89,10 +89,9 @@ pub(crate) struct Channel {
     pub(crate) ctx: u32,
     pub(crate) fd: Arc<EventFd>,
     /// Completion events not yet taken by `get_cq_event`: the CQ id and its context pointer.
+    /// `fd` counts exactly these (both change under the fabric's lock), so it is readable
+    /// only while one waits, as the kernel's event file.
     pub(crate) events: VecDeque<(u32, UserPtr)>,
-    /// Counts on `fd` whose events went with their CQ (destroyed before they were taken):
-    /// `get_cq_event` takes them and waits on, as if they had never been.
-    pub(crate) stale: u64,
     pub(crate) shell: Shell<ibv_comp_channel>,
 }
 
@@ -154,6 +153,48 @@ impl EventFd {
     /// look it up again and find it gone).
     pub(crate) fn wake_all(&self) {
         self.add(1 << 32);
+    }
+
+    /// Takes one event if there is one, never blocking (whatever the descriptor's mode):
+    /// whether there was. Under the fabric's lock with every read of the descriptor, a count
+    /// known to be there is taken.
+    pub(crate) fn take(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no timeout.
+        let ready = unsafe { libc::poll(&mut p, 1, 0) } == 1;
+        ready && self.wait().is_ok()
+    }
+
+    /// Sleeps until the descriptor is readable (an event is there, or the object is being
+    /// destroyed), without taking anything; at once if the caller made it non-blocking
+    /// (`Err(EAGAIN)`). `Err(errno)` on failure.
+    pub(crate) fn wait_readable(&self) -> Result<(), i32> {
+        // SAFETY: plain syscall wrapper on a descriptor this value owns.
+        let flags = unsafe { libc::fcntl(self.0, libc::F_GETFL) };
+        if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+            return Err(libc::EAGAIN);
+        }
+        let mut p = libc::pollfd {
+            fd: self.0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        loop {
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut p, 1, -1) } >= 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            if e != libc::EINTR {
+                return Err(e);
+            }
+        }
     }
 
     /// Takes one event; blocks unless the caller made the descriptor non-blocking.

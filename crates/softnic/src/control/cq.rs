@@ -36,7 +36,6 @@ pub(super) unsafe extern "C" fn create_comp_channel(
                     ctx,
                     fd,
                     events: VecDeque::new(),
-                    stale: 0,
                     shell,
                 },
             );
@@ -141,9 +140,10 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
             if let Some(ch) = c.channel.and_then(|ch| st.w.channels.get_mut(&ch)) {
                 let had = ch.events.len();
                 ch.events.retain(|&(cq, _)| cq != id);
-                // Their counts stay on the descriptor (taking them here could block, under
-                // the lock, on a count a waiter took meanwhile): `get_cq_event` skips them.
-                ch.stale += (had - ch.events.len()) as u64;
+                // Their counts go too: the descriptor counts the events that wait.
+                for _ in ch.events.len()..had {
+                    ch.fd.take();
+                }
             }
         }
         Some(0)
@@ -191,27 +191,14 @@ pub(super) unsafe extern "C" fn get_cq_event(
         return -1;
     };
     loop {
-        // Wait without holding the fabric's lock: another thread drives progress meanwhile.
-        // The descriptor stays open while this thread holds it, even if the channel is
-        // destroyed.
-        if let Err(e) = fd.wait() {
-            set_errno(e);
-            return -1;
-        }
         let taken = with(channel.cast(), Kind::Channel, Some(-1), |_, st, id| {
             let ch =
                 st.w.channels
                     .get_mut(&id)
                     .expect("registered channel exists");
-            let Some((cq_id, user)) = ch.events.pop_front() else {
-                if ch.stale > 0 {
-                    // The count of a destroyed CQ's event: wait on for a live one.
-                    ch.stale -= 1;
-                    return None;
-                }
-                set_errno(libc::EAGAIN);
-                return Some(-1);
-            };
+            let (cq_id, user) = ch.events.pop_front()?;
+            // Its count, there with it.
+            ch.fd.take();
             let p = st.w.cqs.get_mut(&cq_id).map_or(null_mut(), |c| {
                 c.comp_reported = c.comp_reported.wrapping_add(1);
                 c.shell.ptr()
@@ -226,6 +213,14 @@ pub(super) unsafe extern "C" fn get_cq_event(
         });
         if let Some(r) = taken {
             return r;
+        }
+        // None waits: sleep until one comes (EAGAIN if the caller made the descriptor non-
+        // blocking), without holding the fabric's lock: another thread drives progress
+        // meanwhile. The descriptor stays open while this thread holds it, even if the
+        // channel is destroyed (then it wakes, and the look-up above fails).
+        if let Err(e) = fd.wait_readable() {
+            set_errno(e);
+            return -1;
         }
     }
 }
