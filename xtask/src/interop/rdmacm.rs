@@ -1,7 +1,7 @@
 //! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
 //! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
-//! mckey; perftest's `-R`; libfabric's verbs provider through `fi_pingpong` of
-//! `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
+//! mckey; perftest's `-R`; libfabric's verbs provider, alone and under `ofi_rxm`, through
+//! `fi_pingpong` of `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
 //! through `softnic-run`: a server and a client process, each its own softnic device, talking
 //! RoCEv2 (CM MADs on QP1, then the data) over loopback addresses. RC runs again under 1%
 //! loss on both devices (the CM sends lost MADs again, RC retransmits); UD (udaddy) runs
@@ -80,6 +80,15 @@ const FI_PINGPONG: Run = run(
     "-p verbs -e msg -I 100 -S 1024 -c {S}",
     "#sent",
 );
+/// libfabric's reliable datagram endpoint (`ofi_rxm` over the verbs provider, as MPI's and
+/// NCCL's libfabric transports use it): a connection made at the first send to a peer, and
+/// 64 KiB messages moved by rendezvous, an RDMA READ of the sender's buffer.
+const FI_RDM: Run = run(
+    "fi_pingpong",
+    "-p verbs -e rdm -I 100 -S 65536 -c",
+    "-p verbs -e rdm -I 100 -S 65536 -c {S}",
+    "#sent",
+);
 
 /// The matrix.
 const RUNS: &[Run] = &[
@@ -109,6 +118,7 @@ const RUNS: &[Run] = &[
         "#bytes",
     ),
     FI_PINGPONG,
+    FI_RDM,
     // Both sides move their own QPs with rdma_init_qp_attr, the server's before it accepts
     // (the attributes come from the request).
     run(
@@ -145,6 +155,7 @@ const RUNS: &[Run] = &[
     lossy(WRITE_BW),
     lossy(SEND_LAT),
     lossy(FI_PINGPONG),
+    lossy(FI_RDM),
 ];
 
 /// The server's and the client's device addresses.
