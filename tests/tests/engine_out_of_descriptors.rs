@@ -79,6 +79,11 @@ fn a_listener_out_of_descriptors_says_so_once_and_sets_the_client_up_once_one_is
     drop(exhausted);
     assert_eq!(done, (false, false), "set up without a descriptor?");
     assert_eq!(why.len(), 1, "said once, not on every look: {why:?}");
+    assert_eq!(
+        a.stats().handshakes_failed,
+        1,
+        "the failure said is counted, once"
+    );
     let text = why[0].to_string();
     assert!(
         text.contains("accepting") && text.contains("Too many open files"),
@@ -97,4 +102,5 @@ fn a_listener_out_of_descriptors_says_so_once_and_sets_the_client_up_once_one_is
     incoming.test().unwrap().unwrap();
     client.test().unwrap().unwrap();
     assert_eq!(a.incoming_failures().len(), 0);
+    assert_eq!(a.stats().handshakes_failed, 1);
 }

@@ -503,8 +503,7 @@ impl Engine {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if client_gone(&e) => {
                     // That client fails; the next may be waiting behind it.
-                    self.dials
-                        .failed_incoming(io_err("a connecting engine", "accepting", e));
+                    self.incoming_failed(io_err("a connecting engine", "accepting", e));
                     gone += 1;
                     if gone == MAX_INCOMING {
                         return Ok(());
@@ -515,14 +514,20 @@ impl Engine {
                     // connection stays queued. Said once; tried again after a while.
                     if self.dials.accept_again.is_none() {
                         tracing::warn!(error = %e, "the listener cannot accept");
-                        self.dials
-                            .failed_incoming(io_err("a connecting engine", "accepting", e));
+                        self.incoming_failed(io_err("a connecting engine", "accepting", e));
                     }
                     self.dials.accept_again = Some(Instant::now() + ACCEPT_AGAIN);
                     return Ok(());
                 }
             }
         }
+    }
+
+    /// A connection to the engine's listener failed (its accept or its handshake): counted
+    /// and kept for [`incoming_failures`](Self::incoming_failures).
+    pub(crate) fn incoming_failed(&mut self, e: EngineError) {
+        self.stats.handshakes_failed += 1;
+        self.dials.failed_incoming(e);
     }
 
     /// Accepts one connection for one-shot accept `slot`, if one is waiting.

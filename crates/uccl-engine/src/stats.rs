@@ -109,8 +109,11 @@ pub struct Stats {
     /// Times the QP receive windows are bound on was brought back after an operation on it
     /// failed (see [`RecvKeys::Window`](crate::RecvKeys::Window)).
     pub window_qp_recoveries: u64,
-    /// Incoming handshakes on the engine's listener that failed (see
-    /// [`Engine::incoming_failures`](crate::Engine::incoming_failures)).
+    /// Connections to the engine's listener that failed: their handshakes, clients gone
+    /// before they were accepted, and each stretch in which the listener could not accept at
+    /// all (out of descriptors or memory); what [`Engine::incoming_failures`] keeps.
+    ///
+    /// [`Engine::incoming_failures`]: crate::Engine::incoming_failures
     pub handshakes_failed: u64,
 }
 

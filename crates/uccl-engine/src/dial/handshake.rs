@@ -327,9 +327,8 @@ impl Engine {
                 self.dials.match_incoming();
             }
             (Target::Listener, Err(e)) => {
-                self.stats.handshakes_failed += 1;
                 tracing::info!(error = %e, "an incoming handshake failed");
-                self.dials.failed_incoming(e);
+                self.incoming_failed(e);
             }
         }
         if self.dials.listener.is_some() {
