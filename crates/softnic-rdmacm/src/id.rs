@@ -573,7 +573,7 @@ export! {
         })
     }
 
-    /// Disconnects: the QP to ERROR and a DREQ.
+    /// Disconnects: the QP to ERROR and a DREQ, or the DREP that answers the peer's.
     "RDMACM_1.0" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         with_id_then_wait(id, |l, t| {
             // SAFETY: a context of the fabric.

@@ -228,7 +228,8 @@ impl Fabric {
         self.cm(|st| st.cm_notify(id.0, event))
     }
 
-    /// Disconnects (`rdma_disconnect`).
+    /// Disconnects (`rdma_disconnect`): the QP to ERROR and a DREQ, or, after the peer's DREQ
+    /// (DISCONNECTED reported, the QP left alone until now), the DREP that answers it.
     pub fn cm_disconnect(&self, id: CmId) -> Result<(), CmError> {
         self.cm(|st| st.cm_disconnect(id.0))
     }
@@ -386,6 +387,56 @@ mod tests {
         let waiter = std::thread::spawn(move || f2.cm_take_event(ch, &fd2));
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(!waiter.is_finished(), "{:?}", waiter.join());
+    }
+
+    /// A process's goodbyes at exit are on the wire when `cm_close_all` returns: a REJ or a
+    /// DREP is sent once, and a process that exits next takes its progress thread with it
+    /// (the REJ waited in the UDP link's outbox, and a peer's DREQ went unanswered: the peer
+    /// lingered at its own exit, 5 s, for a DREP that never came).
+    #[test]
+    fn goodbyes_are_on_the_wire_when_close_all_returns() {
+        let f = Fabric::try_new(FabricConfig {
+            devices: 1,
+            link: crate::Link::Udp { addr: None },
+            ..Default::default()
+        })
+        .expect("a free address in 127.0.0.2-254");
+        let ch = f.cm_create_channel().unwrap();
+        let id = f.cm_create_id(ch, PortSpace::Tcp).unwrap();
+        // Nobody listens there: the REQ goes out and waits for an answer.
+        let to = std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 0, 27, 1), 9);
+        f.cm_resolve_addr(id, None, to).unwrap();
+        let next = |kind| {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                match f.cm_poll_event(ch) {
+                    Ok(ev) => break assert_eq!(ev.kind, kind),
+                    Err(_) if std::time::Instant::now() < end => {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("no {kind:?}: {e}"),
+                }
+            }
+        };
+        next(CmEventKind::AddrResolved);
+        f.cm_resolve_route(id).unwrap();
+        next(CmEventKind::RouteResolved);
+        let p = ConnParam {
+            qp_num: 0x100,
+            ..Default::default()
+        };
+        f.cm_connect(id, p, &[]).unwrap();
+        // Held: the progress thread sends nothing meanwhile.
+        let mut st = f.shared.lock().unwrap();
+        let sent = st.w.cm.counters.get(&0).map_or(0, |c| c.mads_sent);
+        assert_eq!(st.cm_close_all(), 1);
+        assert_eq!(
+            st.w.cm.counters.get(&0).map_or(0, |c| c.mads_sent),
+            sent + 1,
+            "the REJ"
+        );
+        let port = st.w.devices[0].udp.as_ref().unwrap();
+        assert!(!port.has_outgoing(), "the REJ still waits to be sent");
     }
 
     /// A process that exits from a signal handler which interrupted a verb (libfabric's PSM

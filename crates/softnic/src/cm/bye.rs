@@ -9,10 +9,11 @@ use crate::state::State;
 
 impl State {
     /// `rdma_destroy_id`: says goodbye as the kernel's CM does (a REJ for a request not
-    /// decided; a listener's requests not handed out yet are rejected) and forgets the id and
-    /// its events. A connection still up, or whose DREQ is not answered yet, lives on without
-    /// its channel until its DREQ is answered or given up (as the kernel's CM goes on after
-    /// the process): a lost DREQ would otherwise leave the peer connected for ever.
+    /// decided, a DREP for the peer's DREQ; a listener's requests not handed out yet are
+    /// rejected) and forgets the id and its events. A connection still up, or whose DREQ is
+    /// not answered yet, lives on without its channel until its DREQ is answered or given up
+    /// (as the kernel's CM goes on after the process): a lost DREQ would otherwise leave the
+    /// peer connected for ever.
     pub(crate) fn cm_destroy_id(&mut self, id: u32) -> Result<(), CmError> {
         self.cm_leave_all(id);
         let i = self.cm_id(id)?;
@@ -51,6 +52,8 @@ impl State {
                 self.orphan(id, St::DreqSent);
                 return Ok(());
             }
+            // The peer's DREQ, answered at last.
+            (St::DreqRcvd, _) => Some(Msg::Drep(local, remote)),
             _ => None,
         };
         if let Some(m) = bye {
@@ -76,8 +79,11 @@ impl State {
     }
 
     /// The process ends: every id it still holds is destroyed as [`cm_destroy_id`] destroys
-    /// one (a DREQ for a connection, a REJ for a request not decided), as the kernel's CM
-    /// destroys a process's ids when its descriptor closes. Returns how many there were.
+    /// one (a DREQ for a connection, a DREP for the peer's DREQ, a REJ for a request not
+    /// decided), as the kernel's CM destroys a process's ids when its descriptor closes, and
+    /// the goodbyes are put on the wire before this returns (a DREP or REJ is sent once, and
+    /// the process may be gone before its progress thread's next round). Returns how many
+    /// ids there were.
     ///
     /// [`cm_destroy_id`]: Self::cm_destroy_id
     pub(crate) fn cm_close_all(&mut self) -> usize {
@@ -89,6 +95,7 @@ impl State {
             // A listener's destruction takes the requests it had not handed out with it.
             let _ = self.cm_destroy_id(id);
         }
+        self.progress();
         live.len()
     }
 

@@ -441,7 +441,7 @@ impl State {
                 self.cm_passive_established(id);
                 true
             }
-            St::Established | St::DreqSent | St::TimeWait => {
+            St::Established | St::DreqSent | St::DreqRcvd | St::TimeWait => {
                 self.w.cm.count(dev, |c| c.duplicates += 1);
                 true
             }
@@ -517,12 +517,26 @@ impl State {
             return false;
         }
         match i.st {
-            St::Established | St::RepSent | St::RepRcvd | St::DreqSent => {
+            St::Established | St::RepSent | St::RepRcvd => {
+                // DISCONNECTED, and nothing more until the caller disconnects (IBTA 12.9.6:
+                // the DREP is the consumer's; the kernel's CM leaves the QP alone).
                 self.w.cm_settle(id);
-                self.cm_qp_error(id);
+                let i = self.w.cm.ids.get_mut(&id).expect("there");
+                (i.tid, i.st) = (tid, St::DreqRcvd);
+                self.w.cm.event(id, CmEventKind::Disconnected, 0);
+                true
+            }
+            St::DreqSent => {
+                // Both ends disconnect at once: this one's QP is in ERROR already.
+                self.w.cm_settle(id);
                 self.w.cm.ids.get_mut(&id).expect("there").tid = tid;
                 self.w.cm_send(id, &drep, false);
                 self.cm_time_wait(id, Some(0));
+                true
+            }
+            St::DreqRcvd => {
+                // Sent again while the caller has not disconnected yet: its DREP is to come.
+                self.w.cm.count(dev, |c| c.duplicates += 1);
                 true
             }
             St::TimeWait => {

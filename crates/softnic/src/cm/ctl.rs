@@ -549,11 +549,20 @@ impl State {
         }
     }
 
-    /// `rdma_disconnect`: the QP to ERROR and a DREQ (nothing more once the peer's came).
+    /// `rdma_disconnect`: the QP to ERROR and a DREQ, or, once the peer's DREQ came, the
+    /// DREP that answers it.
     pub(crate) fn cm_disconnect(&mut self, id: u32) -> Result<(), CmError> {
         let i = self.cm_id(id)?;
         match (i.st, i.ps.transport()) {
             (St::Established | St::RepSent | St::RepRcvd, Transport::Rc) => {}
+            (St::DreqRcvd, _) => {
+                let drep = Msg::Drep(i.local_comm, i.remote_comm);
+                self.cm_qp_error(id);
+                self.w.cm_send(id, &drep, false);
+                // DISCONNECTED was reported when the DREQ came.
+                self.cm_time_wait(id, None);
+                return Ok(());
+            }
             (St::DreqSent | St::TimeWait | St::Done, _) | (St::Established, Transport::Ud) => {
                 return Ok(());
             }

@@ -54,6 +54,10 @@ pub(crate) enum St {
     RepSent,
     Established,
     DreqSent,
+    /// The peer's DREQ came and DISCONNECTED was reported; the QP is left to its owner, as
+    /// by the kernel's CM. The DREP waits for the caller's `rdma_disconnect` (which moves the
+    /// QP to ERROR) or destroy.
+    DreqRcvd,
     TimeWait,
     /// Rejected, unreachable, or out of time-wait: only destroy is left.
     Done,

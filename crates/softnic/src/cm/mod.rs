@@ -8,8 +8,9 @@
 //! backlog, address and route resolution, connect/accept/reject/disconnect with private data,
 //! and the QP transitions rdma_cm does for its caller (INIT when a QP is attached, RTR and RTS
 //! with the PSNs, path MTU, responder resources and initiator depth the messages carry, ERROR
-//! on a disconnect). Events queue on channels whose file descriptors are readable while
-//! events wait ([`CmEvent`]).
+//! on the caller's disconnect; the peer's DREQ reports DISCONNECTED and leaves the QP alone,
+//! its DREP waiting for the caller's disconnect or destroy, as in the kernel). Events queue on
+//! channels whose file descriptors are readable while events wait ([`CmEvent`]).
 //!
 //! Lost MADs are sent again after the CM response timeout ([`RESPONSE_TIMEOUT`], up to
 //! [`MAX_RETRIES`] times), duplicates are answered as the IBTA says (a REQ being decided gets an

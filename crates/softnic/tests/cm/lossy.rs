@@ -131,8 +131,8 @@ fn a_req_delayed_past_its_connection_is_rejected_as_stale() {
     let (c, _, s, _) = connect(&e);
     e.fabric.cm_disconnect(c).unwrap();
     expect(&e.fabric, e.cb, CmEventKind::Disconnected);
-    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
     e.fabric.cm_disconnect(s).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
     e.fabric.advance(Duration::from_secs(6));
     let sc = e.fabric.cm_counters("soft1").unwrap();
     assert_eq!(sc.rejects_sent, 1, "{sc:?}");
@@ -177,6 +177,9 @@ fn an_id_destroyed_right_after_its_disconnect_still_gets_its_dreq_through() {
     e.fabric.cm_destroy_id(c).unwrap();
     assert_eq!(e.fabric.cm_lingering(), 1);
     expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    // The server's QP is its own until it disconnects too, which answers the DREQ.
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_RTS);
+    e.fabric.cm_disconnect(s).unwrap();
     assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
     e.fabric.advance(Duration::from_millis(10));
     assert_eq!(e.fabric.cm_lingering(), 0, "answered: forgotten");

@@ -247,12 +247,30 @@ fn rc_connects_carries_data_and_disconnects() {
     let (c, qa, s, qb) = connect(&e);
     send_works(&e.a, qa, &e.b, qb, 3000);
     send_works(&e.b, qb, &e.a, qa, 10_000);
+    post_recv(qb, &mut [recv_wr(7, &[])]).unwrap();
     e.fabric.cm_disconnect(c).unwrap();
     assert_eq!(state(qa), ibv_qp_state::IBV_QPS_ERR);
     expect(&e.fabric, e.cb, CmEventKind::Disconnected);
-    expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    // The peer's DREQ leaves this end's QP to its owner, as the kernel's CM does: only
+    // rdma_disconnect moves it to ERROR (flushing its receive), and answers with the DREP
+    // that ends the peer's disconnect.
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_RTS, "moved by the DREQ");
+    let early = next_event(&e.fabric, e.ca, Duration::from_millis(100));
+    assert!(
+        early.is_none(),
+        "the peer disconnected before its DREP: {early:?}"
+    );
+    e.fabric.cm_disconnect(s).unwrap();
     assert_eq!(state(qb), ibv_qp_state::IBV_QPS_ERR);
-    // A disconnect after the peer's is nothing more.
+    // Its receive flushed now, the first completion since the DREQ.
+    let flushed = poll_n(e.b.cq, 1);
+    assert_eq!(
+        (flushed[0].wr_id, flushed[0].status),
+        (7, ibv_wc_status::IBV_WC_WR_FLUSH_ERR as u32)
+    );
+    let ev = expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    assert_eq!(ev.status, 0);
+    // A disconnect after that is nothing more.
     e.fabric.cm_disconnect(s).unwrap();
     expect(&e.fabric, e.ca, CmEventKind::TimewaitExit);
     expect(&e.fabric, e.cb, CmEventKind::TimewaitExit);
@@ -298,6 +316,28 @@ fn the_ib_port_space_connects_rc_in_ports_of_its_own() {
         rej.status, 8,
         "invalid service ID: no TCP listener at the port"
     );
+}
+
+/// A peer's DREQ waits for this end's caller: sent again meanwhile, it is a duplicate (no
+/// second DISCONNECTED); destroying the id answers it as `rdma_disconnect` would, and the
+/// peer's disconnect ends well (not with -ETIMEDOUT).
+#[test]
+fn a_dreq_is_answered_when_its_id_is_disconnected_or_destroyed() {
+    let e = ends(25);
+    let (c, _qa, s, qb) = connect(&e);
+    e.fabric.cm_disconnect(c).unwrap();
+    expect(&e.fabric, e.cb, CmEventKind::Disconnected);
+    // Past two of the DREQ's retransmissions (every 2.1 s).
+    let quiet = next_event(&e.fabric, e.ca, Duration::from_secs(5));
+    assert!(quiet.is_none(), "{quiet:?}");
+    assert!(next_event(&e.fabric, e.cb, Duration::from_millis(1)).is_none());
+    let sc = e.fabric.cm_counters("soft1").unwrap();
+    assert!(sc.duplicates >= 2, "{sc:?}");
+    assert_eq!(state(qb), ibv_qp_state::IBV_QPS_RTS);
+    e.fabric.cm_destroy_id(s).unwrap();
+    let ev = expect(&e.fabric, e.ca, CmEventKind::Disconnected);
+    assert_eq!((ev.id, ev.status), (c, 0));
+    expect(&e.fabric, e.ca, CmEventKind::TimewaitExit);
 }
 
 /// A DREQ never answered (the peer's link down): after its retries the connection is down all

@@ -42,51 +42,96 @@ fn wait(f: &Fabric, ch: ChannelId, kind: CmEventKind) -> CmEvent {
     }
 }
 
+/// Two fabrics on the UDP link, connected (server at 127.0.26.`last - 1`, client at
+/// `last`, each losing its first MAD if `lose`): each fabric, its channel and its id.
+struct Connected {
+    server: Fabric,
+    client: Fabric,
+    cs: ChannelId,
+    cc: ChannelId,
+    s: CmId,
+    c: CmId,
+}
+
+fn connect_over_udp(last: u8, lose: bool) -> Connected {
+    let (sip, cip) = (
+        Ipv4Addr::new(127, 0, 26, last - 1),
+        Ipv4Addr::new(127, 0, 26, last),
+    );
+    let (server, client) = (on_udp(sip, lose), on_udp(cip, lose));
+    let (cs, cc) = (
+        server.cm_create_channel().unwrap(),
+        client.cm_create_channel().unwrap(),
+    );
+    let l = server.cm_create_id(cs, PortSpace::Tcp).unwrap();
+    let at = SocketAddrV4::new(sip, 9000);
+    server.cm_bind(l, at).unwrap();
+    server.cm_listen(l, 4).unwrap();
+    let c = client.cm_create_id(cc, PortSpace::Tcp).unwrap();
+    client.cm_resolve_addr(c, None, at).unwrap();
+    wait(&client, cc, CmEventKind::AddrResolved);
+    client.cm_resolve_route(c).unwrap();
+    wait(&client, cc, CmEventKind::RouteResolved);
+    let p = ConnParam {
+        qp_num: 0x100,
+        ..param()
+    };
+    client.cm_connect(c, p, b"over udp").unwrap();
+    let req = wait(&server, cs, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private[..8], b"over udp");
+    assert_eq!(*req.addrs.unwrap().1.ip(), cip);
+    let p = ConnParam {
+        qp_num: 0x200,
+        ..param()
+    };
+    server.cm_accept(req.id, p, &[]).unwrap();
+    let rep = wait(&client, cc, CmEventKind::ConnectResponse);
+    assert_eq!(rep.param.qp_num, 0x200);
+    client.cm_establish(c).unwrap();
+    wait(&server, cs, CmEventKind::Established);
+    Connected {
+        server,
+        client,
+        cs,
+        cc,
+        s: req.id,
+        c,
+    }
+}
+
 #[test]
 fn two_fabrics_connect_over_udp_even_when_mads_are_lost() {
     // Then with the first REQ and the first REP lost: each is sent again after the response
     // timeout (about 2 s each).
     for (lose, last) in [(false, 21), (true, 23)] {
-        let (sip, cip) = (
-            Ipv4Addr::new(127, 0, 26, last - 1),
-            Ipv4Addr::new(127, 0, 26, last),
-        );
-        let (server, client) = (on_udp(sip, lose), on_udp(cip, lose));
-        let (cs, cc) = (
-            server.cm_create_channel().unwrap(),
-            client.cm_create_channel().unwrap(),
-        );
-        let l = server.cm_create_id(cs, PortSpace::Tcp).unwrap();
-        let at = SocketAddrV4::new(sip, 9000);
-        server.cm_bind(l, at).unwrap();
-        server.cm_listen(l, 4).unwrap();
-        let c = client.cm_create_id(cc, PortSpace::Tcp).unwrap();
-        client.cm_resolve_addr(c, None, at).unwrap();
-        wait(&client, cc, CmEventKind::AddrResolved);
-        client.cm_resolve_route(c).unwrap();
-        wait(&client, cc, CmEventKind::RouteResolved);
-        let p = ConnParam {
-            qp_num: 0x100,
-            ..param()
-        };
-        client.cm_connect(c, p, b"over udp").unwrap();
-        let req = wait(&server, cs, CmEventKind::ConnectRequest);
-        assert_eq!(&req.private[..8], b"over udp");
-        assert_eq!(*req.addrs.unwrap().1.ip(), cip);
-        let p = ConnParam {
-            qp_num: 0x200,
-            ..param()
-        };
-        server.cm_accept(req.id, p, &[]).unwrap();
-        let rep = wait(&client, cc, CmEventKind::ConnectResponse);
-        assert_eq!(rep.param.qp_num, 0x200);
-        client.cm_establish(c).unwrap();
-        wait(&server, cs, CmEventKind::Established);
-        server.cm_disconnect(req.id).unwrap();
-        wait(&client, cc, CmEventKind::Disconnected);
-        wait(&server, cs, CmEventKind::Disconnected);
-        let counted = (server.cm_counters("soft0"), client.cm_counters("soft0"));
+        let x = connect_over_udp(last, lose);
+        x.server.cm_disconnect(x.s).unwrap();
+        wait(&x.client, x.cc, CmEventKind::Disconnected);
+        // The client answers as programs do: its disconnect sends the DREP.
+        x.client.cm_disconnect(x.c).unwrap();
+        let ev = wait(&x.server, x.cs, CmEventKind::Disconnected);
+        assert_eq!(ev.status, 0, "{ev:?}");
+        let counted = (x.server.cm_counters("soft0"), x.client.cm_counters("soft0"));
         let retransmits = counted.0.unwrap().retransmits + counted.1.unwrap().retransmits;
         assert!(retransmits > 0 || !lose, "{counted:?}");
     }
+}
+
+/// A process that ends without disconnecting (`cm_close_all`, as softnic's librdmacm calls it
+/// at exit, then its fabric gone) answers its peer's DREQ on the way out: the peer's
+/// disconnect ends well, not with -ETIMEDOUT after every retry. (That the goodbyes are on the
+/// wire when `cm_close_all` returns is `goodbyes_are_on_the_wire_when_close_all_returns`.)
+#[test]
+fn a_process_that_ends_answers_its_peers_dreq() {
+    let x = connect_over_udp(25, false);
+    x.client.cm_disconnect(x.c).unwrap();
+    wait(&x.server, x.cs, CmEventKind::Disconnected);
+    assert_eq!(
+        x.server.cm_close_all(),
+        2,
+        "the listener and the connection"
+    );
+    drop(x.server);
+    let ev = wait(&x.client, x.cc, CmEventKind::Disconnected);
+    assert_eq!(ev.status, 0, "{ev:?}");
 }
