@@ -111,12 +111,11 @@ impl Fabric {
                 return err(libc::EINVAL, "no such CM id");
             };
             let old = std::mem::replace(&mut i.chan, ch.0);
-            let mut moved = std::collections::VecDeque::new();
-            if let Some(c) = cm.channels.get_mut(&old) {
-                let (mine, rest) = c.events.drain(..).partition(|e| e.id == id);
-                c.events = rest;
-                moved = mine;
-            }
+            let moved = cm
+                .channels
+                .get_mut(&old)
+                .map(|c| c.take_events_of(id))
+                .unwrap_or_default();
             let to = cm.channels.get_mut(&ch.0).expect("checked above");
             for e in moved {
                 to.events.push_back(e);
@@ -274,30 +273,36 @@ impl Fabric {
 
     fn cm_take_event(&self, ch: ChannelId, fd: &EventFd) -> Result<CmEvent, CmError> {
         loop {
-            if let Err(e) = fd.wait() {
-                return err(e, "waiting for a CM event");
-            }
-            // One count per event queued; events of a destroyed id leave theirs behind.
             let ev = self.cm(|st| {
                 let cm = &mut st.w.cm;
                 let Some(c) = cm.channels.get_mut(&ch.0) else {
-                    // Destroyed while this thread waited: it waits on (for ever unless the
-                    // descriptor is non-blocking), as over the kernel's CM, where closing a
-                    // channel does not end a read blocked on it. Programs (rping) destroy
-                    // the channel under their event thread, then exit.
                     return Ok(None);
                 };
-                let ev = c.events.pop_front();
-                if let Some(e) = &ev
-                    && e.kind == CmEventKind::ConnectRequest
-                    && let Some(l) = e.listen_id.and_then(|l| cm.ids.get_mut(&l.0))
+                let Some(ev) = c.events.pop_front() else {
+                    return Ok(Some(None));
+                };
+                // Its count, there with it.
+                c.fd.take();
+                if ev.kind == CmEventKind::ConnectRequest
+                    && let Some(l) = ev.listen_id.and_then(|l| cm.ids.get_mut(&l.0))
                 {
                     l.queued = l.queued.saturating_sub(1);
                 }
-                Ok(ev)
+                Ok(Some(Some(ev)))
             })?;
-            if let Some(ev) = ev {
-                return Ok(ev);
+            let waited = match ev {
+                Some(Some(ev)) => return Ok(ev),
+                // None waits: sleep until one comes (EAGAIN if the descriptor was made
+                // non-blocking), without the fabric's lock.
+                Some(None) => fd.wait_readable(),
+                // Destroyed while this thread waited: it waits on (for ever unless the
+                // descriptor is non-blocking), as over the kernel's CM, where closing a
+                // channel does not end a read blocked on it. Programs (rping) destroy the
+                // channel under their event thread, then exit.
+                None => fd.wait(),
+            };
+            if let Err(e) = waited {
+                return err(e, "waiting for a CM event");
             }
         }
     }

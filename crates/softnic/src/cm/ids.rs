@@ -152,8 +152,22 @@ impl Id {
 
 /// An event channel.
 pub(crate) struct Channel {
+    /// Counts exactly the events waiting (both change under the fabric's lock): readable
+    /// only while one waits, as the kernel's `ucma` file.
     pub(crate) fd: Arc<EventFd>,
     pub(crate) events: VecDeque<CmEvent>,
+}
+
+impl Channel {
+    /// Takes id `id`'s events off the channel, with their counts: the ones taken.
+    pub(crate) fn take_events_of(&mut self, id: super::CmId) -> VecDeque<CmEvent> {
+        let (mine, rest) = self.events.drain(..).partition(|e| e.id == id);
+        self.events = rest;
+        for _ in &mine {
+            self.fd.take();
+        }
+        mine
+    }
 }
 
 /// The connection manager of a fabric (every device's).

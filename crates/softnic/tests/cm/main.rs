@@ -764,3 +764,37 @@ fn a_channel_s_descriptor_is_readable_while_events_wait() {
     unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
     assert_eq!(e.fabric.cm_get_event(e.ca).unwrap_err().errno, libc::EAGAIN);
 }
+
+/// An id's events leave its channel's descriptor with it, as the kernel's `ucma` takes a
+/// destroyed id's events off its file: destroyed, or migrated to another channel, with
+/// events unread, it leaves the channel's descriptor readable only for the events still
+/// there (it stayed readable for them, and a program that polls the descriptor before a
+/// blocking `rdma_get_cm_event` slept in it).
+#[test]
+fn an_ids_events_leave_its_channels_descriptor_with_it() {
+    let e = ends(26);
+    let fd = e.fabric.cm_channel_fd(e.ca).unwrap();
+    let resolved = |id| {
+        e.fabric
+            .cm_resolve_addr(id, Some(SocketAddrV4::new(CLIENT_IP, 0)), SERVER)
+            .unwrap();
+    };
+    let gone = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    resolved(gone);
+    assert!(readable(fd));
+    e.fabric.cm_destroy_id(gone).unwrap();
+    assert!(!readable(fd), "readable for a destroyed id's event");
+
+    let moved = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    resolved(moved);
+    let other = e.fabric.cm_create_channel().unwrap();
+    e.fabric.cm_migrate_id(moved, other).unwrap();
+    assert!(!readable(fd), "readable for a migrated id's event");
+    let to = e.fabric.cm_channel_fd(other).unwrap();
+    assert!(readable(to));
+    assert_eq!(
+        e.fabric.cm_get_event(other).unwrap().kind,
+        CmEventKind::AddrResolved
+    );
+    assert!(!readable(to));
+}
