@@ -75,7 +75,7 @@ pub(crate) struct AsyncEvent {
 }
 
 /// What an async event is about.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Element {
     Cq(u32),
     Qp(u32),
@@ -234,11 +234,25 @@ impl World {
             .unwrap_or(self.default_faults)
     }
 
-    /// Queues an async event on context `ctx` and wakes its file descriptor.
+    /// Queues an async event on context `ctx` and wakes its file descriptor (which counts
+    /// exactly the events queued: it is readable only while one waits).
     pub(crate) fn async_event(&mut self, ctx: u32, kind: ibv_event_type, element: Element) {
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.events.push_back(AsyncEvent { kind, element });
             c.async_fd.signal();
+        }
+    }
+
+    /// Takes the events about `gone`, an object being destroyed, off every context's queue
+    /// with their counts, as the kernel drops a destroyed object's events (none is then
+    /// handed out naming it, or a later object given its id).
+    pub(crate) fn drop_async_events(&mut self, gone: Element) {
+        for c in self.contexts.values_mut() {
+            let had = c.events.len();
+            c.events.retain(|e| e.element != gone);
+            for _ in c.events.len()..had {
+                c.async_fd.take();
+            }
         }
     }
 

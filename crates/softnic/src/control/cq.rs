@@ -137,6 +137,7 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         if let Some(c) = st.w.cqs.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
+            st.w.drop_async_events(crate::state::Element::Cq(id));
             if let Some(ch) = c.channel.and_then(|ch| st.w.channels.get_mut(&ch)) {
                 let had = ch.events.len();
                 ch.events.retain(|&(cq, _)| cq != id);

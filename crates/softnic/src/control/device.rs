@@ -352,25 +352,16 @@ pub(super) unsafe extern "C" fn get_async_event(
     }) else {
         return -1;
     };
-    // An event whose object was destroyed since is dropped, as the kernel drops the events
-    // of an object it destroys (each event holds one count of the descriptor: the loop takes
-    // the next with its count, blocking or failing with EAGAIN as the descriptor does).
+    // The descriptor counts the events queued (a destroyed object's go with it): an event
+    // is taken with its count under the fabric's lock, and with none queued the caller
+    // sleeps until one comes (EAGAIN if it made the descriptor non-blocking).
     loop {
-        // As in get_cq_event: the descriptor outlives a concurrent close_device.
-        if let Err(e) = fd.wait() {
-            set_errno(e);
-            return -1;
-        }
         let taken = with(context.cast(), Kind::Context, Some(-1), |_, st, id| {
-            let Some(ev) =
-                st.w.contexts
-                    .get_mut(&id)
-                    .and_then(|c| c.events.pop_front())
-            else {
-                set_errno(libc::EAGAIN);
-                return Some(-1);
-            };
-            // Counted as handed out: destroying the object waits for its acknowledgement.
+            let c = st.w.contexts.get_mut(&id)?;
+            let ev = c.events.pop_front()?;
+            c.async_fd.take();
+            // Counted as handed out: destroying the object waits for its acknowledgement. (A
+            // destroyed object's events went with it: the look-ups find their objects.)
             let element = match ev.element {
                 Element::Cq(c) => {
                     let c = st.w.cqs.get_mut(&c)?;
@@ -399,6 +390,12 @@ pub(super) unsafe extern "C" fn get_async_event(
         });
         if let Some(r) = taken {
             return r;
+        }
+        // As in get_cq_event: the descriptor outlives a concurrent close_device (which wakes
+        // it; the look-up above then fails).
+        if let Err(e) = fd.wait_readable() {
+            set_errno(e);
+            return -1;
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::abi::{self, Kind, Shell, gid_bytes, set_errno};
 use crate::cq::unacked;
 use crate::qp::{Qp, RecvQueue, Requester, Responder, SendQueue, Transport};
 use crate::srq::Srq;
-use crate::state::{Ah, State};
+use crate::state::{Ah, Element, State};
 use std::collections::VecDeque;
 
 pub(super) unsafe extern "C" fn create_srq(
@@ -137,6 +137,7 @@ pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         }
         abi::unregister(s.shell.ptr().cast());
         st.w.srqs.remove(&id);
+        st.w.drop_async_events(Element::Srq(id));
         Some(0)
     })
 }
@@ -384,6 +385,7 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         q.reset(&mut st.w);
         st.w.devices[q.dev].qpns.remove(&q.qpn);
         st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
+        st.w.drop_async_events(Element::Qp(id));
         abi::unregister(q.shell.ptr().cast());
         // SAFETY: the QP's own shell.
         unsafe { crate::extended::release_qp(q.shell.ptr()) };

@@ -130,6 +130,43 @@ fn destroy_srq_waits_for_its_async_events_to_be_acknowledged() {
     assert_eq!(destroy_waits_for_ack_of(ev, destroy), 0);
 }
 
+/// An object destroyed with an async event not yet taken takes the event with it, as the
+/// kernel drops a destroyed object's events: the context's descriptor is then not readable
+/// for it (it was, and a program that polls the descriptor before a blocking
+/// `ibv_get_async_event` slept in it), and the events of other objects still come.
+#[test]
+fn a_destroyed_objects_async_events_leave_the_descriptor() {
+    let f = Fabric::default();
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let (a, qa, b, _qb) = pair(&f, ty, 4);
+    let (other, peer) = (a.qp(ty, cap(4, 4), true), b.qp(ty, cap(4, 4), true));
+    bring_up(other, ty, b.gid, qpn(peer), |_| {});
+    bring_up(peer, ty, a.gid, qpn(other), |_| {});
+    // SAFETY: a live context is readable.
+    let fd = unsafe { (*a.ctx).async_fd };
+    drain(qa);
+    assert!(readable(fd));
+    // SAFETY: a live QP, its event not reported.
+    assert_eq!(unsafe { (CONTROL.destroy_qp)(qa) }, 0);
+    assert!(!readable(fd), "readable for a destroyed QP's event");
+    drain(other);
+    let ev = take_async_event(a.ctx);
+    assert_eq!(ev.event_type, IBV_EVENT_SQ_DRAINED);
+    // SAFETY: the union holds the QP for this event type.
+    assert_eq!(unsafe { ev.element.qp }, other);
+    assert!(!readable(fd));
+}
+
+fn readable(fd: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no timeout.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
 #[test]
 fn an_acknowledged_event_does_not_hold_the_destroy_up() {
     let f = Fabric::default();
