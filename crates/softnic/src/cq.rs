@@ -87,12 +87,68 @@ impl Cq {
 
 pub(crate) struct Channel {
     pub(crate) ctx: u32,
-    pub(crate) fd: Arc<EventFd>,
     /// Completion events not yet taken by `get_cq_event`: the CQ id and its context pointer.
-    /// `fd` counts exactly these (both change under the fabric's lock), so it is readable
-    /// only while one waits, as the kernel's event file.
-    pub(crate) events: VecDeque<(u32, UserPtr)>,
+    pub(crate) events: Events<(u32, UserPtr)>,
     pub(crate) shell: Shell<ibv_comp_channel>,
+}
+
+/// Events waiting to be taken, and the descriptor that counts them, one count each (both
+/// change together, under the fabric's lock): the descriptor is readable exactly while an
+/// event waits, as the kernel's event files are, so a program that polls it before a blocking
+/// wait is never woken for nothing. What a completion channel, a CM event channel and a
+/// context's async events hold.
+pub(crate) struct Events<T> {
+    fd: Arc<EventFd>,
+    queue: VecDeque<T>,
+}
+
+impl<T> Events<T> {
+    /// No events yet, counted on `fd` (a new one, [`EventFd::new`]).
+    pub(crate) fn new(fd: Arc<EventFd>) -> Self {
+        Events {
+            fd,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// The counting descriptor (what the caller's structure names, and what a waiter sleeps
+    /// on without the fabric's lock).
+    pub(crate) fn fd(&self) -> &Arc<EventFd> {
+        &self.fd
+    }
+
+    /// Queues `ev`, readable once more.
+    pub(crate) fn push(&mut self, ev: T) {
+        self.queue.push_back(ev);
+        self.fd.signal();
+    }
+
+    /// The oldest event, with its count.
+    pub(crate) fn pop(&mut self) -> Option<T> {
+        let ev = self.queue.pop_front()?;
+        self.fd.take();
+        Some(ev)
+    }
+
+    /// Takes the events `pick` picks, with their counts, oldest first.
+    pub(crate) fn take_if(&mut self, mut pick: impl FnMut(&T) -> bool) -> VecDeque<T> {
+        let (picked, rest) = self.queue.drain(..).partition(|e| pick(e));
+        self.queue = rest;
+        for _ in &picked {
+            self.fd.take();
+        }
+        picked
+    }
+
+    /// Whether none waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The events waiting, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.queue.iter()
+    }
 }
 
 /// An event file descriptor counting events one by one (`EFD_SEMAPHORE`): what a completion
@@ -165,14 +221,7 @@ impl EventFd {
             // count is there.
             return self.wait().is_ok();
         }
-        let mut p = libc::pollfd {
-            fd: self.0,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no timeout.
-        let ready = unsafe { libc::poll(&mut p, 1, 0) } == 1;
-        ready && self.wait().is_ok()
+        self.readable(0) == Ok(true) && self.wait().is_ok()
     }
 
     /// Sleeps until the descriptor is readable (an event is there, or the object is being
@@ -184,6 +233,11 @@ impl EventFd {
         if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
             return Err(libc::EAGAIN);
         }
+        self.readable(-1).map(drop)
+    }
+
+    /// Whether the descriptor is readable within `timeout_ms` (-1: however long it takes).
+    fn readable(&self, timeout_ms: i32) -> Result<bool, i32> {
         let mut p = libc::pollfd {
             fd: self.0,
             events: libc::POLLIN,
@@ -191,14 +245,13 @@ impl EventFd {
         };
         loop {
             // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut p, 1, -1) } >= 0 {
-                return Ok(());
+            let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+            if n >= 0 {
+                return Ok(n == 1);
             }
-            let e = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            if e != libc::EINTR {
-                return Err(e);
+            match errno() {
+                libc::EINTR => {}
+                e => return Err(e),
             }
         }
     }
@@ -217,14 +270,19 @@ impl EventFd {
                 }
                 return Ok(());
             }
-            let e = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            if e != libc::EINTR {
-                return Err(e);
+            match errno() {
+                libc::EINTR => {}
+                e => return Err(e),
             }
         }
     }
+}
+
+/// The calling thread's errno.
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 impl Drop for EventFd {
@@ -279,8 +337,7 @@ impl Cq {
         self.arm = Arm::Off;
         let user = self.shell.get().cq_context;
         if let Some(ch) = self.channel.and_then(|c| channels.get_mut(&c)) {
-            ch.events.push_back((id, user));
-            ch.fd.signal();
+            ch.events.push((id, user));
         }
     }
 }

@@ -85,11 +85,11 @@ pub(crate) enum Element {
 pub(crate) struct Context {
     pub(crate) dev: usize,
     pub(crate) shell: Shell<ibv_context, crate::extended::VerbsContext>,
-    pub(crate) async_fd: std::sync::Arc<crate::cq::EventFd>,
     /// The descriptor `ibv_context.cmd_fd` names: held, never read, so that it is closed
     /// with the context.
     pub(crate) _cmd_fd: std::sync::Arc<crate::cq::EventFd>,
-    pub(crate) events: VecDeque<AsyncEvent>,
+    /// Async events not yet taken, counted on `ibv_context.async_fd`.
+    pub(crate) events: crate::cq::Events<AsyncEvent>,
 }
 
 pub(crate) struct Pd {
@@ -234,12 +234,10 @@ impl World {
             .unwrap_or(self.default_faults)
     }
 
-    /// Queues an async event on context `ctx` and wakes its file descriptor (which counts
-    /// exactly the events queued: it is readable only while one waits).
+    /// Queues an async event on context `ctx` and wakes its file descriptor.
     pub(crate) fn async_event(&mut self, ctx: u32, kind: ibv_event_type, element: Element) {
         if let Some(c) = self.contexts.get_mut(&ctx) {
-            c.events.push_back(AsyncEvent { kind, element });
-            c.async_fd.signal();
+            c.events.push(AsyncEvent { kind, element });
         }
     }
 
@@ -248,11 +246,7 @@ impl World {
     /// handed out naming it, or a later object given its id).
     pub(crate) fn drop_async_events(&mut self, gone: Element) {
         for c in self.contexts.values_mut() {
-            let had = c.events.len();
-            c.events.retain(|e| e.element != gone);
-            for _ in c.events.len()..had {
-                c.async_fd.take();
-            }
+            c.events.take_if(|e| e.element == gone);
         }
     }
 

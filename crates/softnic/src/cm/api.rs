@@ -10,7 +10,7 @@ use super::{
     ChannelId, CmCounters, CmError, CmEvent, CmEventKind, CmId, ConnParam, PortSpace, err,
 };
 use crate::abi::{self, Kind};
-use crate::cq::EventFd;
+use crate::cq::{EventFd, Events};
 use crate::fabric::Fabric;
 use crate::state::State;
 
@@ -54,8 +54,7 @@ impl Fabric {
             cm.channels.insert(
                 id,
                 Channel {
-                    fd,
-                    events: Default::default(),
+                    events: Events::new(fd),
                 },
             );
             Ok(ChannelId(id))
@@ -66,7 +65,7 @@ impl Fabric {
     /// lives).
     pub fn cm_channel_fd(&self, ch: ChannelId) -> Result<i32, CmError> {
         self.cm(|st| match st.w.cm.channels.get(&ch.0) {
-            Some(c) => Ok(c.fd.raw()),
+            Some(c) => Ok(c.events.fd().raw()),
             None => err(libc::EINVAL, "no such event channel"),
         })
     }
@@ -114,12 +113,11 @@ impl Fabric {
             let moved = cm
                 .channels
                 .get_mut(&old)
-                .map(|c| c.take_events_of(id))
+                .map(|c| c.events.take_if(|e| e.id == id))
                 .unwrap_or_default();
             let to = cm.channels.get_mut(&ch.0).expect("checked above");
             for e in moved {
-                to.events.push_back(e);
-                to.fd.signal();
+                to.events.push(e);
             }
             Ok(())
         })
@@ -253,7 +251,7 @@ impl Fabric {
     /// The next event of a channel, if one waits; EAGAIN if none. Never blocks.
     pub fn cm_poll_event(&self, ch: ChannelId) -> Result<CmEvent, CmError> {
         let fd = self.cm(|st| match st.w.cm.channels.get(&ch.0) {
-            Some(c) if !c.events.is_empty() => Ok(c.fd.clone()),
+            Some(c) if !c.events.is_empty() => Ok(c.events.fd().clone()),
             Some(_) => err(libc::EAGAIN, "no event waits"),
             None => err(libc::EINVAL, "no such event channel"),
         })?;
@@ -265,7 +263,7 @@ impl Fabric {
     /// not there when called; one destroyed during the wait leaves the caller waiting.
     pub fn cm_get_event(&self, ch: ChannelId) -> Result<CmEvent, CmError> {
         let fd = self.cm(|st| match st.w.cm.channels.get(&ch.0) {
-            Some(c) => Ok(c.fd.clone()),
+            Some(c) => Ok(c.events.fd().clone()),
             None => err(libc::EINVAL, "no such event channel"),
         })?;
         self.cm_take_event(ch, &fd)
@@ -278,11 +276,9 @@ impl Fabric {
                 let Some(c) = cm.channels.get_mut(&ch.0) else {
                     return Ok(None);
                 };
-                let Some(ev) = c.events.pop_front() else {
+                let Some(ev) = c.events.pop() else {
                     return Ok(Some(None));
                 };
-                // Its count, there with it.
-                c.fd.take();
                 if ev.kind == CmEventKind::ConnectRequest
                     && let Some(l) = ev.listen_id.and_then(|l| cm.ids.get_mut(&l.0))
                 {
@@ -366,7 +362,7 @@ mod tests {
         let fabric = Fabric::new(FabricConfig::default());
         let ch = fabric.cm_create_channel().unwrap();
         let lookup = |f: &Fabric| {
-            f.cm(|st| Ok(st.w.cm.channels.get(&ch.0).map(|c| c.fd.clone())))
+            f.cm(|st| Ok(st.w.cm.channels.get(&ch.0).map(|c| c.events.fd().clone())))
                 .unwrap()
         };
         let fd = lookup(&fabric).unwrap();

@@ -68,7 +68,7 @@ impl State {
     fn orphan(&mut self, id: u32, st: St) {
         let cm = &mut self.w.cm;
         if let Some(c) = cm.ids.get(&id).and_then(|i| cm.channels.get_mut(&i.chan)) {
-            c.take_events_of(super::CmId(id));
+            c.events.take_if(|e| e.id.0 == id);
         }
         if let Some(i) = cm.ids.get_mut(&id) {
             i.st = st;
@@ -118,7 +118,7 @@ impl State {
             cm.release_port(i.ps, src.port());
         }
         if let Some(c) = cm.channels.get_mut(&i.chan) {
-            c.take_events_of(super::CmId(id));
+            c.events.take_if(|e| e.id.0 == id);
         }
     }
 }

@@ -1,11 +1,10 @@
 //! The CM's tables: ids, channels, communication IDs, ports, timers and counters.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddrV4;
-use std::sync::Arc;
 
 use super::{CmEvent, CmEventKind, ConnParam, PortSpace};
-use crate::cq::EventFd;
+use crate::cq::Events;
 
 /// The id softnic's CM uses in the fabric's timer set (QP ids are small and never reach it).
 pub(crate) const CM_TIMER: u32 = u32::MAX;
@@ -152,22 +151,7 @@ impl Id {
 
 /// An event channel.
 pub(crate) struct Channel {
-    /// Counts exactly the events waiting (both change under the fabric's lock): readable
-    /// only while one waits, as the kernel's `ucma` file.
-    pub(crate) fd: Arc<EventFd>,
-    pub(crate) events: VecDeque<CmEvent>,
-}
-
-impl Channel {
-    /// Takes id `id`'s events off the channel, with their counts: the ones taken.
-    pub(crate) fn take_events_of(&mut self, id: super::CmId) -> VecDeque<CmEvent> {
-        let (mine, rest) = self.events.drain(..).partition(|e| e.id == id);
-        self.events = rest;
-        for _ in &mine {
-            self.fd.take();
-        }
-        mine
-    }
+    pub(crate) events: Events<CmEvent>,
 }
 
 /// The connection manager of a fabric (every device's).
@@ -238,8 +222,7 @@ impl Cm {
             return;
         };
         if let Some(c) = self.channels.get_mut(&chan) {
-            c.events.push_back(ev);
-            c.fd.signal();
+            c.events.push(ev);
         }
     }
 

@@ -9,7 +9,7 @@ use ibverbs_sys::*;
 
 use super::{destroy_when_acked, try_with, with, with_status};
 use crate::abi::{self, Kind, Shell, set_errno};
-use crate::cq::{Arm, Channel, Cq, EventFd};
+use crate::cq::{Arm, Channel, Cq, EventFd, Events};
 
 pub(super) unsafe extern "C" fn create_comp_channel(
     context: *mut ibv_context,
@@ -34,8 +34,7 @@ pub(super) unsafe extern "C" fn create_comp_channel(
                 id,
                 Channel {
                     ctx,
-                    fd,
-                    events: VecDeque::new(),
+                    events: Events::new(fd),
                     shell,
                 },
             );
@@ -53,7 +52,7 @@ pub(super) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_chan
         if let Some(c) = st.w.channels.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
             // A thread blocked in get_cq_event wakes, finds the channel gone, and fails.
-            c.fd.wake_all();
+            c.events.fd().wake_all();
         }
         0
     })
@@ -139,12 +138,7 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
             abi::unregister(c.shell.ptr().cast());
             st.w.drop_async_events(crate::state::Element::Cq(id));
             if let Some(ch) = c.channel.and_then(|ch| st.w.channels.get_mut(&ch)) {
-                let had = ch.events.len();
-                ch.events.retain(|&(cq, _)| cq != id);
-                // Their counts go too: the descriptor counts the events that wait.
-                for _ in ch.events.len()..had {
-                    ch.fd.take();
-                }
+                ch.events.take_if(|&(cq, _)| cq == id);
             }
         }
         Some(0)
@@ -187,7 +181,7 @@ pub(super) unsafe extern "C" fn get_cq_event(
     let Ok(fd) = try_with(channel.cast(), Kind::Channel, |shared, st, id| {
         // The caller may sleep now: a progress thread leaving the link to pollers takes over.
         shared.stopped_polling();
-        Arc::clone(&st.w.channels[&id].fd)
+        Arc::clone(st.w.channels[&id].events.fd())
     }) else {
         return -1;
     };
@@ -197,9 +191,7 @@ pub(super) unsafe extern "C" fn get_cq_event(
                 st.w.channels
                     .get_mut(&id)
                     .expect("registered channel exists");
-            let (cq_id, user) = ch.events.pop_front()?;
-            // Its count, there with it.
-            ch.fd.take();
+            let (cq_id, user) = ch.events.pop()?;
             let p = st.w.cqs.get_mut(&cq_id).map_or(null_mut(), |c| {
                 c.comp_reported = c.comp_reported.wrapping_add(1);
                 c.shell.ptr()

@@ -1,6 +1,5 @@
 //! Devices, contexts, protection domains and async events.
 
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_int};
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -61,9 +60,8 @@ pub(super) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
                 Context {
                     dev: idx as usize,
                     shell,
-                    async_fd: fd,
                     _cmd_fd: cmd,
-                    events: VecDeque::new(),
+                    events: crate::cq::Events::new(fd),
                 },
             );
             abi::register(p.cast(), Kind::Context, shared, id);
@@ -89,7 +87,7 @@ pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
         if let Some(c) = st.w.contexts.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
             // A thread blocked in get_async_event wakes, finds the context gone, and fails.
-            c.async_fd.wake_all();
+            c.events.fd().wake_all();
         }
         0
     })
@@ -348,7 +346,7 @@ pub(super) unsafe extern "C" fn get_async_event(
         return -1;
     }
     let Ok(fd) = try_with(context.cast(), Kind::Context, |_, st, id| {
-        Arc::clone(&st.w.contexts[&id].async_fd)
+        Arc::clone(st.w.contexts[&id].events.fd())
     }) else {
         return -1;
     };
@@ -358,8 +356,7 @@ pub(super) unsafe extern "C" fn get_async_event(
     loop {
         let taken = with(context.cast(), Kind::Context, Some(-1), |_, st, id| {
             let c = st.w.contexts.get_mut(&id)?;
-            let ev = c.events.pop_front()?;
-            c.async_fd.take();
+            let ev = c.events.pop()?;
             // Counted as handed out: destroying the object waits for its acknowledgement. (A
             // destroyed object's events went with it: the look-ups find their objects.)
             let element = match ev.element {

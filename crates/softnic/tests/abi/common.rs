@@ -750,3 +750,14 @@ pub fn frame(h: softnic::packet::Headers, payload: &[u8]) -> Vec<u8> {
     h.emit(payload, &mut out).expect("consistent headers");
     out
 }
+
+/// Whether descriptor `fd` is readable within `timeout_ms` (0: now).
+pub fn readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
+}

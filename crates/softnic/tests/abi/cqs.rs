@@ -48,16 +48,6 @@ fn overflow_raises_cq_err_and_the_qp_goes_to_error() {
     assert_eq!(try_poll(small, 8), Err(-libc::EOVERFLOW));
 }
 
-fn readable(fd: i32, timeout_ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
-}
-
 /// Takes the pending event of channel `ch` (one must be pending), checks that it is CQ `cq`'s
 /// and acknowledges it; returns the CQ's context.
 fn take_cq_event(ch: *mut ibv_comp_channel, cq: *mut ibv_cq) -> usize {
