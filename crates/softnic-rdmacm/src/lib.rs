@@ -162,7 +162,9 @@ fn open() -> Result<Lib, (c_int, String)> {
 /// process's descriptor closes: a connection's peer hears DISCONNECTED, not nothing), then
 /// waits (at most [`LINGER`]) while destroyed ids still send their DREQ: the kernel's CM
 /// would go on after the process, a softnic process's CM ends with it, and a DREQ lost then
-/// would leave its peer connected for ever.
+/// would leave its peer connected for ever. The peer's DREP comes when the peer's program
+/// disconnects or destroys its id (as on the kernel's CM): a process that exits connected
+/// to a program that does neither waits the whole [`LINGER`].
 extern "C" fn linger() {
     let Some(Ok(l)) = LIB.get() else { return };
     // SAFETY: a context of the fabric.

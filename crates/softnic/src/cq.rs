@@ -126,7 +126,8 @@ impl<T> Events<T> {
     /// The oldest event, with its count.
     pub(crate) fn pop(&mut self) -> Option<T> {
         let ev = self.queue.pop_front()?;
-        self.fd.take();
+        let counted = self.fd.take();
+        debug_assert!(counted, "an event without its count");
         Some(ev)
     }
 
@@ -237,6 +238,8 @@ impl EventFd {
     }
 
     /// Whether the descriptor is readable within `timeout_ms` (-1: however long it takes).
+    /// EBADF if it is no longer an open descriptor (the program closed it, or `dup2`ed over
+    /// it), EIO on an error condition: never a readiness nothing can take.
     fn readable(&self, timeout_ms: i32) -> Result<bool, i32> {
         let mut p = libc::pollfd {
             fd: self.0,
@@ -246,6 +249,12 @@ impl EventFd {
         loop {
             // SAFETY: one valid pollfd.
             let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+            if p.revents & libc::POLLNVAL != 0 {
+                return Err(libc::EBADF);
+            }
+            if p.revents & libc::POLLERR != 0 {
+                return Err(libc::EIO);
+            }
             if n >= 0 {
                 return Ok(n == 1);
             }

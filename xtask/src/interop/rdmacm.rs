@@ -82,11 +82,12 @@ const FI_PINGPONG: Run = run(
 );
 /// libfabric's reliable datagram endpoint (`ofi_rxm` over the verbs provider, as MPI's and
 /// NCCL's libfabric transports use it): a connection made at the first send to a peer, and
-/// 64 KiB messages moved by rendezvous, an RDMA READ of the sender's buffer.
+/// 1 MiB messages, past `ofi_rxm`'s segmented-send limit (128 KiB), moved by rendezvous: an
+/// RDMA READ of the sender's buffer.
 const FI_RDM: Run = run(
     "fi_pingpong",
-    "-p verbs -e rdm -I 100 -S 65536 -c",
-    "-p verbs -e rdm -I 100 -S 65536 -c {S}",
+    "-p verbs -e rdm -I 100 -S 1048576 -c",
+    "-p verbs -e rdm -I 100 -S 1048576 -c {S}",
     "#sent",
 );
 

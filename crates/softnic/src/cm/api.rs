@@ -319,8 +319,11 @@ impl Fabric {
     /// Returns how many ids there were. If the fabric's lock stays held for 200 ms (a signal
     /// handler that called `exit` stopped this thread in a verb, and the lock is never given
     /// back), nothing is done and 0 returned: the process exits without its goodbyes rather
-    /// than hang.
+    /// than hang. Nor on a broken fabric (a verb panicked): its state is not to be run.
     pub fn cm_close_all(&self) -> usize {
+        if self.shared.broken().is_some() {
+            return 0;
+        }
         self.shared
             .lock_within(AT_EXIT_PATIENCE)
             .map_or(0, |mut st| st.cm_close_all())

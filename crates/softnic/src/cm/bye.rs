@@ -95,6 +95,7 @@ impl State {
             // A listener's destruction takes the requests it had not handed out with it.
             let _ = self.cm_destroy_id(id);
         }
+        self.sync_clock();
         self.progress();
         live.len()
     }

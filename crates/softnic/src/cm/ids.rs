@@ -24,7 +24,8 @@ pub struct CmCounters {
     /// MADs that parsed but named no connection of this device, came from another peer than
     /// the connection's, or did not fit its state: dropped (answered where the IBTA says so).
     pub unexpected: u64,
-    /// Duplicates answered (MRA for a REQ being decided, REP or RTU again).
+    /// Duplicates taken: answered (MRA for a REQ being decided, REP or RTU again, DREP for a
+    /// DREQ in time-wait) or not yet (a DREQ whose DREP waits for this end's caller).
     pub duplicates: u64,
     /// REJs sent (nobody listening, the application's reject).
     pub rejects_sent: u64,

@@ -438,7 +438,7 @@ pub(super) fn ask(addr: &str, args: &Args) -> Result<Session, String> {
         for &a in &addrs {
             match TcpStream::connect_timeout(&a, TIMEOUT) {
                 Ok(s) => {
-                    stream = Some(s);
+                    stream = Some((s, a));
                     break 'connect;
                 }
                 Err(e) => {
@@ -452,7 +452,7 @@ pub(super) fn ask(addr: &str, args: &Args) -> Result<Session, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let s = stream.ok_or(last)?;
+    let (s, server) = stream.ok_or(last)?;
     let _ = s.set_read_timeout(Some(TIMEOUT));
     let _ = s.set_write_timeout(Some(TIMEOUT));
     let hello = Hello {
@@ -465,7 +465,7 @@ pub(super) fn ask(addr: &str, args: &Args) -> Result<Session, String> {
         serde_json::from_str(&line).map_err(|e| format!("{e}: {}", line.trim()))
     };
     match talk().map_err(|e| format!("agreeing on the run with the server at {addr}: {e}"))? {
-        Answer::Ok => Ok(Session::client(s)),
+        Answer::Ok => Ok(Session::client(s, server)),
         Answer::Refused(why) => Err(format!("the server at {addr} refused the run: {why}")),
     }
 }

@@ -232,6 +232,7 @@ fn take_flow(
                     .to_string(),
             );
         }
+        let mut refused = 0;
         loop {
             // With every place taken, a connection is taken only to push out the oldest
             // handshake whose client has not sent its own for a while (never one that
@@ -246,8 +247,15 @@ fn take_flow(
                 break;
             }
             match listener.accept() {
-                // Closed at once: another host's engine is never the flow.
-                Ok((_, peer)) if !session.from_client(peer) => {}
+                // Closed at once: another host's engine is never the flow. A backlog's worth
+                // a look at most: a host that keeps connecting does not keep the engine
+                // unpolled.
+                Ok((_, peer)) if !session.is_clients_host(peer) => {
+                    refused += 1;
+                    if refused == TRIES {
+                        break;
+                    }
+                }
                 Ok((stream, peer)) => {
                     if let Some(Some(i)) = out
                         && let Some((oldest, _)) = tries.remove(i)
@@ -328,7 +336,7 @@ pub(super) fn run_side(
             Side::Client(addr, session) => {
                 session.wait_go(f)?;
                 let conn = e
-                    .connect(addr)
+                    .connect(session.server_addr())
                     .and_then(|c| e.wait(&c))
                     .map_err(|err| format!("connecting flow {f} to {addr}: {err}"))?;
                 let src = buffer(e, window * msg)?;
@@ -414,10 +422,8 @@ mod tests {
         };
         let (server, client) = (engine(0), engine(1).spawn().unwrap());
         let stranger = engine(2).spawn().unwrap();
-        // On every address of the host: a stranger may come from another than the client's.
-        let listener = TcpListener::bind("0.0.0.0:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
         listener.set_nonblocking(true).unwrap();
         let side = TcpListener::bind("127.0.0.1:0").unwrap();
         let go = TcpStream::connect(side.local_addr().unwrap()).unwrap();

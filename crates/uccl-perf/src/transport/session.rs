@@ -3,7 +3,7 @@
 //! keep open while the run lasts.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::agree::{MAX_LINE, TIMEOUT};
@@ -207,8 +207,9 @@ fn version(line: &[u8]) -> Option<(serde_json::Value, u64)> {
 #[derive(Debug)]
 pub(super) struct Session {
     s: TcpStream,
-    /// The server's end: the client's address (IPv4 as such, not v4-mapped).
-    client: Option<IpAddr>,
+    /// The other end's address (IPv4 as such, not v4-mapped): the client's at the server,
+    /// the server's (the one the name resolved to that took the session) at the client.
+    peer: SocketAddr,
 }
 
 impl Session {
@@ -218,22 +219,30 @@ impl Session {
             .map_err(|e| format!("the client's connection from {peer}: {e}"))?;
         Ok(Session {
             s,
-            client: Some(peer.ip().to_canonical()),
+            peer: SocketAddr::new(peer.ip().to_canonical(), peer.port()),
         })
     }
 
-    /// The client's end: [`wait_go`](Self::wait_go) waits at most [`TIMEOUT`].
-    pub(super) fn client(s: TcpStream) -> Self {
+    /// The client's end, with the server at `server`: [`wait_go`](Self::wait_go) waits at
+    /// most [`TIMEOUT`].
+    pub(super) fn client(s: TcpStream, server: SocketAddr) -> Self {
         let _ = s.set_read_timeout(Some(TIMEOUT));
-        Session { s, client: None }
+        Session { s, peer: server }
     }
 
-    /// Whether a connection from `peer` may be one of the client's flows: it comes from the
-    /// client's host (its address on this session). The client's engines connect to the
-    /// address the session did, so the kernel gives them the same source address; another
-    /// host's engine cannot take a flow's place.
-    pub(super) fn from_client(&self, peer: SocketAddr) -> bool {
-        self.client == Some(peer.ip().to_canonical())
+    /// The client's end: the server's address the flows connect to, the session's own (not
+    /// the name resolved again, which may give another address), so that they come from the
+    /// same source address (see [`is_clients_host`](Self::is_clients_host)).
+    pub(super) fn server_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The server's end: whether a connection from `peer` may be one of the client's flows:
+    /// it comes from the client's host (its address on this session). The client's engines
+    /// connect to the address the session did ([`server_addr`](Self::server_addr)), so the kernel gives
+    /// them the same source address; another host's engine cannot take a flow's place.
+    pub(super) fn is_clients_host(&self, peer: SocketAddr) -> bool {
+        self.peer.ip() == peer.ip().to_canonical()
     }
 
     /// Whether the client closed the session: it ended, or its process died. (A host that
