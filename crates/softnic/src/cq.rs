@@ -153,7 +153,7 @@ impl<T> Events<T> {
 }
 
 /// An event file descriptor counting events one by one (`EFD_SEMAPHORE`): what a completion
-/// channel's and a context's `fd` are. Shared (`Arc`) so that a thread blocked on it keeps it
+/// channel's, a CM event channel's and a context's `fd` are ([`Events`] keeps the count). Shared (`Arc`) so that a thread blocked on it keeps it
 /// open while a concurrent destroy drops the object: the descriptor is closed only when the
 /// last holder lets go, so no thread ever reads a closed (or reused) descriptor number.
 #[derive(Debug)]

@@ -518,8 +518,9 @@ impl State {
         }
         match i.st {
             St::Established | St::RepSent | St::RepRcvd => {
-                // DISCONNECTED, and nothing more until the caller disconnects (IBTA 12.9.6:
-                // the DREP is the consumer's; the kernel's CM leaves the QP alone).
+                // DISCONNECTED, and nothing more until the caller disconnects: the DREP is the
+                // consumer's to send (the kernel's `cm_dreq_handler` leaves it to
+                // `rdma_disconnect` or the destroy), and the QP is left alone.
                 self.w.cm_settle(id);
                 let i = self.w.cm.ids.get_mut(&id).expect("there");
                 (i.tid, i.st) = (tid, St::DreqRcvd);
