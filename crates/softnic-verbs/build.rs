@@ -1,6 +1,7 @@
 //! Links the shared library as libibverbs is linked: soname `libibverbs.so.1`, and a version
 //! script giving each exported symbol its libibverbs version (`IBVERBS_1.0`, `IBVERBS_1.1`,
-//! ..., `IBVERBS_PRIVATE_34`).
+//! ..., `IBVERBS_PRIVATE_34`; `getifaddrs` and `freeifaddrs`, which it puts in front of the
+//! C library's, the C library's `GLIBC_2.3`).
 //!
 //! The script is generated from the sources, so that it always lists exactly what they
 //! export: the `export!` entries (`"IBVERBS_1.1" fn name(`), the `unsupported!` lists
@@ -41,14 +42,16 @@ fn main() {
         if first {
             let _ = writeln!(script, "\tlocal: *;");
         }
-        // The public versions inherit from one another; the private one stands alone.
-        match (&previous, version.starts_with("IBVERBS_PRIVATE")) {
-            (Some(p), false) => {
+        // The public versions inherit from one another; the private one, and the C
+        // library's the interface addresses are bound to (src/ifaddrs.rs), stand alone.
+        let public = version.starts_with("IBVERBS_") && !version.starts_with("IBVERBS_PRIVATE");
+        match (&previous, public) {
+            (Some(p), true) => {
                 let _ = writeln!(script, "}} {p};\n");
             }
             _ => script.push_str("};\n\n"),
         }
-        if !version.starts_with("IBVERBS_PRIVATE") {
+        if public {
             previous = Some(version);
         }
     }
@@ -101,8 +104,9 @@ fn exported(text: &str) -> Vec<(String, String)> {
             );
         }
     }
-    // Hand-written `.symver softnic_x, x@@IBVERBS_y` lines.
-    for (i, _) in text.match_indices("@@IBVERBS_") {
+    // Hand-written `.symver softnic_x, x@@IBVERBS_y` (or `x@@GLIBC_y`) lines.
+    let symvers = text.match_indices("@@IBVERBS_");
+    for (i, _) in symvers.chain(text.match_indices("@@GLIBC_")) {
         let before = &text[..i];
         let start = before
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))

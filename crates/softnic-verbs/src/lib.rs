@@ -48,6 +48,7 @@ mod export;
 mod cm;
 mod compat;
 mod exports;
+mod ifaddrs;
 mod strings;
 
 use std::net::Ipv4Addr;
@@ -55,7 +56,8 @@ use std::sync::OnceLock;
 
 use softnic::{Fabric, FabricConfig, Faults, Link};
 
-static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
+/// The process's fabric once built (see [`fabric`]), or why it could not be.
+pub(crate) static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
 
 /// Says the device's counters (and its connection manager's, if used) on standard error (at
 /// exit, with `SOFTNIC_STATS=1`).

@@ -9,8 +9,8 @@
 //!
 //! A client that came before its server listened is rejected (REJ "invalid service ID") and
 //! is started again. libfabric's verbs provider looks for the device among the host's
-//! interface addresses, so `fi_pingpong`'s server device is 127.0.0.1 (the loopback
-//! interface's). Each process has a deadline; counts are small (about a second a run).
+//! interface addresses, where the launcher shows it (`lo:soft0`). Each process has a
+//! deadline; counts are small (about a second a run).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -248,21 +248,16 @@ fn side(r: &Run, addr: &str, args: &str, server: &str) -> Vec<String> {
 /// rejected and leaves a server waiting on the port for it, where a second client's first
 /// connection would be taken for the first client's second).
 fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
-    let server_addr = if r.program == "fi_pingpong" {
-        "127.0.0.1"
-    } else {
-        SERVER
-    };
     let deadline = Instant::now() + DEADLINE;
     let mut head_start = Duration::from_millis(300);
     let (client, mut server) = loop {
         let mut server = spawn_piped(
-            Command::new(launcher).args(side(r, server_addr, r.server, server_addr)),
+            Command::new(launcher).args(side(r, SERVER, r.server, SERVER)),
             r.program,
         )?;
         std::thread::sleep(head_start);
         let out = run_until(
-            Command::new(launcher).args(side(r, CLIENT, r.client, server_addr)),
+            Command::new(launcher).args(side(r, CLIENT, r.client, SERVER)),
             deadline,
             r.program,
             "client",

@@ -1,5 +1,6 @@
 //! The UCX and MPI part of `cargo xtask interop`: Debian's UCX 1.13 (`ucx-utils`) and OpenMPI
-//! over UCX (`openmpi-bin`, `libopenmpi-dev`), unmodified, on softnic through `softnic-run`.
+//! (`openmpi-bin`, `libopenmpi-dev`) over UCX and over libfabric, unmodified, on softnic
+//! through `softnic-run`.
 //!
 //! `ucx_info -d` must list softnic's device with UCX's `rc_verbs` and `ud_verbs` transports
 //! (as an ordinary user when run as root: the launcher's device view needs no root);
@@ -7,8 +8,8 @@
 //! `UCX_TLS=rc_verbs,ud_verbs` and with `ud_verbs` alone, UCT tests on one transport, some under
 //! 1% loss); MPI tests of ours (built with `mpicc`: a ping-pong and bandwidth test,
 //! `tests/c/mpi_pingpong.c`, on two ranks, and collectives and one-sided communication,
-//! `tests/c/mpi_collectives.c`, on four) run with `--mca pml ucx --mca osc ucx`, each rank its
-//! own softnic device. A run fails on a non-zero exit, on missing success output, and on any
+//! `tests/c/mpi_collectives.c`, on four) run with `--mca pml ucx --mca osc ucx`, and over
+//! libfabric's verbs provider (`--mca pml cm --mca mtl ofi`), each rank its own softnic device. A run fails on a non-zero exit, on missing success output, and on any
 //! error line of UCX, MPI or the launcher in either process. Iteration counts are small: each
 //! run takes about a second.
 
@@ -95,8 +96,48 @@ const PERF: &[Perf] = &[
     lossy(UD, "-t tag_lat -s 8 -n 200 -w 10"),
 ];
 
-/// The MPI runs: the transports UCX may use.
-const MPI: &[&str] = &[BOTH, UD];
+/// How an MPI run moves its data.
+#[derive(Clone, Copy)]
+enum MpiPath {
+    /// Over UCX with these transports (`UCX_TLS`): `--mca pml ucx --mca osc ucx`.
+    Ucx(&'static str),
+    /// Over libfabric's verbs provider under `ofi_rxm` (`--mca pml cm --mca mtl ofi`), which
+    /// finds the device among the interface addresses; one-sided communication by Open MPI's
+    /// own components over it.
+    Ofi,
+}
+
+/// The MPI runs: the transports UCX may use, and libfabric.
+const MPI: &[MpiPath] = &[MpiPath::Ucx(BOTH), MpiPath::Ucx(UD), MpiPath::Ofi];
+
+impl MpiPath {
+    /// `mpirun`'s arguments for the path: MCA parameters and exported variables.
+    fn args(self) -> Vec<String> {
+        let fixed: &[&str] = match self {
+            MpiPath::Ucx(_) => &["--mca", "pml", "ucx", "--mca", "osc", "ucx"],
+            MpiPath::Ofi => &["--mca", "pml", "cm", "--mca", "mtl", "ofi"],
+        };
+        let mut a: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
+        match self {
+            MpiPath::Ucx(tls) => a.extend([
+                "-x".into(),
+                format!("UCX_TLS={tls}"),
+                "-x".into(),
+                "UCX_NET_DEVICES=soft0:1".into(),
+            ]),
+            MpiPath::Ofi => a.extend(["-x".into(), "FI_PROVIDER=verbs;ofi_rxm".into()]),
+        }
+        a
+    }
+
+    /// How the summary names the path.
+    fn describe(self) -> String {
+        match self {
+            MpiPath::Ucx(tls) => format!("--mca pml ucx --mca osc ucx UCX_TLS={tls}"),
+            MpiPath::Ofi => "--mca pml cm --mca mtl ofi FI_PROVIDER=verbs;ofi_rxm".into(),
+        }
+    }
+}
 
 /// What marks an error in any process's output.
 const ERROR_LINES: &[&str] = &[
@@ -216,13 +257,15 @@ pub(super) fn run(launcher: &str) -> Vec<Row> {
         report("ucx_perftest", args, started, perftest(launcher, p));
     }
     for t in MPI_TESTS {
-        for tls in MPI {
+        for &path in MPI {
             let started = Instant::now();
             let args = format!(
-                "-np {} --oversubscribe --mca pml ucx --mca osc ucx UCX_TLS={tls} {}",
-                t.ranks, t.name
+                "-np {} --oversubscribe {} {}",
+                t.ranks,
+                path.describe(),
+                t.name
             );
-            report("mpirun", args, started, mpi(launcher, t, tls));
+            report("mpirun", args, started, mpi(launcher, t, path));
         }
     }
     rows
@@ -316,23 +359,15 @@ fn perftest(launcher: &str, p: &Perf) -> Result<String, String> {
         .ok_or_else(|| format!("client: no 'Final:' line:\n{client}"))
 }
 
-/// MPI test `t` on its ranks over UCX with `tls` (one-sided communication too: `osc ucx`).
-fn mpi(launcher: &str, t: &MpiTest, tls: &str) -> Result<String, String> {
+/// MPI test `t` on its ranks over `path`.
+fn mpi(launcher: &str, t: &MpiTest, path: MpiPath) -> Result<String, String> {
     let mut c = launch(launcher, false);
     let ranks = t.ranks.to_string();
     c.args(["--", "mpirun", "-np", &ranks, "--oversubscribe"]);
-    c.args(["--mca", "pml", "ucx", "--mca", "osc", "ucx"]);
     if is_root() {
         c.arg("--allow-run-as-root");
     }
-    c.args([
-        "-x",
-        &format!("UCX_TLS={tls}"),
-        "-x",
-        "UCX_NET_DEVICES=soft0:1",
-    ])
-    .arg(t.program())
-    .args(t.args);
+    c.args(path.args()).arg(t.program()).args(t.args);
     let out = run_until(&mut c, Instant::now() + DEADLINE, "mpirun", "every rank")?;
     let text = clean(out, "mpirun")?;
     if !text.contains("mpi: all checks passed") {

@@ -11,17 +11,23 @@
 //! `soft0`, whose GID is `::ffff:127.0.0.N`, on softnic's UDP link: two programs started this
 //! way (a server and a client, on one host or two) talk RoCEv2 to each other.
 //!
-//! It works by `LD_LIBRARY_PATH`, not `LD_PRELOAD`: the program's `libibverbs.so.1` is found
-//! in a directory holding softnic's library under that name, so the system library is never
-//! loaded at all (with a preload it would be loaded too, with its providers, and any verb
-//! softnic lacked would fall through to it with a softnic object). The flags become the
+//! It works by `LD_LIBRARY_PATH`, not by `LD_PRELOAD` alone: the program's `libibverbs.so.1`
+//! is found in a directory holding softnic's library under that name, so the system library
+//! is never loaded at all (with a preload alone it would be loaded too, with its providers,
+//! and any verb softnic lacked would fall through to it with a softnic object). The same
+//! library is preloaded as well (for its `getifaddrs`, below), so it is in every process the
+//! program starts; it does nothing there until called, and brings no device up until a verb
+//! is. The flags become the
 //! `SOFTNIC_*` variables the library reads, and the program replaces this process (its exit
 //! status is the launcher's).
 //!
-//! The program also sees the device's files, as the kernel would show them: a character
-//! device at `/dev/infiniband/uverbs-soft0` and the sysfs directories of a RoCE device, in a
-//! mount namespace of its own, made without root (see `softnic-run/view.rs`; `--no-view` runs
-//! it without). UCX needs them to list the device.
+//! The program also sees the device as the kernel would show it: a character device at
+//! `/dev/infiniband/uverbs-soft0` and the sysfs directories of a RoCE device, in a mount
+//! namespace of its own, made without root (see `softnic-run/view.rs`), and the device's
+//! address among the host's interface addresses (`getifaddrs`, on an interface `lo:soft0`:
+//! the library is preloaded for that, see its `ifaddrs` module). `--no-view` runs it without
+//! either. UCX needs the files to list the device; libfabric's verbs provider (and so Open
+//! MPI's `mtl ofi`) needs the address to use it.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -66,8 +72,9 @@ struct Args {
     /// standard error when the program exits.
     #[arg(long)]
     stats: bool,
-    /// Do not show the device in /dev/infiniband and /sys/class (see below): run the program
-    /// in this mount namespace.
+    /// Do not show the device in /dev/infiniband and /sys/class, nor its address among the
+    /// interface addresses (see below): run the program in this mount namespace, without
+    /// preloading the library.
     #[arg(long)]
     no_view: bool,
     /// The program and its arguments.
@@ -128,6 +135,14 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     set("SOFTNIC_ANNOUNCE", (!args.quiet).then(|| "1".to_string()));
     set("SOFTNIC_STATS", args.stats.then(|| "1".to_string()));
     if !args.no_view {
+        // The device's address among the interface addresses (the library's `getifaddrs`,
+        // which only a preload puts in front of the C library's for every caller).
+        let mut preload = OsString::from(libdir.join("libibverbs.so.1"));
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
+            preload.push(":");
+            preload.push(old);
+        }
+        cmd.env("LD_PRELOAD", preload);
         let dev = view::Device {
             name: "soft0".into(),
             addr: args.addr,
