@@ -1,7 +1,6 @@
 //! Links the shared library as libibverbs is linked: soname `libibverbs.so.1`, and a version
 //! script giving each exported symbol its libibverbs version (`IBVERBS_1.0`, `IBVERBS_1.1`,
-//! ..., `IBVERBS_PRIVATE_34`; `getifaddrs` and `freeifaddrs`, which it puts in front of the
-//! C library's, the C library's `GLIBC_2.3`).
+//! ..., `IBVERBS_PRIVATE_34`; softnic's own, `SOFTNIC_1.0`).
 //!
 //! The script is generated from the sources, so that it always lists exactly what they
 //! export: the `export!` entries (`"IBVERBS_1.1" fn name(`), the `unsupported!` lists
@@ -42,8 +41,8 @@ fn main() {
         if first {
             let _ = writeln!(script, "\tlocal: *;");
         }
-        // The public versions inherit from one another; the private one, and the C
-        // library's the interface addresses are bound to (src/ifaddrs.rs), stand alone.
+        // The public versions inherit from one another; the private one, and softnic's own,
+        // stand alone.
         let public = version.starts_with("IBVERBS_") && !version.starts_with("IBVERBS_PRIVATE");
         match (&previous, public) {
             (Some(p), true) => {
@@ -104,9 +103,9 @@ fn exported(text: &str) -> Vec<(String, String)> {
             );
         }
     }
-    // Hand-written `.symver softnic_x, x@@IBVERBS_y` (or `x@@GLIBC_y`) lines.
+    // Hand-written `.symver softnic_x, x@@IBVERBS_y` (or `x@@SOFTNIC_y`) lines.
     let symvers = text.match_indices("@@IBVERBS_");
-    for (i, _) in symvers.chain(text.match_indices("@@GLIBC_")) {
+    for (i, _) in symvers.chain(text.match_indices("@@SOFTNIC_")) {
         let before = &text[..i];
         let start = before
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))

@@ -48,16 +48,40 @@ mod export;
 mod cm;
 mod compat;
 mod exports;
-mod ifaddrs;
 mod strings;
 
 use std::net::Ipv4Addr;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use softnic::{Fabric, FabricConfig, Faults, Link};
 
-/// The process's fabric once built (see [`fabric`]), or why it could not be.
-pub(crate) static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
+static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
+
+/// The device's IPv4 address, stored when the fabric is built.
+static ADDR: AtomicU32 = AtomicU32::new(0);
+
+/// `softnic_device_addr(&ip)`, for softnic-preload's `getifaddrs` (which finds it in the
+/// process's libibverbs): 1 with the device's IPv4 address in `*ip` (host order) once the
+/// device is up, 0 before, -1 if it failed to come up. It takes no lock (a `getifaddrs` may
+/// run anywhere, in a child forked while the fabric's lock was held too).
+///
+/// # Safety
+///
+/// `ip` is valid to write.
+#[unsafe(export_name = "softnic_device_addr_v1")]
+pub(crate) unsafe extern "C" fn device_addr(ip: *mut u32) -> std::ffi::c_int {
+    match FABRIC.get() {
+        None => 0,
+        Some(Err(_)) => -1,
+        Some(Ok(_)) => {
+            // SAFETY: valid to write, per the contract.
+            unsafe { ip.write(ADDR.load(Ordering::Relaxed)) };
+            1
+        }
+    }
+}
+std::arch::global_asm!(".symver softnic_device_addr_v1, softnic_device_addr@@SOFTNIC_1.0");
 
 /// Says the device's counters (and its connection manager's, if used) on standard error (at
 /// exit, with `SOFTNIC_STATS=1`).
@@ -147,8 +171,11 @@ fn build() -> Result<Fabric, String> {
         // the fabric (which is never dropped) through its own lock.
         unsafe { libc::atexit(print_stats) };
     }
+    let ip = fabric.udp_addr("soft0");
+    // Published with the fabric (`FABRIC`'s initialisation orders this store before it).
+    ADDR.store(ip.map_or(0, u32::from), Ordering::Relaxed);
     if var("SOFTNIC_ANNOUNCE").is_some_and(|v| v == "1") {
-        let ip = fabric.udp_addr("soft0").map(|a| a.to_string());
+        let ip = ip.map(|a| a.to_string());
         eprintln!(
             "softnic: device soft0 on {}:4791 (RoCEv2 over UDP)",
             ip.unwrap_or_default()

@@ -1,7 +1,8 @@
 //! The device's address among the host's interface addresses: a program under `softnic-run`
-//! finds it in `getifaddrs` (on `lo:soft0`, up and not loopback, after the C library's own
-//! entries) from the start when the launcher was given it, else once the device is up; and
-//! `freeifaddrs` frees the list. `--no-view` shows nothing.
+//! finds it in `getifaddrs` (on `lo:soft0`, up, running and not loopback, after the C
+//! library's own entries, which are all kept) from the start when the launcher was given it,
+//! else once the device is up; it may write the entry's name and `freeifaddrs` frees the
+//! list. The preload comes after any the environment had. `--no-view` shows nothing.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -9,7 +10,9 @@ use std::process::Command;
 /// Set for [`lister`]: the process is the one whose list is checked.
 const LISTER: &str = "SOFTNIC_TEST_IFADDRS_LISTER";
 
-/// The IPv4 entries `getifaddrs` gives, as `name address flags` lines (`up`, `loopback`).
+/// The IPv4 entries `getifaddrs` gives, as `name address/netmask broadcast flags` (flags
+/// among `up`, `running`, `loopback`). The list is freed after the caller's labels were cut
+/// off in place (the name is the caller's to write), as some programs do.
 fn entries() -> Vec<String> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: `list` is valid to write a pointer to.
@@ -20,20 +23,39 @@ fn entries() -> Vec<String> {
     while !p.is_null() {
         // SAFETY: an entry of the list `getifaddrs` gave, not yet freed.
         let e = unsafe { &*p };
-        // SAFETY: as above: a name is a NUL-terminated string; an address, when there, is a
-        // socket address of its family (`sockaddr_in` for `AF_INET`).
-        unsafe {
-            if !e.ifa_addr.is_null() && i32::from((*e.ifa_addr).sa_family) == libc::AF_INET {
-                let a = &*e.ifa_addr.cast::<libc::sockaddr_in>();
-                let name = std::ffi::CStr::from_ptr(e.ifa_name).to_string_lossy();
-                let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-                let flag = |f: i32, s: &'static str| (e.ifa_flags & f as u32 != 0).then_some(s);
-                let flags = [
-                    flag(libc::IFF_UP, "up"),
-                    flag(libc::IFF_LOOPBACK, "loopback"),
-                ];
-                let flags: Vec<&str> = flags.into_iter().flatten().collect();
-                lines.push(format!("{name} {ip} {}", flags.join(",")));
+        let ip = |a: *mut libc::sockaddr| {
+            // SAFETY: an address of the entry, when there, is a socket address of its family
+            // (`sockaddr_in` for `AF_INET`).
+            unsafe {
+                (!a.is_null() && i32::from((*a).sa_family) == libc::AF_INET).then(|| {
+                    let a = &*a.cast::<libc::sockaddr_in>();
+                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))
+                })
+            }
+        };
+        if let Some(addr) = ip(e.ifa_addr) {
+            // SAFETY: a name is a NUL-terminated string.
+            let name = unsafe { std::ffi::CStr::from_ptr(e.ifa_name) };
+            let mask = ip(e.ifa_netmask).map_or("-".into(), |m| m.to_string());
+            let brd = ip(e.ifa_ifu).filter(|_| e.ifa_flags & libc::IFF_BROADCAST as u32 != 0);
+            let flag = |f: i32, s: &'static str| (e.ifa_flags & f as u32 != 0).then_some(s);
+            let flags = [
+                flag(libc::IFF_UP, "up"),
+                flag(libc::IFF_RUNNING, "running"),
+                flag(libc::IFF_LOOPBACK, "loopback"),
+            ];
+            let flags: Vec<&str> = flags.into_iter().flatten().collect();
+            lines.push(format!(
+                "{} {addr}/{mask} {} {}",
+                name.to_string_lossy(),
+                brd.map_or("-".into(), |b| b.to_string()),
+                flags.join(",")
+            ));
+            // The label cut off, in place.
+            let colon = name.to_bytes().iter().position(|&c| c == b':');
+            if let Some(i) = colon {
+                // SAFETY: within the name, which the caller may write.
+                unsafe { *e.ifa_name.add(i) = 0 };
             }
         }
         p = e.ifa_next;
@@ -43,16 +65,16 @@ fn entries() -> Vec<String> {
     lines
 }
 
-/// Brings the process's device up: `ibv_get_device_list` of the preloaded library (none
-/// under `--no-view`, which does not preload it).
+/// Brings the process's device up: `ibv_get_device_list` of softnic's libibverbs (the test
+/// binary does not link it: it is loaded here, from the launcher's `LD_LIBRARY_PATH`).
 fn bring_the_device_up() {
-    // SAFETY: a NUL-terminated name; the symbol, when found, is libibverbs's
-    // `ibv_get_device_list`, of this type. The list it returns is left to the process's end.
+    // SAFETY: NUL-terminated names; the symbol is libibverbs's `ibv_get_device_list`, of this
+    // type. The library and the list it returns are left to the process's end.
     unsafe {
-        let f = libc::dlsym(libc::RTLD_DEFAULT, c"ibv_get_device_list".as_ptr());
-        if f.is_null() {
-            return;
-        }
+        let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW);
+        assert!(!lib.is_null(), "libibverbs.so.1 does not load");
+        let f = libc::dlsym(lib, c"ibv_get_device_list".as_ptr());
+        assert!(!f.is_null(), "no ibv_get_device_list");
         let get: unsafe extern "C" fn(*mut i32) -> *mut *mut libc::c_void = std::mem::transmute(f);
         let mut n = 0;
         assert!(!get(&mut n).is_null() && n == 1, "no device");
@@ -60,30 +82,46 @@ fn bring_the_device_up() {
 }
 
 /// The process whose list the tests check (run by them through `softnic-run`; does nothing
-/// when run otherwise): prints its entries, then brings the device up and prints them again.
+/// when run otherwise): prints its entries twice (a list freed and made again), brings the
+/// device up, prints them again, then its preload variables.
 #[test]
 #[ignore = "a process of the tests below, started by them"]
 fn lister() {
     if std::env::var_os(LISTER).is_none() {
         return;
     }
-    for _ in 0..2 {
-        // Twice: a list freed (the added entry with it) and made again.
-        println!("before: {}", entries().join("; "));
-    }
+    println!("first: {}", entries().join("; "));
+    println!("second: {}", entries().join("; "));
     bring_the_device_up();
-    println!("after: {}", entries().join("; "));
+    println!("up: {}", entries().join("; "));
+    for v in ["LD_PRELOAD", "ASAN_OPTIONS"] {
+        println!("{v}={}", std::env::var(v).unwrap_or_default());
+    }
 }
 
-/// [`lister`]'s two lines (before and after the device is up) under the launcher with
-/// `flags`, and the device's address as the library announced it.
-fn listed(flags: &[&str]) -> (String, String, String) {
+/// What [`lister`] printed under the launcher with `flags` (and `env`), by line start, and
+/// the device's address as the library announced it.
+struct Listed {
+    out: String,
+    announced: String,
+}
+
+impl Listed {
+    fn line(&self, start: &str) -> &str {
+        let mut l = self.out.lines().filter_map(|l| l.strip_prefix(start));
+        l.next()
+            .unwrap_or_else(|| panic!("no {start:?}: {}", self.out))
+    }
+}
+
+fn listed(flags: &[&str], env: &[(&str, &str)]) -> Listed {
     let out = Command::new(env!("CARGO_BIN_EXE_softnic-run"))
         .args(flags)
         .arg("--")
         .arg(std::env::current_exe().expect("this test binary"))
         .args(["--exact", "lister", "--ignored", "--nocapture"])
         .env(LISTER, "1")
+        .envs(env.iter().copied())
         .output()
         .expect("the launcher runs");
     let (stdout, stderr) = (
@@ -91,48 +129,72 @@ fn listed(flags: &[&str]) -> (String, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
     assert!(out.status.success(), "{stdout}{stderr}");
-    let line = |start: &str| {
-        let mut l = stdout.lines().filter_map(|l| l.strip_prefix(start));
-        l.next_back()
-            .unwrap_or_else(|| panic!("no {start:?}: {stdout}{stderr}"))
-            .to_string()
-    };
     // "softnic: device soft0 on 127.0.0.N:4791 (RoCEv2 over UDP)"
     let announced = stderr
         .split_once("device soft0 on ")
         .and_then(|(_, r)| r.split_once(':'))
         .map_or_else(String::new, |(ip, _)| ip.to_string());
-    (line("before: "), line("after: "), announced)
+    Listed {
+        out: format!("{stdout}{stderr}"),
+        announced,
+    }
+}
+
+/// The entries of this process (no preload): the C library's.
+fn the_c_librarys() -> String {
+    entries().join("; ")
+}
+
+/// The device's entry for `ip`.
+fn device(ip: &str) -> String {
+    format!("lo:soft0 {ip}/255.0.0.0 127.255.255.255 up,running")
 }
 
 #[test]
 fn the_devices_address_given_to_the_launcher_is_an_interface_address_from_the_start() {
-    let (before, after, _) = listed(&["--quiet", "--addr", "127.0.43.1"]);
-    for l in [&before, &after] {
-        assert!(l.ends_with("; lo:soft0 127.0.43.1 up"), "{l}");
-        // The C library's entries are all there, before it.
-        assert!(l.starts_with("lo 127.0.0.1 up,loopback"), "{l}");
-        assert_eq!(l.matches("lo:soft0").count(), 1, "{l}");
+    let l = listed(&["--quiet", "--addr", "127.0.43.1"], &[]);
+    let want = format!("{}; {}", the_c_librarys(), device("127.0.43.1"));
+    for when in ["first: ", "second: ", "up: "] {
+        assert_eq!(l.line(when), want, "{when}");
     }
 }
 
 #[test]
 fn a_device_that_chose_its_address_shows_it_once_up() {
-    let (before, after, ip) = listed(&[]);
-    assert!(!before.contains("soft0"), "{before}");
-    assert!(
-        ip.starts_with("127.0.0."),
-        "the device's address is announced: {ip:?}"
+    let l = listed(&[], &[]);
+    assert_eq!(l.line("first: "), the_c_librarys());
+    assert!(l.announced.starts_with("127.0.0."), "{}", l.out);
+    let want = format!("{}; {}", the_c_librarys(), device(&l.announced));
+    assert_eq!(l.line("up: "), want);
+}
+
+#[test]
+fn the_preload_comes_after_the_environments() {
+    let l = listed(
+        &["--quiet"],
+        &[("LD_PRELOAD", "libm.so.6"), ("ASAN_OPTIONS", "")],
     );
-    assert!(after.ends_with(&format!("lo:soft0 {ip} up")), "{after}");
+    let preload = l.line("LD_PRELOAD=");
+    assert!(
+        preload.starts_with("libm.so.6:") && preload.ends_with("/libsoftnic_preload.so"),
+        "{preload}"
+    );
+    assert_eq!(l.line("ASAN_OPTIONS="), "verify_asan_link_order=0");
+    let l = listed(
+        &["--quiet"],
+        &[("ASAN_OPTIONS", "verify_asan_link_order=1")],
+    );
+    assert_eq!(l.line("ASAN_OPTIONS="), "verify_asan_link_order=1");
 }
 
 #[test]
 fn no_view_no_address() {
-    let (before, after, _) = listed(&["--quiet", "--no-view", "--addr", "127.0.43.2"]);
-    assert!(
-        !before.contains("soft0") && !after.contains("soft0"),
-        "{before}\n{after}"
+    let l = listed(
+        &["--quiet", "--no-view", "--addr", "127.0.43.2"],
+        &[("LD_PRELOAD", "")],
     );
-    assert!(before.starts_with("lo 127.0.0.1 up,loopback"), "{before}");
+    for when in ["first: ", "up: "] {
+        assert_eq!(l.line(when), the_c_librarys(), "{when}");
+    }
+    assert_eq!(l.line("LD_PRELOAD="), "");
 }

@@ -11,13 +11,10 @@
 //! `soft0`, whose GID is `::ffff:127.0.0.N`, on softnic's UDP link: two programs started this
 //! way (a server and a client, on one host or two) talk RoCEv2 to each other.
 //!
-//! It works by `LD_LIBRARY_PATH`, not by `LD_PRELOAD` alone: the program's `libibverbs.so.1`
-//! is found in a directory holding softnic's library under that name, so the system library
-//! is never loaded at all (with a preload alone it would be loaded too, with its providers,
-//! and any verb softnic lacked would fall through to it with a softnic object). The same
-//! library is preloaded as well (for its `getifaddrs`, below), so it is in every process the
-//! program starts; it does nothing there until called, and brings no device up until a verb
-//! is. The flags become the
+//! It works by `LD_LIBRARY_PATH`, not `LD_PRELOAD`: the program's `libibverbs.so.1` is found
+//! in a directory holding softnic's library under that name, so the system library is never
+//! loaded at all (with a preload it would be loaded too, with its providers, and any verb
+//! softnic lacked would fall through to it with a softnic object). The flags become the
 //! `SOFTNIC_*` variables the library reads, and the program replaces this process (its exit
 //! status is the launcher's).
 //!
@@ -25,9 +22,10 @@
 //! `/dev/infiniband/uverbs-soft0` and the sysfs directories of a RoCE device, in a mount
 //! namespace of its own, made without root (see `softnic-run/view.rs`), and the device's
 //! address among the host's interface addresses (`getifaddrs`, on an interface `lo:soft0`:
-//! the library is preloaded for that, see its `ifaddrs` module). `--no-view` runs it without
-//! either. UCX needs the files to list the device; libfabric's verbs provider (and so Open
-//! MPI's `mtl ofi`) needs the address to use it.
+//! the crate `softnic-preload`, whose library is preloaded, after any the environment
+//! preloads already, into the program and every process it starts). `--no-view` runs it
+//! without either. UCX needs the files to list the device; libfabric's verbs provider (and so
+//! Open MPI's `mtl ofi`) needs the address to use it.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -135,14 +133,14 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     set("SOFTNIC_ANNOUNCE", (!args.quiet).then(|| "1".to_string()));
     set("SOFTNIC_STATS", args.stats.then(|| "1".to_string()));
     if !args.no_view {
-        // The device's address among the interface addresses (the library's `getifaddrs`,
-        // which only a preload puts in front of the C library's for every caller).
-        let mut preload = OsString::from(libdir.join("libibverbs.so.1"));
-        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
-            preload.push(":");
-            preload.push(old);
+        match preload(&mut cmd) {
+            Ok(()) => {}
+            Err(e) => eprintln!(
+                "softnic-run: the program runs without the device's address among the \
+                 interface addresses (libfabric's verbs provider, and MPI over it, will not \
+                 find the device): {e}"
+            ),
         }
-        cmd.env("LD_PRELOAD", preload);
         let dev = view::Device {
             name: "soft0".into(),
             addr: args.addr,
@@ -157,6 +155,39 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     }
     let e = cmd.exec();
     Err(format!("cannot run {:?}: {e}", args.command[0]))
+}
+
+/// Preloads softnic-preload's library into the program, after any library already preloaded
+/// (AddressSanitizer's runtime must come first); AddressSanitizer is told not to require its
+/// runtime first in the whole list (`verify_asan_link_order=0`: the library replaces no
+/// function it intercepts but `getifaddrs`, whose next definition it calls).
+fn preload(cmd: &mut Command) -> Result<(), String> {
+    let lib = newest("libsoftnic_preload.so")
+        .ok_or("libsoftnic_preload.so is not built beside this launcher (`cargo build -p softnic-verbs` builds it)")?
+        .join("libsoftnic_preload.so");
+    let text = lib.to_string_lossy();
+    if text.contains([' ', ':']) {
+        return Err(format!(
+            "{text} has a space or a colon, which LD_PRELOAD cannot hold"
+        ));
+    }
+    let mut list = std::env::var_os("LD_PRELOAD")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_default();
+    if !list.is_empty() {
+        list.push(":");
+    }
+    list.push(&lib);
+    cmd.env("LD_PRELOAD", list);
+    let asan = std::env::var("ASAN_OPTIONS").unwrap_or_default();
+    if !asan.contains("verify_asan_link_order") {
+        let sep = if asan.is_empty() { "" } else { ":" };
+        cmd.env(
+            "ASAN_OPTIONS",
+            format!("{asan}{sep}verify_asan_link_order=0"),
+        );
+    }
+    Ok(())
 }
 
 /// Whether `program` (a path, or a name looked up in `PATH`) needs `librdmacm.so.1`: its
@@ -192,26 +223,13 @@ fn links_rdmacm(program: &std::ffi::OsStr) -> bool {
 /// `librdmacm.so.1` is there too. The library is next to this launcher (`cargo build`), or in
 /// `deps/` there (`cargo test` builds it only there); of the two, the newer.
 fn library_dir() -> Result<(PathBuf, bool), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding this launcher: {e}"))?;
-    let bin = exe.parent().unwrap_or(Path::new("."));
-    let lib = bin.join("libibverbs.so");
-    let modified = |dir: &Path| {
-        std::fs::metadata(dir.join("libibverbs.so"))
-            .and_then(|m| m.modified())
-            .ok()
-    };
-    let deps = bin.join("deps");
-    let base = match (modified(bin), modified(&deps)) {
-        (Some(a), Some(b)) if b > a => deps,
-        (None, Some(_)) => deps,
-        (Some(_), _) => bin.to_path_buf(),
-        (None, None) => {
-            return Err(format!(
-                "{} is missing: build it with `cargo build -p softnic-verbs` (it is built with \
-                 this launcher)",
-                lib.display()
-            ));
-        }
+    let Some(base) = newest("libibverbs.so") else {
+        let exe = std::env::current_exe().map_err(|e| format!("finding this launcher: {e}"))?;
+        return Err(format!(
+            "{} is missing: build it with `cargo build -p softnic-verbs` (it is built with \
+             this launcher)",
+            exe.with_file_name("libibverbs.so").display()
+        ));
     };
     let dir = base.join("softnic-verbs");
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -224,6 +242,26 @@ fn library_dir() -> Result<(PathBuf, bool), String> {
         link(&dir, "librdmacm.so.1", "librdmacm.so")?;
     }
     Ok((dir, rdmacm))
+}
+
+/// Of this launcher's directory and `deps/` there, the one whose `file` is newer (cargo puts
+/// a package's libraries in `deps/`, and copies them beside the binaries only when the
+/// package itself is built); `None` if neither has it.
+fn newest(file: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.to_path_buf();
+    let modified = |dir: &Path| {
+        std::fs::metadata(dir.join(file))
+            .and_then(|m| m.modified())
+            .ok()
+    };
+    let deps = bin.join("deps");
+    match (modified(&bin), modified(&deps)) {
+        (Some(a), Some(b)) if b > a => Some(deps),
+        (None, Some(_)) => Some(deps),
+        (Some(_), _) => Some(bin),
+        (None, None) => None,
+    }
 }
 
 /// `dir/name`, a link to `../target`, made unless it is there.
