@@ -19,6 +19,7 @@
 mod capture;
 mod interop;
 mod run;
+mod seed;
 mod setup;
 mod tasks;
 

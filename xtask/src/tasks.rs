@@ -124,16 +124,28 @@ fn criterion(args: &[String]) -> Result<(), String> {
 /// fresh clone of the committed tree, with nothing built beforehand by this task runner
 /// (tests that need a binary must get cargo to build it). The clone builds into a target
 /// directory of its own, `fresh-clone` under the workspace's, kept between runs so that only
-/// the workspace's crates are built again (the clone's sources are new); the first run builds
-/// the dependencies too.
+/// the workspace's crates are built again (the clone's sources are new). The registry crates
+/// the workspace's own build compiled are seeded there first ([`crate::seed`]), so a first run
+/// builds only the dependencies the clone resolves otherwise.
 pub(crate) fn fresh_clone() -> Result<(), String> {
     let clone = std::env::temp_dir().join(format!("uccl-fresh-clone-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&clone);
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+    let workspace_target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-        .join("fresh-clone");
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let target = workspace_target.join("fresh-clone");
     let root = workspace_root();
+    let from = workspace_target.join("debug");
+    if from.join(".fingerprint").is_dir() {
+        match crate::seed::registry_builds(&root, &from, &target.join("debug")) {
+            Ok(n) => eprintln!(
+                "xtask fresh-clone: {n} registry builds seeded from {}",
+                from.display()
+            ),
+            // Only slower: the clone builds them.
+            Err(e) => eprintln!("xtask fresh-clone: seeding from {}: {e}", from.display()),
+        }
+    }
     let result = status(&mut cmd(
         "git",
         &[
