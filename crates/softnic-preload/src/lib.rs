@@ -14,7 +14,7 @@
 //! the C library.
 //!
 //! ```text
-//! cargo build -p softnic-verbs            # builds this library beside softnic-run
+//! cargo build -p softnic-verbs      # builds this library too (target/debug/deps/)
 //! target/debug/softnic-run --addr 127.0.0.2 -- hostname -I      # ... 127.0.0.2
 //! target/debug/softnic-run -- mpirun -np 2 --mca pml cm --mca mtl ofi ./a.out
 //! ```
@@ -22,8 +22,9 @@
 //! The entry is there once the process's device is up (softnic's libibverbs answers
 //! `softnic_device_addr`), or, before that, when the launcher was given the device's address
 //! (`SOFTNIC_ADDR`); never for a device that failed to come up, nor in a process whose
-//! libibverbs is not softnic's. Programs that look for "the first address that is not
-//! loopback" may find the device's.
+//! libibverbs is not softnic's. One entry, however many copies of this library a process
+//! has preloaded. Programs that look for "the first address that is not loopback" may find
+//! the device's.
 //!
 //! What the entry does not reach: network `ioctl`s that name `lo:soft0` reach `lo` for its
 //! flags, index and MTU (the kernel drops the label, and says loopback), and fail with
@@ -32,7 +33,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of, transmute};
 use std::net::Ipv4Addr;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// The name of the device's entry.
 const NAME: &[u8] = b"lo:soft0\0";
@@ -48,8 +49,9 @@ struct Entry {
     name: [c_char; libc::IFNAMSIZ],
 }
 
-/// Whether `p` is an [`Entry`] this library made: its name and netmask pointers point into
-/// itself where an `Entry`'s do (the C library's entries keep theirs at other offsets).
+/// Whether `p` is an [`Entry`] this library (or another copy of it) made: its name and
+/// netmask pointers point into itself where an `Entry`'s do (the C library's entries keep
+/// theirs at other offsets).
 fn is_ours(p: *const libc::ifaddrs, name: *const c_char, netmask: *const libc::sockaddr) -> bool {
     let at = |offset: usize| (p as usize).wrapping_add(offset);
     name as usize == at(offset_of!(Entry, name))
@@ -61,21 +63,39 @@ type FreeIfaddrs = unsafe extern "C" fn(*mut libc::ifaddrs);
 type DeviceAddr = unsafe extern "C" fn(*mut u32) -> c_int;
 
 /// The next definition of `name` after this library's (the C library's), as an address.
+/// Looked up once; no lock is taken (a child forked in the middle of a first lookup looks up
+/// again).
 fn next(name: &'static std::ffi::CStr) -> Option<*mut c_void> {
-    static FOUND: OnceLock<[usize; 2]> = OnceLock::new();
-    let [get, free] = *FOUND.get_or_init(|| {
-        [c"getifaddrs", c"freeifaddrs"].map(|n| {
-            // SAFETY: a NUL-terminated name, only read.
-            let f = unsafe { libc::dlsym(libc::RTLD_NEXT, n.as_ptr()) };
-            f as usize
-        })
-    });
-    let f = if name == c"getifaddrs" { get } else { free };
+    static GET: AtomicUsize = AtomicUsize::new(0);
+    static FREE: AtomicUsize = AtomicUsize::new(0);
+    let found = if name == c"getifaddrs" { &GET } else { &FREE };
+    let mut f = found.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: a NUL-terminated name, only read.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        found.store(f, Ordering::Release);
+    }
     (f != 0).then_some(f as *mut c_void)
 }
 
+/// `SOFTNIC_ADDR`, read once (a later `setenv` of the program's does not race with it).
+fn given_addr() -> Option<Ipv4Addr> {
+    // 0: not read yet; 1: no address; 2 << 32 | address.
+    static GIVEN: AtomicU64 = AtomicU64::new(0);
+    let mut g = GIVEN.load(Ordering::Relaxed);
+    if g == 0 {
+        let ip = std::env::var("SOFTNIC_ADDR")
+            .ok()
+            .and_then(|a| a.parse::<Ipv4Addr>().ok());
+        g = ip.map_or(1, |ip| 2 << 32 | u64::from(u32::from(ip)));
+        GIVEN.store(g, Ordering::Relaxed);
+    }
+    (g >> 32 == 2).then(|| Ipv4Addr::from(g as u32))
+}
+
 /// The device's IPv4 address: from softnic's libibverbs when it is loaded (anywhere in the
-/// process) and its device is up, else `SOFTNIC_ADDR` while no device came up or failed to.
+/// process) and its device is up, else `SOFTNIC_ADDR` while no device came up or failed to;
+/// none if the libibverbs loaded is not softnic's.
 fn device_addr() -> Option<Ipv4Addr> {
     // SAFETY: a NUL-terminated name; `RTLD_NOLOAD` only looks for a library already loaded.
     let lib = unsafe {
@@ -87,10 +107,20 @@ fn device_addr() -> Option<Ipv4Addr> {
     let mut state = 0;
     let mut ip = 0u32;
     if !lib.is_null() {
-        // SAFETY: a handle `dlopen` gave and a NUL-terminated name.
-        let f = unsafe { libc::dlsym(lib, c"softnic_device_addr".as_ptr()) };
-        if !f.is_null() {
-            // SAFETY: softnic's libibverbs defines `softnic_device_addr` of this type.
+        // SAFETY: a handle `dlopen` gave and NUL-terminated names.
+        let f = unsafe {
+            libc::dlvsym(
+                lib,
+                c"softnic_device_addr".as_ptr(),
+                c"SOFTNIC_1.0".as_ptr(),
+            )
+        };
+        if f.is_null() {
+            // Another libibverbs than softnic's.
+            state = -1;
+        } else {
+            // SAFETY: softnic's libibverbs defines `softnic_device_addr@SOFTNIC_1.0` of this
+            // type.
             let device_addr: DeviceAddr = unsafe { transmute::<*mut c_void, DeviceAddr>(f) };
             // SAFETY: `ip` is valid to write.
             state = unsafe { device_addr(&mut ip) };
@@ -100,7 +130,7 @@ fn device_addr() -> Option<Ipv4Addr> {
     }
     match state {
         1 => Some(Ipv4Addr::from(ip)),
-        0 => std::env::var("SOFTNIC_ADDR").ok()?.parse().ok(),
+        0 => given_addr(),
         _ => None,
     }
 }
@@ -179,52 +209,65 @@ pub unsafe extern "C" fn getifaddrs(out: *mut *mut libc::ifaddrs) -> c_int {
     let Some(ip) = device_addr().filter(|_| r == 0) else {
         return r;
     };
+    // The end of the list, unless an entry is there already (another copy of this library,
+    // preloaded too, added it).
+    let mut link = out;
+    // SAFETY: `*out` is the list just made (null when empty): each entry's fields are valid
+    // to read.
+    unsafe {
+        while !(*link).is_null() {
+            let p = *link;
+            if is_ours(p, (*p).ifa_name, (*p).ifa_netmask) {
+                return 0;
+            }
+            link = &raw mut (*p).ifa_next;
+        }
+    }
     let e = entry(ip);
     if e.is_null() {
         // The list without the entry, as before the device is up.
         return 0;
     }
-    // Appended at the list's end.
-    // SAFETY: `*out` is the list the C library just made (null when empty): each entry's
-    // `ifa_next` is valid to read and write; `e` is valid.
-    unsafe {
-        let mut link = out;
-        while !(*link).is_null() {
-            link = &raw mut (**link).ifa_next;
-        }
-        *link = &raw mut (*e).ifa;
-    }
+    // SAFETY: `link` is the last entry's `ifa_next` (or `*out`), valid to write; `e` is
+    // valid.
+    unsafe { *link = &raw mut (*e).ifa };
     0
 }
 
-/// `freeifaddrs(3)`: frees the entries this library added, and hands the C library's list to
-/// the C library.
+/// `freeifaddrs(3)`: frees the entries this library added (unlinked first: the list that is
+/// left may go to another copy of this library before the C library), and hands the rest on.
 ///
 /// # Safety
 ///
 /// `freeifaddrs`'s contract: `list` is null or a list `getifaddrs` gave, not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn freeifaddrs(list: *mut libc::ifaddrs) {
-    let mut libc_list: *mut libc::ifaddrs = std::ptr::null_mut();
-    let mut p = list;
-    while !p.is_null() {
-        // SAFETY: an entry of a list `getifaddrs` gave, not yet freed (the contract).
-        let (next, name, netmask) = unsafe { ((*p).ifa_next, (*p).ifa_name, (*p).ifa_netmask) };
-        if is_ours(p, name, netmask) {
-            // SAFETY: this library's `Entry`, which it `malloc`ed and the list held alone.
-            unsafe { libc::free(p.cast()) };
-        } else if libc_list.is_null() {
-            libc_list = p;
+    let mut head = list;
+    let mut link: *mut *mut libc::ifaddrs = &raw mut head;
+    // SAFETY: `*link` walks a list `getifaddrs` gave, not yet freed (the contract); each
+    // entry is read before it is freed, and one freed is first unlinked, so the walk and
+    // what is handed on never reach it.
+    unsafe {
+        while !(*link).is_null() {
+            let p = *link;
+            if is_ours(p, (*p).ifa_name, (*p).ifa_netmask) {
+                *link = (*p).ifa_next;
+                // This library's `Entry` (or another copy's), `malloc`ed and held by this
+                // list alone.
+                libc::free(p.cast());
+            } else {
+                link = &raw mut (*p).ifa_next;
+            }
         }
-        p = next;
     }
+    let libc_list = head;
     if libc_list.is_null() {
         return;
     }
     if let Some(f) = next(c"freeifaddrs") {
         // SAFETY: `f` is the C library's `freeifaddrs`, of this type.
         let libc_freeifaddrs: FreeIfaddrs = unsafe { transmute::<*mut c_void, FreeIfaddrs>(f) };
-        // SAFETY: the head of the list the C library made (this library's entries follow it).
+        // SAFETY: the list the C library made, this library's entries taken out.
         unsafe { libc_freeifaddrs(libc_list) };
     }
 }
@@ -233,12 +276,14 @@ pub unsafe extern "C" fn freeifaddrs(list: *mut libc::ifaddrs) {
 mod tests {
     use super::*;
 
-    /// The C library's list (this test binary's own `getifaddrs` is this crate's: with no
-    /// softnic device and no `SOFTNIC_ADDR`, the C library's list alone).
+    /// The C library's list.
     fn libc_list() -> *mut libc::ifaddrs {
+        let f = next(c"getifaddrs").expect("the C library's getifaddrs");
+        // SAFETY: the C library's `getifaddrs`, of this type.
+        let libc_getifaddrs: GetIfaddrs = unsafe { transmute::<*mut c_void, GetIfaddrs>(f) };
         let mut list = std::ptr::null_mut();
         // SAFETY: `list` is valid to write a pointer to.
-        assert_eq!(unsafe { getifaddrs(&mut list) }, 0);
+        assert_eq!(unsafe { libc_getifaddrs(&mut list) }, 0);
         list
     }
 
@@ -286,6 +331,10 @@ mod tests {
             while !last.is_null() && !(*last).ifa_next.is_null() {
                 last = (*last).ifa_next;
             }
+            // Two entries (as two copies of this library add, each its own), both freed, the
+            // rest handed to the C library.
+            let e2 = entry(Ipv4Addr::new(127, 0, 9, 11));
+            (*e).ifa.ifa_next = &raw mut (*e2).ifa;
             if last.is_null() {
                 freeifaddrs(&raw mut (*e).ifa);
             } else {

@@ -63,7 +63,7 @@ static ADDR: AtomicU32 = AtomicU32::new(0);
 
 /// `softnic_device_addr(&ip)`, for softnic-preload's `getifaddrs` (which finds it in the
 /// process's libibverbs): 1 with the device's IPv4 address in `*ip` (host order) once the
-/// device is up, 0 before, -1 if it failed to come up. It takes no lock (a `getifaddrs` may
+/// device is up, 0 before, -1 if it failed to come up (or has no address). It takes no lock (a `getifaddrs` may
 /// run anywhere, in a child forked while the fabric's lock was held too).
 ///
 /// # Safety
@@ -74,6 +74,8 @@ pub(crate) unsafe extern "C" fn device_addr(ip: *mut u32) -> std::ffi::c_int {
     match FABRIC.get() {
         None => 0,
         Some(Err(_)) => -1,
+        // A device with no address (not on the UDP link): none to show.
+        Some(Ok(_)) if ADDR.load(Ordering::Relaxed) == 0 => -1,
         Some(Ok(_)) => {
             // SAFETY: valid to write, per the contract.
             unsafe { ip.write(ADDR.load(Ordering::Relaxed)) };

@@ -121,6 +121,9 @@ fn listed(flags: &[&str], env: &[(&str, &str)]) -> Listed {
         .arg(std::env::current_exe().expect("this test binary"))
         .args(["--exact", "lister", "--ignored", "--nocapture"])
         .env(LISTER, "1")
+        .env_remove("SOFTNIC_ADDR")
+        .env_remove("LD_PRELOAD")
+        .env_remove("ASAN_OPTIONS")
         .envs(env.iter().copied())
         .output()
         .expect("the launcher runs");
@@ -185,6 +188,36 @@ fn the_preload_comes_after_the_environments() {
         &[("ASAN_OPTIONS", "verify_asan_link_order=1")],
     );
     assert_eq!(l.line("ASAN_OPTIONS="), "verify_asan_link_order=1");
+    let l = listed(&["--quiet"], &[("ASAN_OPTIONS", "detect_leaks=0")]);
+    assert_eq!(
+        l.line("ASAN_OPTIONS="),
+        "detect_leaks=0:verify_asan_link_order=0"
+    );
+}
+
+#[test]
+fn two_copies_of_the_library_show_one_entry_and_free_it_once() {
+    let launcher = std::path::Path::new(env!("CARGO_BIN_EXE_softnic-run"));
+    let dir = launcher.parent().expect("the launcher's directory");
+    let lib = [dir.to_path_buf(), dir.join("deps")]
+        .into_iter()
+        .map(|d| d.join("libsoftnic_preload.so"))
+        .filter(|l| l.exists())
+        .max_by_key(|l| std::fs::metadata(l).and_then(|m| m.modified()).ok())
+        .expect("libsoftnic_preload.so is built with the launcher");
+    let copy = std::env::temp_dir().join(format!("softnic-preload-copy-{}.so", std::process::id()));
+    std::fs::copy(&lib, &copy).expect("a copy of the library");
+    let preload = copy.to_string_lossy().into_owned();
+    let l = listed(
+        &["--quiet", "--addr", "127.0.43.3"],
+        &[("LD_PRELOAD", &preload)],
+    );
+    let _ = std::fs::remove_file(&copy);
+    let want = format!("{}; {}", the_c_librarys(), device("127.0.43.3"));
+    for when in ["first: ", "second: ", "up: "] {
+        assert_eq!(l.line(when), want, "{when}");
+    }
+    assert!(l.line("LD_PRELOAD=").starts_with(&format!("{preload}:")));
 }
 
 #[test]

@@ -11,9 +11,9 @@
 //! `soft0`, whose GID is `::ffff:127.0.0.N`, on softnic's UDP link: two programs started this
 //! way (a server and a client, on one host or two) talk RoCEv2 to each other.
 //!
-//! It works by `LD_LIBRARY_PATH`, not `LD_PRELOAD`: the program's `libibverbs.so.1` is found
-//! in a directory holding softnic's library under that name, so the system library is never
-//! loaded at all (with a preload it would be loaded too, with its providers, and any verb
+//! It works by `LD_LIBRARY_PATH` (libibverbs is not preloaded): the program's
+//! `libibverbs.so.1` is found in a directory holding softnic's library under that name, so
+//! the system library is never loaded at all (with a preload it would be loaded too, with its providers, and any verb
 //! softnic lacked would fall through to it with a softnic object). The flags become the
 //! `SOFTNIC_*` variables the library reads, and the program replaces this process (its exit
 //! status is the launcher's).
@@ -23,7 +23,8 @@
 //! namespace of its own, made without root (see `softnic-run/view.rs`), and the device's
 //! address among the host's interface addresses (`getifaddrs`, on an interface `lo:soft0`:
 //! the crate `softnic-preload`, whose library is preloaded, after any the environment
-//! preloads already, into the program and every process it starts). `--no-view` runs it
+//! preloads already, into the program and every process it starts that keeps its
+//! environment). `--no-view` runs it
 //! without either. UCX needs the files to list the device; libfabric's verbs provider (and so
 //! Open MPI's `mtl ofi`) needs the address to use it.
 
@@ -162,8 +163,18 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
 /// runtime first in the whole list (`verify_asan_link_order=0`: the library replaces no
 /// function it intercepts but `getifaddrs`, whose next definition it calls).
 fn preload(cmd: &mut Command) -> Result<(), String> {
+    let mut list = std::env::var_os("LD_PRELOAD")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_default();
+    if list.to_string_lossy().contains("libsoftnic_preload.so") {
+        // A launcher under a launcher: the outer one's is there already.
+        return Ok(());
+    }
     let lib = newest("libsoftnic_preload.so")
-        .ok_or("libsoftnic_preload.so is not built beside this launcher (`cargo build -p softnic-verbs` builds it)")?
+        .ok_or(
+            "libsoftnic_preload.so is not built beside this launcher nor in deps/ there \
+             (`cargo build -p softnic-verbs` builds it)",
+        )?
         .join("libsoftnic_preload.so");
     let text = lib.to_string_lossy();
     if text.contains([' ', ':']) {
@@ -171,9 +182,6 @@ fn preload(cmd: &mut Command) -> Result<(), String> {
             "{text} has a space or a colon, which LD_PRELOAD cannot hold"
         ));
     }
-    let mut list = std::env::var_os("LD_PRELOAD")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_default();
     if !list.is_empty() {
         list.push(":");
     }
