@@ -2,35 +2,40 @@
 //! build compiled, so that `fresh-clone` compiles only the workspace's crates (from the
 //! clone's sources) and not every dependency a second time.
 //!
-//! What is seeded: the entries of `debug/{.fingerprint,build,deps}` named `<name>-<hash>`
-//! whose hash is not one of a workspace package's (hard links, copies across file systems).
-//! Cargo then finds them fresh where the clone resolves a dependency as the workspace did
-//! (same version, features and profile), and builds any other. Nothing of the workspace's
-//! own packages is seeded, nor any file without a hash (the launcher, the drop-in libraries):
-//! a leftover of those could hide one that the clone's `cargo test` does not build.
+//! What is seeded: the entries of `debug/{build,deps,.fingerprint}` named `<name>-<hash>`
+//! whose hash is a registry package's (a package `Cargo.lock` names with a `registry+`
+//! source, whose fingerprint directory carries that hash). Compiled artifacts are hard-linked
+//! (copied across file systems); the small files cargo and rustc rewrite in place
+//! (fingerprints, build script outputs, dep-info) are copied with their times, so the
+//! clone's build never writes into the workspace's; fingerprints come last. Cargo then finds them fresh where
+//! the clone resolves a dependency as the workspace did (same version, features and
+//! profile), and builds any other. Nothing of the workspace's own packages is seeded, and
+//! every file without a hash (the launcher, the drop-in libraries) left in the clone's
+//! target directory by an earlier run is removed first ([`clear_leftovers`]): a leftover of
+//! those could hide one that the clone's `cargo test` does not build.
 
 use std::collections::HashSet;
 use std::io;
 use std::path::Path;
 
-/// Seeds `to` (a target directory's `debug/`) from `from` (the workspace's `debug/`); the
-/// workspace's packages are those of the manifest at `root`. Entries already in `to` are
-/// left alone.
-pub(crate) fn registry_builds(root: &Path, from: &Path, to: &Path) -> io::Result<usize> {
-    let packages = workspace_packages(root);
-    // The hashes of the workspace's units (a unit's fingerprint directory and its outputs
-    // carry the same hash).
-    let mut ours = HashSet::new();
+/// Seeds `to` (a target directory's `debug/`) from `from` (the workspace's `debug/`) with
+/// the packages `lock` (the text of a `Cargo.lock`) has from a registry. Entries already in
+/// `to` are left alone. Returns how many were seeded.
+pub(crate) fn registry_builds(lock: &str, from: &Path, to: &Path) -> io::Result<usize> {
+    let registry = registry_packages(lock);
+    // The hashes of the registry packages' units (a unit's fingerprint directory and its
+    // outputs carry the same hash).
+    let mut theirs = HashSet::new();
     for e in std::fs::read_dir(from.join(".fingerprint"))? {
         let name = e?.file_name().to_string_lossy().into_owned();
         if let Some((package, hash)) = split_hash(&name)
-            && packages.iter().any(|p| p == package)
+            && registry.contains(package)
         {
-            ours.insert(hash.to_string());
+            theirs.insert(hash.to_string());
         }
     }
     let mut seeded = 0;
-    for dir in [".fingerprint", "build", "deps"] {
+    for dir in ["build", "deps", ".fingerprint"] {
         std::fs::create_dir_all(to.join(dir))?;
         for e in std::fs::read_dir(from.join(dir))? {
             let e = e?;
@@ -38,14 +43,44 @@ pub(crate) fn registry_builds(root: &Path, from: &Path, to: &Path) -> io::Result
             let Some((_, hash)) = split_hash(&name) else {
                 continue;
             };
-            if ours.contains(hash) || to.join(dir).join(&name).exists() {
+            if !theirs.contains(hash) || to.join(dir).join(&name).exists() {
                 continue;
             }
-            link_tree(&e.path(), &to.join(dir).join(&name))?;
+            put_tree(&e.path(), &to.join(dir).join(&name))?;
             seeded += 1;
         }
     }
     Ok(seeded)
+}
+
+/// Removes from `debug` (a target directory's `debug/`) every file at its top (the binaries
+/// and libraries cargo copies there) and every entry of `deps/` without a hash (a cdylib
+/// package's outputs, the launcher's library directory): what an earlier run left that a
+/// later one must build again to have.
+pub(crate) fn clear_leftovers(debug: &Path) -> io::Result<()> {
+    let Ok(top) = std::fs::read_dir(debug) else {
+        return Ok(());
+    };
+    for e in top {
+        let e = e?;
+        if !e.file_type()?.is_dir() {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    let Ok(deps) = std::fs::read_dir(debug.join("deps")) else {
+        return Ok(());
+    };
+    for e in deps {
+        let e = e?;
+        if split_hash(&e.file_name().to_string_lossy()).is_none() {
+            if e.file_type()?.is_dir() {
+                std::fs::remove_dir_all(e.path())?;
+            } else {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `name-0123456789abcdef` (before any `.extension`) as `(name, hash)`.
@@ -56,39 +91,46 @@ fn split_hash(file: &str) -> Option<(&str, &str)> {
     is_hash.then_some((name, hash))
 }
 
-/// The `[package] name` of each member the manifest at `root` lists in `members = [...]`.
-fn workspace_packages(root: &Path) -> Vec<String> {
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
-    let members = manifest
-        .split_once("members = [")
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .map_or("", |(m, _)| m);
-    members
-        .split(',')
-        .map(|m| m.trim().trim_matches('"'))
-        .filter(|m| !m.is_empty())
-        .filter_map(|dir| {
-            let text = std::fs::read_to_string(root.join(dir).join("Cargo.toml")).ok()?;
-            let (_, package) = text.split_once("[package]")?;
-            let line = package
-                .lines()
-                .find(|l| l.trim_start().starts_with("name"))?;
-            Some(line.split_once('=')?.1.trim().trim_matches('"').to_string())
+/// The names of the packages a `Cargo.lock` has from a registry (`source = "registry+..."`).
+fn registry_packages(lock: &str) -> HashSet<&str> {
+    lock.split("[[package]]")
+        .filter(|p| p.contains("\nsource = \"registry+"))
+        .filter_map(|p| {
+            let line = p.lines().find(|l| l.starts_with("name = "))?;
+            Some(line["name = ".len()..].trim().trim_matches('"'))
         })
         .collect()
 }
 
-/// `from` at `to`: files hard-linked (copied when that fails), directories walked.
-fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
-    if from.is_dir() {
+/// `from` at `to`: compiled artifacts hard-linked (copied when that fails), other files
+/// copied, symbolic links made again (a build's may dangle), directories walked.
+fn put_tree(from: &Path, to: &Path) -> io::Result<()> {
+    let kind = std::fs::symlink_metadata(from)?.file_type();
+    if kind.is_symlink() {
+        return std::os::unix::fs::symlink(std::fs::read_link(from)?, to);
+    }
+    if kind.is_dir() {
         std::fs::create_dir_all(to)?;
         for e in std::fs::read_dir(from)? {
             let e = e?;
-            link_tree(&e.path(), &to.join(e.file_name()))?;
+            put_tree(&e.path(), &to.join(e.file_name()))?;
         }
         return Ok(());
     }
-    std::fs::hard_link(from, to).or_else(|_| std::fs::copy(from, to).map(|_| ()))
+    let artifact = from
+        .extension()
+        .is_some_and(|x| ["rlib", "rmeta", "so", "a", "o"].iter().any(|a| x == *a))
+        || (from.parent().is_some_and(|d| d.ends_with("deps")) && from.extension().is_none());
+    if artifact && std::fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(from, to)?;
+    // Its time too: cargo tells a fresh unit by its files' times.
+    let modified = std::fs::metadata(from)?.modified()?;
+    std::fs::File::options()
+        .write(true)
+        .open(to)?
+        .set_modified(modified)
 }
 
 #[cfg(test)]
@@ -111,12 +153,21 @@ mod tests {
     }
 
     #[test]
-    fn the_workspaces_packages_are_its_members_names() {
-        let root = crate::run::workspace_root();
-        let p = workspace_packages(&root);
-        for name in ["softnic", "softnic-verbs", "uccl-integration", "xtask"] {
-            assert!(p.iter().any(|n| n == name), "{name} missing from {p:?}");
+    fn only_registry_packages_are_taken_from_the_lock() {
+        let lock = std::fs::read_to_string(crate::run::workspace_root().join("Cargo.lock"))
+            .expect("the workspace's Cargo.lock");
+        let r = registry_packages(&lock);
+        for name in ["serde", "libc", "ibverbs", "ibverbs-sys"] {
+            assert!(r.contains(name), "{name} missing");
         }
-        assert!(!p.iter().any(|n| n == "serde"), "{p:?}");
+        for name in [
+            "softnic",
+            "softnic-verbs",
+            "softnic-preload",
+            "uccl-integration",
+            "xtask",
+        ] {
+            assert!(!r.contains(name), "{name} taken for a registry package");
+        }
     }
 }

@@ -136,8 +136,11 @@ pub(crate) fn fresh_clone() -> Result<(), String> {
     let target = workspace_target.join("fresh-clone");
     let root = workspace_root();
     let from = workspace_target.join("debug");
+    crate::seed::clear_leftovers(&target.join("debug"))
+        .map_err(|e| format!("clearing {}: {e}", target.display()))?;
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap_or_default();
     if from.join(".fingerprint").is_dir() {
-        match crate::seed::registry_builds(&root, &from, &target.join("debug")) {
+        match crate::seed::registry_builds(&lock, &from, &target.join("debug")) {
             Ok(n) => eprintln!(
                 "xtask fresh-clone: {n} registry builds seeded from {}",
                 from.display()
