@@ -7,12 +7,12 @@
 //! source, whose fingerprint directory carries that hash). Compiled artifacts are hard-linked
 //! (copied across file systems); the small files cargo and rustc rewrite in place
 //! (fingerprints, build script outputs, dep-info) are copied with their times, so the
-//! clone's build never writes into the workspace's; fingerprints come last. Cargo then finds them fresh where
-//! the clone resolves a dependency as the workspace did (same version, features and
-//! profile), and builds any other. Nothing of the workspace's own packages is seeded, and
-//! every file without a hash (the launcher, the drop-in libraries) left in the clone's
-//! target directory by an earlier run is removed first ([`clear_leftovers`]): a leftover of
-//! those could hide one that the clone's `cargo test` does not build.
+//! clone's build never writes into the workspace's; fingerprints come last. Cargo then finds
+//! them fresh where the clone resolves a dependency as the workspace did (same version,
+//! features and profile), and builds any other. Nothing of the workspace's own packages is
+//! seeded, and every file without a hash (the launcher, the drop-in libraries) left in the
+//! clone's target directory by an earlier run is removed first ([`clear_leftovers`]): a
+//! leftover of those could hide one that the clone's `cargo test` does not build.
 
 use std::collections::HashSet;
 use std::io;

@@ -63,8 +63,8 @@ static ADDR: AtomicU32 = AtomicU32::new(0);
 
 /// `softnic_device_addr(&ip)`, for softnic-preload's `getifaddrs` (which finds it in the
 /// process's libibverbs): 1 with the device's IPv4 address in `*ip` (host order) once the
-/// device is up, 0 before, -1 if it failed to come up (or has no address). It takes no lock (a `getifaddrs` may
-/// run anywhere, in a child forked while the fabric's lock was held too).
+/// device is up, 0 before, -1 if it failed to come up (or has no address). It takes no lock
+/// (a `getifaddrs` may run anywhere, in a child forked while the fabric's lock was held too).
 ///
 /// # Safety
 ///

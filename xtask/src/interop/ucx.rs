@@ -9,9 +9,10 @@
 //! 1% loss); MPI tests of ours (built with `mpicc`: a ping-pong and bandwidth test,
 //! `tests/c/mpi_pingpong.c`, on two ranks, and collectives and one-sided communication,
 //! `tests/c/mpi_collectives.c`, on four) run with `--mca pml ucx --mca osc ucx`, and over
-//! libfabric's verbs provider (`--mca pml cm --mca mtl ofi`), each rank its own softnic device. A run fails on a non-zero exit, on missing success output, and on any
-//! error line of UCX, MPI or the launcher in either process. Iteration counts are small: each
-//! run takes about a second.
+//! libfabric's verbs provider (`--mca pml cm --mca mtl ofi`), each rank its own softnic
+//! device. A run fails on a non-zero exit, on missing success output, and on any error line
+//! of UCX, MPI or the launcher in either process. Iteration counts are small: each run takes
+//! about a second.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -13,10 +13,10 @@
 //!
 //! It works by `LD_LIBRARY_PATH` (libibverbs is not preloaded): the program's
 //! `libibverbs.so.1` is found in a directory holding softnic's library under that name, so
-//! the system library is never loaded at all (with a preload it would be loaded too, with its providers, and any verb
-//! softnic lacked would fall through to it with a softnic object). The flags become the
-//! `SOFTNIC_*` variables the library reads, and the program replaces this process (its exit
-//! status is the launcher's).
+//! the system library is never loaded at all (with a preload it would be loaded too, with its
+//! providers, and any verb softnic lacked would fall through to it with a softnic object).
+//! The flags become the `SOFTNIC_*` variables the library reads, and the program replaces
+//! this process (its exit status is the launcher's).
 //!
 //! The program also sees the device as the kernel would show it: a character device at
 //! `/dev/infiniband/uverbs-soft0` and the sysfs directories of a RoCE device, in a mount
@@ -24,9 +24,8 @@
 //! address among the host's interface addresses (`getifaddrs`, on an interface `lo:soft0`:
 //! the crate `softnic-preload`, whose library is preloaded, after any the environment
 //! preloads already, into the program and every process it starts that keeps its
-//! environment). `--no-view` runs it
-//! without either. UCX needs the files to list the device; libfabric's verbs provider (and so
-//! Open MPI's `mtl ofi`) needs the address to use it.
+//! environment). `--no-view` runs it without either. UCX needs the files to list the device;
+//! libfabric's verbs provider (and so Open MPI's `mtl ofi`) needs the address to use it.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -134,13 +133,12 @@ fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     set("SOFTNIC_ANNOUNCE", (!args.quiet).then(|| "1".to_string()));
     set("SOFTNIC_STATS", args.stats.then(|| "1".to_string()));
     if !args.no_view {
-        match preload(&mut cmd) {
-            Ok(()) => {}
-            Err(e) => eprintln!(
+        if let Err(e) = preload(&mut cmd) {
+            eprintln!(
                 "softnic-run: the program runs without the device's address among the \
                  interface addresses (libfabric's verbs provider, and MPI over it, will not \
                  find the device): {e}"
-            ),
+            );
         }
         let dev = view::Device {
             name: "soft0".into(),
