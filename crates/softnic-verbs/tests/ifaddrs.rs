@@ -197,14 +197,8 @@ fn the_preload_comes_after_the_environments() {
 
 #[test]
 fn two_copies_of_the_library_show_one_entry_and_free_it_once() {
-    let launcher = std::path::Path::new(env!("CARGO_BIN_EXE_softnic-run"));
-    let dir = launcher.parent().expect("the launcher's directory");
-    let lib = [dir.to_path_buf(), dir.join("deps")]
-        .into_iter()
-        .map(|d| d.join("libsoftnic_preload.so"))
-        .filter(|l| l.exists())
-        .max_by_key(|l| std::fs::metadata(l).and_then(|m| m.modified()).ok())
-        .expect("libsoftnic_preload.so is built with the launcher");
+    // The library the launcher preloads, as it says.
+    let lib = listed(&["--quiet"], &[]).line("LD_PRELOAD=").to_string();
     let copy = std::env::temp_dir().join(format!("softnic-preload-copy-{}.so", std::process::id()));
     std::fs::copy(&lib, &copy).expect("a copy of the library");
     let preload = copy.to_string_lossy().into_owned();

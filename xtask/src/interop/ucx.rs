@@ -131,12 +131,15 @@ impl MpiPath {
         a
     }
 
-    /// How the summary names the path.
+    /// How the summary names the path: its arguments, the variables without their `-x`.
     fn describe(self) -> String {
-        match self {
-            MpiPath::Ucx(tls) => format!("--mca pml ucx --mca osc ucx UCX_TLS={tls}"),
-            MpiPath::Ofi => "--mca pml cm --mca mtl ofi FI_PROVIDER=verbs;ofi_rxm".into(),
-        }
+        let args = self.args();
+        let named: Vec<&str> = args
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != "-x")
+            .collect();
+        named.join(" ")
     }
 }
 
