@@ -37,10 +37,14 @@
 //! RoCE: the group's GID is its IPv4-mapped address, the id's UD QP is attached to it (unless
 //! it joins to send only), and `MULTICAST_JOIN` says where to send.
 //!
-//! What it does not: rsocket (`rsocket`, `rpoll`, `rread`, ...: -1 with `ENOSYS`), ECE
-//! (`EOPNOTSUPP`), `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, QPs other than RC on
-//! `RDMA_PS_IB` ids (`EINVAL`; `rdma_create_ep` of such an address: `EPROTONOSUPPORT`),
-//! `RDMA_PS_IPOIB` (`EPROTONOSUPPORT`: on RoCE the kernel's CM cannot give it the IPoIB
+//! rsockets, the socket API over RDMA (`rsocket`, `rconnect`, `rsend`, `rpoll`, `riomap`,
+//! ...): stream sockets over RC between two ends on softnic (rdmacm-utils' `rstream`,
+//! `riostream`, `rcopy`); see the `rsocket` module.
+//!
+//! What it does not: datagram rsockets (`SOCK_DGRAM`: `ENOSYS`), ECE (`EOPNOTSUPP`),
+//! `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, QPs other than RC on `RDMA_PS_IB` ids
+//! (`EINVAL`; `rdma_create_ep` of such an address: `EPROTONOSUPPORT`), `RDMA_PS_IPOIB`
+//! (`EPROTONOSUPPORT`: on RoCE the kernel's CM cannot give it the IPoIB
 //! group's Q_Key either).
 
 #[macro_use]
@@ -50,6 +54,7 @@ mod event;
 mod id;
 mod multicast;
 mod qp;
+mod rsocket;
 pub mod types;
 mod unsupported;
 

@@ -1,15 +1,12 @@
-//! What softnic's librdmacm does not serve: rsocket (a socket API over RDMA, built on the
-//! rest), ECE, extended SRQs. Each fails with `ENOSYS` (ECE: `EOPNOTSUPP`).
+//! What softnic's librdmacm does not serve: ECE, extended SRQs. Each fails with `ENOSYS`
+//! (ECE: `EOPNOTSUPP`).
 
 use std::ffi::c_int;
 
 use crate::fail;
 use crate::types::rdma_cm_id;
 
-unsupported!("RDMACM_1.0":
-    rsocket rbind rlisten raccept rconnect rshutdown rclose rrecv rrecvfrom rrecvmsg rsend
-    rsendto rsendmsg rread rreadv rwrite rwritev rpoll rselect rgetpeername rgetsockname
-    rsetsockopt rgetsockopt rfcntl riomap riounmap riowrite rdma_create_srq_ex);
+unsupported!("RDMACM_1.0": rdma_create_srq_ex);
 
 export! {
     /// ECE is not negotiated: `EOPNOTSUPP`.

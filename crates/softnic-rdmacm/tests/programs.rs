@@ -224,17 +224,17 @@ fn fi_pingpong_runs_over_libfabric_s_verbs_provider() {
     assert!(c.contains("1k"), "{c}");
 }
 
-/// `tests/c/turns.c`, built with the system's C compiler into `lib` (`None`, saying so,
+/// `tests/c/<name>.c`, built with the system's C compiler into `lib` (`None`, saying so,
 /// without a compiler or librdmacm's headers).
-fn build_turns(lib: &Path) -> Option<String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/turns.c");
+fn build_c(lib: &Path, name: &str) -> Option<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     if !installed("cc") || !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
         eprintln!(
             "skipped: no C compiler or no <rdma/rdma_cma.h> (apt-get install gcc librdmacm-dev)"
         );
         return None;
     }
-    let exe = lib.join("turns");
+    let exe = lib.join(name);
     let built = Command::new("cc")
         .arg("-o")
         .arg(&exe)
@@ -257,7 +257,9 @@ fn build_turns(lib: &Path) -> Option<String> {
 #[test]
 fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
     let lib = library_dir();
-    let Some(exe) = build_turns(&lib) else { return };
+    let Some(exe) = build_c(&lib, "turns") else {
+        return;
+    };
     let (ok, text) = finish(
         start(&lib, "127.0.26.13", &[&exe, "127.0.26.13"]),
         Instant::now() + Duration::from_secs(60),
@@ -297,7 +299,9 @@ fn connection_parameters_and_a_second_qp_are_checked() {
 #[test]
 fn a_process_that_exits_connected_disconnects() {
     let lib = library_dir();
-    let Some(exe) = build_turns(&lib) else { return };
+    let Some(exe) = build_c(&lib, "turns") else {
+        return;
+    };
     let addr = "127.0.26.31";
     let Some((s, c)) = pair(
         &[&exe, addr, "exit-server"],
@@ -313,9 +317,21 @@ fn a_process_that_exits_connected_disconnects() {
 /// `turns <addr> <mode>` on a device at `addr`, under valgrind when it is installed (which
 /// then fails the run on a read of freed memory): it must say "ok" and exit 0.
 fn turns_under_valgrind(addr: &str, mode: &str) {
+    under_valgrind("turns", &[addr, mode]);
+}
+
+/// `tests/c/<name>.c` run with `args` on a device at `args[0]`, under valgrind when it is
+/// installed (which then fails the run on a read of freed memory or an uninitialised value):
+/// it must say "ok" and exit 0.
+fn under_valgrind(name: &str, args: &[&str]) {
     let lib = library_dir();
-    let Some(exe) = build_turns(&lib) else { return };
-    let mut args = vec![exe.as_str(), addr, mode];
+    let Some(exe) = build_c(&lib, name) else {
+        return;
+    };
+    let addr = args[0];
+    let mut args: Vec<&str> = std::iter::once(exe.as_str())
+        .chain(args.iter().copied())
+        .collect();
     if installed("valgrind") {
         args.splice(0..0, ["valgrind", "-q", "--error-exitcode=9"]);
     }
@@ -348,4 +364,118 @@ fn without_softnic_s_libibverbs_every_call_fails_with_enodev() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!ok, "{text}");
     assert!(text.contains("not softnic's"), "{text}");
+}
+
+/// rdmacm-utils' `rstream` over rsockets: verified data both ways, non-blocking (its
+/// default), blocking, and waiting in `rpoll` (`-T a`), through sizes that fill several
+/// slots and sizes that end inside one.
+#[test]
+fn rstream_moves_verified_data_nonblocking() {
+    rstream(
+        &["-S", "100000", "-C", "100", "-T", "v"],
+        ["127.0.26.41", "127.0.26.42"],
+    );
+}
+
+#[test]
+fn rstream_moves_verified_data_blocking() {
+    let args = ["-S", "4096", "-C", "1000", "-T", "b", "-T", "v"];
+    rstream(&args, ["127.0.26.43", "127.0.26.44"]);
+}
+
+#[test]
+fn rstream_moves_verified_data_polled() {
+    let args = ["-S", "1000000", "-C", "20", "-T", "a", "-T", "v"];
+    rstream(&args, ["127.0.26.45", "127.0.26.46"]);
+}
+
+/// A server `rstream -b <addrs[0]> <args>` and its client at `addrs[1]`; both print their
+/// result row.
+fn rstream(args: &[&str], addrs: [&str; 2]) {
+    let server: Vec<&str> = ["rstream", "-b", addrs[0]]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect();
+    let client: Vec<&str> = ["rstream", "-s", addrs[0]]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect();
+    let Some((s, c)) = pair(&server, &client, addrs) else {
+        return;
+    };
+    for out in [&s, &c] {
+        assert!(out.lines().any(|l| l.starts_with("custom")), "{s}\n{c}");
+    }
+}
+
+/// rdmacm-utils' `riostream`: each end maps its buffer (`riomap`) and the other writes it
+/// (`riowrite`, RDMA WRITEs), verified; the reader learns of the writes by watching the
+/// buffer's last byte, with no call into the library.
+#[test]
+fn riostream_writes_verified_data_to_a_mapped_buffer() {
+    let args = ["-S", "100000", "-C", "20", "-I", "5", "-T", "v"];
+    let server: Vec<&str> = ["riostream", "-b", "127.0.26.51"]
+        .iter()
+        .chain(&args)
+        .copied()
+        .collect();
+    let client: Vec<&str> = ["riostream", "-s", "127.0.26.51"]
+        .iter()
+        .chain(&args)
+        .copied()
+        .collect();
+    let Some((s, c)) = pair(&server, &client, ["127.0.26.51", "127.0.26.52"]) else {
+        return;
+    };
+    for out in [&s, &c] {
+        assert!(out.lines().any(|l| l.starts_with("custom")), "{s}\n{c}");
+    }
+}
+
+/// rdmacm-utils' `rcopy` copies a file over rsockets (its server serves until killed): the
+/// copy is the file, byte for byte.
+#[test]
+fn rcopy_copies_a_file() {
+    if !installed("rcopy") {
+        eprintln!("skipped: rcopy is not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let lib = library_dir();
+    let src = lib.join("source");
+    let dst = lib.join("copy");
+    let data: Vec<u8> = (0..3_000_001u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &data).expect("writing the source");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut server = start(&lib, "127.0.26.47", &["rcopy", "-p", "7429"]);
+    let target = format!("127.0.26.47:{}", dst.display());
+    let (ok, text) = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let client = ["rcopy", src.to_str().unwrap(), &target, "-p", "7429"];
+        let (ok, text) = finish(start(&lib, "127.0.26.48", &client), deadline);
+        if ok || !text.contains("refused") || Instant::now() > deadline {
+            break (ok, text);
+        }
+    };
+    let _ = server.kill();
+    let (_, s_text) = finish(server, deadline);
+    let copy = std::fs::read(&dst).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(ok, "client: {text}\nserver: {s_text}");
+    assert!(
+        copy == data,
+        "the copy differs ({} bytes of {})\n{s_text}",
+        copy.len(),
+        data.len()
+    );
+}
+
+/// What a socket program expects of rsockets, from refusals to the end of a stream
+/// (`tests/c/rsock.c` says what), under valgrind when it is installed.
+#[test]
+fn rsockets_behave_as_sockets() {
+    under_valgrind("rsock", &["127.0.26.49"]);
 }

@@ -1,11 +1,11 @@
 //! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
 //! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
-//! mckey; perftest's `-R`; libfabric's verbs provider, alone and under `ofi_rxm`, through
-//! `fi_pingpong` of `libfabric-bin`) on softnic's drop-in librdmacm and connection manager,
-//! through `softnic-run`: a server and a client process, each its own softnic device, talking
-//! RoCEv2 (CM MADs on QP1, then the data) over loopback addresses. RC runs again under 1%
-//! loss on both devices (the CM sends lost MADs again, RC retransmits); UD (udaddy) runs
-//! without loss, as a datagram lost is lost.
+//! mckey, and rstream/riostream over rsockets; perftest's `-R`; libfabric's verbs provider,
+//! alone and under `ofi_rxm`, through `fi_pingpong` of `libfabric-bin`) on softnic's drop-in
+//! librdmacm and connection manager, through `softnic-run`: a server and a client process, each
+//! its own softnic device, talking RoCEv2 (CM MADs on QP1, then the data) over loopback
+//! addresses. RC runs again under 1% loss on both devices (the CM sends lost MADs again, RC
+//! retransmits); UD (udaddy) runs without loss, as a datagram lost is lost.
 //!
 //! A client that came before its server listened is rejected (REJ "invalid service ID") and
 //! is started again. libfabric's verbs provider looks for the device among the host's
@@ -90,6 +90,21 @@ const FI_RDM: Run = run(
     "-p verbs -e rdm -I 100 -S 1048576 -c {S}",
     "#sent",
 );
+/// rsockets, the socket API over RDMA: verified data both ways, non-blocking (rstream's
+/// default: sends take what the slots take).
+const RSTREAM: Run = run(
+    "rstream",
+    "-b {S} -S 100000 -C 200 -T v",
+    "-s {S} -S 100000 -C 200 -T v",
+    "custom",
+);
+/// rsockets' I/O mapping: each end writes the other's mapped buffer (RDMA WRITEs), verified.
+const RIOSTREAM: Run = run(
+    "riostream",
+    "-b {S} -S 100000 -C 20 -I 5 -T v",
+    "-s {S} -S 100000 -C 20 -I 5 -T v",
+    "custom",
+);
 
 /// The matrix.
 const RUNS: &[Run] = &[
@@ -150,6 +165,15 @@ const RUNS: &[Run] = &[
         "-m 239.1.2.4 -s -C 10",
         "return status 0",
     ),
+    RSTREAM,
+    // Blocking calls.
+    run(
+        "rstream",
+        "-b {S} -S 4096 -C 1000 -T b -T v",
+        "-s {S} -S 4096 -C 1000 -T b -T v",
+        "custom",
+    ),
+    RIOSTREAM,
     lossy(RPING),
     lossy(UCMATOSE),
     lossy(RDMA_SERVER),
@@ -157,6 +181,8 @@ const RUNS: &[Run] = &[
     lossy(SEND_LAT),
     lossy(FI_PINGPONG),
     lossy(FI_RDM),
+    lossy(RSTREAM),
+    lossy(RIOSTREAM),
 ];
 
 /// The server's and the client's device addresses.

@@ -1,0 +1,540 @@
+//! A connected rsocket's data path: an RC QP on the socket's id whose messages are SENDs of at
+//! most one slot, copied through slots of one registered buffer.
+//!
+//! Flow control is the receiver's posted slots: a slot is posted again once the program has
+//! read all of it, and a SEND that finds none posted is NAKed receiver-not-ready and sent
+//! again by the NIC (the QP retries that for ever, `rnr_retry` 7). A sender has at most
+//! [`TX`] messages in flight, each in a send slot of its own until it completes. An empty
+//! SEND is the end of the stream (`rshutdown` for writing); data messages are never empty.
+//!
+//! I/O mapping (`riomap`): a mapped buffer is registered for remote writes (its key reaches
+//! that buffer only, until `riounmap`), and its offset, address, length and key go to the peer
+//! in a SEND with immediate data ([`MAP`]; [`UNMAP`] takes it back). The peer's `riowrite` to
+//! an offset it holds is an RDMA WRITE from one of its send slots.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::ptr::null_mut;
+
+use ibverbs_sys as v;
+
+use crate::types::rdma_cm_id;
+
+/// Bytes one message carries at most.
+const SLOT: usize = 64 << 10;
+/// Send slots: messages in flight from one end.
+const TX: usize = 8;
+/// Receive slots posted at each end.
+const RX: usize = 16;
+/// Tag of a receive's `wr_id` (its slot is below it).
+const RX_TAG: u64 = 1 << 32;
+/// `wr_id` of the end-of-stream SEND.
+const FIN_ID: u64 = 1 << 33;
+/// Immediate data of a message that maps: offset, address, length (u64 each, little-endian)
+/// and key (u32) of a buffer the peer may write.
+pub(super) const MAP: u32 = 1;
+/// Immediate data of a message that unmaps: the offset (u64).
+pub(super) const UNMAP: u32 = 2;
+/// Mappings kept of a peer's (more are not: writes to them fail with `EINVAL`).
+const PEER_MAPS: usize = 64;
+
+/// A mapped buffer: this end's (`mr` null when not writable by the peer) or the peer's.
+pub(super) struct Map {
+    pub(super) offset: u64,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+    pub(super) mr: *mut v::ibv_mr,
+    rkey: u32,
+}
+
+impl Map {
+    /// This end's mapping of `len` bytes at `buf` (`mr` null: not for the peer to write).
+    pub(super) fn local(offset: u64, buf: *mut u8, len: usize, mr: *mut v::ibv_mr) -> Map {
+        Map {
+            offset,
+            addr: buf as u64,
+            len: len as u64,
+            mr,
+            rkey: 0,
+        }
+    }
+
+    fn holds(&self, offset: u64, len: u64) -> bool {
+        offset >= self.offset && offset.saturating_add(len) <= self.offset + self.len
+    }
+}
+
+/// A received message the program has not read all of.
+struct Rx {
+    slot: usize,
+    len: usize,
+    /// Bytes of it already read.
+    off: usize,
+}
+
+/// The verbs objects and slots of one connection.
+pub(super) struct Conn {
+    id: *mut rdma_cm_id,
+    ctx: *mut v::ibv_context,
+    ch: *mut v::ibv_comp_channel,
+    cq: *mut v::ibv_cq,
+    qp: *mut v::ibv_qp,
+    mr: *mut v::ibv_mr,
+    buf: *mut u8,
+    free_tx: Vec<usize>,
+    rx: VecDeque<Rx>,
+    /// The peer ended its stream (an empty SEND arrived).
+    pub(super) peer_fin: bool,
+    /// The end-of-stream SEND was posted.
+    pub(super) fin_sent: bool,
+    fin_pending: bool,
+    /// The QP is in error: a receive was flushed (the peer disconnected) or a send failed.
+    pub(super) down: bool,
+    /// A send failed other than by a flush: what it sent may not have arrived.
+    pub(super) broken: bool,
+    /// This end's mapped buffers.
+    pub(super) maps: Vec<Map>,
+    /// The peer's.
+    peer_maps: Vec<Map>,
+}
+
+fn layout() -> Layout {
+    Layout::from_size_align((TX + RX) * SLOT, 4096).expect("a valid layout")
+}
+
+impl Conn {
+    /// Creates the CQ, QP and slots on `id` (which has its device) and posts the receives.
+    pub(super) fn new(id: *mut rdma_cm_id) -> Result<Box<Conn>, c_int> {
+        // SAFETY: `id` is a live id of this library, resolved to its device.
+        let ctx = unsafe { (*id).verbs };
+        if ctx.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let mut c = Box::new(Conn {
+            id,
+            ctx,
+            ch: null_mut(),
+            cq: null_mut(),
+            qp: null_mut(),
+            mr: null_mut(),
+            buf: null_mut(),
+            free_tx: (0..TX).rev().collect(),
+            rx: VecDeque::with_capacity(RX),
+            peer_fin: false,
+            fin_sent: false,
+            fin_pending: false,
+            down: false,
+            broken: false,
+            maps: Vec::new(),
+            peer_maps: Vec::new(),
+        });
+        c.build()?;
+        Ok(c)
+    }
+
+    fn build(&mut self) -> Result<(), c_int> {
+        // SAFETY: the id's live device context.
+        self.ch = unsafe { v::ibv_create_comp_channel(self.ctx) };
+        if self.ch.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: the channel's descriptor, open; waits poll it, so reads must not block.
+        unsafe {
+            let fd = (*self.ch).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        let depth = (TX + RX + 1) as c_int;
+        // SAFETY: the device context and the channel just made.
+        self.cq = unsafe { v::ibv_create_cq(self.ctx, depth, null_mut(), self.ch, 0) };
+        if self.cq.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        let mut attr = v::ibv_qp_init_attr {
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            cap: v::ibv_qp_cap {
+                max_send_wr: TX as u32 + 1,
+                max_recv_wr: RX as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: v::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 1,
+            ..Default::default()
+        };
+        // SAFETY: a live id without a QP, and valid attributes; the CM moves the QP from now.
+        if unsafe { crate::qp::rdma_create_qp(self.id, null_mut(), &mut attr) } != 0 {
+            return Err(crate::errno());
+        }
+        // SAFETY: the id's QP and PD, just set by `rdma_create_qp`.
+        let pd = unsafe {
+            self.qp = (*self.id).qp;
+            (*self.id).pd
+        };
+        // SAFETY: a non-zero size.
+        self.buf = unsafe { alloc_zeroed(layout()) };
+        if self.buf.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        let access = v::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
+        // SAFETY: the id's PD and memory this connection owns until it deregisters it.
+        self.mr = unsafe { v::ibv_reg_mr(pd, self.buf.cast(), (TX + RX) * SLOT, access) };
+        if self.mr.is_null() {
+            return Err(crate::errno());
+        }
+        (0..RX).try_for_each(|slot| self.post_recv(slot))
+    }
+
+    /// The descriptor that is readable once a completion event came (after [`Conn::arm`]).
+    pub(super) fn fd(&self) -> c_int {
+        // SAFETY: the channel lives as long as the connection.
+        unsafe { (*self.ch).fd }
+    }
+
+    fn slot(&self, slot: usize) -> *mut u8 {
+        // SAFETY: `slot` < TX + RX: inside the buffer.
+        unsafe { self.buf.add(slot * SLOT) }
+    }
+
+    fn post_recv(&mut self, rx: usize) -> Result<(), c_int> {
+        let mut sge = v::ibv_sge {
+            addr: self.slot(TX + rx) as u64,
+            length: SLOT as u32,
+            // SAFETY: the registered MR.
+            lkey: unsafe { (*self.mr).lkey },
+        };
+        let mut wr = v::ibv_recv_wr {
+            wr_id: RX_TAG | rx as u64,
+            next: null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = null_mut();
+        // SAFETY: the context's ops table; the QP, a receive slot of registered memory no one
+        // else reads or writes until its completion, and a WR valid for the call.
+        let e = unsafe {
+            match (*self.ctx).ops.post_recv {
+                Some(f) => f(self.qp, &mut wr, &mut bad),
+                None => libc::EOPNOTSUPP,
+            }
+        };
+        if e != 0 { Err(e) } else { Ok(()) }
+    }
+
+    /// Posts a SEND of `len` bytes at `addr`; with `imm`, a SEND with immediate data; with
+    /// `to` (address, key), an RDMA WRITE there.
+    fn post_send(
+        &mut self,
+        wr_id: u64,
+        addr: *mut u8,
+        len: usize,
+        imm: Option<u32>,
+        to: Option<(u64, u32)>,
+    ) -> Result<(), c_int> {
+        let mut sge = v::ibv_sge {
+            addr: addr as u64,
+            length: len as u32,
+            // SAFETY: the registered MR.
+            lkey: unsafe { (*self.mr).lkey },
+        };
+        let mut wr = v::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: i32::from(len > 0),
+            opcode: v::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: v::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        if let Some(imm) = imm {
+            wr.opcode = v::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+            wr.__bindgen_anon_1.imm_data = imm;
+        }
+        if let Some((remote_addr, rkey)) = to {
+            wr.opcode = v::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            wr.wr.rdma = v::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        }
+        let mut bad = null_mut();
+        // SAFETY: the context's ops table; the QP, a send slot nothing writes until the send
+        // completes, and a WR valid for the call.
+        let e = unsafe {
+            match (*self.ctx).ops.post_send {
+                Some(f) => f(self.qp, &mut wr, &mut bad),
+                None => libc::EOPNOTSUPP,
+            }
+        };
+        if e != 0 { Err(e) } else { Ok(()) }
+    }
+
+    /// Takes the completions waiting: read messages queue, sent slots come free.
+    pub(super) fn progress(&mut self) {
+        let mut wc = [v::ibv_wc::default(); 16];
+        loop {
+            // SAFETY: the context's ops table, the connection's CQ and room for 16.
+            let n = unsafe {
+                match (*self.ctx).ops.poll_cq {
+                    Some(f) => f(self.cq, wc.len() as c_int, wc.as_mut_ptr()),
+                    None => -1,
+                }
+            };
+            if n <= 0 {
+                if n < 0 {
+                    self.down = true;
+                    self.broken = true;
+                }
+                return;
+            }
+            for w in &wc[..n as usize] {
+                self.complete(w);
+            }
+        }
+    }
+
+    fn complete(&mut self, w: &v::ibv_wc) {
+        let ok = w.is_valid();
+        if w.wr_id() & RX_TAG != 0 {
+            let slot = (w.wr_id() & 0xffff) as usize;
+            if !ok {
+                self.down = true;
+            } else if let Some(kind) = w.imm_data() {
+                self.control(kind, slot, w.len().min(SLOT));
+                if self.post_recv(slot).is_err() {
+                    self.down = true;
+                }
+            } else if w.len() == 0 {
+                self.peer_fin = true;
+            } else {
+                let len = w.len().min(SLOT);
+                self.rx.push_back(Rx { slot, len, off: 0 });
+            }
+            return;
+        }
+        if w.wr_id() == FIN_ID {
+            self.fin_pending = false;
+        } else {
+            self.free_tx.push((w.wr_id() & 0xffff) as usize);
+            // What it carried may not have arrived.
+            self.broken |= !ok;
+        }
+        self.down |= !ok;
+    }
+
+    /// Arms the CQ: the next completion makes [`Conn::fd`] readable.
+    pub(super) fn arm(&mut self) {
+        // SAFETY: the context's ops table and the connection's CQ.
+        unsafe {
+            if let Some(f) = (*self.ctx).ops.req_notify_cq {
+                f(self.cq, 0);
+            }
+        }
+    }
+
+    /// Takes (and acks) the completion events that came.
+    pub(super) fn take_events(&mut self) {
+        let mut cq = null_mut();
+        let mut cq_ctx = null_mut();
+        // SAFETY: the connection's channel (non-blocking) and out-pointers for the call; each
+        // event taken is acked on the CQ it names, the connection's.
+        while unsafe { v::ibv_get_cq_event(self.ch, &mut cq, &mut cq_ctx) } == 0 {
+            // SAFETY: as above.
+            unsafe { v::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+
+    /// Whether a read would not wait: data, the end of the stream, or a connection gone.
+    pub(super) fn readable(&self) -> bool {
+        !self.rx.is_empty() || self.peer_fin || self.down
+    }
+
+    /// Whether received data waits to be read.
+    pub(super) fn pending(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    /// Whether a send slot is free.
+    pub(super) fn writable(&self) -> bool {
+        !self.free_tx.is_empty()
+    }
+
+    /// Whether everything posted has completed.
+    pub(super) fn idle(&self) -> bool {
+        self.free_tx.len() == TX && !self.fin_pending
+    }
+
+    /// Copies from `data` into free send slots and sends them (or, with `to`, writes them to
+    /// the peer's mapping at that offset, which must hold all of `data`): the bytes taken.
+    pub(super) fn send(&mut self, data: &[u8], to: Option<u64>) -> Result<usize, c_int> {
+        let mut n = 0;
+        while n < data.len() {
+            let remote = match to {
+                None => None,
+                Some(o) => {
+                    let m = self
+                        .peer_maps
+                        .iter()
+                        .find(|m| m.holds(o, data.len() as u64));
+                    let m = m.ok_or(libc::EINVAL)?;
+                    Some((m.addr + (o - m.offset) + n as u64, m.rkey))
+                }
+            };
+            let Some(slot) = self.free_tx.pop() else {
+                break;
+            };
+            let k = (data.len() - n).min(SLOT);
+            let at = self.slot(slot);
+            // SAFETY: a free send slot (no WR reads it) of SLOT >= k bytes, apart from `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data[n..].as_ptr(), at, k) };
+            if let Err(e) = self.post_send(slot as u64, at, k, None, remote) {
+                self.free_tx.push(slot);
+                return if n > 0 { Ok(n) } else { Err(e) };
+            }
+            n += k;
+        }
+        Ok(n)
+    }
+
+    /// Sends the end of the stream (once).
+    pub(super) fn send_fin(&mut self) -> Result<(), c_int> {
+        if self.fin_sent {
+            return Ok(());
+        }
+        self.post_send(FIN_ID, null_mut(), 0, None, None)?;
+        self.fin_sent = true;
+        self.fin_pending = true;
+        Ok(())
+    }
+
+    /// Sends a control message (`kind`, the immediate data, and `body`) from a free slot:
+    /// `EAGAIN` when none is free.
+    pub(super) fn send_control(&mut self, kind: u32, body: &[u8]) -> Result<(), c_int> {
+        let slot = self.free_tx.pop().ok_or(libc::EAGAIN)?;
+        let at = self.slot(slot);
+        // SAFETY: a free send slot (no WR reads it), longer than any control message.
+        unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), at, body.len()) };
+        let sent = self.post_send(slot as u64, at, body.len(), Some(kind), None);
+        if sent.is_err() {
+            self.free_tx.push(slot);
+        }
+        sent
+    }
+
+    /// A control message from the peer, in receive slot `slot`.
+    fn control(&mut self, kind: u32, slot: usize, len: usize) {
+        let mut body = [0u8; 28];
+        let n = len.min(body.len());
+        // SAFETY: a completed receive slot, read before it is posted again.
+        unsafe { std::ptr::copy_nonoverlapping(self.slot(TX + slot), body.as_mut_ptr(), n) };
+        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+        let offset = u64_at(0);
+        self.peer_maps.retain(|m| m.offset != offset);
+        if kind == MAP && n == body.len() && self.peer_maps.len() < PEER_MAPS {
+            self.peer_maps.push(Map {
+                offset,
+                addr: u64_at(8),
+                len: u64_at(16),
+                mr: null_mut(),
+                rkey: u32::from_le_bytes(body[24..28].try_into().expect("4 bytes")),
+            });
+        }
+    }
+
+    /// Registers `len` bytes at `buf` for the peer to write (the map message is then to be
+    /// sent with [`Conn::map_message`]).
+    pub(super) fn register(&mut self, buf: *mut u8, len: usize) -> Result<*mut v::ibv_mr, c_int> {
+        let access = v::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | v::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        // SAFETY: the connection's PD; the caller's buffer, which its riomap contract gives
+        // to the peer to write until riounmap.
+        let mr = unsafe { v::ibv_reg_mr((*self.id).pd, buf.cast(), len, access as c_int) };
+        if mr.is_null() {
+            Err(crate::errno())
+        } else {
+            Ok(mr)
+        }
+    }
+
+    /// The map message of `m`.
+    pub(super) fn map_message(m: &Map) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        b[..8].copy_from_slice(&m.offset.to_le_bytes());
+        b[8..16].copy_from_slice(&m.addr.to_le_bytes());
+        b[16..24].copy_from_slice(&m.len.to_le_bytes());
+        // SAFETY: a registered MR.
+        b[24..].copy_from_slice(&unsafe { (*m.mr).rkey }.to_le_bytes());
+        b
+    }
+
+    /// Whether the peer's mappings hold `len` bytes at `offset`.
+    pub(super) fn peer_holds(&self, offset: u64, len: u64) -> bool {
+        self.peer_maps.iter().any(|m| m.holds(offset, len))
+    }
+
+    /// Copies what was received into `out`, past the first `skip` bytes; consumed unless
+    /// `peek` (a slot read to its end is posted again). The bytes copied.
+    pub(super) fn recv(&mut self, out: &mut [u8], skip: usize, peek: bool) -> usize {
+        let (mut n, mut skip) = (0, skip);
+        let mut i = 0;
+        while n < out.len() && i < self.rx.len() {
+            let (slot, len, off) = (self.rx[i].slot, self.rx[i].len, self.rx[i].off);
+            let avail = len - off;
+            if skip >= avail {
+                skip -= avail;
+                i += 1;
+                continue;
+            }
+            let from = off + skip;
+            skip = 0;
+            let k = (len - from).min(out.len() - n);
+            // SAFETY: a completed receive slot: the NIC writes it only once it is posted
+            // again, after this read; `out` is the caller's, apart from the slots.
+            unsafe {
+                let src = self.slot(TX + slot).add(from);
+                std::ptr::copy_nonoverlapping(src, out[n..].as_mut_ptr(), k);
+            }
+            n += k;
+            if peek {
+                i += 1;
+                continue;
+            }
+            self.rx[i].off = from + k;
+            if from + k == len {
+                self.rx.pop_front();
+                if self.post_recv(slot).is_err() {
+                    self.down = true;
+                }
+            }
+        }
+        n
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // SAFETY: the objects this connection made (null when not made), no longer used: the
+        // QP goes first (through the CM, which made it), then what it used.
+        unsafe {
+            if !self.qp.is_null() {
+                crate::qp::rdma_destroy_qp(self.id);
+            }
+            if !self.mr.is_null() {
+                v::ibv_dereg_mr(self.mr);
+            }
+            for m in &self.maps {
+                if !m.mr.is_null() {
+                    v::ibv_dereg_mr(m.mr);
+                }
+            }
+            if !self.buf.is_null() {
+                dealloc(self.buf, layout());
+            }
+            if !self.cq.is_null() {
+                v::ibv_destroy_cq(self.cq);
+            }
+            if !self.ch.is_null() {
+                v::ibv_destroy_comp_channel(self.ch);
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+/* rsockets as a socket program uses them, a listener and a client in one process on the device
+ * at <address> (rsock <address>):
+ * - refused before anything is sent: a datagram socket (ENOSYS: not served), a number that is
+ *   no rsocket (EBADF), an option no rsocket has (ENOPROTOOPT);
+ * - a blocking connect to a port nobody listens on fails with ECONNREFUSED;
+ * - a non-blocking accept with nothing waiting fails with EAGAIN; a non-blocking connect says
+ *   EINPROGRESS, then rpoll reports the request (listener) and the connection (POLLOUT), and
+ *   SO_ERROR is 0; the names of both ends agree;
+ * - nothing to read: EAGAIN, and rpoll times out with 0;
+ * - non-blocking sends take until the peer's slots are full (EAGAIN), and all of it is read
+ *   back in order, unchanged;
+ * - MSG_PEEK leaves data unread; rwritev/rreadv gather and scatter; rselect sees a readable
+ *   rsocket;
+ * - riomap: the peer's riowrites land in the mapped buffer, unchanged, before a message sent
+ *   after them; a write past the mapping, a mapping with flags, an unmapped buffer and a
+ *   write after riounmap fail with EINVAL;
+ * - rshutdown(SHUT_WR): the peer reads what was sent, then 0; it can still send back; a send
+ *   after it fails with EPIPE (no SIGPIPE);
+ * - the peer's last data and rclose: no POLLHUP until that data is read, then POLLHUP and the
+ *   end of the stream.
+ * Prints "ok" and exits 0 on success; says what went wrong otherwise. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <rdma/rsocket.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <sys/uio.h>
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            printf("line %d: %s (errno %d: %s)\n", __LINE__, #cond, errno,            \
+                   strerror(errno));                                                  \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static struct sockaddr_in at(const char *addr, int port) {
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    inet_pton(AF_INET, addr, &a.sin_addr);
+    return a;
+}
+
+/* Waits (rpoll, 10 s at most) until `fd` reports one of `events`. */
+static short wait_for(int fd, short events) {
+    struct pollfd p = {.fd = fd, .events = events};
+    CHECK(rpoll(&p, 1, 10000) == 1);
+    return p.revents;
+}
+
+/* Reads exactly `len` bytes (blocking socket). */
+static void read_all(int fd, unsigned char *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = rrecv(fd, buf + got, len - got, 0);
+        CHECK(n > 0);
+        got += n;
+    }
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2);
+    const char *addr = argv[1];
+    int one = 1;
+
+    CHECK(rsocket(AF_INET, SOCK_DGRAM, 0) == -1 && errno == ENOSYS);
+    CHECK(rclose(12345) == -1 && errno == EBADF);
+    CHECK(rsend(0, "x", 1, 0) == -1 && errno == EBADF);
+
+    int c = rsocket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0);
+    struct sockaddr_in none = at(addr, 7390);
+    CHECK(rconnect(c, (struct sockaddr *)&none, sizeof none) == -1 && errno == ECONNREFUSED);
+    CHECK(rclose(c) == 0);
+
+    int l = rsocket(AF_INET, SOCK_STREAM, 0);
+    CHECK(l >= 0);
+    CHECK(rsetsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+    CHECK(rsetsockopt(l, SOL_SOCKET, SO_BROADCAST, &one, sizeof one) == -1 &&
+          errno == ENOPROTOOPT);
+    struct sockaddr_in la = at(addr, 7391);
+    CHECK(rbind(l, (struct sockaddr *)&la, sizeof la) == 0);
+    CHECK(rlisten(l, 4) == 0);
+    CHECK(rfcntl(l, F_SETFL, O_NONBLOCK) == 0);
+    CHECK(raccept(l, NULL, NULL) == -1 && errno == EAGAIN);
+
+    c = rsocket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0);
+    CHECK(rfcntl(c, F_SETFL, O_NONBLOCK) == 0);
+    CHECK(rfcntl(c, F_GETFL) & O_NONBLOCK);
+    CHECK(rconnect(c, (struct sockaddr *)&la, sizeof la) == -1 && errno == EINPROGRESS);
+    /* The client's connect goes on as rpoll looks at it. */
+    for (int i = 0;; i++) {
+        struct pollfd p[2] = {{.fd = l, .events = POLLIN}, {.fd = c, .events = POLLOUT}};
+        CHECK(i < 100 && rpoll(p, 2, 100) >= 0);
+        if (p[0].revents & POLLIN)
+            break;
+    }
+    struct sockaddr_in peer;
+    socklen_t plen = sizeof peer;
+    int a = raccept(l, (struct sockaddr *)&peer, &plen);
+    CHECK(a >= 0 && plen == sizeof peer);
+    CHECK(wait_for(c, POLLOUT) == POLLOUT);
+    int err = -1;
+    socklen_t elen = sizeof err;
+    CHECK(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err == 0);
+    struct sockaddr_in cname, cpeer;
+    socklen_t n1 = sizeof cname, n2 = sizeof cpeer;
+    CHECK(rgetsockname(c, (struct sockaddr *)&cname, &n1) == 0);
+    CHECK(rgetpeername(c, (struct sockaddr *)&cpeer, &n2) == 0);
+    CHECK(cpeer.sin_port == la.sin_port && cpeer.sin_addr.s_addr == la.sin_addr.s_addr);
+    CHECK(cname.sin_port != 0 && cname.sin_port == peer.sin_port);
+
+    unsigned char buf[1 << 16];
+    CHECK(rrecv(a, buf, sizeof buf, MSG_DONTWAIT) == -1 && errno == EAGAIN);
+    struct pollfd q = {.fd = a, .events = POLLIN};
+    CHECK(rpoll(&q, 1, 50) == 0);
+
+    /* Non-blocking sends until the peer's slots are full. */
+    static unsigned char pattern[1 << 16];
+    for (size_t i = 0; i < sizeof pattern; i++)
+        pattern[i] = (unsigned char)(i * 7 + i / 256);
+    size_t sent = 0;
+    for (int i = 0;; i++) {
+        CHECK(i < 100000);
+        ssize_t n = rsend(c, pattern + sent % sizeof pattern,
+                          sizeof pattern - sent % sizeof pattern, 0);
+        if (n < 0) {
+            CHECK(errno == EAGAIN);
+            if (sent >= 4 * sizeof pattern)
+                break;
+            continue;
+        }
+        sent += n;
+    }
+    CHECK(sent < (64u << 20));
+    for (size_t got = 0; got < sent;) {
+        size_t want = sizeof pattern - got % sizeof pattern;
+        if (want > sent - got)
+            want = sent - got;
+        read_all(a, buf, want);
+        CHECK(memcmp(buf, pattern + got % sizeof pattern, want) == 0);
+        got += want;
+    }
+
+    CHECK(rsend(c, "hello", 5, 0) == 5);
+    CHECK(rrecv(a, buf, 3, MSG_PEEK) == 3 && memcmp(buf, "hel", 3) == 0);
+    CHECK(rrecv(a, buf, 5, MSG_WAITALL) == 5 && memcmp(buf, "hello", 5) == 0);
+
+    struct iovec out[3] = {{"ab", 2}, {"cde", 3}, {"f", 1}};
+    CHECK(rwritev(c, out, 3) == 6);
+    char x[4], y[2];
+    struct iovec in[2] = {{x, 4}, {y, 2}};
+    CHECK(wait_for(a, POLLIN) == POLLIN);
+    CHECK(rreadv(a, in, 2) == 6 && memcmp(x, "abcd", 4) == 0 && memcmp(y, "ef", 2) == 0);
+
+    static unsigned char mapped[3 << 16];
+    CHECK(riomap(a, mapped, sizeof mapped, PROT_WRITE, 1, 0) == -1 && errno == EINVAL);
+    CHECK(riomap(a, mapped, sizeof mapped, PROT_WRITE, 0, -1) == 0);
+    CHECK(rsend(a, "m", 1, 0) == 1);
+    CHECK(wait_for(c, POLLIN) & POLLIN);
+    CHECK(rrecv(c, buf, 1, 0) == 1 && buf[0] == 'm');
+    CHECK(riowrite(c, pattern, 10, sizeof mapped - 5, 0) == (size_t)-1 && errno == EINVAL);
+    for (size_t w = 0; w < sizeof mapped;) {
+        size_t at = w % sizeof pattern;
+        size_t n = riowrite(c, pattern + at, sizeof pattern - at, w, 0);
+        if (n == (size_t)-1) {
+            CHECK(errno == EAGAIN);
+            continue;
+        }
+        w += n;
+    }
+    while (rsend(c, "d", 1, 0) != 1)
+        CHECK(errno == EAGAIN);
+    CHECK(rrecv(a, buf, 1, 0) == 1 && buf[0] == 'd');
+    for (size_t i = 0; i < sizeof mapped; i += sizeof pattern)
+        CHECK(memcmp(mapped + i, pattern, sizeof pattern) == 0);
+    CHECK(riounmap(a, mapped, sizeof mapped) == 0);
+    CHECK(riounmap(a, mapped, sizeof mapped) == -1 && errno == EINVAL);
+    CHECK(rsend(a, "u", 1, 0) == 1);
+    CHECK(wait_for(c, POLLIN) & POLLIN);
+    CHECK(rrecv(c, buf, 1, 0) == 1 && buf[0] == 'u');
+    CHECK(riowrite(c, "x", 1, 0, 0) == (size_t)-1 && errno == EINVAL);
+
+    CHECK(rsend(c, "z", 1, 0) == 1);
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(a, &rd);
+    struct timeval tv = {.tv_sec = 10};
+    CHECK(rselect(a + 1, &rd, NULL, NULL, &tv) == 1 && FD_ISSET(a, &rd));
+
+    CHECK(rshutdown(c, SHUT_WR) == 0);
+    CHECK(rrecv(a, buf, sizeof buf, 0) == 1 && buf[0] == 'z');
+    CHECK(rrecv(a, buf, sizeof buf, 0) == 0);
+    CHECK(rsend(a, "back", 4, 0) == 4);
+    CHECK(wait_for(c, POLLIN) & POLLIN);
+    CHECK(rrecv(c, buf, sizeof buf, 0) == 4 && memcmp(buf, "back", 4) == 0);
+    CHECK(rsend(c, "late", 4, 0) == -1 && errno == EPIPE);
+
+    /* The peer's last data, then its close: no POLLHUP while that data is unread (a reader
+     * that stops at POLLHUP, as rstream's, would lose it), then POLLHUP and the end. */
+    CHECK(rsend(a, "bye", 3, 0) == 3);
+    CHECK(rclose(a) == 0);
+    for (int i = 0; i < 20; i++)
+        CHECK(!(wait_for(c, POLLIN) & POLLHUP));
+    CHECK(rfcntl(c, F_SETFL, 0) == 0);
+    CHECK(rrecv(c, buf, sizeof buf, 0) == 3 && memcmp(buf, "bye", 3) == 0);
+    for (int i = 0; !(wait_for(c, POLLIN) & POLLHUP); i++)
+        CHECK(i < 1000);
+    CHECK(rrecv(c, buf, sizeof buf, 0) == 0);
+    CHECK(rclose(c) == 0);
+    CHECK(rclose(l) == 0);
+    printf("ok\n");
+    return 0;
+}
