@@ -38,10 +38,10 @@
 //! it joins to send only), and `MULTICAST_JOIN` says where to send.
 //!
 //! rsockets, the socket API over RDMA (`rsocket`, `rconnect`, `rsend`, `rpoll`, `riomap`,
-//! ...): stream sockets over RC between two ends on softnic (rdmacm-utils' `rstream`,
-//! `riostream`, `rcopy`); see the `rsocket` module.
+//! ...): stream sockets over RC and datagram sockets over UD between ends on softnic
+//! (rdmacm-utils' `rstream`, `riostream`, `rcopy`, `udpong`); see the `rsocket` module.
 //!
-//! What it does not: datagram rsockets (`SOCK_DGRAM`: `ENOSYS`), ECE (`EOPNOTSUPP`),
+//! What it does not: ECE (`EOPNOTSUPP`),
 //! `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, QPs other than RC on `RDMA_PS_IB` ids
 //! (`EINVAL`; `rdma_create_ep` of such an address: `EPROTONOSUPPORT`), `RDMA_PS_IPOIB`
 //! (`EPROTONOSUPPORT`: on RoCE the kernel's CM cannot give it the IPoIB

@@ -434,6 +434,29 @@ fn riostream_writes_verified_data_to_a_mapped_buffer() {
     }
 }
 
+/// Starts `server` (which serves until killed) on a device at `addrs[0]`, then `client` at
+/// `addrs[1]` (again while it is refused: the server may not listen yet), and kills the
+/// server once the client is done: whether the client succeeded, and what both said.
+fn serving(
+    lib: &Path,
+    server: &[&str],
+    client: &[&str],
+    addrs: [&str; 2],
+) -> (bool, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut s = start(lib, addrs[0], server);
+    let (ok, text) = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let (ok, text) = finish(start(lib, addrs[1], client), deadline);
+        if ok || !text.contains("refused") || Instant::now() > deadline {
+            break (ok, text);
+        }
+    };
+    let _ = s.kill();
+    let (_, s_text) = finish(s, deadline);
+    (ok, text, s_text)
+}
+
 /// rdmacm-utils' `rcopy` copies a file over rsockets (its server serves until killed): the
 /// copy is the file, byte for byte.
 #[test]
@@ -449,19 +472,10 @@ fn rcopy_copies_a_file() {
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
     std::fs::write(&src, &data).expect("writing the source");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut server = start(&lib, "127.0.26.47", &["rcopy", "-p", "7429"]);
     let target = format!("127.0.26.47:{}", dst.display());
-    let (ok, text) = loop {
-        std::thread::sleep(Duration::from_millis(300));
-        let client = ["rcopy", src.to_str().unwrap(), &target, "-p", "7429"];
-        let (ok, text) = finish(start(&lib, "127.0.26.48", &client), deadline);
-        if ok || !text.contains("refused") || Instant::now() > deadline {
-            break (ok, text);
-        }
-    };
-    let _ = server.kill();
-    let (_, s_text) = finish(server, deadline);
+    let client = ["rcopy", src.to_str().unwrap(), &target, "-p", "7429"];
+    let addrs = ["127.0.26.47", "127.0.26.48"];
+    let (ok, text, s_text) = serving(&lib, &["rcopy", "-p", "7429"], &client, addrs);
     let copy = std::fs::read(&dst).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&lib);
     assert!(ok, "client: {text}\nserver: {s_text}");
@@ -471,6 +485,41 @@ fn rcopy_copies_a_file() {
         copy.len(),
         data.len()
     );
+}
+
+/// rdmacm-utils' `udpong` over datagram rsockets (UD; its server serves until killed): a
+/// ping-pong that sends again what a millisecond brings no answer to, then a stream of
+/// datagrams the server counts, non-blocking and blocking.
+#[test]
+fn udpong_sends_datagrams() {
+    if !installed("udpong") {
+        eprintln!("skipped: udpong is not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let lib = library_dir();
+    for (args, addrs) in [
+        (
+            ["-C", "500", "-S", "1000", "-T", "e"],
+            ["127.0.26.53", "127.0.26.54"],
+        ),
+        (
+            ["-C", "2000", "-S", "1400", "-T", "b"],
+            ["127.0.26.55", "127.0.26.56"],
+        ),
+    ] {
+        let server = ["udpong", "-b", addrs[0]];
+        let client: Vec<&str> = ["udpong", "-s", addrs[0]]
+            .iter()
+            .chain(&args)
+            .copied()
+            .collect();
+        let (ok, text, s_text) = serving(&lib, &server, &client, addrs);
+        assert!(
+            ok && text.lines().any(|l| l.starts_with("custom")),
+            "client: {text}\nserver: {s_text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&lib);
 }
 
 /// What a socket program expects of rsockets, from refusals to the end of a stream

@@ -1,11 +1,11 @@
 //! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
 //! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
-//! mckey, and rstream/riostream over rsockets; perftest's `-R`; libfabric's verbs provider,
-//! alone and under `ofi_rxm`, through `fi_pingpong` of `libfabric-bin`) on softnic's drop-in
-//! librdmacm and connection manager, through `softnic-run`: a server and a client process, each
-//! its own softnic device, talking RoCEv2 (CM MADs on QP1, then the data) over loopback
-//! addresses. RC runs again under 1% loss on both devices (the CM sends lost MADs again, RC
-//! retransmits); UD (udaddy) runs without loss, as a datagram lost is lost.
+//! mckey, and rstream/riostream/udpong over rsockets; perftest's `-R`; libfabric's verbs
+//! provider, alone and under `ofi_rxm`, through `fi_pingpong` of `libfabric-bin`) on softnic's
+//! drop-in librdmacm and connection manager, through `softnic-run`: a server and a client
+//! process, each its own softnic device, talking RoCEv2 (CM MADs on QP1, then the data) over
+//! loopback addresses. RC runs again under 1% loss on both devices (the CM sends lost MADs
+//! again, RC retransmits); UD (udaddy, udpong) runs without loss, as a datagram lost is lost.
 //!
 //! A client that came before its server listened is rejected (REJ "invalid service ID") and
 //! is started again. libfabric's verbs provider looks for the device among the host's
@@ -105,6 +105,14 @@ const RIOSTREAM: Run = run(
     "-s {S} -S 100000 -C 20 -I 5 -T v",
     "custom",
 );
+/// Datagram rsockets (UD): a ping-pong that sends again what a millisecond brings no answer
+/// to (the server serves until stopped). Not under loss: udpong takes a late answer for the
+/// answer to its next message, sends that message's number from then on and never matches
+/// again (its own flaw; a loss makes late answers likelier on 2 cores).
+const UDPONG: Run = Run {
+    stays: true,
+    ..run("udpong", "-b {S}", "-s {S} -C 500 -S 1000 -T e", "custom")
+};
 
 /// The matrix.
 const RUNS: &[Run] = &[
@@ -174,6 +182,12 @@ const RUNS: &[Run] = &[
         "custom",
     ),
     RIOSTREAM,
+    UDPONG,
+    // Datagrams the server counts, blocking calls.
+    Run {
+        stays: true,
+        ..run("udpong", "-b {S}", "-s {S} -C 2000 -S 1400 -T b", "custom")
+    },
     lossy(RPING),
     lossy(UCMATOSE),
     lossy(RDMA_SERVER),

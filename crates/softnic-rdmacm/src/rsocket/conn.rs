@@ -12,13 +12,13 @@
 //! in a SEND with immediate data ([`MAP`]; [`UNMAP`] takes it back). The peer's `riowrite` to
 //! an offset it holds is an RDMA WRITE from one of its send slots.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::ptr::null_mut;
 
 use ibverbs_sys as v;
 
+use super::slots::{Slots, Wc};
 use crate::types::rdma_cm_id;
 
 /// Bytes one message carries at most.
@@ -73,15 +73,11 @@ struct Rx {
     off: usize,
 }
 
-/// The verbs objects and slots of one connection.
+/// The verbs objects and slots of one connection (send slots first, then receive slots).
 pub(super) struct Conn {
     id: *mut rdma_cm_id,
-    ctx: *mut v::ibv_context,
-    ch: *mut v::ibv_comp_channel,
-    cq: *mut v::ibv_cq,
     qp: *mut v::ibv_qp,
-    mr: *mut v::ibv_mr,
-    buf: *mut u8,
+    s: Slots,
     free_tx: Vec<usize>,
     rx: VecDeque<Rx>,
     /// The peer ended its stream (an empty SEND arrived).
@@ -99,10 +95,6 @@ pub(super) struct Conn {
     peer_maps: Vec<Map>,
 }
 
-fn layout() -> Layout {
-    Layout::from_size_align((TX + RX) * SLOT, 4096).expect("a valid layout")
-}
-
 impl Conn {
     /// Creates the CQ, QP and slots on `id` (which has its device) and posts the receives.
     pub(super) fn new(id: *mut rdma_cm_id) -> Result<Box<Conn>, c_int> {
@@ -111,14 +103,14 @@ impl Conn {
         if ctx.is_null() {
             return Err(libc::EINVAL);
         }
+        let pd = crate::lib()?.default_pd(ctx);
+        if pd.is_null() {
+            return Err(libc::ENOMEM);
+        }
         let mut c = Box::new(Conn {
             id,
-            ctx,
-            ch: null_mut(),
-            cq: null_mut(),
             qp: null_mut(),
-            mr: null_mut(),
-            buf: null_mut(),
+            s: Slots::new(ctx, pd, SLOT, TX + RX, TX + RX + 1)?,
             free_tx: (0..TX).rev().collect(),
             rx: VecDeque::with_capacity(RX),
             peer_fin: false,
@@ -129,31 +121,9 @@ impl Conn {
             maps: Vec::new(),
             peer_maps: Vec::new(),
         });
-        c.build()?;
-        Ok(c)
-    }
-
-    fn build(&mut self) -> Result<(), c_int> {
-        // SAFETY: the id's live device context.
-        self.ch = unsafe { v::ibv_create_comp_channel(self.ctx) };
-        if self.ch.is_null() {
-            return Err(libc::ENOMEM);
-        }
-        // SAFETY: the channel's descriptor, open; waits poll it, so reads must not block.
-        unsafe {
-            let fd = (*self.ch).fd;
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
-        let depth = (TX + RX + 1) as c_int;
-        // SAFETY: the device context and the channel just made.
-        self.cq = unsafe { v::ibv_create_cq(self.ctx, depth, null_mut(), self.ch, 0) };
-        if self.cq.is_null() {
-            return Err(libc::ENOMEM);
-        }
         let mut attr = v::ibv_qp_init_attr {
-            send_cq: self.cq,
-            recv_cq: self.cq,
+            send_cq: c.s.cq,
+            recv_cq: c.s.cq,
             cap: v::ibv_qp_cap {
                 max_send_wr: TX as u32 + 1,
                 max_recv_wr: RX as u32,
@@ -165,85 +135,41 @@ impl Conn {
             sq_sig_all: 1,
             ..Default::default()
         };
-        // SAFETY: a live id without a QP, and valid attributes; the CM moves the QP from now.
-        if unsafe { crate::qp::rdma_create_qp(self.id, null_mut(), &mut attr) } != 0 {
+        // SAFETY: a live id without a QP, its device's PD and valid attributes; the CM moves
+        // the QP from now.
+        if unsafe { crate::qp::rdma_create_qp(id, pd, &mut attr) } != 0 {
             return Err(crate::errno());
         }
-        // SAFETY: the id's QP and PD, just set by `rdma_create_qp`.
-        let pd = unsafe {
-            self.qp = (*self.id).qp;
-            (*self.id).pd
-        };
-        // SAFETY: a non-zero size.
-        self.buf = unsafe { alloc_zeroed(layout()) };
-        if self.buf.is_null() {
-            return Err(libc::ENOMEM);
-        }
-        let access = v::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
-        // SAFETY: the id's PD and memory this connection owns until it deregisters it.
-        self.mr = unsafe { v::ibv_reg_mr(pd, self.buf.cast(), (TX + RX) * SLOT, access) };
-        if self.mr.is_null() {
-            return Err(crate::errno());
-        }
-        (0..RX).try_for_each(|slot| self.post_recv(slot))
+        // SAFETY: the id's QP, just set by `rdma_create_qp`.
+        c.qp = unsafe { (*id).qp };
+        (0..RX).try_for_each(|rx| c.post_recv(rx))?;
+        Ok(c)
     }
 
     /// The descriptor that is readable once a completion event came (after [`Conn::arm`]).
     pub(super) fn fd(&self) -> c_int {
-        // SAFETY: the channel lives as long as the connection.
-        unsafe { (*self.ch).fd }
-    }
-
-    fn slot(&self, slot: usize) -> *mut u8 {
-        // SAFETY: `slot` < TX + RX: inside the buffer.
-        unsafe { self.buf.add(slot * SLOT) }
+        self.s.fd()
     }
 
     fn post_recv(&mut self, rx: usize) -> Result<(), c_int> {
-        let mut sge = v::ibv_sge {
-            addr: self.slot(TX + rx) as u64,
-            length: SLOT as u32,
-            // SAFETY: the registered MR.
-            lkey: unsafe { (*self.mr).lkey },
-        };
-        let mut wr = v::ibv_recv_wr {
-            wr_id: RX_TAG | rx as u64,
-            next: null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = null_mut();
-        // SAFETY: the context's ops table; the QP, a receive slot of registered memory no one
-        // else reads or writes until its completion, and a WR valid for the call.
-        let e = unsafe {
-            match (*self.ctx).ops.post_recv {
-                Some(f) => f(self.qp, &mut wr, &mut bad),
-                None => libc::EOPNOTSUPP,
-            }
-        };
-        if e != 0 { Err(e) } else { Ok(()) }
+        self.s.post_recv(self.qp, TX + rx, RX_TAG | rx as u64)
     }
 
-    /// Posts a SEND of `len` bytes at `addr`; with `imm`, a SEND with immediate data; with
-    /// `to` (address, key), an RDMA WRITE there.
+    /// Posts a SEND of `len` bytes of send slot `slot` (none: an empty SEND); with `imm`, a
+    /// SEND with immediate data; with `to` (address, key), an RDMA WRITE there.
     fn post_send(
         &mut self,
         wr_id: u64,
-        addr: *mut u8,
+        slot: Option<usize>,
         len: usize,
         imm: Option<u32>,
         to: Option<(u64, u32)>,
     ) -> Result<(), c_int> {
-        let mut sge = v::ibv_sge {
-            addr: addr as u64,
-            length: len as u32,
-            // SAFETY: the registered MR.
-            lkey: unsafe { (*self.mr).lkey },
-        };
+        let mut sge = self.s.sge(slot.unwrap_or(0), 0, len);
         let mut wr = v::ibv_send_wr {
             wr_id,
             sg_list: &mut sge,
-            num_sge: i32::from(len > 0),
+            num_sge: i32::from(slot.is_some()),
             opcode: v::ibv_wr_opcode::IBV_WR_SEND,
             send_flags: v::ibv_send_flags::IBV_SEND_SIGNALED.0,
             ..Default::default()
@@ -256,29 +182,14 @@ impl Conn {
             wr.opcode = v::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
             wr.wr.rdma = v::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
         }
-        let mut bad = null_mut();
-        // SAFETY: the context's ops table; the QP, a send slot nothing writes until the send
-        // completes, and a WR valid for the call.
-        let e = unsafe {
-            match (*self.ctx).ops.post_send {
-                Some(f) => f(self.qp, &mut wr, &mut bad),
-                None => libc::EOPNOTSUPP,
-            }
-        };
-        if e != 0 { Err(e) } else { Ok(()) }
+        self.s.post_send(self.qp, &mut wr)
     }
 
     /// Takes the completions waiting: read messages queue, sent slots come free.
     pub(super) fn progress(&mut self) {
-        let mut wc = [v::ibv_wc::default(); 16];
+        let mut wc = [Wc::default(); 16];
         loop {
-            // SAFETY: the context's ops table, the connection's CQ and room for 16.
-            let n = unsafe {
-                match (*self.ctx).ops.poll_cq {
-                    Some(f) => f(self.cq, wc.len() as c_int, wc.as_mut_ptr()),
-                    None => -1,
-                }
-            };
+            let n = self.s.poll(&mut wc);
             if n <= 0 {
                 if n < 0 {
                     self.down = true;
@@ -292,29 +203,29 @@ impl Conn {
         }
     }
 
-    fn complete(&mut self, w: &v::ibv_wc) {
-        let ok = w.is_valid();
-        if w.wr_id() & RX_TAG != 0 {
-            let slot = (w.wr_id() & 0xffff) as usize;
+    fn complete(&mut self, w: &Wc) {
+        let ok = w.status == 0;
+        let len = (w.byte_len as usize).min(SLOT);
+        if w.wr_id & RX_TAG != 0 {
+            let slot = (w.wr_id & 0xffff) as usize;
             if !ok {
                 self.down = true;
-            } else if let Some(kind) = w.imm_data() {
-                self.control(kind, slot, w.len().min(SLOT));
+            } else if let Some(kind) = w.imm() {
+                self.control(kind, slot, len);
                 if self.post_recv(slot).is_err() {
                     self.down = true;
                 }
-            } else if w.len() == 0 {
+            } else if len == 0 {
                 self.peer_fin = true;
             } else {
-                let len = w.len().min(SLOT);
                 self.rx.push_back(Rx { slot, len, off: 0 });
             }
             return;
         }
-        if w.wr_id() == FIN_ID {
+        if w.wr_id == FIN_ID {
             self.fin_pending = false;
         } else {
-            self.free_tx.push((w.wr_id() & 0xffff) as usize);
+            self.free_tx.push((w.wr_id & 0xffff) as usize);
             // What it carried may not have arrived.
             self.broken |= !ok;
         }
@@ -323,24 +234,12 @@ impl Conn {
 
     /// Arms the CQ: the next completion makes [`Conn::fd`] readable.
     pub(super) fn arm(&mut self) {
-        // SAFETY: the context's ops table and the connection's CQ.
-        unsafe {
-            if let Some(f) = (*self.ctx).ops.req_notify_cq {
-                f(self.cq, 0);
-            }
-        }
+        self.s.arm();
     }
 
     /// Takes (and acks) the completion events that came.
     pub(super) fn take_events(&mut self) {
-        let mut cq = null_mut();
-        let mut cq_ctx = null_mut();
-        // SAFETY: the connection's channel (non-blocking) and out-pointers for the call; each
-        // event taken is acked on the CQ it names, the connection's.
-        while unsafe { v::ibv_get_cq_event(self.ch, &mut cq, &mut cq_ctx) } == 0 {
-            // SAFETY: as above.
-            unsafe { v::ibv_ack_cq_events(cq, 1) };
-        }
+        self.s.take_events();
     }
 
     /// Whether a read would not wait: data, the end of the stream, or a connection gone.
@@ -383,10 +282,9 @@ impl Conn {
                 break;
             };
             let k = (data.len() - n).min(SLOT);
-            let at = self.slot(slot);
             // SAFETY: a free send slot (no WR reads it) of SLOT >= k bytes, apart from `data`.
-            unsafe { std::ptr::copy_nonoverlapping(data[n..].as_ptr(), at, k) };
-            if let Err(e) = self.post_send(slot as u64, at, k, None, remote) {
+            unsafe { std::ptr::copy_nonoverlapping(data[n..].as_ptr(), self.s.at(slot), k) };
+            if let Err(e) = self.post_send(slot as u64, Some(slot), k, None, remote) {
                 self.free_tx.push(slot);
                 return if n > 0 { Ok(n) } else { Err(e) };
             }
@@ -400,7 +298,7 @@ impl Conn {
         if self.fin_sent {
             return Ok(());
         }
-        self.post_send(FIN_ID, null_mut(), 0, None, None)?;
+        self.post_send(FIN_ID, None, 0, None, None)?;
         self.fin_sent = true;
         self.fin_pending = true;
         Ok(())
@@ -410,10 +308,9 @@ impl Conn {
     /// `EAGAIN` when none is free.
     pub(super) fn send_control(&mut self, kind: u32, body: &[u8]) -> Result<(), c_int> {
         let slot = self.free_tx.pop().ok_or(libc::EAGAIN)?;
-        let at = self.slot(slot);
         // SAFETY: a free send slot (no WR reads it), longer than any control message.
-        unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), at, body.len()) };
-        let sent = self.post_send(slot as u64, at, body.len(), Some(kind), None);
+        unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), self.s.at(slot), body.len()) };
+        let sent = self.post_send(slot as u64, Some(slot), body.len(), Some(kind), None);
         if sent.is_err() {
             self.free_tx.push(slot);
         }
@@ -425,7 +322,7 @@ impl Conn {
         let mut body = [0u8; 28];
         let n = len.min(body.len());
         // SAFETY: a completed receive slot, read before it is posted again.
-        unsafe { std::ptr::copy_nonoverlapping(self.slot(TX + slot), body.as_mut_ptr(), n) };
+        unsafe { std::ptr::copy_nonoverlapping(self.s.at(TX + slot), body.as_mut_ptr(), n) };
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
         let offset = u64_at(0);
         self.peer_maps.retain(|m| m.offset != offset);
@@ -490,7 +387,7 @@ impl Conn {
             // SAFETY: a completed receive slot: the NIC writes it only once it is posted
             // again, after this read; `out` is the caller's, apart from the slots.
             unsafe {
-                let src = self.slot(TX + slot).add(from);
+                let src = self.s.at(TX + slot).add(from);
                 std::ptr::copy_nonoverlapping(src, out[n..].as_mut_ptr(), k);
             }
             n += k;
@@ -512,28 +409,16 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        // SAFETY: the objects this connection made (null when not made), no longer used: the
-        // QP goes first (through the CM, which made it), then what it used.
+        // SAFETY: the QP goes first (through the CM, which made it), then the mappings'
+        // registrations; the slots (CQ, memory) go after this, as a field.
         unsafe {
             if !self.qp.is_null() {
                 crate::qp::rdma_destroy_qp(self.id);
-            }
-            if !self.mr.is_null() {
-                v::ibv_dereg_mr(self.mr);
             }
             for m in &self.maps {
                 if !m.mr.is_null() {
                     v::ibv_dereg_mr(m.mr);
                 }
-            }
-            if !self.buf.is_null() {
-                dealloc(self.buf, layout());
-            }
-            if !self.cq.is_null() {
-                v::ibv_destroy_cq(self.cq);
-            }
-            if !self.ch.is_null() {
-                v::ibv_destroy_comp_channel(self.ch);
             }
         }
     }

@@ -6,9 +6,10 @@
 //! asked for with `MSG_WAITALL`, and 0 at the end of the stream; `MSG_PEEK` leaves it unread.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::addr::{put_sin, v4};
 use super::conn::Conn;
 use super::{Inner, Phase, Sock, get};
 use crate::fail;
@@ -110,16 +111,90 @@ fn send_into(c: &mut Conn, bufs: &[&[u8]], mut at: usize, to: Option<u64>) -> Re
     Ok(at - start)
 }
 
-/// Receives into the buffers of `bufs`, in order.
-fn recv(fd: c_int, bufs: &mut [&mut [u8]], flags: c_int) -> isize {
+/// Sends the bytes of `bufs`: on a datagram socket one datagram, to `to` (else the address
+/// it is connected to), on a stream socket in order (`to` is not looked at).
+fn send_to(fd: c_int, bufs: &[&[u8]], flags: c_int, to: Option<libc::sockaddr_in>) -> isize {
     let s = match get(fd) {
         Ok(s) => s,
         Err(e) => return failed(e),
     };
+    let g = s.lock();
+    if !g.datagram {
+        drop(g);
+        return send(fd, bufs, flags, None);
+    }
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || g.nonblock;
+    let mut g = g;
+    loop {
+        g.progress();
+        if g.phase == Phase::Closed {
+            return failed(libc::EBADF);
+        }
+        let Some(to) = to.or_else(|| g.dgram.as_ref().and_then(|d| d.peer)) else {
+            return failed(libc::EDESTADDRREQ);
+        };
+        match g.bind_datagram(None).and_then(|d| d.send(bufs, &to)) {
+            Ok(n) => return n as isize,
+            Err(libc::EAGAIN) if !dontwait => g = s.block(g, |i| i.revents() & OUT != 0),
+            Err(e) => return failed(e),
+        }
+    }
+}
+
+/// The destination a `sendto` names (`None` for none).
+///
+/// # Safety
+///
+/// `addr` is null or valid for `len` bytes.
+unsafe fn dest(
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> Result<Option<libc::sockaddr_in>, c_int> {
+    match addr.is_null() {
+        true => Ok(None),
+        // SAFETY: the caller's contract.
+        false => unsafe { v4(addr, len) }.map(Some),
+    }
+}
+
+/// Receives into the buffers of `bufs`: the bytes, and the source of a datagram.
+fn recv(fd: c_int, bufs: &mut [&mut [u8]], flags: c_int) -> (isize, Option<libc::sockaddr_in>) {
+    let s = match get(fd) {
+        Ok(s) => s,
+        Err(e) => return (failed(e), None),
+    };
+    let g = s.lock();
+    if !g.datagram {
+        return (recv_stream(&s, g, bufs, flags), None);
+    }
+    let peek = flags & libc::MSG_PEEK != 0;
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || g.nonblock;
+    let mut g = g;
+    loop {
+        g.progress();
+        if g.phase == Phase::Closed {
+            return (failed(libc::EBADF), None);
+        }
+        if let Some((n, from)) = g.dgram.as_mut().and_then(|d| d.recv(bufs, peek)) {
+            return (n as isize, Some(from));
+        }
+        if dontwait {
+            return (failed(libc::EAGAIN), None);
+        }
+        g = s.block(g, |i| i.revents() & IN != 0);
+    }
+}
+
+/// Receives from a stream socket into the buffers of `bufs`, in order.
+fn recv_stream<'a>(
+    s: &'a Sock,
+    mut g: MutexGuard<'a, Inner>,
+    bufs: &mut [&mut [u8]],
+    flags: c_int,
+) -> isize {
     let total: usize = bufs.iter().map(|b| b.len()).sum();
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
-    let mut g = s.lock();
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || g.nonblock;
     let mut done = 0;
     loop {
@@ -194,10 +269,16 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: usize) -> Result<Vec<&'a mut [u
 /// # Safety
 ///
 /// As [`iovecs`].
-unsafe fn send_iov(fd: c_int, iov: *const libc::iovec, n: usize, flags: c_int) -> isize {
+unsafe fn send_iov(
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: usize,
+    flags: c_int,
+    to: Option<libc::sockaddr_in>,
+) -> isize {
     // SAFETY: the caller's contract.
     match unsafe { iovecs(iov, n) } {
-        Ok(v) => send(fd, &v.iter().map(|b| &**b).collect::<Vec<_>>(), flags, None),
+        Ok(v) => send_to(fd, &v.iter().map(|b| &**b).collect::<Vec<_>>(), flags, to),
         Err(e) => failed(e),
     }
 }
@@ -210,7 +291,7 @@ unsafe fn send_iov(fd: c_int, iov: *const libc::iovec, n: usize, flags: c_int) -
 unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, n: usize, flags: c_int) -> isize {
     // SAFETY: the caller's contract.
     match unsafe { iovecs(iov, n) } {
-        Ok(mut v) => recv(fd, &mut v, flags),
+        Ok(mut v) => recv(fd, &mut v, flags).0,
         Err(e) => failed(e),
     }
 }
@@ -220,15 +301,19 @@ export! {
     "RDMACM_1.0" fn rsend(socket: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
         // SAFETY: the caller's buffer of `len` bytes.
         match unsafe { bytes(buf, len) } {
-            Ok(b) => send(socket, &[b], flags, None),
+            Ok(b) => send_to(socket, &[b], flags, None),
             Err(e) => failed(e),
         }
     }
 
-    /// As `rsend` (a connected stream's address is its peer's: `dest` is not looked at).
-    "RDMACM_1.0" fn rsendto(socket: c_int, buf: *const c_void, len: usize, flags: c_int, _dest: *const libc::sockaddr, _dlen: libc::socklen_t) -> isize {
-        // SAFETY: the caller's buffer of `len` bytes.
-        unsafe { rsend(socket, buf, len, flags) }
+    /// As `rsend`; a datagram goes to `to` when given (a stream's to its peer: `to` is not
+    /// looked at).
+    "RDMACM_1.0" fn rsendto(socket: c_int, buf: *const c_void, len: usize, flags: c_int, to: *const libc::sockaddr, tlen: libc::socklen_t) -> isize {
+        // SAFETY: the caller's buffer of `len` bytes, and address of `tlen`.
+        match unsafe { (bytes(buf, len), dest(to, tlen)) } {
+            (Ok(b), Ok(to)) => send_to(socket, &[b], flags, to),
+            (Err(e), _) | (_, Err(e)) => failed(e),
+        }
     }
 
     /// Sends the message's buffers, in order.
@@ -236,8 +321,13 @@ export! {
         if msg.is_null() {
             return failed(libc::EFAULT);
         }
-        // SAFETY: the caller's message and its buffers.
-        unsafe { send_iov(socket, (*msg).msg_iov, (*msg).msg_iovlen, flags) }
+        // SAFETY: the caller's message, its buffers and its address.
+        unsafe {
+            match dest((*msg).msg_name.cast(), (*msg).msg_namelen) {
+                Ok(to) => send_iov(socket, (*msg).msg_iov, (*msg).msg_iovlen, flags, to),
+                Err(e) => failed(e),
+            }
+        }
     }
 
     /// As `rsend` with no flags.
@@ -249,25 +339,34 @@ export! {
     /// Sends the buffers, in order.
     "RDMACM_1.0" fn rwritev(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
         // SAFETY: the caller's buffers.
-        unsafe { send_iov(socket, iov, iovcnt.max(0) as usize, 0) }
+        unsafe { send_iov(socket, iov, iovcnt.max(0) as usize, 0, None) }
     }
 
     /// Receives up to `len` bytes (see the module's doc for what blocks).
     "RDMACM_1.0" fn rrecv(socket: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
         // SAFETY: the caller's buffer of `len` bytes.
         match unsafe { bytes_mut(buf, len) } {
-            Ok(b) => recv(socket, &mut [b], flags),
+            Ok(b) => recv(socket, &mut [b], flags).0,
             Err(e) => failed(e),
         }
     }
 
-    /// As `rrecv`; `src`, when given, gets the peer's address.
+    /// As `rrecv`; `src`, when given, gets the datagram's source (a stream's peer).
     "RDMACM_1.0" fn rrecvfrom(socket: c_int, buf: *mut c_void, len: usize, flags: c_int, src: *mut libc::sockaddr, slen: *mut libc::socklen_t) -> isize {
         // SAFETY: the caller's buffer of `len` bytes.
-        let n = unsafe { rrecv(socket, buf, len, flags) };
+        let (n, from) = match unsafe { bytes_mut(buf, len) } {
+            Ok(b) => recv(socket, &mut [b], flags),
+            Err(e) => return failed(e),
+        };
         if n >= 0 && !src.is_null() {
+            let v6 = get(socket).is_ok_and(|s| s.lock().v6);
             // SAFETY: the caller's address and length.
-            unsafe { super::rgetpeername(socket, src, slen) };
+            unsafe {
+                match from {
+                    Some(from) => put_sin(&from, v6, src, slen),
+                    None => super::calls::rgetpeername(socket, src, slen),
+                }
+            };
         }
         n
     }
@@ -404,7 +503,8 @@ fn poll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
             None => -1,
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
-                left.as_millis().min(c_int::MAX as u128) as c_int
+                // Rounded up: a wait cut to 0 ms would end before its time.
+                left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
             }
         };
         // SAFETY: `os` is valid for its length.

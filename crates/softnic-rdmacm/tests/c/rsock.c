@@ -1,7 +1,7 @@
 /* rsockets as a socket program uses them, a listener and a client in one process on the device
  * at <address> (rsock <address>):
- * - refused before anything is sent: a datagram socket (ENOSYS: not served), a number that is
- *   no rsocket (EBADF), an option no rsocket has (ENOPROTOOPT);
+ * - refused before anything is sent: a number that is no rsocket (EBADF), an option no
+ *   rsocket has (ENOPROTOOPT);
  * - a blocking connect to a port nobody listens on fails with ECONNREFUSED;
  * - a non-blocking accept with nothing waiting fails with EAGAIN; a non-blocking connect says
  *   EINPROGRESS, then rpoll reports the request (listener) and the connection (POLLOUT), and
@@ -17,7 +17,12 @@
  * - rshutdown(SHUT_WR): the peer reads what was sent, then 0; it can still send back; a send
  *   after it fails with EPIPE (no SIGPIPE);
  * - the peer's last data and rclose: no POLLHUP until that data is read, then POLLHUP and the
- *   end of the stream.
+ *   end of the stream;
+ * - datagrams (SOCK_DGRAM) between two sockets of this thread: a send before connect fails
+ *   with EDESTADDRREQ, one longer than a datagram (4048 bytes) with EMSGSIZE, a listen with
+ *   EOPNOTSUPP; the longest datagram arrives whole; a datagram arrives whole once (a shorter
+ *   read truncates it) from the sender's address, and the reply to that address arrives; a send
+ *   to a port nobody serves fails with ECONNREFUSED.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -67,12 +72,48 @@ static void read_all(int fd, unsigned char *buf, size_t len) {
     }
 }
 
+static void datagrams(const char *addr) {
+    unsigned char buf[64];
+    int s = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(s >= 0);
+    struct sockaddr_in sa = at(addr, 7393);
+    CHECK(rbind(s, (struct sockaddr *)&sa, sizeof sa) == 0);
+    int c = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(c >= 0);
+    CHECK(rlisten(c, 1) == -1 && errno == EOPNOTSUPP);
+    CHECK(rsend(c, "x", 1, 0) == -1 && errno == EDESTADDRREQ);
+    CHECK(rconnect(c, (struct sockaddr *)&sa, sizeof sa) == 0);
+    static char big[8192];
+    CHECK(rsend(c, big, 4049, 0) == -1 && errno == EMSGSIZE);
+    /* The longest datagram (a 4096-byte MTU, less the GRH and rsocket's header). */
+    for (size_t i = 0; i < 4048; i++)
+        big[i] = (char)(i * 13);
+    CHECK(rsend(c, big, 4048, 0) == 4048);
+    CHECK(rrecv(s, big + 4096, 4096, 0) == 4048 && memcmp(big, big + 4096, 4048) == 0);
+    CHECK(rsend(c, "ping", 4, 0) == 4);
+    struct sockaddr_in from, cname;
+    socklen_t flen = sizeof from, clen = sizeof cname;
+    CHECK(rrecvfrom(s, buf, 2, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(memcmp(buf, "pi", 2) == 0 && flen == sizeof from);
+    CHECK(rgetsockname(c, (struct sockaddr *)&cname, &clen) == 0);
+    CHECK(from.sin_port == cname.sin_port && from.sin_addr.s_addr == sa.sin_addr.s_addr);
+    CHECK(rsendto(s, "pong", 4, 0, (struct sockaddr *)&from, flen) == 4);
+    CHECK(rrecv(c, buf, sizeof buf, 0) == 4 && memcmp(buf, "pong", 4) == 0);
+    CHECK(rfcntl(s, F_SETFL, O_NONBLOCK) == 0);
+    CHECK(rrecv(s, buf, sizeof buf, 0) == -1 && errno == EAGAIN);
+    CHECK(wait_for(s, POLLOUT) == POLLOUT);
+    struct sockaddr_in nobody = at(addr, 7394);
+    CHECK(rsendto(c, "x", 1, 0, (struct sockaddr *)&nobody, sizeof nobody) == -1 &&
+          errno == ECONNREFUSED);
+    CHECK(rclose(c) == 0 && rclose(s) == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     const char *addr = argv[1];
     int one = 1;
 
-    CHECK(rsocket(AF_INET, SOCK_DGRAM, 0) == -1 && errno == ENOSYS);
+    datagrams(addr);
     CHECK(rclose(12345) == -1 && errno == EBADF);
     CHECK(rsend(0, "x", 1, 0) == -1 && errno == EBADF);
 

@@ -1,0 +1,492 @@
+//! Datagram rsockets (`SOCK_DGRAM`, rdmacm-utils' `udpong`): a UD QP per socket, its port
+//! served by an id of `RDMA_PS_UDP` that answers SIDR requests with the QP's number. The ids
+//! of all datagram sockets listen on one channel of the library's, whose thread answers
+//! them: a socket's port is served while its thread is elsewhere (in a send to another
+//! socket of the same thread, say, which waits for that SIDR reply).
+//!
+//! A datagram goes in one UD SEND, after an 8-byte header that names the sender's port; the
+//! receiver takes the sender's IPv4 address from the GRH (as the NIC saw it, not from the
+//! sender's word) and its QP from the completion, and keeps that route for replies. A send
+//! to an address it has no route to resolves one by SIDR first (waiting for it, as a
+//! blocking call). Datagrams may be lost, as UDP's are; one longer than a slot fails with
+//! `EMSGSIZE`, and a read of a shorter buffer than the datagram truncates it.
+
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::ptr::null_mut;
+use std::sync::{Mutex, OnceLock};
+
+use ibverbs_sys as v;
+
+use super::slots::{Slots, Wc};
+use crate::id;
+use crate::types::*;
+
+/// Bytes of one slot: the GRH (40) a UD receive begins with, the header, the datagram.
+const SLOT: usize = 4096;
+const GRH: usize = 40;
+const HDR: usize = 8;
+/// The longest datagram.
+pub(super) const MAX: usize = SLOT - GRH - HDR;
+const TX: usize = 32;
+const RX: usize = 64;
+const RX_TAG: u64 = 1 << 32;
+/// The header's first two bytes.
+const MAGIC: [u8; 2] = *b"rs";
+/// Q_Key of `RDMA_PS_UDP` (librdmacm's `RDMA_UDP_QKEY`).
+const QKEY: u32 = 0x0123_4567;
+/// Routes kept (the oldest goes first).
+const ROUTES: usize = 256;
+
+/// The sender's IPv4 address from the 40 bytes a UD receive begins with: on RoCEv2 over
+/// IPv4 the packet's IPv4 header in their last 20 (as the kernel's rxe and rdma-core's
+/// `ibv_init_ah_from_wc` have it), else a GRH whose source GID is IPv4-mapped.
+fn source(grh: &[u8]) -> Option<u32> {
+    let ip = |b: &[u8]| u32::from_ne_bytes(b.try_into().expect("4 bytes"));
+    if grh[20] >> 4 == 4 {
+        return Some(ip(&grh[32..36]));
+    }
+    let sgid = &grh[8..24];
+    (sgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]).then(|| ip(&sgid[12..]))
+}
+
+/// Where datagrams to an address go.
+struct Route {
+    ip: u32,
+    port: u16,
+    ah: *mut v::ibv_ah,
+    qpn: u32,
+    qkey: u32,
+}
+
+/// A datagram received and not yet read.
+struct Rx {
+    slot: usize,
+    len: usize,
+    ip: u32,
+    port: u16,
+}
+
+/// A datagram socket's verbs objects, slots (send slots first) and routes.
+pub(super) struct Dgram {
+    pd: *mut v::ibv_pd,
+    qp: *mut v::ibv_qp,
+    s: Slots,
+    free_tx: Vec<usize>,
+    rx: VecDeque<Rx>,
+    routes: VecDeque<Route>,
+    /// The socket's port (network order), in every header.
+    pub(super) port: u16,
+    /// `rconnect`'s address: where `rsend` sends, the only source `rrecv` takes.
+    pub(super) peer: Option<libc::sockaddr_in>,
+}
+
+impl Dgram {
+    /// The UD QP and slots on the device of `id` (the first device for an id on none).
+    pub(super) fn new(id: *mut rdma_cm_id) -> Result<Box<Dgram>, c_int> {
+        // SAFETY: a live id of this library.
+        let mut ctx = unsafe { (*id).verbs };
+        if ctx.is_null() {
+            ctx = crate::lib()?.ctx();
+        }
+        let pd = crate::lib()?.default_pd(ctx);
+        if pd.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        let mut d = Box::new(Dgram {
+            pd,
+            qp: null_mut(),
+            s: Slots::new(ctx, pd, SLOT, TX + RX, TX + RX)?,
+            free_tx: (0..TX).rev().collect(),
+            rx: VecDeque::with_capacity(RX),
+            routes: VecDeque::new(),
+            port: 0,
+            peer: None,
+        });
+        let mut attr = v::ibv_qp_init_attr {
+            send_cq: d.s.cq,
+            recv_cq: d.s.cq,
+            cap: v::ibv_qp_cap {
+                max_send_wr: TX as u32,
+                max_recv_wr: RX as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: v::ibv_qp_type::IBV_QPT_UD,
+            sq_sig_all: 1,
+            ..Default::default()
+        };
+        // SAFETY: the device's PD and valid attributes.
+        d.qp = unsafe { v::ibv_create_qp(pd, &mut attr) };
+        if d.qp.is_null() {
+            return Err(crate::errno());
+        }
+        use v::ibv_qp_attr_mask as m;
+        let steps = [
+            (
+                v::ibv_qp_state::IBV_QPS_INIT,
+                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY,
+            ),
+            (v::ibv_qp_state::IBV_QPS_RTR, m::IBV_QP_STATE),
+            (
+                v::ibv_qp_state::IBV_QPS_RTS,
+                m::IBV_QP_STATE | m::IBV_QP_SQ_PSN,
+            ),
+        ];
+        for (state, mask) in steps {
+            let mut a = v::ibv_qp_attr {
+                qp_state: state,
+                port_num: 1,
+                qkey: QKEY,
+                ..Default::default()
+            };
+            // SAFETY: the QP just made and valid attributes for the step.
+            let e = unsafe { v::ibv_modify_qp(d.qp, &mut a, mask.0 as c_int) };
+            if e != 0 {
+                return Err(e);
+            }
+        }
+        (0..RX).try_for_each(|rx| d.post_recv(rx))?;
+        Ok(d)
+    }
+
+    /// The QP's number (what SIDR replies name).
+    pub(super) fn qpn(&self) -> u32 {
+        // SAFETY: the socket's live QP.
+        unsafe { (*self.qp).qp_num }
+    }
+
+    /// The descriptor readable once a completion event came (after [`Dgram::arm`]).
+    pub(super) fn fd(&self) -> c_int {
+        self.s.fd()
+    }
+
+    fn post_recv(&mut self, rx: usize) -> Result<(), c_int> {
+        self.s.post_recv(self.qp, TX + rx, RX_TAG | rx as u64)
+    }
+
+    /// Takes the completions waiting: datagrams queue, sent slots come free.
+    pub(super) fn progress(&mut self) {
+        let mut wc = [Wc::default(); 16];
+        loop {
+            let n = self.s.poll(&mut wc);
+            if n <= 0 {
+                return;
+            }
+            for w in &mut wc[..n as usize] {
+                self.complete(w);
+            }
+        }
+    }
+
+    fn complete(&mut self, w: &mut Wc) {
+        if w.wr_id & RX_TAG == 0 {
+            self.free_tx.push((w.wr_id & 0xffff) as usize);
+            return;
+        }
+        let slot = (w.wr_id & 0xffff) as usize;
+        let len = w.byte_len as usize;
+        let at = self.s.at(TX + slot);
+        let mut head = [0u8; GRH + HDR];
+        if w.status == 0 && len >= head.len() && len <= SLOT {
+            // SAFETY: a completed receive slot, read before it is posted again.
+            unsafe { std::ptr::copy_nonoverlapping(at, head.as_mut_ptr(), head.len()) };
+        }
+        let (ip, hdr) = (source(&head[..GRH]), &head[GRH..]);
+        let port = u16::from_ne_bytes([hdr[2], hdr[3]]);
+        let Some(ip) = ip.filter(|_| hdr[..2] == MAGIC) else {
+            // Not a datagram of an rsocket: dropped (a repost fails only on a QP in error).
+            let _ = self.post_recv(slot);
+            return;
+        };
+        if self.route(ip, port).is_none() {
+            // SAFETY: the socket's PD; a completion (as `ibv_wc`) and its slot's GRH.
+            let ah =
+                unsafe { v::ibv_create_ah_from_wc(self.pd, (w as *mut Wc).cast(), at.cast(), 1) };
+            if !ah.is_null() {
+                let qpn = w.src_qp;
+                let _ = self.keep(Route {
+                    ip,
+                    port,
+                    ah,
+                    qpn,
+                    qkey: QKEY,
+                });
+            }
+        }
+        let len = len - GRH - HDR;
+        self.rx.push_back(Rx {
+            slot,
+            len,
+            ip,
+            port,
+        });
+    }
+
+    fn route(&self, ip: u32, port: u16) -> Option<&Route> {
+        self.routes.iter().find(|r| r.ip == ip && r.port == port)
+    }
+
+    /// Keeps a route, forgetting the oldest beyond [`ROUTES`]; while sends are in flight
+    /// (one may name the oldest's AH) the new one is not kept: `EAGAIN`.
+    fn keep(&mut self, r: Route) -> Result<(), c_int> {
+        if self.routes.len() == ROUTES {
+            if self.free_tx.len() != TX {
+                // SAFETY: the new route's AH, used by nothing.
+                unsafe { v::ibv_destroy_ah(r.ah) };
+                return Err(libc::EAGAIN);
+            }
+            if let Some(old) = self.routes.pop_front() {
+                // SAFETY: an AH of this socket's that no send in flight names (none is).
+                unsafe { v::ibv_destroy_ah(old.ah) };
+            }
+        }
+        self.routes.push_back(r);
+        Ok(())
+    }
+
+    /// A route to `to`, resolved by SIDR if none is kept (waiting for the reply).
+    pub(super) fn resolve(&mut self, to: &libc::sockaddr_in) -> Result<(), c_int> {
+        let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
+        if self.route(ip, port).is_some() {
+            return Ok(());
+        }
+        let mut tid = null_mut();
+        // SAFETY: an out-pointer; no channel: a synchronous id, each call waits.
+        if unsafe { id::rdma_create_id(null_mut(), &mut tid, null_mut(), RDMA_PS_UDP) } != 0 {
+            return Err(crate::errno());
+        }
+        let mut dst = *to;
+        let mut p = super::conn_param();
+        p.qp_num = self.qpn();
+        // SAFETY: the synchronous id just made (destroyed below), an address and valid
+        // parameters; after the connect, the id's event is its ESTABLISHED, with the route.
+        let r = unsafe {
+            let r = if id::rdma_resolve_addr(tid, null_mut(), (&raw mut dst).cast(), 2000) != 0
+                || id::rdma_resolve_route(tid, 2000) != 0
+            {
+                Err(crate::errno())
+            } else if id::rdma_connect(tid, &mut p) != 0 || (*tid).event.is_null() {
+                // No socket serves that port (SIDR's reply refused it).
+                Err(libc::ECONNREFUSED)
+            } else {
+                let mut ud = (*(*tid).event).param.ud;
+                let ah = v::ibv_create_ah(self.pd, &mut ud.ah_attr);
+                match ah.is_null() {
+                    true => Err(crate::errno()),
+                    false => Ok((ah, ud.qp_num, ud.qkey)),
+                }
+            };
+            id::rdma_destroy_id(tid);
+            r
+        };
+        let (ah, qpn, qkey) = r?;
+        self.keep(Route {
+            ip,
+            port,
+            ah,
+            qpn,
+            qkey,
+        })
+    }
+
+    /// Sends one datagram of `bufs` to `to` (resolving a route first): `EAGAIN` when no slot
+    /// is free, `EMSGSIZE` when longer than [`MAX`].
+    pub(super) fn send(&mut self, bufs: &[&[u8]], to: &libc::sockaddr_in) -> Result<usize, c_int> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        if len > MAX {
+            return Err(libc::EMSGSIZE);
+        }
+        self.resolve(to)?;
+        let slot = *self.free_tx.last().ok_or(libc::EAGAIN)?;
+        let at = self.s.at(slot);
+        let mut hdr = [0u8; HDR];
+        hdr[..2].copy_from_slice(&MAGIC);
+        hdr[2..4].copy_from_slice(&self.port.to_ne_bytes());
+        // SAFETY: a free send slot (no WR reads it) of SLOT >= HDR + len bytes, apart from
+        // the caller's buffers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), at, HDR);
+            let mut n = HDR;
+            for b in bufs {
+                std::ptr::copy_nonoverlapping(b.as_ptr(), at.add(n), b.len());
+                n += b.len();
+            }
+        }
+        let r = self
+            .route(to.sin_addr.s_addr, to.sin_port)
+            .expect("a route just resolved");
+        let mut sge = self.s.sge(slot, 0, HDR + len);
+        let mut wr = v::ibv_send_wr {
+            wr_id: slot as u64,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: v::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: v::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.ud = v::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: r.ah,
+            remote_qpn: r.qpn,
+            remote_qkey: r.qkey,
+        };
+        self.s.post_send(self.qp, &mut wr)?;
+        self.free_tx.pop();
+        Ok(len)
+    }
+
+    /// Reads the next datagram (from `peer` only, when connected) into `bufs`: its length
+    /// copied and its source, or `None` when none waits. The rest of a longer one is lost.
+    pub(super) fn recv(
+        &mut self,
+        bufs: &mut [&mut [u8]],
+        peek: bool,
+    ) -> Option<(usize, libc::sockaddr_in)> {
+        while let Some(d) = self.rx.front() {
+            let from = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: d.port,
+                sin_addr: libc::in_addr { s_addr: d.ip },
+                sin_zero: [0; 8],
+            };
+            let wanted = self
+                .peer
+                .is_none_or(|p| p.sin_addr.s_addr == d.ip && p.sin_port == d.port);
+            let (slot, len) = (d.slot, d.len);
+            let mut n = 0;
+            if wanted {
+                // SAFETY: a completed receive slot, read before it is posted again.
+                let src = unsafe { self.s.at(TX + slot).add(GRH + HDR) };
+                for b in bufs.iter_mut() {
+                    let k = (len - n).min(b.len());
+                    // SAFETY: `k` bytes of the datagram, into the caller's buffer.
+                    unsafe { std::ptr::copy_nonoverlapping(src.add(n), b.as_mut_ptr(), k) };
+                    n += k;
+                }
+                if peek {
+                    return Some((n, from));
+                }
+            }
+            self.rx.pop_front();
+            let _ = self.post_recv(slot);
+            if wanted {
+                return Some((n, from));
+            }
+        }
+        None
+    }
+
+    pub(super) fn arm(&mut self) {
+        self.s.arm();
+    }
+
+    pub(super) fn take_events(&mut self) {
+        self.s.take_events();
+    }
+
+    pub(super) fn readable(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    pub(super) fn writable(&self) -> bool {
+        !self.free_tx.is_empty()
+    }
+}
+
+/// The ids serving datagram sockets' ports (by address), and their QPs' numbers.
+static SERVED: Mutex<BTreeMap<usize, u32>> = Mutex::new(BTreeMap::new());
+/// The channel those ids listen on (its address), once its thread runs.
+static SERVICE: OnceLock<Result<usize, c_int>> = OnceLock::new();
+
+/// Serves the port of the bound `id` (listening on the service's channel) with QP `qpn`.
+pub(super) fn serve(id: *mut rdma_cm_id, qpn: u32) -> Result<(), c_int> {
+    let ch = (*SERVICE.get_or_init(|| {
+        // SAFETY: no arguments.
+        let ch = unsafe { id::rdma_create_event_channel() };
+        if ch.is_null() {
+            return Err(crate::errno());
+        }
+        let at = ch as usize;
+        let run = std::thread::Builder::new().name("rsocket-sidr".into());
+        run.spawn(move || answer_for_ever(at as *mut rdma_event_channel))
+            .map(|_| at)
+            .map_err(|_| libc::EAGAIN)
+    }))?;
+    SERVED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id as usize, qpn);
+    // SAFETY: the socket's bound id, moved to the service's channel, then listening there.
+    let e = unsafe {
+        match id::rdma_migrate_id(id, ch as *mut rdma_event_channel) {
+            0 => id::rdma_listen(id, 64),
+            e => e,
+        }
+    };
+    if e != 0 {
+        let e = crate::errno();
+        unserve(id);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Stops answering for `id` (before it is destroyed).
+pub(super) fn unserve(id: *mut rdma_cm_id) {
+    SERVED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(id as usize));
+}
+
+/// The service's thread: answers each SIDR request with the QP of the port it names, or
+/// refuses it when that socket is gone.
+fn answer_for_ever(ch: *mut rdma_event_channel) {
+    loop {
+        let mut ev = null_mut();
+        // SAFETY: the service's channel (never destroyed) and an out-pointer.
+        if unsafe { crate::event::rdma_get_cm_event(ch, &mut ev) } != 0 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        // SAFETY: the event just taken, read and then acked once; a request's id is the
+        // program's (here the service's) after its event, acked or not.
+        let (kind, req, listen) = unsafe {
+            let f = ((*ev).event, (*ev).id, (*ev).listen_id);
+            crate::event::rdma_ack_cm_event(ev);
+            f
+        };
+        if kind != super::CONNECT_REQUEST {
+            continue;
+        }
+        let served = SERVED.lock().unwrap_or_else(|p| p.into_inner());
+        let qpn = served.get(&(listen as usize)).copied();
+        drop(served);
+        let mut p = super::conn_param();
+        p.qp_num = qpn.unwrap_or(0);
+        // SAFETY: the request's id, answered once and destroyed.
+        unsafe {
+            if qpn.is_none() || id::rdma_accept(req, &mut p) != 0 {
+                id::rdma_reject(req, std::ptr::null(), 0);
+            }
+            id::rdma_destroy_id(req);
+        }
+    }
+}
+
+impl Drop for Dgram {
+    fn drop(&mut self) {
+        // SAFETY: the QP this socket made (null when not made) and its routes' AHs, no longer
+        // used; the slots (CQ, memory) go after this, as a field.
+        unsafe {
+            if !self.qp.is_null() {
+                v::ibv_destroy_qp(self.qp);
+            }
+            for r in &self.routes {
+                v::ibv_destroy_ah(r.ah);
+            }
+        }
+    }
+}
