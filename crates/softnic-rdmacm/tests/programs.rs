@@ -507,7 +507,8 @@ fn udpong_sends_datagrams() {
             ["127.0.26.55", "127.0.26.56"],
         ),
     ] {
-        let server = ["udpong", "-b", addrs[0]];
+        // A blocking server: non-blocking, it spins for as long as it serves.
+        let server = ["udpong", "-b", addrs[0], "-T", "b"];
         let client: Vec<&str> = ["udpong", "-s", addrs[0]]
             .iter()
             .chain(&args)
