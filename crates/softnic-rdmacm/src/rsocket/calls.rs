@@ -5,7 +5,7 @@ use std::ffi::c_int;
 use std::ptr::{null, null_mut};
 use std::sync::MutexGuard;
 
-use super::addr::{put_addr, put_sin, v4};
+use super::addr::{put_addr, put_sin, sin_of, v4};
 use super::conn::Conn;
 use super::{Inner, Phase, TABLE, conn_param, get, insert, nonblocking, with};
 use crate::types::*;
@@ -111,11 +111,15 @@ export! {
         };
         let v6 = g.v6;
         drop(g);
+        // The peer's address is read before the socket is numbered (another thread may close
+        // it as soon as it is).
+        // SAFETY: the request's id, live until accepted or refused.
+        let peer = unsafe { sin_of(&(*req).route.addr.dst) };
         match accept(req, v6) {
             Ok(fd) => {
                 if !addr.is_null() {
-                    // SAFETY: the new id's route, and the caller's address and length.
-                    unsafe { put_addr(&(*req).route.addr.dst, v6, addr, len) };
+                    // SAFETY: the caller's address and length.
+                    unsafe { put_sin(&peer, v6, addr, len) };
                 }
                 fd
             }
@@ -140,11 +144,8 @@ export! {
                 Err(e) => return fail(e),
             };
             if g.datagram {
-                return match g.bind_datagram(None).and_then(|d| d.resolve(&sin).map(|()| d)) {
-                    Ok(d) => {
-                        d.peer = Some(sin);
-                        0
-                    }
+                return match g.bind_datagram(None).and_then(|d| d.connect(sin)) {
+                    Ok(()) => 0,
                     Err(e) => fail(e),
                 };
             }
@@ -246,6 +247,7 @@ fn connected(mut g: MutexGuard<'_, Inner>) -> c_int {
     match g.phase {
         Phase::Connected => 0,
         Phase::Failed => fail(std::mem::take(&mut g.so_error)),
+        Phase::Closed => fail(libc::EBADF),
         _ => fail(libc::EINPROGRESS),
     }
 }

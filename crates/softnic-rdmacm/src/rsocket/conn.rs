@@ -60,8 +60,27 @@ impl Map {
         }
     }
 
+    /// The peer's mapping a map message names: none when its ends overflow (the arithmetic
+    /// on it would).
+    fn of_message(body: &[u8; 28]) -> Option<Map> {
+        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+        let (offset, addr, len) = (u64_at(0), u64_at(8), u64_at(16));
+        (offset.checked_add(len).is_some() && addr.checked_add(len).is_some()).then(|| Map {
+            offset,
+            addr,
+            len,
+            mr: null_mut(),
+            rkey: u32::from_le_bytes(body[24..28].try_into().expect("4 bytes")),
+        })
+    }
+
+    /// Whether `len` bytes at `offset` lie in the mapping (its offset and length are the
+    /// peer's word for the peer's: checked against overflow when they came).
     fn holds(&self, offset: u64, len: u64) -> bool {
-        offset >= self.offset && offset.saturating_add(len) <= self.offset + self.len
+        offset >= self.offset
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.offset + self.len)
     }
 }
 
@@ -185,10 +204,11 @@ impl Conn {
         self.s.post_send(self.qp, &mut wr)
     }
 
-    /// Takes the completions waiting: read messages queue, sent slots come free.
+    /// Takes the completions waiting (a queue's worth at most: a peer's stream of control
+    /// messages does not hold the caller): read messages queue, sent slots come free.
     pub(super) fn progress(&mut self) {
         let mut wc = [Wc::default(); 16];
-        loop {
+        for _ in 0..(TX + RX + 1).div_ceil(wc.len()) {
             let n = self.s.poll(&mut wc);
             if n <= 0 {
                 if n < 0 {
@@ -323,17 +343,11 @@ impl Conn {
         let n = len.min(body.len());
         // SAFETY: a completed receive slot, read before it is posted again.
         unsafe { std::ptr::copy_nonoverlapping(self.s.at(TX + slot), body.as_mut_ptr(), n) };
-        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
-        let offset = u64_at(0);
+        let offset = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
         self.peer_maps.retain(|m| m.offset != offset);
-        if kind == MAP && n == body.len() && self.peer_maps.len() < PEER_MAPS {
-            self.peer_maps.push(Map {
-                offset,
-                addr: u64_at(8),
-                len: u64_at(16),
-                mr: null_mut(),
-                rkey: u32::from_le_bytes(body[24..28].try_into().expect("4 bytes")),
-            });
+        let map = Map::of_message(&body).filter(|_| kind == MAP && n == body.len());
+        if let Some(m) = map.filter(|_| self.peer_maps.len() < PEER_MAPS) {
+            self.peer_maps.push(m);
         }
     }
 
@@ -421,5 +435,32 @@ impl Drop for Conn {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(offset: u64, addr: u64, len: u64) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        b[..8].copy_from_slice(&offset.to_le_bytes());
+        b[8..16].copy_from_slice(&addr.to_le_bytes());
+        b[16..24].copy_from_slice(&len.to_le_bytes());
+        b[24..].copy_from_slice(&7u32.to_le_bytes());
+        b
+    }
+
+    /// A peer's map message is its word: one whose ends overflow names no mapping, and what
+    /// a mapping holds is reckoned without overflow, whatever is asked.
+    #[test]
+    fn a_peer_s_mapping_that_overflows_is_none() {
+        assert!(Map::of_message(&message(u64::MAX, 0, 2)).is_none());
+        assert!(Map::of_message(&message(0, u64::MAX - 1, 2)).is_none());
+        let m = Map::of_message(&message(100, 0x1000, 50)).expect("a mapping");
+        assert_eq!((m.offset, m.addr, m.len, m.rkey), (100, 0x1000, 50, 7));
+        assert!(m.holds(100, 50) && m.holds(120, 30));
+        assert!(!m.holds(99, 1) && !m.holds(120, 31) && !m.holds(149, u64::MAX));
+        assert!(!m.holds(u64::MAX, u64::MAX));
     }
 }

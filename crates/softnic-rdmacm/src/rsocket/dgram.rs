@@ -5,11 +5,14 @@
 //! socket of the same thread, say, which waits for that SIDR reply).
 //!
 //! A datagram goes in one UD SEND, after an 8-byte header that names the sender's port; the
-//! receiver takes the sender's IPv4 address from the GRH (as the NIC saw it, not from the
-//! sender's word) and its QP from the completion, and keeps that route for replies. A send
+//! receiver takes the sender's IPv4 address from the packet's IP header and its QP from the
+//! completion, and keeps that route for replies (a later datagram from another QP with the
+//! same address and port moves it: the sender was made again). As with UDP, address and
+//! port are the packet's word: a process may claim another's port on its own host. A send
 //! to an address it has no route to resolves one by SIDR first (waiting for it, as a
-//! blocking call). Datagrams may be lost, as UDP's are; one longer than a slot fails with
-//! `EMSGSIZE`, and a read of a shorter buffer than the datagram truncates it.
+//! blocking call, for as long as the CM retries a silent host). Datagrams may be lost, as
+//! UDP's are; one longer than a slot fails with `EMSGSIZE`, and a read of a shorter buffer
+//! than the datagram truncates it. A connected socket drops datagrams from elsewhere.
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -44,11 +47,11 @@ const ROUTES: usize = 256;
 /// `ibv_init_ah_from_wc` have it), else a GRH whose source GID is IPv4-mapped.
 fn source(grh: &[u8]) -> Option<u32> {
     let ip = |b: &[u8]| u32::from_ne_bytes(b.try_into().expect("4 bytes"));
-    if grh[20] >> 4 == 4 {
-        return Some(ip(&grh[32..36]));
+    if grh[0] >> 4 == 6 {
+        let sgid = &grh[8..24];
+        return (sgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]).then(|| ip(&sgid[12..]));
     }
-    let sgid = &grh[8..24];
-    (sgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]).then(|| ip(&sgid[12..]))
+    (grh[20] >> 4 == 4).then(|| ip(&grh[32..36]))
 }
 
 /// Where datagrams to an address go.
@@ -74,6 +77,8 @@ pub(super) struct Dgram {
     qp: *mut v::ibv_qp,
     s: Slots,
     free_tx: Vec<usize>,
+    /// The AH each send slot's send in flight names (null when free).
+    tx_ah: [*mut v::ibv_ah; TX],
     rx: VecDeque<Rx>,
     routes: VecDeque<Route>,
     /// The socket's port (network order), in every header.
@@ -99,6 +104,7 @@ impl Dgram {
             qp: null_mut(),
             s: Slots::new(ctx, pd, SLOT, TX + RX, TX + RX)?,
             free_tx: (0..TX).rev().collect(),
+            tx_ah: [null_mut(); TX],
             rx: VecDeque::with_capacity(RX),
             routes: VecDeque::new(),
             port: 0,
@@ -167,10 +173,11 @@ impl Dgram {
         self.s.post_recv(self.qp, TX + rx, RX_TAG | rx as u64)
     }
 
-    /// Takes the completions waiting: datagrams queue, sent slots come free.
+    /// Takes the completions waiting (a queue's worth at most: a flood does not hold the
+    /// caller): datagrams queue, sent slots come free.
     pub(super) fn progress(&mut self) {
         let mut wc = [Wc::default(); 16];
-        loop {
+        for _ in 0..(TX + RX).div_ceil(wc.len()) {
             let n = self.s.poll(&mut wc);
             if n <= 0 {
                 return;
@@ -183,7 +190,9 @@ impl Dgram {
 
     fn complete(&mut self, w: &mut Wc) {
         if w.wr_id & RX_TAG == 0 {
-            self.free_tx.push((w.wr_id & 0xffff) as usize);
+            let slot = (w.wr_id & 0xffff) as usize;
+            self.tx_ah[slot] = null_mut();
+            self.free_tx.push(slot);
             return;
         }
         let slot = (w.wr_id & 0xffff) as usize;
@@ -196,18 +205,30 @@ impl Dgram {
         }
         let (ip, hdr) = (source(&head[..GRH]), &head[GRH..]);
         let port = u16::from_ne_bytes([hdr[2], hdr[3]]);
-        let Some(ip) = ip.filter(|_| hdr[..2] == MAGIC) else {
-            // Not a datagram of an rsocket: dropped (a repost fails only on a QP in error).
+        let ours = hdr[..2] == MAGIC;
+        let peer = self.peer;
+        let from_peer =
+            |ip: u32| peer.is_none_or(|p| p.sin_addr.s_addr == ip && p.sin_port == port);
+        let Some(ip) = ip.filter(|&ip| ours && from_peer(ip)) else {
+            // Not a datagram of an rsocket, or not from the connected peer: dropped (a repost
+            // fails only on a QP in error).
             let _ = self.post_recv(slot);
             return;
         };
-        if self.route(ip, port).is_none() {
+        let qpn = w.src_qp;
+        if let Some(r) = self
+            .routes
+            .iter_mut()
+            .find(|r| r.ip == ip && r.port == port)
+        {
+            // The same address (so the same AH), maybe a new QP: the sender was made again.
+            r.qpn = qpn;
+        } else {
             // SAFETY: the socket's PD; a completion (as `ibv_wc`) and its slot's GRH.
             let ah =
                 unsafe { v::ibv_create_ah_from_wc(self.pd, (w as *mut Wc).cast(), at.cast(), 1) };
             if !ah.is_null() {
-                let qpn = w.src_qp;
-                let _ = self.keep(Route {
+                self.keep(Route {
                     ip,
                     port,
                     ah,
@@ -225,26 +246,40 @@ impl Dgram {
         });
     }
 
+    /// Connects: sends go to `to`, and only its datagrams are taken (those queued from
+    /// elsewhere are dropped).
+    pub(super) fn connect(&mut self, to: libc::sockaddr_in) -> Result<(), c_int> {
+        self.resolve(&to)?;
+        self.peer = Some(to);
+        let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
+        for _ in 0..self.rx.len() {
+            let d = self.rx.pop_front().expect("counted");
+            if d.ip == ip && d.port == port {
+                self.rx.push_back(d);
+            } else {
+                let _ = self.post_recv(d.slot);
+            }
+        }
+        Ok(())
+    }
+
     fn route(&self, ip: u32, port: u16) -> Option<&Route> {
         self.routes.iter().find(|r| r.ip == ip && r.port == port)
     }
 
-    /// Keeps a route, forgetting the oldest beyond [`ROUTES`]; while sends are in flight
-    /// (one may name the oldest's AH) the new one is not kept: `EAGAIN`.
-    fn keep(&mut self, r: Route) -> Result<(), c_int> {
+    /// Keeps a route, forgetting beyond [`ROUTES`] the oldest that no send in flight names
+    /// (there are more routes than send slots).
+    fn keep(&mut self, r: Route) {
         if self.routes.len() == ROUTES {
-            if self.free_tx.len() != TX {
-                // SAFETY: the new route's AH, used by nothing.
-                unsafe { v::ibv_destroy_ah(r.ah) };
-                return Err(libc::EAGAIN);
-            }
-            if let Some(old) = self.routes.pop_front() {
-                // SAFETY: an AH of this socket's that no send in flight names (none is).
+            let busy = |r: &Route| self.tx_ah.contains(&r.ah);
+            if let Some(at) = self.routes.iter().position(|r| !busy(r))
+                && let Some(old) = self.routes.remove(at)
+            {
+                // SAFETY: an AH of this socket's that no send in flight names.
                 unsafe { v::ibv_destroy_ah(old.ah) };
             }
         }
         self.routes.push_back(r);
-        Ok(())
     }
 
     /// A route to `to`, resolved by SIDR if none is kept (waiting for the reply).
@@ -289,7 +324,8 @@ impl Dgram {
             ah,
             qpn,
             qkey,
-        })
+        });
+        Ok(())
     }
 
     /// Sends one datagram of `bufs` to `to` (resolving a route first): `EAGAIN` when no slot
@@ -332,7 +368,9 @@ impl Dgram {
             remote_qpn: r.qpn,
             remote_qkey: r.qkey,
         };
+        let ah = r.ah;
         self.s.post_send(self.qp, &mut wr)?;
+        self.tx_ah[slot] = ah;
         self.free_tx.pop();
         Ok(len)
     }
@@ -451,28 +489,27 @@ fn answer_for_ever(ch: *mut rdma_event_channel) {
             std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         }
-        // SAFETY: the event just taken, read and then acked once; a request's id is the
-        // program's (here the service's) after its event, acked or not.
-        let (kind, req, listen) = unsafe {
-            let f = ((*ev).event, (*ev).id, (*ev).listen_id);
-            crate::event::rdma_ack_cm_event(ev);
-            f
-        };
-        if kind != super::CONNECT_REQUEST {
-            continue;
-        }
-        let served = SERVED.lock().unwrap_or_else(|p| p.into_inner());
-        let qpn = served.get(&(listen as usize)).copied();
-        drop(served);
-        let mut p = super::conn_param();
-        p.qp_num = qpn.unwrap_or(0);
-        // SAFETY: the request's id, answered once and destroyed.
-        unsafe {
-            if qpn.is_none() || id::rdma_accept(req, &mut p) != 0 {
-                id::rdma_reject(req, std::ptr::null(), 0);
+        // SAFETY: the event just taken (acked below, once).
+        let (kind, req, listen) = unsafe { ((*ev).event, (*ev).id, (*ev).listen_id) };
+        if kind == super::CONNECT_REQUEST {
+            // Held across the answer: the listener's socket cannot go (its id's address be
+            // taken again, its QP destroyed) between the look and the reply.
+            let served = SERVED.lock().unwrap_or_else(|p| p.into_inner());
+            let qpn = served.get(&(listen as usize)).copied();
+            let mut p = super::conn_param();
+            p.qp_num = qpn.unwrap_or(0);
+            // SAFETY: the request's id, the service's: answered once and destroyed (it stays
+            // valid for its event until the ack).
+            unsafe {
+                if qpn.is_none() || id::rdma_accept(req, &mut p) != 0 {
+                    id::rdma_reject(req, std::ptr::null(), 0);
+                }
+                id::rdma_destroy_id(req);
             }
-            id::rdma_destroy_id(req);
+            drop(served);
         }
+        // SAFETY: the event taken above; its listener id stays valid until this ack.
+        unsafe { crate::event::rdma_ack_cm_event(ev) };
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::addr::{put_sin, v4};
 use super::conn::Conn;
-use super::{Inner, Phase, Sock, get};
+use super::{Inner, Phase, Sock, WAIT_SLICE_MS, get};
 use crate::fail;
 
 /// `revents` that end a wait for writing.
@@ -23,7 +23,9 @@ const IN: i16 = libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
 ///
 /// # Safety
 ///
-/// `buf` is valid for `len` bytes, for `'a`.
+/// `buf` is valid for `len` bytes, for `'a`, and nothing writes it meanwhile (as a send's
+/// buffer must not be written during the call; a buffer the program also `riomap`ped for
+/// the peer to write is the program's to keep apart).
 pub(super) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], c_int> {
     match (buf.is_null(), len) {
         (_, 0) => Ok(&[]),
@@ -37,7 +39,9 @@ pub(super) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8
 ///
 /// # Safety
 ///
-/// `buf` is valid for writes of `len` bytes, for `'a`, and nothing else reads or writes it.
+/// `buf` is valid for writes of `len` bytes, for `'a`, and nothing else reads or writes it
+/// meanwhile (as a receive's buffer must not be touched during the call; a buffer the
+/// program also `riomap`ped for the peer to write is the program's to keep apart).
 unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], c_int> {
     match (buf.is_null(), len) {
         (_, 0) => Ok(&mut []),
@@ -85,7 +89,7 @@ pub(super) fn send(fd: c_int, bufs: &[&[u8]], flags: c_int, to: Option<u64>) -> 
             Phase::Closed => libc::EBADF,
             _ => libc::ENOTCONN,
         };
-        if done == total {
+        if done == total && (done > 0 || e == libc::EAGAIN) {
             return done as isize;
         }
         if e != libc::EAGAIN || dontwait {
@@ -283,16 +287,21 @@ unsafe fn send_iov(
     }
 }
 
-/// Receives into an `iovec` array.
+/// Receives into an `iovec` array: the bytes, and a datagram's source.
 ///
 /// # Safety
 ///
 /// As [`iovecs`], each entry also valid for writes.
-unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, n: usize, flags: c_int) -> isize {
+unsafe fn recv_iov(
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: usize,
+    flags: c_int,
+) -> (isize, Option<libc::sockaddr_in>) {
     // SAFETY: the caller's contract.
     match unsafe { iovecs(iov, n) } {
-        Ok(mut v) => recv(fd, &mut v, flags).0,
-        Err(e) => failed(e),
+        Ok(mut v) => recv(fd, &mut v, flags),
+        Err(e) => (failed(e), None),
     }
 }
 
@@ -376,8 +385,20 @@ export! {
         if msg.is_null() {
             return failed(libc::EFAULT);
         }
-        // SAFETY: the caller's message and its buffers.
-        unsafe { recv_iov(socket, (*msg).msg_iov, (*msg).msg_iovlen, flags) }
+        // SAFETY: the caller's message, its buffers and its address (a datagram's source
+        // goes there, when it has room for one).
+        unsafe {
+            let (n, from) = recv_iov(socket, (*msg).msg_iov, (*msg).msg_iovlen, flags);
+            (*msg).msg_flags = 0;
+            match from {
+                Some(from) if !(*msg).msg_name.is_null() => {
+                    let v6 = get(socket).is_ok_and(|s| s.lock().v6);
+                    put_sin(&from, v6, (*msg).msg_name.cast(), &mut (*msg).msg_namelen);
+                }
+                _ => (*msg).msg_namelen = 0,
+            }
+            n
+        }
     }
 
     /// As `rrecv` with no flags.
@@ -389,7 +410,7 @@ export! {
     /// Receives into the buffers, in order.
     "RDMACM_1.0" fn rreadv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
         // SAFETY: the caller's buffers.
-        unsafe { recv_iov(socket, iov, iovcnt.max(0) as usize, 0) }
+        unsafe { recv_iov(socket, iov, iovcnt.max(0) as usize, 0).0 }
     }
 
     /// `poll` over rsockets and other descriptors alike.
@@ -432,6 +453,9 @@ export! {
         let n = poll(&mut fds, ms);
         if n < 0 {
             return n;
+        }
+        if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+            return fail(libc::EBADF);
         }
         for (set, _) in sets {
             if !set.is_null() {
@@ -507,8 +531,13 @@ fn poll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
                 left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
             }
         };
+        // With rsockets in the set, a slice at a time (see `WAIT_SLICE_MS`).
+        let slice = match socks.iter().any(Option::is_some) {
+            true if !(0..=WAIT_SLICE_MS).contains(&wait) => WAIT_SLICE_MS,
+            _ => wait,
+        };
         // SAFETY: `os` is valid for its length.
-        let n = unsafe { libc::poll(os.as_mut_ptr(), os.len() as libc::nfds_t, wait) };
+        let n = unsafe { libc::poll(os.as_mut_ptr(), os.len() as libc::nfds_t, slice) };
         if n < 0 {
             return -1;
         }

@@ -2,16 +2,22 @@
 //! programs written to the socket API (rdmacm-utils' `rstream`, `rcopy`, `riostream` and
 //! `udpong`).
 //!
-//! A socket is an id of `RDMA_PS_TCP` on an event channel of its own; the socket's number is
-//! the channel's descriptor, as librdmacm's is. `rconnect` resolves, creates the connection's
+//! A socket is an id on an event channel of its own (`RDMA_PS_TCP`; a datagram socket's,
+//! `RDMA_PS_UDP`, moves to the library's SIDR service once bound); the socket's number is the
+//! channel's descriptor, as librdmacm's is. `rconnect` resolves, creates the connection's
 //! QP and connects (or, non-blocking, returns `EINPROGRESS` and goes on as `rpoll` and the
 //! other calls take its events); `raccept` takes a request, moves its id to a channel of its
 //! own and accepts. The data path is [`conn`]'s, the I/O mapping calls [`iomap`]'s, datagram
 //! sockets [`dgram`]'s. Both ends must be softnic's: the messages are this library's own, not
 //! rdma-core's rsocket protocol.
 //!
-//! Not served: `fork` (a child must not use its parent's rsockets). Options are kept and given back but size
-//! nothing: the slots are fixed (8 of 64 KiB to send, 16 to receive).
+//! Not served: `fork` (a child must not use its parent's rsockets). Options are kept and
+//! given back but size nothing: the slots are fixed (a stream's 8 of 64 KiB to send, 16 to
+//! receive; a datagram socket's 32 and 64 of 4 KiB).
+//!
+//! Threads may share a socket: a waiting call gives the socket up and looks again at each
+//! event, and every 10 ms (another thread's call may take the event it waited for; a close
+//! or a shutdown by another thread is seen so).
 
 mod addr;
 mod calls;
@@ -26,6 +32,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_int;
 use std::ptr::{null, null_mut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 use addr::sin_of;
 use conn::Conn;
@@ -84,6 +91,8 @@ struct Inner {
     /// A datagram socket (`SOCK_DGRAM`): its QP and slots once bound.
     datagram: bool,
     dgram: Option<Box<Dgram>>,
+    /// When the channel's events were last taken.
+    cm_looked: Instant,
 }
 
 // SAFETY: the ids, channel and verbs objects are librdmacm/libibverbs objects any thread may
@@ -127,14 +136,24 @@ impl Sock {
             fds.clear();
             g.wait_fds(&mut fds);
             drop(g);
-            // SAFETY: `fds` is valid for its length; descriptors of the socket (a closed one
-            // reads as POLLNVAL, and the next look sees the socket's state).
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            // SAFETY: `fds` is valid for its length; descriptors of the socket (if it is closed
+            // meanwhile, the next look sees that).
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, WAIT_SLICE_MS) };
             g = self.lock();
             g.woken();
         }
     }
 }
+
+/// The longest a wait sleeps before it looks again. Another thread's call on the same
+/// socket may take the completion (and its event) that a waiter's condition needs between
+/// the waiter's last look and its sleep, and `rshutdown`, `rclose` and the peer's leaving
+/// wake nothing: a waiter learns of them at its next look.
+const WAIT_SLICE_MS: c_int = 10;
+
+/// How often a connected socket's calls look for the CM's events (the peer's disconnect:
+/// softnic's CM leaves the QP as it is), each look taking the CM's lock.
+const CM_LOOK: Duration = Duration::from_millis(1);
 
 /// Sets `O_NONBLOCK` on a descriptor this module owns.
 fn nonblocking(fd: c_int) {
@@ -177,6 +196,7 @@ impl Inner {
             shut_wr: false,
             datagram: false,
             dgram: None,
+            cm_looked: Instant::now(),
         }
     }
 
@@ -215,7 +235,13 @@ impl Inner {
     /// Takes completions, and the CM's events while not connected.
     fn progress(&mut self) {
         // A datagram socket has no events: its id is served elsewhere (see `dgram`).
-        if !self.datagram && !matches!(self.phase, Phase::Connected | Phase::Closed) {
+        let look = match self.phase {
+            _ if self.datagram => false,
+            Phase::Closed => false,
+            Phase::Connected => self.cm_looked.elapsed() >= CM_LOOK,
+            _ => true,
+        };
+        if look {
             self.cm_events();
         }
         if let Some(c) = &mut self.conn {
@@ -279,6 +305,7 @@ impl Inner {
 
     /// Takes the channel's events (its descriptor is non-blocking).
     fn cm_events(&mut self) {
+        self.cm_looked = Instant::now();
         loop {
             let mut ev = null_mut();
             // SAFETY: the socket's channel and an out-pointer.
@@ -319,10 +346,10 @@ impl Inner {
             (ESTABLISHED, Phase::Connecting | Phase::Accepting) => self.phase = Phase::Connected,
             (REJECTED, Phase::Connecting) => self.failed(libc::ECONNREFUSED),
             (k, Phase::Connecting) if CONNECT_FAILED.contains(&k) => self.failed(libc::ETIMEDOUT),
-            (DISCONNECTED | DEVICE_REMOVAL, Phase::Connecting | Phase::Accepting) => {
-                self.failed(libc::ECONNRESET)
-            }
-            (DISCONNECTED | DEVICE_REMOVAL, Phase::Connected) => {
+            (DISCONNECTED | DEVICE_REMOVAL, Phase::Connecting) => self.failed(libc::ECONNRESET),
+            // An accepted socket keeps what arrived before the peer left.
+            (DISCONNECTED | DEVICE_REMOVAL, Phase::Connected | Phase::Accepting) => {
+                self.phase = Phase::Connected;
                 if let Some(c) = &mut self.conn {
                     c.down = true;
                 }
@@ -376,23 +403,31 @@ impl Inner {
 
 impl Sock {
     /// Closes the socket: its stream ended, what it sent delivered (waiting for that unless
-    /// the connection is gone), disconnected, every object destroyed.
+    /// the connection is gone, for [`LINGER`](crate::LINGER) at most), disconnected, every
+    /// object destroyed. With data unread, it disconnects at once (as TCP resets): the peer
+    /// may be waiting for room that reading would have made.
     fn close(&self) {
         let mut g = self.lock();
+        g.progress();
         let live = matches!(g.phase, Phase::Connected)
             && g.conn
                 .as_mut()
-                .is_some_and(|c| !c.down && c.send_fin().is_ok());
+                .is_some_and(|c| !c.down && !c.pending() && c.send_fin().is_ok());
         if live {
-            g = self.block(g, |i| i.conn.as_ref().is_none_or(|c| c.idle() || c.down));
+            let end = Instant::now() + crate::LINGER;
+            g = self.block(g, |i| {
+                Instant::now() >= end || i.conn.as_ref().is_none_or(|c| c.idle() || c.down)
+            });
         }
         if matches!(g.phase, Phase::Connected | Phase::Accepting) {
             // SAFETY: the socket's id, connected.
             unsafe { id::rdma_disconnect(g.id) };
         }
         g.conn = None;
-        if g.dgram.take().is_some() {
+        if g.datagram {
+            // Its port is answered for no more, then its QP goes.
             dgram::unserve(g.id);
+            g.dgram = None;
         }
         while let Some(r) = g.backlog.pop_front() {
             // SAFETY: a request's id this socket took and never accepted: refused, destroyed.

@@ -26,7 +26,9 @@ pub(super) struct Wc {
     sl: u8,
     dlid_path_bits: u8,
 }
-const _: () = assert!(size_of::<Wc>() == size_of::<v::ibv_wc>());
+const _: () = assert!(
+    size_of::<Wc>() == size_of::<v::ibv_wc>() && align_of::<Wc>() == align_of::<v::ibv_wc>()
+);
 
 impl Wc {
     /// The immediate data of a successful receive that carried some.

@@ -17,12 +17,14 @@
  * - rshutdown(SHUT_WR): the peer reads what was sent, then 0; it can still send back; a send
  *   after it fails with EPIPE (no SIGPIPE);
  * - the peer's last data and rclose: no POLLHUP until that data is read, then POLLHUP and the
- *   end of the stream;
+ *   end of the stream; two ends that both sent more than the other read both close;
  * - datagrams (SOCK_DGRAM) between two sockets of this thread: a send before connect fails
  *   with EDESTADDRREQ, one longer than a datagram (4048 bytes) with EMSGSIZE, a listen with
  *   EOPNOTSUPP; the longest datagram arrives whole; a datagram arrives whole once (a shorter
  *   read truncates it) from the sender's address, and the reply to that address arrives; a send
- *   to a port nobody serves fails with ECONNREFUSED.
+ *   to a port nobody serves fails with ECONNREFUSED; a connected socket does not see (rpoll)
+ *   another's datagrams; rrecvmsg names the source; a server made again on its port is
+ *   reached once its first datagram came.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -105,7 +107,68 @@ static void datagrams(const char *addr) {
     struct sockaddr_in nobody = at(addr, 7394);
     CHECK(rsendto(c, "x", 1, 0, (struct sockaddr *)&nobody, sizeof nobody) == -1 &&
           errno == ECONNREFUSED);
+
+    /* A connected socket takes its peer's datagrams only: another's is not even readable. */
+    int x = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(x >= 0 && rsendto(x, "no", 2, 0, (struct sockaddr *)&cname, clen) == 2);
+    struct pollfd p = {.fd = c, .events = POLLIN};
+    CHECK(rpoll(&p, 1, 200) == 0);
+    CHECK(rclose(x) == 0);
+
+    /* rrecvmsg names the source. */
+    CHECK(rsend(c, "msg", 3, 0) == 3);
+    CHECK(wait_for(s, POLLIN) & POLLIN);
+    struct sockaddr_in name;
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr m = {.msg_name = &name, .msg_namelen = sizeof name, .msg_iov = &iov,
+                       .msg_iovlen = 1};
+    CHECK(rrecvmsg(s, &m, 0) == 3 && m.msg_namelen == sizeof name);
+    CHECK(name.sin_port == cname.sin_port && memcmp(buf, "msg", 3) == 0);
+
+    /* The server made again on its port (another QP): its first datagram moves the client's
+     * route, and the client's next ones reach it. */
+    CHECK(rclose(s) == 0);
+    s = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(s >= 0 && rbind(s, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK(rsendto(s, "new", 3, 0, (struct sockaddr *)&cname, clen) == 3);
+    CHECK(rrecv(c, buf, sizeof buf, 0) == 3 && memcmp(buf, "new", 3) == 0);
+    CHECK(rsend(c, "back", 4, 0) == 4);
+    CHECK(wait_for(s, POLLIN) & POLLIN);
+    CHECK(rrecv(s, buf, sizeof buf, 0) == 4 && memcmp(buf, "back", 4) == 0);
     CHECK(rclose(c) == 0 && rclose(s) == 0);
+}
+
+/* Sends from `from` until nothing more goes (no room for 200 ms: the peer's slots are full,
+ * and so are this end's). */
+static void fill(int from) {
+    static char junk[1 << 16];
+    CHECK(rfcntl(from, F_SETFL, O_NONBLOCK) == 0);
+    struct pollfd p = {.fd = from, .events = POLLOUT};
+    for (int i = 0;; i++) {
+        CHECK(i < 100000);
+        if (rsend(from, junk, sizeof junk, 0) < 0) {
+            CHECK(errno == EAGAIN);
+            if (rpoll(&p, 1, 200) == 0)
+                break;
+        }
+    }
+}
+
+/* Two ends that both sent more than the other read, then close: neither waits for the
+ * other to read (that would be for ever). The second close finds the first's disconnect. */
+static void both_close_unread(int l, struct sockaddr_in *la) {
+    int c = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    CHECK(c >= 0 && rconnect(c, (struct sockaddr *)la, sizeof *la) == -1);
+    /* One thread: the connect goes on as rpoll looks at both ends. */
+    struct pollfd p[2] = {{.fd = l, .events = POLLIN}, {.fd = c, .events = POLLOUT}};
+    while (!(p[0].revents & POLLIN))
+        CHECK(rpoll(p, 2, 10000) > 0);
+    int a = raccept(l, NULL, NULL);
+    CHECK(a >= 0 && wait_for(c, POLLOUT) == POLLOUT && wait_for(a, POLLOUT) == POLLOUT);
+    fill(c);
+    fill(a);
+    CHECK(rclose(a) == 0);
+    CHECK(rclose(c) == 0);
 }
 
 int main(int argc, char **argv) {
@@ -259,6 +322,7 @@ int main(int argc, char **argv) {
         CHECK(i < 1000);
     CHECK(rrecv(c, buf, sizeof buf, 0) == 0);
     CHECK(rclose(c) == 0);
+    both_close_unread(l, &la);
     CHECK(rclose(l) == 0);
     printf("ok\n");
     return 0;
