@@ -34,6 +34,15 @@ fn installed(program: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| Path::new(&d).join(program).is_file()))
 }
 
+/// Whether an rdmacm-utils program is installed (saying the test is skipped when not).
+fn have(program: &str) -> bool {
+    let there = installed(program);
+    if !there {
+        eprintln!("skipped: {program} is not installed (apt-get install rdmacm-utils)");
+    }
+    there
+}
+
 /// Starts `args` on softnic with its device on `addr`.
 fn start(lib: &Path, addr: &str, args: &[&str]) -> Child {
     Command::new(args[0])
@@ -66,11 +75,7 @@ fn finish(mut child: Child, deadline: Instant) -> (bool, String) {
 
 /// Runs a server and then a client; both must succeed. Returns their output.
 fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, String)> {
-    if !installed(server[0]) {
-        eprintln!(
-            "skipped: {} is not installed (apt-get install rdmacm-utils)",
-            server[0]
-        );
+    if !have(server[0]) {
         return None;
     }
     let lib = library_dir();
@@ -461,8 +466,7 @@ fn serving(
 /// copy is the file, byte for byte.
 #[test]
 fn rcopy_copies_a_file() {
-    if !installed("rcopy") {
-        eprintln!("skipped: rcopy is not installed (apt-get install rdmacm-utils)");
+    if !have("rcopy") {
         return;
     }
     let lib = library_dir();
@@ -492,8 +496,7 @@ fn rcopy_copies_a_file() {
 /// datagrams the server counts, non-blocking and blocking.
 #[test]
 fn udpong_sends_datagrams() {
-    if !installed("udpong") {
-        eprintln!("skipped: udpong is not installed (apt-get install rdmacm-utils)");
+    if !have("udpong") {
         return;
     }
     let lib = library_dir();

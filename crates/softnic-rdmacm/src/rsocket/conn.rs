@@ -122,14 +122,10 @@ impl Conn {
         if ctx.is_null() {
             return Err(libc::EINVAL);
         }
-        let pd = crate::lib()?.default_pd(ctx);
-        if pd.is_null() {
-            return Err(libc::ENOMEM);
-        }
         let mut c = Box::new(Conn {
             id,
             qp: null_mut(),
-            s: Slots::new(ctx, pd, SLOT, TX + RX, TX + RX + 1)?,
+            s: Slots::new(ctx, SLOT, TX + RX, TX + RX + 1)?,
             free_tx: (0..TX).rev().collect(),
             rx: VecDeque::with_capacity(RX),
             peer_fin: false,
@@ -140,23 +136,10 @@ impl Conn {
             maps: Vec::new(),
             peer_maps: Vec::new(),
         });
-        let mut attr = v::ibv_qp_init_attr {
-            send_cq: c.s.cq,
-            recv_cq: c.s.cq,
-            cap: v::ibv_qp_cap {
-                max_send_wr: TX as u32 + 1,
-                max_recv_wr: RX as u32,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: v::ibv_qp_type::IBV_QPT_RC,
-            sq_sig_all: 1,
-            ..Default::default()
-        };
+        let mut attr = c.s.qp_attr(v::ibv_qp_type::IBV_QPT_RC, TX + 1, RX);
         // SAFETY: a live id without a QP, its device's PD and valid attributes; the CM moves
         // the QP from now.
-        if unsafe { crate::qp::rdma_create_qp(id, pd, &mut attr) } != 0 {
+        if unsafe { crate::qp::rdma_create_qp(id, c.s.pd, &mut attr) } != 0 {
             return Err(crate::errno());
         }
         // SAFETY: the id's QP, just set by `rdma_create_qp`.

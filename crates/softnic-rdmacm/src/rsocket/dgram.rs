@@ -73,7 +73,6 @@ struct Rx {
 
 /// A datagram socket's verbs objects, slots (send slots first) and routes.
 pub(super) struct Dgram {
-    pd: *mut v::ibv_pd,
     qp: *mut v::ibv_qp,
     s: Slots,
     free_tx: Vec<usize>,
@@ -95,14 +94,9 @@ impl Dgram {
         if ctx.is_null() {
             ctx = crate::lib()?.ctx();
         }
-        let pd = crate::lib()?.default_pd(ctx);
-        if pd.is_null() {
-            return Err(libc::ENOMEM);
-        }
         let mut d = Box::new(Dgram {
-            pd,
             qp: null_mut(),
-            s: Slots::new(ctx, pd, SLOT, TX + RX, TX + RX)?,
+            s: Slots::new(ctx, SLOT, TX + RX, TX + RX)?,
             free_tx: (0..TX).rev().collect(),
             tx_ah: [null_mut(); TX],
             rx: VecDeque::with_capacity(RX),
@@ -110,22 +104,9 @@ impl Dgram {
             port: 0,
             peer: None,
         });
-        let mut attr = v::ibv_qp_init_attr {
-            send_cq: d.s.cq,
-            recv_cq: d.s.cq,
-            cap: v::ibv_qp_cap {
-                max_send_wr: TX as u32,
-                max_recv_wr: RX as u32,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: v::ibv_qp_type::IBV_QPT_UD,
-            sq_sig_all: 1,
-            ..Default::default()
-        };
+        let mut attr = d.s.qp_attr(v::ibv_qp_type::IBV_QPT_UD, TX, RX);
         // SAFETY: the device's PD and valid attributes.
-        d.qp = unsafe { v::ibv_create_qp(pd, &mut attr) };
+        d.qp = unsafe { v::ibv_create_qp(d.s.pd, &mut attr) };
         if d.qp.is_null() {
             return Err(crate::errno());
         }
@@ -226,7 +207,7 @@ impl Dgram {
         } else {
             // SAFETY: the socket's PD; a completion (as `ibv_wc`) and its slot's GRH.
             let ah =
-                unsafe { v::ibv_create_ah_from_wc(self.pd, (w as *mut Wc).cast(), at.cast(), 1) };
+                unsafe { v::ibv_create_ah_from_wc(self.s.pd, (w as *mut Wc).cast(), at.cast(), 1) };
             if !ah.is_null() {
                 self.keep(Route {
                     ip,
@@ -308,7 +289,7 @@ impl Dgram {
                 Err(libc::ECONNREFUSED)
             } else {
                 let mut ud = (*(*tid).event).param.ud;
-                let ah = v::ibv_create_ah(self.pd, &mut ud.ah_attr);
+                let ah = v::ibv_create_ah(self.s.pd, &mut ud.ah_attr);
                 match ah.is_null() {
                     true => Err(crate::errno()),
                     false => Ok((ah, ud.qp_num, ud.qkey)),
@@ -375,45 +356,36 @@ impl Dgram {
         Ok(len)
     }
 
-    /// Reads the next datagram (from `peer` only, when connected) into `bufs`: its length
-    /// copied and its source, or `None` when none waits. The rest of a longer one is lost.
+    /// Reads the next datagram into `bufs` (a connected socket keeps its peer's only: see
+    /// [`Dgram::connect`]): its length copied and its source, or `None` when none waits. The
+    /// rest of a longer one is lost.
     pub(super) fn recv(
         &mut self,
         bufs: &mut [&mut [u8]],
         peek: bool,
     ) -> Option<(usize, libc::sockaddr_in)> {
-        while let Some(d) = self.rx.front() {
-            let from = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: d.port,
-                sin_addr: libc::in_addr { s_addr: d.ip },
-                sin_zero: [0; 8],
-            };
-            let wanted = self
-                .peer
-                .is_none_or(|p| p.sin_addr.s_addr == d.ip && p.sin_port == d.port);
-            let (slot, len) = (d.slot, d.len);
-            let mut n = 0;
-            if wanted {
-                // SAFETY: a completed receive slot, read before it is posted again.
-                let src = unsafe { self.s.at(TX + slot).add(GRH + HDR) };
-                for b in bufs.iter_mut() {
-                    let k = (len - n).min(b.len());
-                    // SAFETY: `k` bytes of the datagram, into the caller's buffer.
-                    unsafe { std::ptr::copy_nonoverlapping(src.add(n), b.as_mut_ptr(), k) };
-                    n += k;
-                }
-                if peek {
-                    return Some((n, from));
-                }
-            }
+        let d = self.rx.front()?;
+        let from = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: d.port,
+            sin_addr: libc::in_addr { s_addr: d.ip },
+            sin_zero: [0; 8],
+        };
+        let (slot, len) = (d.slot, d.len);
+        // SAFETY: a completed receive slot, read before it is posted again.
+        let src = unsafe { self.s.at(TX + slot).add(GRH + HDR) };
+        let mut n = 0;
+        for b in bufs.iter_mut() {
+            let k = (len - n).min(b.len());
+            // SAFETY: `k` bytes of the datagram, into the caller's buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(n), b.as_mut_ptr(), k) };
+            n += k;
+        }
+        if !peek {
             self.rx.pop_front();
             let _ = self.post_recv(slot);
-            if wanted {
-                return Some((n, from));
-            }
         }
-        None
+        Some((n, from))
     }
 
     pub(super) fn arm(&mut self) {

@@ -41,6 +41,8 @@ impl Wc {
 /// The CQ, its channel and the slots.
 pub(super) struct Slots {
     ctx: *mut v::ibv_context,
+    /// The device's PD (the library's default one), where the slots are registered.
+    pub(super) pd: *mut v::ibv_pd,
     ch: *mut v::ibv_comp_channel,
     pub(super) cq: *mut v::ibv_cq,
     mr: *mut v::ibv_mr,
@@ -50,17 +52,21 @@ pub(super) struct Slots {
 }
 
 impl Slots {
-    /// `count` slots of `size` bytes registered on `pd` (for the peer to reach with nothing:
-    /// local access only), and a CQ of `depth` on the device of `ctx`.
+    /// `count` slots of `size` bytes registered on the default PD of the device of `ctx` (for
+    /// the peer to reach with nothing: local access only), and a CQ of `depth` there.
     pub(super) fn new(
         ctx: *mut v::ibv_context,
-        pd: *mut v::ibv_pd,
         size: usize,
         count: usize,
         depth: usize,
     ) -> Result<Slots, c_int> {
+        let pd = crate::lib()?.default_pd(ctx);
+        if pd.is_null() {
+            return Err(libc::ENOMEM);
+        }
         let mut s = Slots {
             ctx,
+            pd,
             ch: null_mut(),
             cq: null_mut(),
             mr: null_mut(),
@@ -92,6 +98,25 @@ impl Slots {
             return Err(crate::errno());
         }
         Ok(s)
+    }
+
+    /// Attributes of a QP of `qp_type` on these slots' CQ, with `send` and `recv` WRs of one
+    /// entry each, every send signalled.
+    pub(super) fn qp_attr(&self, qp_type: u32, send: usize, recv: usize) -> v::ibv_qp_init_attr {
+        v::ibv_qp_init_attr {
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            cap: v::ibv_qp_cap {
+                max_send_wr: send as u32,
+                max_recv_wr: recv as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type,
+            sq_sig_all: 1,
+            ..Default::default()
+        }
     }
 
     fn layout(&self) -> Layout {
