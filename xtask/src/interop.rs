@@ -72,6 +72,9 @@ const CASES: &[Case] = &[
     pair("ibv_ud_pingpong", "-g 1 -e -s 2048", "iters in"),
     pair("ibv_srq_pingpong", "-g 0", "iters in"),
     pair("ibv_srq_pingpong", "-g 1 -e -s 16384 -q 4", "iters in"),
+    // XRC: a domain, an XRC SRQ and a target QP each side, the messages naming the SRQ.
+    pair("ibv_xsrq_pingpong", "-g 1 -n 500", "success"),
+    pair("ibv_xsrq_pingpong", "-g 0 -e -s 65536 -n 50", "success"),
     pair("ib_write_bw", "-d soft0 -x 0", "#bytes"),
     pair("ib_send_bw", "-d soft0 -x 1", "#bytes"),
     pair("ib_read_bw", "-d soft0 -x 0", "#bytes"),

@@ -116,6 +116,7 @@ pub(crate) enum Kind {
     Srq,
     Qp,
     Ah,
+    Xrcd,
 }
 
 struct Entry {

@@ -309,6 +309,8 @@ impl Fabric {
                     qpns: Default::default(),
                     groups: Default::default(),
                     next_qpn: 0x11,
+                    srqns: Default::default(),
+                    next_srqn: 1,
                     keys: crate::keys::Keys::new(match cfg.clock {
                         Clock::Virtual => crate::keys::KeySecret::seeded(cfg.seed, i),
                         Clock::Wall => crate::keys::KeySecret::random(),
@@ -348,6 +350,8 @@ impl Fabric {
             cqs: Default::default(),
             channels: BTreeMap::new(),
             srqs: Default::default(),
+            xrcds: BTreeMap::new(),
+            domains: BTreeMap::new(),
             ahs: BTreeMap::new(),
             ah_by_ptr: Default::default(),
             net: Net::default(),

@@ -133,6 +133,7 @@ mod state;
 mod table;
 mod timers;
 pub mod topology;
+mod xrc;
 
 pub use abi::Wc;
 pub use alarm::Alarm;

@@ -27,6 +27,10 @@ pub(crate) struct Srq {
     pub(crate) max_sge: u32,
     /// Armed limit (0: disarmed).
     pub(crate) limit: u32,
+    /// Its number on its device (`ibv_get_srq_num`).
+    pub(crate) srqn: u32,
+    /// An XRC SRQ's domain and CQ (`None`: a basic SRQ).
+    pub(crate) xrc: Option<crate::xrc::XrcSrq>,
     pub(crate) wqes: VecDeque<RecvWqe>,
     /// WQEs consumed whose completion has not been polled yet (they still hold a slot).
     pub(crate) unreclaimed: u32,

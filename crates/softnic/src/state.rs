@@ -33,6 +33,9 @@ pub(crate) struct Device {
     /// QP number -> QP id.
     pub(crate) qpns: crate::hash::FastMap<u32, u32>,
     pub(crate) next_qpn: u32,
+    /// SRQ number (24 bits, what XRC requests name) -> SRQ id.
+    pub(crate) srqns: crate::hash::FastMap<u32, u32>,
+    pub(crate) next_srqn: u32,
     /// The memory keys of the device's MRs and memory windows, and what every access through
     /// each is checked against.
     pub(crate) keys: crate::keys::Keys,
@@ -120,6 +123,10 @@ pub(crate) struct World {
     pub(crate) cqs: crate::table::Table<Cq>,
     pub(crate) channels: BTreeMap<u32, Channel>,
     pub(crate) srqs: crate::table::Table<Srq>,
+    /// XRC domains' opens (`ibv_xrcd`s), by id.
+    pub(crate) xrcds: BTreeMap<u32, crate::xrc::Xrcd>,
+    /// XRC domains, by id.
+    pub(crate) domains: BTreeMap<u32, crate::xrc::Domain>,
     pub(crate) ahs: BTreeMap<u32, Ah>,
     /// Address-handle pointer (as posted in UD WRs) -> AH id.
     pub(crate) ah_by_ptr: crate::hash::FastMap<usize, u32>,

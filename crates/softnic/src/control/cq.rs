@@ -128,7 +128,11 @@ pub(super) unsafe extern "C" fn create_cq(
 
 pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     destroy_when_acked(cq.cast(), Kind::Cq, |_, st, id| {
-        if st.qps.values().any(|q| q.send_cq == id || q.recv_cq == id) {
+        let for_srq =
+            st.w.srqs
+                .values()
+                .any(|s| s.xrc.is_some_and(|x| x.cq == id));
+        if for_srq || st.qps.values().any(|q| q.send_cq == id || q.recv_cq == id) {
             return Some(libc::EBUSY);
         }
         if st.w.cqs.get(&id).is_some_and(Cq::unacked) {

@@ -80,6 +80,7 @@ pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
             || w.ahs.values().any(|o| o.ctx == id)
             || w.mrs.values().any(|o| o.ctx == id)
             || w.mws.values().any(|o| o.ctx == id)
+            || w.xrcds.values().any(|o| o.ctx == id)
             || st.qps.values().any(|o| o.ctx == id);
         if busy {
             return libc::EBUSY;
@@ -209,8 +210,10 @@ pub(super) unsafe extern "C" fn query_device(
             max_cqe: c.max_cqe as i32,
             max_mr: 1 << 20,
             max_mw: 1 << 20,
-            // Memory windows of type 1 and 2B, as rxe reports them.
-            device_cap_flags: IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+            // Memory windows of type 1 and 2B, as rxe reports them, and XRC.
+            device_cap_flags: IBV_DEVICE_MEM_WINDOW
+                | IBV_DEVICE_MEM_WINDOW_TYPE_2B
+                | IBV_DEVICE_XRC,
             max_pd: 1 << 16,
             max_qp_rd_atom: c.max_rd_atomic as i32,
             max_res_rd_atom: (c.max_rd_atomic as i32) << 16,

@@ -34,8 +34,8 @@ pub use device::release_device;
 use device::*;
 pub use groups::{attach_mcast, detach_mcast};
 use memory::*;
-pub(crate) use queues::create_qp_with;
 use queues::*;
+pub(crate) use queues::{create_qp_with, create_srq_with, create_target_qp};
 pub(crate) use windows::{alloc_mw, bind_mw, dealloc_mw};
 
 /// The control path of a libibverbs provider, as a table of functions with the libibverbs
@@ -215,7 +215,7 @@ fn destroy_when_acked(
 
 /// [`try_with`] for functions that return an errno value: EINVAL for unknown pointers, EIO on
 /// a broken fabric or after a panic.
-fn with_status(
+pub(crate) fn with_status(
     ptr: *const c_void,
     kind: Kind,
     f: impl FnOnce(&Arc<Shared>, &mut State, u32) -> c_int,

@@ -11,19 +11,37 @@ use crate::cq::unacked;
 use crate::qp::{Qp, RecvQueue, Requester, Responder, SendQueue, Transport};
 use crate::srq::Srq;
 use crate::state::{Ah, Element, State};
+use crate::xrc::Role;
 use std::collections::VecDeque;
 
 pub(super) unsafe extern "C" fn create_srq(
     pd: *mut ibv_pd,
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
+    if init.is_null() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: non-null, and points to a valid `ibv_srq_init_attr` per the contract.
+    create_srq_with(pd, unsafe { &mut *init }, None, None)
+}
+
+/// `create_srq`, for `ibv_create_srq_ex` too: `context` (if given) must be the PD's; with
+/// `xrc`, an XRC SRQ of the domain that XRCD is an open of, completing into that CQ (both of
+/// the PD's context, else EINVAL).
+pub(crate) fn create_srq_with(
+    pd: *mut ibv_pd,
+    init: &mut ibv_srq_init_attr,
+    context: Option<*mut ibv_context>,
+    xrc: Option<(*mut ibv_xrcd, *mut ibv_cq)>,
+) -> *mut ibv_srq {
+    let xrc_found = xrc.map(|(x, cq)| {
+        (
+            abi::lookup(x.cast(), Kind::Xrcd),
+            abi::lookup(cq.cast(), Kind::Cq),
+        )
+    });
     with(pd.cast(), Kind::Pd, null_mut(), |shared, st, pd_id| {
-        if init.is_null() {
-            set_errno(libc::EINVAL);
-            return null_mut();
-        }
-        // SAFETY: non-null, and points to a valid `ibv_srq_init_attr` per the contract.
-        let init = unsafe { &mut *init };
         let a = init.attr;
         let c = &st.w.cfg;
         if a.max_wr == 0
@@ -34,9 +52,36 @@ pub(super) unsafe extern "C" fn create_srq(
             set_errno(libc::EINVAL);
             return null_mut();
         }
+        let ctx = st.w.pds[&pd_id].ctx;
+        if context.is_some_and(|c| c != st.w.context_ptr(ctx)) {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        let xrc = match xrc_found {
+            None => None,
+            Some((Some(x), Some(cq))) => {
+                // Ids are per fabric: an object of another fabric must not pass for one of this.
+                let ours = |f: &abi::Found| std::sync::Arc::ptr_eq(&f.fabric, shared);
+                let xrcd = st.w.xrcds.get(&x.id).filter(|o| ours(&x) && o.ctx == ctx);
+                let cq_ok = ours(&cq) && st.w.cqs.get(&cq.id).is_some_and(|c| c.ctx == ctx);
+                match xrcd {
+                    Some(o) if cq_ok => Some(crate::xrc::XrcSrq {
+                        domain: o.domain,
+                        cq: cq.id,
+                    }),
+                    _ => {
+                        set_errno(libc::EINVAL);
+                        return null_mut();
+                    }
+                }
+            }
+            Some(_) => {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+        };
         let max_sge = a.max_sge.max(1);
         init.attr.max_sge = max_sge;
-        let ctx = st.w.pds[&pd_id].ctx;
         let context = st.w.context_ptr(ctx);
         let Some(id) = st.w.srqs.next_id() else {
             // Every slot of the table is taken (over a million SRQs).
@@ -52,14 +97,23 @@ pub(super) unsafe extern "C" fn create_srq(
         };
         let shell = Shell::new(srq, id);
         let p = shell.ptr();
+        let d = &mut st.w.devices[st.w.contexts[&ctx].dev];
+        let mut srqn = d.next_srqn;
+        while d.srqns.contains_key(&srqn) || srqn == 0 {
+            srqn = (srqn + 1) & 0x00ff_ffff;
+        }
+        d.next_srqn = (srqn + 1) & 0x00ff_ffff;
+        d.srqns.insert(srqn, id);
         st.w.srqs.insert(
             id,
             Srq {
                 ctx,
                 pd: pd_id,
+                srqn,
                 max_wr: a.max_wr,
                 max_sge,
                 limit: a.srq_limit,
+                xrc,
                 wqes: VecDeque::new(),
                 unreclaimed: 0,
                 events_reported: 0,
@@ -126,7 +180,12 @@ pub(super) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
 
 pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     destroy_when_acked(srq.cast(), Kind::Srq, |_, st, id| {
-        if st.qps.values().any(|q| q.srq == Some(id)) {
+        // (An XRC target QP does not hold the SRQ its last request bound: see below.)
+        if st
+            .qps
+            .values()
+            .any(|q| q.srq == Some(id) && q.xrc.is_none())
+        {
             return Some(libc::EBUSY);
         }
         let Some(s) = st.w.srqs.get(&id) else {
@@ -135,7 +194,14 @@ pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         if unacked(s.events_reported, s.shell.get().events_completed) {
             return None;
         }
+        for (_, q) in st.qps.iter_mut() {
+            if q.srq == Some(id) && q.is_xrc_target() {
+                q.unbind_srq();
+            }
+        }
         abi::unregister(s.shell.ptr().cast());
+        let dev = st.w.contexts[&s.ctx].dev;
+        st.w.devices[dev].srqns.remove(&s.srqn);
         st.w.srqs.remove(&id);
         st.w.drop_async_events(Element::Srq(id));
         Some(0)
@@ -151,7 +217,10 @@ pub(super) unsafe extern "C" fn create_qp(
 }
 
 /// `create_qp`, for `ibv_create_qp_ex` too: `context` (if given) must be the PD's, and a
-/// non-zero `send_ops` (`IBV_QP_EX_WITH_*`, checked by the caller) makes the QP extended.
+/// non-zero `send_ops` (`IBV_QP_EX_WITH_*`, checked by the caller) makes the QP extended. An
+/// XRC initiator (`IBV_QPT_XRC_SEND`) has a send CQ and no receive side: its receive CQ, SRQ
+/// and receive capabilities are ignored. An XRC target is made with its domain instead
+/// ([`create_target_qp`]): here it is EINVAL.
 ///
 /// # Safety
 /// `init` is null or a valid, writable `ibv_qp_init_attr`; the other pointers are checked.
@@ -167,9 +236,10 @@ pub(crate) unsafe fn create_qp_with(
     }
     // SAFETY: non-null, and points to a valid `ibv_qp_init_attr` per the contract.
     let ia = unsafe { &mut *init };
+    let initiator = ia.qp_type == ibv_qp_type::IBV_QPT_XRC_SEND;
     let send_cq = abi::lookup(ia.send_cq.cast(), Kind::Cq);
     let recv_cq = abi::lookup(ia.recv_cq.cast(), Kind::Cq);
-    let srq = if ia.srq.is_null() {
+    let srq = if ia.srq.is_null() || initiator {
         Ok(None)
     } else {
         abi::lookup(ia.srq.cast(), Kind::Srq).map(Some).ok_or(())
@@ -190,28 +260,31 @@ pub(crate) unsafe fn create_qp_with(
         };
         let srq_ok = match srq {
             Ok(None) => true,
-            Ok(Some(s)) => st.w.srqs.get(&s).is_some_and(|s| s.ctx == ctx),
+            // (An XRC SRQ takes requests through a target QP only.)
+            Ok(Some(s)) => {
+                st.w.srqs
+                    .get(&s)
+                    .is_some_and(|s| s.ctx == ctx && s.xrc.is_none())
+            }
             Err(()) => false,
         };
-        let transport = match ia.qp_type {
-            ibv_qp_type::IBV_QPT_RC => Some(Transport::Rc),
-            ibv_qp_type::IBV_QPT_UC => Some(Transport::Uc),
-            ibv_qp_type::IBV_QPT_UD => Some(Transport::Ud),
+        let (transport, xrc) = match ia.qp_type {
+            ibv_qp_type::IBV_QPT_RC => (Some(Transport::Rc), None),
+            ibv_qp_type::IBV_QPT_UC => (Some(Transport::Uc), None),
+            ibv_qp_type::IBV_QPT_UD => (Some(Transport::Ud), None),
+            ibv_qp_type::IBV_QPT_XRC_SEND => (Some(Transport::Rc), Some(Role::Initiator)),
             // Types the verbs define that softnic does not serve: EOPNOTSUPP, as rxe's
             // rxe_qp_chk_init answers them (an unknown type is EINVAL, below).
-            ibv_qp_type::IBV_QPT_RAW_PACKET
-            | ibv_qp_type::IBV_QPT_XRC_SEND
-            | ibv_qp_type::IBV_QPT_XRC_RECV
-            | ibv_qp_type::IBV_QPT_DRIVER => {
+            ibv_qp_type::IBV_QPT_RAW_PACKET | ibv_qp_type::IBV_QPT_DRIVER => {
                 set_errno(libc::EOPNOTSUPP);
                 return null_mut();
             }
-            _ => None,
+            _ => (None, None),
         };
         let c = &st.w.cfg;
         let mut cap = ia.cap;
         let with_srq = matches!(srq, Ok(Some(_)));
-        if with_srq {
+        if with_srq || initiator {
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
         }
@@ -223,7 +296,7 @@ pub(crate) unsafe fn create_qp_with(
         let (Some(transport), true, true, true, true) = (
             transport,
             same_ctx(send_cq),
-            same_ctx(recv_cq),
+            initiator || same_ctx(recv_cq),
             srq_ok,
             caps_ok,
         ) else {
@@ -237,78 +310,160 @@ pub(crate) unsafe fn create_qp_with(
             .min(c.max_inline_data)
             .max(cap.max_inline_data);
         ia.cap = cap;
-        let Some(id) = st.qps.next_id() else {
-            // Every slot of the table is taken (over a million QPs).
-            set_errno(libc::ENOMEM);
-            return null_mut();
-        };
-        let dev = st.w.contexts[&ctx].dev;
-        let d = &mut st.w.devices[dev];
-        let mut qpn = d.next_qpn;
-        // (Not 0 and 1, the special QPs, nor 0xFFFFFF, the multicast QPN.)
-        while d.qpns.contains_key(&qpn) || qpn < 0x11 || qpn == crate::mcast::MULTICAST_QPN {
-            qpn = (qpn + 1) & 0x00ff_ffff;
-        }
-        d.next_qpn = (qpn + 1) & 0x00ff_ffff;
-        let context = st.w.context_ptr(ctx);
-        let qp = ibv_qp {
-            context,
+        let shell = ibv_qp {
             qp_context: ia.qp_context,
             pd,
             send_cq: ia.send_cq,
-            recv_cq: ia.recv_cq,
+            recv_cq: if initiator { null_mut() } else { ia.recv_cq },
             srq: if with_srq { ia.srq } else { null_mut() },
-            handle: id,
-            qp_num: qpn,
-            state: ibv_qp_state::IBV_QPS_RESET,
             qp_type: ia.qp_type,
             ..Default::default()
         };
-        let shell = Shell::wrapped(crate::extended::QpEx::new(qp, send_ops, &cap), id);
-        let p = shell.ptr();
-        let attr = ibv_qp_attr {
-            qp_state: ibv_qp_state::IBV_QPS_RESET,
-            path_mtu: ibverbs_sys::IBV_MTU_1024,
-            port_num: 1,
-            cap,
-            ..Default::default()
-        };
-        st.w.devices[dev].qpns.insert(qpn, id);
-        st.qps.insert(
-            id,
-            Qp {
-                id,
-                ctx,
-                dev,
-                pd: pd_id,
-                send_cq: send_cq.expect("checked above"),
-                recv_cq: recv_cq.expect("checked above"),
-                srq: srq.ok().flatten(),
-                qpn,
-                transport,
-                state: ibv_qp_state::IBV_QPS_RESET,
-                cap,
-                sq_sig_all: ia.sq_sig_all != 0,
-                events_reported: 0,
-                attr,
-                dest_dev: None,
-                peer_gid: None,
-                epoch: 0,
-                sq: SendQueue::default(),
-                rq: RecvQueue::default(),
-                req: Requester::default(),
-                resp: Responder::default(),
-                counters: Default::default(),
-                shell,
-                timer_entry: None,
-                tx_queued: false,
-                wire_gen: 0,
-                last_cnp: None,
+        let new = NewQp {
+            ctx,
+            pd: pd_id,
+            send_cq: send_cq.expect("checked above"),
+            recv_cq: if initiator {
+                crate::xrc::NONE
+            } else {
+                recv_cq.expect("checked above")
             },
-        );
-        abi::register(p.cast(), Kind::Qp, shared, id);
-        p
+            srq: srq.ok().flatten(),
+            transport,
+            xrc,
+            cap,
+            sq_sig_all: ia.sq_sig_all != 0,
+        };
+        insert_qp(shared, st, shell, new, send_ops)
     })
+}
+
+/// `ibv_create_qp_ex` of an XRC target QP (`IBV_QPT_XRC_RECV`) in the domain `xrcd` is an open
+/// of (which must be `context`'s): no PD, CQs or queues; `qp_context` is the caller's.
+pub(crate) fn create_target_qp(
+    context: *mut ibv_context,
+    xrcd: *mut ibv_xrcd,
+    qp_context: *mut std::ffi::c_void,
+) -> *mut ibv_qp {
+    with(
+        xrcd.cast(),
+        Kind::Xrcd,
+        null_mut(),
+        |shared, st, xrcd_id| {
+            let (ctx, domain) = (st.w.xrcds[&xrcd_id].ctx, st.w.xrcds[&xrcd_id].domain);
+            if context != st.w.context_ptr(ctx) {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+            let shell = ibv_qp {
+                qp_context,
+                qp_type: ibv_qp_type::IBV_QPT_XRC_RECV,
+                ..Default::default()
+            };
+            let new = NewQp {
+                ctx,
+                pd: crate::xrc::NONE,
+                send_cq: crate::xrc::NONE,
+                recv_cq: crate::xrc::NONE,
+                srq: None,
+                transport: Transport::Rc,
+                xrc: Some(Role::Target { domain }),
+                cap: ibv_qp_cap::default(),
+                sq_sig_all: false,
+            };
+            insert_qp(shared, st, shell, new, 0)
+        },
+    )
+}
+
+/// What a new QP is made of (its shell's pointers aside).
+struct NewQp {
+    ctx: u32,
+    pd: u32,
+    send_cq: u32,
+    recv_cq: u32,
+    srq: Option<u32>,
+    transport: Transport,
+    xrc: Option<Role>,
+    cap: ibv_qp_cap,
+    sq_sig_all: bool,
+}
+
+/// Numbers and registers a new QP, `shell` its `ibv_qp` but for what this fills in (context,
+/// handle, number, state).
+fn insert_qp(
+    shared: &std::sync::Arc<crate::fabric::Shared>,
+    st: &mut State,
+    shell: ibv_qp,
+    n: NewQp,
+    send_ops: u64,
+) -> *mut ibv_qp {
+    let Some(id) = st.qps.next_id() else {
+        // Every slot of the table is taken (over a million QPs).
+        set_errno(libc::ENOMEM);
+        return null_mut();
+    };
+    let dev = st.w.contexts[&n.ctx].dev;
+    let d = &mut st.w.devices[dev];
+    let mut qpn = d.next_qpn;
+    // (Not 0 and 1, the special QPs, nor 0xFFFFFF, the multicast QPN.)
+    while d.qpns.contains_key(&qpn) || qpn < 0x11 || qpn == crate::mcast::MULTICAST_QPN {
+        qpn = (qpn + 1) & 0x00ff_ffff;
+    }
+    d.next_qpn = (qpn + 1) & 0x00ff_ffff;
+    let qp = ibv_qp {
+        context: st.w.context_ptr(n.ctx),
+        handle: id,
+        qp_num: qpn,
+        state: ibv_qp_state::IBV_QPS_RESET,
+        ..shell
+    };
+    let cap = n.cap;
+    let shell = Shell::wrapped(crate::extended::QpEx::new(qp, send_ops, &cap), id);
+    let p = shell.ptr();
+    let attr = ibv_qp_attr {
+        qp_state: ibv_qp_state::IBV_QPS_RESET,
+        path_mtu: ibverbs_sys::IBV_MTU_1024,
+        port_num: 1,
+        cap,
+        ..Default::default()
+    };
+    st.w.devices[dev].qpns.insert(qpn, id);
+    st.qps.insert(
+        id,
+        Qp {
+            id,
+            ctx: n.ctx,
+            dev,
+            pd: n.pd,
+            send_cq: n.send_cq,
+            recv_cq: n.recv_cq,
+            srq: n.srq,
+            xrc: n.xrc,
+            qpn,
+            transport: n.transport,
+            state: ibv_qp_state::IBV_QPS_RESET,
+            cap,
+            sq_sig_all: n.sq_sig_all,
+            events_reported: 0,
+            attr,
+            dest_dev: None,
+            peer_gid: None,
+            epoch: 0,
+            sq: SendQueue::default(),
+            rq: RecvQueue::default(),
+            req: Requester::default(),
+            resp: Responder::default(),
+            counters: Default::default(),
+            shell,
+            timer_entry: None,
+            tx_queued: false,
+            wire_gen: 0,
+            last_cnp: None,
+        },
+    );
+    abi::register(p.cast(), Kind::Qp, shared, id);
+    p
 }
 
 pub(super) unsafe extern "C" fn modify_qp(

@@ -3,7 +3,8 @@
 //!
 //! - every context sits at the end of a `struct verbs_context` (this module) whose extended
 //!   ops serve `ibv_query_port` (the full `ibv_port_attr`), `ibv_query_device_ex`,
-//!   `ibv_create_cq_ex` and `ibv_create_qp_ex`; the ops softnic does not serve are null, and
+//!   `ibv_create_cq_ex`, `ibv_create_qp_ex` and XRC's (`ibv_open_xrcd`, `ibv_close_xrcd`,
+//!   `ibv_create_srq_ex`, `ibv_get_srq_num`: [`xrc`]); the ops softnic does not serve are null, and
 //!   the helpers turn a null op into EOPNOTSUPP (`ibv_advise_mr`, `ibv_alloc_dm`, flows, ...);
 //! - every CQ is an `ibv_cq_ex` ([`cq`]: `start_poll`/`next_poll`/`end_poll` and `read_*`);
 //! - a QP made by `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` is an `ibv_qp_ex`
@@ -16,6 +17,7 @@
 mod builders;
 mod cq;
 mod qp;
+mod xrc;
 
 pub(crate) use cq::{CqEx, ready_flag};
 use qp::me;
@@ -41,6 +43,11 @@ type CreateCqEx =
 type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
+type GetSrqNum = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+type CreateSrqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+type OpenXrcd = unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+type CloseXrcd = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
 
 /// rdma-core's `struct verbs_context` (ibverbs-sys does not generate it): the extended ops,
 /// then `sz`, then the `ibv_context` callers hold, which must be last. Ops softnic does not
@@ -60,8 +67,12 @@ pub(crate) struct VerbsContext {
     /// `ibv_destroy_flow`, a placeholder, `ibv_create_flow`, a placeholder, `open_qp`.
     unserved_b: [usize; 5],
     create_qp_ex: Option<CreateQpEx>,
-    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, a placeholder.
-    unserved_c: [usize; 5],
+    get_srq_num: Option<GetSrqNum>,
+    create_srq_ex: Option<CreateSrqEx>,
+    open_xrcd: Option<OpenXrcd>,
+    close_xrcd: Option<CloseXrcd>,
+    /// A placeholder.
+    unserved_c: usize,
     /// The size of this struct: the helpers check it covers the op they want.
     sz: usize,
     context: ibv_context,
@@ -76,6 +87,8 @@ const _: () = {
     assert!(offset_of!(VerbsContext, private) == 208);
     assert!(offset_of!(VerbsContext, query_device_ex) == 216);
     assert!(offset_of!(VerbsContext, create_qp_ex) == 264);
+    assert!(offset_of!(VerbsContext, get_srq_num) == 272);
+    assert!(offset_of!(VerbsContext, close_xrcd) == 296);
     assert!(offset_of!(VerbsContext, sz) == 312);
     assert!(offset_of!(VerbsContext, context) == 320);
     assert!(size_of::<ibv_context>() == 328);
@@ -104,7 +117,11 @@ impl VerbsContext {
             query_device_ex: Some(query_device_ex),
             unserved_b: [0; 5],
             create_qp_ex: Some(qp::create_qp_ex),
-            unserved_c: [0; 5],
+            get_srq_num: Some(xrc::get_srq_num),
+            create_srq_ex: Some(xrc::create_srq_ex),
+            open_xrcd: Some(xrc::open_xrcd),
+            close_xrcd: Some(xrc::close_xrcd),
+            unserved_c: 0,
             sz: size_of::<VerbsContext>(),
             context: ibv_context {
                 abi_compat: ABI_IS_EXTENDED,

@@ -151,10 +151,11 @@ pub unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 }
 
 /// `verbs_context.create_qp_ex`: `ibv_create_qp` with a PD and, optionally, send ops (then
-/// `ibv_qp_to_qp_ex` gives the builders). XRC, TSO, RSS, indirection tables, source QPNs,
-/// creation flags, and send ops the transport cannot carry or softnic does not serve are
-/// EOPNOTSUPP. Only the fields `comp_mask` names are read, so a caller built against older
-/// headers, whose struct ends sooner, is served too.
+/// `ibv_qp_to_qp_ex` gives the builders), or an XRC target QP with its domain
+/// (`IBV_QP_INIT_ATTR_XRCD`, no PD). TSO, RSS, indirection tables, source QPNs, creation
+/// flags, and send ops the transport cannot carry or softnic does not serve (an XRC QP's: the
+/// builders have no `wr_set_xrc_srqn`) are EOPNOTSUPP. Only the fields `comp_mask` names are
+/// read, so a caller built against older headers, whose struct ends sooner, is served too.
 pub(super) unsafe extern "C" fn create_qp_ex(
     context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -175,21 +176,39 @@ pub(super) unsafe extern "C" fn create_qp_ex(
         };
     }
     let mask = field!(comp_mask);
-    let served =
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
-    if mask & IBV_QP_INIT_ATTR_PD == 0 {
+    let served = IBV_QP_INIT_ATTR_PD
+        | IBV_QP_INIT_ATTR_XRCD
+        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+        | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    let qp_type = field!(qp_type);
+    let target = qp_type == ibv_qp_type::IBV_QPT_XRC_RECV;
+    let needed = if target {
+        IBV_QP_INIT_ATTR_XRCD
+    } else {
+        IBV_QP_INIT_ATTR_PD
+    };
+    if mask & needed == 0 {
         return fail(libc::EINVAL);
     }
     let creates = mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && field!(create_flags) != 0;
     if mask & !served != 0 || creates {
         return fail(libc::EOPNOTSUPP);
     }
-    let qp_type = field!(qp_type);
+    if target {
+        if mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            return fail(libc::EOPNOTSUPP);
+        }
+        // A target has no queues: its caps are zero.
+        // SAFETY: as for `field!`; `cap` is writable (the caller learns the QP's caps).
+        unsafe { (&raw mut (*attr).cap).write(ibv_qp_cap::default()) };
+        return crate::control::create_target_qp(context, field!(xrcd), field!(qp_context));
+    }
     let send_ops = if mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
         let ops = field!(send_ops_flags);
         let carried = match qp_type {
             ibv_qp_type::IBV_QPT_RC => RC_SEND_OPS,
             ibv_qp_type::IBV_QPT_UC => UC_SEND_OPS,
+            ibv_qp_type::IBV_QPT_XRC_SEND => 0,
             _ => UD_SEND_OPS,
         };
         if ops == 0 {

@@ -1,10 +1,11 @@
 //! The packet layer: InfiniBand transport headers as RoCEv2 puts them on the wire.
 //!
-//! A packet is `BTH [DETH] [RETH] [AtomicETH] [ImmDt | IETH] [AETH] [AtomicAckETH] payload pad
-//! ICRC`, every field big-endian, as in the IBTA specification (volume 1, chapter 9). [`Headers::emit`] writes one into a byte
-//! buffer, [`Packet::parse`] checks and reads one back (smoltcp's `new_checked` + `Repr` style:
-//! every malformed input is an error, never a panic). The transport logic in `qp` only ever sees
-//! parsed headers, so a UDP wire (port 4791) can carry these same bytes later.
+//! A packet is `BTH [XRCETH] [DETH] [RETH] [AtomicETH] [ImmDt | IETH] [AETH] [AtomicAckETH]
+//! payload pad ICRC`, every field big-endian, as in the IBTA specification (volume 1, chapter
+//! 9). [`Headers::emit`] writes one into a byte buffer, [`Packet::parse`] checks and reads one
+//! back (smoltcp's `new_checked` + `Repr` style: every malformed input is an error, never a
+//! panic). The transport logic in `qp` only ever sees parsed headers, so a UDP wire (port 4791)
+//! can carry these same bytes later.
 //!
 //! The ICRC here is a CRC-32 over the whole packet before it (the real one also covers masked
 //! IP/UDP headers, which this fabric does not have); the receiver drops a packet whose ICRC does
@@ -43,6 +44,8 @@ pub mod opcode {
     pub const RC_ATOMIC_WRITE: u8 = 0x1d;
     /// UC opcodes are the RC SEND/WRITE ones with this transport prefix.
     pub const UC: u8 = 0x20;
+    /// XRC opcodes are the RC ones with this transport prefix; its requests carry an XRCETH.
+    pub const XRC: u8 = 0xa0;
     pub const UD_SEND_ONLY: u8 = 0x64;
     pub const UD_SEND_ONLY_IMM: u8 = 0x65;
     /// RoCEv2's congestion notification packet (Annex A17): BTH with BECN set, to the QP
@@ -68,6 +71,8 @@ pub const ATOMIC_ETH_LEN: usize = 28;
 pub const ATOMIC_ACK_ETH_LEN: usize = 8;
 /// FLUSH extended transport header length.
 pub const FETH_LEN: usize = 4;
+/// XRC extended transport header length: the SRQ a request is for.
+pub const XRCETH_LEN: usize = 4;
 /// Invariant CRC length.
 pub const ICRC_LEN: usize = 4;
 /// The PSN space: 24 bits.
@@ -107,6 +112,8 @@ pub struct Layout {
     pub ieth: bool,
     /// FETH present (FLUSH).
     pub feth: bool,
+    /// XRCETH present (XRC requests).
+    pub xrceth: bool,
     /// First packet of a message (or only).
     pub first: bool,
     /// Last packet of a message (or only).
@@ -141,6 +148,7 @@ const fn l(deth: bool, reth: bool, imm: bool, aeth: bool, first: bool, last: boo
         atomic_ack: false,
         ieth: false,
         feth: false,
+        xrceth: false,
         first,
         last,
     }
@@ -149,6 +157,17 @@ const fn l(deth: bool, reth: bool, imm: bool, aeth: bool, first: bool, last: boo
 /// See [`layout`].
 const fn layout_of(op: u8) -> Option<Layout> {
     use opcode::*;
+    if op & 0xe0 == XRC {
+        // XRC has RC's opcodes: its requests name the SRQ, its responses do not.
+        let Some(rc) = layout_of(op & 0x1f) else {
+            return None;
+        };
+        let response = matches!(op & 0x1f, RC_READ_RESPONSE_FIRST..=RC_ATOMIC_ACKNOWLEDGE);
+        return Some(Layout {
+            xrceth: !response,
+            ..rc
+        });
+    }
     let base = if op & 0xe0 == UC { op & !UC } else { op };
     if op & 0xe0 == UC && base > RC_WRITE_ONLY_IMM {
         return None; // UC has SEND and WRITE only
@@ -267,6 +286,8 @@ pub struct Headers {
     /// and the selectivity level in bits 5:4 (0 the RETH's range, 1 the whole region), as rxe
     /// lays it out.
     pub feth: Option<u32>,
+    /// XRCETH, for XRC requests: the number of the SRQ (24 bits) the message is for.
+    pub xrceth: Option<u32>,
 }
 
 /// Why a byte buffer is not a valid packet.
@@ -320,6 +341,7 @@ impl Headers {
             || l.atomic_ack != self.atomic_ack.is_some()
             || l.ieth != self.ieth.is_some()
             || l.feth != self.feth.is_some()
+            || l.xrceth != self.xrceth.is_some()
         {
             return Err(WireError::HeaderMismatch);
         }
@@ -333,6 +355,9 @@ impl Headers {
             ((u32::from(self.ack_req) << 31) | (self.psn & PSN_MASK)).to_be_bytes();
         let se_pad = (u8::from(self.se) << 7) | ((pad as u8) << 4); // SE, M=0, pad, TVer=0
         h.put([self.opcode, se_pad, p0, p1, 0, q1, q2, q3, s0, s1, s2, s3]);
+        if let Some(srqn) = self.xrceth {
+            h.put((srqn & 0x00ff_ffff).to_be_bytes());
+        }
         if let Some(d) = self.deth {
             h.put(d.qkey.to_be_bytes());
             h.put((d.src_qp & 0x00ff_ffff).to_be_bytes());
@@ -377,6 +402,7 @@ impl Headers {
     /// The length on the wire of a packet with these headers and `payload_len` bytes of payload.
     pub fn wire_len(&self, payload_len: usize) -> usize {
         BTH_LEN
+            + self.xrceth.map_or(0, |_| XRCETH_LEN)
             + self.deth.map_or(0, |_| DETH_LEN)
             + self.feth.map_or(0, |_| FETH_LEN)
             + self.reth.map_or(0, |_| RETH_LEN)
@@ -456,6 +482,9 @@ impl<'a> Packet<'a> {
         hdr.ack_req = body[8] & 0x80 != 0;
         hdr.psn = be32(&body[8..12]) & PSN_MASK;
         let mut cur = Cursor(&body[BTH_LEN..]);
+        if l.xrceth {
+            hdr.xrceth = Some(be32(cur.take(XRCETH_LEN)?) & 0x00ff_ffff);
+        }
         if l.deth {
             let d = cur.take(DETH_LEN)?;
             hdr.deth = Some(Deth {
@@ -545,9 +574,10 @@ struct HeadBuf {
     len: usize,
 }
 
-/// Every header's length added up: BTH, DETH, FETH, RETH, AtomicETH, ImmDt, IETH, AETH and
+/// Every header's length added up: BTH, XRCETH, DETH, FETH, RETH, AtomicETH, ImmDt, IETH, AETH and
 /// AtomicAckETH.
 const HEADROOM: usize = BTH_LEN
+    + XRCETH_LEN
     + DETH_LEN
     + FETH_LEN
     + RETH_LEN

@@ -148,6 +148,97 @@ fn every_layout_round_trips() {
 }
 
 #[test]
+fn xrc_requests_name_their_srq_right_after_the_bth_and_responses_do_not() {
+    let base = Headers {
+        pkey: 0xffff,
+        dest_qp: 0x12_3456,
+        psn: 5,
+        ..Headers::default()
+    };
+    let write = Headers {
+        opcode: XRC | RC_WRITE_FIRST,
+        xrceth: Some(0xab_cdef),
+        reth: Some(Reth {
+            va: 0x1000,
+            rkey: 0x77,
+            len: 9000,
+        }),
+        ..base
+    };
+    roundtrip(write, &[9; 1024]);
+    let mut buf = Vec::new();
+    write.emit(b"", &mut buf).unwrap();
+    // BTH, then the XRCETH (8 reserved bits and the SRQ number), then the RETH.
+    assert_eq!(buf[0], 0xa6);
+    assert_eq!(buf[BTH_LEN..BTH_LEN + XRCETH_LEN], [0, 0xab, 0xcd, 0xef]);
+    assert_eq!(buf[BTH_LEN + XRCETH_LEN..][..8], 0x1000u64.to_be_bytes());
+    for op in [
+        RC_SEND_ONLY_IMM,
+        RC_READ_REQUEST,
+        RC_SEND_LAST_INV,
+        RC_ATOMIC_WRITE,
+    ] {
+        let l = layout(XRC | op).unwrap();
+        assert!(l.xrceth, "{op:#x}");
+        assert_eq!(
+            Layout { xrceth: false, ..l },
+            layout(op).unwrap(),
+            "XRC's {op:#x} is RC's plus the XRCETH"
+        );
+    }
+    roundtrip(
+        Headers {
+            opcode: XRC | RC_FETCH_ADD,
+            xrceth: Some(1),
+            atomic: Some(AtomicEth {
+                va: 8,
+                rkey: 2,
+                swap_add: 3,
+                compare: 0,
+            }),
+            ..base
+        },
+        b"",
+    );
+    for op in [
+        RC_ACKNOWLEDGE,
+        RC_READ_RESPONSE_MIDDLE,
+        RC_ATOMIC_ACKNOWLEDGE,
+    ] {
+        assert!(!layout(XRC | op).unwrap().xrceth, "{op:#x}");
+    }
+    roundtrip(
+        Headers {
+            opcode: XRC | RC_ACKNOWLEDGE,
+            aeth: Some(Aeth {
+                syndrome: syndrome::ACK,
+                msn: 3,
+            }),
+            ..base
+        },
+        b"",
+    );
+    // A request without its XRCETH is not built, and one cut short is not parsed.
+    let mut buf = Vec::new();
+    let bare = Headers {
+        opcode: XRC | RC_SEND_ONLY,
+        ..base
+    };
+    assert_eq!(bare.emit(b"", &mut buf), Err(WireError::HeaderMismatch));
+    assert_eq!(layout(XRC | 0x1f), None);
+    let mut short = Vec::new();
+    Headers {
+        opcode: RC_SEND_ONLY,
+        ..base
+    }
+    .emit(b"", &mut short)
+    .unwrap();
+    short[0] = XRC | RC_SEND_ONLY;
+    super::seal(&mut short);
+    assert_eq!(Packet::parse(&short), Err(WireError::Truncated));
+}
+
+#[test]
 fn mismatched_or_unknown_headers_are_refused() {
     let mut buf = Vec::new();
     let h = Headers {

@@ -11,6 +11,7 @@
 //! - `responder`: request packets in; writes, receives and ACKs out (`ud`: datagrams).
 //! - `rd_atomic`: the responder's READ responses and atomics, and the resources that answer
 //!   their duplicates.
+//! - `xrc`: what XRC QPs add to RC's (the XRC opcodes, and the SRQ each request binds).
 
 mod cnp;
 mod complete;
@@ -22,6 +23,7 @@ mod rd_atomic;
 mod requester;
 mod responder;
 mod ud;
+mod xrc;
 
 use std::collections::VecDeque;
 
@@ -99,6 +101,8 @@ pub(crate) struct SendWqe {
     pub(crate) npkts: u32,
     /// An error found when starting it, to be reported in order.
     pub(crate) error: Option<ibv_wc_status::Type>,
+    /// XRC: the remote SRQ its messages are for (`qp_type.xrc.remote_srqn`).
+    pub(crate) srqn: u32,
 }
 
 /// What a send WR carries beyond its data: one at most, as the opcodes that carry them
@@ -369,7 +373,10 @@ pub(crate) struct Qp {
     pub(crate) pd: u32,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
+    /// The SRQ receives come from (an XRC target's: the one its last request bound).
     pub(crate) srq: Option<u32>,
+    /// An XRC QP's role (`None`: not XRC).
+    pub(crate) xrc: Option<crate::xrc::Role>,
     pub(crate) qpn: u32,
     pub(crate) transport: Transport,
     pub(crate) state: ibv_qp_state::Type,
@@ -466,6 +473,8 @@ impl Qp {
         hdr: &Headers,
         payload: &[u8],
     ) {
+        let xrc = self.xrc_headers(hdr);
+        let hdr = xrc.as_ref().unwrap_or(hdr);
         let mut bytes = w.spare.take(hdr.wire_len(payload.len()));
         if hdr.emit_unsealed(payload, &mut bytes).is_err() {
             debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
@@ -568,12 +577,26 @@ impl Qp {
             self.count(w, |c| c.foreign_packets += 1);
             return;
         }
+        let rc;
+        let pkt = match self.xrc {
+            None => pkt,
+            Some(_) => match xrc::as_rc(pkt) {
+                Some(p) => {
+                    rc = p;
+                    &rc
+                }
+                None => {
+                    self.count(w, |c| c.foreign_packets += 1);
+                    return;
+                }
+            },
+        };
         use crate::packet::opcode::*;
         match pkt.hdr.opcode {
             RC_ACKNOWLEDGE
             | RC_ATOMIC_ACKNOWLEDGE
             | RC_READ_RESPONSE_FIRST..=RC_READ_RESPONSE_ONLY => {
-                if self.transport == Transport::Rc {
+                if self.transport == Transport::Rc && !self.is_xrc_target() {
                     self.on_response(w, pkt);
                 }
             }

@@ -9,6 +9,7 @@ use super::{Qp, Transport, mtu_bytes};
 use crate::link::Dest;
 use crate::packet::PSN_MASK;
 use crate::state::World;
+use crate::xrc::Role;
 
 const STATE: u32 = ibv_qp_attr_mask::IBV_QP_STATE.0;
 const CUR_STATE: u32 = ibv_qp_attr_mask::IBV_QP_CUR_STATE.0;
@@ -32,8 +33,10 @@ const PATH_MIG_STATE: u32 = ibv_qp_attr_mask::IBV_QP_PATH_MIG_STATE.0;
 const DEST_QPN: u32 = ibv_qp_attr_mask::IBV_QP_DEST_QPN.0;
 
 /// The attribute masks of a transition: `(required, optional)` for `qp_type`, or `None` if the
-/// transition `cur -> next` does not exist (or the type is not RC, UC or UD). `IBV_QP_STATE`
-/// is implied and in neither mask.
+/// transition `cur -> next` does not exist (or the type is not RC, UC, UD or XRC's).
+/// `IBV_QP_STATE` is implied and in neither mask. XRC's are RC's, but that an initiator
+/// (which takes no requests) neither needs nor takes the responder's attributes, and a target
+/// (which sends no requests) the requester's (the kernel's table).
 pub fn check_transition(
     cur: ibv_qp_state::Type,
     next: ibv_qp_state::Type,
@@ -44,10 +47,16 @@ pub fn check_transition(
         ibv_qp_type::IBV_QPT_UD => 0,
         ibv_qp_type::IBV_QPT_UC => 1,
         ibv_qp_type::IBV_QPT_RC => 2,
+        ibv_qp_type::IBV_QPT_XRC_SEND => 3,
+        ibv_qp_type::IBV_QPT_XRC_RECV => 4,
         _ => return None,
     };
-    // Per transport: [UD, UC, RC].
-    let by = |ud: u32, uc: u32, rc: u32| [ud, uc, rc][t];
+    // The responder's attributes, which an XRC initiator has none of, and the requester's,
+    // which an XRC target has none of.
+    const RESPONDER: u32 = MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+    const REQUESTER: u32 = RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC;
+    // Per transport: [UD, UC, RC, XRC initiator, XRC target].
+    let by = |ud: u32, uc: u32, rc: u32| [ud, uc, rc, rc & !RESPONDER, rc & !REQUESTER][t];
     let none = (0, 0);
     let uc_rc_init = PKEY_INDEX | PORT | ACCESS_FLAGS;
     let to_rts_opt = by(
@@ -111,10 +120,12 @@ const KNOWN_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
 
 impl Qp {
     pub(crate) fn qp_type(&self) -> ibv_qp_type::Type {
-        match self.transport {
-            Transport::Rc => ibv_qp_type::IBV_QPT_RC,
-            Transport::Uc => ibv_qp_type::IBV_QPT_UC,
-            Transport::Ud => ibv_qp_type::IBV_QPT_UD,
+        match (self.transport, self.xrc) {
+            (_, Some(Role::Initiator)) => ibv_qp_type::IBV_QPT_XRC_SEND,
+            (_, Some(Role::Target { .. })) => ibv_qp_type::IBV_QPT_XRC_RECV,
+            (Transport::Rc, None) => ibv_qp_type::IBV_QPT_RC,
+            (Transport::Uc, None) => ibv_qp_type::IBV_QPT_UC,
+            (Transport::Ud, None) => ibv_qp_type::IBV_QPT_UD,
         }
     }
 

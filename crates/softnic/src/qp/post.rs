@@ -165,6 +165,8 @@ impl Qp {
         // rxe's opcode table: memory windows are bound on RC and UC, invalidated locally on RC;
         // SEND_WITH_INV is RC's (the IBTA gives UC and UD no opcode for it).
         let allowed = match self.transport {
+            // An XRC target sends nothing of its own.
+            Transport::Rc if self.is_xrc_target() => false,
             Transport::Rc => {
                 matches!(
                     op,
@@ -361,6 +363,11 @@ impl Qp {
             first_psn: 0,
             npkts: 0,
             error: None,
+            srqn: match self.xrc {
+                // SAFETY: a plain u32 of the `qp_type` union (an initiator's WR sets it).
+                Some(crate::xrc::Role::Initiator) => unsafe { r.qp_type.xrc.remote_srqn },
+                _ => 0,
+            } & 0x00ff_ffff,
         }
     }
 
@@ -378,7 +385,10 @@ impl Qp {
         let mut n = 0;
         while !wr.is_null() {
             n += 1;
-            if n > MAX_CHAIN || self.state == ibv_qp_state::IBV_QPS_RESET || self.srq.is_some() {
+            // (An XRC QP has no receive queue: an initiator receives nothing, a target into
+            // the SRQs its requests name.)
+            let no_rq = self.srq.is_some() || self.xrc.is_some();
+            if n > MAX_CHAIN || self.state == ibv_qp_state::IBV_QPS_RESET || no_rq {
                 return Err((libc::EINVAL, wr));
             }
             // SAFETY: the caller guarantees every WR of the chain is valid.

@@ -328,7 +328,15 @@ impl Qp {
                 return;
             };
             // Checked when it arrived.
-            if let Ok(pkt) = Packet::parse_with(&frame.bytes, false) {
+            // (An XRC target's, read as RC's as when it arrived.)
+            let pkt = Packet::parse_with(&frame.bytes, false).ok().and_then(|p| {
+                if self.xrc.is_some() {
+                    super::xrc::as_rc(&p)
+                } else {
+                    Some(p)
+                }
+            });
+            if let Some(pkt) = pkt {
                 self.on_request(w, &pkt, &frame, &frame.bytes);
             }
         }

@@ -229,6 +229,7 @@ impl Qp {
             dest_qp: self.attr.dest_qp_num,
             ack_req: true,
             psn,
+            xrceth: self.xrceth(wqe),
             ..Headers::default()
         };
         match wqe.atomic() {
@@ -275,21 +276,22 @@ impl Qp {
                 rkey: wqe.rkey,
                 len: wqe.len as u32,
             }),
-            ..self.one_packet_request(opcode::RC_FLUSH, psn)
+            ..self.one_packet_request(wqe, opcode::RC_FLUSH)
         };
         self.send_packet(w, self.dest_dev, &hdr, &[]);
         self.sent_one_packet_request(w, psn);
     }
 
-    /// The headers of a one-packet request of `op` with PSN `psn` (an ATOMIC WRITE, a FLUSH),
-    /// its extension headers to be added.
-    fn one_packet_request(&self, op: u8, psn: u32) -> Headers {
+    /// The headers of `wqe`'s one-packet request of `op` (an ATOMIC WRITE, a FLUSH), its
+    /// extension headers to be added.
+    fn one_packet_request(&self, wqe: &super::SendWqe, op: u8) -> Headers {
         Headers {
             opcode: op,
             pkey: 0xffff,
             dest_qp: self.attr.dest_qp_num,
             ack_req: true,
-            psn,
+            psn: wqe.first_psn,
+            xrceth: self.xrceth(wqe),
             ..Headers::default()
         }
     }
@@ -329,7 +331,7 @@ impl Qp {
                 rkey: wqe.rkey,
                 len: 8,
             }),
-            ..self.one_packet_request(opcode::RC_ATOMIC_WRITE, psn)
+            ..self.one_packet_request(wqe, opcode::RC_ATOMIC_WRITE)
         };
         let mut data = w.spare.take(8);
         let queued = &self
@@ -416,6 +418,7 @@ impl Qp {
             (_, true) => RC_SEND_LAST_INV,
             _ => op,
         };
+        let op = if self.xrc.is_some() { op | XRC } else { op };
         let psn = psn_add(wqe.first_psn, k);
         let noack = self.req.noack + 1;
         let ack_req = self.transport == Transport::Rc && (last || noack >= ACK_EVERY);
@@ -462,6 +465,7 @@ impl Qp {
             }),
             imm: if last { wqe.imm } else { None },
             ieth: if last { wqe.invalidate } else { None },
+            xrceth: self.xrceth(wqe),
             ..Headers::default()
         };
         // The payload is gathered straight into the frame, after its headers: one copy. Or,

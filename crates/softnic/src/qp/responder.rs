@@ -22,6 +22,7 @@ use crate::mr::{REMOTE_WRITE, write_mem};
 use crate::packet::{self, Aeth, Headers, Layout, Packet, opcode, psn_add, psn_diff, syndrome};
 use crate::srq::RecvWqe;
 use crate::state::{Element, World};
+use crate::xrc::Role;
 
 /// Request packets held back behind READ responses, at most (more are dropped; the requester
 /// sends them again).
@@ -105,7 +106,8 @@ impl Qp {
             return;
         };
         let transport_ok = match self.transport {
-            Transport::Rc => pkt.hdr.opcode < opcode::UC,
+            // (An XRC initiator takes no requests.)
+            Transport::Rc => pkt.hdr.opcode < opcode::UC && self.xrc != Some(Role::Initiator),
             Transport::Uc => pkt.hdr.opcode & 0xe0 == opcode::UC,
             Transport::Ud => layout.deth,
         };
@@ -142,6 +144,11 @@ impl Qp {
                 return;
             }
             self.resp.deferred.push_back(f);
+            return;
+        }
+        if !self.bind_srq(w, pkt) {
+            // An XRC request for an SRQ this target may not deliver to.
+            self.fatal_nak(w, syndrome::NAK_INVALID_REQUEST, pkt.hdr.psn);
             return;
         }
         let gather = frame.gather.as_ref();

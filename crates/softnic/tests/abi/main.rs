@@ -32,3 +32,4 @@ mod switches;
 mod udp;
 mod windows;
 mod wire;
+mod xrc;

@@ -162,7 +162,8 @@ fn crc32fast_hash(b: &[u8]) -> u32 {
 const OPCODES: &[u8] = &[
     0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
     0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26,
-    0x27, 0x28, 0x29, 0x2a, 0x2b, 0x64, 0x65,
+    0x27, 0x28, 0x29, 0x2a, 0x2b, 0x64, 0x65, 0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8,
+    0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0, 0xb1, 0xb2, 0xb3, 0xb4, 0xb6, 0xb7, 0xbc, 0xbd,
 ];
 
 /// Well-formed headers carrying arbitrary values, aimed at a QP or at a random number.
@@ -202,6 +203,7 @@ fn hostile() -> impl Strategy<Value = (Headers, Vec<u8>, bool)> {
                     atomic_ack: l.atomic_ack.then_some(swap),
                     ieth: l.ieth.then_some(rkey),
                     feth: l.feth.then_some(imm),
+                    xrceth: l.xrceth.then_some(len & 0xff_ffff),
                 };
                 (h, payload, to_qp)
             },
@@ -211,9 +213,10 @@ fn hostile() -> impl Strategy<Value = (Headers, Vec<u8>, bool)> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// RC, UC and UD QPs in RTS, with memory registered, take any sequence of hostile packets
-    /// without a panic; a PSN near the expected one is used half the time so the packets get
-    /// past the sequence checks and reach the access checks.
+    /// RC, UC, UD and XRC target QPs in RTS, with memory registered, take any sequence of
+    /// hostile packets without a panic; a PSN near the expected one is used half the time so
+    /// the packets get past the sequence checks and reach the access checks (and, at the
+    /// target, name its SRQ).
     #[test]
     fn hostile_packets_never_break_the_fabric(
         seed in any::<u64>(),
@@ -229,18 +232,30 @@ proptest! {
             let mut rq: Vec<ibv_recv_wr> = mem.chunks(1024).map(|c| recv_wr(0, &[sge(c, mr)])).collect();
             let _ = post_recv(qb, &mut rq);
             let _ = qa;
-            qps.push((qpn(qb), rkey(mr), mem.as_ptr() as u64));
+            qps.push((qpn(qb), rkey(mr), mem.as_ptr() as u64, 0));
             mems.push((a, b, mem));
         }
+        // An XRC target, its SRQ's receives posted.
+        let x = crate::xrc::xrc_pair(&f);
+        let mut mem = vec![0u8; 8192];
+        let mr = x.b.reg(&mut mem, ALL_ACCESS);
+        let srq = crate::xrc::xrc_srq(&x.b, x.b.pd, x.xrcd, x.b.cq).unwrap();
+        for c in mem.chunks(1024) {
+            let _ = post_srq_recv(srq, &mut [recv_wr(0, &[sge(c, mr)])]);
+        }
+        let srqn = crate::xrc::srq_num(&x.b, srq);
+        qps.push((qpn(x.tgt), rkey(mr), mem.as_ptr() as u64, srqn));
+        mems.push((x.a, x.b, mem));
         // SAFETY: reading raw GID bytes.
         let sgid = unsafe { mems[0].0.gid.raw };
         for (i, (mut h, payload, to_qp)) in pkts.into_iter().enumerate() {
-            let (qb, rk, base) = qps[i % 3];
+            let (qb, rk, base, srqn) = qps[i % 4];
             h.dest_qp = if to_qp { qb } else { h.dest_qp.wrapping_add(h.psn) & 0xff_ffff };
             if to_qp && i % 2 == 0 {
                 h.psn = 100 + (h.psn % 4);
                 if let Some(r) = h.reth.as_mut() { r.rkey = rk; r.va = base.wrapping_add(r.va % 9000); }
                 if let Some(a) = h.atomic.as_mut() { a.rkey = rk; a.va = base.wrapping_add(a.va % 9000); }
+                if let Some(s) = h.xrceth.as_mut() { *s = srqn; }
             }
             let mut bytes = Vec::new();
             h.emit(&payload, &mut bytes).unwrap();
