@@ -219,13 +219,8 @@ unsafe fn unserved(qp: *mut ibv_qp_ex) {
     }
 }
 
-pub(super) unsafe extern "C" fn wr_unserved_u32(qp: *mut ibv_qp_ex, _: u32) {
-    // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
-    unsafe { unserved(qp) }
-}
-
 pub(super) unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _: *mut c_void, _: u16, _: u16) {
-    // SAFETY: as above.
+    // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
     unsafe { unserved(qp) }
 }
 
@@ -382,6 +377,18 @@ pub(super) unsafe extern "C" fn wr_set_inline_data_list(
         lkey: 0,
     };
     batch.set_list((length > 0).then_some(sge), true);
+}
+
+/// `ibv_wr_set_xrc_srqn`: the remote SRQ the WR just built is for (read by an XRC initiator
+/// only, as `qp_type.xrc.remote_srqn` of `ibv_post_send`).
+pub(super) unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, remote_srqn: u32) {
+    // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
+    let Some(b) = (unsafe { building(qp) }) else {
+        return;
+    };
+    if let Some(i) = b.batch.last() {
+        b.batch.wrs[i].qp_type.xrc.remote_srqn = remote_srqn;
+    }
 }
 
 pub(super) unsafe extern "C" fn wr_set_ud_addr(

@@ -99,7 +99,7 @@ impl QpEx {
                 wr_send_inv: Some(b::wr_send_inv),
                 wr_send_tso: Some(b::wr_send_tso),
                 wr_set_ud_addr: Some(b::wr_set_ud_addr),
-                wr_set_xrc_srqn: Some(b::wr_unserved_u32),
+                wr_set_xrc_srqn: Some(b::wr_set_xrc_srqn),
                 wr_set_inline_data: Some(b::wr_set_inline_data),
                 wr_set_inline_data_list: Some(b::wr_set_inline_data_list),
                 wr_set_sge: Some(b::wr_set_sge),
@@ -153,8 +153,8 @@ pub unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 /// `verbs_context.create_qp_ex`: `ibv_create_qp` with a PD and, optionally, send ops (then
 /// `ibv_qp_to_qp_ex` gives the builders), or an XRC target QP with its domain
 /// (`IBV_QP_INIT_ATTR_XRCD`, no PD). TSO, RSS, indirection tables, source QPNs, creation
-/// flags, and send ops the transport cannot carry or softnic does not serve (an XRC QP's: the
-/// builders have no `wr_set_xrc_srqn`) are EOPNOTSUPP. Only the fields `comp_mask` names are
+/// flags, and send ops the transport cannot carry or softnic does not serve (FLUSH on XRC, any
+/// on a target, which sends nothing) are EOPNOTSUPP. Only the fields `comp_mask` names are
 /// read, so a caller built against older headers, whose struct ends sooner, is served too.
 pub(super) unsafe extern "C" fn create_qp_ex(
     context: *mut ibv_context,
@@ -208,7 +208,8 @@ pub(super) unsafe extern "C" fn create_qp_ex(
         let carried = match qp_type {
             ibv_qp_type::IBV_QPT_RC => RC_SEND_OPS,
             ibv_qp_type::IBV_QPT_UC => UC_SEND_OPS,
-            ibv_qp_type::IBV_QPT_XRC_SEND => 0,
+            // (A FLUSH's builder keeps its length where an XRC WR names its SRQ.)
+            ibv_qp_type::IBV_QPT_XRC_SEND => RC_SEND_OPS & !IBV_QP_EX_WITH_FLUSH,
             _ => UD_SEND_OPS,
         };
         if ops == 0 {

@@ -599,3 +599,78 @@ fn xrc_delivers_exactly_once_under_faults() {
         "the faults hit"
     );
 }
+
+/// The new post API on an initiator: `ibv_wr_set_xrc_srqn` names each WR's SRQ. An initiator
+/// takes no FLUSH (its builder keeps the length where the SRQ goes), a target no send ops.
+#[test]
+fn the_wr_builders_name_the_srq_of_an_initiator_s_wrs() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    let xrcd = open_xrcd(&b, -1, 0).unwrap();
+    let tgt = target_qp(&b, xrcd).unwrap();
+    let create: CreateQpEx = vctx_op(a.ctx, 264);
+    let mut attr = ibv_qp_init_attr_ex {
+        send_cq: a.cq,
+        cap: cap(8, 0),
+        qp_type: ibv_qp_type::IBV_QPT_XRC_SEND,
+        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        pd: a.pd,
+        send_ops_flags: u64::from(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_FLUSH),
+        ..Default::default()
+    };
+    // SAFETY: a live context and a valid attribute struct.
+    assert!(unsafe { create(a.ctx, &mut attr) }.is_null());
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    attr.send_ops_flags = u64::from(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM);
+    // SAFETY: as above.
+    let ini = unsafe { create(a.ctx, &mut attr) };
+    assert!(!ini.is_null());
+    xrc_up(ini, true, b.gid, qpn(tgt));
+    xrc_up(tgt, false, a.gid, qpn(ini));
+    let (cq1, cq2) = (b.new_cq(4, null_mut()), b.new_cq(4, null_mut()));
+    let s1 = xrc_srq(&b, b.pd, xrcd, cq1).unwrap();
+    let s2 = xrc_srq(&b, b.pd, xrcd, cq2).unwrap();
+    let mut dst = vec![0u8; 64];
+    let dmr = b.reg(&mut dst, LOCAL_WRITE);
+    post_srq_recv(s1, &mut [recv_wr(1, &[sge(&dst[..32], dmr)])]).unwrap();
+    post_srq_recv(s2, &mut [recv_wr(2, &[sge(&dst[32..], dmr)])]).unwrap();
+    let mut src = *b"to the second...to the first....";
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    // SAFETY: softnic checks the pointer.
+    let x = unsafe { softnic::qp_to_qp_ex(ini) };
+    assert!(!x.is_null());
+    // SAFETY: a live extended QP; the builders are called between wr_start and wr_complete.
+    unsafe {
+        let q = &*x;
+        q.wr_start.unwrap()(x);
+        for (i, (srq, half)) in [(s2, 0), (s1, 16)].into_iter().enumerate() {
+            (*x).wr_id = i as u64;
+            (*x).wr_flags = SIGNALED;
+            q.wr_send.unwrap()(x);
+            q.wr_set_xrc_srqn.unwrap()(x, srq_num(&b, srq));
+            q.wr_set_sge.unwrap()(x, (*smr).lkey, src.as_ptr() as u64 + half, 16);
+        }
+        assert_eq!(q.wr_complete.unwrap()(x), 0);
+    }
+    let sent = poll_n(a.cq, 2);
+    assert!(sent.iter().all(ok), "{sent:?}");
+    assert_eq!(poll_n(cq1, 1)[0].byte_len, 16);
+    assert_eq!(poll_n(cq2, 1)[0].byte_len, 16);
+    f.run_until_idle().unwrap();
+    assert_eq!(&dst[..16], b"to the first....");
+    assert_eq!(&dst[32..48], b"to the second...");
+
+    // A target sends nothing: no send ops.
+    let mut t = ibv_qp_init_attr_ex {
+        qp_type: ibv_qp_type::IBV_QPT_XRC_RECV,
+        comp_mask: IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        xrcd,
+        send_ops_flags: u64::from(IBV_QP_EX_WITH_SEND),
+        ..Default::default()
+    };
+    let create_b: CreateQpEx = vctx_op(b.ctx, 264);
+    // SAFETY: as above.
+    assert!(unsafe { create_b(b.ctx, &mut t) }.is_null());
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+}

@@ -130,7 +130,7 @@ fn a_failed_or_aborted_batch_posts_nothing() {
     assert_eq!(wr!(x, wr_complete), libc::EINVAL);
     // A builder softnic does not serve: EOPNOTSUPP.
     wr!(x, wr_start);
-    wr!(x, wr_set_xrc_srqn, 5);
+    wr!(x, wr_send_tso, std::ptr::null_mut(), 0, 0);
     assert_eq!(wr!(x, wr_complete), libc::EOPNOTSUPP);
     // One it serves, on a QP not made with it: EINVAL.
     wr!(x, wr_start);
