@@ -31,6 +31,10 @@ const SQ_PSN: u32 = ibv_qp_attr_mask::IBV_QP_SQ_PSN.0;
 const MAX_DEST_RD_ATOMIC: u32 = ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC.0;
 const PATH_MIG_STATE: u32 = ibv_qp_attr_mask::IBV_QP_PATH_MIG_STATE.0;
 const DEST_QPN: u32 = ibv_qp_attr_mask::IBV_QP_DEST_QPN.0;
+/// The responder's attributes, which an XRC initiator has none of, and the requester's, which
+/// an XRC target has none of.
+const RESPONDER: u32 = MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+const REQUESTER: u32 = RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC;
 
 /// The attribute masks of a transition: `(required, optional)` for `qp_type`, or `None` if the
 /// transition `cur -> next` does not exist (or the type is not RC, UC, UD or XRC's).
@@ -51,10 +55,6 @@ pub fn check_transition(
         ibv_qp_type::IBV_QPT_XRC_RECV => 4,
         _ => return None,
     };
-    // The responder's attributes, which an XRC initiator has none of, and the requester's,
-    // which an XRC target has none of.
-    const RESPONDER: u32 = MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
-    const REQUESTER: u32 = RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC;
     // Per transport: [UD, UC, RC, XRC initiator, XRC target].
     let by = |ud: u32, uc: u32, rc: u32| [ud, uc, rc, rc & !RESPONDER, rc & !REQUESTER][t];
     let none = (0, 0);
@@ -132,11 +132,17 @@ impl Qp {
     /// `ibv_modify_qp`: 0, EINVAL, EOPNOTSUPP (a mask bit from `IBV_QP_RATE_LIMIT` on, which
     /// libibverbs' `ibv_cmd_modify_qp` refuses: the rate limit has a verb of its own), or
     /// ENETUNREACH (an address vector toward a GID the link cannot reach). On an error nothing
-    /// has changed.
+    /// has changed. An XRC QP's attributes of the side it does not have are ignored, as the
+    /// kernel's `modify_qp_mask` drops them (programs such as perftest set RC's for both).
     pub(crate) fn modify(&mut self, w: &mut World, attr: &ibv_qp_attr, mask: u32) -> i32 {
         if mask & !(ibv_qp_attr_mask::IBV_QP_RATE_LIMIT.0 - 1) != 0 {
             return libc::EOPNOTSUPP;
         }
+        let mask = match self.xrc {
+            None => mask,
+            Some(Role::Initiator) => mask & !RESPONDER,
+            Some(Role::Target { .. }) => mask & !REQUESTER,
+        };
         if self.validate(w, attr, mask).is_err() {
             return libc::EINVAL;
         }
