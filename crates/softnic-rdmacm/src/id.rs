@@ -576,6 +576,13 @@ export! {
     /// Disconnects: the QP to ERROR and a DREQ, or the DREP that answers the peer's.
     "RDMACM_1.0" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         with_id_then_wait(id, |l, t| {
+            if t.c().qp.is_null() {
+                // The program took its QP off the id (`id->qp = NULL`: libfabric's XRC
+                // target QPs outlive their connection's id): as librdmacm, which moves
+                // `id->qp` to ERROR, the disconnect leaves that QP alone.
+                // SAFETY: a context of the fabric.
+                unsafe { (l.ops.detach_qp)(l.ctx(), t.cm()) };
+            }
             // SAFETY: a context of the fabric.
             (status(unsafe { (l.ops.disconnect)(l.ctx(), t.cm()) }), true)
         })

@@ -74,6 +74,18 @@ fn drop_cqs(t: &mut Turn<'_>) {
 
 /// `rdma_create_qp`: the QP on the id's device, handed to the CM (INIT for RC, RTS for UD).
 fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c_int {
+    create_qp_with(l, t, pd, attr, None)
+}
+
+/// `create_qp`, made by `ibv_create_qp_ex` with `ex` (whose PD, CQs, SRQ and caps are
+/// `pd` and `attr`'s) when given: an XRC QP, or one with send ops.
+fn create_qp_with(
+    l: &Lib,
+    t: &mut Turn<'_>,
+    pd: *mut ibv_pd,
+    attr: &mut ibv_qp_init_attr,
+    ex: Option<&mut ibv_qp_init_attr_ex>,
+) -> c_int {
     // An id has one QP: a second is EINVAL, as librdmacm's `rdma_create_qp_ex` answers.
     if t.c().verbs.is_null() || !t.c().qp.is_null() {
         return fail(libc::EINVAL);
@@ -93,12 +105,29 @@ fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_
         // Not a QP type (RC is 2): the id's, as librdmacm's endpoints take it.
         attr.qp_type = t.c().qp_type as u32;
     }
-    if let Err(e) = make_cqs(t, attr) {
+    // An XRC target has no CQs (nor a PD): those of its SRQs serve it.
+    let target = attr.qp_type == ibverbs_sys::ibv_qp_type::IBV_QPT_XRC_RECV;
+    if !target && let Err(e) = make_cqs(t, attr) {
         drop_cqs(t);
         return fail(e);
     }
-    // SAFETY: a PD of the id's device and valid attributes.
-    let qp = unsafe { ibverbs_sys::ibv_create_qp(pd, attr) };
+    let qp = match ex {
+        None => {
+            // SAFETY: a PD of the id's device and valid attributes.
+            unsafe { ibverbs_sys::ibv_create_qp(pd, attr) }
+        }
+        Some(ex) => {
+            ex.pd = pd;
+            ex.send_cq = attr.send_cq;
+            ex.recv_cq = attr.recv_cq;
+            ex.srq = attr.srq;
+            ex.qp_type = attr.qp_type;
+            ex.comp_mask |= ibverbs_sys::IBV_QP_INIT_ATTR_PD;
+            let qp = create_qp_ex(t.c().verbs, ex);
+            attr.cap = ex.cap;
+            qp
+        }
+    };
     if qp.is_null() {
         drop_cqs(t);
         return -1;
@@ -116,6 +145,43 @@ fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_
     0
 }
 
+/// `ibv_create_qp_ex` as `<infiniband/verbs.h>`'s inline helper makes it: through the op of the
+/// `verbs_context` in front of `ctx` (softnic's contexts have one), or EOPNOTSUPP.
+fn create_qp_ex(
+    ctx: *mut ibverbs_sys::ibv_context,
+    attr: &mut ibv_qp_init_attr_ex,
+) -> *mut ibverbs_sys::ibv_qp {
+    type CreateQpEx = unsafe extern "C" fn(
+        *mut ibverbs_sys::ibv_context,
+        *mut ibv_qp_init_attr_ex,
+    ) -> *mut ibverbs_sys::ibv_qp;
+    /// rdma-core's `offsetof(struct verbs_context, create_qp_ex)` and `(..., context)`.
+    const OP: usize = 264;
+    const CONTEXT: usize = 320;
+    // SAFETY: `ctx` is a live context of the id's device (its `abi_compat` is readable); one
+    // whose `abi_compat` says extended sits at the end of a `verbs_context`, whose words
+    // before it (`sz` and the ops) are readable, as the inline helper reads them.
+    let op = unsafe {
+        if ctx.is_null() || (*ctx).abi_compat as usize != usize::MAX {
+            None
+        } else {
+            let base = ctx.cast::<u8>().sub(CONTEXT);
+            let sz = base.add(CONTEXT - 8).cast::<usize>().read();
+            (sz >= CONTEXT + size_of::<ibverbs_sys::ibv_context>() - OP)
+                .then(|| base.add(OP).cast::<Option<CreateQpEx>>().read())
+                .flatten()
+        }
+    };
+    match op {
+        // SAFETY: the context's own op, with the caller's valid attributes.
+        Some(op) => unsafe { op(ctx, attr) },
+        None => {
+            crate::set_errno(libc::EOPNOTSUPP);
+            null_mut()
+        }
+    }
+}
+
 export! {
     /// Creates the id's QP (and CQs when none are given); the CM moves it from then on.
     "RDMACM_1.0" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int {
@@ -128,7 +194,8 @@ export! {
         })
     }
 
-    /// `rdma_create_qp` with extended attributes (their basic part: PD, CQs, SRQ, caps).
+    /// `rdma_create_qp` with extended attributes: by `ibv_create_qp_ex` when they go beyond a
+    /// PD (an XRC domain, send ops) or the type is XRC's (a target gets no CQs).
     "RDMACM_1.0" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
         with_id(id, |l, t| {
             // SAFETY: valid attributes per the contract.
@@ -144,7 +211,18 @@ export! {
                 qp_type: a.qp_type,
                 sq_sig_all: a.sq_sig_all,
             };
-            let r = create_qp(l, t, a.pd, &mut basic);
+            let pd = if a.comp_mask & ibverbs_sys::IBV_QP_INIT_ATTR_PD != 0 {
+                a.pd
+            } else {
+                null_mut()
+            };
+            // Beyond a PD (a domain, send ops, ...), or an XRC type: `ibv_create_qp_ex`'s.
+            let xrc = matches!(
+                a.qp_type,
+                ibverbs_sys::ibv_qp_type::IBV_QPT_XRC_SEND | ibverbs_sys::ibv_qp_type::IBV_QPT_XRC_RECV
+            );
+            let extended = xrc || a.comp_mask & !ibverbs_sys::IBV_QP_INIT_ATTR_PD != 0;
+            let r = create_qp_with(l, t, pd, &mut basic, extended.then_some(&mut *a));
             a.cap = basic.cap;
             r
         })

@@ -43,12 +43,13 @@ fn have(program: &str) -> bool {
     there
 }
 
-/// Starts `args` on softnic with its device on `addr`.
-fn start(lib: &Path, addr: &str, args: &[&str]) -> Child {
+/// Starts `args` on softnic with its device on `addr`, and `env` set.
+fn start(lib: &Path, addr: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(args[0])
         .args(&args[1..])
         .env("LD_LIBRARY_PATH", lib)
         .env("SOFTNIC_ADDR", addr)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -75,12 +76,22 @@ fn finish(mut child: Child, deadline: Instant) -> (bool, String) {
 
 /// Runs a server and then a client; both must succeed. Returns their output.
 fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, String)> {
+    pair_with(server, client, addrs, &[])
+}
+
+/// [`pair`], both with `env` set.
+fn pair_with(
+    server: &[&str],
+    client: &[&str],
+    addrs: [&str; 2],
+    env: &[(&str, &str)],
+) -> Option<(String, String)> {
     if !have(server[0]) {
         return None;
     }
     let lib = library_dir();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut s = start(&lib, addrs[0], server);
+    let mut s = start(&lib, addrs[0], server, env);
     // A client that comes before the server listens is rejected (or, before its device is
     // up, sends its REQ again two seconds later): started again when rejected, and so is the
     // server, which may be half-way through a session with the client that gave up (perftest
@@ -89,14 +100,14 @@ fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, S
     // NAKs for ever).
     let (c_ok, c_text) = loop {
         std::thread::sleep(Duration::from_millis(300));
-        let (ok, text) = finish(start(&lib, addrs[1], client), deadline);
+        let (ok, text) = finish(start(&lib, addrs[1], client, env), deadline);
         let early = ["REJECTED", "rejected", "refused"];
         if ok || !early.iter().any(|w| text.contains(w)) || Instant::now() > deadline {
             break (ok, text);
         }
         let _ = s.kill();
         let _ = s.wait();
-        s = start(&lib, addrs[0], server);
+        s = start(&lib, addrs[0], server, env);
     };
     let (s_ok, s_text) = finish(s, deadline);
     let _ = std::fs::remove_dir_all(&lib);
@@ -208,7 +219,7 @@ fn perftest_connects_with_rdma_cm() {
 /// libfabric's verbs provider finds the device among the host's interface addresses: the
 /// server's device is the loopback interface's 127.0.0.1.
 #[test]
-fn fi_pingpong_runs_over_libfabric_s_verbs_provider() {
+fn fi_pingpong_runs_over_libfabric_s_verbs_provider_on_rc_and_xrc() {
     let args = [
         "fi_pingpong",
         "-p",
@@ -227,6 +238,30 @@ fn fi_pingpong_runs_over_libfabric_s_verbs_provider() {
         return;
     };
     assert!(c.contains("1k"), "{c}");
+
+    // The reliable datagram endpoint (`ofi_rxm`) over XRC connections (the verbs provider's
+    // XRC domain, with a shared receive context): each side's initiator QP reaches the
+    // other's XRC SRQ through its target QP, made with `rdma_create_qp_ex` (an XRC target: no
+    // CQs) on the id of a connection that is disconnected once both directions are up. The
+    // target QP, taken off its id (`id->qp = NULL`), outlives that disconnect.
+    let mut xrc = args.to_vec();
+    xrc[4] = "rdm";
+    xrc[8] = "70000";
+    let mut client = xrc.clone();
+    client.push("127.0.0.1");
+    let env = [
+        ("FI_VERBS_PREFER_XRC", "1"),
+        ("FI_OFI_RXM_USE_SRX", "1"),
+        ("FI_LOG_LEVEL", "info"),
+    ];
+    let Some((s, c)) = pair_with(&xrc, &client, ["127.0.0.1", "127.0.26.11"], &env) else {
+        return;
+    };
+    for text in [&s, &c] {
+        assert!(text.contains("domain: soft0-xrc"), "not on XRC:\n{text}");
+        assert!(text.contains("TGT Connection Done"), "{text}");
+    }
+    assert!(c.contains("=50"), "{c}");
 }
 
 /// `tests/c/<name>.c`, built with the system's C compiler into `lib` (`None`, saying so,
@@ -266,7 +301,7 @@ fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
         return;
     };
     let (ok, text) = finish(
-        start(&lib, "127.0.26.13", &[&exe, "127.0.26.13"]),
+        start(&lib, "127.0.26.13", &[&exe, "127.0.26.13"], &[]),
         Instant::now() + Duration::from_secs(60),
     );
     let _ = std::fs::remove_dir_all(&lib);
@@ -341,7 +376,7 @@ fn under_valgrind(name: &str, args: &[&str]) {
         args.splice(0..0, ["valgrind", "-q", "--error-exitcode=9"]);
     }
     let (ok, text) = finish(
-        start(&lib, addr, &args),
+        start(&lib, addr, &args, &[]),
         Instant::now() + Duration::from_secs(120),
     );
     let _ = std::fs::remove_dir_all(&lib);
@@ -364,6 +399,7 @@ fn without_softnic_s_libibverbs_every_call_fails_with_enodev() {
         &dir,
         "127.0.26.12",
         &["rping", "-c", "-a", "127.0.26.1", "-C", "1"],
+        &[],
     );
     let (ok, text) = finish(c, Instant::now() + Duration::from_secs(20));
     let _ = std::fs::remove_dir_all(&dir);
@@ -449,10 +485,10 @@ fn serving(
     addrs: [&str; 2],
 ) -> (bool, String, String) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut s = start(lib, addrs[0], server);
+    let mut s = start(lib, addrs[0], server, &[]);
     let (ok, text) = loop {
         std::thread::sleep(Duration::from_millis(300));
-        let (ok, text) = finish(start(lib, addrs[1], client), deadline);
+        let (ok, text) = finish(start(lib, addrs[1], client, &[]), deadline);
         if ok || !text.contains("refused") || Instant::now() > deadline {
             break (ok, text);
         }

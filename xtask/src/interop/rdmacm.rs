@@ -1,11 +1,12 @@
 //! The rdma_cm part of `cargo xtask interop`: unmodified programs that connect with librdmacm
 //! (rdma-core's `rdmacm-utils`: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
 //! mckey, and rstream/riostream/udpong over rsockets; perftest's `-R`; libfabric's verbs
-//! provider, alone and under `ofi_rxm`, through `fi_pingpong` of `libfabric-bin`) on softnic's
-//! drop-in librdmacm and connection manager, through `softnic-run`: a server and a client
-//! process, each its own softnic device, talking RoCEv2 (CM MADs on QP1, then the data) over
-//! loopback addresses. RC runs again under 1% loss on both devices (the CM sends lost MADs
-//! again, RC retransmits); UD (udaddy, udpong) runs without loss, as a datagram lost is lost.
+//! provider, alone and under `ofi_rxm` on RC and XRC connections, through `fi_pingpong` of
+//! `libfabric-bin`) on softnic's drop-in librdmacm and connection manager, through
+//! `softnic-run`: a server and a client process, each its own softnic device, talking RoCEv2
+//! (CM MADs on QP1, then the data) over loopback addresses. RC runs again under 1% loss on both
+//! devices (the CM sends lost MADs again, RC retransmits); UD (udaddy, udpong) runs without
+//! loss, as a datagram lost is lost.
 //!
 //! A client that came before its server listened is rejected (REJ "invalid service ID") and
 //! is started again. libfabric's verbs provider looks for the device among the host's
@@ -29,6 +30,8 @@ struct Run {
     loss: Option<&'static str>,
     /// The server serves until stopped (cmtime's): it is killed once its client is done.
     stays: bool,
+    /// Environment both ends run with.
+    env: &'static [(&'static str, &'static str)],
 }
 
 const fn run(
@@ -44,6 +47,7 @@ const fn run(
         says,
         loss: None,
         stays: false,
+        env: &[],
     }
 }
 
@@ -90,6 +94,18 @@ const FI_RDM: Run = run(
     "-p verbs -e rdm -I 100 -S 1048576 -c {S}",
     "#sent",
 );
+/// The same endpoint over XRC connections (the verbs provider's XRC domain, which wants
+/// `ofi_rxm`'s shared receive context): each direction an initiator QP to the peer's target
+/// QP and XRC SRQ, both set up over rdma_cm, whose ids are then disconnected (the QPs stay).
+const FI_RDM_XRC: Run = Run {
+    env: &[("FI_VERBS_PREFER_XRC", "1"), ("FI_OFI_RXM_USE_SRX", "1")],
+    ..run(
+        "fi_pingpong",
+        "-p verbs -e rdm -I 100 -S 65536 -c",
+        "-p verbs -e rdm -I 100 -S 65536 -c {S}",
+        "#sent",
+    )
+};
 /// rsockets, the socket API over RDMA: verified data both ways, non-blocking (rstream's
 /// default: sends take what the slots take).
 const RSTREAM: Run = run(
@@ -195,6 +211,8 @@ const RUNS: &[Run] = &[
     lossy(SEND_LAT),
     lossy(FI_PINGPONG),
     lossy(FI_RDM),
+    FI_RDM_XRC,
+    lossy(FI_RDM_XRC),
     lossy(RSTREAM),
     lossy(RIOSTREAM),
 ];
@@ -226,10 +244,13 @@ pub(super) fn run_all(launcher: &str) -> Vec<Row> {
                     _ => break,
                 }
             }
-            let args = match r.loss {
-                Some(p) => format!("{} (loss {p})", r.client),
-                None => r.client.to_string(),
-            };
+            let mut args = r.client.to_string();
+            for (k, v) in r.env {
+                args += &format!(" {k}={v}");
+            }
+            if let Some(p) = r.loss {
+                args += &format!(" (loss {p})");
+            }
             let (ok, line) = match result {
                 Ok(line) => (true, line),
                 Err(why) => (false, why),
@@ -295,12 +316,16 @@ fn run_pair(launcher: &str, r: &Run) -> Result<String, String> {
     let mut head_start = Duration::from_millis(300);
     let (client, mut server) = loop {
         let mut server = spawn_piped(
-            Command::new(launcher).args(side(r, SERVER, r.server, SERVER)),
+            Command::new(launcher)
+                .args(side(r, SERVER, r.server, SERVER))
+                .envs(r.env.iter().copied()),
             r.program,
         )?;
         std::thread::sleep(head_start);
         let out = run_until(
-            Command::new(launcher).args(side(r, CLIENT, r.client, SERVER)),
+            Command::new(launcher)
+                .args(side(r, CLIENT, r.client, SERVER))
+                .envs(r.env.iter().copied()),
             deadline,
             r.program,
             "client",
