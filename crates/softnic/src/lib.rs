@@ -20,7 +20,12 @@
 //!   atomics (compare-and-swap, fetch-and-add; `IBV_ATOMIC_HCA`), RDMA ATOMIC WRITE and FLUSH
 //!   (to global visibility; IBTA 1.5, as rxe has them) on RC; UD with address handles, Q_Keys
 //!   and the 40-byte network header (its type in the completion's `sl`, as mlx5 reports it);
-//!   inline data, fences, selective signaling. Other QP types are EOPNOTSUPP.
+//!   inline data, fences, selective signaling.
+//! - XRC (`xrc`): domains (`ibv_open_xrcd`, shared by the opens of one file in a process),
+//!   XRC SRQs (`ibv_create_srq_ex`, `ibv_get_srq_num`) with CQs of their own, initiator QPs
+//!   whose requests each name a remote SRQ, and target QPs that deliver each request into the
+//!   SRQ it names, if it is of their domain, checking remote accesses against that SRQ's PD.
+//!   Other QP types (raw packet, driver's) are EOPNOTSUPP.
 //! - RDMA READ as the IBTA has it: one request reserving a PSN per response, responses in PSN
 //!   order with every later request held back behind them, an ACK past an unfinished READ as
 //!   an implicit NAK, a READ re-issued for what is missing, duplicates answered again (a READ
@@ -74,7 +79,7 @@
 //! Layout: the wire formats ([`packet`], [`roce`]); the transport state machines (`qp`:
 //! requester, responder, completer, READ/atomic responses, local operations); the links
 //! (`link`: faults, the simulated wire, UDP); the object tables behind the one fabric lock
-//! (`state`, `keys`, `mr`, `mw`, `cq`, `srq`) and progress (`progress`); the C ABI (`abi`:
+//! (`state`, `keys`, `mr`, `mw`, `cq`, `srq`, `xrc`) and progress (`progress`); the C ABI (`abi`:
 //! shells and the pointer registry, `control`: the control verbs, `ops`: the hot path,
 //! `extended`: rdma-core's extended verbs).
 //!

@@ -14,7 +14,8 @@ use crate::state::{Context, Element, Pd};
 
 use super::cq::{destroy_comp_channel, destroy_cq};
 use super::memory::dereg_mr;
-use super::queues::{destroy_ah, destroy_qp, destroy_srq};
+use super::queues::{destroy_ah, destroy_qp};
+use super::srqs::destroy_srq;
 
 pub(super) unsafe extern "C" fn get_device_name(device: *mut ibv_device) -> *const c_char {
     with(

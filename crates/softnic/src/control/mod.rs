@@ -24,6 +24,7 @@ mod device;
 mod groups;
 mod memory;
 mod queues;
+mod srqs;
 mod windows;
 
 use crate::fabric::Shared;
@@ -35,7 +36,9 @@ use device::*;
 pub use groups::{attach_mcast, detach_mcast};
 use memory::*;
 use queues::*;
-pub(crate) use queues::{create_qp_with, create_srq_with, create_target_qp};
+pub(crate) use queues::{create_qp_with, create_target_qp};
+pub(crate) use srqs::create_srq_with;
+use srqs::*;
 pub(crate) use windows::{alloc_mw, bind_mw, dealloc_mw};
 
 /// The control path of a libibverbs provider, as a table of functions with the libibverbs
