@@ -22,6 +22,7 @@ use std::sync::{Mutex, OnceLock};
 
 use ibverbs_sys as v;
 
+use super::routes::Routes;
 use super::slots::{Slots, Wc};
 use crate::id;
 use crate::types::*;
@@ -39,8 +40,6 @@ const RX_TAG: u64 = 1 << 32;
 const MAGIC: [u8; 2] = *b"rs";
 /// Q_Key of `RDMA_PS_UDP` (librdmacm's `RDMA_UDP_QKEY`).
 const QKEY: u32 = 0x0123_4567;
-/// Routes kept (the oldest goes first).
-const ROUTES: usize = 256;
 
 /// The sender's IPv4 address from the 40 bytes a UD receive begins with: on RoCEv2 over
 /// IPv4 the packet's IPv4 header in their last 20 (as the kernel's rxe and rdma-core's
@@ -52,15 +51,6 @@ fn source(grh: &[u8]) -> Option<u32> {
         return (sgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]).then(|| ip(&sgid[12..]));
     }
     (grh[20] >> 4 == 4).then(|| ip(&grh[32..36]))
-}
-
-/// Where datagrams to an address go.
-struct Route {
-    ip: u32,
-    port: u16,
-    ah: *mut v::ibv_ah,
-    qpn: u32,
-    qkey: u32,
 }
 
 /// A datagram received and not yet read.
@@ -79,7 +69,7 @@ pub(super) struct Dgram {
     /// The AH each send slot's send in flight names (null when free).
     tx_ah: [*mut v::ibv_ah; TX],
     rx: VecDeque<Rx>,
-    routes: VecDeque<Route>,
+    routes: Routes,
     /// The socket's port (network order), in every header.
     pub(super) port: u16,
     /// `rconnect`'s address: where `rsend` sends, the only source `rrecv` takes.
@@ -100,7 +90,7 @@ impl Dgram {
             free_tx: (0..TX).rev().collect(),
             tx_ah: [null_mut(); TX],
             rx: VecDeque::with_capacity(RX),
-            routes: VecDeque::new(),
+            routes: Routes::default(),
             port: 0,
             peer: None,
         });
@@ -196,28 +186,10 @@ impl Dgram {
             let _ = self.post_recv(slot);
             return;
         };
-        let qpn = w.src_qp;
-        if let Some(r) = self
-            .routes
-            .iter_mut()
-            .find(|r| r.ip == ip && r.port == port)
-        {
-            // The same address (so the same AH), maybe a new QP: the sender was made again.
-            r.qpn = qpn;
-        } else {
-            // SAFETY: the socket's PD; a completion (as `ibv_wc`) and its slot's GRH.
-            let ah =
-                unsafe { v::ibv_create_ah_from_wc(self.s.pd, (w as *mut Wc).cast(), at.cast(), 1) };
-            if !ah.is_null() {
-                self.keep(Route {
-                    ip,
-                    port,
-                    ah,
-                    qpn,
-                    qkey: QKEY,
-                });
-            }
-        }
+        let (pd, qpn) = (self.s.pd, w.src_qp);
+        // SAFETY: the socket's PD; a completion (as `ibv_wc`) and its slot's GRH.
+        let make = || unsafe { v::ibv_create_ah_from_wc(pd, (w as *mut Wc).cast(), at.cast(), 1) };
+        self.learn((ip, port), (qpn, QKEY), make);
         let len = len - GRH - HDR;
         self.rx.push_back(Rx {
             slot,
@@ -244,29 +216,22 @@ impl Dgram {
         Ok(())
     }
 
-    fn route(&self, ip: u32, port: u16) -> Option<&Route> {
-        self.routes.iter().find(|r| r.ip == ip && r.port == port)
-    }
-
-    /// Keeps a route, forgetting beyond [`ROUTES`] the oldest that no send in flight names
-    /// (there are more routes than send slots).
-    fn keep(&mut self, r: Route) {
-        if self.routes.len() == ROUTES {
-            let busy = |r: &Route| self.tx_ah.contains(&r.ah);
-            if let Some(at) = self.routes.iter().position(|r| !busy(r))
-                && let Some(old) = self.routes.remove(at)
-            {
-                // SAFETY: an AH of this socket's that no send in flight names.
-                unsafe { v::ibv_destroy_ah(old.ah) };
-            }
-        }
-        self.routes.push_back(r);
+    /// Keeps the route to an address and port (see [`Routes::learn`]): an AH goes once no
+    /// route and no send in flight names it.
+    fn learn(&mut self, to: (u32, u16), peer: (u32, u32), make: impl FnOnce() -> *mut v::ibv_ah) {
+        let tx_ah = &self.tx_ah;
+        let busy = |ah| tx_ah.contains(&ah);
+        // SAFETY: an AH of this socket's that no route and no send in flight names.
+        let drop = |ah| unsafe {
+            v::ibv_destroy_ah(ah);
+        };
+        self.routes.learn(to, peer, make, busy, drop);
     }
 
     /// A route to `to`, resolved by SIDR if none is kept (waiting for the reply).
     pub(super) fn resolve(&mut self, to: &libc::sockaddr_in) -> Result<(), c_int> {
         let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
-        if self.route(ip, port).is_some() {
+        if self.routes.get(ip, port).is_some() {
             return Ok(());
         }
         let mut tid = null_mut();
@@ -288,25 +253,20 @@ impl Dgram {
                 // No socket serves that port (SIDR's reply refused it).
                 Err(libc::ECONNREFUSED)
             } else {
-                let mut ud = (*(*tid).event).param.ud;
-                let ah = v::ibv_create_ah(self.s.pd, &mut ud.ah_attr);
-                match ah.is_null() {
-                    true => Err(crate::errno()),
-                    false => Ok((ah, ud.qp_num, ud.qkey)),
-                }
+                Ok((*(*tid).event).param.ud)
             };
             id::rdma_destroy_id(tid);
             r
         };
-        let (ah, qpn, qkey) = r?;
-        self.keep(Route {
-            ip,
-            port,
-            ah,
-            qpn,
-            qkey,
-        });
-        Ok(())
+        let mut ud = r?;
+        let pd = self.s.pd;
+        // SAFETY: the socket's PD and the SIDR reply's address.
+        let make = || unsafe { v::ibv_create_ah(pd, &mut ud.ah_attr) };
+        self.learn((ip, port), (ud.qp_num, ud.qkey), make);
+        match self.routes.get(ip, port) {
+            Some(_) => Ok(()),
+            None => Err(crate::errno()),
+        }
     }
 
     /// Sends one datagram of `bufs` to `to` (resolving a route first): `EAGAIN` when no slot
@@ -333,7 +293,8 @@ impl Dgram {
             }
         }
         let r = self
-            .route(to.sin_addr.s_addr, to.sin_port)
+            .routes
+            .get(to.sin_addr.s_addr, to.sin_port)
             .expect("a route just resolved");
         let mut sge = self.s.sge(slot, 0, HDR + len);
         let mut wr = v::ibv_send_wr {
@@ -493,8 +454,8 @@ impl Drop for Dgram {
             if !self.qp.is_null() {
                 v::ibv_destroy_qp(self.qp);
             }
-            for r in &self.routes {
-                v::ibv_destroy_ah(r.ah);
+            for ah in self.routes.ahs() {
+                v::ibv_destroy_ah(ah);
             }
         }
     }

@@ -26,6 +26,7 @@ mod dgram;
 mod io;
 mod iomap;
 mod opts;
+mod routes;
 mod slots;
 
 use std::collections::{BTreeMap, VecDeque};
