@@ -7,10 +7,11 @@
 //!
 //! - Opening a domain with a file descriptor shares it: every open of the same file on the
 //!   same device (in this process) reaches the same domain, as the kernel's `inode` lookup
-//!   does; `O_CREAT` makes it if it does not exist yet, `O_EXCL` refuses one that does. A
-//!   descriptor of -1 makes a domain of its own. Each open is its own `ibv_xrcd`; the domain
-//!   lives until the last is closed, and closing the last one while SRQs or target QPs still
-//!   belong to it fails with EBUSY.
+//!   does (the domain holds the file open, as the kernel holds its inode); `O_CREAT` makes it
+//!   if it does not exist yet, `O_EXCL` refuses one that does. A descriptor of -1 makes a
+//!   domain of its own. Each open is its own `ibv_xrcd`, which cannot be closed (EBUSY) while
+//!   an SRQ or target QP made through it lives; the domain lives until its last open is
+//!   closed.
 //! - An XRC SRQ (`ibv_create_srq_ex` with `IBV_SRQT_XRC`) has a PD, a domain and a CQ of its
 //!   own: the receives of the messages that land in it complete there, with the target QP's
 //!   number in `qp_num`. Its PD is the one remote accesses through a target QP are checked
@@ -36,8 +37,9 @@ pub(crate) struct Xrcd {
 /// An XRC domain.
 pub(crate) struct Domain {
     pub(crate) dev: usize,
-    /// The file that names it (device and inode), if it was opened with one.
-    pub(crate) file: Option<(u64, u64)>,
+    /// The file that names it (device and inode), if it was opened with one, and a
+    /// descriptor of it held open (so that its inode is no other file's meanwhile).
+    pub(crate) file: Option<((u64, u64), std::os::fd::OwnedFd)>,
     /// Its opens not closed yet.
     pub(crate) opens: u32,
 }
@@ -46,6 +48,8 @@ pub(crate) struct Domain {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct XrcSrq {
     pub(crate) domain: u32,
+    /// The open it was made through (which cannot be closed while the SRQ lives).
+    pub(crate) xrcd: u32,
     /// Where the receives of the messages that land in it complete.
     pub(crate) cq: u32,
 }
@@ -59,6 +63,8 @@ pub(crate) enum Role {
     Target {
         /// Its domain.
         domain: u32,
+        /// The open it was made through (which cannot be closed while the QP lives).
+        xrcd: u32,
     },
 }
 
@@ -67,15 +73,13 @@ pub(crate) enum Role {
 pub(crate) const NONE: u32 = u32::MAX;
 
 impl World {
-    /// Whether an SRQ or a target QP still belongs to domain `domain`.
-    pub(crate) fn domain_in_use(
-        &self,
-        domain: u32,
-        qps: &crate::table::Table<crate::qp::Qp>,
-    ) -> bool {
+    /// Whether an SRQ or a target QP made through the open `xrcd` still lives.
+    pub(crate) fn xrcd_in_use(&self, xrcd: u32, qps: &crate::table::Table<crate::qp::Qp>) -> bool {
+        let target =
+            |q: &crate::qp::Qp| matches!(q.xrc, Some(Role::Target { xrcd: x, .. }) if x == xrcd);
         self.srqs
             .values()
-            .any(|s| s.xrc.is_some_and(|x| x.domain == domain))
-            || qps.values().any(|q| q.xrc == Some(Role::Target { domain }))
+            .any(|s| s.xrc.is_some_and(|x| x.xrcd == xrcd))
+            || qps.values().any(target)
     }
 }

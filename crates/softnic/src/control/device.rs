@@ -114,6 +114,7 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
         Vec<*mut ibv_mw>,
         Vec<*mut ibv_mr>,
         Vec<*mut ibv_srq>,
+        Vec<*mut ibv_xrcd>,
         Vec<*mut ibv_cq>,
         Vec<*mut ibv_comp_channel>,
         Vec<*mut ibv_pd>,
@@ -152,12 +153,13 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
             of_context!(w.mws),
             of_context!(w.mrs),
             of_context!(w.srqs),
+            of_context!(w.xrcds),
             of_context!(w.cqs),
             of_context!(w.channels),
             of_context!(w.pds),
         )
     });
-    let (qps, ahs, mws, mrs, srqs, cqs, channels, pds) = match found {
+    let (qps, ahs, mws, mrs, srqs, xrcds, cqs, channels, pds) = match found {
         Ok(f) => f,
         Err(e) => return e,
     };
@@ -175,6 +177,9 @@ pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
         mws.into_iter().for_each(|p| keep(super::dealloc_mw(p)));
         mrs.into_iter().for_each(|p| keep(dereg_mr(p)));
         srqs.into_iter().for_each(|p| keep(destroy_srq(p)));
+        xrcds
+            .into_iter()
+            .for_each(|p| keep(crate::extended::close_xrcd(p)));
         cqs.into_iter().for_each(|p| keep(destroy_cq(p)));
         channels
             .into_iter()

@@ -171,7 +171,10 @@ pub(crate) fn create_target_qp(
                 recv_cq: crate::xrc::NONE,
                 srq: None,
                 transport: Transport::Rc,
-                xrc: Some(Role::Target { domain }),
+                xrc: Some(Role::Target {
+                    domain,
+                    xrcd: xrcd_id,
+                }),
                 cap: ibv_qp_cap::default(),
                 sq_sig_all: false,
             };

@@ -63,18 +63,18 @@ pub(crate) fn create_srq_with(
                 let ours = |f: &abi::Found| std::sync::Arc::ptr_eq(&f.fabric, shared);
                 let domain = xrcd
                     .filter(ours)
-                    .and_then(|x| st.w.xrcds.get(&x.id))
-                    .filter(|o| o.ctx == ctx)
-                    .map(|o| o.domain);
+                    .and_then(|x| Some((x.id, st.w.xrcds.get(&x.id)?)))
+                    .filter(|(_, o)| o.ctx == ctx)
+                    .map(|(id, o)| (id, o.domain));
                 let cq = cq
                     .filter(ours)
                     .map(|c| c.id)
                     .filter(|c| st.w.cqs.get(c).is_some_and(|c| c.ctx == ctx));
-                let (Some(domain), Some(cq)) = (domain, cq) else {
+                let (Some((xrcd, domain)), Some(cq)) = (domain, cq) else {
                     set_errno(libc::EINVAL);
                     return null_mut();
                 };
-                Some(crate::xrc::XrcSrq { domain, cq })
+                Some(crate::xrc::XrcSrq { domain, xrcd, cq })
             }
         };
         let max_sge = a.max_sge.max(1);

@@ -19,6 +19,8 @@ mod cq;
 mod qp;
 mod xrc;
 
+pub(crate) use xrc::close_xrcd;
+
 pub(crate) use cq::{CqEx, ready_flag};
 use qp::me;
 pub use qp::qp_to_qp_ex;

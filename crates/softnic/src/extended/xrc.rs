@@ -3,6 +3,8 @@
 //! `errno` and a null pointer for the constructors, the error number for the others.
 
 use std::ffi::c_int;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::ptr::null_mut;
 
 use ibverbs_sys::*;
@@ -13,8 +15,9 @@ use crate::xrc::{Domain, Xrcd};
 
 /// `verbs_context.open_xrcd`: an open of a new domain (`fd` -1), or of the one the file `fd`
 /// names on this device (`oflags`: `O_CREAT` makes it if there is none, else EAGAIN;
-/// `O_EXCL` refuses one that exists, EINVAL), as the kernel's. A mask without both fields is
-/// EINVAL, one with unknown fields EOPNOTSUPP (libibverbs' checks), a bad descriptor EBADF.
+/// `O_EXCL` refuses one that exists, EINVAL; other flags are ignored), as the kernel's. A mask
+/// without both fields is EINVAL, one with unknown fields EOPNOTSUPP (libibverbs' checks), a
+/// bad descriptor EBADF.
 pub(super) unsafe extern "C" fn open_xrcd(
     context: *mut ibv_context,
     attr: *mut ibv_xrcd_init_attr,
@@ -32,21 +35,25 @@ pub(super) unsafe extern "C" fn open_xrcd(
         return fail(libc::EOPNOTSUPP);
     }
     let both = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    if a.comp_mask & both != both || a.oflags & !(libc::O_CREAT | libc::O_EXCL) != 0 {
+    if a.comp_mask & both != both {
         return fail(libc::EINVAL);
     }
+    // The file, by device and inode, and a descriptor of it that the domain holds.
     let file = match a.fd {
         -1 => None,
         fd => {
-            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-            // SAFETY: `fstat` writes a whole `stat` into `st` on success, and reads nothing
-            // of the caller's but the descriptor number.
-            if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+            // SAFETY: reads nothing of the caller's but the descriptor number; the copy it
+            // makes (or -1) is this function's.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
                 return fail(libc::EBADF);
             }
-            // SAFETY: `fstat` succeeded, so it initialised `st`.
-            let st = unsafe { st.assume_init() };
-            Some((st.st_dev, st.st_ino))
+            // SAFETY: `dup` is a descriptor just made, owned by nothing else.
+            let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(dup) });
+            let Ok(m) = file.metadata() else {
+                return fail(libc::EBADF);
+            };
+            Some(((m.dev(), m.ino()), OwnedFd::from(file)))
         }
     };
     crate::control::with(
@@ -55,10 +62,10 @@ pub(super) unsafe extern "C" fn open_xrcd(
         null_mut(),
         |shared, st, ctx| {
             let dev = st.w.contexts[&ctx].dev;
-            let found = file.and_then(|f| {
+            let found = file.as_ref().and_then(|(key, _)| {
                 st.w.domains
                     .iter()
-                    .find(|(_, d)| d.dev == dev && d.file == Some(f))
+                    .find(|(_, d)| d.dev == dev && d.file.as_ref().is_some_and(|f| f.0 == *key))
                     .map(|(&id, _)| id)
             });
             let domain = match found {
@@ -99,22 +106,25 @@ pub(super) unsafe extern "C" fn open_xrcd(
     )
 }
 
-/// `verbs_context.close_xrcd`: closes an open; the domain goes with its last one, which is
-/// EBUSY while SRQs or target QPs still belong to it (nothing is closed then).
-pub(super) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
+/// `verbs_context.close_xrcd`: closes an open, EBUSY while an SRQ or target QP made through
+/// it lives (as the kernel's per-open count); the domain goes with its last open.
+///
+/// # Safety
+/// `xrcd` is any pointer: softnic refuses one it did not hand out without dereferencing it.
+pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
     with_status(xrcd.cast(), Kind::Xrcd, |_, st, id| {
-        let domain = st.w.xrcds[&id].domain;
-        let last = st.w.domains.get(&domain).is_none_or(|d| d.opens <= 1);
-        if last && st.w.domain_in_use(domain, &st.qps) {
+        if st.w.xrcd_in_use(id, &st.qps) {
             return libc::EBUSY;
         }
-        if last {
-            st.w.domains.remove(&domain);
-        } else if let Some(d) = st.w.domains.get_mut(&domain) {
+        let Some(x) = st.w.xrcds.remove(&id) else {
+            return libc::EINVAL;
+        };
+        abi::unregister(x.shell.ptr().cast());
+        if let Some(d) = st.w.domains.get_mut(&x.domain) {
             d.opens -= 1;
-        }
-        if let Some(x) = st.w.xrcds.remove(&id) {
-            abi::unregister(x.shell.ptr().cast());
+            if d.opens == 0 {
+                st.w.domains.remove(&x.domain);
+            }
         }
         0
     })

@@ -196,7 +196,7 @@ impl Qp {
     }
 
     /// Moves the QP to ERROR: every outstanding WR completes with `WR_FLUSH_ERR`; a QP on an SRQ
-    /// raises `QP_LAST_WQE_REACHED` instead of flushing the shared queue.
+    /// (an XRC target too) raises `QP_LAST_WQE_REACHED` instead of flushing the shared queue.
     pub(crate) fn move_to_error(&mut self, w: &mut World) {
         if self.state == ibv_qp_state::IBV_QPS_ERR {
             return;
@@ -225,13 +225,14 @@ impl Qp {
         }
         self.req.cur = self.sq.next_seq;
         self.req.cur_pkt = 0;
-        match self.srq {
-            Some(_) => w.async_event(
+        // (An XRC target takes its receives from SRQs, whether one is bound now or not.)
+        match self.srq.is_some() || self.is_xrc_target() {
+            true => w.async_event(
                 self.ctx,
                 ibverbs_sys::IBV_EVENT_QP_LAST_WQE_REACHED,
                 Element::Qp(self.id),
             ),
-            None => {
+            false => {
                 while let Some(wqe) = self.rq.wqes.pop_front() {
                     let st = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
                     if !self.complete_recv(w, &wqe, false, st, &Received::default(), false) {

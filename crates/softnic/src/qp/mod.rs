@@ -300,6 +300,9 @@ pub(crate) enum Resource {
         va: u64,
         rkey: u32,
         len: u32,
+        /// The PD it was checked against (an XRC target's changes with the SRQ each
+        /// request names: its responses, and a duplicate's, are read under the READ's).
+        pd: u32,
     },
     Atomic {
         psn: u32,
@@ -324,6 +327,8 @@ pub(crate) struct ReadReply {
     pub(crate) msn: u32,
     /// The answer to a duplicate request of a READ executed already.
     pub(crate) replay: bool,
+    /// The PD the READ was checked against (see [`Resource::Read`]).
+    pub(crate) pd: u32,
 }
 
 /// Responder (receive side) progress.

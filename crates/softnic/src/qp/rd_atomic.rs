@@ -48,6 +48,7 @@ impl Qp {
             va: reth.va,
             rkey: reth.rkey,
             len: reth.len,
+            pd: self.pd,
         });
         self.resp.epsn = psn_add(last_psn, 1);
         self.resp.msn = psn_add(self.resp.msn, 1);
@@ -60,6 +61,7 @@ impl Qp {
             remaining: len,
             msn: self.resp.msn,
             replay: false,
+            pd: self.pd,
         });
         self.wake(w);
     }
@@ -79,12 +81,13 @@ impl Qp {
                 va,
                 rkey,
                 len,
+                pd,
             } if psn_diff(psn, first_psn) >= 0 && psn_diff(psn, last_psn) <= 0 => {
-                Some((first_psn, last_psn, va, rkey, len))
+                Some((first_psn, last_psn, va, rkey, len, pd))
             }
             _ => None,
         });
-        let Some((first_psn, last_psn, va, rkey, len)) = found else {
+        let Some((first_psn, last_psn, va, rkey, len, pd)) = found else {
             return;
         };
         // Everything comes from the wire: checked arithmetic, and a bad range is dropped.
@@ -105,6 +108,7 @@ impl Qp {
             remaining: u64::from(reth.len),
             msn: self.resp.msn,
             replay: true,
+            pd,
         });
         self.wake(w);
     }
@@ -276,7 +280,7 @@ impl Qp {
         // A spare frame buffer: no allocation per response packet.
         let mut payload = w.spare.take(chunk as usize);
         if chunk > 0 {
-            if !w.check_remote(self.at(), r.rkey, r.va, chunk, REMOTE_READ) {
+            if !w.check_remote((self.dev, r.pd, self.id), r.rkey, r.va, chunk, REMOTE_READ) {
                 if r.replay {
                     // The answer to a duplicate of a READ answered already, whose region went
                     // since: the requester has its bytes (or asks again and times out), and

@@ -46,15 +46,19 @@ impl Qp {
         })
     }
 
-    /// A target's request `pkt` (read as RC's) binds the SRQ its XRCETH names: the SRQ its
-    /// receives come from, whose PD its remote accesses are checked against and whose CQ they
-    /// complete in. False if it names none that is an XRC SRQ of this QP's domain, or, in
-    /// sequence, another than the message in progress took (a packet out of sequence binds
-    /// nothing then: a duplicate of an earlier message is answered, one ahead is dropped).
+    /// A target's request `pkt` (read as RC's), in sequence, binds the SRQ its XRCETH names:
+    /// the SRQ its receives come from, whose PD its remote accesses are checked against and
+    /// whose CQ they complete in. False if it names none that is an XRC SRQ of this QP's
+    /// domain, or another than the message in progress took. A packet out of sequence binds
+    /// nothing: a duplicate is answered from what it did (a READ's responses under the PD it
+    /// was checked against), one ahead is dropped.
     pub(super) fn bind_srq(&mut self, w: &World, pkt: &Packet<'_>) -> bool {
-        let Some(Role::Target { domain }) = self.xrc else {
+        let Some(Role::Target { domain, .. }) = self.xrc else {
             return true;
         };
+        if psn_diff(pkt.hdr.psn, self.resp.epsn) != 0 {
+            return true;
+        }
         let Some(srqn) = pkt.hdr.xrceth else {
             return false;
         };
@@ -70,8 +74,7 @@ impl Qp {
             return false;
         };
         if !matches!(self.resp.cur, InMsg::Idle) {
-            // Only a packet out of sequence may: the RC responder answers or drops it.
-            return psn_diff(pkt.hdr.psn, self.resp.epsn) != 0;
+            return false;
         }
         self.srq = Some(id);
         self.pd = s.pd;

@@ -321,7 +321,108 @@ fn a_target_refuses_srqs_outside_its_domain_and_srqs_that_are_gone() {
         assert_eq!(poll(cq, 4).len(), 0, "{case}");
         assert_eq!(poll(b.cq, 4).len(), 0, "{case}");
         assert!(dst.iter().all(|&b| b == 0), "{case}");
+        // The target failed, and, as a QP that takes its receives from SRQs, says it has
+        // taken its last.
+        let events: Vec<u32> = std::iter::from_fn(|| async_event(b.ctx))
+            .map(|e| e.event_type)
+            .collect();
+        assert_eq!(
+            events,
+            [IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED],
+            "{case}"
+        );
     }
+}
+
+/// A packet out of sequence names no SRQ the target checks: a duplicate is answered (an ACK;
+/// a READ's responses read under the PD it was checked against when it ran), one ahead is
+/// NAKed for its sequence, whatever SRQ they name.
+#[test]
+fn a_target_answers_duplicates_whatever_srq_they_name() {
+    use softnic::packet::{Headers, opcode};
+    let f = Fabric::default();
+    let x = xrc_pair(&f);
+    let (a, b) = (&x.a, &x.b);
+    let cq = b.new_cq(16, null_mut());
+    let srq = xrc_srq(b, b.pd, x.xrcd, cq).unwrap();
+    let mut dst = vec![0u8; 64];
+    let dmr = b.reg(&mut dst, LOCAL_WRITE);
+    post_srq_recv(srq, &mut [recv_wr(5, &[sge(&dst, dmr)])]).unwrap();
+    let mut src = *b"first";
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let mut wr = to_srq(1, ibv_wr_opcode::IBV_WR_SEND, &src, smr, srq_num(b, srq));
+    post_send(x.ini, std::slice::from_mut(&mut wr)).unwrap();
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    assert!(ok(&poll_n(cq, 1)[0]));
+    // SAFETY: reading raw GID bytes.
+    let sgid = unsafe { a.gid.raw };
+    // The SEND again (PSN 100), and one ahead (PSN 200), for SRQs that do not exist.
+    for psn in [100, 200] {
+        let h = Headers {
+            opcode: opcode::XRC | opcode::RC_SEND_ONLY,
+            pkey: 0xffff,
+            dest_qp: qpn(x.tgt),
+            ack_req: true,
+            psn,
+            xrceth: Some(0xde_adbe),
+            ..Headers::default()
+        };
+        f.inject("soft1", sgid, &frame(h, b"again")).unwrap();
+        f.run_until_idle().unwrap();
+        assert_eq!(state(x.tgt), ibv_qp_state::IBV_QPS_RTS, "PSN {psn}");
+    }
+    assert_eq!(poll(cq, 4).len(), 0, "nothing delivered twice");
+    let c = f.qp_counters(x.tgt).unwrap();
+    assert_eq!(c.duplicates_received, 1);
+    assert_eq!(c.seq_naks_sent, 1);
+}
+
+/// A READ's responses are read under the PD it was checked against: its SRQ destroyed while
+/// they go out (the target unbound), the READ completes.
+#[test]
+fn a_read_completes_when_the_srq_it_named_goes_while_it_is_answered() {
+    let f = Fabric::default();
+    let x = xrc_pair(&f);
+    let (a, b) = (&x.a, &x.b);
+    let cq = b.new_cq(16, null_mut());
+    let srq = xrc_srq(b, b.pd, x.xrcd, cq).unwrap();
+    let mut remote: Vec<u8> = (0..256 * 1024).map(|i| (i % 253) as u8).collect();
+    let rmr = b.reg(&mut remote, ALL_ACCESS);
+    let mut back = vec![0u8; remote.len()];
+    let bmr = a.reg(&mut back, LOCAL_WRITE);
+    let at = remote.as_ptr() as u64;
+    let mut r = with_rdma(
+        to_srq(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_READ,
+            &back,
+            bmr,
+            srq_num(b, srq),
+        ),
+        at,
+        rkey(rmr),
+    );
+    post_send(x.ini, std::slice::from_mut(&mut r)).unwrap();
+    // Until the target has started answering (256 responses of 1 KiB).
+    let started = |f: &Fabric| f.qp_counters(x.tgt).unwrap().packets_sent > 0;
+    for _ in 0..1000 {
+        if started(&f) {
+            break;
+        }
+        f.advance(std::time::Duration::from_nanos(500));
+    }
+    assert!(started(&f));
+    assert!(
+        f.qp_counters(x.tgt).unwrap().packets_sent < 256,
+        "still answering"
+    );
+    // SAFETY: a live SRQ.
+    assert_eq!(unsafe { (CONTROL.destroy_srq)(srq) }, 0);
+    let done = poll_n(a.cq, 1);
+    assert!(ok(&done[0]), "{done:?}");
+    f.run_until_idle().unwrap();
+    assert!(back == remote);
+    assert_eq!(state(x.tgt), ibv_qp_state::IBV_QPS_RTS);
 }
 
 #[test]
@@ -426,21 +527,37 @@ fn domains_are_shared_by_file_and_live_until_their_last_close() {
         ibv_wc_status::IBV_WC_REM_INV_REQ_ERR
     );
 
-    // Closing: the first open goes at once; the last waits for the SRQ and the QP.
-    assert_eq!(close_xrcd(&b, x1), 0);
-    assert_eq!(close_xrcd(&b, x1), libc::EINVAL, "closed already");
-    assert_eq!(close_xrcd(&b, x2), libc::EBUSY);
+    // Closing: an open waits for what was made through it (as the kernel's count per open),
+    // whatever the other opens of its domain.
+    assert_eq!(
+        close_xrcd(&b, x1),
+        libc::EBUSY,
+        "the target QP was made through it"
+    );
+    assert_eq!(
+        close_xrcd(&b, x2),
+        libc::EBUSY,
+        "the SRQ was made through it"
+    );
+    // SAFETY: softnic checks the pointers.
+    unsafe { assert_eq!((CONTROL.destroy_srq)(srq), 0) };
+    assert_eq!(close_xrcd(&b, x2), 0);
+    assert_eq!(close_xrcd(&b, x2), libc::EINVAL, "closed already");
+    // The domain lives on in its other open: another open of the file still reaches it.
+    let x3 = open_xrcd(&b, fd, 0).unwrap();
     // SAFETY: softnic checks the pointers.
     unsafe {
-        assert_eq!((CONTROL.destroy_srq)(srq), 0);
-        assert_eq!(close_xrcd(&b, x2), libc::EBUSY, "the target QP is in it");
         assert_eq!((CONTROL.destroy_qp)(tgt), 0);
         assert_eq!((CONTROL.destroy_srq)(s_own), 0);
     }
-    assert_eq!(close_xrcd(&b, x2), 0);
+    assert_eq!(close_xrcd(&b, x1), 0);
+    assert_eq!(close_xrcd(&b, x3), 0);
     assert_eq!(close_xrcd(&b, own), 0);
-    // The file's domain is gone with its last open: it must be created again.
+    // The file's domain is gone with its last open: it must be created again (flags other
+    // than O_CREAT and O_EXCL are ignored, as by the kernel).
     assert_eq!(open_xrcd(&b, fd, 0).err(), Some(libc::EAGAIN));
+    let again = open_xrcd(&b, fd, libc::O_CREAT | libc::O_RDWR).unwrap();
+    assert_eq!(close_xrcd(&b, again), 0);
 }
 
 /// An open file for `open_xrcd` to name.
@@ -687,4 +804,30 @@ fn the_wr_builders_name_the_srq_of_an_initiator_s_wrs() {
     // SAFETY: as above.
     assert!(unsafe { create_b(b.ctx, &mut t) }.is_null());
     assert_eq!(errno(), libc::EOPNOTSUPP);
+}
+
+/// A device closed with a domain open: `ibv_close_device` (plain) waits for the domain's
+/// close (EBUSY); a drop-in libibverbs's `ibv_close_device` (`release_device`) closes it
+/// with everything else, as the kernel does when the device's file goes.
+#[test]
+fn closing_the_device_closes_its_xrc_domains() {
+    let f = Fabric::default();
+    let b = Node::open(&f, "soft1");
+    let file = tempfile_for_test();
+    let fd = file.as_raw_fd();
+    let x = open_xrcd(&b, fd, libc::O_CREAT).unwrap();
+    let _tgt = target_qp(&b, x).unwrap();
+    let _srq = xrc_srq(&b, b.pd, x, b.cq).unwrap();
+    // SAFETY: softnic checks the pointers.
+    unsafe {
+        assert_eq!((CONTROL.close_device)(b.ctx), libc::EBUSY);
+        assert_eq!(softnic::release_device(b.ctx), 0);
+    }
+    assert_eq!(close_xrcd(&b, x), libc::EINVAL, "closed with the device");
+    let again = Node::open(&f, "soft1");
+    assert_eq!(
+        open_xrcd(&again, fd, 0).err(),
+        Some(libc::EAGAIN),
+        "the domain went"
+    );
 }
