@@ -831,3 +831,76 @@ fn closing_the_device_closes_its_xrc_domains() {
         "the domain went"
     );
 }
+
+/// A message keeps the SRQ its first packet named: a later packet of it, in sequence, naming
+/// another is an Invalid Request (NAK, the target to ERROR), and nothing lands in the other.
+#[test]
+fn a_message_cannot_change_its_srq_half_way() {
+    use softnic::packet::{Headers, opcode};
+    let f = Fabric::default();
+    let x = xrc_pair(&f);
+    let (a, b) = (&x.a, &x.b);
+    let (cq1, cq2) = (b.new_cq(16, null_mut()), b.new_cq(16, null_mut()));
+    let s1 = xrc_srq(b, b.pd, x.xrcd, cq1).unwrap();
+    let s2 = xrc_srq(b, b.pd, x.xrcd, cq2).unwrap();
+    let mut dst = vec![0u8; 4096];
+    let dmr = b.reg(&mut dst, LOCAL_WRITE);
+    let (d1, d2) = dst.split_at(2048);
+    post_srq_recv(s1, &mut [recv_wr(1, &[sge(d1, dmr)])]).unwrap();
+    post_srq_recv(s2, &mut [recv_wr(2, &[sge(d2, dmr)])]).unwrap();
+    // SAFETY: reading raw GID bytes.
+    let sgid = unsafe { a.gid.raw };
+    let packet = |op: u8, psn: u32, srq: *mut ibv_srq| Headers {
+        opcode: opcode::XRC | op,
+        pkey: 0xffff,
+        dest_qp: qpn(x.tgt),
+        ack_req: true,
+        psn,
+        xrceth: Some(srq_num(b, srq)),
+        ..Headers::default()
+    };
+    let first = frame(packet(opcode::RC_SEND_FIRST, 100, s1), &[7; 1024]);
+    f.inject("soft1", sgid, &first).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(state(x.tgt), ibv_qp_state::IBV_QPS_RTS);
+    let last = frame(packet(opcode::RC_SEND_LAST, 101, s2), &[8; 10]);
+    f.inject("soft1", sgid, &last).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(state(x.tgt), ibv_qp_state::IBV_QPS_ERR);
+    assert_eq!(poll(cq1, 4).len(), 0);
+    assert_eq!(poll(cq2, 4).len(), 0);
+    assert!(
+        dst[2048..].iter().all(|&b| b == 0),
+        "nothing in the other SRQ's buffer"
+    );
+}
+
+/// An XRC SRQ with no receive posted: the target answers RNR NAKs, and the message lands
+/// once one is posted; the SRQ's limit event fires as a basic SRQ's does.
+#[test]
+fn an_empty_xrc_srq_holds_the_sender_back_until_a_receive_comes() {
+    let f = Fabric::default();
+    let x = xrc_pair(&f);
+    let (a, b) = (&x.a, &x.b);
+    let cq = b.new_cq(16, null_mut());
+    let srq = xrc_srq(b, b.pd, x.xrcd, cq).unwrap();
+    let mut src = *b"patience";
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let mut wr = to_srq(1, ibv_wr_opcode::IBV_WR_SEND, &src, smr, srq_num(b, srq));
+    post_send(x.ini, std::slice::from_mut(&mut wr)).unwrap();
+    f.advance(std::time::Duration::from_millis(5));
+    assert!(f.qp_counters(x.tgt).unwrap().rnr_naks_sent > 0);
+    assert_eq!(poll(a.cq, 4).len(), 0, "the SEND waits");
+    let mut dst = vec![0u8; 64];
+    let dmr = b.reg(&mut dst, LOCAL_WRITE);
+    let mut rs: Vec<ibv_recv_wr> = (0..3).map(|i| recv_wr(i, &[sge(&dst, dmr)])).collect();
+    post_srq_recv(srq, &mut rs).unwrap();
+    assert_eq!(arm_srq_limit(srq, 3), 0);
+    assert!(ok(&poll_n(a.cq, 1)[0]));
+    let got = poll_n(cq, 1);
+    assert_eq!((got[0].wr_id, got[0].byte_len), (0, 8));
+    f.run_until_idle().unwrap();
+    assert_eq!(&dst[..8], b"patience");
+    let ev = async_event(b.ctx).expect("the limit event");
+    assert_eq!(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+}
