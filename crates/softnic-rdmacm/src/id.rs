@@ -99,11 +99,23 @@ pub(crate) fn turn(id: &Id) -> Turn<'_> {
 }
 
 impl Turn<'_> {
-    /// The struct programs see (they only read it meanwhile, but for its `context`).
+    /// The struct programs see (between calls they write its `context`, and may take their QP
+    /// off it: `qp = NULL`).
     pub(crate) fn c(&mut self) -> &mut rdma_cm_id {
         // SAFETY: this turn holds the id's mutex, under which alone this library reaches the
         // `rdma_cm_id`; the reference lives no longer than the turn's borrow.
         unsafe { &mut *self.id.id.get() }
+    }
+
+    /// If the program took its QP off the id (`id->qp = NULL`: libfabric's verbs provider
+    /// does, for XRC QPs that outlive their connection's id), the CM forgets it too, so that
+    /// nothing the id does from now on (a disconnect, a reject, its destruction) moves that
+    /// QP, as librdmacm acts on `id->qp` only.
+    pub(crate) fn forget_taken_qp(&mut self, l: &Lib) {
+        if self.c().qp.is_null() {
+            // SAFETY: a context of the fabric.
+            unsafe { (l.ops.detach_qp)(l.ctx(), self.cm()) };
+        }
     }
 
     /// The CM's id.
@@ -448,6 +460,7 @@ export! {
     "RDMACM_1.0" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // Freed once this call and the events not acked yet that name it let go of it.
         with_id(id, |l, t| {
+            t.forget_taken_qp(l);
             let last = std::mem::replace(&mut t.c().event, null_mut());
             if !last.is_null() {
                 // SAFETY: the synchronous id's last event, not acked.
@@ -532,6 +545,7 @@ export! {
             if !params_given(t, param) {
                 return (fail(libc::EINVAL), false);
             }
+            t.forget_taken_qp(l);
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
             // SAFETY: a context of the fabric; `data` is valid for its length.
@@ -546,6 +560,7 @@ export! {
             if !params_given(t, param) {
                 return (fail(libc::EINVAL), false);
             }
+            t.forget_taken_qp(l);
             // SAFETY: a caller's parameters per the contract.
             let (p, data) = unsafe { conn_param(param) };
             // SAFETY: a context of the fabric; `data` is valid for its length.
@@ -558,6 +573,7 @@ export! {
     /// Rejects a connection request, with private data.
     "RDMACM_1.0" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
         with_id(id, |l, t| {
+            t.forget_taken_qp(l);
             let data = if data.is_null() { std::ptr::null() } else { data.cast::<u8>() };
             let len = if data.is_null() { 0 } else { u32::from(len) };
             // SAFETY: a context of the fabric; `data` valid for `len` per the contract.
@@ -576,13 +592,7 @@ export! {
     /// Disconnects: the QP to ERROR and a DREQ, or the DREP that answers the peer's.
     "RDMACM_1.0" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         with_id_then_wait(id, |l, t| {
-            if t.c().qp.is_null() {
-                // The program took its QP off the id (`id->qp = NULL`: libfabric's XRC
-                // target QPs outlive their connection's id): as librdmacm, which moves
-                // `id->qp` to ERROR, the disconnect leaves that QP alone.
-                // SAFETY: a context of the fabric.
-                unsafe { (l.ops.detach_qp)(l.ctx(), t.cm()) };
-            }
+            t.forget_taken_qp(l);
             // SAFETY: a context of the fabric.
             (status(unsafe { (l.ops.disconnect)(l.ctx(), t.cm()) }), true)
         })

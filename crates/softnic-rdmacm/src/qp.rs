@@ -27,7 +27,10 @@ fn make_cqs(t: &mut Turn<'_>, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> 
         // SAFETY: the id's device context and the channel just made.
         let cq = unsafe { ibverbs_sys::ibv_create_cq(ctx, cqe, me, ch, 0) };
         if cq.is_null() {
-            return Err(libc::ENOMEM);
+            let e = crate::errno();
+            // SAFETY: the channel just made, which nothing uses.
+            unsafe { ibverbs_sys::ibv_destroy_comp_channel(ch) };
+            return Err(e);
         }
         Ok((ch, cq))
     };
@@ -129,8 +132,9 @@ fn create_qp_with(
         }
     };
     if qp.is_null() {
+        let e = crate::errno();
         drop_cqs(t);
-        return -1;
+        return fail(e);
     }
     // SAFETY: a context of the fabric and the QP just made.
     let e = unsafe { (l.ops.attach_qp)(l.ctx(), t.cm(), qp) };

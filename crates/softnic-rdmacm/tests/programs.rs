@@ -354,6 +354,14 @@ fn a_process_that_exits_connected_disconnects() {
     assert!(s.contains("ok") && c.contains("ok"), "{s}\n{c}");
 }
 
+/// A connected QP the program took off its id (`id->qp = NULL`, as libfabric's verbs
+/// provider does with XRC QPs that outlive their connection's id) stays in RTS through that
+/// id's disconnect and destruction: librdmacm acts on `id->qp` only.
+#[test]
+fn a_qp_taken_off_its_id_outlives_the_id() {
+    turns_under_valgrind("127.0.26.33", "taken-qp");
+}
+
 /// `turns <addr> <mode>` on a device at `addr`, under valgrind when it is installed (which
 /// then fails the run on a read of freed memory): it must say "ok" and exit 0.
 fn turns_under_valgrind(addr: &str, mode: &str) {

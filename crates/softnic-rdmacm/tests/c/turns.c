@@ -18,6 +18,10 @@
  *   connects and exits without disconnecting or destroying anything; the server must hear
  *   DISCONNECTED soon after (10 s at most), as the kernel's CM sends the DREQ of a process's
  *   connections when it exits.
+ * - turns <address> taken-qp: a connected QP the program took off its id (`id->qp = NULL`, as
+ *   libfabric's verbs provider does with XRC QPs that outlive their connection's id) stays
+ *   in RTS through that id's disconnect (server side) and destruction (client side), as
+ *   librdmacm acts on `id->qp` only.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -271,6 +275,77 @@ static int exit_client(struct sockaddr_in *a) {
     exit(0);
 }
 
+static enum ibv_qp_state state_of(struct ibv_qp *qp) {
+    struct ibv_qp_attr attr;
+    struct ibv_qp_init_attr init;
+    if (ibv_query_qp(qp, &attr, IBV_QP_STATE, &init))
+        return IBV_QPS_UNKNOWN;
+    return attr.qp_state;
+}
+
+static int taken_qp(struct sockaddr_in *a) {
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *listener, *cl, *srv = NULL;
+    if (!ch || rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP) ||
+        rdma_create_id(ch, &cl, NULL, RDMA_PS_TCP))
+        return fail("ids");
+    if (rdma_bind_addr(listener, (struct sockaddr *)a) || rdma_listen(listener, 4))
+        return fail("listen");
+    if (rdma_resolve_addr(cl, NULL, (struct sockaddr *)a, 2000))
+        return fail("resolve_addr");
+    int established = 0;
+    while (established < 2) {
+        struct rdma_cm_event *ev = event_within(ch, 10000);
+        if (!ev) {
+            printf("no event in time\n");
+            return 1;
+        }
+        enum rdma_cm_event_type e = ev->event;
+        struct rdma_cm_id *id = ev->id;
+        rdma_ack_cm_event(ev);
+        struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1};
+        if (e == RDMA_CM_EVENT_ADDR_RESOLVED) {
+            if (rdma_resolve_route(id, 2000))
+                return fail("resolve_route");
+        } else if (e == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+            if (rdma_create_qp(id, NULL, &rc_attr) || rdma_connect(id, &p))
+                return fail("connect");
+        } else if (e == RDMA_CM_EVENT_CONNECT_REQUEST) {
+            srv = id;
+            if (rdma_create_qp(id, NULL, &rc_attr) || rdma_accept(id, &p))
+                return fail("accept");
+        } else if (e == RDMA_CM_EVENT_ESTABLISHED) {
+            established++;
+        } else {
+            printf("unexpected %s\n", rdma_event_str(e));
+            return 1;
+        }
+    }
+    struct ibv_qp *sq = srv->qp, *cq = cl->qp;
+    if (state_of(sq) != IBV_QPS_RTS || state_of(cq) != IBV_QPS_RTS) {
+        printf("not connected\n");
+        return 1;
+    }
+    srv->qp = NULL;
+    if (rdma_disconnect(srv))
+        return fail("disconnect");
+    if (state_of(sq) != IBV_QPS_RTS) {
+        printf("the disconnect moved a QP taken off its id to %d\n", state_of(sq));
+        return 1;
+    }
+    cl->qp = NULL;
+    if (rdma_destroy_id(cl))
+        return fail("destroy_id");
+    if (state_of(cq) != IBV_QPS_RTS) {
+        printf("destroying the id moved a QP taken off it to %d\n", state_of(cq));
+        return 1;
+    }
+    ibv_destroy_qp(sq);
+    ibv_destroy_qp(cq);
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -286,6 +361,8 @@ int main(int argc, char **argv) {
         return exit_server(&a);
     if (argc > 2 && !strcmp(argv[2], "exit-client"))
         return exit_client(&a);
+    if (argc > 2 && !strcmp(argv[2], "taken-qp"))
+        return taken_qp(&a);
 
     struct rdma_event_channel *ch = rdma_create_event_channel();
     struct rdma_cm_id *listener;

@@ -44,7 +44,7 @@ pub(super) unsafe extern "C" fn open_xrcd(
         fd => {
             // SAFETY: reads nothing of the caller's but the descriptor number; the copy it
             // makes (or -1) is this function's.
-            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
             if dup < 0 {
                 return fail(libc::EBADF);
             }
