@@ -186,10 +186,16 @@ impl Dgram {
             let _ = self.post_recv(slot);
             return;
         };
-        let (pd, qpn) = (self.s.pd, w.src_qp);
-        // SAFETY: the socket's PD; a completion (as `ibv_wc`) and its slot's GRH.
-        let make = || unsafe { v::ibv_create_ah_from_wc(pd, (w as *mut Wc).cast(), at.cast(), 1) };
-        self.learn((ip, port), (qpn, QKEY), make);
+        let (ctx, qpn) = (self.s.ctx, w.src_qp);
+        let attr = || {
+            let mut a = v::ibv_ah_attr::default();
+            // SAFETY: the socket's device context; a completion (as `ibv_wc`) and its slot's
+            // GRH, read only; `a` is written.
+            let r =
+                unsafe { v::ibv_init_ah_from_wc(ctx, 1, (w as *mut Wc).cast(), at.cast(), &mut a) };
+            (r == 0).then_some(a)
+        };
+        self.learn((ip, port), (qpn, QKEY), attr);
         let len = len - GRH - HDR;
         self.rx.push_back(Rx {
             slot,
@@ -218,14 +224,19 @@ impl Dgram {
 
     /// Keeps the route to an address and port (see [`Routes::learn`]): an AH goes once no
     /// route and no send in flight names it.
-    fn learn(&mut self, to: (u32, u16), peer: (u32, u32), make: impl FnOnce() -> *mut v::ibv_ah) {
+    fn learn(
+        &mut self,
+        to: (u32, u16),
+        peer: (u32, u32),
+        attr: impl FnOnce() -> Option<v::ibv_ah_attr>,
+    ) {
         let tx_ah = &self.tx_ah;
         let busy = |ah| tx_ah.contains(&ah);
         // SAFETY: an AH of this socket's that no route and no send in flight names.
         let drop = |ah| unsafe {
             v::ibv_destroy_ah(ah);
         };
-        self.routes.learn(to, peer, make, busy, drop);
+        self.routes.learn(to, peer, attr, busy, drop);
     }
 
     /// A route to `to`, resolved by SIDR if none is kept (waiting for the reply).
@@ -258,15 +269,9 @@ impl Dgram {
             id::rdma_destroy_id(tid);
             r
         };
-        let mut ud = r?;
-        let pd = self.s.pd;
-        // SAFETY: the socket's PD and the SIDR reply's address.
-        let make = || unsafe { v::ibv_create_ah(pd, &mut ud.ah_attr) };
-        self.learn((ip, port), (ud.qp_num, ud.qkey), make);
-        match self.routes.get(ip, port) {
-            Some(_) => Ok(()),
-            None => Err(crate::errno()),
-        }
+        let ud = r?;
+        self.learn((ip, port), (ud.qp_num, ud.qkey), || Some(ud.ah_attr));
+        Ok(())
     }
 
     /// Sends one datagram of `bufs` to `to` (resolving a route first): `EAGAIN` when no slot
@@ -292,10 +297,15 @@ impl Dgram {
                 n += b.len();
             }
         }
-        let r = self
-            .routes
-            .get(to.sin_addr.s_addr, to.sin_port)
-            .expect("a route just resolved");
+        let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
+        let (qpn, qkey) = self.routes.get(ip, port).expect("a route just resolved");
+        let pd = self.s.pd;
+        // SAFETY: the socket's PD and the host's AH attributes (a SIDR reply's, or from a
+        // datagram it sent).
+        let make = |a: &mut v::ibv_ah_attr| unsafe { v::ibv_create_ah(pd, a) };
+        let Some(ah) = self.routes.ah(ip, make) else {
+            return Err(crate::errno());
+        };
         let mut sge = self.s.sge(slot, 0, HDR + len);
         let mut wr = v::ibv_send_wr {
             wr_id: slot as u64,
@@ -306,11 +316,10 @@ impl Dgram {
             ..Default::default()
         };
         wr.wr.ud = v::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-            ah: r.ah,
-            remote_qpn: r.qpn,
-            remote_qkey: r.qkey,
+            ah,
+            remote_qpn: qpn,
+            remote_qkey: qkey,
         };
-        let ah = r.ah;
         self.s.post_send(self.qp, &mut wr)?;
         self.tx_ah[slot] = ah;
         self.free_tx.pop();
@@ -449,10 +458,11 @@ fn answer_for_ever(ch: *mut rdma_event_channel) {
 impl Drop for Dgram {
     fn drop(&mut self) {
         // SAFETY: the QP this socket made (null when not made) and its routes' AHs, no longer
-        // used; the slots (CQ, memory) go after this, as a field.
+        // used once the QP is gone (kept, leaked, if it could not be destroyed: a send in
+        // flight may name them); the slots (CQ, memory) go after this, as a field.
         unsafe {
-            if !self.qp.is_null() {
-                v::ibv_destroy_qp(self.qp);
+            if !self.qp.is_null() && v::ibv_destroy_qp(self.qp) != 0 {
+                return;
             }
             for ah in self.routes.ahs() {
                 v::ibv_destroy_ah(ah);

@@ -40,7 +40,8 @@ impl Wc {
 
 /// The CQ, its channel and the slots.
 pub(super) struct Slots {
-    ctx: *mut v::ibv_context,
+    /// The device context.
+    pub(super) ctx: *mut v::ibv_context,
     /// The device's PD (the library's default one), where the slots are registered.
     pub(super) pd: *mut v::ibv_pd,
     ch: *mut v::ibv_comp_channel,
