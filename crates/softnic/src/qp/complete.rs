@@ -215,7 +215,8 @@ impl Qp {
         self.flush(w);
     }
 
-    /// Flushes every queued WR of a QP in ERROR (also used for WRs posted while in ERROR).
+    /// Flushes every queued WR of a QP moving to ERROR (WRs posted in ERROR are flushed as
+    /// they are queued).
     pub(crate) fn flush(&mut self, w: &mut World) {
         while !self.sq.wqes.is_empty() {
             if !self.complete_send(w, ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
