@@ -109,7 +109,7 @@ const CASES: &[Case] = &[
     // ignored, as by the kernel): SENDs into the server's XRC SRQ, four initiators' WRITEs,
     // READ and atomic latency.
     pair("ib_send_bw", "-d soft0 -x 1 -c XRC -n 1000", "#bytes"),
-    pair("ib_write_bw", "-d soft0 -x 0 -c XRC -q 4", "#bytes"),
+    pair("ib_write_bw", "-d soft0 -x 0 -c XRC -q 4 -n 1000", "#bytes"),
     quiet_server("ib_read_lat", "-d soft0 -x 1 -c XRC -n 200", "#bytes"),
     quiet_server("ib_atomic_lat", "-d soft0 -x 0 -c XRC -n 200", "#bytes"),
 ];

@@ -298,7 +298,9 @@ impl Dgram {
             }
         }
         let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
-        let (qpn, qkey) = self.routes.get(ip, port).expect("a route just resolved");
+        let Some((qpn, qkey)) = self.routes.get(ip, port) else {
+            return Err(libc::EHOSTUNREACH);
+        };
         let pd = self.s.pd;
         // SAFETY: the socket's PD and the host's AH attributes (a SIDR reply's, or from a
         // datagram it sent).

@@ -381,6 +381,9 @@ pub(super) unsafe extern "C" fn wr_set_inline_data_list(
 
 /// `ibv_wr_set_xrc_srqn`: the remote SRQ the WR just built is for (read by an XRC initiator
 /// only, as `qp_type.xrc.remote_srqn` of `ibv_post_send`).
+///
+/// # Safety
+/// As for [`building`]: `qp` is the softnic QP whose callback this is.
 pub(super) unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, remote_srqn: u32) {
     // SAFETY: called as `qp->wr_x(qp, ...)`, on a softnic shell.
     let Some(b) = (unsafe { building(qp) }) else {

@@ -18,6 +18,10 @@ use crate::xrc::{Domain, Xrcd};
 /// `O_EXCL` refuses one that exists, EINVAL; other flags are ignored), as the kernel's. A mask
 /// without both fields is EINVAL, one with unknown fields EOPNOTSUPP (libibverbs' checks), a
 /// bad descriptor EBADF.
+///
+/// # Safety
+/// `attr` is null or a valid `ibv_xrcd_init_attr`; `context` is any pointer (softnic refuses
+/// one it did not hand out).
 pub(super) unsafe extern "C" fn open_xrcd(
     context: *mut ibv_context,
     attr: *mut ibv_xrcd_init_attr,
@@ -132,6 +136,10 @@ pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
 
 /// `verbs_context.get_srq_num`: the number requests name an SRQ by (an XRC SRQ's is what
 /// matters; a basic SRQ has one too, as on mlx5).
+///
+/// # Safety
+/// `srq_num` is null or writable; `srq` is any pointer (softnic refuses one it did not hand
+/// out).
 pub(super) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> c_int {
     if srq_num.is_null() {
         return libc::EINVAL;
@@ -147,6 +155,10 @@ pub(super) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32
 /// (`IBV_SRQT_XRC`: with `IBV_SRQ_INIT_ATTR_XRCD` and `_CQ`, else EINVAL). Every SRQ needs its
 /// PD (EINVAL without); tag-matching SRQs and unknown fields are EOPNOTSUPP. The caller's
 /// `attr` learns the SRQ's.
+///
+/// # Safety
+/// `attr` is null or a valid, writable `ibv_srq_init_attr_ex` (its `tm_cap` need not exist:
+/// it is never read); the pointers in it and `context` are checked.
 pub(super) unsafe extern "C" fn create_srq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_srq_init_attr_ex,
@@ -159,7 +171,7 @@ pub(super) unsafe extern "C" fn create_srq_ex(
         return fail(libc::EINVAL);
     }
     // SAFETY: non-null, and a valid `ibv_srq_init_attr_ex` per the verb's contract (its
-    // `tm_cap`, last, is read only with `IBV_SRQ_INIT_ATTR_TM`, which is refused first).
+    // `tm_cap`, last, is never read); the fields are read alone.
     let (mask, srq_type) = unsafe { ((*attr).comp_mask, (*attr).srq_type) };
     let served = IBV_SRQ_INIT_ATTR_TYPE
         | IBV_SRQ_INIT_ATTR_PD
@@ -173,10 +185,17 @@ pub(super) unsafe extern "C" fn create_srq_ex(
     if mask & !served != 0 || srq_type == IBV_SRQT_TM {
         return fail(libc::EOPNOTSUPP);
     }
-    // SAFETY: as above; these fields come before `tm_cap`.
+    // SAFETY: as above; these fields come before `tm_cap`, and each is read alone (no
+    // reference to the whole struct, which a caller built against older headers may not
+    // have room for).
     let (srq_context, srq_attr, pd, xrcd, cq) = unsafe {
-        let a = &*attr;
-        (a.srq_context, a.attr, a.pd, a.xrcd, a.cq)
+        (
+            (&raw const (*attr).srq_context).read(),
+            (&raw const (*attr).attr).read(),
+            (&raw const (*attr).pd).read(),
+            (&raw const (*attr).xrcd).read(),
+            (&raw const (*attr).cq).read(),
+        )
     };
     let xrc_fields = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
     let xrc = match srq_type {
