@@ -334,12 +334,26 @@ fn a_target_refuses_srqs_outside_its_domain_and_srqs_that_are_gone() {
     }
 }
 
+/// The headers of an XRC request of RC opcode `op` with PSN `psn` to target `tgt`, for the SRQ
+/// numbered `srqn` (a frame injected as the initiator's).
+fn xrc_request(tgt: *mut ibv_qp, op: u8, psn: u32, srqn: u32) -> softnic::packet::Headers {
+    softnic::packet::Headers {
+        opcode: softnic::packet::opcode::XRC | op,
+        pkey: 0xffff,
+        dest_qp: qpn(tgt),
+        ack_req: true,
+        psn,
+        xrceth: Some(srqn),
+        ..Default::default()
+    }
+}
+
 /// A packet out of sequence names no SRQ the target checks: a duplicate is answered (an ACK;
 /// a READ's responses read under the PD it was checked against when it ran), one ahead is
 /// NAKed for its sequence, whatever SRQ they name.
 #[test]
 fn a_target_answers_duplicates_whatever_srq_they_name() {
-    use softnic::packet::{Headers, opcode};
+    use softnic::packet::opcode;
     let f = Fabric::default();
     let x = xrc_pair(&f);
     let (a, b) = (&x.a, &x.b);
@@ -358,15 +372,7 @@ fn a_target_answers_duplicates_whatever_srq_they_name() {
     let sgid = unsafe { a.gid.raw };
     // The SEND again (PSN 100), and one ahead (PSN 200), for SRQs that do not exist.
     for psn in [100, 200] {
-        let h = Headers {
-            opcode: opcode::XRC | opcode::RC_SEND_ONLY,
-            pkey: 0xffff,
-            dest_qp: qpn(x.tgt),
-            ack_req: true,
-            psn,
-            xrceth: Some(0xde_adbe),
-            ..Headers::default()
-        };
+        let h = xrc_request(x.tgt, opcode::RC_SEND_ONLY, psn, 0xde_adbe);
         f.inject("soft1", sgid, &frame(h, b"again")).unwrap();
         f.run_until_idle().unwrap();
         assert_eq!(state(x.tgt), ibv_qp_state::IBV_QPS_RTS, "PSN {psn}");
@@ -836,7 +842,7 @@ fn closing_the_device_closes_its_xrc_domains() {
 /// another is an Invalid Request (NAK, the target to ERROR), and nothing lands in the other.
 #[test]
 fn a_message_cannot_change_its_srq_half_way() {
-    use softnic::packet::{Headers, opcode};
+    use softnic::packet::opcode;
     let f = Fabric::default();
     let x = xrc_pair(&f);
     let (a, b) = (&x.a, &x.b);
@@ -850,15 +856,7 @@ fn a_message_cannot_change_its_srq_half_way() {
     post_srq_recv(s2, &mut [recv_wr(2, &[sge(d2, dmr)])]).unwrap();
     // SAFETY: reading raw GID bytes.
     let sgid = unsafe { a.gid.raw };
-    let packet = |op: u8, psn: u32, srq: *mut ibv_srq| Headers {
-        opcode: opcode::XRC | op,
-        pkey: 0xffff,
-        dest_qp: qpn(x.tgt),
-        ack_req: true,
-        psn,
-        xrceth: Some(srq_num(b, srq)),
-        ..Headers::default()
-    };
+    let packet = |op, psn, srq| xrc_request(x.tgt, op, psn, srq_num(b, srq));
     let first = frame(packet(opcode::RC_SEND_FIRST, 100, s1), &[7; 1024]);
     f.inject("soft1", sgid, &first).unwrap();
     f.run_until_idle().unwrap();
