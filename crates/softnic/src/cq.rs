@@ -22,6 +22,27 @@ pub(crate) enum Reclaim {
     Srq { srq: u32 },
 }
 
+/// The id of the CQs' owed events in the fabric's timer set (no QP id reaches it: see
+/// `table.rs`).
+pub(crate) const CQ_TIMER: u32 = u32::MAX - 1;
+
+/// How long a CQ armed for any completion while completions wait unpolled gives its program
+/// to poll them before it raises the event it owes, when the program does not wait for it in
+/// `get_cq_event` (which raises it at once).
+///
+/// ConnectX NICs raise such an event (the kernel's mlx4 and mlx5 drivers leave
+/// `IB_CQ_REPORT_MISSED_EVENTS` to the device), and programs written against them rely on it:
+/// perftest 4.5's `ib_send_bw -e -Q 2` arms before it polls what the last event left and
+/// waits for ever on a CQ that raises none (IBTA's and rxe's semantics). But the device raises
+/// it an interrupt's latency later, and perftest 4.5's `ib_send_lat -e` polls each CQ once
+/// right after arming it: an event raised at the arming, stale once that poll took the
+/// completion, is taken for the next one, whose single poll then finds nothing. So softnic
+/// withdraws the event owed when the program polls the CQ empty, and raises it otherwise:
+/// when the program waits on the channel, or this long after the arming (a program asleep on
+/// the channel's descriptor; long enough that a program descheduled between its arming and
+/// its poll on a busy host is not woken for nothing).
+pub const MISSED_EVENT_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// How a CQ is armed for a completion event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Arm {
@@ -48,6 +69,11 @@ pub(crate) struct Cq {
     /// asked at creation: reading the clock costs, so only then).
     pub(crate) wallclock: bool,
     pub(crate) arm: Arm,
+    /// Armed for any completion while it held completions not yet polled, the CQ owes its
+    /// event: it raises it at this time ([`MISSED_EVENT_GRACE`] after the arming), or sooner
+    /// when the program waits on its channel in `get_cq_event`, unless the program polls it
+    /// empty first (see `req_notify_cq`).
+    pub(crate) owed: Option<u64>,
     /// A completion did not fit: the CQ is in error (CQ_ERR was raised).
     pub(crate) overflowed: bool,
     /// Completion events about the CQ that `get_cq_event` handed out (acknowledged ones are
@@ -340,10 +366,60 @@ impl World {
     }
 }
 
+impl World {
+    /// CQ `id`, armed for any completion with completions unpolled, owes its event (see
+    /// [`Cq::owed`]).
+    pub(crate) fn owe_event(&mut self, id: u32) {
+        let due = self.now + MISSED_EVENT_GRACE.as_nanos() as u64;
+        if let Some(c) = self.cqs.get_mut(&id) {
+            c.owed = Some(due);
+            self.owed_events.push_back((due, id));
+            self.timers.insert((due, CQ_TIMER));
+        }
+    }
+
+    /// Raises the owed events due now (those whose CQs are still owed at that time).
+    pub(crate) fn owed_events_due(&mut self) {
+        while let Some(&(due, id)) = self.owed_events.front() {
+            if due > self.now {
+                break;
+            }
+            self.owed_events.pop_front();
+            self.raise_owed(id, |owed| owed == due);
+        }
+    }
+
+    /// Raises the owed events of the CQs of channel `channel` now: its program waits for one.
+    pub(crate) fn owed_events_waited(&mut self, channel: u32) {
+        for k in 0..self.owed_events.len() {
+            let id = self.owed_events[k].1;
+            if self
+                .cqs
+                .get(&id)
+                .is_some_and(|c| c.channel == Some(channel))
+            {
+                self.raise_owed(id, |_| true);
+            }
+        }
+    }
+
+    /// Raises CQ `id`'s event if it is owed (at a time `when` accepts), still armed, and the
+    /// CQ still holds completions.
+    fn raise_owed(&mut self, id: u32, when: impl Fn(u64) -> bool) {
+        let Some(c) = self.cqs.get_mut(&id) else {
+            return;
+        };
+        if c.owed.is_some_and(when) && c.arm == Arm::Next && !c.entries.is_empty() {
+            c.raise(id, &mut self.channels);
+        }
+    }
+}
+
 impl Cq {
     /// Raises the completion event of CQ `id` on its channel (if it has one), and disarms it.
     pub(crate) fn raise(&mut self, id: u32, channels: &mut BTreeMap<u32, Channel>) {
         self.arm = Arm::Off;
+        self.owed = None;
         let user = self.shell.get().cq_context;
         if let Some(ch) = self.channel.and_then(|c| channels.get_mut(&c)) {
             ch.events.push((id, user));

@@ -360,6 +360,7 @@ impl Fabric {
             group_in: Default::default(),
             timers: Default::default(),
             alarms: Default::default(),
+            owed_events: Default::default(),
             faults: BTreeMap::new(),
             default_faults: Faults::NONE,
             filter: None,

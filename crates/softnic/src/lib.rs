@@ -144,6 +144,7 @@ pub use abi::Wc;
 pub use alarm::Alarm;
 pub use control::{CONTROL, ControlPath, attach_mcast, detach_mcast, release_device, resize_cq};
 pub use counters::Counters;
+pub use cq::MISSED_EVENT_GRACE;
 pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, InvalidFaults, PacketFilter, PacketInfo, Verdict};

@@ -399,6 +399,10 @@ impl State {
                 self.cm_timers();
                 continue;
             }
+            if id == crate::cq::CQ_TIMER {
+                self.w.owed_events_due();
+                continue;
+            }
             if let Some(qp) = self.qps.get_mut(&id) {
                 qp.timer_due(&mut self.w, t);
             }

@@ -146,6 +146,11 @@ pub(crate) struct World {
     pub(crate) timers: crate::timers::Timers,
     /// The deadlines of the fabric's users (see `alarm.rs`).
     pub(crate) alarms: crate::alarm::Alarms,
+    /// (due time, CQ id) of the completion events CQs owe (see [`Cq::owed`]), in order of due
+    /// time; each also has a [`CQ_TIMER`](crate::cq::CQ_TIMER) entry in `timers`.
+    ///
+    /// [`Cq::owed`]: crate::cq::Cq::owed
+    pub(crate) owed_events: std::collections::VecDeque<(u64, u32)>,
     pub(crate) faults: BTreeMap<(usize, usize), Faults>,
     pub(crate) default_faults: Faults,
     pub(crate) filter: Option<PacketFilter>,

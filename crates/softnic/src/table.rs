@@ -12,9 +12,10 @@ const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
 /// Generations of a slot before its ids come round again (each id has one of `1..GENS`: no
 /// id is 0).
 const GENS: u32 = 1 << (32 - SLOT_BITS);
-/// Slots of a table, at most: the last index is left out, so that no id is `u32::MAX` (the
-/// id the connection manager's timer goes by among the QPs').
-const SLOTS: usize = SLOT_MASK as usize;
+/// Slots of a table, at most: the last two indices are left out, so that no id is `u32::MAX`
+/// or `u32::MAX - 1` (the ids the connection manager's timer and the CQs' owed events go by
+/// among the QPs' in the fabric's timer set).
+const SLOTS: usize = SLOT_MASK as usize - 1;
 
 /// Objects by id.
 #[derive(Debug)]
@@ -143,11 +144,13 @@ mod tests {
     }
 
     #[test]
-    fn a_full_table_gives_no_id_and_never_the_timer_sentinel() {
+    fn a_full_table_gives_no_id_and_never_the_timer_sentinels() {
         let mut t = Table::default();
         for _ in 0..SLOTS {
             let id = t.next_id().expect("room");
-            assert_ne!(id, u32::MAX);
+            // Not the slot of either sentinel, whatever the generation.
+            assert!(id & SLOT_MASK < crate::cq::CQ_TIMER & SLOT_MASK, "{id:#x}");
+            assert!(id & SLOT_MASK < crate::cm::CM_TIMER & SLOT_MASK, "{id:#x}");
             t.insert(id, ());
         }
         assert_eq!(t.next_id(), None);

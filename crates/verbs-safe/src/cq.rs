@@ -296,8 +296,9 @@ impl Cq {
 
     /// Arms the CQ: the next completion (or the next solicited or failed one) signals the
     /// channel. Whether completions already queued do depends on the NIC (IBTA and rxe: no;
-    /// ConnectX and softnic, armed for any completion: yes, at once), so poll again after
-    /// arming, and expect an event that brings nothing new now and then.
+    /// ConnectX, armed for any completion: yes; softnic: yes, unless a poll takes them all
+    /// first), so poll again after arming, and expect an event that brings nothing new now
+    /// and then.
     pub fn arm(&self, solicited_only: bool) -> Result<()> {
         // SAFETY: live CQ.
         let rc = unsafe { (self.notify)(self.raw, i32::from(solicited_only)) };

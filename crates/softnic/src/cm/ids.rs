@@ -6,7 +6,7 @@ use std::net::SocketAddrV4;
 use super::{CmEvent, CmEventKind, ConnParam, PortSpace};
 use crate::cq::Events;
 
-/// The id softnic's CM uses in the fabric's timer set (QP ids are small and never reach it).
+/// The id softnic's CM uses in the fabric's timer set (no QP id reaches it: see `table.rs`).
 pub(crate) const CM_TIMER: u32 = u32::MAX;
 
 /// What the CM did, per device: for tests and for a peer's misbehaviour to be seen.

@@ -114,6 +114,7 @@ pub(super) unsafe extern "C" fn create_cq(
                     entries: VecDeque::new(),
                     wallclock: false,
                     arm: Arm::Off,
+                    owed: None,
                     overflowed: false,
                     comp_reported: 0,
                     async_reported: 0,
@@ -191,6 +192,10 @@ pub(super) unsafe extern "C" fn get_cq_event(
     };
     loop {
         let taken = with(channel.cast(), Kind::Channel, Some(-1), |_, st, id| {
+            if st.w.channels[&id].events.is_empty() {
+                // The program waits: the events its CQs owe come now (`MISSED_EVENT_GRACE`).
+                st.w.owed_events_waited(id);
+            }
             let ch =
                 st.w.channels
                     .get_mut(&id)

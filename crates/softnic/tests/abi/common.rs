@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
 pub use ibverbs_sys::*;
-pub use softnic::{CONTROL, Counters, Fabric, FabricConfig, Faults, Wc};
+pub use softnic::{CONTROL, Counters, Fabric, FabricConfig, Faults, MISSED_EVENT_GRACE, Wc};
 
 pub const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
 pub const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;

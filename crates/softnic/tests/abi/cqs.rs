@@ -128,12 +128,14 @@ fn completion_channel_fd_wakes_on_an_armed_completion() {
     }
 }
 
-/// Armed for the next completion while completions wait unpolled, the CQ raises its event at
-/// once, as ConnectX NICs do (perftest 4.5's `ib_send_bw -e -Q 2` arms before it polls what
-/// the last event left, and waits for ever on a CQ that raises none). Armed solicited-only, an
+/// Armed for the next completion while completions wait unpolled, the CQ owes its event, as
+/// ConnectX NICs raise one (perftest 4.5's `ib_send_bw -e -Q 2` arms before it polls what the
+/// last event left, and waits for ever on a CQ that raises none): it comes when the program
+/// waits for it in `get_cq_event`, or [`MISSED_EVENT_GRACE`] later for one that waits on the
+/// descriptor, unless the program polls the CQ empty first. Armed solicited-only, an
 /// unsolicited completion already there raises nothing.
 #[test]
-fn arming_a_cq_with_completions_unpolled_raises_its_event_at_once() {
+fn arming_a_cq_with_completions_unpolled_owes_its_event() {
     let f = Fabric::default();
     let (qa, _b, qb, ch, cq) = channel_pair(&f);
     // SAFETY: a live channel is readable.
@@ -154,9 +156,23 @@ fn arming_a_cq_with_completions_unpolled_raises_its_event_at_once() {
     );
     assert_eq!(req_notify(cq, false), 0);
     assert!(
-        readable(fd, 0),
-        "armed with a completion unpolled: the event comes at once"
+        !readable(fd, 0),
+        "armed with a completion unpolled: the event is owed, not raised yet"
     );
+    f.advance(MISSED_EVENT_GRACE);
+    assert!(
+        readable(fd, 0),
+        "armed with a completion unpolled and not polled: the event comes after the grace"
+    );
+    take_cq_event(ch, cq);
+    assert_eq!(poll(cq, 4).len(), 1);
+
+    // Owed and waited for: `get_cq_event` raises it at once (a blocking wait would never end
+    // without the grace timer's progress).
+    post_send(qa, &mut [send_wr(3, ibv_wr_opcode::IBV_WR_SEND, &[], 0)]).unwrap();
+    post_recv(qb, &mut [recv_wr(3, &[])]).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(req_notify(cq, false), 0);
     take_cq_event(ch, cq);
     assert_eq!(poll(cq, 4).len(), 1);
 
@@ -173,6 +189,81 @@ fn arming_a_cq_with_completions_unpolled_raises_its_event_at_once() {
     take_cq_event(ch, cq);
     assert!(!readable(fd, 0), "one event per arming");
     assert_eq!(poll(cq, 4).len(), 1);
+}
+
+/// Perftest 4.5's `ib_send_lat -e`: one channel for the send and the receive CQ; after each
+/// event the program acknowledges it, arms that CQ again and only then polls it, once. The
+/// receive CQ is armed with its completion unpolled, which the poll right after takes: no
+/// event is owed any more, and the next event on the channel is the send's (it was the stale
+/// receive event, and the send CQ's single poll found nothing).
+#[test]
+fn an_owed_event_is_withdrawn_when_the_program_polls_the_cq_empty() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    // SAFETY: valid context.
+    let ch = unsafe { (CONTROL.create_comp_channel)(b.ctx) };
+    assert!(!ch.is_null());
+    // SAFETY: a live channel is readable.
+    let fd = unsafe { (*ch).fd };
+    let (scq, rcq) = (b.new_cq(16, ch), b.new_cq(16, ch));
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let qa = a.qp(ty, cap(8, 8), true);
+    let qb = b.qp_with(ty, cap(8, 8), true, scq, rcq, std::ptr::null_mut());
+    bring_up(qa, ty, b.gid, qpn(qb), |_| {});
+    bring_up(qb, ty, a.gid, qpn(qa), |_| {});
+    assert_eq!(req_notify(scq, false), 0);
+    assert_eq!(req_notify(rcq, false), 0);
+    post_recv(qa, &mut [recv_wr(1, &[])]).unwrap();
+    for round in 0..3 {
+        post_recv(qb, &mut [recv_wr(round, &[])]).unwrap();
+        post_send(
+            qa,
+            &mut [send_wr(round, ibv_wr_opcode::IBV_WR_SEND, &[], 0)],
+        )
+        .unwrap();
+        f.run_until_idle().unwrap();
+        take_cq_event(ch, rcq);
+        assert_eq!(req_notify(rcq, false), 0);
+        assert_eq!(poll(rcq, 1).len(), 1, "round {round}: the receive");
+        // The reply.
+        post_send(
+            qb,
+            &mut [send_wr(round, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+        )
+        .unwrap();
+        f.run_until_idle().unwrap();
+        take_cq_event(ch, scq);
+        assert_eq!(req_notify(scq, false), 0);
+        assert_eq!(
+            poll(scq, 1).len(),
+            1,
+            "round {round}: the reply's completion"
+        );
+        assert!(!readable(fd, 0), "round {round}: no stale event");
+        post_recv(qa, &mut [recv_wr(round + 2, &[])]).unwrap();
+        // The request's completion and the reply's receive (all of `a`'s WRs signal).
+        assert_eq!(poll(a.cq, 4).len(), 2);
+    }
+}
+
+/// Armed with completions unpolled, a CQ whose program polls only some of them still owes
+/// its event (`ib_send_bw -e -Q 2` polls 16 at a time): it comes when the program waits.
+#[test]
+fn an_owed_event_stays_owed_while_completions_are_left() {
+    let f = Fabric::default();
+    let (qa, _b, qb, ch, cq) = channel_pair(&f);
+    let mut recvs: Vec<_> = (0..4).map(|i| recv_wr(i, &[])).collect();
+    post_recv(qb, &mut recvs).unwrap();
+    let mut sends: Vec<_> = (0..4)
+        .map(|i| send_wr(i, ibv_wr_opcode::IBV_WR_SEND, &[], 0))
+        .collect();
+    post_send(qa, &mut sends).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(req_notify(cq, false), 0);
+    assert_eq!(poll(cq, 2).len(), 2);
+    take_cq_event(ch, cq);
+    assert_eq!(poll(cq, 4).len(), 2);
 }
 
 /// A CQ destroyed with an event not yet taken: its event leaves the channel, whose descriptor
