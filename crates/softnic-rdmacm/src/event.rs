@@ -68,15 +68,20 @@ export! {
                 unsafe { (l.ops.destroy_id)(l.ctx(), c.id) };
                 continue;
             };
-            let (ps, ctx, chan) = {
+            let (ps, ctx, chan, qp_type) = {
                 let mut t = turn(&lp);
                 let sync = t.calls.sync;
                 let c = t.c();
-                (c.ps, c.context, if sync { null_mut() } else { c.channel })
+                (c.ps, c.context, if sync { null_mut() } else { c.channel }, c.qp_type)
             };
             match new_id(l, chan, ctx, ps, Some(c.id)) {
                 Ok(p) => {
-                    turn(&p).refresh(l);
+                    let mut t = turn(&p);
+                    // A request's id is of its listener's QP type (librdmacm's), an XRC
+                    // listener's too.
+                    t.c().qp_type = qp_type;
+                    t.refresh(l);
+                    drop(t);
                     break (p, Some(lp));
                 }
                 Err(e) => return fail(e),

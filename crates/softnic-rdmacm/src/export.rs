@@ -1,5 +1,4 @@
-//! The `export!` macro: a C function of the library, bound to its librdmacm symbol version;
-//! and `unsupported!`, functions that fail with `ENOSYS`.
+//! The `export!` macro: a C function of the library, bound to its librdmacm symbol version.
 
 /// Defines each function with the C ABI, exported as `softnic_<name>` bound to
 /// `<name>@@<version>`.
@@ -30,24 +29,6 @@ macro_rules! export {
                 unsafe { $name($($arg),*) }
             }
         };
-        std::arch::global_asm!(concat!(
-            ".symver softnic_", stringify!($name), ", ", stringify!($name), "@@", $ver
-        ));
-    )*};
-}
-
-/// Functions of librdmacm softnic does not serve: each returns -1 with `errno` `ENOSYS`
-/// (whatever its arguments: under the C calling convention the caller cleans them up, and -1
-/// in the return register reads as -1 whether the caller expects an `int`, an `ssize_t` or an
-/// `off_t`).
-macro_rules! unsupported {
-    ($ver:literal: $($name:ident)*) => {$(
-        /// Not served by softnic: -1 with `errno` `ENOSYS`.
-        #[unsafe(export_name = concat!("softnic_", stringify!($name)))]
-        extern "C" fn $name() -> isize {
-            crate::set_errno(libc::ENOSYS);
-            -1
-        }
         std::arch::global_asm!(concat!(
             ".symver softnic_", stringify!($name), ", ", stringify!($name), "@@", $ver
         ));

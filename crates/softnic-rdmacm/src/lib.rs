@@ -21,12 +21,13 @@
 //!
 //! What it serves: event channels whose `fd` is a real descriptor, readable while events wait
 //! (`poll` it; make it non-blocking and `rdma_get_cm_event` fails with `EAGAIN`); ids on
-//! `RDMA_PS_TCP` (RC), `RDMA_PS_UDP` (UD, resolved by SIDR) and `RDMA_PS_IB` (RC, in its own
-//! ports), synchronous ids (no channel: each call waits for its event, as librdmacm's do);
-//! IPv4 addresses (the link's: the device's own and any other softnic port, and multicast
-//! groups to join; IPv6 fails with `EAFNOSUPPORT`); events with the fields librdmacm fills; `rdma_create_qp` (with CQs and completion channels of its own
-//! when the caller gives none, as `rdma_verbs.h`'s helpers expect), `rdma_create_ep`,
-//! `rdma_get_request`, `rdma_getaddrinfo` of numeric addresses and host names.
+//! `RDMA_PS_TCP` (RC), `RDMA_PS_UDP` (UD, resolved by SIDR) and `RDMA_PS_IB` (RC and XRC, in
+//! its own ports), synchronous ids (no channel: each call waits for its event, as librdmacm's
+//! do); IPv4 addresses (the link's: the device's own and any other softnic port, and multicast
+//! groups to join; IPv6 fails with `EAFNOSUPPORT`); events with the fields librdmacm fills;
+//! `rdma_create_qp` (with CQs and completion channels of its own when the caller gives none, as
+//! `rdma_verbs.h`'s helpers expect), `rdma_create_ep`, `rdma_get_request`, `rdma_getaddrinfo`
+//! of numeric addresses and host names.
 //!
 //! Threads: a program may call on one id from several threads (the library's calls on an id
 //! take turns; a synchronous call waits for its event outside its turn, so the others go on),
@@ -41,9 +42,16 @@
 //! ...): stream sockets over RC and datagram sockets over UD between ends on softnic
 //! (rdmacm-utils' `rstream`, `riostream`, `rcopy`, `udpong`); see the `rsocket` module.
 //!
-//! What it does not: ECE (`EOPNOTSUPP`),
-//! `rdma_create_srq_ex` (`ENOSYS`), `AF_IB` addresses, QPs other than RC on `RDMA_PS_IB` ids
-//! (`EINVAL`; `rdma_create_ep` of such an address: `EPROTONOSUPPORT`), `RDMA_PS_IPOIB`
+//! XRC: `rdma_create_ep` of an `RDMA_PS_IB` address of QP type `IBV_QPT_XRC_SEND` or
+//! `IBV_QPT_XRC_RECV` makes an id of that type (a listener's requests take it too), whose
+//! `rdma_create_qp` and `rdma_create_srq` make XRC QPs and SRQs, in the device's default XRC
+//! domain when the caller gives none, as librdmacm does (rdmacm-utils' `rdma_xserver` and
+//! `rdma_xclient`); `rdma_create_qp_ex` makes XRC QPs on any RC id (libfabric's verbs
+//! provider).
+//!
+//! What it does not: ECE (`EOPNOTSUPP`), `AF_IB` addresses, QPs other than RC and XRC on
+//! `RDMA_PS_IB` ids (`EINVAL`; `rdma_create_ep` of such an address: `EPROTONOSUPPORT`),
+//! `RDMA_PS_IPOIB`
 //! (`EPROTONOSUPPORT`: on RoCE the kernel's CM cannot give it the IPoIB
 //! group's Q_Key either).
 
@@ -55,8 +63,10 @@ mod id;
 mod multicast;
 mod qp;
 mod rsocket;
+mod srq;
 pub mod types;
 mod unsupported;
+mod xverbs;
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int};
@@ -70,6 +80,9 @@ struct Dev {
     ctx: *mut ibv_context,
     /// The device's PD for callers that give none (allocated on first use).
     pd: Mutex<*mut ibv_pd>,
+    /// The device's XRC domain for XRC ids whose caller gives none (opened on first use, as
+    /// librdmacm's `ucma_get_xrcd`).
+    xrcd: Mutex<*mut ibverbs_sys::ibv_xrcd>,
 }
 
 /// The library's view of the process: softnic's CM and the devices.
@@ -79,7 +92,7 @@ struct Lib {
 }
 
 // SAFETY: the raw pointers are libibverbs objects that live as long as the process and that
-// libibverbs lets any thread use; the PD slot is behind a mutex.
+// libibverbs lets any thread use; the PD and XRC domain slots are behind mutexes.
 unsafe impl Send for Lib {}
 // SAFETY: as for Send: nothing is mutated but through the mutex.
 unsafe impl Sync for Lib {}
@@ -156,6 +169,7 @@ fn open() -> Result<Lib, (c_int, String)> {
         devs.push(Dev {
             ctx,
             pd: Mutex::new(std::ptr::null_mut()),
+            xrcd: Mutex::new(std::ptr::null_mut()),
         });
     }
     // SAFETY: registers a function of no arguments that only calls the CM through its table.
@@ -209,6 +223,20 @@ impl Lib {
             *pd = unsafe { ibverbs_sys::ibv_alloc_pd(ctx) };
         }
         *pd
+    }
+
+    /// The XRC domain of device `ctx` for callers that give none (null, with `errno` set, if
+    /// it cannot be opened).
+    fn default_xrcd(&self, ctx: *mut ibv_context) -> *mut ibverbs_sys::ibv_xrcd {
+        let Some(d) = self.devs.iter().find(|d| d.ctx == ctx) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        let mut xrcd = d.xrcd.lock().unwrap_or_else(|e| e.into_inner());
+        if xrcd.is_null() {
+            *xrcd = xverbs::open_own_xrcd(ctx);
+        }
+        *xrcd
     }
 }
 

@@ -4,55 +4,66 @@
 use std::ffi::c_int;
 use std::ptr::null_mut;
 
-use ibverbs_sys::{
-    ibv_cq, ibv_pd, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_srq_init_attr,
-};
+use ibverbs_sys::{ibv_cq, ibv_pd, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex};
 
 use crate::id::{Turn, new_id, turn, with_id};
 use crate::types::*;
 use crate::{Lib, fail, lib, status};
 
 /// CQs (with completion channels) for an id whose caller gave none, as librdmacm makes them:
-/// `rdma_verbs.h`'s `rdma_get_send_comp`/`rdma_get_recv_comp` wait on them.
+/// `rdma_verbs.h`'s `rdma_get_send_comp`/`rdma_get_recv_comp` wait on them. No receive CQ
+/// for a QP without a receive side (an XRC initiator).
 fn make_cqs(t: &mut Turn<'_>, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
-    let ctx = t.c().verbs;
-    let me: *mut libc::c_void = t.raw().cast();
-    let one = |depth: u32| -> Result<(*mut ibverbs_sys::ibv_comp_channel, *mut ibv_cq), c_int> {
-        // SAFETY: the id's device context.
-        let ch = unsafe { ibverbs_sys::ibv_create_comp_channel(ctx) };
-        if ch.is_null() {
-            return Err(libc::ENOMEM);
-        }
-        let cqe = depth.max(1) as c_int;
-        // SAFETY: the id's device context and the channel just made.
-        let cq = unsafe { ibverbs_sys::ibv_create_cq(ctx, cqe, me, ch, 0) };
-        if cq.is_null() {
-            let e = crate::errno();
-            // SAFETY: the channel just made, which nothing uses.
-            unsafe { ibverbs_sys::ibv_destroy_comp_channel(ch) };
-            return Err(e);
-        }
-        Ok((ch, cq))
-    };
     if attr.send_cq.is_null() {
-        let (ch, cq) = one(attr.cap.max_send_wr)?;
+        let (ch, cq) = new_cq(t, attr.cap.max_send_wr)?;
         t.c().send_cq_channel = ch;
         t.c().send_cq = cq;
         attr.send_cq = cq;
         t.calls.own_cqs = true;
     }
-    if attr.recv_cq.is_null() {
-        let (ch, cq) = one(attr.cap.max_recv_wr)?;
-        t.c().recv_cq_channel = ch;
-        t.c().recv_cq = cq;
-        attr.recv_cq = cq;
-        t.calls.own_cqs = true;
+    let receives = attr.qp_type != ibverbs_sys::ibv_qp_type::IBV_QPT_XRC_SEND;
+    if attr.recv_cq.is_null() && receives {
+        attr.recv_cq = make_recv_cq(t, attr.cap.max_recv_wr)?;
     }
     Ok(())
 }
 
+/// The id's receive CQ (and its channel), made for the id with room for `depth`
+/// completions: destroyed by [`drop_cqs`].
+pub(crate) fn make_recv_cq(t: &mut Turn<'_>, depth: u32) -> Result<*mut ibv_cq, c_int> {
+    let (ch, cq) = new_cq(t, depth)?;
+    t.c().recv_cq_channel = ch;
+    t.c().recv_cq = cq;
+    t.calls.own_cqs = true;
+    Ok(cq)
+}
+
+/// A CQ of the id's device with room for `depth` completions (at least one) and a channel
+/// of its own, the id its context.
+fn new_cq(
+    t: &mut Turn<'_>,
+    depth: u32,
+) -> Result<(*mut ibverbs_sys::ibv_comp_channel, *mut ibv_cq), c_int> {
+    let ctx = t.c().verbs;
+    // SAFETY: the id's device context.
+    let ch = unsafe { ibverbs_sys::ibv_create_comp_channel(ctx) };
+    if ch.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    let cqe = depth.clamp(1, c_int::MAX as u32) as c_int;
+    // SAFETY: the id's device context and the channel just made.
+    let cq = unsafe { ibverbs_sys::ibv_create_cq(ctx, cqe, t.raw().cast(), ch, 0) };
+    if cq.is_null() {
+        let e = crate::errno();
+        // SAFETY: the channel just made, which nothing uses.
+        unsafe { ibverbs_sys::ibv_destroy_comp_channel(ch) };
+        return Err(e);
+    }
+    Ok((ch, cq))
+}
+
 /// Destroys the CQs and channels `make_cqs` made.
-fn drop_cqs(t: &mut Turn<'_>) {
+pub(crate) fn drop_cqs(t: &mut Turn<'_>) {
     if !std::mem::take(&mut t.calls.own_cqs) {
         return;
     }
@@ -81,7 +92,8 @@ fn create_qp(l: &Lib, t: &mut Turn<'_>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_
 }
 
 /// `create_qp`, made by `ibv_create_qp_ex` with `ex` (whose PD, CQs, SRQ and caps are
-/// `pd` and `attr`'s) when given: an XRC QP, or one with send ops.
+/// `pd` and `attr`'s) when given (one with send ops, say), and for every XRC QP; an XRC
+/// target without a domain gets the device's default one.
 fn create_qp_with(
     l: &Lib,
     t: &mut Turn<'_>,
@@ -108,8 +120,26 @@ fn create_qp_with(
         // Not a QP type (RC is 2): the id's, as librdmacm's endpoints take it.
         attr.qp_type = t.c().qp_type as u32;
     }
+    use ibverbs_sys::ibv_qp_type::{IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND};
     // An XRC target has no CQs (nor a PD): those of its SRQs serve it.
-    let target = attr.qp_type == ibverbs_sys::ibv_qp_type::IBV_QPT_XRC_RECV;
+    let target = attr.qp_type == IBV_QPT_XRC_RECV;
+    let mut basic_ex = ibv_qp_init_attr_ex::default();
+    let mut ex = match ex {
+        Some(ex) => Some(ex),
+        None if target || attr.qp_type == IBV_QPT_XRC_SEND => Some(&mut basic_ex),
+        None => None,
+    };
+    if let Some(ex) = ex.as_deref_mut()
+        && target
+        && (ex.comp_mask & ibverbs_sys::IBV_QP_INIT_ATTR_XRCD == 0 || ex.xrcd.is_null())
+    {
+        let xrcd = l.default_xrcd(t.c().verbs);
+        if xrcd.is_null() {
+            return -1;
+        }
+        ex.xrcd = xrcd;
+        ex.comp_mask |= ibverbs_sys::IBV_QP_INIT_ATTR_XRCD;
+    }
     if !target && let Err(e) = make_cqs(t, attr) {
         drop_cqs(t);
         return fail(e);
@@ -125,8 +155,11 @@ fn create_qp_with(
             ex.recv_cq = attr.recv_cq;
             ex.srq = attr.srq;
             ex.qp_type = attr.qp_type;
+            ex.cap = attr.cap;
+            ex.qp_context = attr.qp_context;
+            ex.sq_sig_all = attr.sq_sig_all;
             ex.comp_mask |= ibverbs_sys::IBV_QP_INIT_ATTR_PD;
-            let qp = create_qp_ex(t.c().verbs, ex);
+            let qp = crate::xverbs::create_qp_ex(t.c().verbs, ex);
             attr.cap = ex.cap;
             qp
         }
@@ -147,43 +180,6 @@ fn create_qp_with(
     t.c().qp = qp;
     t.c().pd = pd;
     0
-}
-
-/// `ibv_create_qp_ex` as `<infiniband/verbs.h>`'s inline helper makes it: through the op of the
-/// `verbs_context` in front of `ctx` (softnic's contexts have one), or EOPNOTSUPP.
-fn create_qp_ex(
-    ctx: *mut ibverbs_sys::ibv_context,
-    attr: &mut ibv_qp_init_attr_ex,
-) -> *mut ibverbs_sys::ibv_qp {
-    type CreateQpEx = unsafe extern "C" fn(
-        *mut ibverbs_sys::ibv_context,
-        *mut ibv_qp_init_attr_ex,
-    ) -> *mut ibverbs_sys::ibv_qp;
-    /// rdma-core's `offsetof(struct verbs_context, create_qp_ex)` and `(..., context)`.
-    const OP: usize = 264;
-    const CONTEXT: usize = 320;
-    // SAFETY: `ctx` is a live context of the id's device (its `abi_compat` is readable); one
-    // whose `abi_compat` says extended sits at the end of a `verbs_context`, whose words
-    // before it (`sz` and the ops) are readable, as the inline helper reads them.
-    let op = unsafe {
-        if ctx.is_null() || (*ctx).abi_compat as usize != usize::MAX {
-            None
-        } else {
-            let base = ctx.cast::<u8>().sub(CONTEXT);
-            let sz = base.add(CONTEXT - 8).cast::<usize>().read();
-            (sz >= CONTEXT + size_of::<ibverbs_sys::ibv_context>() - OP)
-                .then(|| base.add(OP).cast::<Option<CreateQpEx>>().read())
-                .flatten()
-        }
-    };
-    match op {
-        // SAFETY: the context's own op, with the caller's valid attributes.
-        Some(op) => unsafe { op(ctx, attr) },
-        None => {
-            crate::set_errno(libc::EOPNOTSUPP);
-            null_mut()
-        }
-    }
 }
 
 export! {
@@ -232,7 +228,8 @@ export! {
         })
     }
 
-    /// Destroys the id's QP (and the CQs `rdma_create_qp` made).
+    /// Destroys the id's QP (and the CQs `rdma_create_qp` made, unless the id's SRQ still
+    /// uses them).
     "RDMACM_1.0" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         with_id(id, |l, t| {
             // SAFETY: a context of the fabric.
@@ -242,7 +239,9 @@ export! {
                 unsafe { ibverbs_sys::ibv_destroy_qp(t.c().qp) };
                 t.c().qp = null_mut();
             }
-            drop_cqs(t);
+            if t.c().srq.is_null() {
+                drop_cqs(t);
+            }
             0
         });
     }
@@ -273,17 +272,27 @@ export! {
         };
         let ps = if ai.ai_port_space != 0 { ai.ai_port_space } else { RDMA_PS_TCP };
         // librdmacm makes the id with the address's QP type (`rdma_create_id2`); softnic's
-        // ids have their port space's: UD on RDMA_PS_UDP, RC on the others (the kernel's
-        // RDMA_PS_IB serves any, softnic's RC only).
-        use ibverbs_sys::ibv_qp_type::{IBV_QPT_RC, IBV_QPT_UD};
-        let want = if ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC };
-        if ai.ai_qp_type != 0 && ai.ai_qp_type != want as c_int {
+        // ids have their port space's (UD on RDMA_PS_UDP, RC on the others), and on
+        // RDMA_PS_IB, which serves any in the kernel, RC's and XRC's (a connection of RC's).
+        use ibverbs_sys::ibv_qp_type::{IBV_QPT_RC, IBV_QPT_UD, IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND};
+        let mut want = if ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC } as c_int;
+        let xrc = [IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV].map(|q| q as c_int);
+        if ps == RDMA_PS_IB && xrc.contains(&ai.ai_qp_type) {
+            want = ai.ai_qp_type;
+        }
+        if ai.ai_qp_type != 0 && ai.ai_qp_type != want {
             return fail(if ps == RDMA_PS_IB { libc::EPROTONOSUPPORT } else { libc::EINVAL });
         }
         let new = match new_id(l, null_mut(), null_mut(), ps, None) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
+        turn(&new).c().qp_type = want;
+        // The QP is of the id's type, whatever the caller's attributes say (as librdmacm's).
+        // SAFETY: valid attributes or null per the contract.
+        if let Some(a) = unsafe { qp_init_attr.as_mut() } {
+            a.qp_type = want as u32;
+        }
         let raw = new.raw();
         let r = if ai.ai_flags & RAI_PASSIVE != 0 {
             // SAFETY: the id just made and the caller's address.
@@ -318,13 +327,18 @@ export! {
         0
     }
 
-    /// Destroys an endpoint: its QP, then the id.
+    /// Destroys an endpoint: its QP, its SRQ, then the id.
     "RDMACM_1.0" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-        let has_qp = with_id(id, |_, t| c_int::from(!t.c().qp.is_null())) == 1;
+        let has = with_id(id, |_, t| {
+            c_int::from(!t.c().qp.is_null()) | c_int::from(!t.c().srq.is_null()) << 1
+        });
         // SAFETY: an id of this library per the contract (calls on another fail with EINVAL).
         unsafe {
-            if has_qp {
+            if has > 0 && has & 1 != 0 {
                 rdma_destroy_qp(id);
+            }
+            if has > 0 && has & 2 != 0 {
+                crate::srq::rdma_destroy_srq(id);
             }
             crate::id::rdma_destroy_id(id);
         }
@@ -385,34 +399,5 @@ export! {
             unsafe { crate::event::rdma_ack_cm_event(ev) };
         }
         fail(e)
-    }
-
-    /// An SRQ for the id's QP to come.
-    "RDMACM_1.0" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> c_int {
-        with_id(id, |l, t| {
-            if t.c().verbs.is_null() || attr.is_null() {
-                return fail(libc::EINVAL);
-            }
-            let pd = if pd.is_null() { l.default_pd(t.c().verbs) } else { pd };
-            // SAFETY: a PD of the id's device and valid attributes.
-            let srq = unsafe { ibverbs_sys::ibv_create_srq(pd, attr) };
-            if srq.is_null() {
-                return -1;
-            }
-            t.c().srq = srq;
-            0
-        })
-    }
-
-    /// Destroys the id's SRQ.
-    "RDMACM_1.0" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
-        with_id(id, |_, t| {
-            if !t.c().srq.is_null() {
-                // SAFETY: the id's SRQ, made by rdma_create_srq.
-                unsafe { ibverbs_sys::ibv_destroy_srq(t.c().srq) };
-                t.c().srq = null_mut();
-            }
-            0
-        });
     }
 }

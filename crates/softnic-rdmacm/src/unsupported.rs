@@ -1,12 +1,9 @@
-//! What softnic's librdmacm does not serve: ECE, extended SRQs. Each fails with `ENOSYS`
-//! (ECE: `EOPNOTSUPP`).
+//! What softnic's librdmacm does not serve: ECE (`EOPNOTSUPP`).
 
 use std::ffi::c_int;
 
 use crate::fail;
 use crate::types::rdma_cm_id;
-
-unsupported!("RDMACM_1.0": rdma_create_srq_ex);
 
 export! {
     /// ECE is not negotiated: `EOPNOTSUPP`.

@@ -204,6 +204,25 @@ fn rdma_server_and_client_use_synchronous_endpoints() {
     assert!(c.contains("rdma_client: end 0"), "{c}");
 }
 
+/// rdmacm-utils' XRC example: the server's endpoint on `RDMA_PS_IB` takes `XRC_RECV` requests
+/// (the id's XRC SRQ and target QP in librdmacm's default XRC domain, the SRQ's number in the
+/// accept's private data), the client's an `XRC_SEND` QP that sends into that SRQ. And the
+/// same two programs over RC.
+#[test]
+fn rdma_xserver_and_xclient_connect_over_xrc_and_rc() {
+    for (mode, port) in [("x", "7473"), ("r", "7474")] {
+        let Some((s, c)) = pair(
+            &["rdma_xserver", "-c", mode, "-p", port],
+            &["rdma_xclient", "-s", "127.0.26.61", "-c", mode, "-p", port],
+            ["127.0.26.61", "127.0.26.62"],
+        ) else {
+            return;
+        };
+        assert!(s.contains("rdma_xserver: end 0"), "-c {mode}: {s}");
+        assert!(c.contains("rdma_xclient: end 0"), "-c {mode}: {c}");
+    }
+}
+
 #[test]
 fn perftest_connects_with_rdma_cm() {
     let Some((_, c)) = pair(
@@ -360,6 +379,14 @@ fn a_process_that_exits_connected_disconnects() {
 #[test]
 fn a_qp_taken_off_its_id_outlives_the_id() {
     turns_under_valgrind("127.0.26.33", "taken-qp");
+}
+
+/// Synchronous XRC endpoints on `RDMA_PS_IB` (an initiator without a receive CQ, a target
+/// request, an XRC SRQ by `rdma_create_srq_ex` in the default domain, a SEND into it, and
+/// `rdma_destroy_ep` taking the SRQ), under valgrind when it is installed.
+#[test]
+fn xrc_endpoints_are_made_as_librdmacm_makes_them() {
+    turns_under_valgrind("127.0.26.63", "xrc-ep");
 }
 
 /// `turns <addr> <mode>` on a device at `addr`, under valgrind when it is installed (which

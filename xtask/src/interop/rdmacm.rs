@@ -174,6 +174,14 @@ const RUNS: &[Run] = &[
         "rdma_xclient => -s {S} -c r",
         "rdma_xclient: end 0",
     ),
+    // XRC endpoints on RDMA_PS_IB: the server's request an XRC_RECV id (target QP and XRC
+    // SRQ in the default domain), the client's an XRC_SEND QP sending into that SRQ.
+    run(
+        "rdma_xserver",
+        "-c x",
+        "rdma_xclient => -s {S} -c x",
+        "rdma_xclient: end 0",
+    ),
     // RDMA_PS_IB over IPv4: RC connections in service IDs of that port space.
     run(
         "ucmatose",

@@ -13,7 +13,7 @@
  *   an id of no port space, an address of no family it knows, an RC connect with neither a QP
  *   nor parameters, responder resources above the device's, a second QP on an id; an id of
  *   RDMA_PS_IB is made, one of RDMA_PS_IPOIB and an endpoint of RDMA_PS_IB with a UD QP are
- *   not (EPROTONOSUPPORT: softnic's RDMA_PS_IB is RC only).
+ *   not (EPROTONOSUPPORT: softnic's RDMA_PS_IB is RC and XRC only).
  * - turns <address> exit-server, then turns <address> exit-client (another process): the client
  *   connects and exits without disconnecting or destroying anything; the server must hear
  *   DISCONNECTED soon after (10 s at most), as the kernel's CM sends the DREQ of a process's
@@ -22,12 +22,19 @@
  *   libfabric's verbs provider does with XRC QPs that outlive their connection's id) stays
  *   in RTS through that id's disconnect (server side) and destruction (client side), as
  *   librdmacm acts on `id->qp` only.
+ * - turns <address> xrc-ep: synchronous XRC endpoints on RDMA_PS_IB, as librdmacm makes them:
+ *   the client's id and QP are XRC_SEND with a send CQ and no receive CQ; the listener's
+ *   request is XRC_RECV with a target QP; rdma_create_srq_ex, given only the type, makes an
+ *   XRC SRQ in the default domain with a receive CQ (a second SRQ is EINVAL); a SEND naming
+ *   the SRQ's number (from the accept's private data) lands in it and completes in that CQ;
+ *   rdma_destroy_ep takes the SRQ with the QP and the id.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 #include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
@@ -346,6 +353,114 @@ static int taken_qp(struct sockaddr_in *a) {
     return 0;
 }
 
+static struct rdma_cm_id *xrc_client;
+static int xrc_connect_ret;
+
+static void *xrc_connect(void *arg) {
+    (void)arg;
+    xrc_connect_ret = rdma_connect(xrc_client, NULL);
+    return NULL;
+}
+
+static int xrc_ep(const char *addr) {
+    struct rdma_addrinfo hints = {.ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_IB,
+                                  .ai_qp_type = IBV_QPT_XRC_RECV}, *res;
+    struct rdma_cm_id *listener, *srv;
+    if (rdma_getaddrinfo(addr, "7480", &hints, &res))
+        return fail("getaddrinfo (passive)");
+    struct ibv_qp_init_attr attr = {.cap = {.max_recv_wr = 1, .max_recv_sge = 1}};
+    if (rdma_create_ep(&listener, res, NULL, &attr) || rdma_listen(listener, 1))
+        return fail("listening endpoint");
+    rdma_freeaddrinfo(res);
+
+    hints.ai_flags = 0;
+    hints.ai_qp_type = IBV_QPT_XRC_SEND;
+    if (rdma_getaddrinfo(addr, "7480", &hints, &res))
+        return fail("getaddrinfo (active)");
+    attr = (struct ibv_qp_init_attr){.cap = {.max_send_wr = 1, .max_send_sge = 1,
+                                             .max_inline_data = 16},
+                                     .sq_sig_all = 1};
+    if (rdma_create_ep(&xrc_client, res, NULL, &attr))
+        return fail("active endpoint");
+    rdma_freeaddrinfo(res);
+    if (xrc_client->qp_type != IBV_QPT_XRC_SEND || !xrc_client->qp ||
+        xrc_client->qp->qp_type != IBV_QPT_XRC_SEND || attr.qp_type != IBV_QPT_XRC_SEND) {
+        printf("the active endpoint's id or QP is not XRC_SEND\n");
+        return 1;
+    }
+    if (!xrc_client->send_cq || xrc_client->recv_cq) {
+        printf("an XRC initiator got CQs %p (send) and %p (receive): expected one send CQ\n",
+               (void *)xrc_client->send_cq, (void *)xrc_client->recv_cq);
+        return 1;
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, xrc_connect, NULL);
+
+    if (rdma_get_request(listener, &srv))
+        return fail("get_request");
+    if (srv->qp_type != IBV_QPT_XRC_RECV || !srv->qp || srv->qp->qp_type != IBV_QPT_XRC_RECV) {
+        printf("the request's id or QP is not XRC_RECV\n");
+        return 1;
+    }
+    struct ibv_srq_init_attr_ex sa = {.attr = {.max_wr = 2, .max_sge = 1},
+                                      .comp_mask = IBV_SRQ_INIT_ATTR_TYPE,
+                                      .srq_type = IBV_SRQT_XRC};
+    if (rdma_create_srq_ex(srv, &sa))
+        return fail("create_srq_ex");
+    if (!srv->srq || !srv->recv_cq || sa.cq != srv->recv_cq || !sa.xrcd) {
+        printf("the XRC SRQ, its CQ or its domain is missing\n");
+        return 1;
+    }
+    struct ibv_srq_init_attr_ex again = sa;
+    errno = 0;
+    if (rdma_create_srq_ex(srv, &again) != -1 || errno != EINVAL) {
+        printf("a second SRQ on an id: errno %d, expected EINVAL\n", errno);
+        return 1;
+    }
+    uint32_t srqn;
+    if (ibv_get_srq_num(srv->srq, &srqn))
+        return fail("get_srq_num");
+    char got[16] = {0};
+    struct ibv_mr *mr = rdma_reg_msgs(srv, got, sizeof got);
+    if (!mr || rdma_post_recv(srv, NULL, got, sizeof got, mr))
+        return fail("receive");
+    uint32_t be = htonl(srqn);
+    struct rdma_conn_param p = {.private_data = &be, .private_data_len = sizeof be};
+    if (rdma_accept(srv, &p))
+        return fail("accept");
+    pthread_join(t, NULL);
+    if (xrc_connect_ret)
+        return fail("connect");
+    if (ntohl(*(const uint32_t *)xrc_client->event->param.conn.private_data) != srqn) {
+        printf("the accept's private data did not reach the client\n");
+        return 1;
+    }
+    char msg[16] = "to the XRC SRQ";
+    struct ibv_sge sge = {.addr = (uintptr_t)msg, .length = sizeof msg};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+                             .send_flags = IBV_SEND_INLINE}, *bad;
+    wr.qp_type.xrc.remote_srqn = srqn;
+    struct ibv_wc wc;
+    if (ibv_post_send(xrc_client->qp, &wr, &bad) || rdma_get_send_comp(xrc_client, &wc) <= 0 ||
+        wc.status != IBV_WC_SUCCESS)
+        return fail("send");
+    if (rdma_get_recv_comp(srv, &wc) <= 0 || wc.status != IBV_WC_SUCCESS ||
+        wc.qp_num != srv->qp->qp_num || memcmp(got, msg, sizeof msg)) {
+        printf("the SEND did not land in the SRQ (status %d)\n", wc.status);
+        return 1;
+    }
+    /* The server's end goes first: a synchronous disconnect waits for its peer's answer,
+     * which a synchronous id no thread calls on gives only when it is destroyed. */
+    rdma_dereg_mr(mr);
+    rdma_destroy_ep(srv);
+    if (rdma_disconnect(xrc_client))
+        return fail("disconnect");
+    rdma_destroy_ep(xrc_client);
+    rdma_destroy_ep(listener);
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -363,6 +478,8 @@ int main(int argc, char **argv) {
         return exit_client(&a);
     if (argc > 2 && !strcmp(argv[2], "taken-qp"))
         return taken_qp(&a);
+    if (argc > 2 && !strcmp(argv[2], "xrc-ep"))
+        return xrc_ep(argv[1]);
 
     struct rdma_event_channel *ch = rdma_create_event_channel();
     struct rdma_cm_id *listener;
