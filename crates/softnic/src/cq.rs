@@ -38,9 +38,14 @@ pub(crate) const CQ_TIMER: u32 = u32::MAX - 1;
 /// right after arming it: an event raised at the arming, stale once that poll took the
 /// completion, is taken for the next one, whose single poll then finds nothing. So softnic
 /// withdraws the event owed when the program polls the CQ empty, and raises it otherwise:
-/// when the program waits on the channel, or this long after the arming (a program asleep on
-/// the channel's descriptor; long enough that a program descheduled between its arming and
-/// its poll on a busy host is not woken for nothing).
+/// when the program calls `get_cq_event` on the channel (at the call: a thread already
+/// blocked there when another arms waits for the grace), or this long after the arming (a
+/// program asleep on the channel's descriptor; long enough that a program descheduled
+/// between its arming and its poll on a busy host is not woken for nothing).
+///
+/// The grace is fabric time, kept by whatever drives the fabric: on the UDP link its
+/// progress thread (real time); in process, the program's polls or a progress thread, which
+/// on the virtual clock moves straight to the raise when nothing else is due.
 pub const MISSED_EVENT_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How a CQ is armed for a completion event.
@@ -361,6 +366,7 @@ impl World {
         };
         if fire {
             c.raise(cq, &mut self.channels);
+            self.settle_owed(cq);
         }
         true
     }
@@ -368,8 +374,9 @@ impl World {
 
 impl World {
     /// CQ `id`, armed for any completion with completions unpolled, owes its event (see
-    /// [`Cq::owed`]).
+    /// [`Cq::owed`]); an event it owed before is settled first.
     pub(crate) fn owe_event(&mut self, id: u32) {
+        self.settle_owed(id);
         let due = self.now + MISSED_EVENT_GRACE.as_nanos() as u64;
         if let Some(c) = self.cqs.get_mut(&id) {
             c.owed = Some(due);
@@ -378,40 +385,107 @@ impl World {
         }
     }
 
-    /// Raises the owed events due now (those whose CQs are still owed at that time).
-    pub(crate) fn owed_events_due(&mut self) {
-        while let Some(&(due, id)) = self.owed_events.front() {
-            if due > self.now {
-                break;
+    /// CQ `id` owes no event any more (polled empty, raised, armed again, or destroyed): its
+    /// entry leaves `owed_events`, and the timer entry of its due time too unless another
+    /// CQ's event is due then. Constant time when it owes none.
+    pub(crate) fn settle_owed(&mut self, id: u32) {
+        let Some(due) = self.cqs.get_mut(&id).and_then(|c| c.owed.take()) else {
+            return;
+        };
+        let q = &self.owed_events;
+        let from = q.partition_point(|&(d, _)| d < due);
+        if let Some(k) = (from..q.len())
+            .take_while(|&k| q[k].0 == due)
+            .find(|&k| q[k].1 == id)
+        {
+            self.owed_events.remove(k);
+        }
+        self.unschedule(due);
+    }
+
+    /// Takes the timer entry of due time `due` out unless an owed event is still due then.
+    fn unschedule(&mut self, due: u64) {
+        let q = &self.owed_events;
+        if q.get(q.partition_point(|&(d, _)| d < due))
+            .is_none_or(|&(d, _)| d != due)
+        {
+            self.timers.remove(&(due, CQ_TIMER));
+        }
+    }
+
+    /// Takes the completions of QP number `qpn` not yet polled out of CQs `cqs` (ids that are
+    /// no CQ are skipped), freeing the SRQ slots they held.
+    pub(crate) fn clean_cqs(&mut self, qpn: u32, cqs: [u32; 2]) {
+        for (k, id) in cqs.into_iter().enumerate() {
+            if k == 1 && id == cqs[0] {
+                continue;
             }
-            self.owed_events.pop_front();
-            self.raise_owed(id, |owed| owed == due);
+            let Some(c) = self.cqs.get_mut(&id) else {
+                continue;
+            };
+            let srqs = &mut self.srqs;
+            let before = c.entries.len();
+            c.entries.retain(|(wc, reclaim, _)| {
+                if wc.qp_num != qpn {
+                    return true;
+                }
+                if let Reclaim::Srq { srq } = *reclaim
+                    && let Some(s) = srqs.get_mut(&srq)
+                {
+                    s.unreclaimed = s.unreclaimed.saturating_sub(1);
+                }
+                false
+            });
+            if c.entries.len() != before {
+                c.publish();
+                if c.entries.is_empty() {
+                    self.settle_owed(id);
+                }
+            }
+        }
+    }
+
+    /// Raises the owed events due now.
+    pub(crate) fn owed_events_due(&mut self) {
+        while self
+            .owed_events
+            .front()
+            .is_some_and(|&(due, _)| due <= self.now)
+        {
+            self.raise_owed(0);
         }
     }
 
     /// Raises the owed events of the CQs of channel `channel` now: its program waits for one.
     pub(crate) fn owed_events_waited(&mut self, channel: u32) {
-        for k in 0..self.owed_events.len() {
-            let id = self.owed_events[k].1;
+        let mut k = 0;
+        while let Some(&(_, id)) = self.owed_events.get(k) {
             if self
                 .cqs
                 .get(&id)
                 .is_some_and(|c| c.channel == Some(channel))
             {
-                self.raise_owed(id, |_| true);
+                // Its entry leaves: the next is at `k`.
+                self.raise_owed(k);
+            } else {
+                k += 1;
             }
         }
     }
 
-    /// Raises CQ `id`'s event if it is owed (at a time `when` accepts), still armed, and the
-    /// CQ still holds completions.
-    fn raise_owed(&mut self, id: u32, when: impl Fn(u64) -> bool) {
-        let Some(c) = self.cqs.get_mut(&id) else {
+    /// Takes entry `k` of `owed_events` out and raises its CQ's event if the CQ still owes it
+    /// (then still armed and holding completions).
+    fn raise_owed(&mut self, k: usize) {
+        let Some((due, id)) = self.owed_events.remove(k) else {
             return;
         };
-        if c.owed.is_some_and(when) && c.arm == Arm::Next && !c.entries.is_empty() {
-            c.raise(id, &mut self.channels);
+        if let Some(c) = self.cqs.get_mut(&id).filter(|c| c.owed == Some(due)) {
+            c.owed = None;
+            if c.arm == Arm::Next && !c.entries.is_empty() {
+                c.raise(id, &mut self.channels);
+            }
         }
+        self.unschedule(due);
     }
 }
 
@@ -419,7 +493,6 @@ impl Cq {
     /// Raises the completion event of CQ `id` on its channel (if it has one), and disarms it.
     pub(crate) fn raise(&mut self, id: u32, channels: &mut BTreeMap<u32, Channel>) {
         self.arm = Arm::Off;
-        self.owed = None;
         let user = self.shell.get().cq_context;
         if let Some(ch) = self.channel.and_then(|c| channels.get_mut(&c)) {
             ch.events.push((id, user));

@@ -176,12 +176,13 @@ pub(crate) unsafe fn poll_stamped(
             n += 1;
             reclaim_slots(qps, &mut w.srqs, reclaim);
         }
-        if c.entries.is_empty() {
-            // Polled empty: an event owed since the arming is withdrawn (`MISSED_EVENT_GRACE`).
-            c.owed = None;
-        }
         c.publish();
-        if n == 0 && c.overflowed {
+        let (empty, owed, overflowed) = (c.entries.is_empty(), c.owed.is_some(), c.overflowed);
+        if empty && owed {
+            // Polled empty: an event owed since the arming is withdrawn (`MISSED_EVENT_GRACE`).
+            w.settle_owed(id);
+        }
+        if n == 0 && overflowed {
             return -libc::EOVERFLOW;
         }
         n as c_int
@@ -205,9 +206,10 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
         // comes): see `MISSED_EVENT_GRACE` for when it comes, and when not. Armed
         // solicited-only, it waits for a new solicited or failed completion, whatever is
         // queued (the queue does not keep which completions were solicited).
-        c.owed = None;
         if c.arm == Arm::Next && !c.entries.is_empty() {
             w.owe_event(id);
+        } else {
+            w.settle_owed(id);
         }
     });
     r.err().unwrap_or(0)

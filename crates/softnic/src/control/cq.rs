@@ -139,6 +139,7 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         if st.w.cqs.get(&id).is_some_and(Cq::unacked) {
             return None;
         }
+        st.w.settle_owed(id);
         if let Some(c) = st.w.cqs.remove(&id) {
             abi::unregister(c.shell.ptr().cast());
             st.w.drop_async_events(crate::state::Element::Cq(id));

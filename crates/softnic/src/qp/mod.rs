@@ -566,6 +566,10 @@ impl Qp {
         self.peer_gid = None;
         self.state = ibv_qp_state::IBV_QPS_RESET;
         self.set_shell_state();
+        // Its completions not yet polled go too, as ConnectX's provider cleans them from the
+        // CQs (`mlx5_cq_clean`): a QP reset for reuse leaves none of its earlier life's, and a
+        // destroyed one none whose `wr_id` its program has freed since.
+        w.clean_cqs(self.qpn, [self.send_cq, self.recv_cq]);
     }
 
     /// Sends the next packet this QP has (read responses first, then requests). Returns false

@@ -110,13 +110,22 @@ pub fn check_transition(
     })
 }
 
+/// The access flags a QP takes: every flag of `ibv_access_flags`, the regions' ones too, which
+/// the kernel passes on and ConnectX ignores (programs give a QP the flags of their regions,
+/// `IBV_ACCESS_ON_DEMAND` among them); only the remote ones mean anything to a QP.
 const KNOWN_ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0
     | ibv_access_flags::IBV_ACCESS_MW_BIND.0
+    | ibv_access_flags::IBV_ACCESS_ZERO_BASED.0
+    | ibv_access_flags::IBV_ACCESS_ON_DEMAND.0
+    | ibv_access_flags::IBV_ACCESS_HUGETLB.0
     | ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0
-    | ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
+    | ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0
+    | ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0
+    // rdma-core's IBV_ACCESS_OPTIONAL_RANGE (flags a kernel without them masks off).
+    | 0x3ff0_0000;
 
 impl Qp {
     pub(crate) fn qp_type(&self) -> ibv_qp_type::Type {

@@ -353,3 +353,133 @@ fn get_cq_event_on_a_nonblocking_empty_channel_is_eagain() {
     // SAFETY: reading errno.
     assert_eq!(unsafe { *libc::__errno_location() }, libc::EAGAIN);
 }
+
+/// A QP moved to RESET, or destroyed, takes its completions not yet polled out of its CQs, as
+/// ConnectX's provider cleans them (`mlx5_cq_clean`): a QP reset for reuse finds none of its
+/// earlier life's (rdma-core's `test_mr_rereg_pd` restates a QP in ERROR, and its next poll
+/// found a flush left from before), and a program never gets the `wr_id` of a destroyed QP's
+/// WR. Another QP's completions in the same CQ stay, in order.
+#[test]
+fn a_qp_reset_or_destroyed_leaves_no_completion_behind() {
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let b = Node::open(&f, "soft1");
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let (x1, x2) = (a.qp(ty, cap(8, 8), true), a.qp(ty, cap(8, 8), true));
+    // Both of b's QPs complete in b's one CQ.
+    let (y1, y2) = (b.qp(ty, cap(8, 8), true), b.qp(ty, cap(8, 8), true));
+    for (x, y) in [(x1, y1), (x2, y2)] {
+        bring_up(x, ty, b.gid, qpn(y), |_| {});
+        bring_up(y, ty, a.gid, qpn(x), |_| {});
+    }
+    post_recv(y1, &mut [recv_wr(1, &[]), recv_wr(2, &[])]).unwrap();
+    post_recv(y2, &mut [recv_wr(3, &[])]).unwrap();
+    post_send(
+        x1,
+        &mut [send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    post_send(
+        x2,
+        &mut [send_wr(3, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    let to = |s| ibv_qp_attr {
+        qp_state: s,
+        ..Default::default()
+    };
+    let state = m(ibv_qp_attr_mask::IBV_QP_STATE);
+    // y1's receive 1 done, receive 2 flushed; then y1 goes back to RESET.
+    assert_eq!(modify(y1, &to(ibv_qp_state::IBV_QPS_ERR), state), 0);
+    assert_eq!(modify(y1, &to(ibv_qp_state::IBV_QPS_RESET), state), 0);
+    let left = poll(b.cq, 8);
+    assert_eq!(
+        left.iter().map(|w| (w.qp_num, w.wr_id)).collect::<Vec<_>>(),
+        [(qpn(y2), 3)],
+        "only y2's receive is left"
+    );
+    // y2 receives again, and is destroyed before its completion is polled.
+    post_recv(y2, &mut [recv_wr(4, &[])]).unwrap();
+    post_send(
+        x2,
+        &mut [send_wr(4, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED)],
+    )
+    .unwrap();
+    f.run_until_idle().unwrap();
+    // SAFETY: a live QP of b's, nothing else uses it.
+    assert_eq!(unsafe { (CONTROL.destroy_qp)(y2) }, 0);
+    assert!(
+        poll(b.cq, 8).is_empty(),
+        "a destroyed QP's completion was left"
+    );
+    assert_eq!(poll(a.cq, 8).len(), 3, "the senders' completions stay");
+}
+
+/// The completions a QP on an SRQ leaves when it is destroyed unpolled free their SRQ slots:
+/// the SRQ takes as many new receives as before.
+#[test]
+fn a_destroyed_qp_s_srq_completions_free_their_slots() {
+    let f = Fabric::default();
+    let (a, qa, b, qb, srq) = srq_pair(&f);
+    let _ = (&a, &b);
+    let full: Vec<_> = (0..8).map(|i| recv_wr(i, &[])).collect();
+    post_srq_recv(srq, &mut full.clone()).unwrap();
+    let mut sends: Vec<_> = (0..8)
+        .map(|i| send_wr(i, ibv_wr_opcode::IBV_WR_SEND, &[], SIGNALED))
+        .collect();
+    post_send(qa, &mut sends).unwrap();
+    f.run_until_idle().unwrap();
+    // SAFETY: a live QP, nothing else uses it.
+    assert_eq!(unsafe { (CONTROL.destroy_qp)(qb) }, 0);
+    assert!(poll(b.cq, 16).is_empty());
+    assert_eq!(
+        post_srq_recv(srq, &mut full.clone()),
+        Ok(()),
+        "the SRQ's 8 slots are free again"
+    );
+}
+
+/// An owed event withdrawn (the CQ polled empty) or settled (the CQ destroyed) leaves nothing
+/// pending: the fabric is idle at once, and its clock does not move on to the grace's end.
+#[test]
+fn a_withdrawn_owed_event_leaves_nothing_pending() {
+    let f = Fabric::default();
+    let (qa, b, qb, ch, cq) = channel_pair(&f);
+    post_recv(qb, &mut [recv_wr(1, &[]), recv_wr(2, &[])]).unwrap();
+    let mut sends = [
+        send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], 0),
+        send_wr(2, ibv_wr_opcode::IBV_WR_SEND, &[], 0),
+    ];
+    post_send(qa, &mut sends).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(req_notify(cq, false), 0);
+    assert_eq!(poll(cq, 4).len(), 2);
+    let before = f.now();
+    f.run_until_idle().unwrap();
+    assert_eq!(f.now(), before, "the withdrawn event's timer is still set");
+    // Owed by a CQ destroyed with it.
+    let other = b.new_cq(4, ch);
+    let ty = ibv_qp_type::IBV_QPT_UC;
+    let a2 = Node::open(&f, "soft0");
+    let x = a2.qp(ty, cap(4, 4), true);
+    let y = b.qp_with(ty, cap(4, 4), true, b.cq, other, std::ptr::null_mut());
+    bring_up(x, ty, b.gid, qpn(y), |_| {});
+    bring_up(y, ty, a2.gid, qpn(x), |_| {});
+    post_recv(y, &mut [recv_wr(3, &[])]).unwrap();
+    post_send(x, &mut [send_wr(3, ibv_wr_opcode::IBV_WR_SEND, &[], 0)]).unwrap();
+    f.run_until_idle().unwrap();
+    assert_eq!(req_notify(other, false), 0);
+    // SAFETY: live objects; the QP goes first.
+    unsafe {
+        assert_eq!((CONTROL.destroy_qp)(y), 0);
+        assert_eq!((CONTROL.destroy_cq)(other), 0);
+    }
+    let before = f.now();
+    f.run_until_idle().unwrap();
+    assert_eq!(
+        f.now(),
+        before,
+        "a destroyed CQ's owed event is still timed"
+    );
+}

@@ -249,3 +249,29 @@ fn advise_mr_prefetches_what_a_region_holds() {
     assert_eq!(call(0, 0, vec![]), libc::EINVAL);
     assert_eq!(call(3, 0, vec![whole]), libc::EOPNOTSUPP);
 }
+
+/// A QP's access flags may carry the MR-side ones (`IBV_ACCESS_ON_DEMAND`, zero-based, huge
+/// pages, relaxed ordering, the optional range), which the kernel passes on and ConnectX
+/// ignores: rdma-core's ODP tests give their QPs their regions' flags (softnic refused them
+/// with EINVAL). A bit no flag has is still refused.
+#[test]
+fn a_qp_takes_the_regions_access_flags() {
+    use ibverbs_sys::ibv_access_flags as af;
+    let f = Fabric::default();
+    let a = Node::open(&f, "soft0");
+    let ty = ibv_qp_type::IBV_QPT_RC;
+    let (mut attr, mask) = init_attr(ty);
+    let regions = ODP
+        | af::IBV_ACCESS_ZERO_BASED.0
+        | af::IBV_ACCESS_HUGETLB.0
+        | af::IBV_ACCESS_RELAXED_ORDERING.0
+        // rdma-core's IBV_ACCESS_OPTIONAL_RANGE (not in ibverbs-sys).
+        | 0x3ff0_0000;
+    attr.qp_access_flags = RW | af::IBV_ACCESS_REMOTE_ATOMIC.0 | regions;
+    let qp = a.qp(ty, cap(4, 4), true);
+    assert_eq!(modify(qp, &attr, mask), 0);
+    assert_eq!(state(qp), ibv_qp_state::IBV_QPS_INIT);
+    let other = a.qp(ty, cap(4, 4), true);
+    attr.qp_access_flags = RW | 1 << 31;
+    assert_eq!(modify(other, &attr, mask), libc::EINVAL);
+}
