@@ -3,7 +3,7 @@
 //! Debian 12's `objdump -T /usr/lib/x86_64-linux-gnu/librdmacm.so.1` shows them).
 //!
 //! The script is generated from the sources: every `export!` entry (`"RDMACM_1.x" fn name(`)
-//! and every `unsupported!("RDMACM_1.x": name ...)` list.
+//! and every `"RDMACM_1.x": name ...)` list (the form of a macro that exports several names).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -14,6 +14,20 @@ use crate::{Lib, fail, lib, status};
 /// `rdma_verbs.h`'s `rdma_get_send_comp`/`rdma_get_recv_comp` wait on them. No receive CQ
 /// for a QP without a receive side (an XRC initiator).
 fn make_cqs(t: &mut Turn<'_>, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
+    // The id's own CQs serve its next QP (after `rdma_destroy_qp` with an SRQ left, or the
+    // receive CQ `rdma_create_srq` made), and the caller may not name others.
+    let (send, recv) = (t.c().send_cq, t.c().recv_cq);
+    if (!send.is_null() && !attr.send_cq.is_null() && send != attr.send_cq)
+        || (!recv.is_null() && !attr.recv_cq.is_null() && recv != attr.recv_cq)
+    {
+        return Err(libc::EINVAL);
+    }
+    if attr.send_cq.is_null() {
+        attr.send_cq = send;
+    }
+    if attr.recv_cq.is_null() {
+        attr.recv_cq = recv;
+    }
     if attr.send_cq.is_null() {
         let (ch, cq) = new_cq(t, attr.cap.max_send_wr)?;
         t.c().send_cq_channel = ch;
@@ -62,8 +76,13 @@ fn new_cq(
     Ok((ch, cq))
 }
 
-/// Destroys the CQs and channels `make_cqs` made.
+/// Destroys the CQs and channels `make_cqs` made, unless an XRC SRQ of the id still uses
+/// them (librdmacm's `ucma_destroy_cqs`).
 pub(crate) fn drop_cqs(t: &mut Turn<'_>) {
+    let xrc_recv = ibverbs_sys::ibv_qp_type::IBV_QPT_XRC_RECV as c_int;
+    if t.c().qp_type == xrc_recv && !t.c().srq.is_null() {
+        return;
+    }
     if !std::mem::take(&mut t.calls.own_cqs) {
         return;
     }
@@ -228,7 +247,7 @@ export! {
         })
     }
 
-    /// Destroys the id's QP (and the CQs `rdma_create_qp` made, unless the id's SRQ still
+    /// Destroys the id's QP (and the CQs `rdma_create_qp` made, unless the id's XRC SRQ still
     /// uses them).
     "RDMACM_1.0" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         with_id(id, |l, t| {
@@ -239,9 +258,7 @@ export! {
                 unsafe { ibverbs_sys::ibv_destroy_qp(t.c().qp) };
                 t.c().qp = null_mut();
             }
-            if t.c().srq.is_null() {
-                drop_cqs(t);
-            }
+            drop_cqs(t);
             0
         });
     }
@@ -288,18 +305,18 @@ export! {
             Err(e) => return fail(e),
         };
         turn(&new).c().qp_type = want;
-        // The QP is of the id's type, whatever the caller's attributes say (as librdmacm's).
-        // SAFETY: valid attributes or null per the contract.
-        if let Some(a) = unsafe { qp_init_attr.as_mut() } {
-            a.qp_type = want as u32;
-        }
         let raw = new.raw();
         let r = if ai.ai_flags & RAI_PASSIVE != 0 {
             // SAFETY: the id just made and the caller's address.
             let r = unsafe { crate::id::rdma_bind_addr(raw, ai.ai_src_addr) };
             let mut t = turn(&new);
+            // The requests' QPs are of the id's type, whatever the caller's attributes say
+            // (librdmacm's copy of them).
             // SAFETY: valid attributes or null per the contract.
-            t.calls.ep_qp = unsafe { qp_init_attr.as_ref() }.copied();
+            t.calls.ep_qp = unsafe { qp_init_attr.as_ref() }.map(|a| ibv_qp_init_attr {
+                qp_type: want as u32,
+                ..*a
+            });
             t.c().pd = pd;
             r
         } else {
@@ -310,8 +327,13 @@ export! {
                 r = unsafe { crate::id::rdma_resolve_route(raw, 2000) };
             }
             if r == 0 && !qp_init_attr.is_null() {
-                // SAFETY: the id just made and the caller's attributes.
-                r = unsafe { rdma_create_qp(raw, pd, qp_init_attr) };
+                // The QP is of the id's type, whatever the caller's attributes say (librdmacm
+                // writes it there).
+                // SAFETY: the id just made and the caller's valid attributes.
+                r = unsafe {
+                    (*qp_init_attr).qp_type = want as u32;
+                    rdma_create_qp(raw, pd, qp_init_attr)
+                };
             }
             r
         };

@@ -27,7 +27,8 @@
  *   request is XRC_RECV with a target QP; rdma_create_srq_ex, given only the type, makes an
  *   XRC SRQ in the default domain with a receive CQ (a second SRQ is EINVAL); a SEND naming
  *   the SRQ's number (from the accept's private data) lands in it and completes in that CQ;
- *   rdma_destroy_ep takes the SRQ with the QP and the id.
+ *   the target QP's destruction and a failed creation leave that CQ; rdma_destroy_ep takes
+ *   the SRQ with the QP and the id.
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. <address> is the
  * device's (softnic's SOFTNIC_ADDR). */
 #include <arpa/inet.h>
@@ -411,12 +412,34 @@ static int xrc_ep(const char *addr) {
         printf("the XRC SRQ, its CQ or its domain is missing\n");
         return 1;
     }
+    /* softnic's own answer: librdmacm makes a second SRQ and loses the first. */
     struct ibv_srq_init_attr_ex again = sa;
     errno = 0;
     if (rdma_create_srq_ex(srv, &again) != -1 || errno != EINVAL) {
         printf("a second SRQ on an id: errno %d, expected EINVAL\n", errno);
         return 1;
     }
+    /* The target QP goes and comes back: its destruction, and a creation that fails, leave
+     * the CQ the XRC SRQ completes in. */
+    struct ibv_cq *srq_cq = srv->recv_cq;
+    rdma_destroy_qp(srv);
+    if (srv->recv_cq != srq_cq) {
+        printf("rdma_destroy_qp took the XRC SRQ's CQ\n");
+        return 1;
+    }
+    struct ibv_qp_init_attr_ex unknown = {.comp_mask = IBV_QP_INIT_ATTR_PD | 1u << 30,
+                                      .qp_type = IBV_QPT_XRC_RECV};
+    if (rdma_create_qp_ex(srv, &unknown) != -1) {
+        printf("a QP of unknown attributes was made\n");
+        return 1;
+    }
+    if (srv->recv_cq != srq_cq) {
+        printf("a failed rdma_create_qp_ex took the XRC SRQ's CQ\n");
+        return 1;
+    }
+    struct ibv_qp_init_attr target = {.qp_type = IBV_QPT_XRC_RECV};
+    if (rdma_create_qp(srv, NULL, &target))
+        return fail("the target QP again");
     uint32_t srqn;
     if (ibv_get_srq_num(srv->srq, &srqn))
         return fail("get_srq_num");
