@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ibverbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc_status};
 
@@ -187,8 +187,12 @@ impl<T> Events<T> {
 /// channel's, a CM event channel's and a context's `fd` are ([`Events`] keeps the count). Shared (`Arc`) so that a thread blocked on it keeps it
 /// open while a concurrent destroy drops the object: the descriptor is closed only when the
 /// last holder lets go, so no thread ever reads a closed (or reused) descriptor number.
+///
+/// A waiter sleeps in a blocking `read` of it, as a program's `read` of the kernel's event
+/// file does, so that a signal interrupts the wait (EINTR) or not (`SA_RESTART`) as there; the
+/// read takes a count for a moment, given back at once (see [`take`](Self::take)).
 #[derive(Debug)]
-pub(crate) struct EventFd(i32);
+pub(crate) struct EventFd(i32, AtomicU32);
 
 impl EventFd {
     /// A new descriptor, or `None` (errno from `eventfd`).
@@ -201,7 +205,7 @@ impl EventFd {
         };
         // SAFETY: plain syscall wrapper, no pointers.
         let fd = unsafe { libc::eventfd(0, flags) };
-        (fd >= 0).then(|| Arc::new(EventFd(fd)))
+        (fd >= 0).then(|| Arc::new(EventFd(fd, AtomicU32::new(0))))
     }
 
     /// A non-blocking counter (not a semaphore) for waking a thread that polls it:
@@ -209,7 +213,7 @@ impl EventFd {
     pub(crate) fn new_waker() -> Option<Arc<EventFd>> {
         // SAFETY: plain syscall wrapper, no pointers.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        (fd >= 0).then(|| Arc::new(EventFd(fd)))
+        (fd >= 0).then(|| Arc::new(EventFd(fd, AtomicU32::new(0))))
     }
 
     /// Clears a waker's count (never blocks on one made by [`new_waker`](Self::new_waker));
@@ -253,19 +257,40 @@ impl EventFd {
             // count is there.
             return self.wait().is_ok();
         }
-        self.readable(0) == Ok(true) && self.wait().is_ok()
+        if self.readable(0) == Ok(true) && self.wait().is_ok() {
+            return true;
+        }
+        // Its count is lent to a waiter between its read and its giving back
+        // (`wait_readable`): the waiter keeps it.
+        self.1.fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     /// Sleeps until the descriptor is readable (an event is there, or the object is being
-    /// destroyed), without taking anything; at once if the caller made it non-blocking
+    /// destroyed), keeping nothing; at once if the caller made it non-blocking
     /// (`Err(EAGAIN)`). `Err(errno)` on failure.
+    ///
+    /// A signal caught while it sleeps ends it with `Err(EINTR)` unless its handler was
+    /// installed with `SA_RESTART`, as it ends a program's blocking `read` of the kernel's
+    /// event file (qperf's server stops its test from a SIGALRM handler while it waits in
+    /// `ibv_get_cq_event`).
     pub(crate) fn wait_readable(&self) -> Result<(), i32> {
         // SAFETY: plain syscall wrapper on a descriptor this value owns.
         let flags = unsafe { libc::fcntl(self.0, libc::F_GETFL) };
         if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
             return Err(libc::EAGAIN);
         }
-        self.readable(-1).map(drop)
+        // The kernel restarts the read, or not, as the signal's handler says.
+        self.read_one()?;
+        // Give the count back, unless `take` found it lent meanwhile (its event was taken).
+        if self
+            .1
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1))
+            .is_err()
+        {
+            self.add(1);
+        }
+        Ok(())
     }
 
     /// Whether the descriptor is readable within `timeout_ms` (-1: however long it takes).
@@ -299,22 +324,27 @@ impl EventFd {
     /// Takes one event; blocks unless the caller made the descriptor non-blocking.
     /// `Err(errno)` on failure (EAGAIN when non-blocking and empty).
     pub(crate) fn wait(&self) -> Result<(), i32> {
-        let mut v: u64 = 0;
         loop {
-            // SAFETY: reads 8 bytes into a valid local from a descriptor this value owns.
-            let n = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
-            if n == 8 {
-                if cfg!(miri) && v > 1 {
-                    // A plain eventfd hands out the whole count: give back all but one.
-                    self.add(v - 1);
-                }
-                return Ok(());
-            }
-            match errno() {
-                libc::EINTR => {}
-                e => return Err(e),
+            match self.read_one() {
+                Err(libc::EINTR) => {}
+                r => return r,
             }
         }
+    }
+
+    /// One `read` of one count (blocking unless the descriptor is non-blocking).
+    fn read_one(&self) -> Result<(), i32> {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid local from a descriptor this value owns.
+        let n = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+        if n != 8 {
+            return Err(errno());
+        }
+        if cfg!(miri) && v > 1 {
+            // A plain eventfd hands out the whole count: give back all but one.
+            self.add(v - 1);
+        }
+        Ok(())
     }
 }
 

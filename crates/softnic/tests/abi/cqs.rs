@@ -483,3 +483,66 @@ fn a_withdrawn_owed_event_leaves_nothing_pending() {
         "a destroyed CQ's owed event is still timed"
     );
 }
+
+/// The handler of the signal [`a_signal_interrupts_get_cq_event_as_it_interrupts_a_read`]
+/// sends: it does nothing.
+extern "C" fn on_sigusr2(_: libc::c_int) {}
+
+/// A signal caught while a thread waits in `get_cq_event` ends the wait with EINTR unless its
+/// handler was installed with `SA_RESTART`, and then the wait goes on until an event comes, as
+/// a blocking `read` of the kernel's event file does. qperf's server stops each test from a
+/// SIGALRM handler while it waits there; it waited for ever.
+#[test]
+fn a_signal_interrupts_get_cq_event_as_it_interrupts_a_read() {
+    for restart in [false, true] {
+        // SAFETY: a zeroed `sigaction` is valid; the handler does nothing, and no other test
+        // uses SIGUSR2.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigusr2 as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let f = Fabric::default();
+        let (qa, _b, qb, ch, cq) = channel_pair(&f);
+        assert_eq!(req_notify(cq, false), 0);
+        let (ch_addr, done) = (ch as usize, Arc::new(AtomicBool::new(false)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                // SAFETY: plain call.
+                tx.send(unsafe { libc::pthread_self() }).unwrap();
+                let (mut got_cq, mut got_ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+                // SAFETY: the channel outlives the thread (joined below); valid out-pointers.
+                let r =
+                    unsafe { (CONTROL.get_cq_event)(ch_addr as *mut _, &mut got_cq, &mut got_ctx) };
+                let e = std::io::Error::last_os_error().raw_os_error();
+                done.store(true, Ordering::SeqCst);
+                (r, e)
+            })
+        };
+        let tid = rx.recv().unwrap();
+        // Signals until the wait ends (it may not be asleep yet at the first), at most 2 s.
+        for _ in 0..40 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            if done.load(Ordering::SeqCst) {
+                break;
+            }
+            // SAFETY: the waiter thread has not been joined, so its id is live.
+            unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+        }
+        if !restart {
+            assert_eq!(waiter.join().unwrap(), (-1, Some(libc::EINTR)));
+            continue;
+        }
+        assert!(!done.load(Ordering::SeqCst), "SA_RESTART: the wait goes on");
+        post_recv(qb, &mut [recv_wr(1, &[])]).unwrap();
+        post_send(qa, &mut [send_wr(1, ibv_wr_opcode::IBV_WR_SEND, &[], 0)]).unwrap();
+        f.run_until_idle().unwrap();
+        assert_eq!(waiter.join().unwrap().0, 0);
+        // SAFETY: acknowledging the event just taken.
+        unsafe { (CONTROL.ack_cq_events)(cq, 1) };
+    }
+}
