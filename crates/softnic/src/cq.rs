@@ -257,7 +257,7 @@ impl EventFd {
             // count is there.
             return self.wait().is_ok();
         }
-        if self.readable(0) == Ok(true) && self.wait().is_ok() {
+        if self.readable_now() == Ok(true) && self.wait().is_ok() {
             return true;
         }
         // Its count is lent to a waiter between its read and its giving back
@@ -293,10 +293,10 @@ impl EventFd {
         Ok(())
     }
 
-    /// Whether the descriptor is readable within `timeout_ms` (-1: however long it takes).
-    /// EBADF if it is no longer an open descriptor (the program closed it, or `dup2`ed over
-    /// it), EIO on an error condition: never a readiness nothing can take.
-    fn readable(&self, timeout_ms: i32) -> Result<bool, i32> {
+    /// Whether the descriptor is readable now. EBADF if it is no longer an open descriptor
+    /// (the program closed it, or `dup2`ed over it), EIO on an error condition: never a
+    /// readiness nothing can take.
+    fn readable_now(&self) -> Result<bool, i32> {
         let mut p = libc::pollfd {
             fd: self.0,
             events: libc::POLLIN,
@@ -304,7 +304,7 @@ impl EventFd {
         };
         loop {
             // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
             if p.revents & libc::POLLNVAL != 0 {
                 return Err(libc::EBADF);
             }
@@ -400,9 +400,7 @@ impl World {
         }
         true
     }
-}
 
-impl World {
     /// CQ `id`, armed for any completion with completions unpolled, owes its event (see
     /// [`Cq::owed`]); an event it owed before is settled first.
     pub(crate) fn owe_event(&mut self, id: u32) {
