@@ -103,14 +103,29 @@ fn populate(addr: u64, len: u64, write: bool) -> Result<(), i32> {
     } else {
         libc::MADV_POPULATE_READ
     };
-    // SAFETY: MADV_POPULATE_* only faults pages of existing mappings in, as touching them
-    // would (without a signal where that would fail); it changes no mapping and no byte.
+    advise(start, span, advice)
+}
+
+/// `madvise(2)` with a populate or hint `advice` (`MADV_POPULATE_*`, `MADV_WILLNEED`) over
+/// `span` bytes from the page at `start`: the errno if it fails.
+#[cfg(not(miri))]
+fn advise(start: u64, span: usize, advice: i32) -> Result<(), i32> {
+    // SAFETY: these advices change no mapping and no byte: MADV_POPULATE_* faults pages of
+    // existing mappings in, as touching them would (without a signal where that would fail),
+    // and MADV_WILLNEED is a hint (the callers pass no other advice).
     match unsafe { libc::madvise(start as usize as *mut std::ffi::c_void, span, advice) } {
         0 => Ok(()),
         _ => Err(std::io::Error::last_os_error()
             .raw_os_error()
             .unwrap_or(libc::EFAULT)),
     }
+}
+
+/// Under Miri, which has no `madvise`: every range is taken as mapped with the access asked
+/// (Miri checks each access the copies then make against its own memory model).
+#[cfg(miri)]
+fn advise(_start: u64, _span: usize, _advice: i32) -> Result<(), i32> {
+    Ok(())
 }
 
 /// Whether the kernel has `MADV_POPULATE_*` (Linux 5.14 on): asked once, of a page of this
@@ -251,15 +266,13 @@ impl World {
                 return libc::EFAULT;
             }
             if no_fault {
-                // SAFETY: a hint only: MADV_WILLNEED changes no mapping and no byte (its
-                // failure, on a range not mapped, is ignored: no fault is asked for).
-                let _ = unsafe {
-                    libc::madvise(
-                        (sge.addr & !(page_size() - 1)) as usize as *mut std::ffi::c_void,
-                        (len + (sge.addr & (page_size() - 1))) as usize,
-                        libc::MADV_WILLNEED,
-                    )
-                };
+                // A hint only: its failure, on a range not mapped, is ignored (no fault is
+                // asked for).
+                let _ = advise(
+                    sge.addr & !(page_size() - 1),
+                    (len + (sge.addr & (page_size() - 1))) as usize,
+                    libc::MADV_WILLNEED,
+                );
             } else if !fault_in(sge.addr, len, write) {
                 return libc::EFAULT;
             }
