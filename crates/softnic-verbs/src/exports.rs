@@ -9,7 +9,7 @@ use std::ptr::null_mut;
 use ibverbs_sys::*;
 use softnic::CONTROL;
 
-use crate::{fabric, strings};
+use crate::{fabric, own_device, strings};
 
 /// Sets `errno`.
 pub(crate) fn set_errno(e: c_int) {
@@ -114,11 +114,12 @@ export! {
     /// The device's name.
     "IBVERBS_1.1" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
         // SAFETY: softnic checks the pointer.
-        unsafe { (CONTROL.get_device_name)(device) }
+        unsafe { (CONTROL.get_device_name)(own_device(device)) }
     }
 
     /// The node GUID (big-endian): a modified EUI-64 of the device's address.
     "IBVERBS_1.1" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+        let device = own_device(device);
         fabric()
             .ok()
             .filter(|f| f.devices().contains(&device))
@@ -128,14 +129,15 @@ export! {
 
     /// The device's index (0: there is one).
     "IBVERBS_1.9" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+        let device = own_device(device);
         let known = fabric().is_ok_and(|f| f.devices().contains(&device));
         if known { 0 } else { -1 }
     }
 
-    /// Opens the device.
+    /// Opens the device (in a forked child, its own in the place of its parent's).
     "IBVERBS_1.1" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         // SAFETY: softnic checks the pointer.
-        unsafe { (CONTROL.open_device)(device) }
+        unsafe { (CONTROL.open_device)(own_device(device)) }
     }
 
     /// Closes a context, destroying what is still made on it, as closing the kernel's device

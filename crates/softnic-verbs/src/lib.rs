@@ -26,7 +26,7 @@
 //! on-demand paging (explicit and implicit regions, `ibv_advise_mr`), completion timestamps
 //! and `ibv_query_rt_values_ex`.
 //! What is not served fails cleanly (`EOPNOTSUPP`, or `NULL` with `errno`: device memory,
-//! flows, XRC, raw packet QPs), never by reaching the system library with one of softnic's
+//! flows, raw packet QPs), never by reaching the system library with one of softnic's
 //! objects. A context's `cmd_fd` is a real descriptor; `ibv_read_sysfs_file` reads the
 //! device's sysfs view that `softnic-run` shows (`/sys/class/infiniband/soft0`).
 //!
@@ -42,146 +42,18 @@
 //! standard error which address the device took, and `SOFTNIC_STATS=1` to print the device's
 //! counters there when the program exits (and its connection manager's, after rdma_cm use). A
 //! bad value makes `ibv_get_device_list` fail with `EINVAL` after saying why on standard error.
+//!
+//! A child forked after its parent used the device gets a device of its own when it opens one
+//! (from a list it gets, or one its parent got), as a child opens its own context on a kernel:
+//! on `SOFTNIC_ADDR` if that is free, else on a free address. None of its parent's objects is
+//! its own: their pointers fail as unknown ones.
 
 #[macro_use]
 mod export;
 mod cm;
 mod compat;
+mod device;
 mod exports;
 mod strings;
 
-use std::net::Ipv4Addr;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use softnic::{Fabric, FabricConfig, Faults, Link};
-
-static FABRIC: OnceLock<Result<Fabric, i32>> = OnceLock::new();
-
-/// The device's IPv4 address, stored when the fabric is built.
-static ADDR: AtomicU32 = AtomicU32::new(0);
-
-/// `softnic_device_addr(&ip)`, for softnic-preload's `getifaddrs` (which finds it in the
-/// process's libibverbs): 1 with the device's IPv4 address in `*ip` (host order) once the
-/// device is up, 0 before, -1 if it failed to come up (or has no address). It takes no lock
-/// (a `getifaddrs` may run anywhere, in a child forked while the fabric's lock was held too).
-///
-/// # Safety
-///
-/// `ip` is valid to write.
-#[unsafe(export_name = "softnic_device_addr_v1")]
-pub(crate) unsafe extern "C" fn device_addr(ip: *mut u32) -> std::ffi::c_int {
-    match FABRIC.get() {
-        None => 0,
-        Some(Err(_)) => -1,
-        // A device with no address (not on the UDP link): none to show.
-        Some(Ok(_)) if ADDR.load(Ordering::Relaxed) == 0 => -1,
-        Some(Ok(_)) => {
-            // SAFETY: valid to write, per the contract.
-            unsafe { ip.write(ADDR.load(Ordering::Relaxed)) };
-            1
-        }
-    }
-}
-std::arch::global_asm!(".symver softnic_device_addr_v1, softnic_device_addr@@SOFTNIC_1.0");
-
-/// Says the device's counters (and its connection manager's, if used) on standard error (at
-/// exit, with `SOFTNIC_STATS=1`).
-extern "C" fn print_stats() {
-    let Some(Ok(f)) = FABRIC.get() else { return };
-    let Some(devices) = f.counters_at_exit() else {
-        eprintln!("softnic: no counters: the fabric is held by a verb this exit interrupted");
-        return;
-    };
-    for (name, c, cm) in devices {
-        eprintln!("softnic: {name}: {c:?}");
-        // Its connection manager's, once a program used it (librdmacm).
-        if cm.mads_sent + cm.mads_received > 0 {
-            eprintln!("softnic: {name}: CM {cm:?}");
-        }
-    }
-}
-
-/// The process's fabric: one device on the UDP link, built on first use from the environment.
-pub(crate) fn fabric() -> Result<&'static Fabric, i32> {
-    FABRIC
-        .get_or_init(|| {
-            build().map_err(|why| {
-                eprintln!("softnic: {why}");
-                libc::EINVAL
-            })
-        })
-        .as_ref()
-        .map_err(|&e| e)
-}
-
-/// The fabric the environment describes.
-fn build() -> Result<Fabric, String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let parse = |name: &str| -> Result<Option<f64>, String> {
-        var(name)
-            .map(|v| {
-                v.parse::<f64>()
-                    .ok()
-                    .filter(|p| (0.0..=1.0).contains(p))
-                    .ok_or_else(|| format!("{name}={v:?} is not a probability in 0..=1"))
-            })
-            .transpose()
-    };
-    let addr = var("SOFTNIC_ADDR")
-        .map(|a| {
-            a.parse::<Ipv4Addr>()
-                .map_err(|_| format!("SOFTNIC_ADDR={a:?} is not an IPv4 address"))
-        })
-        .transpose()?;
-    let seed = var("SOFTNIC_SEED")
-        .map(|s| {
-            s.parse::<u64>()
-                .map_err(|_| format!("SOFTNIC_SEED={s:?} is not a number"))
-        })
-        .transpose()?
-        .unwrap_or(1);
-    let mtu = var("SOFTNIC_MTU")
-        .map(|m| {
-            m.parse::<u32>()
-                .ok()
-                .filter(|m| [256, 512, 1024, 2048, 4096].contains(m))
-                .ok_or_else(|| format!("SOFTNIC_MTU={m:?} is not 256, 512, 1024, 2048 or 4096"))
-        })
-        .transpose()?
-        .unwrap_or(4096);
-    let faults = Faults {
-        loss: parse("SOFTNIC_LOSS")?.unwrap_or(0.0),
-        reorder: parse("SOFTNIC_REORDER")?.unwrap_or(0.0),
-        duplicate: parse("SOFTNIC_DUPLICATE")?.unwrap_or(0.0),
-        corrupt: parse("SOFTNIC_CORRUPT")?.unwrap_or(0.0),
-        ..Faults::NONE
-    };
-    let fabric = Fabric::try_new(FabricConfig {
-        devices: 1,
-        seed,
-        mtu,
-        link: Link::Udp { addr },
-        ..Default::default()
-    })
-    .map_err(|e| e.to_string())?;
-    fabric
-        .set_default_faults(faults)
-        .map_err(|e| e.to_string())?;
-    if var("SOFTNIC_STATS").is_some_and(|v| v == "1") {
-        // SAFETY: registers a function with the C ABI that takes no arguments and only reads
-        // the fabric (which is never dropped) through its own lock.
-        unsafe { libc::atexit(print_stats) };
-    }
-    let ip = fabric.udp_addr("soft0");
-    // Published with the fabric (`FABRIC`'s initialisation orders this store before it).
-    ADDR.store(ip.map_or(0, u32::from), Ordering::Relaxed);
-    if var("SOFTNIC_ANNOUNCE").is_some_and(|v| v == "1") {
-        let ip = ip.map(|a| a.to_string());
-        eprintln!(
-            "softnic: device soft0 on {}:4791 (RoCEv2 over UDP)",
-            ip.unwrap_or_default()
-        );
-    }
-    Ok(fabric)
-}
+pub(crate) use device::{fabric, own_device};

@@ -128,9 +128,61 @@ struct Entry {
     id: u32,
 }
 
+type Registry = FastMap<usize, Entry>;
+
 /// Every live softnic object, by the address callers hold. A pointer that is not here (null,
-/// foreign, or already destroyed) is never dereferenced.
-static REGISTRY: LazyLock<RwLock<FastMap<usize, Entry>>> = LazyLock::new(Default::default);
+/// foreign, already destroyed, or its parent's in a forked child) is never dereferenced.
+static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| {
+    // SAFETY: registers three `extern "C"` functions that take no arguments; they run around
+    // every later `fork` of the process, in the forking thread (see `before_fork`).
+    let e = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_in_parent),
+            Some(after_fork_in_child),
+        )
+    };
+    // ENOMEM: a fork then finds the registry as it is (this process keeps working).
+    debug_assert_eq!(e, 0, "pthread_atfork");
+    Default::default()
+});
+
+thread_local! {
+    /// The registry's write lock, held by a thread that forks from just before the fork to
+    /// just after it.
+    static FORKING: RefCell<Option<std::sync::RwLockWriteGuard<'static, Registry>>> =
+        const { RefCell::new(None) };
+}
+
+/// Before a `fork`: the forking thread takes the registry's lock, so that the child never
+/// finds it held by a thread that is not there (a lookup then waits for ever), nor an entry
+/// half made.
+extern "C" fn before_fork() {
+    let reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    let _ = FORKING.try_with(|f| *f.borrow_mut() = Some(reg));
+}
+
+/// After a `fork`, in the parent: the registry as it was.
+extern "C" fn after_fork_in_parent() {
+    let _ = FORKING.try_with(|f| f.borrow_mut().take());
+}
+
+/// After a `fork`, in the child: none of its parent's objects is the child's, as a forked
+/// child has none of its parent's verbs objects on a kernel (they are its parent's device
+/// file's). Their pointers are refused from now on (EINVAL, as any unknown object), so that
+/// the child never reaches a fabric whose lock a thread of its parent may have held when it
+/// forked, nor takes its parent's packets from a socket they share. A device the child opens
+/// after the fork is a device of its own (the library over softnic builds it: see
+/// `softnic-verbs`).
+extern "C" fn after_fork_in_child() {
+    let _ = FORKING.try_with(|f| {
+        if let Some(mut reg) = f.borrow_mut().take() {
+            reg.clear();
+            // The forking thread's recent lookups name the parent's objects too.
+            REMOVALS.fetch_add(1, Ordering::Release);
+        }
+    });
+}
 
 pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id: u32) {
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
