@@ -13,7 +13,7 @@ use softnic::cm::cabi::{CAddr, CIdInfo};
 
 use crate::addr::{from_sockaddr, given_sockaddr, store};
 use crate::types::*;
-use crate::{IDS, Lib, fail, lib, status};
+use crate::{Lib, fail, lib, status};
 
 /// An event channel: the struct programs see, then the CM's channel.
 ///
@@ -132,14 +132,17 @@ impl Turn<'_> {
 /// The library's id behind a caller's `rdma_cm_id` pointer (`None` for one it did not hand
 /// out, or destroyed).
 pub(crate) fn id_of(p: *mut rdma_cm_id) -> Option<Arc<Id>> {
-    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.values().find(|i| i.raw() == p).cloned()
+    let ids = crate::built_lib()?.ids.lock();
+    ids.unwrap_or_else(|e| e.into_inner())
+        .values()
+        .find(|i| i.raw() == p)
+        .cloned()
 }
 
 /// The library's id for CM id `cm`.
 pub(crate) fn id_by_cm(cm: u32) -> Option<Arc<Id>> {
-    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    ids.get(&cm).cloned()
+    let ids = crate::built_lib()?.ids.lock();
+    ids.unwrap_or_else(|e| e.into_inner()).get(&cm).cloned()
 }
 
 /// A new channel of the CM: `Err(errno)`.
@@ -240,7 +243,7 @@ pub(crate) fn new_id(
         }),
         path: UnsafeCell::new([0; 16]),
     });
-    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ids = l.ids.lock().unwrap_or_else(|e| e.into_inner());
     ids.insert(cm, Arc::clone(&id));
     Ok(id)
 }
@@ -468,7 +471,7 @@ export! {
             }
             // SAFETY: a context of the fabric.
             let e = unsafe { (l.ops.destroy_id)(l.ctx(), t.cm()) };
-            IDS.lock().unwrap_or_else(|e| e.into_inner()).remove(&t.cm());
+            l.ids.lock().unwrap_or_else(|e| e.into_inner()).remove(&t.cm());
             if t.calls.sync {
                 // SAFETY: the id's own channel, made with it.
                 unsafe { rdma_destroy_event_channel(t.c().channel) };

@@ -70,9 +70,11 @@ mod xverbs;
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ibverbs_sys::{ibv_context, ibv_pd};
+use softnic::PerProcess;
 use softnic::cm::cabi::{CEvent, CM_OPS_VERSION, CmOps};
 
 /// One device, opened through the process's libibverbs.
@@ -85,10 +87,12 @@ struct Dev {
     xrcd: Mutex<*mut ibverbs_sys::ibv_xrcd>,
 }
 
-/// The library's view of the process: softnic's CM and the devices.
+/// The library's view of the process: softnic's CM, the devices and the ids.
 struct Lib {
     ops: &'static CmOps,
     devs: Vec<Dev>,
+    /// Every live id, by CM id.
+    ids: Mutex<BTreeMap<u32, std::sync::Arc<id::Id>>>,
 }
 
 // SAFETY: the raw pointers are libibverbs objects that live as long as the process and that
@@ -97,7 +101,12 @@ unsafe impl Send for Lib {}
 // SAFETY: as for Send: nothing is mutated but through the mutex.
 unsafe impl Sync for Lib {}
 
-static LIB: OnceLock<Result<Lib, c_int>> = OnceLock::new();
+/// Built on first use; a child forked after its parent used the library builds its own (its
+/// parent's devices and ids are not its own: softnic refuses them there).
+static LIB: PerProcess<Result<Lib, c_int>> = PerProcess::new();
+
+/// Whether `linger` is registered to run at exit.
+static LINGER_AT_EXIT: AtomicBool = AtomicBool::new(false);
 
 /// Sets the calling thread's `errno`.
 pub(crate) fn set_errno(e: c_int) {
@@ -121,6 +130,11 @@ pub(crate) fn fail(e: c_int) -> c_int {
 /// 0, or -1 with `errno` for a CM call's errno value.
 pub(crate) fn status(e: c_int) -> c_int {
     if e == 0 { 0 } else { fail(e) }
+}
+
+/// The library as this process built it, if it did.
+fn built_lib() -> Option<&'static Lib> {
+    LIB.get().and_then(|l| l.as_ref().ok())
 }
 
 fn lib() -> Result<&'static Lib, c_int> {
@@ -172,9 +186,16 @@ fn open() -> Result<Lib, (c_int, String)> {
             xrcd: Mutex::new(std::ptr::null_mut()),
         });
     }
-    // SAFETY: registers a function of no arguments that only calls the CM through its table.
-    unsafe { libc::atexit(linger) };
-    Ok(Lib { ops, devs })
+    if !LINGER_AT_EXIT.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a function of no arguments that only calls the CM through its
+        // table.
+        unsafe { libc::atexit(linger) };
+    }
+    Ok(Lib {
+        ops,
+        devs,
+        ids: Mutex::new(BTreeMap::new()),
+    })
 }
 
 /// At exit, destroys the ids the program still holds (as the kernel's CM does when the
@@ -185,7 +206,7 @@ fn open() -> Result<Lib, (c_int, String)> {
 /// disconnects or destroys its id (as on the kernel's CM): a process that exits connected
 /// to a program that does neither waits the whole [`LINGER`].
 extern "C" fn linger() {
-    let Some(Ok(l)) = LIB.get() else { return };
+    let Some(l) = built_lib() else { return };
     // SAFETY: a context of the fabric.
     unsafe { (l.ops.close_all)(l.ctx()) };
     let end = std::time::Instant::now() + LINGER;
@@ -239,9 +260,6 @@ impl Lib {
         *xrcd
     }
 }
-
-/// Every live id, by CM id.
-static IDS: Mutex<BTreeMap<u32, std::sync::Arc<id::Id>>> = Mutex::new(BTreeMap::new());
 
 /// `rdma_event_str`'s names, by event number.
 const EVENT_NAMES: [&CStr; 16] = [

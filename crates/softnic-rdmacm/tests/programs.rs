@@ -327,6 +327,25 @@ fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
     assert!(ok && text.contains("ok"), "{text}");
 }
 
+/// rdma_cm across a fork (`tests/c/forked.c`): a child forked after its parent connected
+/// makes ids of its own (its own device, at another address) and connects to its parent's
+/// listener; its exit ends its own connection and none of its parent's, which still carries
+/// a message after the child is gone.
+#[test]
+fn a_forked_child_connects_with_ids_of_its_own() {
+    let lib = library_dir();
+    let Some(exe) = build_c(&lib, "forked") else {
+        return;
+    };
+    let addr = "127.0.26.71";
+    let (ok, text) = finish(
+        start(&lib, addr, &[&exe, addr], &[]),
+        Instant::now() + Duration::from_secs(60),
+    );
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(ok && text.contains("ok"), "{text}");
+}
+
 /// An event taken before its id is destroyed names a live id until it is acked (the thread
 /// taking events may be reading the id while another destroys it). Under valgrind when it is
 /// installed, which reports a read of the freed id.

@@ -7,11 +7,10 @@
 //! child never waits for a lock a thread of its parent held, nor takes its parent's packets.
 
 use std::net::Ipv4Addr;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ibverbs_sys::ibv_device;
-use softnic::{Fabric, FabricConfig, Faults, Link};
+use softnic::{Fabric, FabricConfig, Faults, Link, PerProcess};
 
 /// A device built: its fabric, the devices it lists, its address.
 struct Built {
@@ -22,61 +21,20 @@ struct Built {
     addr: Option<Ipv4Addr>,
 }
 
-/// The device of the process as one fork left it: built on first use (or why it could not be:
-/// the errno `ibv_get_device_list` fails with).
-struct Generation {
-    built: OnceLock<Result<Built, i32>>,
-    /// The generation of the process this one was forked from.
-    parent: Option<&'static Generation>,
-}
-
-/// The device of the process that started.
-static FIRST: Generation = Generation {
-    built: OnceLock::new(),
-    parent: None,
-};
-
-/// The generation of this process: `FIRST`, or one leaked by `after_fork_in_child`.
-static CURRENT: AtomicPtr<Generation> = AtomicPtr::new((&raw const FIRST).cast_mut());
-
-/// Whether `after_fork_in_child` is registered.
-static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
+/// The process's device: built on first use (or why it could not be: the errno
+/// `ibv_get_device_list` fails with), and by a forked child for itself.
+static DEVICE: PerProcess<Result<Built, i32>> = PerProcess::new();
 
 /// Whether `print_stats` is registered to run at exit.
 static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
 
-fn current() -> &'static Generation {
-    // SAFETY: CURRENT only ever holds `FIRST`'s address or one of a generation leaked with
-    // `Box::leak`: both live for the rest of the process and are only read through `&`.
-    unsafe { &*CURRENT.load(Ordering::Acquire) }
-}
-
-/// After a `fork`, in the child: a new generation, whose device is built on first use. The
-/// parent's stays where it was (its lock may be held by a thread of the parent; nothing in
-/// the child reaches it). A build under way in another thread of the parent is left behind
-/// with it.
-extern "C" fn after_fork_in_child() {
-    let child = Box::leak(Box::new(Generation {
-        built: OnceLock::new(),
-        parent: Some(current()),
-    }));
-    CURRENT.store(child, Ordering::Release);
-}
-
 /// The process's device built, building it on first use.
 fn built() -> Result<&'static Built, i32> {
-    if !FORK_HANDLER.swap(true, Ordering::AcqRel) {
-        // SAFETY: registers an `extern "C"` function that takes no arguments, to run in the
-        // child of every later `fork` (in its only thread).
-        let e = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-        // ENOMEM: a forked child then keeps its parent's device, unusable there.
-        debug_assert_eq!(e, 0, "pthread_atfork");
-    }
-    let g = current();
-    g.built
+    let forked = || DEVICE.ancestors().next().is_some();
+    DEVICE
         .get_or_init(|| {
-            build(g.parent.is_some()).map_err(|why| {
-                eprintln!("softnic: {why}");
+            build(forked()).map_err(|why| {
+                say(&why);
                 libc::EINVAL
             })
         })
@@ -93,31 +51,34 @@ pub(crate) fn fabric() -> Result<&'static Fabric, i32> {
 /// child's own device in its place: a program that got the device list before it forked
 /// opens the device from that list in the child, as it may on a kernel.
 pub(crate) fn own_device(device: *mut ibv_device) -> *mut ibv_device {
-    let mut ancestor = current().parent;
-    while let Some(g) = ancestor {
-        let listed = g.built.get().and_then(|b| b.as_ref().ok());
-        if let Some(i) = listed.and_then(|b| b.devices.iter().position(|&d| d == device as usize)) {
-            return built()
-                .ok()
-                .and_then(|b| b.devices.get(i))
-                .map_or(device, |&d| d as *mut ibv_device);
-        }
-        ancestor = g.parent;
+    let listed = DEVICE
+        .ancestors()
+        .filter_map(|b| b.as_ref().ok())
+        .find_map(|b| b.devices.iter().position(|&d| d == device as usize));
+    match listed {
+        Some(i) => built()
+            .ok()
+            .and_then(|b| b.devices.get(i))
+            .map_or(device, |&d| d as *mut ibv_device),
+        None => device,
     }
-    device
 }
 
 /// `softnic_device_addr(&ip)`, for softnic-preload's `getifaddrs` (which finds it in the
 /// process's libibverbs): 1 with the device's IPv4 address in `*ip` (host order) once the
 /// device is up, 0 before, -1 if it failed to come up (or has no address). It takes no lock
-/// (a `getifaddrs` may run anywhere, in a child forked while the fabric's lock was held too).
+/// and allocates nothing (a `getifaddrs` may run anywhere, in a child forked while the
+/// fabric's lock was held too).
 ///
 /// # Safety
 ///
 /// `ip` is valid to write.
 #[unsafe(export_name = "softnic_device_addr_v1")]
 pub(crate) unsafe extern "C" fn device_addr(ip: *mut u32) -> std::ffi::c_int {
-    match current().built.get() {
+    match DEVICE.get() {
+        // A forked child whose parent's device is up shows no address until its own is up:
+        // it will not be on its parent's.
+        None if DEVICE.is_inherited() => -1,
         None => 0,
         Some(Err(_)) => -1,
         // A device with no address (not on the UDP link): none to show.
@@ -134,7 +95,7 @@ std::arch::global_asm!(".symver softnic_device_addr_v1, softnic_device_addr@@SOF
 /// Says the device's counters (and its connection manager's, if used) on standard error (at
 /// exit, with `SOFTNIC_STATS=1`).
 extern "C" fn print_stats() {
-    let Some(Ok(b)) = current().built.get() else {
+    let Some(Ok(b)) = DEVICE.get() else {
         return;
     };
     let Some(devices) = b.fabric.counters_at_exit() else {
@@ -148,6 +109,14 @@ extern "C" fn print_stats() {
             eprintln!("softnic: {name}: CM {cm:?}");
         }
     }
+}
+
+/// Says `what` on standard error, in one `write` (not through the standard library's lock of
+/// it, which a thread of the parent of a forked child may have held at the fork).
+fn say(what: &str) {
+    let line = format!("softnic: {what}\n");
+    // SAFETY: writes the bytes of `line`, valid for its length, to descriptor 2.
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
 /// The device the environment describes (`forked`: in a child forked from a process that
@@ -203,11 +172,22 @@ fn build(forked: bool) -> Result<Built, String> {
         })
     };
     let fabric = match on(addr) {
-        // The parent (or another child of it) holds the address: a free one.
-        Err(softnic::Error::Bind { addr: Some(_), .. }) if forked => on(None),
+        // A loopback address its parent (or another child of it) holds: a free one, from the
+        // top of 127.0.0.2-254 down (the addresses programs are given are mostly low ones).
+        Err(softnic::Error::Bind { addr: Some(a), .. }) if forked && a.is_loopback() => (2..=254)
+            .rev()
+            .map(|n| on(Some(Ipv4Addr::new(127, 0, 0, n))))
+            .find(Result::is_ok)
+            .unwrap_or_else(|| on(None)),
         made => made,
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| match e {
+        softnic::Error::Bind { addr: Some(a), .. } if forked => format!(
+            "{e} (a child forked after its parent used the device needs an address of its \
+             own: its parent holds {a}, and only a loopback address is replaced by a free one)"
+        ),
+        e => e.to_string(),
+    })?;
     fabric
         .set_default_faults(faults)
         .map_err(|e| e.to_string())?;
@@ -219,11 +199,8 @@ fn build(forked: bool) -> Result<Built, String> {
     }
     let addr = fabric.udp_addr("soft0");
     if var("SOFTNIC_ANNOUNCE").is_some_and(|v| v == "1") {
-        let ip = addr.map(|a| a.to_string());
-        eprintln!(
-            "softnic: device soft0 on {}:4791 (RoCEv2 over UDP)",
-            ip.unwrap_or_default()
-        );
+        let ip = addr.map(|a| a.to_string()).unwrap_or_default();
+        say(&format!("device soft0 on {ip}:4791 (RoCEv2 over UDP)"));
     }
     let devices = fabric.devices().into_iter().map(|d| d as usize).collect();
     Ok(Built {

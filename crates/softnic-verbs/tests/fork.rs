@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
-/// `tests/c/fork.c` built into the test's target directory, or `None` (saying why).
-fn build() -> Option<std::path::PathBuf> {
+/// `tests/c/fork.c` built into the test's target directory for the test of `mode` (each test
+/// its own copy: they run at once), or `None` (saying why).
+fn build(mode: &str) -> Option<std::path::PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/fork.c");
     if !Path::new("/usr/include/infiniband/verbs.h").exists() {
         eprintln!("skipped: no <infiniband/verbs.h> (apt-get install libibverbs-dev)");
@@ -15,7 +16,7 @@ fn build() -> Option<std::path::PathBuf> {
     }
     let exe = std::env::current_exe()
         .expect("this test binary")
-        .with_file_name(format!("fork-c-{}", std::process::id()));
+        .with_file_name(format!("fork-c-{mode}-{}", std::process::id()));
     let built = match Command::new("cc")
         .arg("-o")
         .arg(&exe)
@@ -40,7 +41,7 @@ fn build() -> Option<std::path::PathBuf> {
 
 /// `fork <mode>` under `softnic-run` with its device on `addr`: it must say "ok" and exit 0.
 fn run(mode: &str, addr: &str) {
-    let Some(exe) = build() else {
+    let Some(exe) = build(mode) else {
         return;
     };
     let out = Command::new("timeout")

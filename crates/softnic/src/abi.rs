@@ -2,9 +2,11 @@
 //! pointers from foreign ones, `errno`, and a layout-identical mirror of `ibv_wc`.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
 
 use crate::hash::FastMap;
 
@@ -128,65 +130,42 @@ struct Entry {
     id: u32,
 }
 
-type Registry = FastMap<usize, Entry>;
+/// Every live softnic object, by the address callers hold (`live`). A pointer that is not
+/// there (null, foreign, already destroyed, or its parent's in a forked child) is never
+/// dereferenced.
+pub(crate) struct Registry {
+    live: FastMap<usize, Entry>,
+    /// In a forked child, the objects of the processes it was forked from (see `fork.rs`):
+    /// never reached, only recognised.
+    inherited: FastMap<usize, Entry>,
+}
 
-/// Every live softnic object, by the address callers hold. A pointer that is not here (null,
-/// foreign, already destroyed, or its parent's in a forked child) is never dereferenced.
-static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| {
-    // SAFETY: registers three `extern "C"` functions that take no arguments; they run around
-    // every later `fork` of the process, in the forking thread (see `before_fork`).
-    let e = unsafe {
-        libc::pthread_atfork(
-            Some(before_fork),
-            Some(after_fork_in_parent),
-            Some(after_fork_in_child),
-        )
-    };
-    // ENOMEM: a fork then finds the registry as it is (this process keeps working).
-    debug_assert_eq!(e, 0, "pthread_atfork");
-    Default::default()
+impl Registry {
+    /// After a `fork`, in the child: every object it knows is its parent's.
+    pub(crate) fn inherit(&mut self) {
+        self.inherited.extend(self.live.drain());
+        // The forking thread's recent lookups name the parent's objects too.
+        REMOVALS.fetch_add(1, Ordering::Release);
+    }
+}
+
+pub(crate) static REGISTRY: RwLock<Registry> = RwLock::new(Registry {
+    live: HashMap::with_hasher(BuildHasherDefault::new()),
+    inherited: HashMap::with_hasher(BuildHasherDefault::new()),
 });
 
-thread_local! {
-    /// The registry's write lock, held by a thread that forks from just before the fork to
-    /// just after it.
-    static FORKING: RefCell<Option<std::sync::RwLockWriteGuard<'static, Registry>>> =
-        const { RefCell::new(None) };
-}
-
-/// Before a `fork`: the forking thread takes the registry's lock, so that the child never
-/// finds it held by a thread that is not there (a lookup then waits for ever), nor an entry
-/// half made.
-extern "C" fn before_fork() {
-    let reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    let _ = FORKING.try_with(|f| *f.borrow_mut() = Some(reg));
-}
-
-/// After a `fork`, in the parent: the registry as it was.
-extern "C" fn after_fork_in_parent() {
-    let _ = FORKING.try_with(|f| f.borrow_mut().take());
-}
-
-/// After a `fork`, in the child: none of its parent's objects is the child's, as a forked
-/// child has none of its parent's verbs objects on a kernel (they are its parent's device
-/// file's). Their pointers are refused from now on (EINVAL, as any unknown object), so that
-/// the child never reaches a fabric whose lock a thread of its parent may have held when it
-/// forked, nor takes its parent's packets from a socket they share. A device the child opens
-/// after the fork is a device of its own (the library over softnic builds it: see
-/// `softnic-verbs`).
-extern "C" fn after_fork_in_child() {
-    let _ = FORKING.try_with(|f| {
-        if let Some(mut reg) = f.borrow_mut().take() {
-            reg.clear();
-            // The forking thread's recent lookups name the parent's objects too.
-            REMOVALS.fetch_add(1, Ordering::Release);
-        }
-    });
+/// Whether `ptr` is an object of `kind` of a process this one was forked from.
+pub(crate) fn inherited(ptr: *const c_void, kind: Kind) -> bool {
+    let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
+    reg.inherited
+        .get(&(ptr as usize))
+        .is_some_and(|e| e.kind == kind)
 }
 
 pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id: u32) {
+    crate::fork::guard();
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    reg.insert(
+    reg.live.insert(
         ptr as usize,
         Entry {
             kind,
@@ -200,13 +179,13 @@ pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id:
 /// Forgets every object of fabric `fabric_id` (the fabric is being dropped).
 pub(crate) fn unregister_fabric(fabric_id: u64) {
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    reg.retain(|_, e| e.fabric_id != fabric_id);
+    reg.live.retain(|_, e| e.fabric_id != fabric_id);
     REMOVALS.fetch_add(1, Ordering::Release);
 }
 
 pub(crate) fn unregister(ptr: *const c_void) {
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    reg.remove(&(ptr as usize));
+    reg.live.remove(&(ptr as usize));
     REMOVALS.fetch_add(1, Ordering::Release);
 }
 
@@ -253,7 +232,7 @@ impl Found {
     pub(crate) fn still_there(&self) -> bool {
         REMOVALS.load(Ordering::Acquire) == self.removals || {
             let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
-            reg.get(&self.ptr).is_some_and(|e| e.kind == self.kind)
+            reg.live.get(&self.ptr).is_some_and(|e| e.kind == self.kind)
         }
     }
 }
@@ -289,7 +268,7 @@ pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<Found> {
         return hit.map(found);
     }
     let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
-    let e = reg.get(&addr).filter(|e| e.kind == kind)?;
+    let e = reg.live.get(&addr).filter(|e| e.kind == kind)?;
     let entry = (e.fabric.clone(), e.id);
     drop(reg);
     let _ = RECENTS.try_with(|r| {

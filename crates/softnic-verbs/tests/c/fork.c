@@ -3,7 +3,8 @@
  *   fork echo   The parent opens the device and makes a UD QP, then forks. The child opens
  *               the device from the list its parent got before the fork: a device of its
  *               own, at another address. Its parent's objects are not its own (a poll of the
- *               parent's CQ fails, a PD on the parent's context is refused). The child sends
+ *               parent's CQ fails, a PD on the parent's context is refused, closing that
+ *               context is closing nothing of the parent's). The child sends
  *               20 messages to its parent's QP, which echoes each one back: both devices
  *               work across the fork, between the two processes.
  *   fork busy   A thread of the parent makes and destroys objects without pause while the
@@ -127,6 +128,8 @@ static int echo_child(struct ibv_device **list, struct ud *parent) {
     CHECK(ibv_poll_cq(parent->cq, 1, &wc) < 0, "a poll of the parent's CQ did not fail");
     errno = 0;
     CHECK(!ibv_alloc_pd(parent->ctx) && errno, "a PD on the parent's context");
+    /* Closing it closes the child's copy of the device, as on a kernel: the parent's stays. */
+    CHECK(ibv_close_device(parent->ctx) == 0, "closing the parent's context in the child");
     struct ud u;
     up(&u, list[0]);
     CHECK(memcmp(&u.gid, &parent->gid, sizeof u.gid), "the child's device has its parent's GID");

@@ -101,13 +101,17 @@ pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
 /// does, whereas [`CONTROL`](crate::CONTROL)'s `close_device` refuses a context still in use (EBUSY).
 /// Returns 0, or the errno of what could not be destroyed or closed (an object another
 /// thread destroyed meanwhile is EINVAL; one it made meanwhile leaves the context open,
-/// EBUSY).
+/// EBUSY). In a forked child, a context of its parent's is closed as the child's copy of the
+/// kernel's device file would be: 0, and the parent's objects are left to the parent.
 ///
 /// # Safety
 ///
 /// `context` is any pointer (softnic refuses one it did not make, EINVAL); the caller is done
 /// with the context's objects (they are destroyed: their pointers are refused from then on).
 pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
+    if abi::inherited(context.cast(), Kind::Context) {
+        return 0;
+    }
     type Shells = (
         Vec<*mut ibv_qp>,
         Vec<*mut ibv_ah>,

@@ -1,0 +1,184 @@
+//! A forked child and softnic. On a kernel a forked child opens a context of its own on its
+//! parent's device, and none of its parent's verbs objects is the child's. softnic's registry
+//! forgets the parent's objects in the child (they are only recognised: see
+//! [`abi::inherited`](crate::abi)), so that the child never reaches a fabric whose lock a
+//! thread of its parent may have held when it forked, nor takes its parent's packets from a
+//! socket they share; and a [`PerProcess`] value the parent built (the device of a library
+//! over softnic) is built afresh by the child on its first use there.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+use crate::abi::{REGISTRY, Registry};
+
+/// Forks between the process that first used softnic and this one (0 in that process).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the fork handlers are registered (or being).
+static GUARDED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The registry's write lock, held by a thread that forks from just before the fork to
+    /// just after it.
+    static FORKING: RefCell<Option<std::sync::RwLockWriteGuard<'static, Registry>>> =
+        const { RefCell::new(None) };
+}
+
+/// Registers the fork handlers, once: before softnic's first object (a fork before then has
+/// nothing of softnic's to leave behind).
+pub(crate) fn guard() {
+    if GUARDED.load(Ordering::Acquire) || GUARDED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: registers three `extern "C"` functions that take no arguments; they run around
+    // every later `fork` of the process, in the forking thread.
+    let e = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_in_parent),
+            Some(after_fork_in_child),
+        )
+    };
+    // ENOMEM: a forked child then finds its parent's objects as its own, as it did before.
+    debug_assert_eq!(e, 0, "pthread_atfork");
+}
+
+/// Forks between the process that first used softnic and this one: a value built by a
+/// process with fewer is its parent's. Registers the fork handlers first, so that every later
+/// fork is counted.
+pub(crate) fn forks() -> u64 {
+    guard();
+    FORKS.load(Ordering::Acquire)
+}
+
+/// Before a `fork`: the forking thread takes the registry's lock, so that the child never
+/// finds it held by a thread that is not there (its first lookup would wait for ever), nor
+/// an entry half made.
+extern "C" fn before_fork() {
+    let reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    let _ = FORKING.try_with(|f| *f.borrow_mut() = Some(reg));
+}
+
+/// After a `fork`, in the parent: the registry as it was.
+extern "C" fn after_fork_in_parent() {
+    let _ = FORKING.try_with(|f| f.borrow_mut().take());
+}
+
+/// After a `fork`, in the child: every object is its parent's, and one more fork is counted.
+extern "C" fn after_fork_in_child() {
+    let _ = FORKING.try_with(|f| {
+        if let Some(mut reg) = f.borrow_mut().take() {
+            reg.inherit();
+        }
+    });
+    FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// One process's value, built on first use.
+struct Held<T: 'static> {
+    /// [`forks`] of the process that made it.
+    forks: u64,
+    value: OnceLock<T>,
+    /// The value of the process this one was forked from.
+    parent: Option<&'static Held<T>>,
+}
+
+/// A value of the process (in a `static`), built on first use by [`get_or_init`]: a child
+/// forked after its parent built it (or while another thread of the parent was building it)
+/// builds its own. The parent's stays in the child's memory, never dropped and never reached
+/// by `get_or_init` there (its locks may have been held by threads the child does not have);
+/// [`ancestors`] lists it.
+///
+/// ```
+/// use softnic::PerProcess;
+///
+/// static PID: PerProcess<u32> = PerProcess::new();
+/// assert_eq!(*PID.get_or_init(std::process::id), std::process::id());
+/// assert_eq!(PID.get(), Some(&std::process::id()));
+/// assert_eq!(PID.ancestors().count(), 0);
+/// ```
+///
+/// [`get_or_init`]: PerProcess::get_or_init
+/// [`ancestors`]: PerProcess::ancestors
+pub struct PerProcess<T: 'static> {
+    /// The latest `Held`, leaked: null before the first use.
+    latest: AtomicPtr<Held<T>>,
+    /// Shared as a `OnceLock<T>` is (`Sync` only for a `T` that is `Send` and `Sync`).
+    value: std::marker::PhantomData<OnceLock<T>>,
+}
+
+impl<T: Send + Sync + 'static> PerProcess<T> {
+    /// None built yet.
+    pub const fn new() -> PerProcess<T> {
+        PerProcess {
+            latest: AtomicPtr::new(std::ptr::null_mut()),
+            value: std::marker::PhantomData,
+        }
+    }
+
+    /// This process's `Held`, made on its first use here.
+    fn held(&self) -> &'static Held<T> {
+        let forks = forks();
+        let latest = self.latest.load(Ordering::Acquire);
+        // SAFETY: `latest` is null or a `Held` leaked below, never freed nor mutated but
+        // through its `OnceLock`.
+        let parent = unsafe { latest.as_ref() };
+        if let Some(h) = parent.filter(|h| h.forks == forks) {
+            return h;
+        }
+        let mine = Box::into_raw(Box::new(Held {
+            forks,
+            value: OnceLock::new(),
+            parent,
+        }));
+        match self
+            .latest
+            .compare_exchange(latest, mine, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // SAFETY: just leaked (it stays for the rest of the process).
+            Ok(_) => unsafe { &*mine },
+            Err(theirs) => {
+                // SAFETY: `mine` was never shared: it goes back as the box it came from.
+                drop(unsafe { Box::from_raw(mine) });
+                // SAFETY: another thread of this process leaked it, as above.
+                unsafe { &*theirs }
+            }
+        }
+    }
+
+    /// This process's value, built by `make` on its first use in this process.
+    pub fn get_or_init(&self, make: impl FnOnce() -> T) -> &'static T {
+        self.held().value.get_or_init(make)
+    }
+
+    /// This process's value, if built. It allocates nothing and waits for no lock.
+    pub fn get(&self) -> Option<&'static T> {
+        // SAFETY: as in `held`.
+        let latest = unsafe { self.latest.load(Ordering::Acquire).as_ref() }?;
+        // Not null: `held` ran, and the fork handlers are registered.
+        (latest.forks == forks())
+            .then(|| latest.value.get())
+            .flatten()
+    }
+
+    /// Whether this process has not built its value but a process it was forked from did.
+    /// It allocates nothing and waits for no lock.
+    pub fn is_inherited(&self) -> bool {
+        // SAFETY: as in `held`.
+        let latest = unsafe { self.latest.load(Ordering::Acquire).as_ref() };
+        latest.is_some_and(|h| h.forks != forks() && h.value.get().is_some())
+    }
+
+    /// The values of the processes this one was forked from (built there), its parent's
+    /// first. They are not this process's to use: only to recognise.
+    pub fn ancestors(&self) -> impl Iterator<Item = &'static T> {
+        std::iter::successors(self.held().parent, |h| h.parent).filter_map(|h| h.value.get())
+    }
+}
+
+impl<T: Send + Sync + 'static> Default for PerProcess<T> {
+    fn default() -> Self {
+        PerProcess::new()
+    }
+}
