@@ -22,7 +22,8 @@
 //! The entry is there once the process's device is up (softnic's libibverbs answers
 //! `softnic_device_addr`), or, before that, when the launcher was given the device's address
 //! (`SOFTNIC_ADDR`); never for a device that failed to come up, nor in a process whose
-//! libibverbs is not softnic's. One entry, however many copies of this library a process
+//! libibverbs is not softnic's, nor in a child forked after its parent's device came up, until
+//! its own is up (it may not be on its parent's address). One entry, however many copies of this library a process
 //! has preloaded. Programs that look for "the first address that is not loopback" may find
 //! the device's.
 //!

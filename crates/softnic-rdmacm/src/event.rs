@@ -36,7 +36,9 @@ export! {
             return fail(libc::EINVAL);
         }
         // SAFETY: a channel this library handed out (never freed: see `Channel`).
-        let ch = unsafe { &*channel.cast::<Channel>() };
+        let Some(ch) = (unsafe { Channel::of(l, channel) }) else {
+            return fail(libc::EINVAL);
+        };
         if ch.gone() {
             wait_for_ever();
         }

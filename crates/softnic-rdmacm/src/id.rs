@@ -26,9 +26,25 @@ pub(crate) struct Channel {
     pub(crate) cm: u32,
     /// `rdma_destroy_event_channel` was called.
     pub(crate) destroyed: AtomicBool,
+    /// The address of the library that made it: in a forked child, a channel of its parent's
+    /// names a channel of its parent's CM, not the child's of the same number.
+    lib: usize,
 }
 
 impl Channel {
+    /// The channel behind `chan` if `l` made it (`None`: a channel of the process this one
+    /// was forked from).
+    ///
+    /// # Safety
+    ///
+    /// `chan` is a channel this library handed out, in this process or one it was forked
+    /// from (they are never freed).
+    pub(crate) unsafe fn of<'a>(l: &Lib, chan: *mut rdma_event_channel) -> Option<&'a Channel> {
+        // SAFETY: channels this library handed out start with the `rdma_event_channel`.
+        let ch = unsafe { &*chan.cast::<Channel>() };
+        (ch.lib == std::ptr::from_ref(l) as usize).then_some(ch)
+    }
+
     /// Whether `rdma_destroy_event_channel` was called on it.
     pub(crate) fn gone(&self) -> bool {
         self.destroyed.load(std::sync::atomic::Ordering::Acquire)
@@ -157,6 +173,7 @@ pub(crate) fn new_channel(l: &Lib) -> Result<*mut Channel, c_int> {
         ch: rdma_event_channel { fd },
         cm,
         destroyed: AtomicBool::new(false),
+        lib: std::ptr::from_ref(l) as usize,
     })))
 }
 
@@ -174,8 +191,8 @@ pub(crate) fn new_id(
     } else {
         chan
     };
-    // SAFETY: channels this library handed out start with the `rdma_event_channel`.
-    let ch = unsafe { &*chan.cast::<Channel>() };
+    // SAFETY: a channel this library handed out, per `rdma_create_id`'s contract.
+    let ch = unsafe { Channel::of(l, chan) }.ok_or(libc::EINVAL)?;
     let cm = match cm {
         // A connection request's id: on the listener's channel in the CM, moved to its own
         // when it is synchronous.
@@ -426,12 +443,15 @@ export! {
 
     /// Destroys a channel (every id on it must be destroyed first).
     "RDMACM_1.0" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-        let Ok(l) = lib() else { return };
+        // None built: the channel is not this process's.
+        let Some(l) = crate::built_lib() else { return };
         if channel.is_null() {
             return;
         }
         // SAFETY: a channel this library handed out (never freed: see `Channel`).
-        let ch = unsafe { &*channel.cast::<Channel>() };
+        let Some(ch) = (unsafe { Channel::of(l, channel) }) else {
+            return;
+        };
         if ch.destroyed.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return;
         }
@@ -616,8 +636,10 @@ export! {
             } else {
                 (channel, false)
             };
-            // SAFETY: channels of this library start with the `rdma_event_channel`.
-            let cm = unsafe { (*chan.cast::<Channel>()).cm };
+            // SAFETY: a channel this library handed out, per the contract.
+            let Some(cm) = (unsafe { Channel::of(l, chan) }).map(|c| c.cm) else {
+                return fail(libc::EINVAL);
+            };
             // SAFETY: a context of the fabric.
             let e = unsafe { (l.ops.migrate_id)(l.ctx(), t.cm(), cm) };
             if e != 0 {

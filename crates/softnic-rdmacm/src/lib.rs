@@ -140,7 +140,11 @@ fn built_lib() -> Option<&'static Lib> {
 fn lib() -> Result<&'static Lib, c_int> {
     LIB.get_or_init(|| {
         open().map_err(|(e, why)| {
-            eprintln!("softnic librdmacm: {why}");
+            // One `write`, not through the standard library's lock of standard error (a thread
+            // of the parent of a forked child may have held it at the fork).
+            let line = format!("softnic librdmacm: {why}\n");
+            // SAFETY: writes the bytes of `line`, valid for its length, to descriptor 2.
+            let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
             e
         })
     })

@@ -2,9 +2,9 @@
 //! forked after that. On a kernel a forked child opens a context of its own on the device its
 //! parent uses, and none of its parent's verbs objects is the child's; here each process is
 //! its own device (its own UDP socket), so a child gets a device of its own, on
-//! `SOFTNIC_ADDR` if that is free and on a free address if its parent holds it. softnic
-//! refuses the parent's objects in the child (its registry forgets them at the fork), so the
-//! child never waits for a lock a thread of its parent held, nor takes its parent's packets.
+//! `SOFTNIC_ADDR` if that is free and, if its parent holds that loopback address, on a free
+//! one. softnic keeps its parent's objects out of the child's reach (see softnic's `fork.rs`),
+//! so the child never waits for its parent's fabric lock, nor takes its parent's packets.
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +30,7 @@ static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
 
 /// The process's device built, building it on first use.
 fn built() -> Result<&'static Built, i32> {
-    let forked = || DEVICE.ancestors().next().is_some();
+    let forked = || DEVICE.ancestors().any(Result::is_ok);
     DEVICE
         .get_or_init(|| {
             build(forked()).map_err(|why| {
@@ -66,7 +66,8 @@ pub(crate) fn own_device(device: *mut ibv_device) -> *mut ibv_device {
 
 /// `softnic_device_addr(&ip)`, for softnic-preload's `getifaddrs` (which finds it in the
 /// process's libibverbs): 1 with the device's IPv4 address in `*ip` (host order) once the
-/// device is up, 0 before, -1 if it failed to come up (or has no address). It takes no lock
+/// device is up, 0 before, -1 if it failed to come up (or has no address), and -1 in a forked
+/// child before its own device is up (it will not be on its parent's address). It takes no lock
 /// and allocates nothing (a `getifaddrs` may run anywhere, in a child forked while the
 /// fabric's lock was held too).
 ///
@@ -99,16 +100,26 @@ extern "C" fn print_stats() {
         return;
     };
     let Some(devices) = b.fabric.counters_at_exit() else {
-        eprintln!("softnic: no counters: the fabric is held by a verb this exit interrupted");
+        say("no counters: the fabric is held by a verb this exit interrupted");
         return;
     };
     for (name, c, cm) in devices {
-        eprintln!("softnic: {name}: {c:?}");
+        say(&format!("{name}: {c:?}"));
         // Its connection manager's, once a program used it (librdmacm).
         if cm.mads_sent + cm.mads_received > 0 {
-            eprintln!("softnic: {name}: CM {cm:?}");
+            say(&format!("{name}: CM {cm:?}"));
         }
     }
+}
+
+/// Registers softnic's fork handlers as the library is loaded (see
+/// [`softnic::watch_forks`]), before the program has threads that could fork meanwhile.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static WATCH_FORKS: extern "C" fn() = watch_forks;
+
+extern "C" fn watch_forks() {
+    softnic::watch_forks();
 }
 
 /// Says `what` on standard error, in one `write` (not through the standard library's lock of

@@ -45,8 +45,11 @@
 //!
 //! A child forked after its parent used the device gets a device of its own when it opens one
 //! (from a list it gets, or one its parent got), as a child opens its own context on a kernel:
-//! on `SOFTNIC_ADDR` if that is free, else on a free address. None of its parent's objects is
-//! its own: their pointers fail as unknown ones.
+//! on `SOFTNIC_ADDR` if that is free; if its parent holds that loopback address, on a free one
+//! from 127.0.0.254 down (a non-loopback one fails, saying so). None of its parent's objects is
+//! its own: their pointers fail as unknown ones (EINVAL), but for `ibv_close_device` of a
+//! parent's context, which succeeds and leaves the parent's device alone, as closing the
+//! child's copy of the device file does. See `device.rs`.
 
 #[macro_use]
 mod export;

@@ -154,12 +154,17 @@ pub(crate) static REGISTRY: RwLock<Registry> = RwLock::new(Registry {
     inherited: HashMap::with_hasher(BuildHasherDefault::new()),
 });
 
-/// Whether `ptr` is an object of `kind` of a process this one was forked from.
-pub(crate) fn inherited(ptr: *const c_void, kind: Kind) -> bool {
-    let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
-    reg.inherited
-        .get(&(ptr as usize))
-        .is_some_and(|e| e.kind == kind)
+/// Whether `ptr` is an object of `kind` of a process this one was forked from, forgetting it
+/// if so (a second close of an inherited context is refused, as a second close of the child's
+/// copy of a descriptor is).
+pub(crate) fn take_inherited(ptr: *const c_void, kind: Kind) -> bool {
+    let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    let key = ptr as usize;
+    let found = reg.inherited.get(&key).is_some_and(|e| e.kind == kind);
+    if found {
+        reg.inherited.remove(&key);
+    }
+    found
 }
 
 pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id: u32) {

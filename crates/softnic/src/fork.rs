@@ -25,6 +25,14 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
+/// Registers softnic's fork handlers now; they are otherwise registered as the first object
+/// is made. A library over softnic calls it when it is loaded, before its program has other
+/// threads: a fork in another thread while they are being registered would leave the child
+/// its parent's objects as its own (and the registry's lock perhaps held).
+pub fn watch_forks() {
+    guard();
+}
+
 /// Registers the fork handlers, once: before softnic's first object (a fork before then has
 /// nothing of softnic's to leave behind).
 pub(crate) fn guard() {
@@ -86,9 +94,9 @@ struct Held<T: 'static> {
 
 /// A value of the process (in a `static`), built on first use by [`get_or_init`]: a child
 /// forked after its parent built it (or while another thread of the parent was building it)
-/// builds its own. The parent's stays in the child's memory, never dropped and never reached
-/// by `get_or_init` there (its locks may have been held by threads the child does not have);
-/// [`ancestors`] lists it.
+/// builds its own. No value is ever dropped (each lives for the rest of its process): the
+/// parent's stays in the child's memory, never reached by `get_or_init` there (its locks may
+/// have been held by threads the child does not have); [`ancestors`] lists it.
 ///
 /// ```
 /// use softnic::PerProcess;
@@ -162,16 +170,22 @@ impl<T: Send + Sync + 'static> PerProcess<T> {
             .flatten()
     }
 
-    /// Whether this process has not built its value but a process it was forked from did.
-    /// It allocates nothing and waits for no lock.
+    /// Whether a process this one was forked from built its value (this one's may be built
+    /// too). It allocates nothing and waits for no lock.
     pub fn is_inherited(&self) -> bool {
         // SAFETY: as in `held`.
         let latest = unsafe { self.latest.load(Ordering::Acquire).as_ref() };
-        latest.is_some_and(|h| h.forks != forks() && h.value.get().is_some())
+        let Some(latest) = latest else {
+            return false;
+        };
+        let forks = forks();
+        std::iter::successors(Some(latest), |h| h.parent)
+            .any(|h| h.forks != forks && h.value.get().is_some())
     }
 
     /// The values of the processes this one was forked from (built there), its parent's
-    /// first. They are not this process's to use: only to recognise.
+    /// first. They are not this process's to use: only to recognise. (Like `get_or_init`, it
+    /// makes this process's place for its value, an allocation, on its first use here.)
     pub fn ancestors(&self) -> impl Iterator<Item = &'static T> {
         std::iter::successors(self.held().parent, |h| h.parent).filter_map(|h| h.value.get())
     }

@@ -149,7 +149,7 @@ pub use cq::MISSED_EVENT_GRACE;
 pub use extended::qp_to_qp_ex;
 pub use fabric::{Clock, Error, Fabric, FabricConfig, Link};
 pub use faults::{Faults, InvalidFaults, PacketFilter, PacketInfo, Verdict};
-pub use fork::PerProcess;
+pub use fork::{PerProcess, watch_forks};
 pub use progress::ProgressThread;
 pub use qp::check_transition;
 pub use topology::{PortStats, PortTo, Red, SwitchConfig, Topology};

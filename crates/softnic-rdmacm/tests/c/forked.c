@@ -4,7 +4,8 @@
  * it forks. The child makes ids of its own (its own device, at another address: its parent
  * holds <addr>), connects to its parent's listener and exits connected. The parent accepts
  * the child's connection and hears it end; its own connection A-B stays up (the child's exit
- * must not disconnect its parent's ids) and carries a message after the child is gone.
+ * must not disconnect its parent's ids) and carries a message after the child is gone. The
+ * parent's channel is not the child's: refused there, and destroying it there is nothing.
  *
  * Prints "ok" and exits 0 when every check passed. */
 #include <errno.h>
@@ -69,13 +70,20 @@ static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, struct socka
     return id;
 }
 
-static int child(struct sockaddr_in *to, struct ibv_pd *parents_pd) {
+static int child(struct sockaddr_in *to, struct ibv_pd *parents_pd,
+                 struct rdma_event_channel *parents_ch) {
     who = "child";
     alarm(30);
     errno = 0;
     CHECK(!ibv_alloc_mw(parents_pd, IBV_MW_TYPE_1) && errno, "a window on the parent's PD");
     struct rdma_event_channel *ch = rdma_create_event_channel();
     CHECK(ch, "rdma_create_event_channel");
+    /* The parent's channel is not the child's (nor the child's channel of the same number). */
+    struct rdma_cm_event *e;
+    CHECK(rdma_get_cm_event(parents_ch, &e) == -1 && errno == EINVAL, "the parent's channel");
+    struct rdma_cm_id *stray;
+    CHECK(rdma_create_id(parents_ch, &stray, NULL, RDMA_PS_TCP) == -1, "an id on it");
+    rdma_destroy_event_channel(parents_ch);
     struct rdma_cm_id *id = connect_to(ch, to), *got;
     CHECK(next(ch, &got, NULL) == RDMA_CM_EVENT_ESTABLISHED && got == id, "established");
     CHECK(id->route.addr.src_sin.sin_addr.s_addr != to->sin_addr.s_addr,
@@ -118,7 +126,7 @@ int main(int argc, char **argv) {
     pid_t kid = fork();
     CHECK(kid >= 0, "fork");
     if (kid == 0)
-        exit(child(&at, a->pd));
+        exit(child(&at, a->pd, ch));
 
     /* The child's connection: accepted, then over when the child exits. */
     struct rdma_cm_id *c = NULL;
@@ -130,6 +138,8 @@ int main(int argc, char **argv) {
             CHECK(!create_qp(c) && !rdma_accept(c, NULL), "accept the child");
         } else if (t == RDMA_CM_EVENT_DISCONNECTED) {
             over = got == c;
+            /* The DREP the exiting child waits for. */
+            CHECK(!rdma_disconnect(c), "rdma_disconnect");
         } else {
             CHECK(t == RDMA_CM_EVENT_ESTABLISHED && got == c, "%s", rdma_event_str(t));
         }

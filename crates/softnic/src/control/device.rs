@@ -109,7 +109,7 @@ pub(super) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
 /// `context` is any pointer (softnic refuses one it did not make, EINVAL); the caller is done
 /// with the context's objects (they are destroyed: their pointers are refused from then on).
 pub unsafe extern "C" fn release_device(context: *mut ibv_context) -> c_int {
-    if abi::inherited(context.cast(), Kind::Context) {
+    if abi::take_inherited(context.cast(), Kind::Context) {
         return 0;
     }
     type Shells = (
