@@ -35,7 +35,8 @@ export! {
         if channel.is_null() || event.is_null() {
             return fail(libc::EINVAL);
         }
-        // SAFETY: a channel this library handed out (never freed: see `Channel`).
+        // SAFETY: a channel this library handed out, here or in a process this one was
+        // forked from (never freed: see `Channel`), per the contract.
         let Some(ch) = (unsafe { Channel::of(l, channel) }) else {
             return fail(libc::EINVAL);
         };

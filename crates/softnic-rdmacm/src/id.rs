@@ -191,7 +191,8 @@ pub(crate) fn new_id(
     } else {
         chan
     };
-    // SAFETY: a channel this library handed out, per `rdma_create_id`'s contract.
+    // SAFETY: a channel this library handed out, here or in a process this one was forked
+    // from, per `rdma_create_id`'s contract.
     let ch = unsafe { Channel::of(l, chan) }.ok_or(libc::EINVAL)?;
     let cm = match cm {
         // A connection request's id: on the listener's channel in the CM, moved to its own
@@ -448,7 +449,8 @@ export! {
         if channel.is_null() {
             return;
         }
-        // SAFETY: a channel this library handed out (never freed: see `Channel`).
+        // SAFETY: a channel this library handed out, here or in a process this one was
+        // forked from (never freed: see `Channel`), per the contract.
         let Some(ch) = (unsafe { Channel::of(l, channel) }) else {
             return;
         };
@@ -636,7 +638,8 @@ export! {
             } else {
                 (channel, false)
             };
-            // SAFETY: a channel this library handed out, per the contract.
+            // SAFETY: a channel this library handed out, here or in a process this one was
+            // forked from, per the contract.
             let Some(cm) = (unsafe { Channel::of(l, chan) }).map(|c| c.cm) else {
                 return fail(libc::EINVAL);
             };

@@ -315,16 +315,7 @@ fn build_c(lib: &Path, name: &str) -> Option<String> {
 /// thread's calls on that id return; the rejection then ends the wait with ECONNREFUSED.
 #[test]
 fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
-    let lib = library_dir();
-    let Some(exe) = build_c(&lib, "turns") else {
-        return;
-    };
-    let (ok, text) = finish(
-        start(&lib, "127.0.26.13", &[&exe, "127.0.26.13"], &[]),
-        Instant::now() + Duration::from_secs(60),
-    );
-    let _ = std::fs::remove_dir_all(&lib);
-    assert!(ok && text.contains("ok"), "{text}");
+    says_ok("turns", &["127.0.26.13"], false);
 }
 
 /// rdma_cm across a fork (`tests/c/forked.c`): a child forked after its parent connected
@@ -333,17 +324,7 @@ fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
 /// a message after the child is gone.
 #[test]
 fn a_forked_child_connects_with_ids_of_its_own() {
-    let lib = library_dir();
-    let Some(exe) = build_c(&lib, "forked") else {
-        return;
-    };
-    let addr = "127.0.26.71";
-    let (ok, text) = finish(
-        start(&lib, addr, &[&exe, addr], &[]),
-        Instant::now() + Duration::from_secs(60),
-    );
-    let _ = std::fs::remove_dir_all(&lib);
-    assert!(ok && text.contains("ok"), "{text}");
+    says_ok("forked", &["127.0.26.71"], false);
 }
 
 /// An event taken before its id is destroyed names a live id until it is acked (the thread
@@ -418,6 +399,12 @@ fn turns_under_valgrind(addr: &str, mode: &str) {
 /// installed (which then fails the run on a read of freed memory or an uninitialised value):
 /// it must say "ok" and exit 0.
 fn under_valgrind(name: &str, args: &[&str]) {
+    says_ok(name, args, true);
+}
+
+/// `tests/c/<name>.c` run with `args` on a device at `args[0]` (under valgrind if `valgrind`
+/// and it is installed, given 120 s, else 60 s): it must say "ok" and exit 0.
+fn says_ok(name: &str, args: &[&str], valgrind: bool) {
     let lib = library_dir();
     let Some(exe) = build_c(&lib, name) else {
         return;
@@ -426,12 +413,14 @@ fn under_valgrind(name: &str, args: &[&str]) {
     let mut args: Vec<&str> = std::iter::once(exe.as_str())
         .chain(args.iter().copied())
         .collect();
-    if installed("valgrind") {
+    let valgrind = valgrind && installed("valgrind");
+    if valgrind {
         args.splice(0..0, ["valgrind", "-q", "--error-exitcode=9"]);
     }
+    let secs = if valgrind { 120 } else { 60 };
     let (ok, text) = finish(
         start(&lib, addr, &args, &[]),
-        Instant::now() + Duration::from_secs(120),
+        Instant::now() + Duration::from_secs(secs),
     );
     let _ = std::fs::remove_dir_all(&lib);
     assert!(ok && text.contains("ok"), "{text}");

@@ -115,6 +115,9 @@ extern "C" fn print_stats() {
 /// Registers softnic's fork handlers as the library is loaded (see
 /// [`softnic::watch_forks`]), before the program has threads that could fork meanwhile.
 #[used]
+// SAFETY: `.init_array` holds pointers to functions the loader calls with no arguments when
+// the library is loaded; this entry is one, of that type, and what it runs (an atomic flag and
+// `pthread_atfork`) needs nothing of the program set up first.
 #[unsafe(link_section = ".init_array")]
 static WATCH_FORKS: extern "C" fn() = watch_forks;
 

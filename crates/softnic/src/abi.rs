@@ -168,7 +168,7 @@ pub(crate) fn take_inherited(ptr: *const c_void, kind: Kind) -> bool {
 }
 
 pub(crate) fn register(ptr: *const c_void, kind: Kind, fabric: &Arc<Shared>, id: u32) {
-    crate::fork::guard();
+    crate::fork::watch_forks();
     let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
     reg.live.insert(
         ptr as usize,

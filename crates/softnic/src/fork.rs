@@ -25,17 +25,12 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-/// Registers softnic's fork handlers now; they are otherwise registered as the first object
-/// is made. A library over softnic calls it when it is loaded, before its program has other
-/// threads: a fork in another thread while they are being registered would leave the child
-/// its parent's objects as its own (and the registry's lock perhaps held).
+/// Registers softnic's fork handlers now, once; the first object made registers them too (a
+/// fork before then has nothing of softnic's to leave behind). A library over softnic calls it
+/// when it is loaded, before its program has other threads: a fork in another thread while
+/// they are being registered would leave the child its parent's objects as its own (and the
+/// registry's lock perhaps held).
 pub fn watch_forks() {
-    guard();
-}
-
-/// Registers the fork handlers, once: before softnic's first object (a fork before then has
-/// nothing of softnic's to leave behind).
-pub(crate) fn guard() {
     if GUARDED.load(Ordering::Acquire) || GUARDED.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -56,7 +51,7 @@ pub(crate) fn guard() {
 /// process with fewer is its parent's. Registers the fork handlers first, so that every later
 /// fork is counted.
 pub(crate) fn forks() -> u64 {
-    guard();
+    watch_forks();
     FORKS.load(Ordering::Acquire)
 }
 
