@@ -366,8 +366,20 @@ fn stop(server: &mut std::process::Child) {
 /// Its piped output is read meanwhile (on a thread each), so a child that says much never
 /// blocks on a full pipe while this waits for it to exit.
 fn wait_with_deadline(
+    child: std::process::Child,
+    deadline: Instant,
+    program: &str,
+    role: &str,
+) -> Result<Output, String> {
+    wait_with_grace(child, deadline, PIPE_GRACE, program, role)
+}
+
+/// [`wait_with_deadline`], with the time `grace` the child's output may stay open after it
+/// exited.
+fn wait_with_grace(
     mut child: std::process::Child,
     deadline: Instant,
+    grace: Duration,
     program: &str,
     role: &str,
 ) -> Result<Output, String> {
@@ -414,11 +426,11 @@ fn wait_with_deadline(
     };
     // A pipe ends when its last writer exits: a process the child left behind (a daemon, a
     // rank) may hold it, so what was read is taken after a grace period at the latest.
-    let grace = Instant::now() + PIPE_GRACE;
+    let open_until = Instant::now() + grace;
     let mut held = false;
     let mut read = |(buf, ended): Read| {
         held |= ended
-            .recv_timeout(grace.saturating_duration_since(Instant::now()))
+            .recv_timeout(open_until.saturating_duration_since(Instant::now()))
             .is_err();
         std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))
     };
@@ -439,7 +451,7 @@ fn wait_with_deadline(
     }
     if held {
         return Err(format!(
-            "{program} ({role}) exited ({status}) but its output stayed open {PIPE_GRACE:?} \
+            "{program} ({role}) exited ({status}) but its output stayed open {grace:?} \
              (held by a process it left running):\n{said}{err}"
         ));
     }
@@ -494,7 +506,8 @@ mod tests {
     fn a_program_past_its_deadline_is_killed_and_named() {
         let start = Instant::now();
         let r = run_until(
-            &mut sh("echo started; sleep 30"),
+            // `exec`: the killed process is the one holding the pipes.
+            &mut sh("echo started; exec sleep 30"),
             start + Duration::from_millis(300),
             "sleeper",
             "client",
@@ -527,15 +540,23 @@ mod tests {
     fn output_held_open_by_a_leftover_process_fails_after_the_grace() {
         // The shell exits at once; the background sleep keeps its stdout open.
         let start = Instant::now();
-        let e = run_until(
-            &mut sh("echo parent; sleep 60 & exit 0"),
+        let grace = Duration::from_millis(300);
+        let forker = spawn_piped(&mut sh("echo parent; sleep 60 & exit 0"), "forker").unwrap();
+        let e = wait_with_grace(
+            forker,
             start + Duration::from_secs(5),
+            grace,
             "forker",
             "alone",
         )
         .expect_err("its pipe stayed open");
         assert!(e.contains("forker (alone) exited"), "{e}");
-        assert!(start.elapsed() < PIPE_GRACE + Duration::from_secs(10));
+        assert!(e.contains("stayed open 300ms"), "{e}");
+        assert!(e.contains("parent"), "what it said is kept: {e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "given up after the grace"
+        );
     }
 
     #[test]

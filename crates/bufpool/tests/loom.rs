@@ -1,7 +1,8 @@
 //! Loom models of the lock-free pool's alloc (pop) and free (push).
 //!
 //! Run by `cargo xtask test` as
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p bufpool --test loom --release`.
+//! `RUSTFLAGS="--cfg loom" cargo test -p bufpool --test loom --profile loom`, exhaustively (no
+//! preemption bound), in a target directory of its own.
 #![cfg(loom)]
 
 use bufpool::{IndexPool, PoolError, SharedPool};
