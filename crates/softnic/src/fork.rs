@@ -3,12 +3,15 @@
 //! forgets the parent's objects in the child (they are only recognised: see
 //! [`abi::inherited`](crate::abi)), so that the child never reaches a fabric whose lock a
 //! thread of its parent may have held when it forked, nor takes its parent's packets from a
-//! socket they share; and a [`PerProcess`] value the parent built (the device of a library
-//! over softnic) is built afresh by the child on its first use there.
+//! socket they share; the child's copies of its parent's bound sockets are closed (see
+//! [`Bound`]), so that the parent's addresses are its own again once it exits; and a
+//! [`PerProcess`] value the parent built (the device of a library over softnic) is built
+//! afresh by the child on its first use there.
 
 use std::cell::RefCell;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 use crate::abi::{REGISTRY, Registry};
 
@@ -68,14 +71,107 @@ extern "C" fn after_fork_in_parent() {
     let _ = FORKING.try_with(|f| f.borrow_mut().take());
 }
 
-/// After a `fork`, in the child: every object is its parent's, and one more fork is counted.
+/// After a `fork`, in the child: every object is its parent's, its parent's addresses are
+/// given back (see [`Bound`]), and one more fork is counted.
 extern "C" fn after_fork_in_child() {
     let _ = FORKING.try_with(|f| {
         if let Some(mut reg) = f.borrow_mut().take() {
             reg.inherit();
         }
     });
+    unbind_in_child();
     FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The descriptors of the [`Bound`] sockets of the process: -1 where free. A process has a
+/// few (one per device on the UDP link); past 64 more a child keeps its copies, as it did
+/// before there were any.
+static BOUND: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+
+/// A socket bound to a device's address (its receiving socket on the UDP link, port 4791),
+/// which a forked child must not keep: a parent restarted while its child lives (a daemon
+/// that forked into the background, a server that forked a worker) must find the address
+/// free, as it would a kernel's device. In a child forked while it is registered, its
+/// descriptor becomes `/dev/null`: the address is given back, and the child's copy of the
+/// object that owns it (never reached through softnic's verbs there) closes `/dev/null`,
+/// never a descriptor the child opened since.
+pub(crate) struct Bound<S: AsRawFd> {
+    socket: S,
+    /// Its place in [`BOUND`], if it found one.
+    slot: Option<usize>,
+}
+
+impl<S: AsRawFd> Bound<S> {
+    /// Registers `socket`, bound to port [`crate::roce::UDP_PORT`].
+    pub(crate) fn new(socket: S) -> Bound<S> {
+        watch_forks();
+        let fd = socket.as_raw_fd();
+        let slot = BOUND.iter().position(|s| {
+            s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        Bound { socket, slot }
+    }
+}
+
+impl<S: AsRawFd> std::ops::Deref for Bound<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        &self.socket
+    }
+}
+
+impl<S: AsRawFd> Drop for Bound<S> {
+    /// Unregisters the socket before it closes (its field is dropped after this): a child
+    /// forked in between keeps a copy, but never has a number the parent reused replaced.
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            BOUND[i].store(-1, Ordering::Release);
+        }
+    }
+}
+
+/// In a forked child: each [`Bound`] socket's descriptor becomes `/dev/null` (async-signal
+/// safe calls only). A number registered is checked to be a socket bound to port 4791 first:
+/// a socket made while the kernel copied the parent may be registered in the child's memory
+/// and not yet in its descriptors, where another fork handler may have opened something else.
+fn unbind_in_child() {
+    let null = c"/dev/null";
+    let mut devnull: RawFd = -1;
+    for s in &BOUND {
+        let fd = s.load(Ordering::Acquire);
+        if fd < 0 || !bound_to_roce_port(fd) {
+            continue;
+        }
+        if devnull < 0 {
+            // SAFETY: a NUL-terminated path; `open` is async-signal safe.
+            devnull = unsafe { libc::open(null.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            if devnull < 0 {
+                return;
+            }
+        }
+        // SAFETY: both are open descriptors of this process; `dup3` closes the socket's copy
+        // and puts `/dev/null` at its number, at once.
+        unsafe { libc::dup3(devnull, fd, libc::O_CLOEXEC) };
+    }
+    if devnull >= 0 {
+        // SAFETY: opened above, and only used here.
+        unsafe { libc::close(devnull) };
+    }
+}
+
+/// Whether `fd` is an IPv4 socket bound to port [`crate::roce::UDP_PORT`].
+fn bound_to_roce_port(fd: RawFd) -> bool {
+    // SAFETY: all-zero is a valid `sockaddr_in`.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `addr` is writable for `len` bytes; `getsockname` is async-signal safe and fails
+    // (ENOTSOCK, EBADF) on anything else.
+    let got = unsafe { libc::getsockname(fd, (&raw mut addr).cast(), &raw mut len) };
+    got == 0
+        && addr.sin_family == libc::AF_INET as libc::sa_family_t
+        && u16::from_be(addr.sin_port) == crate::roce::UDP_PORT
 }
 
 /// One process's value, built on first use.

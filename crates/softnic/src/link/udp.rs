@@ -24,6 +24,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+use crate::fork::Bound;
 use crate::hash::FastMap;
 use crate::roce::{self, GSO_SEGMENTS, UDP_PORT};
 
@@ -89,7 +90,8 @@ impl Incoming {
 pub(crate) struct UdpPort {
     /// The address the port is bound to (its GID is the IPv4-mapped one).
     pub(crate) ip: Ipv4Addr,
-    rx: UdpSocket,
+    /// Bound to `ip:4791`: a forked child gives the address back.
+    rx: Bound<UdpSocket>,
     /// Sending sockets and their source ports.
     tx: Vec<(UdpSocket, u16)>,
     /// Per sending socket, what waits for the next flush.
@@ -155,7 +157,7 @@ impl UdpPort {
         let gso = gso_allowed() && set_int(&tx[0].0, libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
         Ok(UdpPort {
             ip,
-            rx,
+            rx: Bound::new(rx),
             outbox: (0..tx.len()).map(|_| Vec::new()).collect(),
             tx,
             runs: Vec::new(),

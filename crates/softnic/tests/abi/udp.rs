@@ -129,7 +129,12 @@ fn an_address_in_use_is_a_clear_error() {
 #[test]
 fn a_dropped_fabric_gives_its_address_back() {
     let ip = udp_fabric(1).udp_addr("soft0").unwrap();
-    // The progress thread holds the fabric only while it works: the address comes free.
+    rebind(ip);
+}
+
+/// A fabric on `ip` once a dropped one gave it back: the progress thread holds a fabric only
+/// while it works, so the address comes free soon after; panics if it is still bound after 5 s.
+fn rebind(ip: Ipv4Addr) -> Fabric {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match Fabric::try_new(FabricConfig {
@@ -139,12 +144,53 @@ fn a_dropped_fabric_gives_its_address_back() {
         }) {
             Ok(f) => {
                 assert_eq!(f.udp_addr("soft0"), Some(ip));
-                return;
+                return f;
             }
             Err(e) => assert!(Instant::now() < deadline, "{ip} still bound: {e}"),
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// A child forked after its parent bound a device's address does not hold it: a parent
+/// restarted while its child lives (a daemon gone into the background, a server's worker)
+/// binds it again, as it opens a kernel's device again. Before, the child's copy of the
+/// receiving socket kept the address until the child exited.
+#[test]
+fn a_forked_child_does_not_hold_its_parents_address() {
+    let ip = Ipv4Addr::new(127, 0, 59, 1);
+    let fabric = Fabric::try_new(FabricConfig {
+        devices: 1,
+        link: Link::Udp { addr: Some(ip) },
+        ..Default::default()
+    })
+    .expect("127.0.59.1 is this test's");
+    let mut pipe = [-1; 2];
+    // SAFETY: two descriptors written into `pipe`.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes async-signal-safe calls only (a child of a threaded process may
+    // make no others): it waits for the parent's byte, then exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let mut byte = 0u8;
+        // SAFETY: one byte into `byte`, then the child ends without running anything else.
+        unsafe {
+            libc::read(pipe[0], (&raw mut byte).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
+    drop(fabric);
+    let again = std::panic::catch_unwind(|| rebind(ip));
+    // SAFETY: one byte from a live buffer; then the child is reaped.
+    unsafe {
+        libc::write(pipe[1], [1u8].as_ptr().cast(), 1);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    let again = again.unwrap_or_else(|_| panic!("{ip} stayed bound while the forked child lived"));
+    assert_eq!(again.udp_addr("soft0"), Some(ip));
 }
 
 /// WRITEs and SENDs of many packets both ways under 5% loss on both sides, and corruption,
