@@ -321,7 +321,9 @@ fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
 /// rdma_cm across a fork (`tests/c/forked.c`): a child forked after its parent connected
 /// makes ids of its own (its own device, at another address) and connects to its parent's
 /// listener; its exit ends its own connection and none of its parent's, which still carries
-/// a message after the child is gone.
+/// a message after the child is gone. Its parent's rsockets are not its own (EBADF); a
+/// datagram rsocket of its own exchanges datagrams with its parent's, each process's port
+/// answered by its own SIDR service.
 #[test]
 fn a_forked_child_connects_with_ids_of_its_own() {
     says_ok("forked", &["127.0.26.71"], false);

@@ -7,7 +7,7 @@ use std::sync::MutexGuard;
 
 use super::addr::{put_addr, put_sin, sin_of, v4};
 use super::conn::Conn;
-use super::{Inner, Phase, TABLE, conn_param, get, insert, nonblocking, with};
+use super::{Inner, Phase, conn_param, get, insert, nonblocking, table, with};
 use crate::types::*;
 use crate::{fail, id};
 
@@ -194,7 +194,7 @@ export! {
     /// Closes the socket: a connected one ends its stream, waits until what it sent is
     /// delivered (or the connection is gone) and disconnects.
     "RDMACM_1.0" fn rclose(socket: c_int) -> c_int {
-        let removed = TABLE.write().unwrap_or_else(|p| p.into_inner()).remove(&socket);
+        let removed = table().write().unwrap_or_else(|p| p.into_inner()).remove(&socket);
         let Some(s) = removed else {
             return fail(libc::EBADF);
         };

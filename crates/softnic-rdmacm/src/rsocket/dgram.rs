@@ -21,6 +21,7 @@ use std::ptr::null_mut;
 use std::sync::{Mutex, OnceLock};
 
 use ibverbs_sys as v;
+use softnic::PerProcess;
 
 use super::routes::Routes;
 use super::slots::{Slots, Wc};
@@ -377,14 +378,24 @@ impl Dgram {
     }
 }
 
-/// The ids serving datagram sockets' ports (by address), and their QPs' numbers.
-static SERVED: Mutex<BTreeMap<usize, u32>> = Mutex::new(BTreeMap::new());
-/// The channel those ids listen on (its address), once its thread runs.
-static SERVICE: OnceLock<Result<usize, c_int>> = OnceLock::new();
+/// The process's answers to SIDR requests for its datagram sockets' ports. A forked child
+/// has its own, with a thread of its own: its parent's thread is not there, and its parent's
+/// channel is not the child's.
+#[derive(Default)]
+struct Service {
+    /// The ids serving datagram sockets' ports (by address), and their QPs' numbers.
+    served: Mutex<BTreeMap<usize, u32>>,
+    /// The channel those ids listen on (its address), once its thread runs.
+    channel: OnceLock<Result<usize, c_int>>,
+}
+
+/// This process's service, made with its first datagram socket's port.
+static SERVICE: PerProcess<Service> = PerProcess::new();
 
 /// Serves the port of the bound `id` (listening on the service's channel) with QP `qpn`.
 pub(super) fn serve(id: *mut rdma_cm_id, qpn: u32) -> Result<(), c_int> {
-    let ch = (*SERVICE.get_or_init(|| {
+    let service = SERVICE.get_or_init(Service::default);
+    let ch = (*service.channel.get_or_init(|| {
         // SAFETY: no arguments.
         let ch = unsafe { id::rdma_create_event_channel() };
         if ch.is_null() {
@@ -392,11 +403,12 @@ pub(super) fn serve(id: *mut rdma_cm_id, qpn: u32) -> Result<(), c_int> {
         }
         let at = ch as usize;
         let run = std::thread::Builder::new().name("rsocket-sidr".into());
-        run.spawn(move || answer_for_ever(at as *mut rdma_event_channel))
+        run.spawn(move || answer_for_ever(service, at as *mut rdma_event_channel))
             .map(|_| at)
             .map_err(|_| libc::EAGAIN)
     }))?;
-    SERVED
+    service
+        .served
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(id as usize, qpn);
@@ -417,15 +429,18 @@ pub(super) fn serve(id: *mut rdma_cm_id, qpn: u32) -> Result<(), c_int> {
 
 /// Stops answering for `id` (before it is destroyed).
 pub(super) fn unserve(id: *mut rdma_cm_id) {
-    SERVED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(id as usize));
+    if let Some(service) = SERVICE.get() {
+        service
+            .served
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(id as usize));
+    }
 }
 
 /// The service's thread: answers each SIDR request with the QP of the port it names, or
 /// refuses it when that socket is gone.
-fn answer_for_ever(ch: *mut rdma_event_channel) {
+fn answer_for_ever(service: &Service, ch: *mut rdma_event_channel) {
     loop {
         let mut ev = null_mut();
         // SAFETY: the service's channel (never destroyed) and an out-pointer.
@@ -438,7 +453,7 @@ fn answer_for_ever(ch: *mut rdma_event_channel) {
         if kind == super::CONNECT_REQUEST {
             // Held across the answer: the listener's socket cannot go (its id's address be
             // taken again, its QP destroyed) between the look and the reply.
-            let served = SERVED.lock().unwrap_or_else(|p| p.into_inner());
+            let served = service.served.lock().unwrap_or_else(|p| p.into_inner());
             let qpn = served.get(&(listen as usize)).copied();
             let mut p = super::conn_param();
             p.qp_num = qpn.unwrap_or(0);

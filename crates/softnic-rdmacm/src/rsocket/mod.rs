@@ -35,6 +35,8 @@ use std::ptr::{null, null_mut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use softnic::PerProcess;
+
 use addr::sin_of;
 use conn::Conn;
 use dgram::Dgram;
@@ -100,12 +102,19 @@ struct Inner {
 // use; the socket's mutex serialises this library's calls on them.
 unsafe impl Send for Inner {}
 
-/// The sockets, by number.
-static TABLE: RwLock<BTreeMap<c_int, Arc<Sock>>> = RwLock::new(BTreeMap::new());
+/// The sockets of this process, by number. A forked child has its own: its parent's are not
+/// its to use (their ids and QPs are on its parent's device, their locks perhaps held by a
+/// thread of its parent when it forked), and are `EBADF` there.
+static TABLE: PerProcess<RwLock<BTreeMap<c_int, Arc<Sock>>>> = PerProcess::new();
+
+/// This process's sockets.
+fn table() -> &'static RwLock<BTreeMap<c_int, Arc<Sock>>> {
+    TABLE.get_or_init(Default::default)
+}
 
 /// The socket numbered `fd` (`EBADF` if none).
 fn get(fd: c_int) -> Result<Arc<Sock>, c_int> {
-    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    let t = table().read().unwrap_or_else(|p| p.into_inner());
     t.get(&fd).cloned().ok_or(libc::EBADF)
 }
 
@@ -456,7 +465,7 @@ fn insert(inner: Inner) -> c_int {
     let s = Arc::new(Sock {
         inner: Mutex::new(inner),
     });
-    TABLE
+    table()
         .write()
         .unwrap_or_else(|p| p.into_inner())
         .insert(fd, s);

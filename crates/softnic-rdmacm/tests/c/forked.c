@@ -6,6 +6,8 @@
  * the child's connection and hears it end; its own connection A-B stays up (the child's exit
  * must not disconnect its parent's ids) and carries a message after the child is gone. The
  * parent's channel is not the child's: refused there, and destroying it there is nothing.
+ * Nor are its parent's rsockets (EBADF there): a datagram rsocket of the child's own goes
+ * both ways with one of its parent's, its port answered by a SIDR service of its own.
  *
  * Prints "ok" and exits 0 when every check passed. */
 #include <errno.h>
@@ -13,6 +15,8 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rsocket.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,10 +74,26 @@ static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, struct socka
     return id;
 }
 
+/* A datagram each way between a datagram rsocket of the child's own and its parent's `ds`
+ * at `dat`. */
+static void datagrams(int parents_ds, struct sockaddr_in *dat) {
+    errno = 0;
+    CHECK(rsend(parents_ds, "x", 1, 0) == -1 && errno == EBADF, "the parent's rsocket");
+    int cs = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(cs >= 0, "rsocket");
+    CHECK(rsendto(cs, "hi", 2, 0, (struct sockaddr *)dat, sizeof *dat) == 2, "rsendto");
+    char buf[8];
+    struct pollfd p = {.fd = cs, .events = POLLIN};
+    CHECK(rpoll(&p, 1, 20000) == 1, "no answer from the parent");
+    CHECK(rrecv(cs, buf, sizeof buf, 0) == 2 && !memcmp(buf, "yo", 2), "the parent's answer");
+    CHECK(rclose(cs) == 0, "rclose");
+}
+
 static int child(struct sockaddr_in *to, struct ibv_pd *parents_pd,
-                 struct rdma_event_channel *parents_ch) {
+                 struct rdma_event_channel *parents_ch, int parents_ds, struct sockaddr_in *dat) {
     who = "child";
     alarm(30);
+    datagrams(parents_ds, dat);
     errno = 0;
     CHECK(!ibv_alloc_mw(parents_pd, IBV_MW_TYPE_1) && errno, "a window on the parent's PD");
     struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -123,10 +143,29 @@ int main(int argc, char **argv) {
     struct ibv_mr *amr = ibv_reg_mr(a->pd, buf + 32, 32, 0);
     CHECK(mr && amr, "ibv_reg_mr");
 
+    /* A datagram rsocket, its port answered by this process's SIDR service. */
+    struct sockaddr_in dat = at;
+    dat.sin_port = htons(7395);
+    int ds = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(ds >= 0 && !rbind(ds, (struct sockaddr *)&dat, sizeof dat), "a datagram rsocket");
+
     pid_t kid = fork();
     CHECK(kid >= 0, "fork");
     if (kid == 0)
-        exit(child(&at, a->pd, ch));
+        exit(child(&at, a->pd, ch, ds, &dat));
+
+    /* The child's datagram, from its own address, answered. */
+    char dbuf[8];
+    struct sockaddr_in from;
+    socklen_t flen = sizeof from;
+    struct pollfd p = {.fd = ds, .events = POLLIN};
+    CHECK(rpoll(&p, 1, 20000) == 1, "no datagram from the child");
+    CHECK(rrecvfrom(ds, dbuf, sizeof dbuf, 0, (struct sockaddr *)&from, &flen) == 2 &&
+              !memcmp(dbuf, "hi", 2),
+          "the child's datagram");
+    CHECK(from.sin_addr.s_addr != dat.sin_addr.s_addr,
+          "the child's datagram from its parent's address");
+    CHECK(rsendto(ds, "yo", 2, 0, (struct sockaddr *)&from, flen) == 2, "rsendto");
 
     /* The child's connection: accepted, then over when the child exits. */
     struct rdma_cm_id *c = NULL;
@@ -167,6 +206,7 @@ int main(int argc, char **argv) {
     CHECK(flags >= 0 && fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) == 0, "fcntl");
     struct rdma_cm_event *e;
     CHECK(rdma_get_cm_event(ch, &e) && errno == EAGAIN, "an event for the parent's ids");
+    CHECK(rclose(ds) == 0, "rclose");
     printf("ok\n");
     return 0;
 }
