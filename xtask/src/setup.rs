@@ -1,7 +1,9 @@
 //! `cargo xtask setup`: the system packages the build needs, checked and (as root) installed.
 //!
-//! `ibverbs-sys` builds the vendored rdma-core with cmake to generate its bindings (bindgen needs
-//! libclang) and links the system `libibverbs.so`. On Debian 12 that is these packages.
+//! `ibverbs-sys` configures the vendored rdma-core with cmake to generate its bindings (bindgen
+//! needs libclang; the build step that follows is skipped in this workspace, see
+//! `.cargo/cmake-configure-only`) and links the system `libibverbs.so`. On Debian 12 that is
+//! these packages.
 
 use crate::run::{cargo, cmd, output, status, succeeds};
 

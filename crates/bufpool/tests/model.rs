@@ -1,5 +1,7 @@
 //! Property tests: random alloc/free sequences, including double frees and foreign indices,
-//! checked against a model of which slots are handed out.
+//! checked against a model of which slots are handed out. (Not under `--cfg loom`, where
+//! proptest is not a dependency.)
+#![cfg(not(loom))]
 
 use std::collections::BTreeSet;
 

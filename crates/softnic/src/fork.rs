@@ -3,15 +3,18 @@
 //! forgets the parent's objects in the child (they are only recognised: see
 //! [`abi::inherited`](crate::abi)), so that the child never reaches a fabric whose lock a
 //! thread of its parent may have held when it forked, nor takes its parent's packets from a
-//! socket they share; the child's copies of its parent's bound sockets are closed (see
-//! [`Bound`]), so that the parent's addresses are its own again once it exits; and a
+//! socket they share; the child's copies of its parent's receiving sockets (bound to its
+//! devices' addresses) are replaced by `/dev/null` (see [`Bound`]), so that the parent's
+//! addresses are free again once it exits; and a
 //! [`PerProcess`] value the parent built (the device of a library over softnic) is built
 //! afresh by the child on its first use there.
 
 use std::cell::RefCell;
+use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
 
 use crate::abi::{REGISTRY, Registry};
 
@@ -21,11 +24,16 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 /// Whether the fork handlers are registered (or being).
 static GUARDED: AtomicBool = AtomicBool::new(false);
 
+/// What a thread that forks holds from just before the fork to just after it: the registry's
+/// write lock, and [`BINDING`]'s.
+type ForkGuards = (
+    RwLockWriteGuard<'static, Registry>,
+    RwLockWriteGuard<'static, ()>,
+);
+
 thread_local! {
-    /// The registry's write lock, held by a thread that forks from just before the fork to
-    /// just after it.
-    static FORKING: RefCell<Option<std::sync::RwLockWriteGuard<'static, Registry>>> =
-        const { RefCell::new(None) };
+    /// What this thread holds across its fork.
+    static FORKING: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
 }
 
 /// Registers softnic's fork handlers now, once; the first object made registers them too (a
@@ -60,10 +68,11 @@ pub(crate) fn forks() -> u64 {
 
 /// Before a `fork`: the forking thread takes the registry's lock, so that the child never
 /// finds it held by a thread that is not there (its first lookup would wait for ever), nor
-/// an entry half made.
+/// an entry half made; then [`BINDING`], so that no [`Bound`] socket is half registered.
 extern "C" fn before_fork() {
     let reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    let _ = FORKING.try_with(|f| *f.borrow_mut() = Some(reg));
+    let binding = BINDING.write().unwrap_or_else(|e| e.into_inner());
+    let _ = FORKING.try_with(|f| *f.borrow_mut() = Some((reg, binding)));
 }
 
 /// After a `fork`, in the parent: the registry as it was.
@@ -75,18 +84,24 @@ extern "C" fn after_fork_in_parent() {
 /// given back (see [`Bound`]), and one more fork is counted.
 extern "C" fn after_fork_in_child() {
     let _ = FORKING.try_with(|f| {
-        if let Some(mut reg) = f.borrow_mut().take() {
+        if let Some((mut reg, binding)) = f.borrow_mut().take() {
             reg.inherit();
+            unbind_in_child();
+            drop(binding);
         }
     });
-    unbind_in_child();
     FORKS.fetch_add(1, Ordering::AcqRel);
 }
 
 /// The descriptors of the [`Bound`] sockets of the process: -1 where free. A process has a
-/// few (one per device on the UDP link); past 64 more a child keeps its copies, as it did
-/// before there were any.
+/// few (one per device on the UDP link); beyond 64, a child keeps its copies of the rest, as
+/// it did of all before.
 static BOUND: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+
+/// Held (shared) while a [`Bound`] socket is made and registered, or unregistered and closed,
+/// and (exclusive) by a thread that forks: a child never has a bound socket its parent had
+/// not registered yet, nor a number registered that its parent had closed.
+static BINDING: RwLock<()> = RwLock::new(());
 
 /// A socket bound to a device's address (its receiving socket on the UDP link, port 4791),
 /// which a forked child must not keep: a parent restarted while its child lives (a daemon
@@ -96,21 +111,27 @@ static BOUND: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
 /// object that owns it (never reached through softnic's verbs there) closes `/dev/null`,
 /// never a descriptor the child opened since.
 pub(crate) struct Bound<S: AsRawFd> {
-    socket: S,
+    /// Closed by `drop`, under [`BINDING`].
+    socket: ManuallyDrop<S>,
     /// Its place in [`BOUND`], if it found one.
     slot: Option<usize>,
 }
 
 impl<S: AsRawFd> Bound<S> {
-    /// Registers `socket`, bound to port [`crate::roce::UDP_PORT`].
-    pub(crate) fn new(socket: S) -> Bound<S> {
+    /// The socket `bind` makes, bound to port [`crate::roce::UDP_PORT`], registered.
+    pub(crate) fn bind(bind: impl FnOnce() -> io::Result<S>) -> io::Result<Bound<S>> {
         watch_forks();
+        let _no_fork = BINDING.read().unwrap_or_else(|e| e.into_inner());
+        let socket = bind()?;
         let fd = socket.as_raw_fd();
         let slot = BOUND.iter().position(|s| {
             s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         });
-        Bound { socket, slot }
+        Ok(Bound {
+            socket: ManuallyDrop::new(socket),
+            slot,
+        })
     }
 }
 
@@ -123,24 +144,28 @@ impl<S: AsRawFd> std::ops::Deref for Bound<S> {
 }
 
 impl<S: AsRawFd> Drop for Bound<S> {
-    /// Unregisters the socket before it closes (its field is dropped after this): a child
-    /// forked in between keeps a copy, but never has a number the parent reused replaced.
+    /// Unregisters the socket and closes it, with no fork in between.
     fn drop(&mut self) {
+        let _no_fork = BINDING.read().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = self.slot {
-            BOUND[i].store(-1, Ordering::Release);
+            // Its number only: a child's copy, whose slot the child cleared and may have
+            // given to a socket of its own, leaves that one registered.
+            let fd = self.socket.as_raw_fd();
+            let _ = BOUND[i].compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
         }
+        // SAFETY: dropped once, here; `self.socket` is not used again.
+        unsafe { ManuallyDrop::drop(&mut self.socket) };
     }
 }
 
-/// In a forked child: each [`Bound`] socket's descriptor becomes `/dev/null` (async-signal
-/// safe calls only). A number registered is checked to be a socket bound to port 4791 first:
-/// a socket made while the kernel copied the parent may be registered in the child's memory
-/// and not yet in its descriptors, where another fork handler may have opened something else.
+/// In a forked child: each [`Bound`] socket's descriptor becomes `/dev/null`, and its slot is
+/// free for the child's own (async-signal-safe calls only). A number is checked to be a UDP
+/// socket on port 4791 first, in case it is not what its parent registered.
 fn unbind_in_child() {
     let null = c"/dev/null";
     let mut devnull: RawFd = -1;
     for s in &BOUND {
-        let fd = s.load(Ordering::Acquire);
+        let fd = s.swap(-1, Ordering::AcqRel);
         if fd < 0 || !bound_to_roce_port(fd) {
             continue;
         }
@@ -161,13 +186,28 @@ fn unbind_in_child() {
     }
 }
 
-/// Whether `fd` is an IPv4 socket bound to port [`crate::roce::UDP_PORT`].
+/// Whether `fd` is an IPv4 datagram socket bound to port [`crate::roce::UDP_PORT`].
 fn bound_to_roce_port(fd: RawFd) -> bool {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `kind` is writable for `len` bytes; `getsockopt` is async-signal safe and fails
+    // (ENOTSOCK, EBADF) on anything but a socket.
+    let got = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&raw mut kind).cast(),
+            &raw mut len,
+        )
+    };
+    if got != 0 || kind != libc::SOCK_DGRAM {
+        return false;
+    }
     // SAFETY: all-zero is a valid `sockaddr_in`.
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: `addr` is writable for `len` bytes; `getsockname` is async-signal safe and fails
-    // (ENOTSOCK, EBADF) on anything else.
+    // SAFETY: `addr` is writable for `len` bytes; `getsockname` is async-signal safe.
     let got = unsafe { libc::getsockname(fd, (&raw mut addr).cast(), &raw mut len) };
     got == 0
         && addr.sin_family == libc::AF_INET as libc::sa_family_t

@@ -132,7 +132,7 @@ impl UdpPort {
         if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
             return Err(io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
         }
-        let rx = UdpSocket::bind(SocketAddrV4::new(ip, UDP_PORT))?;
+        let rx = Bound::bind(|| UdpSocket::bind(SocketAddrV4::new(ip, UDP_PORT)))?;
         rx.set_nonblocking(true)?;
         let gro = gso_allowed() && set_int(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         set_buffer(&rx, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF);
@@ -157,7 +157,7 @@ impl UdpPort {
         let gso = gso_allowed() && set_int(&tx[0].0, libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
         Ok(UdpPort {
             ip,
-            rx: Bound::new(rx),
+            rx,
             outbox: (0..tx.len()).map(|_| Vec::new()).collect(),
             tx,
             runs: Vec::new(),

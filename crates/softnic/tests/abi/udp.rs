@@ -128,11 +128,13 @@ fn an_address_in_use_is_a_clear_error() {
 
 #[test]
 fn a_dropped_fabric_gives_its_address_back() {
-    let ip = udp_fabric(1).udp_addr("soft0").unwrap();
+    // Not a free address found by `bind_free`: another test could take it once it is free.
+    let ip = Ipv4Addr::new(127, 0, 59, 2);
+    drop(rebind(ip));
     rebind(ip);
 }
 
-/// A fabric on `ip` once a dropped one gave it back: the progress thread holds a fabric only
+/// A fabric on `ip`, once a dropped one gave it back: the progress thread holds a fabric only
 /// while it works, so the address comes free soon after; panics if it is still bound after 5 s.
 fn rebind(ip: Ipv4Addr) -> Fabric {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -182,14 +184,25 @@ fn a_forked_child_does_not_hold_its_parents_address() {
     assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
     drop(fabric);
     let again = std::panic::catch_unwind(|| rebind(ip));
+    let mut status = 0;
+    // SAFETY: an out-pointer to `status`: whether the child still lives (it waits for the
+    // byte), so that the address was free while it did.
+    let alive = unsafe { libc::waitpid(child, &raw mut status, libc::WNOHANG) } == 0;
     // SAFETY: one byte from a live buffer; then the child is reaped.
     unsafe {
         libc::write(pipe[1], [1u8].as_ptr().cast(), 1);
-        libc::waitpid(child, std::ptr::null_mut(), 0);
+        if alive {
+            libc::waitpid(child, &raw mut status, 0);
+        }
         libc::close(pipe[0]);
         libc::close(pipe[1]);
     }
     let again = again.unwrap_or_else(|_| panic!("{ip} stayed bound while the forked child lived"));
+    assert!(alive, "the child ended early (status {status:#x})");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child failed (status {status:#x})"
+    );
     assert_eq!(again.udp_addr("soft0"), Some(ip));
 }
 
