@@ -75,7 +75,7 @@ extern "C" fn before_fork() {
     let _ = FORKING.try_with(|f| *f.borrow_mut() = Some((reg, binding)));
 }
 
-/// After a `fork`, in the parent: the registry as it was.
+/// After a `fork`, in the parent: the registry and [`BINDING`] as they were.
 extern "C" fn after_fork_in_parent() {
     let _ = FORKING.try_with(|f| f.borrow_mut().take());
 }
@@ -84,12 +84,13 @@ extern "C" fn after_fork_in_parent() {
 /// given back (see [`Bound`]), and one more fork is counted.
 extern "C" fn after_fork_in_child() {
     let _ = FORKING.try_with(|f| {
-        if let Some((mut reg, binding)) = f.borrow_mut().take() {
+        if let Some((mut reg, _binding)) = f.borrow_mut().take() {
             reg.inherit();
-            unbind_in_child();
-            drop(binding);
         }
     });
+    // Also when the forking thread could not hold the locks (its thread-locals gone): then a
+    // socket its parent was registering may be left bound.
+    unbind_in_child();
     FORKS.fetch_add(1, Ordering::AcqRel);
 }
 
@@ -172,13 +173,13 @@ fn unbind_in_child() {
         if devnull < 0 {
             // SAFETY: a NUL-terminated path; `open` is async-signal safe.
             devnull = unsafe { libc::open(null.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-            if devnull < 0 {
-                return;
-            }
         }
-        // SAFETY: both are open descriptors of this process; `dup3` closes the socket's copy
-        // and puts `/dev/null` at its number, at once.
-        unsafe { libc::dup3(devnull, fd, libc::O_CLOEXEC) };
+        if devnull >= 0 {
+            // SAFETY: both are open descriptors of this process; `dup3` closes the socket's
+            // copy and puts `/dev/null` at its number, at once.
+            unsafe { libc::dup3(devnull, fd, libc::O_CLOEXEC) };
+        }
+        // (Without `/dev/null`, EMFILE say, the copy stays: the slot is freed all the same.)
     }
     if devnull >= 0 {
         // SAFETY: opened above, and only used here.

@@ -1,7 +1,7 @@
 //! Datagram rsockets (`SOCK_DGRAM`, rdmacm-utils' `udpong`): a UD QP per socket, its port
 //! served by an id of `RDMA_PS_UDP` that answers SIDR requests with the QP's number. The ids
-//! of all datagram sockets listen on one channel of the library's, whose thread answers
-//! them: a socket's port is served while its thread is elsewhere (in a send to another
+//! of all datagram sockets listen on one channel of the process's, whose thread answers them
+//! (a forked child has its own channel and thread): a socket's port is served while its thread is elsewhere (in a send to another
 //! socket of the same thread, say, which waits for that SIDR reply).
 //!
 //! A datagram goes in one UD SEND, after an 8-byte header that names the sender's port; the

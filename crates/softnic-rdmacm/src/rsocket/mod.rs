@@ -3,7 +3,7 @@
 //! `udpong`).
 //!
 //! A socket is an id on an event channel of its own (`RDMA_PS_TCP`; a datagram socket's,
-//! `RDMA_PS_UDP`, moves to the library's SIDR service once bound); the socket's number is the
+//! `RDMA_PS_UDP`, moves to this process's SIDR service once bound); the socket's number is the
 //! channel's descriptor, as librdmacm's is. `rconnect` resolves, creates the connection's
 //! QP and connects (or, non-blocking, returns `EINPROGRESS` and goes on as `rpoll` and the
 //! other calls take its events); `raccept` takes a request, moves its id to a channel of its
@@ -11,9 +11,12 @@
 //! sockets [`dgram`]'s. Both ends must be softnic's: the messages are this library's own, not
 //! rdma-core's rsocket protocol.
 //!
-//! Not served: `fork` (a child must not use its parent's rsockets). Options are kept and
-//! given back but size nothing: the slots are fixed (a stream's 8 of 64 KiB to send, 16 to
-//! receive; a datagram socket's 32 and 64 of 4 KiB).
+//! A forked child's rsockets are its own: its parent's are `EBADF` there (but for `rpoll` and
+//! `rselect`, which take a number that is not the child's rsocket for a descriptor, and may
+//! find the parent's channel readable: a child must not use its parent's rsockets).
+//!
+//! Options are kept and given back but size nothing: the slots are fixed (a stream's 8 of 64
+//! KiB to send, 16 to receive; a datagram socket's 32 and 64 of 4 KiB).
 //!
 //! Threads may share a socket: a waiting call gives the socket up and looks again at each
 //! event, and every 10 ms (another thread's call may take the event it waited for; a close
