@@ -5,9 +5,8 @@
 //! thread of its parent may have held when it forked, nor takes its parent's packets from a
 //! socket they share; the child's copies of its parent's receiving sockets (bound to its
 //! devices' addresses) are replaced by `/dev/null` (see [`Bound`]), so that the parent's
-//! addresses are free again once it exits; and a
-//! [`PerProcess`] value the parent built (the device of a library over softnic) is built
-//! afresh by the child on its first use there.
+//! addresses are free again once it exits; and a [`PerProcess`] value the parent built (the
+//! device of a library over softnic) is built afresh by the child on its first use there.
 
 use std::cell::RefCell;
 use std::io;

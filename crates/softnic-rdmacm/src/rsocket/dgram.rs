@@ -1,8 +1,9 @@
 //! Datagram rsockets (`SOCK_DGRAM`, rdmacm-utils' `udpong`): a UD QP per socket, its port
 //! served by an id of `RDMA_PS_UDP` that answers SIDR requests with the QP's number. The ids
 //! of all datagram sockets listen on one channel of the process's, whose thread answers them
-//! (a forked child has its own channel and thread): a socket's port is served while its thread is elsewhere (in a send to another
-//! socket of the same thread, say, which waits for that SIDR reply).
+//! (a forked child has its own channel and thread): a socket's port is served while its
+//! thread is elsewhere (in a send to another socket of the same thread, say, which waits for
+//! that SIDR reply).
 //!
 //! A datagram goes in one UD SEND, after an 8-byte header that names the sender's port; the
 //! receiver takes the sender's IPv4 address from the packet's IP header and its QP from the
