@@ -23,9 +23,9 @@
 //! `softnic_device_addr`), or, before that, when the launcher was given the device's address
 //! (`SOFTNIC_ADDR`); never for a device that failed to come up, nor in a process whose
 //! libibverbs is not softnic's, nor in a child forked after its parent's device came up, until
-//! its own is up (it may not be on its parent's address). One entry, however many copies of this library a process
-//! has preloaded. Programs that look for "the first address that is not loopback" may find
-//! the device's.
+//! its own is up (it may not be on its parent's address). One entry, however many copies of
+//! this library a process has preloaded. Programs that look for "the first address that is not
+//! loopback" may find the device's.
 //!
 //! What the entry does not reach: network `ioctl`s that name `lo:soft0` reach `lo` for its
 //! flags, index and MTU (the kernel drops the label, and says loopback), and fail with
