@@ -135,6 +135,32 @@ fn rping_verifies_its_data() {
     assert!(s.contains("server ping data: rdma-ping-19"), "{s}");
 }
 
+/// A server bound to the any address is reached at 127.0.0.1, as on a kernel, whose
+/// processes share the host's devices (each softnic process has its own: the listener is
+/// announced to the host). It was ADDR_RESOLVED, then UNREACHABLE after the REQ's timeouts.
+#[test]
+fn rping_reaches_a_server_on_the_host_at_127_0_0_1() {
+    let Some((s, c)) = pair(
+        &["rping", "-s", "-p", "47174", "-C", "5", "-v"],
+        &[
+            "rping",
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "47174",
+            "-C",
+            "5",
+            "-v",
+        ],
+        ["127.0.62.3", "127.0.62.4"],
+    ) else {
+        return;
+    };
+    assert_eq!(c.matches("ping data: rdma-ping-").count(), 5, "{c}");
+    assert!(s.contains("server ping data: rdma-ping-4"), "{s}");
+}
+
 #[test]
 fn ucmatose_connects_several_rc_connections() {
     pair(

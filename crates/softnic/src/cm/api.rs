@@ -407,8 +407,11 @@ mod tests {
         .expect("a free address in 127.0.0.2-254");
         let ch = f.cm_create_channel().unwrap();
         let id = f.cm_create_id(ch, PortSpace::Tcp).unwrap();
-        // Nobody listens there: the REQ goes out and waits for an answer.
-        let to = std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 0, 27, 1), 9);
+        // A device that never answers (a loopback address no device has is the host itself,
+        // whose device would reject the REQ at once): the REQ goes out and waits.
+        let silent = std::net::Ipv4Addr::new(127, 0, 62, 9);
+        let _device = std::net::UdpSocket::bind((silent, crate::roce::UDP_PORT)).unwrap();
+        let to = std::net::SocketAddrV4::new(silent, 9);
         f.cm_resolve_addr(id, None, to).unwrap();
         let next = |kind| {
             let end = std::time::Instant::now() + std::time::Duration::from_secs(10);

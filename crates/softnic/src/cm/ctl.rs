@@ -75,8 +75,8 @@ impl State {
     /// with `-EHOSTUNREACH` for an address the link does not reach. A multicast group is
     /// reached from any device (a join follows: see `groups.rs`). The unspecified address is
     /// loopback, as the kernel's `cma_resolve_loopback`: the bound device's own address (the
-    /// first device's if unbound). (A loopback destination is not: on the UDP link it is
-    /// another process's device.)
+    /// first device's if unbound). A loopback address no device has is the host too (see
+    /// [`peer_gid`](Self::peer_gid)): on the UDP link, perhaps another process's device.
     pub(crate) fn cm_resolve_addr(
         &mut self,
         id: u32,
@@ -101,7 +101,7 @@ impl State {
             dst
         };
         let dev = bound.or_else(|| self.dev_of_ip(*dst.ip())).unwrap_or(0);
-        let gid = crate::roce::ipv4_gid(*dst.ip());
+        let gid = self.peer_gid(id, dev, dst);
         if !dst.ip().is_multicast() && self.w.route(dev, &gid).is_none() {
             self.w
                 .cm
@@ -150,7 +150,50 @@ impl State {
         } else {
             1024
         };
+        let (ps, port, any) = (i.ps, i.src.map_or(0, |s| s.port()), i.dev.is_none());
+        if any {
+            // Reached from the host's other processes at 127.0.0.1 too.
+            let ips: Vec<Ipv4Addr> = (0..self.w.devices.len())
+                .filter(|&d| self.w.devices[d].udp.is_some())
+                .map(|d| self.dev_ip(d))
+                .collect();
+            if !ips.is_empty() {
+                self.cm_id(id)?.announced = super::loopback::announce(ps, port, ips.into_iter());
+            }
+        }
         Ok(())
+    }
+
+    /// The GID a request to `dst` from device `dev` for id `id` goes to: `dst`'s own, unless
+    /// it is a loopback address that no device has (in this fabric, or on the host's UDP
+    /// link), which the kernel's CM takes for the host itself (`cma_resolve_loopback`): then a
+    /// device listening at the any address on `dst`'s port (`dev` itself if this fabric
+    /// listens there, else a device another process announced: see
+    /// [`loopback`](super::loopback)), or `dev` itself, where nobody listens and the request
+    /// is rejected.
+    fn peer_gid(&self, id: u32, dev: usize, dst: SocketAddrV4) -> [u8; 16] {
+        let ip = *dst.ip();
+        let own = crate::roce::ipv4_gid(ip);
+        let on_udp = self.w.devices[dev].udp.is_some();
+        let loopback = ip.is_loopback()
+            && self.dev_of_ip(ip).is_none()
+            && !(on_udp && super::loopback::device_at(ip));
+        let Some(ps) = self.w.cm.ids.get(&id).map(|i| i.ps).filter(|_| loopback) else {
+            return own;
+        };
+        let listens_here = self.w.cm.ids.values().any(|i| {
+            i.st == St::Listen
+                && i.ps == ps
+                && i.dev.is_none()
+                && i.src.is_some_and(|s| s.port() == dst.port())
+        });
+        if !listens_here
+            && on_udp
+            && let Some(at) = super::loopback::announced(ps, dst.port())
+        {
+            return crate::roce::ipv4_gid(at);
+        }
+        self.w.devices[dev].gid
     }
 
     /// Attaches QP id `qp` (in RESET, of the id's device and the port space's type) and

@@ -114,6 +114,9 @@ pub(crate) struct Id {
     pub(crate) orphan: bool,
     /// The multicast groups it joined.
     pub(crate) groups: Vec<super::groups::Joined>,
+    /// A listener bound to the any address on the UDP link: the names that announce it to
+    /// the host's other processes (see [`loopback`](super::loopback)).
+    pub(crate) announced: Vec<std::os::unix::net::UnixDatagram>,
 }
 
 impl Id {
@@ -146,6 +149,7 @@ impl Id {
             last: None,
             orphan: false,
             groups: Vec::new(),
+            announced: Vec::new(),
         }
     }
 }

@@ -42,6 +42,7 @@ mod core;
 mod ctl;
 mod groups;
 mod ids;
+mod loopback;
 mod sidr;
 
 use crate::qp::Transport;

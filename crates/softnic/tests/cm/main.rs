@@ -632,12 +632,48 @@ fn a_loopback_address_no_device_has_is_the_any_address() {
     e.fabric.cm_accept(req.id, param(), &[]).unwrap();
     expect(&e.fabric, e.ca, CmEventKind::Established);
     send_works(&e.a, qa, &e.b, qb, 100);
-    // As a destination it is an address like another (on the UDP link, another process's
-    // device may have it): here nobody has it.
+    expect(&e.fabric, e.cb, CmEventKind::Established);
+    // As a destination it is the host, as the kernel's `cma_resolve_loopback` takes it: the
+    // client's own device, where the listener bound to the any address takes the request (it
+    // was EHOSTUNREACH: `ib_write_bw -R 127.0.0.1` failed).
     let u = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
     e.fabric.cm_resolve_addr(u, None, lo).unwrap();
-    let ev = expect(&e.fabric, e.ca, CmEventKind::AddrError);
-    assert_eq!(ev.status, -libc::EHOSTUNREACH);
+    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
+    let (dev, _, dst) = e.fabric.cm_id_addrs(u).unwrap();
+    assert_eq!(
+        (dev, dst),
+        (Some(0), Some(lo)),
+        "soft0, at the address asked"
+    );
+    e.fabric.cm_resolve_route(u).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::RouteResolved);
+    let qu = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(u, qu).unwrap();
+    e.fabric.cm_connect(u, param(), &[]).unwrap();
+    let req = expect(&e.fabric, e.cb, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    assert_eq!(
+        req.addrs.unwrap().0,
+        lo,
+        "the server's address as the client asked it"
+    );
+    // The request came in at soft0: the server's QP is there too.
+    let qv = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
+    e.fabric.cm_attach_qp(req.id, qv).unwrap();
+    e.fabric.cm_accept(req.id, param(), &[]).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::Established);
+    send_works(&e.a, qu, &e.a, qv, 100);
+    // Where nobody listens, the host rejects the request at once (no timeout).
+    let w = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
+    let unheard = SocketAddrV4::new(Ipv4Addr::LOCALHOST, SERVER.port() + 1);
+    e.fabric.cm_resolve_addr(w, None, unheard).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
+    e.fabric.cm_resolve_route(w).unwrap();
+    expect(&e.fabric, e.ca, CmEventKind::RouteResolved);
+    e.fabric.cm_connect(w, param(), &[]).unwrap();
+    let rej = next_event(&e.fabric, e.ca, Duration::from_millis(10))
+        .expect("the client hears at once, not after its REQ's timeouts");
+    assert_eq!(rej.kind, CmEventKind::Rejected, "{rej:?}");
     // Not loopback, no device's: still refused.
     let v = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
     let far = SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 0);

@@ -42,6 +42,16 @@ fn wait(f: &Fabric, ch: ChannelId, kind: CmEventKind) -> CmEvent {
     }
 }
 
+/// A new id of `f` on channel `ch` with its address and route resolved to `to`.
+fn routed(f: &Fabric, ch: ChannelId, to: SocketAddrV4) -> CmId {
+    let c = f.cm_create_id(ch, PortSpace::Tcp).unwrap();
+    f.cm_resolve_addr(c, None, to).unwrap();
+    wait(f, ch, CmEventKind::AddrResolved);
+    f.cm_resolve_route(c).unwrap();
+    wait(f, ch, CmEventKind::RouteResolved);
+    c
+}
+
 /// Two fabrics on the UDP link, connected (server at 127.0.26.`last - 1`, client at
 /// `last`, each losing its first MAD if `lose`): each fabric, its channel and its id.
 struct Connected {
@@ -67,11 +77,7 @@ fn connect_over_udp(last: u8, lose: bool) -> Connected {
     let at = SocketAddrV4::new(sip, 9000);
     server.cm_bind(l, at).unwrap();
     server.cm_listen(l, 4).unwrap();
-    let c = client.cm_create_id(cc, PortSpace::Tcp).unwrap();
-    client.cm_resolve_addr(c, None, at).unwrap();
-    wait(&client, cc, CmEventKind::AddrResolved);
-    client.cm_resolve_route(c).unwrap();
-    wait(&client, cc, CmEventKind::RouteResolved);
+    let c = routed(&client, cc, at);
     let p = ConnParam {
         qp_num: 0x100,
         ..param()
@@ -134,4 +140,62 @@ fn a_process_that_ends_answers_its_peers_dreq() {
     drop(x.server);
     let ev = wait(&x.client, x.cc, CmEventKind::Disconnected);
     assert_eq!(ev.status, 0, "{ev:?}");
+}
+
+/// A listener bound to the any address is reached at 127.0.0.1 from another fabric on the UDP
+/// link (another process, as `ib_write_bw -R 127.0.0.1` or `rping -c -a 127.0.0.1` are), as on
+/// a kernel, whose processes share the host's devices; once it is destroyed, a request there
+/// is rejected at once (by the client's own device), not sent to an address nobody has.
+#[test]
+fn a_listener_at_the_any_address_is_reached_at_127_0_0_1() {
+    let (sip, cip) = (Ipv4Addr::new(127, 0, 62, 1), Ipv4Addr::new(127, 0, 62, 2));
+    let (server, client) = (on_udp(sip, false), on_udp(cip, false));
+    let (cs, cc) = (
+        server.cm_create_channel().unwrap(),
+        client.cm_create_channel().unwrap(),
+    );
+    // A port no other test listens on (the announcement is the host's).
+    let port = 47_031;
+    let l = server.cm_create_id(cs, PortSpace::Tcp).unwrap();
+    server
+        .cm_bind(l, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+        .unwrap();
+    server.cm_listen(l, 4).unwrap();
+    let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+    let c = routed(&client, cc, lo);
+    let p = ConnParam {
+        qp_num: 0x100,
+        ..param()
+    };
+    client.cm_connect(c, p, b"loopback").unwrap();
+    let req = wait(&server, cs, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private[..8], b"loopback");
+    let (local, remote) = req.addrs.unwrap();
+    assert_eq!((local, *remote.ip()), (lo, cip));
+    server
+        .cm_accept(
+            req.id,
+            ConnParam {
+                qp_num: 0x200,
+                ..param()
+            },
+            &[],
+        )
+        .unwrap();
+    let rep = wait(&client, cc, CmEventKind::ConnectResponse);
+    assert_eq!(rep.param.qp_num, 0x200);
+
+    server.cm_destroy_id(l).unwrap();
+    let again = routed(&client, cc, lo);
+    let started = Instant::now();
+    client.cm_connect(again, p, &[]).unwrap();
+    wait(&client, cc, CmEventKind::Rejected);
+    // Rejected by a device that answered, not timed out (a request is sent again only after
+    // about 2 s, and given up after 15 tries).
+    assert!(
+        client.cm_counters("soft0").unwrap().retransmits == 0,
+        "{:?} after {:?}",
+        client.cm_counters("soft0"),
+        started.elapsed()
+    );
 }
