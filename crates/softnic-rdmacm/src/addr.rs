@@ -11,9 +11,22 @@ use crate::types::{
 };
 use crate::{fail, set_errno};
 
-/// The IPv4 address and port of a caller's `sockaddr`: `AF_INET`, or `AF_INET6` that is the
-/// unspecified address or IPv4-mapped. `Err(EAFNOSUPPORT)` for other IPv6 addresses (the link
-/// carries IPv4), `Err(EINVAL)` for another family (librdmacm's `ucma_addrlen` knows none).
+/// The IPv4 address an IPv6 one stands for on the link, which carries IPv4: the unspecified
+/// address for `::`, loopback (127.0.0.1, the host: see softnic's CM) for `::1`, the address
+/// mapped for `::ffff:a.b.c.d`; `None` for any other.
+pub(crate) fn ipv4_of(ip6: std::net::Ipv6Addr) -> Option<Ipv4Addr> {
+    if ip6.is_unspecified() {
+        Some(Ipv4Addr::UNSPECIFIED)
+    } else if ip6.is_loopback() {
+        Some(Ipv4Addr::LOCALHOST)
+    } else {
+        ip6.to_ipv4_mapped()
+    }
+}
+
+/// The IPv4 address and port of a caller's `sockaddr`: `AF_INET`, or `AF_INET6` that stands
+/// for one ([`ipv4_of`]). `Err(EAFNOSUPPORT)` for other IPv6 addresses (the link carries
+/// IPv4), `Err(EINVAL)` for another family (librdmacm's `ucma_addrlen` knows none).
 ///
 /// # Safety
 /// `sa` is null or points to a `sockaddr` of its family's size.
@@ -35,11 +48,7 @@ pub(crate) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Result<Option<C
             // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
             let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
             let ip6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            let ip = if ip6.is_unspecified() {
-                Ipv4Addr::UNSPECIFIED
-            } else {
-                ip6.to_ipv4_mapped().ok_or(libc::EAFNOSUPPORT)?
-            };
+            let ip = ipv4_of(ip6).ok_or(libc::EAFNOSUPPORT)?;
             Ok(Some(CAddr {
                 ip: u32::from(ip),
                 port: u16::from_be(sin6.sin6_port),
@@ -248,4 +257,23 @@ fn resolve(node: &CStr) -> Result<Ipv4Addr, c_int> {
     // SAFETY: freeing what getaddrinfo returned.
     unsafe { libc::freeaddrinfo(res) };
     Ok(Ipv4Addr::from(u32::from_be(ip)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_addresses_stand_for_the_ipv4_ones_of_the_link() {
+        let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
+        assert_eq!(ipv4_of(v6("::")), Some(Ipv4Addr::UNSPECIFIED));
+        // Loopback is the host (rsockets' `udpong` binds `::1` by default: EAFNOSUPPORT).
+        assert_eq!(ipv4_of(v6("::1")), Some(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            ipv4_of(v6("::ffff:127.0.0.2")),
+            Some(Ipv4Addr::new(127, 0, 0, 2))
+        );
+        assert_eq!(ipv4_of(v6("fe80::1")), None);
+        assert_eq!(ipv4_of(v6("2001:db8::1")), None);
+    }
 }

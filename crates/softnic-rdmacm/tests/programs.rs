@@ -600,27 +600,42 @@ fn rcopy_copies_a_file() {
 
 /// rdmacm-utils' `udpong` over datagram rsockets (UD; its server serves until killed): a
 /// ping-pong that sends again what a millisecond brings no answer to, then a stream of
-/// datagrams the server counts, non-blocking and blocking.
+/// datagrams the server counts, non-blocking and blocking. The second server binds where
+/// `udpong` does by default, `::1` (the host, as 127.0.0.1: it was EAFNOSUPPORT), and its
+/// client sends to 127.0.0.1 (answered from the server's device: taken as from 127.0.0.1),
+/// on a port of their own (the host's listeners are announced by port).
 #[test]
 fn udpong_sends_datagrams() {
     if !have("udpong") {
         return;
     }
     let lib = library_dir();
-    for (args, addrs) in [
+    for (args, addrs, bind) in [
         (
             ["-C", "500", "-S", "1000", "-T", "e"],
             ["127.0.26.53", "127.0.26.54"],
+            true,
         ),
         (
             ["-C", "2000", "-S", "1400", "-T", "b"],
             ["127.0.26.55", "127.0.26.56"],
+            false,
         ),
     ] {
         // A blocking server: non-blocking, it spins for as long as it serves.
-        let server = ["udpong", "-b", addrs[0], "-T", "b"];
-        let client: Vec<&str> = ["udpong", "-s", addrs[0]]
+        let (server_at, client_to): (&[&str], &[&str]) = if bind {
+            (&["-b", addrs[0]], &["-s", addrs[0]])
+        } else {
+            (&["-p", "47175"], &["-s", "127.0.0.1", "-p", "47175"])
+        };
+        let server: Vec<&str> = ["udpong", "-T", "b"]
             .iter()
+            .chain(server_at)
+            .copied()
+            .collect();
+        let client: Vec<&str> = ["udpong"]
+            .iter()
+            .chain(client_to)
             .chain(&args)
             .copied()
             .collect();

@@ -1,13 +1,13 @@
-//! Socket addresses: what the caller gives (IPv4, or IPv6's any and IPv4-mapped addresses)
-//! and what it is given back (IPv4-mapped on an `AF_INET6` socket).
+//! Socket addresses: what the caller gives (IPv4, or IPv6's any, loopback and IPv4-mapped
+//! addresses) and what it is given back (IPv4-mapped on an `AF_INET6` socket).
 
 use std::ffi::c_int;
 
 use crate::fail;
 use crate::types::sockaddr_storage;
 
-/// An IPv4 address from `addr`: IPv4, or IPv6's any and IPv4-mapped addresses (the CM serves
-/// IPv4 only).
+/// An IPv4 address from `addr`: IPv4, or IPv6's any, loopback and IPv4-mapped addresses (the
+/// CM serves IPv4 only: see [`ipv4_of`](crate::addr::ipv4_of)).
 ///
 /// # Safety
 ///
@@ -28,14 +28,10 @@ pub(super) unsafe fn v4(
             }
             libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
                 let a6 = addr.cast::<libc::sockaddr_in6>().read_unaligned();
-                let b = a6.sin6_addr.s6_addr;
-                let ip = if b == [0; 16] {
-                    [0; 4]
-                } else if b[..10] == [0; 10] && b[10..12] == [0xff, 0xff] {
-                    [b[12], b[13], b[14], b[15]]
-                } else {
-                    return Err(libc::EAFNOSUPPORT);
-                };
+                let ip6 = std::net::Ipv6Addr::from(a6.sin6_addr.s6_addr);
+                let ip = crate::addr::ipv4_of(ip6)
+                    .ok_or(libc::EAFNOSUPPORT)?
+                    .octets();
                 Ok(libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: a6.sin6_port,

@@ -11,7 +11,9 @@
 //! same address and port moves it: the sender was made again). As with UDP, address and
 //! port are the packet's word: a process may claim another's port on its own host. A send
 //! to an address it has no route to resolves one by SIDR first (waiting for it, as a
-//! blocking call, for as long as the CM retries a silent host). Datagrams may be lost, as
+//! blocking call, for as long as the CM retries a silent host); when it resolves 127.0.0.1
+//! (the host) to another process's device, that device's datagrams are taken as from
+//! 127.0.0.1, as a kernel's loopback answers from the address asked. Datagrams may be lost, as
 //! UDP's are; one longer than a slot fails with `EMSGSIZE`, and a read of a shorter buffer
 //! than the datagram truncates it. A connected socket drops datagrams from elsewhere.
 
@@ -76,6 +78,11 @@ pub(super) struct Dgram {
     pub(super) port: u16,
     /// `rconnect`'s address: where `rsend` sends, the only source `rrecv` takes.
     pub(super) peer: Option<libc::sockaddr_in>,
+    /// (the device address datagrams come from, the address sent to) of the loopback
+    /// addresses SIDR resolved to another device (127.0.0.1, the host: a server of another
+    /// process), network order: that device's datagrams are taken as from the address sent
+    /// to, as a kernel's loopback answers from the address asked.
+    aliases: Vec<(u32, u32)>,
 }
 
 impl Dgram {
@@ -95,6 +102,7 @@ impl Dgram {
             routes: Routes::default(),
             port: 0,
             peer: None,
+            aliases: Vec::new(),
         });
         let mut attr = d.s.qp_attr(v::ibv_qp_type::IBV_QPT_UD, TX, RX);
         // SAFETY: the device's PD and valid attributes.
@@ -177,6 +185,8 @@ impl Dgram {
             unsafe { std::ptr::copy_nonoverlapping(at, head.as_mut_ptr(), head.len()) };
         }
         let (ip, hdr) = (source(&head[..GRH]), &head[GRH..]);
+        let aliases = &self.aliases;
+        let ip = ip.map(|ip| aliases.iter().find(|a| a.0 == ip).map_or(ip, |a| a.1));
         let port = u16::from_ne_bytes([hdr[2], hdr[3]]);
         let ours = hdr[..2] == MAGIC;
         let peer = self.peer;
@@ -272,6 +282,14 @@ impl Dgram {
             r
         };
         let ud = r?;
+        // SAFETY: every variant of the GID union is 16 plain bytes.
+        let dgid = unsafe { ud.ah_attr.grh.dgid.raw };
+        if dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+            let at = u32::from_ne_bytes([dgid[12], dgid[13], dgid[14], dgid[15]]);
+            if at != ip && !self.aliases.contains(&(at, ip)) {
+                self.aliases.push((at, ip));
+            }
+        }
         self.learn((ip, port), (ud.qp_num, ud.qkey), || Some(ud.ah_attr));
         Ok(())
     }
