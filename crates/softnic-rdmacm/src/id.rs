@@ -286,7 +286,12 @@ impl Turn<'_> {
         if info.has_remote != 0 {
             let dst: SocketAddrV4 = info.remote.into();
             store(&mut c.route.addr.dst, dst);
-            c.route.addr.ibaddr.dgid.raw = dst.ip().to_ipv6_mapped().octets();
+            // Where the CM sends: the peer's GID (127.0.0.1 is resolved to a device).
+            c.route.addr.ibaddr.dgid.raw = if info.peer_gid == [0; 16] {
+                dst.ip().to_ipv6_mapped().octets()
+            } else {
+                info.peer_gid
+            };
         }
     }
 

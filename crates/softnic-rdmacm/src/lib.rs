@@ -24,9 +24,10 @@
 //! `RDMA_PS_TCP` (RC), `RDMA_PS_UDP` (UD, resolved by SIDR) and `RDMA_PS_IB` (RC and XRC, in
 //! its own ports), synchronous ids (no channel: each call waits for its event, as librdmacm's
 //! do); IPv4 addresses (the link's: the device's own and any other softnic port, and multicast
-//! groups to join; a loopback address no device has, such as `127.0.0.1`, is the host, where a
-//! listener of another process bound to the any address is found, as on a kernel; IPv6 fails
-//! with `EAFNOSUPPORT`); events with the fields librdmacm fills;
+//! groups to join; 127.0.0.1, unless a device has it, is the host, where a listener of another
+//! process bound to the any address is found, as a kernel's processes share its devices; IPv6's
+//! `::` and `::1` stand for 0.0.0.0 and 127.0.0.1, its IPv4-mapped addresses for theirs, other
+//! IPv6 addresses fail with `EAFNOSUPPORT`); events with the fields librdmacm fills;
 //! `rdma_create_qp` (with CQs and completion channels of its own when the caller gives none, as
 //! `rdma_verbs.h`'s helpers expect), `rdma_create_ep`, `rdma_get_request`, `rdma_getaddrinfo`
 //! of numeric addresses and host names.

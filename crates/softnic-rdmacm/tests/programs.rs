@@ -74,6 +74,14 @@ fn finish(mut child: Child, deadline: Instant) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Held by the tests that use 127.0.0.1 (a device there, or a client of the host's listeners
+/// there), which take turns: a device at 127.0.0.1 is where requests to it go. (Under
+/// nextest, whose tests are processes, `.config/nextest.toml` puts them in one group.)
+fn localhost() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Runs a server and then a client; both must succeed. Returns their output.
 fn pair(server: &[&str], client: &[&str], addrs: [&str; 2]) -> Option<(String, String)> {
     pair_with(server, client, addrs, &[])
@@ -140,6 +148,7 @@ fn rping_verifies_its_data() {
 /// announced to the host). It was ADDR_RESOLVED, then UNREACHABLE after the REQ's timeouts.
 #[test]
 fn rping_reaches_a_server_on_the_host_at_127_0_0_1() {
+    let _turn = localhost();
     let Some((s, c)) = pair(
         &["rping", "-s", "-p", "47174", "-C", "5", "-v"],
         &[
@@ -265,6 +274,7 @@ fn perftest_connects_with_rdma_cm() {
 /// server's device is the loopback interface's 127.0.0.1.
 #[test]
 fn fi_pingpong_runs_over_libfabric_s_verbs_provider_on_rc_and_xrc() {
+    let _turn = localhost();
     let args = [
         "fi_pingpong",
         "-p",
@@ -609,6 +619,7 @@ fn udpong_sends_datagrams() {
     if !have("udpong") {
         return;
     }
+    let _turn = localhost();
     let lib = library_dir();
     for (args, addrs, bind) in [
         (

@@ -4,8 +4,9 @@
 //! [`abi::inherited`](crate::abi)), so that the child never reaches a fabric whose lock a
 //! thread of its parent may have held when it forked, nor takes its parent's packets from a
 //! socket they share; the child's copies of its parent's receiving sockets (bound to its
-//! devices' addresses) are replaced by `/dev/null` (see [`Bound`]), so that the parent's
-//! addresses are free again once it exits; and a [`PerProcess`] value the parent built (the
+//! devices' addresses) and of the names that announce its listeners to the host are replaced
+//! by `/dev/null` (see [`Bound`]), so that the parent's addresses are free again once it
+//! exits, and its listeners no longer announced once it destroys them; and a [`PerProcess`] value the parent built (the
 //! device of a library over softnic) is built afresh by the child on its first use there.
 
 use std::cell::RefCell;
@@ -16,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
 
 use crate::abi::{REGISTRY, Registry};
+use crate::cm::loopback::NAME_PREFIX;
 
 /// Forks between the process that first used softnic and this one (0 in that process).
 static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -104,12 +106,15 @@ static BOUND: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
 static BINDING: RwLock<()> = RwLock::new(());
 
 /// A socket bound to a device's address (its receiving socket on the UDP link, port 4791),
-/// which a forked child must not keep: a parent restarted while its child lives (a daemon
-/// that forked into the background, a server that forked a worker) must find the address
-/// free, as it would a kernel's device. In a child forked while it is registered, its
-/// descriptor becomes `/dev/null`: the address is given back, and the child's copy of the
-/// object that owns it (never reached through softnic's verbs there) closes `/dev/null`,
-/// never a descriptor the child opened since.
+/// or to a name that announces a listener to the host (see
+/// [`loopback`](crate::cm::loopback)), which a forked child must not keep: a parent restarted
+/// while its child lives (a daemon that forked into the background, a server that forked a
+/// worker) must find the address free, as it would a kernel's device, and a listener its
+/// parent destroyed must not stay announced. In a child forked while it is registered, its
+/// descriptor becomes `/dev/null`: the address or name is given back, and the child's copy
+/// of the object that owns it (never reached through softnic's verbs there) closes
+/// `/dev/null`, never a descriptor the child opened since.
+#[derive(Debug)]
 pub(crate) struct Bound<S: AsRawFd> {
     /// Closed by `drop`, under [`BINDING`].
     socket: ManuallyDrop<S>,
@@ -118,7 +123,8 @@ pub(crate) struct Bound<S: AsRawFd> {
 }
 
 impl<S: AsRawFd> Bound<S> {
-    /// The socket `bind` makes, bound to port [`crate::roce::UDP_PORT`], registered.
+    /// The socket `bind` makes (bound to port [`crate::roce::UDP_PORT`], or to an abstract
+    /// Unix name that begins with [`NAME_PREFIX`]), registered.
     pub(crate) fn bind(bind: impl FnOnce() -> io::Result<S>) -> io::Result<Bound<S>> {
         watch_forks();
         let _no_fork = BINDING.read().unwrap_or_else(|e| e.into_inner());
@@ -159,14 +165,14 @@ impl<S: AsRawFd> Drop for Bound<S> {
 }
 
 /// In a forked child: each [`Bound`] socket's descriptor becomes `/dev/null`, and its slot is
-/// free for the child's own (async-signal-safe calls only). A number is checked to be a UDP
-/// socket on port 4791 first, in case it is not what its parent registered.
+/// free for the child's own (async-signal-safe calls only). A number is checked to be such a
+/// socket first ([`bound_as_registered`]), in case it is not what its parent registered.
 fn unbind_in_child() {
     let null = c"/dev/null";
     let mut devnull: RawFd = -1;
     for s in &BOUND {
         let fd = s.swap(-1, Ordering::AcqRel);
-        if fd < 0 || !bound_to_roce_port(fd) {
+        if fd < 0 || !bound_as_registered(fd) {
             continue;
         }
         if devnull < 0 {
@@ -186,8 +192,9 @@ fn unbind_in_child() {
     }
 }
 
-/// Whether `fd` is an IPv4 datagram socket bound to port [`crate::roce::UDP_PORT`].
-fn bound_to_roce_port(fd: RawFd) -> bool {
+/// Whether `fd` is a datagram socket bound as a [`Bound`] socket is: IPv4 on port
+/// [`crate::roce::UDP_PORT`], or Unix to an abstract name that begins with [`NAME_PREFIX`].
+fn bound_as_registered(fd: RawFd) -> bool {
     let mut kind: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `kind` is writable for `len` bytes; `getsockopt` is async-signal safe and fails
@@ -204,14 +211,34 @@ fn bound_to_roce_port(fd: RawFd) -> bool {
     if got != 0 || kind != libc::SOCK_DGRAM {
         return false;
     }
-    // SAFETY: all-zero is a valid `sockaddr_in`.
-    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: all-zero is a valid `sockaddr_storage`.
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: `addr` is writable for `len` bytes; `getsockname` is async-signal safe.
-    let got = unsafe { libc::getsockname(fd, (&raw mut addr).cast(), &raw mut len) };
-    got == 0
-        && addr.sin_family == libc::AF_INET as libc::sa_family_t
-        && u16::from_be(addr.sin_port) == crate::roce::UDP_PORT
+    if unsafe { libc::getsockname(fd, (&raw mut addr).cast(), &raw mut len) } != 0 {
+        return false;
+    }
+    match libc::c_int::from(addr.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address, which `sockaddr_storage` is large and aligned for.
+            let a = unsafe { &*(&raw const addr).cast::<libc::sockaddr_in>() };
+            u16::from_be(a.sin_port) == crate::roce::UDP_PORT
+        }
+        libc::AF_UNIX => {
+            // SAFETY: an AF_UNIX address, as above.
+            let a = unsafe { &*(&raw const addr).cast::<libc::sockaddr_un>() };
+            // An abstract name: a NUL, then its bytes (`len` counts the family's too).
+            let name_len = (len as usize).saturating_sub(std::mem::size_of::<libc::sa_family_t>());
+            let path = &a.sun_path[..name_len.min(a.sun_path.len())];
+            path.first() == Some(&0)
+                && path.len() > NAME_PREFIX.len()
+                && path[1..=NAME_PREFIX.len()]
+                    .iter()
+                    .zip(NAME_PREFIX)
+                    .all(|(&c, &p)| c as u8 == p)
+        }
+        _ => false,
+    }
 }
 
 /// One process's value, built on first use.

@@ -130,13 +130,18 @@ impl Fabric {
     }
 
     /// Resolves `dst` (`rdma_resolve_addr`): `ADDR_RESOLVED` (or `ADDR_ERROR`) on the channel.
+    /// 127.0.0.1, unless a device has it, is the host, as a kernel's CM takes loopback: a
+    /// device listening at the any address on its port takes the request, in this fabric or
+    /// another process's on the UDP link (read from `/proc/net/unix` and `/proc/net/udp`,
+    /// before the fabric's lock is taken), else the id's own device, which rejects it.
     pub fn cm_resolve_addr(
         &self,
         id: CmId,
         src: Option<SocketAddrV4>,
         dst: SocketAddrV4,
     ) -> Result<(), CmError> {
-        self.cm(|st| st.cm_resolve_addr(id.0, src, dst))
+        let host = (*dst.ip() == std::net::Ipv4Addr::LOCALHOST).then(super::loopback::Host::read);
+        self.cm(|st| st.cm_resolve_addr(id.0, src, dst, host.as_ref()))
     }
 
     /// Resolves the route (`rdma_resolve_route`): `ROUTE_RESOLVED`.
@@ -164,7 +169,9 @@ impl Fabric {
 
     /// Listens (`rdma_listen`). An RC connection request that finds `backlog` requests not yet
     /// taken from the channel is dropped (the requester sends it again after its timeout), as
-    /// the kernel's CM does; a UD one (SIDR) is rejected.
+    /// the kernel's CM does; a UD one (SIDR) is rejected. An id bound to the any address on
+    /// the UDP link is announced to the host's other processes (a Unix socket per device, with
+    /// an abstract name, held until the id is destroyed), which reach it at 127.0.0.1.
     pub fn cm_listen(&self, id: CmId, backlog: i32) -> Result<(), CmError> {
         self.cm(|st| st.cm_listen(id.0, backlog))
     }
@@ -246,6 +253,13 @@ impl Fabric {
             let i = st.cm_id(id.0)?;
             Ok((i.dev, i.src, i.dst))
         })
+    }
+
+    /// The GID an id's messages and QP go to (`route.addr.ibaddr.dgid`): its peer's, or the
+    /// device 127.0.0.1 was resolved to; zeros before its address is resolved or a request
+    /// came.
+    pub fn cm_id_peer_gid(&self, id: CmId) -> Result<[u8; 16], CmError> {
+        self.cm(|st| Ok(st.cm_id(id.0)?.peer_gid))
     }
 
     /// The next event of a channel, if one waits; EAGAIN if none. Never blocks.
@@ -407,11 +421,8 @@ mod tests {
         .expect("a free address in 127.0.0.2-254");
         let ch = f.cm_create_channel().unwrap();
         let id = f.cm_create_id(ch, PortSpace::Tcp).unwrap();
-        // A device that never answers (a loopback address no device has is the host itself,
-        // whose device would reject the REQ at once): the REQ goes out and waits.
-        let silent = std::net::Ipv4Addr::new(127, 0, 62, 9);
-        let _device = std::net::UdpSocket::bind((silent, crate::roce::UDP_PORT)).unwrap();
-        let to = std::net::SocketAddrV4::new(silent, 9);
+        // Nobody listens there: the REQ goes out and waits for an answer.
+        let to = std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 0, 27, 1), 9);
         f.cm_resolve_addr(id, None, to).unwrap();
         let next = |kind| {
             let end = std::time::Instant::now() + std::time::Duration::from_secs(10);

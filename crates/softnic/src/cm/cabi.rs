@@ -15,7 +15,7 @@ use crate::abi::{self, Kind};
 use crate::fabric::Fabric;
 
 /// The layout version of [`CmOps`] and [`CEvent`]: a library built for another refuses it.
-pub const CM_OPS_VERSION: u32 = 4;
+pub const CM_OPS_VERSION: u32 = 5;
 
 /// An IPv4 address and port (host byte order).
 #[repr(C)]
@@ -111,7 +111,7 @@ impl From<&CmEvent> for CEvent {
     }
 }
 
-/// The device and addresses of an id.
+/// The device, addresses and peer GID of an id.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CIdInfo {
@@ -125,6 +125,8 @@ pub struct CIdInfo {
     pub local: CAddr,
     /// The remote address.
     pub remote: CAddr,
+    /// The GID messages to the remote go to ([`Fabric::cm_id_peer_gid`]; zeros if none yet).
+    pub peer_gid: [u8; 16],
 }
 
 type Ctx = *mut ibv_context;
@@ -417,7 +419,9 @@ unsafe extern "C" fn get_event(ctx: Ctx, chan: u32, out: *mut CEvent) -> c_int {
 unsafe extern "C" fn id_info(ctx: Ctx, id: u32, out: *mut CIdInfo) -> c_int {
     on(ctx, |f| {
         let (dev, local, remote) = f.cm_id_addrs(CmId(id))?;
+        let peer_gid = f.cm_id_peer_gid(CmId(id))?;
         let info = CIdInfo {
+            peer_gid,
             dev: dev.map_or(-1, |d| d as c_int),
             has_local: u8::from(local.is_some()),
             has_remote: u8::from(remote.is_some()),

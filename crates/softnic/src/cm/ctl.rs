@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use ibverbs_sys::{ibv_access_flags, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state};
 
 use super::ids::{Id, St};
+use super::loopback::Host;
 use super::mad::{self, IpHeader, Msg, Rej, Rep, SidrRep, private, reject};
 use super::{CmError, CmEventKind, ConnParam, MAX_RETRIES, QP_TIMEOUT, RESPONSE_TIMEOUT, err};
 use crate::qp::Transport;
@@ -75,13 +76,15 @@ impl State {
     /// with `-EHOSTUNREACH` for an address the link does not reach. A multicast group is
     /// reached from any device (a join follows: see `groups.rs`). The unspecified address is
     /// loopback, as the kernel's `cma_resolve_loopback`: the bound device's own address (the
-    /// first device's if unbound). A loopback address no device has is the host too (see
-    /// [`peer_gid`](Self::peer_gid)): on the UDP link, perhaps another process's device.
+    /// first device's if unbound). 127.0.0.1, unless a device has it, is the host too: its
+    /// request goes where [`peer_gid`](Self::peer_gid) says (`host`: what the caller read of
+    /// the host for it, before it took the lock).
     pub(crate) fn cm_resolve_addr(
         &mut self,
         id: u32,
         src: Option<SocketAddrV4>,
         dst: SocketAddrV4,
+        host: Option<&Host>,
     ) -> Result<(), CmError> {
         if dst.ip().is_broadcast() {
             return err(libc::EINVAL, "resolving the broadcast address");
@@ -101,7 +104,7 @@ impl State {
             dst
         };
         let dev = bound.or_else(|| self.dev_of_ip(*dst.ip())).unwrap_or(0);
-        let gid = self.peer_gid(id, dev, dst);
+        let gid = self.peer_gid(id, dev, dst, host);
         if !dst.ip().is_multicast() && self.w.route(dev, &gid).is_none() {
             self.w
                 .cm
@@ -165,20 +168,24 @@ impl State {
     }
 
     /// The GID a request to `dst` from device `dev` for id `id` goes to: `dst`'s own, unless
-    /// it is a loopback address that no device has (in this fabric, or on the host's UDP
-    /// link), which the kernel's CM takes for the host itself (`cma_resolve_loopback`): then a
-    /// device listening at the any address on `dst`'s port (`dev` itself if this fabric
-    /// listens there, else a device another process announced: see
-    /// [`loopback`](super::loopback)), or `dev` itself, where nobody listens and the request
-    /// is rejected.
-    fn peer_gid(&self, id: u32, dev: usize, dst: SocketAddrV4) -> [u8; 16] {
+    /// it is 127.0.0.1 and no device has it (in this fabric, nor on the host's UDP link, as
+    /// `host` read before the lock says): then it is the host, as a kernel's CM takes
+    /// loopback (`cma_resolve_loopback`), where a device listening at the any address on
+    /// `dst`'s port takes the request: `dev` itself if this fabric listens there, else a
+    /// device another process announced (see [`loopback`](super::loopback)), else `dev`
+    /// itself, which rejects the request (nobody listens).
+    fn peer_gid(&self, id: u32, dev: usize, dst: SocketAddrV4, host: Option<&Host>) -> [u8; 16] {
         let ip = *dst.ip();
         let own = crate::roce::ipv4_gid(ip);
+        if ip != Ipv4Addr::LOCALHOST || self.dev_of_ip(ip).is_some() {
+            return own;
+        }
         let on_udp = self.w.devices[dev].udp.is_some();
-        let loopback = ip.is_loopback()
-            && self.dev_of_ip(ip).is_none()
-            && !(on_udp && super::loopback::device_at(ip));
-        let Some(ps) = self.w.cm.ids.get(&id).map(|i| i.ps).filter(|_| loopback) else {
+        // Another process's device there (or no telling): that device.
+        if on_udp && host.and_then(|h| h.device_at(ip)) != Some(false) {
+            return own;
+        }
+        let Some(ps) = self.w.cm.ids.get(&id).map(|i| i.ps) else {
             return own;
         };
         let listens_here = self.w.cm.ids.values().any(|i| {
@@ -189,7 +196,7 @@ impl State {
         });
         if !listens_here
             && on_udp
-            && let Some(at) = super::loopback::announced(ps, dst.port())
+            && let Some(at) = host.and_then(|h| h.listener(ps, dst.port()))
         {
             return crate::roce::ipv4_gid(at);
         }

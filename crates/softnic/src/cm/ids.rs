@@ -116,7 +116,7 @@ pub(crate) struct Id {
     pub(crate) groups: Vec<super::groups::Joined>,
     /// A listener bound to the any address on the UDP link: the names that announce it to
     /// the host's other processes (see [`loopback`](super::loopback)).
-    pub(crate) announced: Vec<std::os::unix::net::UnixDatagram>,
+    pub(crate) announced: Vec<super::loopback::Announcement>,
 }
 
 impl Id {

@@ -42,7 +42,7 @@ mod core;
 mod ctl;
 mod groups;
 mod ids;
-mod loopback;
+pub(crate) mod loopback;
 mod sidr;
 
 use crate::qp::Transport;

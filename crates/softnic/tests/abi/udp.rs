@@ -157,7 +157,8 @@ fn rebind(ip: Ipv4Addr) -> Fabric {
 /// A child forked after its parent bound a device's address does not hold it: a parent
 /// restarted while its child lives (a daemon gone into the background, a server's worker)
 /// binds it again, as it opens a kernel's device again. Before, the child's copy of the
-/// receiving socket kept the address until the child exited.
+/// receiving socket kept the address until the child exited. Nor does it keep the name that
+/// announced its parent's listener to the host (see `cm::loopback`).
 #[test]
 fn a_forked_child_does_not_hold_its_parents_address() {
     let ip = Ipv4Addr::new(127, 0, 59, 1);
@@ -167,6 +168,21 @@ fn a_forked_child_does_not_hold_its_parents_address() {
         ..Default::default()
     })
     .expect("127.0.59.1 is this test's");
+    let ch = fabric.cm_create_channel().unwrap();
+    let l = fabric
+        .cm_create_id(ch, softnic::cm::PortSpace::Tcp)
+        .unwrap();
+    let any = std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 47_059);
+    fabric.cm_bind(l, any).unwrap();
+    fabric.cm_listen(l, 1).unwrap();
+    let name = format!("@softnic-cm/0106/47059/{ip}");
+    let announced = || {
+        let t = std::fs::read("/proc/net/unix").unwrap();
+        String::from_utf8_lossy(&t)
+            .lines()
+            .any(|l| l.ends_with(&name))
+    };
+    assert!(announced(), "the listener is announced");
     let mut pipe = [-1; 2];
     // SAFETY: two descriptors written into `pipe`.
     assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
@@ -184,6 +200,7 @@ fn a_forked_child_does_not_hold_its_parents_address() {
     assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
     drop(fabric);
     let again = std::panic::catch_unwind(|| rebind(ip));
+    let still_announced = announced();
     let mut status = 0;
     // SAFETY: an out-pointer to `status`: whether the child still lives (it waits for the
     // byte), so that the address was free while it did.
@@ -198,6 +215,10 @@ fn a_forked_child_does_not_hold_its_parents_address() {
         libc::close(pipe[1]);
     }
     let again = again.unwrap_or_else(|_| panic!("{ip} stayed bound while the forked child lived"));
+    assert!(
+        !still_announced,
+        "{name} stayed while the forked child lived"
+    );
     assert_eq!(
         looked, 0,
         "the child ended early (status {status:#x}), or waitpid failed"
