@@ -228,9 +228,14 @@ unsafe fn named(node: *const c_char, service: *const c_char) -> Result<SocketAdd
     Ok(SocketAddrV4::new(ip, port))
 }
 
-/// A numeric IPv4 address or a host name's first IPv4 address.
+/// A numeric IPv4 address (or an IPv6 one that stands for one: [`ipv4_of`]) or a host
+/// name's first IPv4 address.
 fn resolve(node: &CStr) -> Result<Ipv4Addr, c_int> {
-    if let Ok(ip) = node.to_string_lossy().parse::<Ipv4Addr>() {
+    let text = node.to_string_lossy();
+    if let Ok(ip) = text.parse::<Ipv4Addr>() {
+        return Ok(ip);
+    }
+    if let Some(ip) = text.parse::<std::net::Ipv6Addr>().ok().and_then(ipv4_of) {
         return Ok(ip);
     }
     let hints = libc::addrinfo {

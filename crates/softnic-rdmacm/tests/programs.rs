@@ -663,5 +663,6 @@ fn udpong_sends_datagrams() {
 /// (`tests/c/rsock.c` says what), under valgrind when it is installed.
 #[test]
 fn rsockets_behave_as_sockets() {
+    let _turn = localhost();
     under_valgrind("rsock", &["127.0.26.49"]);
 }

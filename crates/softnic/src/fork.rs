@@ -6,8 +6,9 @@
 //! socket they share; the child's copies of its parent's receiving sockets (bound to its
 //! devices' addresses) and of the names that announce its listeners to the host are replaced
 //! by `/dev/null` (see [`Bound`]), so that the parent's addresses are free again once it
-//! exits, and its listeners no longer announced once it destroys them; and a [`PerProcess`] value the parent built (the
-//! device of a library over softnic) is built afresh by the child on its first use there.
+//! exits, and its listeners no longer announced once it destroys them; and a [`PerProcess`]
+//! value the parent built (the device of a library over softnic) is built afresh by the child
+//! on its first use there.
 
 use std::cell::RefCell;
 use std::io;
@@ -95,10 +96,11 @@ extern "C" fn after_fork_in_child() {
     FORKS.fetch_add(1, Ordering::AcqRel);
 }
 
-/// The descriptors of the [`Bound`] sockets of the process: -1 where free. A process has a
-/// few (one per device on the UDP link); beyond 64, a child keeps its copies of the rest, as
+/// The descriptors of the [`Bound`] sockets of the process: -1 where free. A process has one
+/// per device on the UDP link, and one per device for each listener bound to the any address
+/// there (every datagram rsocket's is); beyond 1024, a child keeps its copies of the rest, as
 /// it did of all before.
-static BOUND: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+static BOUND: [AtomicI32; 1024] = [const { AtomicI32::new(-1) }; 1024];
 
 /// Held (shared) while a [`Bound`] socket is made and registered, or unregistered and closed,
 /// and (exclusive) by a thread that forks: a child never has a bound socket its parent had

@@ -86,10 +86,13 @@ pub(super) unsafe fn put_sin(
     }
     let mut out = [0u8; size_of::<libc::sockaddr_in6>()];
     let n = if v6 {
-        let mut b = [0u8; 16];
-        b[10] = 0xff;
-        b[11] = 0xff;
-        b[12..].copy_from_slice(&sin.sin_addr.s_addr.to_ne_bytes());
+        let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+        // 127.0.0.1 is the host, as `::1` is (what an AF_INET6 socket bound or asked for).
+        let b = if ip == std::net::Ipv4Addr::LOCALHOST {
+            std::net::Ipv6Addr::LOCALHOST.octets()
+        } else {
+            ip.to_ipv6_mapped().octets()
+        };
         let a6 = libc::sockaddr_in6 {
             sin6_family: libc::AF_INET6 as libc::sa_family_t,
             sin6_port: sin.sin_port,

@@ -45,7 +45,8 @@ export! {
         insert(inner)
     }
 
-    /// Binds the socket to a local address (IPv4; IPv6's any and IPv4-mapped addresses too).
+    /// Binds the socket to a local address (IPv4; IPv6's any, loopback and IPv4-mapped
+    /// addresses too).
     "RDMACM_1.0" fn rbind(socket: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int {
         with(socket, |_, mut g| {
             if g.phase != Phase::Open {

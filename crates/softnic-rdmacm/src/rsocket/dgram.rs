@@ -11,9 +11,10 @@
 //! same address and port moves it: the sender was made again). As with UDP, address and
 //! port are the packet's word: a process may claim another's port on its own host. A send
 //! to an address it has no route to resolves one by SIDR first (waiting for it, as a
-//! blocking call, for as long as the CM retries a silent host); when it resolves 127.0.0.1
-//! (the host) to another process's device, that device's datagrams are taken as from
-//! 127.0.0.1, as a kernel's loopback answers from the address asked. Datagrams may be lost, as
+//! blocking call, for as long as the CM retries a silent host); a port of 127.0.0.1 (the
+//! host) resolves to a device (another process's, whose socket listens there), whose
+//! datagrams from that port are taken as from 127.0.0.1, as a kernel's loopback answers from
+//! the address asked. Datagrams may be lost, as
 //! UDP's are; one longer than a slot fails with `EMSGSIZE`, and a read of a shorter buffer
 //! than the datagram truncates it. A connected socket drops datagrams from elsewhere.
 
@@ -78,12 +79,16 @@ pub(super) struct Dgram {
     pub(super) port: u16,
     /// `rconnect`'s address: where `rsend` sends, the only source `rrecv` takes.
     pub(super) peer: Option<libc::sockaddr_in>,
-    /// (the device address datagrams come from, the address sent to) of the loopback
-    /// addresses SIDR resolved to another device (127.0.0.1, the host: a server of another
-    /// process), network order: that device's datagrams are taken as from the address sent
-    /// to, as a kernel's loopback answers from the address asked.
-    aliases: Vec<(u32, u32)>,
+    /// (port, device address), network order, of the ports of 127.0.0.1 (the host) that SIDR
+    /// resolved: sends there go to that device (its route and AH, each device's its own), and
+    /// its datagrams from that port are taken as from 127.0.0.1, as a kernel's loopback
+    /// answers from the address asked. The latest resolution of a port replaces the last;
+    /// the oldest goes beyond [`ROUTES`](super::routes::ROUTES).
+    host_ports: VecDeque<(u16, u32)>,
 }
+
+/// 127.0.0.1 as a `sockaddr_in` holds it.
+const LOCALHOST: u32 = u32::from_ne_bytes([127, 0, 0, 1]);
 
 impl Dgram {
     /// The UD QP and slots on the device of `id` (the first device for an id on none).
@@ -102,7 +107,7 @@ impl Dgram {
             routes: Routes::default(),
             port: 0,
             peer: None,
-            aliases: Vec::new(),
+            host_ports: VecDeque::new(),
         });
         let mut attr = d.s.qp_attr(v::ibv_qp_type::IBV_QPT_UD, TX, RX);
         // SAFETY: the device's PD and valid attributes.
@@ -185,13 +190,12 @@ impl Dgram {
             unsafe { std::ptr::copy_nonoverlapping(at, head.as_mut_ptr(), head.len()) };
         }
         let (ip, hdr) = (source(&head[..GRH]), &head[GRH..]);
-        let aliases = &self.aliases;
-        let ip = ip.map(|ip| aliases.iter().find(|a| a.0 == ip).map_or(ip, |a| a.1));
         let port = u16::from_ne_bytes([hdr[2], hdr[3]]);
         let ours = hdr[..2] == MAGIC;
-        let peer = self.peer;
-        let from_peer =
-            |ip: u32| peer.is_none_or(|p| p.sin_addr.s_addr == ip && p.sin_port == port);
+        let peer = self
+            .peer
+            .map(|p| (self.via(p.sin_addr.s_addr, p.sin_port), p.sin_port));
+        let from_peer = |ip: u32| peer.is_none_or(|p| p == (ip, port));
         let Some(ip) = ip.filter(|&ip| ours && from_peer(ip)) else {
             // Not a datagram of an rsocket, or not from the connected peer: dropped (a repost
             // fails only on a QP in error).
@@ -209,6 +213,11 @@ impl Dgram {
         };
         self.learn((ip, port), (qpn, QKEY), attr);
         let len = len - GRH - HDR;
+        let ip = if self.host_ports.contains(&(port, ip)) {
+            LOCALHOST
+        } else {
+            ip
+        };
         self.rx.push_back(Rx {
             slot,
             len,
@@ -251,12 +260,29 @@ impl Dgram {
         self.routes.learn(to, peer, attr, busy, drop);
     }
 
+    /// The address a send to `ip` and `port` goes to: `ip`, or for 127.0.0.1 the device SIDR
+    /// resolved the port to (see `host_ports`).
+    fn via(&self, ip: u32, port: u16) -> u32 {
+        if ip != LOCALHOST {
+            return ip;
+        }
+        self.host_ports
+            .iter()
+            .find(|h| h.0 == port)
+            .map_or(ip, |h| h.1)
+    }
+
     /// A route to `to`, resolved by SIDR if none is kept (waiting for the reply).
     pub(super) fn resolve(&mut self, to: &libc::sockaddr_in) -> Result<(), c_int> {
-        let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
-        if self.routes.get(ip, port).is_some() {
+        let port = to.sin_port;
+        if self
+            .routes
+            .get(self.via(to.sin_addr.s_addr, port), port)
+            .is_some()
+        {
             return Ok(());
         }
+        let mut ip = to.sin_addr.s_addr;
         let mut tid = null_mut();
         // SAFETY: an out-pointer; no channel: a synchronous id, each call waits.
         if unsafe { id::rdma_create_id(null_mut(), &mut tid, null_mut(), RDMA_PS_UDP) } != 0 {
@@ -284,11 +310,14 @@ impl Dgram {
         let ud = r?;
         // SAFETY: every variant of the GID union is 16 plain bytes.
         let dgid = unsafe { ud.ah_attr.grh.dgid.raw };
-        if dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
-            let at = u32::from_ne_bytes([dgid[12], dgid[13], dgid[14], dgid[15]]);
-            if at != ip && !self.aliases.contains(&(at, ip)) {
-                self.aliases.push((at, ip));
+        if ip == LOCALHOST && dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+            // The host: the device that answered, which its own route and AH name.
+            ip = u32::from_ne_bytes([dgid[12], dgid[13], dgid[14], dgid[15]]);
+            self.host_ports.retain(|h| h.0 != port);
+            if self.host_ports.len() >= super::routes::ROUTES {
+                self.host_ports.pop_front();
             }
+            self.host_ports.push_back((port, ip));
         }
         self.learn((ip, port), (ud.qp_num, ud.qkey), || Some(ud.ah_attr));
         Ok(())
@@ -317,7 +346,8 @@ impl Dgram {
                 n += b.len();
             }
         }
-        let (ip, port) = (to.sin_addr.s_addr, to.sin_port);
+        let port = to.sin_port;
+        let ip = self.via(to.sin_addr.s_addr, port);
         let Some((qpn, qkey)) = self.routes.get(ip, port) else {
             return Err(libc::EHOSTUNREACH);
         };

@@ -24,7 +24,8 @@
  *   read truncates it) from the sender's address, and the reply to that address arrives; a send
  *   to a port nobody serves fails with ECONNREFUSED; a connected socket does not see (rpoll)
  *   another's datagrams; rrecvmsg names the source; a server made again on its port is
- *   reached once its first datagram came.
+ *   reached once its first datagram came;
+ * - 127.0.0.1, the host (see host_datagrams).
  * Prints "ok" and exits 0 on success; says what went wrong otherwise. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -138,6 +139,61 @@ static void datagrams(const char *addr) {
     CHECK(rclose(c) == 0 && rclose(s) == 0);
 }
 
+/* 127.0.0.1, the host: a datagram socket bound to the any address is reached there, and its
+ * answers come from 127.0.0.1 and that port, while another socket of the same device, sent to
+ * at its own address, answers from there; a socket connected to 127.0.0.1 takes its answers;
+ * an AF_INET6 socket bound to ::1 (the host too) is named ::1. */
+static void host_datagrams(const char *addr) {
+    unsigned char buf[16];
+    int any = rsocket(AF_INET, SOCK_DGRAM, 0), own = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(any >= 0 && own >= 0);
+    struct sockaddr_in anywhere = at("0.0.0.0", 7395), lo = at("127.0.0.1", 7395);
+    struct sockaddr_in own_at = at(addr, 7396);
+    CHECK(rbind(any, (struct sockaddr *)&anywhere, sizeof anywhere) == 0);
+    CHECK(rbind(own, (struct sockaddr *)&own_at, sizeof own_at) == 0);
+    int c = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(c >= 0);
+    struct sockaddr_in from;
+    socklen_t flen = sizeof from;
+    CHECK(rsendto(c, "h1", 2, 0, (struct sockaddr *)&lo, sizeof lo) == 2);
+    CHECK(rrecvfrom(any, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(rsendto(any, "r1", 2, 0, (struct sockaddr *)&from, flen) == 2);
+    flen = sizeof from;
+    CHECK(rrecvfrom(c, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(memcmp(buf, "r1", 2) == 0);
+    CHECK(from.sin_addr.s_addr == lo.sin_addr.s_addr && from.sin_port == lo.sin_port);
+    CHECK(rsendto(c, "h2", 2, 0, (struct sockaddr *)&own_at, sizeof own_at) == 2);
+    flen = sizeof from;
+    CHECK(rrecvfrom(own, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(rsendto(own, "r2", 2, 0, (struct sockaddr *)&from, flen) == 2);
+    flen = sizeof from;
+    CHECK(rrecvfrom(c, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(memcmp(buf, "r2", 2) == 0);
+    CHECK(from.sin_addr.s_addr == own_at.sin_addr.s_addr && from.sin_port == own_at.sin_port);
+    int d = rsocket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(d >= 0 && rconnect(d, (struct sockaddr *)&lo, sizeof lo) == 0);
+    CHECK(rsend(d, "h3", 2, 0) == 2);
+    flen = sizeof from;
+    CHECK(rrecvfrom(any, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(rsendto(any, "r3", 2, 0, (struct sockaddr *)&from, flen) == 2);
+    CHECK(wait_for(d, POLLIN) & POLLIN);
+    CHECK(rrecv(d, buf, sizeof buf, 0) == 2 && memcmp(buf, "r3", 2) == 0);
+    int v6 = rsocket(AF_INET6, SOCK_DGRAM, 0);
+    CHECK(v6 >= 0);
+    struct sockaddr_in6 lo6, name6;
+    memset(&lo6, 0, sizeof lo6);
+    lo6.sin6_family = AF_INET6;
+    lo6.sin6_port = htons(7397);
+    lo6.sin6_addr = in6addr_loopback;
+    CHECK(rbind(v6, (struct sockaddr *)&lo6, sizeof lo6) == 0);
+    socklen_t nlen = sizeof name6;
+    CHECK(rgetsockname(v6, (struct sockaddr *)&name6, &nlen) == 0);
+    CHECK(nlen == sizeof name6 && name6.sin6_family == AF_INET6);
+    CHECK(memcmp(&name6.sin6_addr, &in6addr_loopback, sizeof name6.sin6_addr) == 0);
+    CHECK(rclose(v6) == 0 && rclose(d) == 0 && rclose(c) == 0);
+    CHECK(rclose(own) == 0 && rclose(any) == 0);
+}
+
 /* Sends from `from` until nothing more goes (no room for 200 ms: the peer's slots are full,
  * and so are this end's). */
 static void fill(int from) {
@@ -177,6 +233,7 @@ int main(int argc, char **argv) {
     int one = 1;
 
     datagrams(addr);
+    host_datagrams(addr);
     CHECK(rclose(12345) == -1 && errno == EBADF);
     CHECK(rsend(0, "x", 1, 0) == -1 && errno == EBADF);
 

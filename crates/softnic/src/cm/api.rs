@@ -249,17 +249,30 @@ impl Fabric {
         &self,
         id: CmId,
     ) -> Result<(Option<usize>, Option<SocketAddrV4>, Option<SocketAddrV4>), CmError> {
-        self.cm(|st| {
-            let i = st.cm_id(id.0)?;
-            Ok((i.dev, i.src, i.dst))
-        })
+        self.cm_id_route(id)
+            .map(|(dev, src, dst, _)| (dev, src, dst))
     }
 
-    /// The GID an id's messages and QP go to (`route.addr.ibaddr.dgid`): its peer's, or the
-    /// device 127.0.0.1 was resolved to; zeros before its address is resolved or a request
-    /// came.
-    pub fn cm_id_peer_gid(&self, id: CmId) -> Result<[u8; 16], CmError> {
-        self.cm(|st| Ok(st.cm_id(id.0)?.peer_gid))
+    /// [`cm_id_addrs`](Self::cm_id_addrs), and the GID the id's messages and QP go to
+    /// (`route.addr.ibaddr.dgid`: its peer's, or the device 127.0.0.1 was resolved to; zeros
+    /// before its address is resolved or a request came), all at once.
+    #[allow(clippy::type_complexity)]
+    pub fn cm_id_route(
+        &self,
+        id: CmId,
+    ) -> Result<
+        (
+            Option<usize>,
+            Option<SocketAddrV4>,
+            Option<SocketAddrV4>,
+            [u8; 16],
+        ),
+        CmError,
+    > {
+        self.cm(|st| {
+            let i = st.cm_id(id.0)?;
+            Ok((i.dev, i.src, i.dst, i.peer_gid))
+        })
     }
 
     /// The next event of a channel, if one waits; EAGAIN if none. Never blocks.

@@ -125,7 +125,7 @@ pub struct CIdInfo {
     pub local: CAddr,
     /// The remote address.
     pub remote: CAddr,
-    /// The GID messages to the remote go to ([`Fabric::cm_id_peer_gid`]; zeros if none yet).
+    /// The GID messages to the remote go to ([`Fabric::cm_id_route`]; zeros if none yet).
     pub peer_gid: [u8; 16],
 }
 
@@ -418,8 +418,7 @@ unsafe extern "C" fn get_event(ctx: Ctx, chan: u32, out: *mut CEvent) -> c_int {
 
 unsafe extern "C" fn id_info(ctx: Ctx, id: u32, out: *mut CIdInfo) -> c_int {
     on(ctx, |f| {
-        let (dev, local, remote) = f.cm_id_addrs(CmId(id))?;
-        let peer_gid = f.cm_id_peer_gid(CmId(id))?;
+        let (dev, local, remote, peer_gid) = f.cm_id_route(CmId(id))?;
         let info = CIdInfo {
             peer_gid,
             dev: dev.map_or(-1, |d| d as c_int),

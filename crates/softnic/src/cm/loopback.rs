@@ -10,6 +10,8 @@
 //! is destroyed or its process ends; a child forked without `exec` drops its copy (see
 //! [`Bound`]). A resolver reads the names in `/proc/net/unix`, and takes the lowest address of
 //! the port's whose device is up (a kernel would have refused a second listener the port).
+//! Binding keeps the kernel's rule (`cma_any_addr`): a loopback address that no device of the
+//! process has is the any address, and a listener bound there is announced too.
 
 use std::net::{Ipv4Addr, Shutdown};
 use std::os::linux::net::SocketAddrExt;
@@ -62,14 +64,18 @@ pub(crate) struct Host {
 impl Host {
     /// The two tables, as they are now.
     pub(crate) fn read() -> Host {
-        let read = |path| {
-            std::fs::read(path)
-                .ok()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-        };
+        Host::of(
+            std::fs::read("/proc/net/unix").ok(),
+            std::fs::read("/proc/net/udp").ok(),
+        )
+    }
+
+    /// The tables of the bytes read (`None`: unreadable).
+    fn of(unix: Option<Vec<u8>>, udp: Option<Vec<u8>>) -> Host {
+        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
         Host {
-            unix: read("/proc/net/unix"),
-            udp: read("/proc/net/udp"),
+            unix: unix.map(text),
+            udp: udp.map(text),
         }
     }
 
@@ -122,13 +128,13 @@ fn bound_in(table: &str, ip: Ipv4Addr) -> bool {
 mod tests {
     use super::*;
 
-    /// `/proc/net/udp`'s lines of sockets at 127.0.0.3, .9 and 127.0.0.2 (this host's byte
-    /// order) on 4791, and 127.0.0.4 on another port.
+    /// `/proc/net/udp`'s lines of sockets at 127.0.0.3, .9, 127.0.0.2 and the any address
+    /// (this host's byte order) on 4791, and 127.0.0.4 on another port.
     fn udp_table() -> String {
         let hex = |ip: [u8; 4], port: u16| format!("{:08X}:{port:04X}", u32::from_ne_bytes(ip));
         let line = |local: String| format!("   0: {local} 00000000:0000 07 00000000:00000000\n");
         let mut t = String::from("   sl  local_address rem_address   st\n");
-        for ip in [[127, 0, 0, 3], [127, 0, 0, 9], [127, 0, 0, 2]] {
+        for ip in [[127, 0, 0, 3], [127, 0, 0, 9], [127, 0, 0, 2], [0, 0, 0, 0]] {
             t += &line(hex(ip, 4791));
         }
         t + &line(hex([127, 0, 0, 4], 4790))
@@ -146,20 +152,18 @@ mod tests {
             0000000000000000: 00000002 00000000 00000000 0002 01 7 @softnic-cm/0106/7000/0.0.0.0\n\
             0000000000000000: 00000003 00000000 00000000 0001 03 8 /run/systemd/notify\n\
             0000000000000000: 00000003 00000000 00000000 0001 03 9\n";
-        let host = Host {
-            unix: Some(unix.into()),
-            udp: Some(udp_table()),
-        };
+        // A name that is not UTF-8 (the kernel prints a path's bytes as they are) hides none.
+        let mut bytes =
+            b"0000000000000000: 00000002 00000000 00000000 0002 01 0 /tmp/\xff\xfe\n".to_vec();
+        bytes.extend_from_slice(unix.as_bytes());
+        let host = Host::of(Some(bytes), Some(udp_table().into_bytes()));
         // 127.0.0.1's device is not up (a stale name): the next one.
         let at = |ps, port| host.listener(ps, port);
         assert_eq!(at(PortSpace::Tcp, 7000), Some(Ipv4Addr::new(127, 0, 0, 3)));
         assert_eq!(at(PortSpace::Udp, 7000), Some(Ipv4Addr::new(127, 0, 0, 2)));
         assert_eq!(at(PortSpace::Ib, 7000), None);
         assert_eq!(at(PortSpace::Tcp, 700), None);
-        let unreadable = Host {
-            unix: None,
-            udp: None,
-        };
+        let unreadable = Host::of(None, None);
         assert_eq!(unreadable.listener(PortSpace::Tcp, 7000), None);
         assert_eq!(unreadable.device_at(Ipv4Addr::new(127, 0, 0, 3)), None);
     }
