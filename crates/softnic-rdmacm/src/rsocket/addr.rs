@@ -1,5 +1,6 @@
 //! Socket addresses: what the caller gives (IPv4, or IPv6's any, loopback and IPv4-mapped
-//! addresses) and what it is given back (IPv4-mapped on an `AF_INET6` socket).
+//! addresses) and what it is given back (IPv4-mapped on an `AF_INET6` socket, 127.0.0.1 as
+//! `::1`).
 
 use std::ffi::c_int;
 

@@ -14,12 +14,12 @@
 //! blocking call, for as long as the CM retries a silent host); a port of 127.0.0.1 (the
 //! host) resolves to a device (another process's, whose socket listens there), whose
 //! datagrams from that port are taken as from 127.0.0.1, as a kernel's loopback answers from
-//! the address asked. Datagrams may be lost, as
-//! UDP's are; one longer than a slot fails with `EMSGSIZE`, and a read of a shorter buffer
-//! than the datagram truncates it. A connected socket drops datagrams from elsewhere.
+//! the address asked. Datagrams may be lost, as UDP's are; one longer than a slot fails with
+//! `EMSGSIZE`, and a read of a shorter buffer than the datagram truncates it. A connected
+//! socket drops datagrams from elsewhere.
 
 use std::collections::BTreeMap;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::sync::{Mutex, OnceLock};
@@ -79,12 +79,12 @@ pub(super) struct Dgram {
     pub(super) port: u16,
     /// `rconnect`'s address: where `rsend` sends, the only source `rrecv` takes.
     pub(super) peer: Option<libc::sockaddr_in>,
-    /// (port, device address), network order, of the ports of 127.0.0.1 (the host) that SIDR
+    /// Port -> device address, network order, of the ports of 127.0.0.1 (the host) that SIDR
     /// resolved: sends there go to that device (its route and AH, each device's its own), and
     /// its datagrams from that port are taken as from 127.0.0.1, as a kernel's loopback
-    /// answers from the address asked. The latest resolution of a port replaces the last;
-    /// the oldest goes beyond [`ROUTES`](super::routes::ROUTES).
-    host_ports: VecDeque<(u16, u32)>,
+    /// answers from the address asked. The latest resolution of a port replaces the last
+    /// (one entry a port at most).
+    host_ports: HashMap<u16, u32>,
 }
 
 /// 127.0.0.1 as a `sockaddr_in` holds it.
@@ -107,7 +107,7 @@ impl Dgram {
             routes: Routes::default(),
             port: 0,
             peer: None,
-            host_ports: VecDeque::new(),
+            host_ports: HashMap::new(),
         });
         let mut attr = d.s.qp_attr(v::ibv_qp_type::IBV_QPT_UD, TX, RX);
         // SAFETY: the device's PD and valid attributes.
@@ -213,7 +213,7 @@ impl Dgram {
         };
         self.learn((ip, port), (qpn, QKEY), attr);
         let len = len - GRH - HDR;
-        let ip = if self.host_ports.contains(&(port, ip)) {
+        let ip = if self.host_ports.get(&port) == Some(&ip) {
             LOCALHOST
         } else {
             ip
@@ -266,10 +266,7 @@ impl Dgram {
         if ip != LOCALHOST {
             return ip;
         }
-        self.host_ports
-            .iter()
-            .find(|h| h.0 == port)
-            .map_or(ip, |h| h.1)
+        self.host_ports.get(&port).copied().unwrap_or(ip)
     }
 
     /// A route to `to`, resolved by SIDR if none is kept (waiting for the reply).
@@ -313,11 +310,7 @@ impl Dgram {
         if ip == LOCALHOST && dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
             // The host: the device that answered, which its own route and AH name.
             ip = u32::from_ne_bytes([dgid[12], dgid[13], dgid[14], dgid[15]]);
-            self.host_ports.retain(|h| h.0 != port);
-            if self.host_ports.len() >= super::routes::ROUTES {
-                self.host_ports.pop_front();
-            }
-            self.host_ports.push_back((port, ip));
+            self.host_ports.insert(port, ip);
         }
         self.learn((ip, port), (ud.qp_num, ud.qkey), || Some(ud.ah_attr));
         Ok(())

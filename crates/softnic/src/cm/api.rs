@@ -18,6 +18,14 @@ use crate::state::State;
 /// the fabric's lock before they give up.
 const AT_EXIT_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// An id's device (its index), local and remote addresses, and the GID its messages go to.
+pub(crate) type IdRoute = (
+    Option<usize>,
+    Option<SocketAddrV4>,
+    Option<SocketAddrV4>,
+    [u8; 16],
+);
+
 impl Fabric {
     /// Runs `f` on the state, then makes progress (what `f` sent leaves).
     fn cm<R>(&self, f: impl FnOnce(&mut State) -> Result<R, CmError>) -> Result<R, CmError> {
@@ -256,19 +264,7 @@ impl Fabric {
     /// [`cm_id_addrs`](Self::cm_id_addrs), and the GID the id's messages and QP go to
     /// (`route.addr.ibaddr.dgid`: its peer's, or the device 127.0.0.1 was resolved to; zeros
     /// before its address is resolved or a request came), all at once.
-    #[allow(clippy::type_complexity)]
-    pub fn cm_id_route(
-        &self,
-        id: CmId,
-    ) -> Result<
-        (
-            Option<usize>,
-            Option<SocketAddrV4>,
-            Option<SocketAddrV4>,
-            [u8; 16],
-        ),
-        CmError,
-    > {
+    pub(crate) fn cm_id_route(&self, id: CmId) -> Result<IdRoute, CmError> {
         self.cm(|st| {
             let i = st.cm_id(id.0)?;
             Ok((i.dev, i.src, i.dst, i.peer_gid))

@@ -125,7 +125,8 @@ pub struct CIdInfo {
     pub local: CAddr,
     /// The remote address.
     pub remote: CAddr,
-    /// The GID messages to the remote go to ([`Fabric::cm_id_route`]; zeros if none yet).
+    /// The GID messages to the remote go to (its peer's, or the device 127.0.0.1 was
+    /// resolved to; zeros if none yet).
     pub peer_gid: [u8; 16],
 }
 

@@ -142,16 +142,22 @@ mod tests {
 
     #[test]
     fn the_lowest_announced_address_whose_device_is_up_is_found() {
-        let unix = "Num       RefCount Protocol Flags    Type St Inode Path\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 1 @softnic-cm/0106/7000/127.0.0.9\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 2 @softnic-cm/0106/7000/127.0.0.3\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 3 @softnic-cm/0106/7000/127.0.0.1\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 4 @softnic-cm/0111/7000/127.0.0.2\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 5 @softnic-cm/0106/70000/127.0.0.2\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 6 @softnic-cm/0106/7000/junk\n\
-            0000000000000000: 00000002 00000000 00000000 0002 01 7 @softnic-cm/0106/7000/0.0.0.0\n\
-            0000000000000000: 00000003 00000000 00000000 0001 03 8 /run/systemd/notify\n\
-            0000000000000000: 00000003 00000000 00000000 0001 03 9\n";
+        let names = [
+            "@softnic-cm/0106/7000/127.0.0.9",
+            "@softnic-cm/0106/7000/127.0.0.3",
+            "@softnic-cm/0106/7000/127.0.0.1",
+            "@softnic-cm/0111/7000/127.0.0.2",
+            "@softnic-cm/0106/70000/127.0.0.2",
+            "@softnic-cm/0106/7000/junk",
+            "@softnic-cm/0106/7000/0.0.0.0",
+            "/run/systemd/notify",
+            "",
+        ];
+        let mut unix = String::from("Num       RefCount Protocol Flags    Type St Inode Path\n");
+        for (inode, name) in names.iter().enumerate() {
+            unix +=
+                &format!("0000000000000000: 00000002 00000000 00000000 0002 01 {inode} {name}\n");
+        }
         // A name that is not UTF-8 (the kernel prints a path's bytes as they are) hides none.
         let mut bytes =
             b"0000000000000000: 00000002 00000000 00000000 0002 01 0 /tmp/\xff\xfe\n".to_vec();
