@@ -354,6 +354,36 @@ fn calls_on_an_id_go_on_while_a_synchronous_call_on_it_waits() {
     says_ok("turns", &["127.0.26.13"], false);
 }
 
+/// Two ports of 127.0.0.1 served by datagram rsockets of two processes (two devices), asked in
+/// turn by a third over one socket (`tests/c/hostports.c`): each port's datagrams go to its
+/// own device and its answers come from 127.0.0.1 and that port (a first version sent the
+/// second port's to the first device, whose AH the host's address had).
+#[test]
+fn two_ports_of_127_0_0_1_on_two_devices_are_two_peers() {
+    let lib = library_dir();
+    let Some(exe) = build_c(&lib, "hostports") else {
+        return;
+    };
+    let _turn = localhost();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let servers = [("127.0.62.5", "47181", "A"), ("127.0.62.6", "47182", "B")]
+        .map(|(addr, port, tag)| start(&lib, addr, &[&exe, "serve", port, tag], &[]));
+    // The servers listen at once; the client's first datagram waits for their SIDR answer.
+    std::thread::sleep(Duration::from_millis(500));
+    let ask = [&exe, "ask", "47181", "A", "47182", "B"];
+    let (ok, text) = finish(start(&lib, "127.0.62.7", &ask, &[]), deadline);
+    let said: Vec<(bool, String)> = servers.into_iter().map(|s| finish(s, deadline)).collect();
+    let _ = std::fs::remove_dir_all(&lib);
+    assert!(
+        ok && text.contains("ok"),
+        "client: {text}
+servers: {said:?}"
+    );
+    for (ok, text) in said {
+        assert!(ok && text.contains("ok"), "server: {text}");
+    }
+}
+
 /// rdma_cm across a fork (`tests/c/forked.c`): a child forked after its parent connected
 /// makes ids of its own (its own device, at another address) and connects to its parent's
 /// listener; its exit ends its own connection and none of its parent's, which still carries

@@ -40,30 +40,7 @@
 #include <sys/select.h>
 #include <sys/uio.h>
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            printf("line %d: %s (errno %d: %s)\n", __LINE__, #cond, errno,            \
-                   strerror(errno));                                                  \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
-
-static struct sockaddr_in at(const char *addr, int port) {
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    inet_pton(AF_INET, addr, &a.sin_addr);
-    return a;
-}
-
-/* Waits (rpoll, 10 s at most) until `fd` reports one of `events`. */
-static short wait_for(int fd, short events) {
-    struct pollfd p = {.fd = fd, .events = events};
-    CHECK(rpoll(&p, 1, 10000) == 1);
-    return p.revents;
-}
+#include "rcheck.h"
 
 /* Reads exactly `len` bytes (blocking socket). */
 static void read_all(int fd, unsigned char *buf, size_t len) {
