@@ -213,7 +213,8 @@ impl Dgram {
         };
         self.learn((ip, port), (qpn, QKEY), attr);
         let len = len - GRH - HDR;
-        let ip = if self.host_ports.get(&port) == Some(&ip) {
+        // (Most sockets never resolve 127.0.0.1: no lookup per datagram then.)
+        let ip = if !self.host_ports.is_empty() && self.host_ports.get(&port) == Some(&ip) {
             LOCALHOST
         } else {
             ip

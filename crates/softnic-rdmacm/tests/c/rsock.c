@@ -116,6 +116,21 @@ static void datagrams(const char *addr) {
     CHECK(rclose(c) == 0 && rclose(s) == 0);
 }
 
+/* Sends a datagram from `c` to `to`, where `server` receives it and answers `reply` (two
+ * bytes): the address the answer came from. */
+static struct sockaddr_in ask(int c, struct sockaddr_in to, int server, const char *reply) {
+    unsigned char buf[16];
+    struct sockaddr_in from;
+    socklen_t flen = sizeof from;
+    CHECK(rsendto(c, "?", 1, 0, (struct sockaddr *)&to, sizeof to) == 1);
+    CHECK(rrecvfrom(server, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 1);
+    CHECK(rsendto(server, reply, 2, 0, (struct sockaddr *)&from, flen) == 2);
+    flen = sizeof from;
+    CHECK(rrecvfrom(c, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
+    CHECK(memcmp(buf, reply, 2) == 0);
+    return from;
+}
+
 /* 127.0.0.1, the host: a datagram socket bound to the any address is reached there, and its
  * answers come from 127.0.0.1 and that port, while another socket of the same device, sent to
  * at its own address, answers from there; a socket connected to 127.0.0.1 takes its answers;
@@ -130,27 +145,14 @@ static void host_datagrams(const char *addr) {
     CHECK(rbind(own, (struct sockaddr *)&own_at, sizeof own_at) == 0);
     int c = rsocket(AF_INET, SOCK_DGRAM, 0);
     CHECK(c >= 0);
-    struct sockaddr_in from;
-    socklen_t flen = sizeof from;
-    CHECK(rsendto(c, "h1", 2, 0, (struct sockaddr *)&lo, sizeof lo) == 2);
-    CHECK(rrecvfrom(any, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
-    CHECK(rsendto(any, "r1", 2, 0, (struct sockaddr *)&from, flen) == 2);
-    flen = sizeof from;
-    CHECK(rrecvfrom(c, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
-    CHECK(memcmp(buf, "r1", 2) == 0);
+    struct sockaddr_in from = ask(c, lo, any, "r1");
     CHECK(from.sin_addr.s_addr == lo.sin_addr.s_addr && from.sin_port == lo.sin_port);
-    CHECK(rsendto(c, "h2", 2, 0, (struct sockaddr *)&own_at, sizeof own_at) == 2);
-    flen = sizeof from;
-    CHECK(rrecvfrom(own, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
-    CHECK(rsendto(own, "r2", 2, 0, (struct sockaddr *)&from, flen) == 2);
-    flen = sizeof from;
-    CHECK(rrecvfrom(c, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
-    CHECK(memcmp(buf, "r2", 2) == 0);
+    from = ask(c, own_at, own, "r2");
     CHECK(from.sin_addr.s_addr == own_at.sin_addr.s_addr && from.sin_port == own_at.sin_port);
     int d = rsocket(AF_INET, SOCK_DGRAM, 0);
     CHECK(d >= 0 && rconnect(d, (struct sockaddr *)&lo, sizeof lo) == 0);
     CHECK(rsend(d, "h3", 2, 0) == 2);
-    flen = sizeof from;
+    socklen_t flen = sizeof from;
     CHECK(rrecvfrom(any, buf, sizeof buf, 0, (struct sockaddr *)&from, &flen) == 2);
     CHECK(rsendto(any, "r3", 2, 0, (struct sockaddr *)&from, flen) == 2);
     CHECK(wait_for(d, POLLIN) & POLLIN);

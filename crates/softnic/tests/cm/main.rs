@@ -92,12 +92,23 @@ pub fn listen(e: &Ends, ps: PortSpace, backlog: i32) -> CmId {
 
 /// A client id with its address and route resolved to [`SERVER`].
 pub fn client(e: &Ends, ps: PortSpace) -> CmId {
-    let id = e.fabric.cm_create_id(e.ca, ps).unwrap();
     let src = SocketAddrV4::new(CLIENT_IP, 0);
-    e.fabric.cm_resolve_addr(id, Some(src), SERVER).unwrap();
-    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
+    routed(e, e.ca, ps, Some(src), SERVER)
+}
+
+/// A new id of `ps` on channel `ch`, its address (from `src`) and route resolved to `dst`.
+pub fn routed(
+    e: &Ends,
+    ch: ChannelId,
+    ps: PortSpace,
+    src: Option<SocketAddrV4>,
+    dst: SocketAddrV4,
+) -> CmId {
+    let id = e.fabric.cm_create_id(ch, ps).unwrap();
+    e.fabric.cm_resolve_addr(id, src, dst).unwrap();
+    expect(&e.fabric, ch, CmEventKind::AddrResolved);
     e.fabric.cm_resolve_route(id).unwrap();
-    expect(&e.fabric, e.ca, CmEventKind::RouteResolved);
+    expect(&e.fabric, ch, CmEventKind::RouteResolved);
     id
 }
 
@@ -636,17 +647,13 @@ fn a_loopback_address_no_device_has_is_the_any_address() {
     // As a destination it is the host, as the kernel's `cma_resolve_loopback` takes it: the
     // client's own device, where the listener bound to the any address takes the request (it
     // was EHOSTUNREACH: `ib_write_bw -R 127.0.0.1` failed).
-    let u = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
-    e.fabric.cm_resolve_addr(u, None, lo).unwrap();
-    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
+    let u = routed(&e, e.ca, PortSpace::Tcp, None, lo);
     let (dev, _, dst) = e.fabric.cm_id_addrs(u).unwrap();
     assert_eq!(
         (dev, dst),
         (Some(0), Some(lo)),
         "soft0, at the address asked"
     );
-    e.fabric.cm_resolve_route(u).unwrap();
-    expect(&e.fabric, e.ca, CmEventKind::RouteResolved);
     let qu = e.a.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
     e.fabric.cm_attach_qp(u, qu).unwrap();
     e.fabric.cm_connect(u, param(), &[]).unwrap();
@@ -664,12 +671,8 @@ fn a_loopback_address_no_device_has_is_the_any_address() {
     expect(&e.fabric, e.ca, CmEventKind::Established);
     send_works(&e.a, qu, &e.a, qv, 100);
     // Where nobody listens, the host rejects the request at once (no timeout).
-    let w = e.fabric.cm_create_id(e.ca, PortSpace::Tcp).unwrap();
     let unheard = SocketAddrV4::new(Ipv4Addr::LOCALHOST, SERVER.port() + 1);
-    e.fabric.cm_resolve_addr(w, None, unheard).unwrap();
-    expect(&e.fabric, e.ca, CmEventKind::AddrResolved);
-    e.fabric.cm_resolve_route(w).unwrap();
-    expect(&e.fabric, e.ca, CmEventKind::RouteResolved);
+    let w = routed(&e, e.ca, PortSpace::Tcp, None, unheard);
     e.fabric.cm_connect(w, param(), &[]).unwrap();
     let rej = next_event(&e.fabric, e.ca, Duration::from_millis(10))
         .expect("the client hears at once, not after its REQ's timeouts");
@@ -691,14 +694,10 @@ fn the_any_address_resolves_to_the_device_itself() {
     let e = ends(20);
     let l = listen(&e, PortSpace::Tcp, 8);
     let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER.port());
-    let c = e.fabric.cm_create_id(e.cb, PortSpace::Tcp).unwrap();
     let src = SocketAddrV4::new(*SERVER.ip(), 0);
-    e.fabric.cm_resolve_addr(c, Some(src), any).unwrap();
-    expect(&e.fabric, e.cb, CmEventKind::AddrResolved);
+    let c = routed(&e, e.cb, PortSpace::Tcp, Some(src), any);
     let (dev, _, dst) = e.fabric.cm_id_addrs(c).unwrap();
     assert_eq!((dev, dst), (Some(1), Some(SERVER)), "soft1's own address");
-    e.fabric.cm_resolve_route(c).unwrap();
-    expect(&e.fabric, e.cb, CmEventKind::RouteResolved);
     let qc = e.b.qp(ibv_qp_type::IBV_QPT_RC, cap(4, 4), true);
     e.fabric.cm_attach_qp(c, qc).unwrap();
     e.fabric.cm_connect(c, param(), &[]).unwrap();

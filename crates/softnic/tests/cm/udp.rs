@@ -63,36 +63,59 @@ struct Connected {
     c: CmId,
 }
 
-fn connect_over_udp(last: u8, lose: bool) -> Connected {
-    let (sip, cip) = (
-        Ipv4Addr::new(127, 0, 26, last - 1),
-        Ipv4Addr::new(127, 0, 26, last),
-    );
+/// Two fabrics on the UDP link at `sip` and `cip` (each losing its first MAD if `lose`), each
+/// with a channel, the server's listener bound to `at`: (server, client, their channels).
+fn listening(
+    (sip, cip): (Ipv4Addr, Ipv4Addr),
+    lose: bool,
+    at: SocketAddrV4,
+) -> (Fabric, Fabric, ChannelId, ChannelId, CmId) {
     let (server, client) = (on_udp(sip, lose), on_udp(cip, lose));
     let (cs, cc) = (
         server.cm_create_channel().unwrap(),
         client.cm_create_channel().unwrap(),
     );
     let l = server.cm_create_id(cs, PortSpace::Tcp).unwrap();
-    let at = SocketAddrV4::new(sip, 9000);
     server.cm_bind(l, at).unwrap();
     server.cm_listen(l, 4).unwrap();
-    let c = routed(&client, cc, at);
+    (server, client, cs, cc, l)
+}
+
+/// The client's id `c` (QP number 0x100) asks with `data`, the server accepts (QP number
+/// 0x200) and the client hears it: the server's connection request.
+fn accepted(
+    (server, cs): (&Fabric, ChannelId),
+    (client, cc): (&Fabric, ChannelId),
+    c: CmId,
+    data: &[u8],
+) -> CmEvent {
     let p = ConnParam {
         qp_num: 0x100,
         ..param()
     };
-    client.cm_connect(c, p, b"over udp").unwrap();
-    let req = wait(&server, cs, CmEventKind::ConnectRequest);
-    assert_eq!(&req.private[..8], b"over udp");
-    assert_eq!(*req.addrs.unwrap().1.ip(), cip);
+    client.cm_connect(c, p, data).unwrap();
+    let req = wait(server, cs, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private[..data.len()], data);
     let p = ConnParam {
         qp_num: 0x200,
         ..param()
     };
     server.cm_accept(req.id, p, &[]).unwrap();
-    let rep = wait(&client, cc, CmEventKind::ConnectResponse);
+    let rep = wait(client, cc, CmEventKind::ConnectResponse);
     assert_eq!(rep.param.qp_num, 0x200);
+    req
+}
+
+fn connect_over_udp(last: u8, lose: bool) -> Connected {
+    let (sip, cip) = (
+        Ipv4Addr::new(127, 0, 26, last - 1),
+        Ipv4Addr::new(127, 0, 26, last),
+    );
+    let at = SocketAddrV4::new(sip, 9000);
+    let (server, client, cs, cc, _) = listening((sip, cip), lose, at);
+    let c = routed(&client, cc, at);
+    let req = accepted((&server, cs), (&client, cc), c, b"over udp");
+    assert_eq!(*req.addrs.unwrap().1.ip(), cip);
     client.cm_establish(c).unwrap();
     wait(&server, cs, CmEventKind::Established);
     Connected {
@@ -149,45 +172,23 @@ fn a_process_that_ends_answers_its_peers_dreq() {
 #[test]
 fn a_listener_at_the_any_address_is_reached_at_127_0_0_1() {
     let (sip, cip) = (Ipv4Addr::new(127, 0, 62, 1), Ipv4Addr::new(127, 0, 62, 2));
-    let (server, client) = (on_udp(sip, false), on_udp(cip, false));
-    let (cs, cc) = (
-        server.cm_create_channel().unwrap(),
-        client.cm_create_channel().unwrap(),
-    );
     // A port no other test listens on (the announcement is the host's).
     let port = 47_031;
-    let l = server.cm_create_id(cs, PortSpace::Tcp).unwrap();
-    server
-        .cm_bind(l, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
-        .unwrap();
-    server.cm_listen(l, 4).unwrap();
+    let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
+    let (server, client, cs, cc, l) = listening((sip, cip), false, any);
     let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
     let c = routed(&client, cc, lo);
-    let p = ConnParam {
-        qp_num: 0x100,
-        ..param()
-    };
-    client.cm_connect(c, p, b"loopback").unwrap();
-    let req = wait(&server, cs, CmEventKind::ConnectRequest);
-    assert_eq!(&req.private[..8], b"loopback");
+    let req = accepted((&server, cs), (&client, cc), c, b"loopback");
     let (local, remote) = req.addrs.unwrap();
     assert_eq!((local, *remote.ip()), (lo, cip));
-    server
-        .cm_accept(
-            req.id,
-            ConnParam {
-                qp_num: 0x200,
-                ..param()
-            },
-            &[],
-        )
-        .unwrap();
-    let rep = wait(&client, cc, CmEventKind::ConnectResponse);
-    assert_eq!(rep.param.qp_num, 0x200);
 
     server.cm_destroy_id(l).unwrap();
     let heard = server.cm_counters("soft0").unwrap().mads_received;
     let again = routed(&client, cc, lo);
+    let p = ConnParam {
+        qp_num: 0x100,
+        ..param()
+    };
     client.cm_connect(again, p, &[]).unwrap();
     let rej = wait(&client, cc, CmEventKind::Rejected);
     assert_eq!(rej.id, again);
