@@ -132,8 +132,12 @@ impl State {
                 got += incoming.len();
                 let bufs = port.take_rx_bufs();
                 for d in &incoming {
+                    let damage = match self.w.devices[dev].udp.as_mut() {
+                        Some(port) => port.damage(d, &bufs),
+                        None => d.damage,
+                    };
                     let c = &mut self.w.devices[dev].counters;
-                    match d.damage {
+                    match damage {
                         Some(Damage::Malformed) => c.malformed += 1,
                         Some(Damage::BadIcrc) => c.icrc_errors += 1,
                         None => self.deliver_wire(
@@ -296,8 +300,10 @@ impl State {
                     self.w.spare.give(frame.bytes);
                 }
                 Dest::Udp(dst) => {
+                    // (Its payload is its own: see `World::send_on`.)
+                    debug_assert!(frame.gather.is_none(), "a waiting frame borrows memory");
                     if let Some(port) = self.w.devices[frame.from].udp.as_mut() {
-                        port.queue(frame.sport, dst, frame.bytes, frame.sealed);
+                        port.queue(frame.sport, dst, frame.bytes, frame.sealed, None);
                     }
                 }
             }

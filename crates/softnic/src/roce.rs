@@ -40,6 +40,12 @@ pub const UDP_LEN: usize = 8;
 /// An `ip_udp` of the wrong length for its IP version, or an `ib` shorter than a BTH, gives
 /// the CRC of what is there (which no correct packet carries): never a panic.
 pub fn icrc(ip_udp: &[u8], ib: &[u8]) -> u32 {
+    icrc_of_pieces(ip_udp, ib, &[])
+}
+
+/// [`icrc`] of a packet whose InfiniBand part is `ib` followed by the `more` pieces (a
+/// payload left where it lies, then the pad): the BTH is in `ib`.
+fn icrc_of_pieces(ip_udp: &[u8], ib: &[u8], more: &[&[u8]]) -> u32 {
     // The 8 bytes of ones are the same for every packet: start from their CRC. The masked
     // headers go in as one piece, then the rest: two updates (each small one costs about as
     // much as a few hundred bytes of the payload).
@@ -72,6 +78,9 @@ pub fn icrc(ip_udp: &[u8], ib: &[u8]) -> u32 {
     }
     h.update(&head[..n + bth]);
     h.update(&ib[bth..]);
+    for piece in more {
+        h.update(piece);
+    }
     h.finalize()
 }
 
@@ -171,11 +180,32 @@ pub fn ipv4_gid(ip: Ipv4Addr) -> [u8; 16] {
 /// identification `id` into the packet's last 4 bytes (`frame` is the InfiniBand part, ICRC
 /// included).
 pub(crate) fn seal_v4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, id: u16, frame: &mut [u8]) {
-    let Some(n) = frame.len().checked_sub(crate::packet::ICRC_LEN) else {
+    let at = frame.len().saturating_sub(crate::packet::ICRC_LEN);
+    seal_v4_around(src, sport, dst, id, frame, at, &[]);
+}
+
+/// [`seal_v4`] for a packet whose payload lies elsewhere: `frame` holds its headers (the first
+/// `at` bytes), then its pad and ICRC; `payload` goes between them on the wire.
+pub(crate) fn seal_v4_around(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    id: u16,
+    frame: &mut [u8],
+    at: usize,
+    payload: &[u8],
+) {
+    let Some(n) = frame
+        .len()
+        .checked_sub(crate::packet::ICRC_LEN)
+        .filter(|&n| at <= n)
+    else {
         return;
     };
-    let head = ipv4_udp_header(src, sport, dst, UDP_PORT, frame.len(), id);
-    let c = icrc(&head, &frame[..n]);
+    let len = frame.len() + payload.len();
+    let ip_udp = ipv4_udp_header(src, sport, dst, UDP_PORT, len, id);
+    let (head, pad) = frame[..n].split_at(at);
+    let c = icrc_of_pieces(&ip_udp, head, &[payload, pad]);
     frame[n..].copy_from_slice(&c.to_le_bytes());
 }
 

@@ -18,6 +18,11 @@
 //! checked against identification 0 and, failing that, the 63 a GSO segment may have.
 //! `SOFTNIC_GSO=0` in the environment sends every packet alone (a capture on the loopback
 //! interface sees a GSO send before it is cut, as one frame).
+//!
+//! Bytes are copied as few times as the kernel allows: a WRITE's or SEND's payload, and a READ
+//! response's, go from the registered memory straight into the kernel as the datagram leaves
+//! (see [`send`]); a packet that came in is checked (its ICRC) just before it is delivered,
+//! so that the copy into registered memory reads it from the cache.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -27,6 +32,11 @@ use std::time::Duration;
 use crate::fork::Bound;
 use crate::hash::FastMap;
 use crate::roce::{self, GSO_SEGMENTS, UDP_PORT};
+
+mod send;
+
+pub(crate) use send::Lent;
+use send::{Iov, Outgoing};
 
 /// Sending sockets per port (distinct UDP source ports for the QPs to spread over).
 const TX_SOCKETS: usize = 4;
@@ -49,14 +59,6 @@ const GSO_BYTES: usize = 65_507;
 /// Socket buffer sizes asked for (root may exceed the system maximum).
 pub(super) const RCVBUF: i32 = 32 << 20;
 const SNDBUF: i32 = 4 << 20;
-
-/// A datagram waiting to leave.
-struct Outgoing {
-    dst: SocketAddrV4,
-    bytes: Vec<u8>,
-    /// Its ICRC is already written (over identification 0): it is sent alone.
-    sealed: bool,
-}
 
 /// What is wrong with a datagram that came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +100,8 @@ pub(crate) struct UdpPort {
     outbox: Vec<Vec<Outgoing>>,
     /// Runs of the outbox sent as one message each (scratch, kept for its allocation).
     runs: Vec<std::ops::Range<usize>>,
+    /// The pieces of a batch's packets (scratch, kept for its allocation).
+    iovs: Vec<Iov>,
     /// Whether same-sized runs go as one GSO send.
     gso: bool,
     /// `BATCH` buffers of `RX_BUF` bytes, one after the other: where a batch of datagrams
@@ -161,6 +165,7 @@ impl UdpPort {
             outbox: (0..tx.len()).map(|_| Vec::new()).collect(),
             tx,
             runs: Vec::new(),
+            iovs: Vec::new(),
             gso,
             rx_bufs: vec![0; RX_BUF * BATCH],
             gro,
@@ -200,10 +205,29 @@ impl UdpPort {
     }
 
     /// Queues a packet from source port `sport` to `dst`; `sealed` if it already carries its
-    /// ICRC (it was corrupted after sealing), else it is sealed when it leaves.
-    pub(crate) fn queue(&mut self, sport: u16, dst: SocketAddrV4, bytes: Vec<u8>, sealed: bool) {
+    /// ICRC (it was corrupted after sealing), else it is sealed when it leaves. Its payload is
+    /// `lent` if it was left in registered memory (then `bytes` are its headers, pad and ICRC):
+    /// only in the round of progress that checked that memory, as the outbox is sent at its
+    /// end (see [`send`]).
+    pub(crate) fn queue(
+        &mut self,
+        sport: u16,
+        dst: SocketAddrV4,
+        bytes: Vec<u8>,
+        sealed: bool,
+        lent: Option<Lent>,
+    ) {
+        debug_assert!(
+            !(sealed && lent.is_some()),
+            "a sealed packet carries its payload"
+        );
         let i = self.tx.iter().position(|t| t.1 == sport).unwrap_or(0);
-        self.outbox[i].push(Outgoing { dst, bytes, sealed });
+        self.outbox[i].push(Outgoing {
+            dst,
+            bytes,
+            sealed,
+            lent,
+        });
     }
 
     /// Whether packets wait to be sent.
@@ -221,15 +245,15 @@ impl UdpPort {
                 continue;
             }
             let (sport, fd) = (self.tx[i].1, self.tx[i].0.as_raw_fd());
-            cut_runs(out, self.gso, &mut self.runs);
-            seal_runs(self.ip, sport, out, &self.runs);
+            send::cut_runs(out, self.gso, &mut self.runs);
+            send::seal_runs(self.ip, sport, out, &self.runs);
             let mut sent = 0;
             while sent < self.runs.len() {
                 let batch = &self.runs[sent..(sent + BATCH).min(self.runs.len())];
-                match send_batch(fd, out, batch) {
+                match send::send_batch(fd, out, batch, &mut self.iovs) {
                     Ok(n) => sent += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if batch[0].len() > 1 && !congested(&e) => {
+                    Err(e) if batch[0].len() > 1 && !send::congested(&e) => {
                         // The route cannot take GSO sends (no checksum offload, an MTU below
                         // the segment size, IPsec): this run and every packet from now on go
                         // alone, sealed again as such.
@@ -243,7 +267,7 @@ impl UdpPort {
                         let run = batch[0].clone();
                         let n = run.len();
                         self.runs.splice(sent..=sent, run.map(|k| k..k + 1));
-                        seal_runs(self.ip, sport, out, &self.runs[sent..sent + n]);
+                        send::seal_runs(self.ip, sport, out, &self.runs[sent..sent + n]);
                     }
                     Err(_) => {
                         // The first message was refused (a full buffer: EAGAIN, ENOBUFS):
@@ -273,8 +297,9 @@ impl UdpPort {
     }
 
     /// Takes in up to one batch of datagrams that have arrived (a GRO batch counts as one and
-    /// is cut back into its packets), checks them, and puts them in `into` (cleared first).
-    /// They lie in the receive buffers until the next call. Returns how many packets came, and
+    /// is cut back into its packets) and puts them in `into` (cleared first), each to be
+    /// checked before it is taken ([`damage`](Self::damage)). They lie in the receive buffers
+    /// until the next call. Returns how many packets came, and
     /// whether more may be waiting (the batch was full: a shorter one emptied the socket).
     pub(crate) fn receive(&mut self, into: &mut Vec<Incoming>) -> (usize, bool) {
         const CTL: usize = 4; // u64 words: CMSG_SPACE(4) is 24 bytes on 64-bit Linux
@@ -350,13 +375,15 @@ impl UdpPort {
                 }
             }
         }
-        for d in into.iter_mut() {
-            if d.damage.is_none() {
-                let bytes = d.bytes(&self.rx_bufs);
-                d.damage = check(self.ip, &mut self.gso_residues, d.src, bytes);
-            }
-        }
         (into.len(), full)
+    }
+
+    /// What is wrong with `d`, a packet of the last batch, whose buffers are `bufs`: checked
+    /// (its ICRC) packet by packet as each is taken, so that the check leaves the packet in
+    /// the cache for its delivery to copy from, not a whole batch later.
+    pub(crate) fn damage(&mut self, d: &Incoming, bufs: &[u8]) -> Option<Damage> {
+        d.damage
+            .or_else(|| check(self.ip, &mut self.gso_residues, d.src, d.bytes(bufs)))
     }
 }
 
@@ -386,132 +413,6 @@ pub(super) fn check(
             .collect()
     });
     (!known.contains(&r)).then_some(Damage::BadIcrc)
-}
-
-/// Writes the ICRC of every unsealed packet of `runs`: packet `k` of a run goes as segment
-/// `k` of one GSO send, with IPv4 identification `k`.
-fn seal_runs(ip: Ipv4Addr, sport: u16, out: &mut [Outgoing], runs: &[std::ops::Range<usize>]) {
-    for run in runs {
-        for (k, o) in out[run.clone()].iter_mut().enumerate() {
-            if !o.sealed {
-                roce::seal_v4(ip, sport, *o.dst.ip(), k as u16, &mut o.bytes);
-            }
-        }
-    }
-}
-
-/// Cuts `out` into the runs sent as one message each: with `gso`, consecutive unsealed
-/// packets to one unicast destination, all as long as the first but the last (which may be
-/// shorter), at most 64 and 65507 bytes; otherwise one packet each.
-fn cut_runs(out: &[Outgoing], gso: bool, runs: &mut Vec<std::ops::Range<usize>>) {
-    runs.clear();
-    let mut k = 0;
-    while k < out.len() {
-        let first = &out[k];
-        let size = first.bytes.len();
-        let (mut end, mut total) = (k + 1, size);
-        // (A group's packets go alone: its sockets check the ICRC for identification 0.)
-        if gso && !first.sealed && !first.dst.ip().is_multicast() {
-            while let Some(o) = out.get(end) {
-                let l = o.bytes.len();
-                if o.sealed
-                    || o.dst != first.dst
-                    || l > size
-                    || end - k == GSO_SEGMENTS
-                    || total + l > GSO_BYTES
-                {
-                    break;
-                }
-                total += l;
-                end += 1;
-                if l < size {
-                    break;
-                }
-            }
-        }
-        runs.push(k..end);
-        k = end;
-    }
-}
-
-/// Most packets one batch of runs may hold (BATCH runs of up to 64 segments).
-const BATCH_SEGMENTS: usize = BATCH * GSO_SEGMENTS;
-
-/// Whether a refused send says the way out is full for now (the socket's buffer, the device's
-/// queue, memory), not that the route cannot take the send as it was made: the datagrams are
-/// dropped as a congested wire drops them, and a GSO send that met it is no reason to give up
-/// GSO for good.
-fn congested(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::WouldBlock
-        || matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM))
-}
-
-/// Sends the runs `batch` of `out` from socket `fd` in one `sendmmsg`, a run of more than one
-/// packet as one GSO send: how many runs left (`EAGAIN` if none could, the buffer being full).
-// Never inlined: its 32 KiB of `iovec`s would be in the frame of every caller up to the
-// progress loop, whose every call (in process too, where no datagram is ever sent) would then
-// touch each page of them (the stack probe: 77 instructions a chunk in bench row 13).
-#[inline(never)]
-fn send_batch(fd: RawFd, out: &[Outgoing], batch: &[std::ops::Range<usize>]) -> io::Result<usize> {
-    debug_assert!(batch.len() <= BATCH);
-    const CTL: usize = 4; // u64 words: CMSG_SPACE(2) is 24 bytes on 64-bit Linux
-    // SAFETY: all-zero `mmsghdr`, `sockaddr_in` and control words are valid values; the
-    // `iovec`s are left uninitialised (32 KiB to zero per call otherwise) and each is written
-    // below before a header points at it: a run's `msg_iov` points at its first and
-    // `msg_iovlen` counts only those written for it (at most `BATCH_SEGMENTS` in all, as a
-    // batch has at most `BATCH` runs of at most `GSO_SEGMENTS` packets); every pointer set
-    // below points into these locals or into `out`'s buffers, which outlive the call; the
-    // control message is written inside its buffer through the CMSG macros, whose space the
-    // assertion checks; the kernel only reads through the pointers.
-    unsafe {
-        let mut addrs: [libc::sockaddr_in; BATCH] = std::mem::zeroed();
-        let mut iovs = [const { std::mem::MaybeUninit::<libc::iovec>::uninit() }; BATCH_SEGMENTS];
-        let mut hdrs: [libc::mmsghdr; BATCH] = std::mem::zeroed();
-        let mut ctls: [[u64; CTL]; BATCH] = [[0; CTL]; BATCH];
-        debug_assert!(libc::CMSG_SPACE(2) as usize <= CTL * 8);
-        let iov_base = iovs.as_mut_ptr().cast::<libc::iovec>();
-        let mut v = 0;
-        for (i, run) in batch.iter().enumerate() {
-            let first = &out[run.start];
-            addrs[i].sin_family = libc::AF_INET as libc::sa_family_t;
-            addrs[i].sin_port = first.dst.port().to_be();
-            addrs[i].sin_addr.s_addr = u32::from(*first.dst.ip()).to_be();
-            let h = &mut hdrs[i].msg_hdr;
-            h.msg_name = (&raw mut addrs[i]).cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-            h.msg_iov = iov_base.add(v);
-            h.msg_iovlen = run.len();
-            for o in &out[run.clone()] {
-                iov_base.add(v).write(libc::iovec {
-                    iov_base: o.bytes.as_ptr().cast_mut().cast(),
-                    iov_len: o.bytes.len(),
-                });
-                v += 1;
-            }
-            if run.len() > 1 {
-                h.msg_control = ctls[i].as_mut_ptr().cast();
-                h.msg_controllen = libc::CMSG_SPACE(2) as usize;
-                let c = libc::CMSG_FIRSTHDR(h);
-                (*c).cmsg_level = libc::SOL_UDP;
-                (*c).cmsg_type = libc::UDP_SEGMENT;
-                (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
-                let size = first.bytes.len() as u16;
-                libc::CMSG_DATA(c).cast::<u16>().write_unaligned(size);
-            }
-        }
-        // Never block under the fabric's lock: a full socket buffer is a congested wire.
-        let n = libc::sendmmsg(
-            fd,
-            hdrs.as_mut_ptr(),
-            batch.len() as u32,
-            libc::MSG_DONTWAIT,
-        );
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
 }
 
 /// Sleeps until one of `fds` is readable or `timeout` (at most a second) has passed (a signal
@@ -573,17 +474,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_buffer_is_congestion_not_a_route_that_refuses_gso() {
-        for e in [libc::EAGAIN, libc::ENOBUFS, libc::ENOMEM] {
-            assert!(congested(&io::Error::from_raw_os_error(e)), "errno {e}");
-        }
-        // What a route that cannot segment says (no checksum offload, a smaller MTU).
-        for e in [libc::EIO, libc::EINVAL, libc::EMSGSIZE, libc::EOPNOTSUPP] {
-            assert!(!congested(&io::Error::from_raw_os_error(e)), "errno {e}");
-        }
-    }
-
-    #[test]
     fn a_batch_that_is_not_full_says_the_socket_was_emptied() {
         let mut port = UdpPort::bind_free(&[]).expect("a free address in 127.0.0.2-254");
         let to = SocketAddrV4::new(port.ip, UDP_PORT);
@@ -608,7 +498,12 @@ mod tests {
         }
         assert_eq!(batches, [(BATCH, true), (3, false)]);
         // Not RoCEv2 (no valid ICRC): each is counted as damaged, never delivered.
-        assert!(into.iter().all(|d| d.damage == Some(Damage::BadIcrc)));
+        let bufs = port.take_rx_bufs();
+        assert!(
+            into.iter()
+                .all(|d| port.damage(d, &bufs) == Some(Damage::BadIcrc))
+        );
+        port.give_rx_bufs(bufs);
         assert_eq!(port.receive(&mut into), (0, false));
     }
 }

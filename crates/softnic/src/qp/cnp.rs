@@ -52,10 +52,7 @@ impl Qp {
             ..Headers::default()
         };
         let mut bytes = w.spare.take(hdr.wire_len(RESERVED.len()));
-        if hdr.emit_unsealed(&RESERVED, &mut bytes).is_err() {
-            debug_assert!(false, "softnic built an inconsistent CNP");
-            return;
-        }
+        hdr.emit_unsealed(&RESERVED, &mut bytes);
         bytes[4] |= BECN;
         self.last_cnp = Some(w.now);
         self.count(w, |c| {

@@ -468,9 +468,10 @@ impl Qp {
             xrceth: self.xrceth(wqe),
             ..Headers::default()
         };
-        // The payload is gathered straight into the frame, after its headers: one copy. Or,
-        // for a WRITE to a device of this fabric that may read it late, not at all: the
-        // responder copies it from this memory (see `Gather`).
+        // The payload is gathered straight into the frame, after its headers: one copy. Or
+        // not at all: for a WRITE to a device of this fabric that may read it late, the
+        // responder copies it from this memory (see `Gather`); for the UDP link, the kernel
+        // does as the datagram leaves, at the end of this round (see `udp::send`).
         let n = chunk as usize;
         let queued = &self
             .sq
@@ -479,10 +480,11 @@ impl Qp {
             .payload;
         let late = match queued {
             Payload::Sges(sges)
-                if write
+                if (write
                     && chunk > 0
                     && matches!(to, Some(Dest::Local(_)))
-                    && (self.transport == Transport::Rc || !w.cfg.copy_payload) =>
+                    && (self.transport == Transport::Rc || !w.cfg.copy_payload))
+                    || (chunk > 0 && w.cfg.copy_payload && matches!(to, Some(Dest::Udp(_)))) =>
             {
                 let by = (self.dev, self.pd, self.id, self.wire_gen);
                 w.gather_late(by, sges, (offset, chunk), fresh)
@@ -492,10 +494,7 @@ impl Qp {
         let mut bytes = w
             .spare
             .take(hdr.wire_len(if late.is_some() { 0 } else { n }));
-        if hdr.emit_head(n, &mut bytes).is_err() {
-            debug_assert!(false, "softnic built an inconsistent header: {hdr:?}");
-            return true;
-        }
+        hdr.emit_head(n, &mut bytes);
         let mut gather = None;
         let gathered = match (queued, late) {
             (_, Some(g)) => g.map(|g| gather = Some(g)),

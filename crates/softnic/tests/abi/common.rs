@@ -429,6 +429,25 @@ pub fn write_wr(
     )
 }
 
+/// A signaled RDMA WRITE_WITH_IMM of all of `src` (registered as `smr`) to `remote_addr`,
+/// under `dmr`'s rkey, with immediate `imm` (host order).
+pub fn write_imm_wr(
+    wr_id: u64,
+    src: &[u8],
+    smr: *mut ibv_mr,
+    remote_addr: u64,
+    dmr: *mut ibv_mr,
+    imm: u32,
+) -> ibv_send_wr {
+    let wr = send_wr(
+        wr_id,
+        ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+        &[sge(src, smr)],
+        SIGNALED,
+    );
+    with_imm(with_rdma(wr, remote_addr, rkey(dmr)), imm)
+}
+
 /// A signaled RDMA READ into all of `dst` (registered as `dmr`) from `remote_addr`, under
 /// `smr`'s rkey.
 pub fn read_wr(

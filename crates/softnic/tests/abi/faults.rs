@@ -281,32 +281,8 @@ fn uc_loses_the_whole_message_but_what_arrived_stays_in_memory() {
     let smr = a.reg(&mut src, LOCAL_WRITE);
     let dmr = b.reg(&mut dst, ALL_ACCESS);
     post_recv(qb, &mut [recv_wr(1, &[]), recv_wr(2, &[])]).unwrap();
-    let w1 = with_imm(
-        with_rdma(
-            send_wr(
-                1,
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                &[sge(&src, smr)],
-                SIGNALED,
-            ),
-            dst.as_ptr() as u64,
-            rkey(dmr),
-        ),
-        1,
-    );
-    let w2 = with_imm(
-        with_rdma(
-            send_wr(
-                2,
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                &[sge(&src[..100], smr)],
-                SIGNALED,
-            ),
-            dst.as_ptr() as u64,
-            rkey(dmr),
-        ),
-        2,
-    );
+    let w1 = write_imm_wr(1, &src, smr, dst.as_ptr() as u64, dmr, 1);
+    let w2 = write_imm_wr(2, &src[..100], smr, dst.as_ptr() as u64, dmr, 2);
     post_send(qa, &mut [w1]).unwrap();
     f.run_until_idle().unwrap();
     // The first two packets landed; the rest of that message did not; no completion for it.

@@ -185,19 +185,7 @@ fn a_uc_write_without_copies_arrives_after(then: impl FnOnce(*mut ibv_qp, *mut i
     let smr = a.reg(&mut src, LOCAL_WRITE);
     let dmr = b.reg(&mut dst, ALL_ACCESS);
     post_recv(qb, &mut [recv_wr(7, &[])]).unwrap();
-    let wr = with_imm(
-        with_rdma(
-            send_wr(
-                1,
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                &[sge(&src, smr)],
-                SIGNALED,
-            ),
-            dst.as_ptr() as u64,
-            rkey(dmr),
-        ),
-        5,
-    );
+    let wr = write_imm_wr(1, &src, smr, dst.as_ptr() as u64, dmr, 5);
     post_send(qa, &mut [wr]).unwrap();
     let sent = poll(a.cq, 1);
     assert_eq!(sent.len(), 1, "UC completes as the packet leaves");

@@ -207,19 +207,7 @@ fn a_write_whose_packets_carry_less_than_its_reth_says_is_refused() {
             cut_0_to_1(&f);
             let mut src = vec![0u8; 3 * 1024];
             let smr = a.reg(&mut src, LOCAL_WRITE);
-            let wr = with_imm(
-                with_rdma(
-                    send_wr(
-                        1,
-                        ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                        &[sge(&src, smr)],
-                        SIGNALED,
-                    ),
-                    remote.as_ptr() as u64,
-                    rkey(rmr),
-                ),
-                9,
-            );
+            let wr = write_imm_wr(1, &src, smr, remote.as_ptr() as u64, rmr, 9);
             post_send(qa, &mut [wr]).unwrap();
             let status = answer_to(&f, &a, &packets);
             assert_eq!(status, ibv_wc_status::IBV_WC_REM_INV_REQ_ERR);

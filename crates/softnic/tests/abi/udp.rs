@@ -10,6 +10,8 @@ use softnic::{Error, Link, roce};
 
 use crate::common::*;
 
+mod payload;
+
 pub(crate) fn udp_fabric(seed: u64) -> Fabric {
     Fabric::try_new(FabricConfig {
         devices: 1,
@@ -60,8 +62,17 @@ pub(crate) fn rc_across(
     b: &Fabric,
     depth: u32,
 ) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
+    across(a, b, ibv_qp_type::IBV_QPT_RC, depth)
+}
+
+/// [`rc_across`] for QPs of type `ty` (RC or UC).
+fn across(
+    a: &Fabric,
+    b: &Fabric,
+    ty: ibv_qp_type::Type,
+    depth: u32,
+) -> (Node, *mut ibv_qp, Node, *mut ibv_qp) {
     let (na, nb) = (Node::open(a, "soft0"), Node::open(b, "soft0"));
-    let ty = ibv_qp_type::IBV_QPT_RC;
     let qa = na.qp(ty, cap(depth, depth), true);
     let qb = nb.qp(ty, cap(depth, depth), true);
     let alias = ibv_gid {
