@@ -357,6 +357,13 @@ impl World {
         Some(Err(ibv_wc_status::IBV_WC_LOC_LEN_ERR))
     }
 
+    /// Whether any of `sges` (of a WR on device `dev`) lies in an on-demand region.
+    pub(crate) fn on_demand(&self, dev: usize, sges: &[ibv_sge]) -> bool {
+        let keys = &self.devices[dev].keys;
+        sges.iter()
+            .any(|s| keys.get(s.lkey).is_some_and(|r| r.access & ON_DEMAND != 0))
+    }
+
     /// Checks that the memory a [`Gather`] reads is still registered as it was when its
     /// packet left.
     pub(crate) fn check_gather(&self, g: &Gather) -> Result<(), ibv_wc_status::Type> {

@@ -68,6 +68,7 @@ impl State {
             for d in &mut self.w.devices {
                 if let Some(port) = d.udp.as_mut() {
                     port.burst_left = crate::link::udp::BURST;
+                    port.forget_lent();
                 }
             }
         }
@@ -134,7 +135,7 @@ impl State {
                 for d in &incoming {
                     let damage = match self.w.devices[dev].udp.as_mut() {
                         Some(port) => port.damage(d, &bufs),
-                        None => d.damage,
+                        None => Some(Damage::BadIcrc),
                     };
                     let c = &mut self.w.devices[dev].counters;
                     match damage {
@@ -300,7 +301,7 @@ impl State {
                     self.w.spare.give(frame.bytes);
                 }
                 Dest::Udp(dst) => {
-                    // (Its payload is its own: see `World::send_on`.)
+                    // (Its payload is its own: see `World::transmit_udp`.)
                     debug_assert!(frame.gather.is_none(), "a waiting frame borrows memory");
                     if let Some(port) = self.w.devices[frame.from].udp.as_mut() {
                         port.queue(frame.sport, dst, frame.bytes, frame.sealed, None);

@@ -77,18 +77,21 @@ impl Frame {
     }
 }
 
-/// The payload of an RDMA WRITE packet between two devices of this fabric, left in the
-/// requester's registered memory until the packet is delivered, so that it is copied once,
-/// from the requester's memory into the responder's, not into a frame and out again.
+/// The payload of a packet left in the requester's registered memory, so that it is copied
+/// once, not into a frame and out again: from the requester's memory into the responder's
+/// (an RDMA WRITE between two devices of this fabric), or into the kernel as the datagram
+/// leaves (a WRITE or SEND on the UDP link, at the end of the round that built it: see
+/// `udp::send`).
 ///
-/// Only where reading the memory late cannot be told apart from reading it when the packet
-/// left: RC, whose requester may not touch the buffer before the WRITE's completion, which
-/// comes after the delivery (UC and UD complete as the packet leaves, and the memory may then
-/// be reused at once); and any WRITE when payload copies are off
-/// ([`FabricConfig::copy_payload`](crate::FabricConfig::copy_payload)), where the data is never
-/// read. A frame leaving on the UDP link, or being corrupted, takes its payload in first
-/// ([`World::materialize`]). The memory is checked again before it is read: a packet whose
-/// payload went away (an MR deregistered under an outstanding WR) is dropped as if lost.
+/// Between two devices of this fabric, only where reading the memory late cannot be told
+/// apart from reading it when the packet left: RC, whose requester may not touch the buffer
+/// before the WRITE's completion, which comes after the delivery (UC and UD complete as the
+/// packet leaves, and the memory may then be reused at once); and any WRITE when payload
+/// copies are off ([`FabricConfig::copy_payload`](crate::FabricConfig::copy_payload)), where
+/// the data is never read. A frame for the UDP link that cannot leave at once, or one being
+/// corrupted, takes its payload in first ([`World::materialize`]). The memory is checked
+/// again before it is read: a packet whose payload went away (an MR deregistered under an
+/// outstanding WR) is dropped as if lost.
 ///
 /// A packet whose payload spans two SGEs carries its bytes as usual. (A loopback WRITE of several
 /// packets whose source and destination overlap reads what earlier packets placed, where
@@ -244,7 +247,7 @@ impl World {
             verdict == Verdict::Duplicate || (pass && self.rng.chance(faults.duplicate));
         fate.duplicated = duplicate;
         if let Dest::Udp(dst) = frame.to {
-            self.transmit_udp(dst, at, frame, duplicate);
+            fate.dropped = !self.transmit_udp(dst, at, frame, duplicate);
             return fate;
         }
         if duplicate {
@@ -262,10 +265,16 @@ impl World {
     /// if left in memory, is read as the outbox goes, at the end of this round (see
     /// `udp::send`). A frame that waits may wait past this round, after which the program may
     /// have taken that memory back: it takes a copy now (and is lost if the memory is gone
-    /// already).
+    /// already: false then).
     // Never inlined: the in-process path of `transmit` stays as small as it was (bench row 13).
     #[inline(never)]
-    fn transmit_udp(&mut self, dst: SocketAddrV4, at: u64, mut frame: Frame, duplicate: bool) {
+    fn transmit_udp(
+        &mut self,
+        dst: SocketAddrV4,
+        at: u64,
+        mut frame: Frame,
+        duplicate: bool,
+    ) -> bool {
         if duplicate {
             let mut copy = frame.clone();
             if self.materialize(&mut copy) {
@@ -282,7 +291,10 @@ impl World {
             }
         } else if self.materialize(&mut frame) {
             self.send_on(at, frame);
+        } else {
+            return false;
         }
+        true
     }
 
     /// Puts a frame in flight to its next hop, arriving at `at`. Ties go by sending sequence,

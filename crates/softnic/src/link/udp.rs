@@ -19,10 +19,11 @@
 //! `SOFTNIC_GSO=0` in the environment sends every packet alone (a capture on the loopback
 //! interface sees a GSO send before it is cut, as one frame).
 //!
-//! Bytes are copied as few times as the kernel allows: a WRITE's or SEND's payload, and a READ
-//! response's, go from the registered memory straight into the kernel as the datagram leaves
-//! (see [`send`]); a packet that came in is checked (its ICRC) just before it is delivered,
-//! so that the copy into registered memory reads it from the cache.
+//! Bytes are copied as few times as the kernel allows: the payload of a WRITE or SEND packet
+//! (in one SGE of a region that is not on demand) goes from the registered memory straight
+//! into the kernel as the datagram leaves (see [`send`]); a packet that came in is checked
+//! (its ICRC) just before it is delivered, so that the copy into registered memory reads it
+//! from the cache.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -230,6 +231,16 @@ impl UdpPort {
         });
     }
 
+    /// Forgets the packets of a round that never ended (a panic unwound it before its outbox
+    /// went) whose payload was lent: that memory may be the program's again by now.
+    pub(crate) fn forget_lent(&mut self) {
+        for out in &mut self.outbox {
+            if !out.is_empty() {
+                out.retain(|o| o.lent.is_none());
+            }
+        }
+    }
+
     /// Whether packets wait to be sent.
     pub(crate) fn has_outgoing(&self) -> bool {
         self.outbox.iter().any(|o| !o.is_empty())
@@ -253,7 +264,11 @@ impl UdpPort {
                 match send::send_batch(fd, out, batch, &mut self.iovs) {
                     Ok(n) => sent += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if batch[0].len() > 1 && !send::congested(&e) => {
+                    Err(e)
+                        if batch[0].len() > 1
+                            && !send::congested(&e)
+                            && e.raw_os_error() != Some(libc::EFAULT) =>
+                    {
                         // The route cannot take GSO sends (no checksum offload, an MTU below
                         // the segment size, IPsec): this run and every packet from now on go
                         // alone, sealed again as such.
@@ -270,8 +285,10 @@ impl UdpPort {
                         send::seal_runs(self.ip, sport, out, &self.runs[sent..sent + n]);
                     }
                     Err(_) => {
-                        // The first message was refused (a full buffer: EAGAIN, ENOBUFS):
-                        // dropped, as on a congested wire; the transports recover.
+                        // The first message was refused (a full buffer: EAGAIN, ENOBUFS; or
+                        // memory the kernel could not read, EFAULT: a region unmapped under
+                        // its registration): dropped, as on a congested wire; the transports
+                        // recover.
                         failed += batch[0].len() as u64;
                         sent += 1;
                     }
@@ -299,8 +316,8 @@ impl UdpPort {
     /// Takes in up to one batch of datagrams that have arrived (a GRO batch counts as one and
     /// is cut back into its packets) and puts them in `into` (cleared first), each to be
     /// checked before it is taken ([`damage`](Self::damage)). They lie in the receive buffers
-    /// until the next call. Returns how many packets came, and
-    /// whether more may be waiting (the batch was full: a shorter one emptied the socket).
+    /// until the next call. Returns how many packets came, and whether more may be waiting
+    /// (the batch was full: a shorter one emptied the socket).
     pub(crate) fn receive(&mut self, into: &mut Vec<Incoming>) -> (usize, bool) {
         const CTL: usize = 4; // u64 words: CMSG_SPACE(4) is 24 bytes on 64-bit Linux
         into.clear();
@@ -472,6 +489,29 @@ pub(super) fn set_buffer(s: &UdpSocket, force: i32, plain: i32, bytes: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_that_never_ended_leaves_no_lent_payload_behind() {
+        let mut port = UdpPort::bind_free(&[]).expect("a free address in 127.0.0.2-254");
+        let to = SocketAddrV4::new(port.ip, UDP_PORT);
+        let payload = [7u8; 64];
+        let lent = Lent {
+            addr: payload.as_ptr() as u64,
+            len: 64,
+        };
+        port.queue(port.sport(1), to, vec![0; 32], false, Some(lent));
+        port.queue(port.sport(1), to, vec![0; 96], false, None);
+        port.forget_lent();
+        let left: Vec<_> = port
+            .outbox
+            .iter()
+            .flatten()
+            .map(|o| o.bytes.len())
+            .collect();
+        assert_eq!(left, [96], "the packet with its own bytes stays");
+        port.forget_lent();
+        assert!(port.has_outgoing());
+    }
 
     #[test]
     fn a_batch_that_is_not_full_says_the_socket_was_emptied() {

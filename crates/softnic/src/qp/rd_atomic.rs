@@ -5,10 +5,7 @@
 use ibverbs_sys::ibv_qp_state;
 
 use super::{Qp, ReadReply, Resource};
-use crate::link::{Dest, Gather};
-use crate::mr::{
-    KeyKind, REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE, atomic_op, atomic_store, read_mem,
-};
+use crate::mr::{REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE, atomic_op, atomic_store, read_mem};
 use crate::packet::{Aeth, Headers, Packet, opcode, psn_add, psn_diff, syndrome};
 use crate::state::World;
 
@@ -317,45 +314,28 @@ impl Qp {
     }
 
     /// Sends a READ response packet with headers `hdr` and the `chunk` bytes at the front of
-    /// `r` (checked), read straight into the frame; or, for the UDP link, left in the region
-    /// until the datagram leaves at the end of this round (see `udp::send`), unless the key is
-    /// a window's (a frame that has to wait takes a copy then, checked as a region's).
+    /// `r` (checked), read straight into the frame. Never left in the region until the
+    /// datagram leaves, as a WRITE's payload is on the UDP link: the responder's program may
+    /// write the region while a READ of it is answered, and the bytes must be those the ICRC
+    /// was computed over.
     // Never inlined: the loop that sends every QP's packets stays small for the WRITEs and
     // SENDs that go through it most (bench row 13).
     #[inline(never)]
     fn send_payload(&mut self, w: &mut World, hdr: &Headers, r: ReadReply, chunk: u64) {
         let xrc = self.xrc_headers(hdr);
         let hdr = xrc.as_ref().unwrap_or(hdr);
-        let to = self.dest_dev;
         let n = chunk as usize;
-        let lend = n > 0
-            && w.cfg.copy_payload
-            && matches!(to, Some(Dest::Udp(_)))
-            && (w.devices[self.dev].keys.get(r.rkey)).is_some_and(|k| k.kind == KeyKind::Mr);
         // A spare frame buffer: no allocation per response packet.
-        let mut bytes = w.spare.take(hdr.wire_len(if lend { 0 } else { n }));
+        let mut bytes = w.spare.take(hdr.wire_len(n));
         hdr.emit_head(n, &mut bytes);
-        let gather = if lend {
-            Some(Gather {
-                dev: self.dev,
-                pd: r.pd,
-                lkey: r.rkey,
-                addr: r.va,
-                len: n as u32,
-                qp: self.id,
-                wire_gen: self.wire_gen,
-            })
+        if w.cfg.copy_payload {
+            // SAFETY: inside a live MR with remote read access (checked by the caller).
+            unsafe { read_mem(r.va, n, &mut bytes) };
         } else {
-            if w.cfg.copy_payload {
-                // SAFETY: inside a live MR with remote read access (checked by the caller).
-                unsafe { read_mem(r.va, n, &mut bytes) };
-            } else {
-                bytes.resize(bytes.len() + n, 0);
-            }
-            None
-        };
+            bytes.resize(bytes.len() + n, 0);
+        }
         Headers::emit_tail(n, &mut bytes);
-        self.send_frame(w, to, bytes, gather);
+        self.send_frame(w, self.dest_dev, bytes, None);
     }
 
     /// Executes, in order, the requests that arrived while READ responses were going out,

@@ -471,7 +471,8 @@ impl Qp {
         // The payload is gathered straight into the frame, after its headers: one copy. Or
         // not at all: for a WRITE to a device of this fabric that may read it late, the
         // responder copies it from this memory (see `Gather`); for the UDP link, the kernel
-        // does as the datagram leaves, at the end of this round (see `udp::send`).
+        // does as the datagram leaves, at the end of this round (see `udp::send`), unless the
+        // region is on demand (its pages are faulted in as they are checked: not later).
         let n = chunk as usize;
         let queued = &self
             .sq
@@ -484,7 +485,10 @@ impl Qp {
                     && chunk > 0
                     && matches!(to, Some(Dest::Local(_)))
                     && (self.transport == Transport::Rc || !w.cfg.copy_payload))
-                    || (chunk > 0 && w.cfg.copy_payload && matches!(to, Some(Dest::Udp(_)))) =>
+                    || (chunk > 0
+                        && w.cfg.copy_payload
+                        && matches!(to, Some(Dest::Udp(_)))
+                        && !w.on_demand(self.dev, sges)) =>
             {
                 let by = (self.dev, self.pd, self.id, self.wire_gen);
                 w.gather_late(by, sges, (offset, chunk), fresh)

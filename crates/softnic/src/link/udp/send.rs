@@ -2,14 +2,19 @@
 //! cut into runs (one GSO send each), sealed with their ICRCs and handed to the kernel in
 //! batches.
 //!
-//! A packet's payload may be left in the program's registered memory until the datagram
-//! leaves ([`Lent`]): the kernel copies it from there, and the ICRC is computed over it there,
-//! with no copy into the packet's own buffer first. That is sound only while the memory is
-//! registered as it was when the packet was built, and the WR it belongs to cannot have been
-//! reported complete: both hold within the round of progress that built the packet, under the
-//! fabric's lock, at whose end the outbox is always sent (a packet that waits longer, in the
-//! queue of frames in flight, has its payload copied first: see
-//! [`World::transmit`](crate::state::World::transmit)).
+//! A WRITE's or SEND's payload may be left in the program's registered memory until the
+//! datagram leaves ([`Lent`]): the kernel copies it from there, and the ICRC is computed over
+//! it there, with no copy into the packet's own buffer first. That is sound only while the
+//! memory is registered as it was when the packet was built, and the WR it belongs to cannot
+//! have been reported complete: both hold within the round of progress that built the packet,
+//! under the fabric's lock, at whose end the outbox is always sent. A packet that waits
+//! longer, in the queue of frames in flight, has its payload copied first (see
+//! [`World::transmit`](crate::state::World::transmit)); one left by a round a panic unwound is
+//! forgotten by the next ([`UdpPort::forget_lent`](super::UdpPort::forget_lent)). A program
+//! that writes a buffer while a WR that sends it is outstanding (which verbs leave undefined)
+//! may have the packet dropped by its receiver's ICRC check rather than arrive with mixed
+//! bytes. READ responses always carry their bytes: the responder's program may write the
+//! region while a READ of it is answered, and what goes out must be what the ICRC covers.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
