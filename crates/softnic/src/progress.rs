@@ -68,7 +68,7 @@ impl State {
             for d in &mut self.w.devices {
                 if let Some(port) = d.udp.as_mut() {
                     port.burst_left = crate::link::udp::BURST;
-                    port.forget_lent();
+                    d.counters.packets_dropped += port.forget_lent();
                 }
             }
         }
@@ -135,7 +135,7 @@ impl State {
                 for d in &incoming {
                     let damage = match self.w.devices[dev].udp.as_mut() {
                         Some(port) => port.damage(d, &bufs),
-                        None => Some(Damage::BadIcrc),
+                        None => d.damage.or(Some(Damage::BadIcrc)),
                     };
                     let c = &mut self.w.devices[dev].counters;
                     match damage {

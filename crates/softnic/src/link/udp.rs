@@ -232,13 +232,18 @@ impl UdpPort {
     }
 
     /// Forgets the packets of a round that never ended (a panic unwound it before its outbox
-    /// went) whose payload was lent: that memory may be the program's again by now.
-    pub(crate) fn forget_lent(&mut self) {
+    /// went) whose payload was lent: that memory may be the program's again by now. Returns
+    /// how many (lost, as on the wire).
+    pub(crate) fn forget_lent(&mut self) -> u64 {
+        let mut lost = 0;
         for out in &mut self.outbox {
             if !out.is_empty() {
+                let before = out.len();
                 out.retain(|o| o.lent.is_none());
+                lost += (before - out.len()) as u64;
             }
         }
+        lost
     }
 
     /// Whether packets wait to be sent.
@@ -286,9 +291,9 @@ impl UdpPort {
                     }
                     Err(_) => {
                         // The first message was refused (a full buffer: EAGAIN, ENOBUFS; or
-                        // memory the kernel could not read, EFAULT: a region unmapped under
-                        // its registration): dropped, as on a congested wire; the transports
-                        // recover.
+                        // memory the kernel could not read, EFAULT: a lent payload another
+                        // thread of the program unmapped since it was sealed): dropped, as on
+                        // a congested wire; the transports recover.
                         failed += batch[0].len() as u64;
                         sent += 1;
                     }
@@ -501,7 +506,7 @@ mod tests {
         };
         port.queue(port.sport(1), to, vec![0; 32], false, Some(lent));
         port.queue(port.sport(1), to, vec![0; 96], false, None);
-        port.forget_lent();
+        assert_eq!(port.forget_lent(), 1);
         let left: Vec<_> = port
             .outbox
             .iter()
@@ -509,7 +514,7 @@ mod tests {
             .map(|o| o.bytes.len())
             .collect();
         assert_eq!(left, [96], "the packet with its own bytes stays");
-        port.forget_lent();
+        assert_eq!(port.forget_lent(), 0);
         assert!(port.has_outgoing());
     }
 

@@ -472,7 +472,8 @@ impl Qp {
         // not at all: for a WRITE to a device of this fabric that may read it late, the
         // responder copies it from this memory (see `Gather`); for the UDP link, the kernel
         // does as the datagram leaves, at the end of this round (see `udp::send`), unless the
-        // region is on demand (its pages are faulted in as they are checked: not later).
+        // region is on demand: its ICRC is computed from that memory after the check, and an
+        // on-demand page unmapped meanwhile must fail the access, never the process.
         let n = chunk as usize;
         let queued = &self
             .sq
