@@ -478,10 +478,26 @@ impl Qp {
         hdr: &Headers,
         payload: &[u8],
     ) {
+        self.send_built(w, to, hdr, payload.len(), |b| b.extend_from_slice(payload));
+    }
+
+    /// [`send_packet`](Self::send_packet) of `n` payload bytes that `fill` appends to the
+    /// frame, after its headers (a READ response reads them from memory straight into it).
+    pub(crate) fn send_built(
+        &mut self,
+        w: &mut World,
+        to: Option<Dest>,
+        hdr: &Headers,
+        n: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) {
         let xrc = self.xrc_headers(hdr);
         let hdr = xrc.as_ref().unwrap_or(hdr);
-        let mut bytes = w.spare.take(hdr.wire_len(payload.len()));
-        hdr.emit_unsealed(payload, &mut bytes);
+        // A spare frame buffer: no allocation per packet.
+        let mut bytes = w.spare.take(hdr.wire_len(n));
+        hdr.emit_head(n, &mut bytes);
+        fill(&mut bytes);
+        Headers::emit_tail(n, &mut bytes);
         self.send_frame(w, to, bytes, None);
     }
 

@@ -322,20 +322,16 @@ impl Qp {
     // SENDs that go through it most (bench row 13).
     #[inline(never)]
     fn send_payload(&mut self, w: &mut World, hdr: &Headers, r: ReadReply, chunk: u64) {
-        let xrc = self.xrc_headers(hdr);
-        let hdr = xrc.as_ref().unwrap_or(hdr);
         let n = chunk as usize;
-        // A spare frame buffer: no allocation per response packet.
-        let mut bytes = w.spare.take(hdr.wire_len(n));
-        hdr.emit_head(n, &mut bytes);
-        if w.cfg.copy_payload {
-            // SAFETY: inside a live MR with remote read access (checked by the caller).
-            unsafe { read_mem(r.va, n, &mut bytes) };
-        } else {
-            bytes.resize(bytes.len() + n, 0);
-        }
-        Headers::emit_tail(n, &mut bytes);
-        self.send_frame(w, self.dest_dev, bytes, None);
+        let copy = w.cfg.copy_payload;
+        self.send_built(w, self.dest_dev, hdr, n, |bytes| {
+            if copy {
+                // SAFETY: inside a live MR with remote read access (checked by the caller).
+                unsafe { read_mem(r.va, n, bytes) };
+            } else {
+                bytes.resize(bytes.len() + n, 0);
+            }
+        });
     }
 
     /// Executes, in order, the requests that arrived while READ responses were going out,
