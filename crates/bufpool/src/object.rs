@@ -111,7 +111,7 @@ impl<T> ObjectPool<T> {
     }
 
     /// The handed-out element `h`.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, h: Handle) -> Result<&T, PoolError> {
         let i = self.check(h.0)?;
         // SAFETY: the only `&mut T` to an element comes from `get_mut(&mut self)`, which cannot
@@ -121,7 +121,7 @@ impl<T> ObjectPool<T> {
     }
 
     /// The handed-out element `h`, mutably.
-    #[inline]
+    #[inline(always)]
     pub fn get_mut(&mut self, h: Handle) -> Result<&mut T, PoolError> {
         let i = self.check(h.0)?;
         Ok(self.elems[i].get_mut())

@@ -234,6 +234,7 @@ impl Found {
     /// destroyed under it, so an object there now stays until the lock is let go. (Another
     /// thread may have destroyed it between the lookup and the lock: a program error that gets
     /// EINVAL, not a panic that would break the fabric.)
+    #[inline(always)]
     pub(crate) fn still_there(&self) -> bool {
         REMOVALS.load(Ordering::Acquire) == self.removals || {
             let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
@@ -250,13 +251,6 @@ pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<Found> {
     let addr = ptr as usize;
     // No object left the registry since this thread found this one there: it is still there.
     let removals = REMOVALS.load(Ordering::Acquire);
-    let found = |(fabric, id): (Arc<Shared>, u32)| Found {
-        fabric,
-        id,
-        ptr: addr,
-        kind,
-        removals,
-    };
     let slot = recent_slot(addr);
     let hit = RECENTS
         .try_with(|r| {
@@ -268,24 +262,43 @@ pub(crate) fn lookup(ptr: *const c_void, kind: Kind) -> Option<Found> {
         })
         .ok()
         .flatten();
-    if let Some(hit) = hit {
+    match hit {
         // `None`: the object's fabric is gone.
-        return hit.map(found);
-    }
-    let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
-    let e = reg.live.get(&addr).filter(|e| e.kind == kind)?;
-    let entry = (e.fabric.clone(), e.id);
-    drop(reg);
-    let _ = RECENTS.try_with(|r| {
-        r.borrow_mut()[slot] = Some(Recent {
+        Some(hit) => hit.map(|(fabric, id)| Found {
+            fabric,
+            id,
             ptr: addr,
             kind,
             removals,
-            fabric: entry.0.clone(),
-            id: entry.1,
+        }),
+        None => lookup_registry(addr, kind, removals),
+    }
+}
+
+/// [`lookup`] of an object this thread did not find recently (`removals`: objects that had
+/// left the registry before the look-up), remembered for the next one.
+#[inline(never)]
+fn lookup_registry(addr: usize, kind: Kind, removals: u64) -> Option<Found> {
+    let reg = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
+    let e = reg.live.get(&addr).filter(|e| e.kind == kind)?;
+    let (fabric, id) = (e.fabric.clone(), e.id);
+    drop(reg);
+    let _ = RECENTS.try_with(|r| {
+        r.borrow_mut()[recent_slot(addr)] = Some(Recent {
+            ptr: addr,
+            kind,
+            removals,
+            fabric: fabric.clone(),
+            id,
         });
     });
-    Some(found((entry.0.upgrade()?, entry.1)))
+    Some(Found {
+        fabric: fabric.upgrade()?,
+        id,
+        ptr: addr,
+        kind,
+        removals,
+    })
 }
 
 /// The 16 bytes of a GID.

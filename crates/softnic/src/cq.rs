@@ -365,6 +365,7 @@ impl Drop for EventFd {
 impl World {
     /// Appends a completion to CQ `cq`. Returns false if it did not fit: the CQ is then in
     /// error and `IBV_EVENT_CQ_ERR` has been raised; the caller moves its QP to ERROR.
+    #[inline(always)]
     pub(crate) fn push_cqe(&mut self, cq: u32, wc: Wc, reclaim: Reclaim, solicited: bool) -> bool {
         let Some(c) = self.cqs.get_mut(&cq) else {
             return false;

@@ -492,6 +492,7 @@ impl Fabric {
     /// let fabric = softnic::Fabric::default();
     /// assert_eq!(u128::from(fabric.now_ns()), fabric.now().as_nanos());
     /// ```
+    #[inline]
     pub fn now_ns(&self) -> u64 {
         if let Some(now) = self.shared.quiet_now() {
             return now;

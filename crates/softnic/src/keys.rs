@@ -131,6 +131,7 @@ impl Keys {
     }
 
     /// What `key` (all 32 bits of it) names.
+    #[inline(always)]
     pub(crate) fn get(&self, key: u32) -> Option<&Region> {
         self.live
             .get(&(key >> 8))

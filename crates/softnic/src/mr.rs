@@ -51,6 +51,7 @@ impl Region {
     /// `len` bytes at `va` through this key (rxe's `lookup_mr` and `rxe_lookup_mw`, and the
     /// range check: a window's own range, not its region's, as the IBTA has it; rxe checks the
     /// region's).
+    #[inline(always)]
     fn allows_remote(&self, pd: u32, qp: u32, va: u64, len: u64, access: u32) -> bool {
         let from_qp = match self.kind {
             KeyKind::Mr => true,
@@ -167,6 +168,7 @@ impl World {
     /// Checks a local SGE of a WR on a QP of `dev` in `pd`: an MR of that device and PD with
     /// that lkey must hold the whole range, with local write access if `write`. A zero-length
     /// SGE is not checked (rxe's behaviour; mlx5 would read 0 as 2 GiB).
+    #[inline(always)]
     pub(crate) fn check_local(
         &self,
         dev: usize,
@@ -200,6 +202,7 @@ impl World {
     /// Checks a remote access through `rkey` of `len` bytes at `va`, arriving at QP `qp` of
     /// device `dev` in `pd` and needing `access` (`REMOTE_WRITE`, `REMOTE_READ` or
     /// `REMOTE_ATOMIC`): through the key of a memory region or of a bound memory window.
+    #[inline(always)]
     pub(crate) fn check_remote(
         &self,
         (dev, pd, qp): (usize, u32, u32),
@@ -208,10 +211,13 @@ impl World {
         len: u64,
         access: u32,
     ) -> bool {
-        self.devices[dev].keys.get(rkey).is_some_and(|r| {
-            r.allows_remote(pd, qp, va, len, access)
-                && (r.access & ON_DEMAND == 0 || fault_in(va, len, access != REMOTE_READ))
-        })
+        match self.devices[dev].keys.get(rkey) {
+            Some(r) => {
+                r.allows_remote(pd, qp, va, len, access)
+                    && (r.access & ON_DEMAND == 0 || fault_in(va, len, access != REMOTE_READ))
+            }
+            None => false,
+        }
     }
 
     /// Checks a FLUSH through `rkey` arriving at QP `qp` of device `dev` in `pd`: a memory

@@ -124,6 +124,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ib
 ///
 /// # Safety
 /// As `poll_cq`; `stamps` is null or has room for `num` stamps.
+#[inline(always)]
 pub(crate) unsafe fn poll_stamped(
     cq: *mut ibv_cq,
     num: c_int,

@@ -183,6 +183,7 @@ impl Shared {
     /// time (see [`Shared::quiet`]): only on the virtual clock and without the UDP link. With
     /// `auto_advance`, whose polls of an empty CQ move time to the next event, only when no
     /// event is pending at all (an engine that waits for work, its traffic settled).
+    #[inline(always)]
     pub(crate) fn leave_quiet(&self, st: &State) {
         let w = &st.w;
         let quiet = w.cfg.clock == crate::Clock::Virtual

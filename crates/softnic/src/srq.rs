@@ -43,6 +43,7 @@ pub(crate) struct Srq {
 impl World {
     /// Takes the next receive WQE of SRQ `srq`; fires the one-shot limit event when the number
     /// of posted WQEs drops below an armed limit.
+    #[inline(always)]
     pub(crate) fn take_srq_wqe(&mut self, srq: u32) -> Option<RecvWqe> {
         let s = self.srqs.get_mut(&srq)?;
         let wqe = s.wqes.pop_front()?;

@@ -45,6 +45,7 @@ impl Clock {
     }
 
     /// Nanoseconds since the clock's origin.
+    #[inline(always)]
     pub fn now(&self) -> u64 {
         match self {
             Clock::Wall(t) => t.elapsed().as_nanos() as u64,

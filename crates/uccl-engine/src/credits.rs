@@ -128,6 +128,7 @@ impl Credits {
     }
 
     /// A chunk of connection `c` arrived: in token rotation, its token moves on.
+    #[inline(always)]
     pub(crate) fn arrived(&mut self, c: u16, now: u64) {
         if self.share() >= 1 || self.grant(c) == 0 {
             return;

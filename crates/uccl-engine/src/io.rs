@@ -414,6 +414,7 @@ impl Io {
 
     /// Posts every owed SRQ WQE with one chained post, once at least `threshold` are owed.
     /// Returns the number posted.
+    #[inline(always)]
     pub(crate) fn refill_srq(&mut self, threshold: usize) -> Result<usize> {
         let n = self.srq_ring.owed.len();
         if n == 0 || n < threshold {
@@ -433,6 +434,7 @@ impl Io {
     }
 
     /// Posts every owed control receive with one chained post.
+    #[inline(always)]
     pub(crate) fn refill_ctrl(&mut self) -> Result<()> {
         if self.ctrl_recv.owed.is_empty() {
             return Ok(());

@@ -99,6 +99,7 @@ impl Police {
     }
 
     /// Judges one buffer taken at `now`, with a minimum RTO of `rto_min` ns.
+    #[inline(always)]
     pub(crate) fn took(&mut self, t: Taken, now: u64, rto_min: u64) -> Verdict {
         if now >= self.refill_at {
             self.waste_left = self.waste_bound();
@@ -138,6 +139,7 @@ impl Police {
 impl Engine {
     /// Connection `ci` took a buffer of the SRQ, for `t`: throttled or failed if it took more
     /// than it may.
+    #[inline(always)]
     pub(crate) fn took_buffer(&mut self, ci: u16, t: Taken, now: u64) {
         let rto_min = self.cfg.tx.rto_min_us * 1000;
         let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {

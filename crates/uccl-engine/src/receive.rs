@@ -76,6 +76,7 @@ impl Engine {
     /// One chunk of connection `ci` arrived on lane `lane`. A retransmission (`copy`: its SRQ
     /// slot and target address) is copied to its place first, once the target is checked to
     /// lie inside the receive buffer or exported region it belongs to.
+    #[inline(always)]
     pub(crate) fn chunk(
         &mut self,
         ci: u16,

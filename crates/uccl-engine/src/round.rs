@@ -243,6 +243,7 @@ impl Engine {
     /// The time (on the engine's clock) at which the engine has work to do even if nothing
     /// arrives: a retransmission timer, a receive credit changing hands, a connection set-up
     /// in flight.
+    #[inline(always)]
     pub fn next_deadline(&self) -> Option<u64> {
         // A round that left the engine settled worked it out already, and nothing asked of the
         // engine since can have moved it without unsettling it (see `settled`); a driver asks
@@ -262,6 +263,7 @@ impl Engine {
     }
 
     /// [`next_deadline`](Self::next_deadline), worked out from every source.
+    #[inline(always)]
     fn work_out_deadline(&self) -> Option<u64> {
         let or_never = |t: Option<u64>| t.unwrap_or(u64::MAX);
         let next = or_never(self.tx.poll_timeout())
@@ -295,6 +297,7 @@ impl Engine {
     }
 
     /// Hands each of the `n` completions drained into `scratch.cqes` to what it is about.
+    #[inline(always)]
     fn handle_cqes(&mut self, now: u64, n: usize) -> bool {
         if n == 0 {
             return false;

@@ -101,6 +101,7 @@ impl RxFlow {
     /// Records the chunk of immediate `imm` (`len` bytes) that came on the flow's path `path`
     /// (as a retransmission if `retx`) at `now`, then hands every message the cumulative
     /// point passed to `done`, in order.
+    #[inline(always)]
     pub(crate) fn on_chunk(
         &mut self,
         imm: Imm,
@@ -148,6 +149,7 @@ impl RxFlow {
     }
 
     /// Moves the cumulative point over every chunk present from it on.
+    #[inline(always)]
     fn advance(&mut self, done: &mut impl FnMut(Delivered)) {
         loop {
             let i = self.next() as usize % WINDOW;

@@ -322,6 +322,7 @@ impl Flow {
     }
 
     /// Takes a chunk with neighbours `prev` and `next` out of the list of `lane`.
+    #[inline(always)]
     pub(crate) fn unlink(&mut self, lane: u16, prev: u16, next: u16) {
         let l = usize::from(lane);
         if prev == NIL {

@@ -190,6 +190,7 @@ impl Tx {
     }
 
     /// A chunk (`t` as it was before this ACK) was acknowledged; whether that is news.
+    #[inline(always)]
     fn acknowledge(&mut self, fid: u16, t: &Track) -> bool {
         if t.state == State::Acked {
             return false;
@@ -320,6 +321,7 @@ impl Tx {
     /// When [`handle_timeout`](Self::handle_timeout) must next be called (ns), if ever. O(1) but
     /// for a scan of one pacing-wheel slot;
     /// it may be early (then the call finds nothing due), never late.
+    #[inline(always)]
     pub fn poll_timeout(&self) -> Option<u64> {
         match (self.timers.next(), self.pacer.next()) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -279,6 +279,7 @@ impl Tx {
     }
 
     /// Cuts the next chunk of flow `fid` into WR `h` on `lane`.
+    #[inline(always)]
     fn fill_new(&mut self, fid: u16, lane: u16, h: bufpool::Handle) -> bool {
         let chunk = u64::from(self.cfg.chunk_size);
         let f = self.open_flow_mut(fid).expect("checked");
@@ -397,12 +398,14 @@ impl Tx {
     }
 
     /// Stages chunk WR `h` on path `p` (its lane's).
+    #[inline(always)]
     fn stage_chunk(&mut self, p: usize, h: bufpool::Handle, signal: bool) {
         self.paths[p].inflight += 1;
         self.stage_wr(p, h, signal);
     }
 
     /// Gives WR `h` the next slot of path `p` and appends it to the path's staged WRs.
+    #[inline(always)]
     fn stage_wr(&mut self, p: usize, h: bufpool::Handle, signal: bool) {
         let every = u64::from(self.cfg.signal_every);
         let path = &mut self.paths[p];

@@ -364,32 +364,30 @@ impl Poller {
     /// O(1): a tracked `wr_id` is a slot index and a generation.
     fn dispatch(tracker: &Tracker, wc: &ibv_wc, plain: &mut impl FnMut(Completion<'_>)) {
         let mut c = Completion::new(wc);
-        if c.wr_id & crate::track::WR_ID_TAG == 0 {
-            return plain(c);
+        // (`plain` is called at one place, where it is inlined: a poll loop's own work.)
+        if c.wr_id & crate::track::WR_ID_TAG != 0 {
+            match tracker.resolve(c.wr_id) {
+                Resolved::Handler(done) => return done(c),
+                Resolved::Posted(p) => {
+                    c.wr_id = p.wr_id;
+                    c.bufs = p.owned;
+                    // The shared buffers and handles the post kept alive are released here.
+                    drop(p.shared);
+                }
+                Resolved::Mark(m) => {
+                    // A signaled slot WR: it and those before it on its queue are done.
+                    m.pins.retire(&m.deltas);
+                    c.wr_id = m.wr_id;
+                }
+                Resolved::Bind(b) => {
+                    // A memory-window bind: its outcome settles what the window may reach.
+                    c.wr_id = b.wr_id;
+                    b.completed(c.wc.status);
+                }
+                Resolved::Unknown => {}
+            }
         }
-        match tracker.resolve(c.wr_id) {
-            Resolved::Handler(done) => done(c),
-            Resolved::Posted(p) => {
-                c.wr_id = p.wr_id;
-                c.bufs = p.owned;
-                // The shared buffers and handles the post kept alive are released here.
-                drop(p.shared);
-                plain(c);
-            }
-            Resolved::Mark(m) => {
-                // A signaled slot WR: it and those before it on its queue are done.
-                m.pins.retire(&m.deltas);
-                c.wr_id = m.wr_id;
-                plain(c);
-            }
-            Resolved::Bind(b) => {
-                // A memory-window bind: its outcome settles what the window may reach.
-                c.wr_id = b.wr_id;
-                b.completed(c.wc.status);
-                plain(c);
-            }
-            Resolved::Unknown => plain(c),
-        }
+        plain(c)
     }
 
     /// Polls `cq` until it is empty or `budget` completions were handled.

@@ -302,6 +302,7 @@ impl World {
     /// ports) are taken in an order drawn from the fabric's seed, as a fair arbiter takes
     /// them. Engines that poll in lockstep on the virtual clock send at the same instants, and
     /// an order by sending sequence would queue the same senders last every time.
+    #[inline(always)]
     pub(crate) fn send_on(&mut self, at: u64, frame: Frame) {
         if frame.at.is_some() {
             let tie = self.rng.next_u64();

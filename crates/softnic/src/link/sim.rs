@@ -38,6 +38,7 @@ impl Net {
     }
 
     /// Puts `frame` in flight, arriving at `at` (after the frames in flight arriving then).
+    #[inline(always)]
     pub(super) fn push(&mut self, at: u64, frame: Frame) {
         self.seq += 1;
         self.push_ordered(at, self.seq, frame);
@@ -45,6 +46,7 @@ impl Net {
 
     /// Puts `frame` in flight, arriving at `at`, taken among the frames arriving then in the
     /// order of `tie`.
+    #[inline(always)]
     pub(super) fn push_ordered(&mut self, at: u64, tie: u64, frame: Frame) {
         let slot = match self.free.pop() {
             Some(s) => {

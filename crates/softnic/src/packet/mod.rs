@@ -352,6 +352,7 @@ impl Headers {
     /// [`emit_tail`](Self::emit_tail), follow), for a caller that writes the payload in place:
     /// as [`emit_unsealed`](Self::emit_unsealed), headers softnic built (a packet is written
     /// per chunk: the check of its layout is the tests', not every packet's).
+    #[inline(always)]
     pub(crate) fn emit_head(&self, payload_len: usize, out: &mut Vec<u8>) {
         debug_assert_eq!(
             self.check_layout(),
@@ -464,6 +465,7 @@ impl<'a> Packet<'a> {
 
     /// [`parse_with`](Self::parse_with) into this packet (its headers all `None` before):
     /// the headers are written where they stay, not built and moved.
+    #[inline(always)]
     pub(crate) fn parse_into(
         &mut self,
         bytes: &'a [u8],

@@ -48,6 +48,7 @@ impl Qp {
     /// failed (or the QP signals all), its slot held until that entry is polled. Local
     /// operations executed meanwhile behind it complete after it, in order. Returns false if
     /// the send CQ overflowed (the caller moves the QP to ERROR).
+    #[inline(always)]
     pub(crate) fn complete_send(&mut self, w: &mut World, status: ibv_wc_status::Type) -> bool {
         if !self.complete_front(w, status) {
             return false;
@@ -63,6 +64,7 @@ impl Qp {
     }
 
     /// Completes the oldest send WQE with `status` (see [`complete_send`](Self::complete_send)).
+    #[inline(always)]
     fn complete_front(&mut self, w: &mut World, status: ibv_wc_status::Type) -> bool {
         // What the completion needs is read in place: the WQE is then dropped where it lies
         // (moving it out would copy all of it).
@@ -105,6 +107,7 @@ impl Qp {
 
     /// Posts a receive completion for `wqe`: with `status`, and on success what `r` says.
     /// Returns false if the receive CQ overflowed.
+    #[inline(always)]
     pub(crate) fn complete_recv(
         &mut self,
         w: &mut World,
@@ -165,6 +168,7 @@ impl Qp {
     }
 
     /// Takes the next receive WQE (from the SRQ if the QP has one).
+    #[inline(always)]
     pub(crate) fn take_recv(&mut self, w: &mut World) -> Option<(RecvWqe, bool)> {
         match self.srq {
             Some(srq) => w.take_srq_wqe(srq).map(|wqe| (wqe, true)),

@@ -77,16 +77,37 @@ pub(crate) struct AtomicArgs {
     pub(crate) swap: u64,
 }
 
-/// A posted send WR and how far it has got.
+/// A posted send WR and how far it has got: its data, and everything else ([`WqeMeta`], which
+/// it dereferences to).
 #[derive(Debug, Clone)]
 pub(crate) struct SendWqe {
+    pub(crate) meta: WqeMeta,
+    pub(crate) payload: Payload,
+}
+
+impl std::ops::Deref for SendWqe {
+    type Target = WqeMeta;
+    fn deref(&self) -> &WqeMeta {
+        &self.meta
+    }
+}
+
+impl std::ops::DerefMut for SendWqe {
+    fn deref_mut(&mut self) -> &mut WqeMeta {
+        &mut self.meta
+    }
+}
+
+/// Everything of a posted send WR but its data: what building a packet needs, copied out of
+/// the queue (plain data, one copy) while the QP is borrowed; the data is read in place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WqeMeta {
     pub(crate) seq: u64,
     pub(crate) wr_id: u64,
     pub(crate) opcode: ibv_wr_opcode::Type,
     pub(crate) signaled: bool,
     pub(crate) fence: bool,
     pub(crate) solicited: bool,
-    pub(crate) payload: Payload,
     pub(crate) len: u64,
     pub(crate) imm: Option<u32>,
     pub(crate) remote_addr: u64,
@@ -123,7 +144,7 @@ pub(crate) enum Extra {
     Local(crate::mw::LocalOp),
 }
 
-impl SendWqe {
+impl WqeMeta {
     /// A UD send's destination.
     pub(crate) fn ud(&self) -> Option<UdDest> {
         match self.extra {
@@ -194,15 +215,6 @@ impl SendWqe {
 
     pub(crate) fn last_psn(&self) -> u32 {
         crate::packet::psn_add(self.first_psn, self.npkts.max(1) - 1)
-    }
-
-    /// A copy of everything but the payload (which stays in the queue to be read from there):
-    /// what building a packet needs while the queue is borrowed, without a copy of its data.
-    pub(crate) fn meta(&self) -> SendWqe {
-        SendWqe {
-            payload: Payload::Sges(SgeList::new()),
-            ..*self
-        }
     }
 }
 
@@ -443,6 +455,7 @@ impl Qp {
     }
 
     /// Increments a counter of this QP and of its device.
+    #[inline(always)]
     pub(crate) fn count(&mut self, w: &mut World, f: impl Fn(&mut Counters)) {
         f(&mut self.counters);
         f(&mut w.devices[self.dev].counters);
@@ -503,6 +516,7 @@ impl Qp {
 
     /// Sends a packet already laid out (headers, payload, pad and a zero ICRC; or the payload
     /// left in memory, `gather`) to `to` (`None`: no route; the packet is counted and dropped).
+    #[inline(always)]
     pub(crate) fn send_frame(
         &mut self,
         w: &mut World,
@@ -587,12 +601,14 @@ impl Qp {
 
     /// Sends the next packet this QP has (read responses first, then requests). Returns false
     /// if it has nothing to send now.
+    #[inline(always)]
     pub(crate) fn next_tx(&mut self, w: &mut World) -> bool {
         self.send_read_reply(w) || self.send_request(w)
     }
 
     /// Receives a packet addressed to this QP: `pkt` parsed from `wire`, the bytes of
     /// `frame` (which holds them too, unless it came from the UDP link).
+    #[inline(always)]
     pub(crate) fn receive(&mut self, w: &mut World, pkt: &Packet<'_>, frame: &Frame, wire: &[u8]) {
         self.count(w, |c| c.packets_received += 1);
         if !self.sent_by_peer(pkt, frame) {

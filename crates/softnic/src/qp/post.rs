@@ -6,7 +6,7 @@ use ibverbs_sys::{
     ibv_send_wr__bindgen_ty_4__bindgen_ty_1, ibv_sge, ibv_wc_status, ibv_wr_opcode,
 };
 
-use super::{AtomicArgs, Extra, Payload, Qp, SendWqe, SgeList, Transport, UdDest};
+use super::{AtomicArgs, Extra, Payload, Qp, SendWqe, SgeList, Transport, UdDest, WqeMeta};
 use crate::mr::read_mem;
 use crate::mw::{Bind, LocalOp};
 use crate::srq::RecvWqe;
@@ -211,8 +211,11 @@ impl Qp {
         };
         if let Some(op) = local {
             return Ok(SendWqe {
-                extra: Extra::Local(op),
-                ..self.wqe_of(r, Payload::Sges(SgeList::new()), 0)
+                meta: WqeMeta {
+                    extra: Extra::Local(op),
+                    ..self.wqe_of(r, 0)
+                },
+                payload: Payload::Sges(SgeList::new()),
             });
         }
         if op == IBV_WR_FLUSH {
@@ -231,10 +234,13 @@ impl Qp {
                 return Err(libc::EINVAL);
             }
             return Ok(SendWqe {
-                extra: Extra::Flush(ptype, level),
-                remote_addr: rdma.remote_addr,
-                rkey: rdma.rkey,
-                ..self.wqe_of(r, Payload::Sges(SgeList::new()), u64::from(len))
+                meta: WqeMeta {
+                    extra: Extra::Flush(ptype, level),
+                    remote_addr: rdma.remote_addr,
+                    rkey: rdma.rkey,
+                    ..self.wqe_of(r, u64::from(len))
+                },
+                payload: Payload::Sges(SgeList::new()),
             });
         }
         // SAFETY: the caller guarantees the SGE list.
@@ -328,31 +334,33 @@ impl Qp {
             (rdma.remote_addr, rdma.rkey, None)
         };
         Ok(SendWqe {
-            imm,
-            invalidate: (op == IBV_WR_SEND_WITH_INV).then_some(ex),
-            remote_addr,
-            rkey,
-            extra: match (ud, atomic) {
-                (Some(d), _) => Extra::Ud(d),
-                (None, Some((_, _, args))) => Extra::Atomic(args),
-                (None, None) => Extra::None,
+            meta: WqeMeta {
+                imm,
+                invalidate: (op == IBV_WR_SEND_WITH_INV).then_some(ex),
+                remote_addr,
+                rkey,
+                extra: match (ud, atomic) {
+                    (Some(d), _) => Extra::Ud(d),
+                    (None, Some((_, _, args))) => Extra::Atomic(args),
+                    (None, None) => Extra::None,
+                },
+                error,
+                ..self.wqe_of(r, len)
             },
-            error,
-            ..self.wqe_of(r, payload, len)
+            payload,
         })
     }
 
-    /// A send WQE for `r` with its `payload` of `len` bytes, and nothing else of the opcode's.
-    fn wqe_of(&self, r: &ibv_send_wr, payload: Payload, len: u64) -> SendWqe {
+    /// A send WQE for `r` with data of `len` bytes, and nothing else of the opcode's.
+    fn wqe_of(&self, r: &ibv_send_wr, len: u64) -> WqeMeta {
         let flags = r.send_flags;
-        SendWqe {
+        WqeMeta {
             seq: 0, // set when queued
             wr_id: r.wr_id,
             opcode: r.opcode,
             signaled: flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
             fence: flags & ibv_send_flags::IBV_SEND_FENCE.0 != 0,
             solicited: flags & ibv_send_flags::IBV_SEND_SOLICITED.0 != 0,
-            payload,
             len,
             imm: None,
             remote_addr: 0,

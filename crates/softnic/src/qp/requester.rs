@@ -142,7 +142,7 @@ impl Qp {
                 return true;
             }
         }
-        let wqe = self.sq.get(cur).expect("the WQE being sent exists").meta();
+        let wqe = self.sq.get(cur).expect("the WQE being sent exists").meta;
         if self.transport == Transport::Ud && wqe.len > mtu {
             // C10-93.1.1, as rxe does it: a UD message over the MTU is not sent, and that is
             // not an error; the send completes successfully.
@@ -167,6 +167,7 @@ impl Qp {
     }
 
     /// Assigns PSNs to a WQE and checks its local buffers.
+    #[inline(always)]
     fn start_wqe(&mut self, w: &mut World, seq: u64, mtu: u64) -> Result<(), ibv_wc_status::Type> {
         let dev = self.dev;
         let pd = self.pd;
@@ -201,6 +202,7 @@ impl Qp {
 
     /// A request packet with PSN `psn` went out, reserving the PSNs up to `last` (a READ
     /// reserves one per response packet).
+    #[inline(always)]
     fn note_sent(&mut self, w: &mut World, psn: u32, last: u32) {
         if psn_diff(psn, self.req.psn_high) < 0 {
             self.count(w, |c| c.retransmits += 1);
@@ -221,7 +223,7 @@ impl Qp {
 
     /// Sends a READ request (for the responses from the `cur_pkt`-th on: a retried READ asks
     /// only for what is missing, VA and length advanced by what arrived) or an atomic request.
-    fn send_rd_atomic_request(&mut self, w: &mut World, wqe: &super::SendWqe, mtu: u64) {
+    fn send_rd_atomic_request(&mut self, w: &mut World, wqe: &super::WqeMeta, mtu: u64) {
         let k = self.req.cur_pkt;
         let psn = psn_add(wqe.first_psn, k);
         let mut hdr = Headers {
@@ -267,7 +269,7 @@ impl Qp {
 
     /// Sends a FLUSH (again, when retried): FETH (placement type, selectivity level << 4) and
     /// RETH, no payload.
-    fn send_flush(&mut self, w: &mut World, wqe: &super::SendWqe, ptype: u8, level: u8) {
+    fn send_flush(&mut self, w: &mut World, wqe: &super::WqeMeta, ptype: u8, level: u8) {
         let psn = wqe.first_psn;
         let hdr = Headers {
             feth: Some(u32::from(ptype & 0xf) | (u32::from(level & 0x3) << 4)),
@@ -284,7 +286,7 @@ impl Qp {
 
     /// The headers of `wqe`'s one-packet request of `op` (an ATOMIC WRITE, a FLUSH), its
     /// extension headers to be added.
-    fn one_packet_request(&self, wqe: &super::SendWqe, op: u8) -> Headers {
+    fn one_packet_request(&self, wqe: &super::WqeMeta, op: u8) -> Headers {
         Headers {
             opcode: op,
             pkey: 0xffff,
@@ -322,7 +324,7 @@ impl Qp {
     /// Sends an ATOMIC WRITE (again, when retried): RETH and the WR's 8 bytes, gathered now
     /// (rxe copies them into the WQE at post time; softnic's inline WRs hold them already).
     /// False as `send_data`, if its memory went away.
-    fn send_atomic_write(&mut self, w: &mut World, wqe: &super::SendWqe) -> bool {
+    fn send_atomic_write(&mut self, w: &mut World, wqe: &super::WqeMeta) -> bool {
         let psn = wqe.first_psn;
         let hdr = Headers {
             // The address is the caller's and only the responder checks it.
@@ -358,7 +360,8 @@ impl Qp {
 
     /// Sends the next packet of `wqe`. False if it could not (its memory went away while an
     /// earlier WR is still outstanding: the error waits for its turn).
-    fn send_data(&mut self, w: &mut World, wqe: &super::SendWqe, mtu: u64, fresh: bool) -> bool {
+    #[inline(always)]
+    fn send_data(&mut self, w: &mut World, wqe: &super::WqeMeta, mtu: u64, fresh: bool) -> bool {
         use opcode::*;
         let k = self.req.cur_pkt;
         let offset = u64::from(k) * mtu;

@@ -88,6 +88,7 @@ struct Arrived {
 }
 
 impl Qp {
+    #[inline(always)]
     pub(super) fn on_request(
         &mut self,
         w: &mut World,
@@ -300,6 +301,7 @@ impl Qp {
         }
     }
 
+    #[inline(always)]
     fn uc_receive(
         &mut self,
         w: &mut World,
@@ -358,6 +360,7 @@ impl Qp {
     }
 
     /// Executes one SEND or WRITE packet that is in sequence.
+    #[inline(always)]
     fn execute(
         &mut self,
         w: &mut World,
@@ -513,6 +516,7 @@ impl Qp {
 
     /// Posts the receive completion of a message that arrived whole (in error if the key its
     /// SEND_WITH_INV named could not be invalidated, `not_invalidated`).
+    #[inline(always)]
     fn deliver(
         &mut self,
         w: &mut World,

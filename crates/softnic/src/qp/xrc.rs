@@ -3,7 +3,7 @@
 //! RC responder whose requests each bind the SRQ they name, whose PD and CQ it then uses.
 //! Packets in are read as RC's ([`as_rc`]), so the RC state machines serve both unchanged.
 
-use super::{InMsg, Qp, SendWqe};
+use super::{InMsg, Qp, WqeMeta};
 use crate::packet::{Headers, Packet, opcode, psn_diff};
 use crate::state::World;
 use crate::xrc::{NONE, Role};
@@ -30,7 +30,7 @@ impl Qp {
     }
 
     /// The XRCETH of a request of `wqe`: the SRQ it names, if this is an XRC initiator.
-    pub(super) fn xrceth(&self, wqe: &SendWqe) -> Option<u32> {
+    pub(super) fn xrceth(&self, wqe: &WqeMeta) -> Option<u32> {
         (self.xrc == Some(Role::Initiator)).then_some(wqe.srqn)
     }
 
@@ -52,6 +52,7 @@ impl Qp {
     /// domain, or another than the message in progress took. A packet out of sequence binds
     /// nothing: a duplicate is answered from what it did (a READ's responses under the PD it
     /// was checked against), one ahead is dropped.
+    #[inline(always)]
     pub(super) fn bind_srq(&mut self, w: &World, pkt: &Packet<'_>) -> bool {
         let Some(Role::Target { domain, .. }) = self.xrc else {
             return true;

@@ -6,7 +6,6 @@
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use uccl_engine::Engine;
 
 use super::run::Run;
 use crate::args::Args;
@@ -102,7 +101,7 @@ impl Run<'_> {
                     let next = self
                         .engines
                         .iter()
-                        .filter_map(Engine::next_deadline)
+                        .filter_map(|e| e.next_deadline())
                         .map(Duration::from_nanos)
                         .chain(f.next_event())
                         .min();
@@ -138,7 +137,7 @@ impl Run<'_> {
 
     /// Requests of every engine of the run that have ended so far.
     fn requests_ended(&self) -> u64 {
-        self.engines.iter().map(Engine::requests_ended).sum()
+        self.engines.iter().map(|e| e.requests_ended()).sum()
     }
 
     /// Two processes, once this end's run is done: the client closes its connections and
