@@ -243,7 +243,6 @@ impl Engine {
     /// The time (on the engine's clock) at which the engine has work to do even if nothing
     /// arrives: a retransmission timer, a receive credit changing hands, a connection set-up
     /// in flight.
-    #[inline(always)]
     pub fn next_deadline(&self) -> Option<u64> {
         // A round that left the engine settled worked it out already, and nothing asked of the
         // engine since can have moved it without unsettling it (see `settled`); a driver asks

@@ -266,7 +266,7 @@ impl World {
     /// `udp::send`). A frame that waits may wait past this round, after which the program may
     /// have taken that memory back: it takes a copy now (and is lost if the memory is gone
     /// already: false then).
-    // Never inlined: the in-process path of `transmit` stays as small as it was (bench row 13).
+    // Never inlined: the in-process path of `transmit` does not grow by it (bench row 13).
     #[inline(never)]
     fn transmit_udp(
         &mut self,
@@ -302,7 +302,6 @@ impl World {
     /// ports) are taken in an order drawn from the fabric's seed, as a fair arbiter takes
     /// them. Engines that poll in lockstep on the virtual clock send at the same instants, and
     /// an order by sending sequence would queue the same senders last every time.
-    #[inline(always)]
     pub(crate) fn send_on(&mut self, at: u64, frame: Frame) {
         if frame.at.is_some() {
             let tie = self.rng.next_u64();

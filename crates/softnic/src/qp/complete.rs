@@ -83,8 +83,22 @@ impl Qp {
             self.sq.unsignaled += 1;
             return true;
         }
+        self.send_cqe(w, status, wr_id, opcode, len)
+    }
+
+    /// The completion of a send WQE taken off the queue that was signaled or failed (with
+    /// those before it that were not signaled): out of line, as most completions are not.
+    #[inline(never)]
+    fn send_cqe(
+        &mut self,
+        w: &mut World,
+        status: ibv_wc_status::Type,
+        wr_id: u64,
+        opcode: ibv_wr_opcode::Type,
+        len: u64,
+    ) -> bool {
         let n = std::mem::take(&mut self.sq.unsignaled) + 1;
-        let wc = if ok {
+        let wc = if status == ibv_wc_status::IBV_WC_SUCCESS {
             Wc {
                 wr_id,
                 status,
@@ -107,7 +121,6 @@ impl Qp {
 
     /// Posts a receive completion for `wqe`: with `status`, and on success what `r` says.
     /// Returns false if the receive CQ overflowed.
-    #[inline(always)]
     pub(crate) fn complete_recv(
         &mut self,
         w: &mut World,

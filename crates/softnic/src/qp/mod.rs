@@ -99,7 +99,8 @@ impl std::ops::DerefMut for SendWqe {
 }
 
 /// Everything of a posted send WR but its data: what building a packet needs, copied out of
-/// the queue (plain data, one copy) while the QP is borrowed; the data is read in place.
+/// the queue (plain data, one copy) so that the QP is not borrowed while the packet is built;
+/// the data is read from the queue in place.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WqeMeta {
     pub(crate) seq: u64,
@@ -127,7 +128,8 @@ pub(crate) struct WqeMeta {
 }
 
 /// What a send WR carries beyond its data: one at most, as the opcodes that carry them
-/// exclude each other (kept in one field, the WQE stays small: it is moved as it is posted).
+/// exclude each other (kept in one field, the WQE stays small: it is moved as it is posted,
+/// and its metadata copied for each packet).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Extra {
     /// Nothing (SENDs and RDMA WRITEs and READs on RC and UC).

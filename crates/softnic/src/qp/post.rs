@@ -351,7 +351,8 @@ impl Qp {
         })
     }
 
-    /// A send WQE for `r` with data of `len` bytes, and nothing else of the opcode's.
+    /// The metadata of a send WQE for `r` with data of `len` bytes, and nothing else of the
+    /// opcode's.
     fn wqe_of(&self, r: &ibv_send_wr, len: u64) -> WqeMeta {
         let flags = r.send_flags;
         WqeMeta {
