@@ -16,7 +16,7 @@
 //! all 2^24 counter values have been used the counter wraps, and indices still in use are
 //! skipped.
 
-use crate::hash::FastMap;
+use crate::hash::NumberMap;
 use crate::mr::Region;
 
 /// The number of counter values (and of indices): 2^24.
@@ -103,7 +103,12 @@ pub(crate) struct Keys {
     secret: KeySecret,
     /// The next counter value, in `0..KEYS`.
     pub(crate) counter: u32,
-    live: FastMap<u32, (u32, Region)>,
+    /// Index -> slot in `regions` of each live key.
+    slots: NumberMap,
+    /// The live keys, whole, and what they name; `None` where a key was given up.
+    regions: Vec<Option<(u32, Region)>>,
+    /// Slots of `regions` given up, to be taken again.
+    free: Vec<u32>,
 }
 
 impl Keys {
@@ -111,7 +116,9 @@ impl Keys {
         Keys {
             secret,
             counter: 0,
-            live: FastMap::default(),
+            slots: NumberMap::default(),
+            regions: Vec::new(),
+            free: Vec::new(),
         }
     }
 
@@ -122,8 +129,19 @@ impl Keys {
             self.counter = (n + 1) % KEYS;
             let key = self.secret.key_at(n);
             let index = key >> 8;
-            if index != 0 && !self.live.contains_key(&index) {
-                self.live.insert(index, (key, region));
+            if index != 0 && !self.slots.contains(index) {
+                let entry = Some((key, region));
+                let slot = match self.free.pop() {
+                    Some(slot) => {
+                        self.regions[slot as usize] = entry;
+                        slot
+                    }
+                    None => {
+                        self.regions.push(entry);
+                        (self.regions.len() - 1) as u32
+                    }
+                };
+                self.slots.insert(index, slot);
                 return Some(key);
             }
         }
@@ -133,33 +151,40 @@ impl Keys {
     /// What `key` (all 32 bits of it) names.
     #[inline(always)]
     pub(crate) fn get(&self, key: u32) -> Option<&Region> {
-        self.live
-            .get(&(key >> 8))
-            .filter(|(k, _)| *k == key)
-            .map(|(_, r)| r)
+        let (k, r) = self.entry(key)?;
+        (*k == key).then_some(r)
+    }
+
+    /// The live entry of `key`'s index (whatever its tag).
+    #[inline(always)]
+    fn entry(&self, key: u32) -> Option<&(u32, Region)> {
+        self.regions[self.slots.get(key >> 8)? as usize].as_ref()
+    }
+
+    /// The live entry of `key`'s index, to change it, if its tag is `key`'s.
+    fn entry_mut(&mut self, key: u32) -> Option<&mut (u32, Region)> {
+        let slot = self.slots.get(key >> 8)? as usize;
+        self.regions[slot].as_mut().filter(|(k, _)| *k == key)
     }
 
     /// What `key` names, to change it.
     pub(crate) fn get_mut(&mut self, key: u32) -> Option<&mut Region> {
-        self.live
-            .get_mut(&(key >> 8))
-            .filter(|(k, _)| *k == key)
-            .map(|(_, r)| r)
+        self.entry_mut(key).map(|(_, r)| r)
     }
 
     /// Gives `key` up: its index is free again.
     pub(crate) fn remove(&mut self, key: u32) -> Option<Region> {
-        let index = key >> 8;
-        if self.live.get(&index).is_some_and(|(k, _)| *k == key) {
-            return self.live.remove(&index).map(|(_, r)| r);
-        }
-        None
+        self.entry_mut(key)?;
+        let slot = self.slots.get(key >> 8)?;
+        self.slots.remove(key >> 8);
+        self.free.push(slot);
+        self.regions[slot as usize].take().map(|(_, r)| r)
     }
 
     /// Replaces `key`'s tag with `tag`: the old key is dead, the new one returned. `None` if
     /// `key` is not live.
     pub(crate) fn retag(&mut self, key: u32, tag: u8) -> Option<u32> {
-        let (k, _) = self.live.get_mut(&(key >> 8)).filter(|(k, _)| *k == key)?;
+        let (k, _) = self.entry_mut(key)?;
         *k = (key & !0xff) | u32::from(tag);
         Some(*k)
     }
@@ -167,7 +192,7 @@ impl Keys {
     /// The number of live keys.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.live.len()
+        self.regions.len() - self.free.len()
     }
 }
 
@@ -188,6 +213,49 @@ mod tests {
             let mut h = std::hash::SipHasher::new_with_keys(k.0, k.1);
             h.write(&u64::to_le_bytes(m));
             assert_eq!(sip24(k, m), h.finish(), "key {k:?}, message {m:#x}");
+        }
+    }
+
+    /// Keys given up free their slots for the next ones; a key given up, or retagged, names
+    /// nothing, and the others still name their regions.
+    #[test]
+    fn keys_given_up_name_nothing_and_their_slots_are_taken_again() {
+        let region = |addr| Region {
+            pd: 1,
+            addr,
+            len: 64,
+            access: 0,
+            kind: crate::mr::KeyKind::Mr,
+        };
+        let mut keys = Keys::new(KeySecret::seeded(3, 0));
+        let k: Vec<u32> = (0..300)
+            .map(|i| keys.insert(region(i)).expect("a key"))
+            .collect();
+        for (i, &key) in k.iter().enumerate() {
+            assert_eq!(keys.get(key).map(|r| r.addr), Some(i as u64), "key {i}");
+            assert!(keys.get(key ^ 1).is_none(), "another tag of key {i}");
+        }
+        assert!(
+            keys.remove(k[7] ^ 1).is_none(),
+            "another tag gives nothing up"
+        );
+        assert_eq!(keys.remove(k[7]).map(|r| r.addr), Some(7));
+        assert!(keys.remove(k[7]).is_none() && keys.get(k[7]).is_none());
+        let new = keys.insert(region(1000)).expect("a key");
+        assert_eq!(
+            (keys.len(), keys.regions.len()),
+            (300, 300),
+            "slot 7 taken again"
+        );
+        assert_eq!(keys.get(new).map(|r| r.addr), Some(1000));
+        assert!(keys.get(k[7]).is_none());
+        let retagged = keys
+            .retag(k[8], (k[8] as u8).wrapping_add(1))
+            .expect("live");
+        assert!(keys.get(k[8]).is_none() && keys.get_mut(k[8]).is_none());
+        assert_eq!(keys.get(retagged).map(|r| r.addr), Some(8));
+        for (i, &key) in k.iter().enumerate().filter(|&(i, _)| i != 7 && i != 8) {
+            assert_eq!(keys.get(key).map(|r| r.addr), Some(i as u64), "key {i}");
         }
     }
 

@@ -149,7 +149,23 @@ pub(crate) unsafe fn poll_stamped(
         found.fabric.wake_sleeper();
         return 0;
     }
-    let r = with_found(&found, |shared, st, id| {
+    // SAFETY: as this function's contract.
+    unsafe { poll_locked(&found, num, wc, stamps) }
+}
+
+/// [`poll_stamped`]'s work under the fabric's lock: progress, then the completions taken.
+/// Out of line, so that an empty poll does not pay for what it skips.
+///
+/// # Safety
+/// As [`poll_stamped`]; `found` is the CQ at its `cq`, and `num` is not negative.
+#[inline(never)]
+unsafe fn poll_locked(
+    found: &abi::Found,
+    num: c_int,
+    wc: *mut ibv_wc,
+    stamps: *mut Stamp,
+) -> c_int {
+    let r = with_found(found, |shared, st, id| {
         // Left quiet by the last holder of the lock (see `Shared::quiet`): nothing is due.
         if !st.found_quiet {
             st.progress();

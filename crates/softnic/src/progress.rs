@@ -358,14 +358,14 @@ impl State {
             }
             for qpn in members {
                 if let Some(qp) =
-                    (self.w.devices[dev].qpns.get(&qpn)).and_then(|id| self.qps.get_mut(id))
+                    (self.w.devices[dev].qpns.get(qpn)).and_then(|id| self.qps.get_mut(&id))
                 {
                     qp.receive(&mut self.w, &pkt, frame, wire);
                 }
             }
             return;
         }
-        let Some(&id) = self.w.devices[dev].qpns.get(&pkt.hdr.dest_qp) else {
+        let Some(id) = self.w.devices[dev].qpns.get(pkt.hdr.dest_qp) else {
             self.w.devices[dev].counters.messages_dropped += 1;
             return;
         };

@@ -31,7 +31,7 @@ pub(crate) struct Device {
     /// goes to the back, or leaves if it had nothing (see [`Qp::wake`](crate::qp::Qp::wake)).
     pub(crate) tx_ready: VecDeque<u32>,
     /// QP number -> QP id.
-    pub(crate) qpns: crate::hash::FastMap<u32, u32>,
+    pub(crate) qpns: crate::hash::NumberMap,
     pub(crate) next_qpn: u32,
     /// SRQ number (24 bits, what XRC requests name) -> SRQ id.
     pub(crate) srqns: crate::hash::FastMap<u32, u32>,

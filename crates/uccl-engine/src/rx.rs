@@ -299,4 +299,81 @@ mod tests {
         assert_eq!(delivered, CSN_SPACE as usize * 3 + 17);
         assert_eq!(rx.ack(0, 0, 0).cum, (CSN_SPACE * 3 + 17) as u16);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Chunks arriving in any order within the window, some twice, in runs in order and
+        /// out of it: every message is delivered once, in order, with its bytes, and the ACK's
+        /// point and bitmap are what arrived.
+        #[test]
+        fn any_arrival_order_delivers_every_message_once_in_order(
+            seed in proptest::prelude::any::<u64>(),
+            spread in 1usize..WINDOW,
+        ) {
+            // 2 300 chunks (the CSN space wraps), message `m` of `m % 3 + 1` chunks: chunk `i`
+            // arrives `i` plus up to `spread` steps in, every seventh twice.
+            let mut rng = seed;
+            let mut next = || {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (rng >> 33) as usize
+            };
+            let mut msgs = Vec::new();
+            let mut chunks = Vec::new();
+            while chunks.len() < 2300 {
+                let m = msgs.len();
+                let k = m % 3 + 1;
+                msgs.push(Delivered { rid: m as u8, bytes: 100 * k as u64 });
+                for j in 0..k {
+                    chunks.push((m as u8, j + 1 == k));
+                }
+            }
+            let mut order: Vec<(usize, usize)> = (0..chunks.len())
+                .flat_map(|i| {
+                    let at = i + next() % spread;
+                    let again = (i % 7 == 0).then(|| (at + next() % spread, i));
+                    std::iter::once((at, i)).chain(again)
+                })
+                .collect();
+            order.sort();
+            let mut rx = RxFlow::default();
+            let mut got = Vec::new();
+            let mut arrived = vec![false; chunks.len()];
+            let csn_of = |i: usize| (i % CSN_SPACE as usize) as u16;
+            for (n, (_, i)) in order.into_iter().enumerate() {
+                let cum = usize::from(rx.ack(0, 0, 0).cum);
+                let csn = csn_of(i);
+                let (rid, last) = chunks[i];
+                let a = rx.on_chunk(Imm { fid: 0, rid, csn, last }, 100, (0, false, 0), |d| got.push(d));
+                let want = if arrived[i] {
+                    Arrival::Duplicate
+                } else if i >= cum + WINDOW {
+                    Arrival::OutOfWindow
+                } else {
+                    Arrival::New
+                };
+                proptest::prop_assert_eq!(a, want, "chunk {}", i);
+                arrived[i] |= want == Arrival::New;
+                let cum = arrived.iter().position(|a| !a).unwrap_or(arrived.len());
+                let ack = rx.ack(0, 0, 0);
+                proptest::prop_assert_eq!(usize::from(ack.cum), cum);
+                if n % 8 == 0 {
+                    for b in 0..WINDOW.min(arrived.len().saturating_sub(cum + 1)) {
+                        proptest::prop_assert_eq!(ack.sacked(b), arrived[cum + 1 + b], "bit {}", b);
+                    }
+                }
+            }
+            // The chunks that came beyond the window come again, in order.
+            for i in 0..chunks.len() {
+                if !arrived[i] {
+                    let (rid, last) = chunks[i];
+                    let csn = csn_of(i);
+                    let a = rx.on_chunk(Imm { fid: 0, rid, csn, last }, 100, (0, false, 0), |d| got.push(d));
+                    proptest::prop_assert_eq!(a, Arrival::New);
+                    arrived[i] = true;
+                }
+            }
+            proptest::prop_assert_eq!(got, msgs);
+        }
+    }
 }

@@ -166,7 +166,10 @@ impl Tracking {
         }
         let csn = self.base;
         let i = self.index(csn);
-        let t = std::mem::take(&mut self.slots[i]);
+        // A free slot's other fields are never read (a push writes them all): only its state
+        // changes, and the caller's copy keeps what it reads.
+        let t = self.slots[i];
+        self.slots[i].state = State::Free;
         self.base = csn_add(csn, 1);
         self.acked = self.acked.wrapping_add(1);
         Some((csn, t))

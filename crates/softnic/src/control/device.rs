@@ -358,33 +358,30 @@ pub(super) unsafe extern "C" fn get_async_event(
         set_errno(libc::EINVAL);
         return -1;
     }
-    let Ok(fd) = try_with(context.cast(), Kind::Context, |_, st, id| {
-        Arc::clone(st.w.contexts[&id].events.fd())
-    }) else {
-        return -1;
-    };
     // The descriptor counts the events queued (a destroyed object's go with it): an event
     // is taken with its count under the fabric's lock, and with none queued the caller
-    // sleeps until one comes (EAGAIN if it made the descriptor non-blocking).
+    // sleeps until one comes (EAGAIN if it made the descriptor non-blocking), outside it.
     loop {
-        let taken = with(context.cast(), Kind::Context, Some(-1), |_, st, id| {
-            let c = st.w.contexts.get_mut(&id)?;
-            let ev = c.events.pop()?;
+        let Ok(taken) = try_with(context.cast(), Kind::Context, |_, st, id| {
+            let c = st.w.contexts.get_mut(&id).ok_or(None)?;
+            let Some(ev) = c.events.pop() else {
+                return Err(Some(Arc::clone(c.events.fd())));
+            };
             // Counted as handed out: destroying the object waits for its acknowledgement. (A
             // destroyed object's events went with it: the look-ups find their objects.)
             let element = match ev.element {
                 Element::Cq(c) => {
-                    let c = st.w.cqs.get_mut(&c)?;
+                    let c = st.w.cqs.get_mut(&c).ok_or(None)?;
                     c.async_reported = c.async_reported.wrapping_add(1);
                     ibv_async_event__bindgen_ty_1 { cq: c.shell.ptr() }
                 }
                 Element::Qp(q) => {
-                    let q = st.qps.get_mut(&q)?;
+                    let q = st.qps.get_mut(&q).ok_or(None)?;
                     q.events_reported = q.events_reported.wrapping_add(1);
                     ibv_async_event__bindgen_ty_1 { qp: q.shell.ptr() }
                 }
                 Element::Srq(s) => {
-                    let s = st.w.srqs.get_mut(&s)?;
+                    let s = st.w.srqs.get_mut(&s).ok_or(None)?;
                     s.events_reported = s.events_reported.wrapping_add(1);
                     ibv_async_event__bindgen_ty_1 { srq: s.shell.ptr() }
                 }
@@ -396,11 +393,16 @@ pub(super) unsafe extern "C" fn get_async_event(
                     event_type: ev.kind,
                 }
             };
-            Some(0)
-        });
-        if let Some(r) = taken {
-            return r;
-        }
+            Ok(())
+        }) else {
+            return -1;
+        };
+        let fd = match taken {
+            Ok(()) => return 0,
+            // The object of the event taken is gone (the context too: the look-up fails).
+            Err(None) => continue,
+            Err(Some(fd)) => fd,
+        };
         // As in get_cq_event: the descriptor outlives a concurrent close_device (which wakes
         // it; the look-up above then fails).
         if let Err(e) = fd.wait_readable() {

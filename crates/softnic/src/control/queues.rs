@@ -214,7 +214,7 @@ fn insert_qp(
     let d = &mut st.w.devices[dev];
     let mut qpn = d.next_qpn;
     // (Not 0 and 1, the special QPs, nor 0xFFFFFF, the multicast QPN.)
-    while d.qpns.contains_key(&qpn) || qpn < 0x11 || qpn == crate::mcast::MULTICAST_QPN {
+    while d.qpns.contains(qpn) || qpn < 0x11 || qpn == crate::mcast::MULTICAST_QPN {
         qpn = (qpn + 1) & 0x00ff_ffff;
     }
     d.next_qpn = (qpn + 1) & 0x00ff_ffff;
@@ -345,7 +345,7 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
             return Some(libc::EINVAL);
         };
         q.reset(&mut st.w);
-        st.w.devices[q.dev].qpns.remove(&q.qpn);
+        st.w.devices[q.dev].qpns.remove(q.qpn);
         st.w.devices[q.dev].tx_ready.retain(|&r| r != id);
         st.w.drop_async_events(Element::Qp(id));
         abi::unregister(q.shell.ptr().cast());

@@ -32,7 +32,7 @@ pub(crate) enum Dest {
     /// The device of that index.
     Local(usize),
     /// A RoCEv2 port elsewhere (another process or host), reached through the sending
-    /// device's [UDP port](crate::udp::UdpPort).
+    /// device's [UDP port](crate::link::udp::UdpPort).
     Udp(SocketAddrV4),
 }
 

@@ -7,7 +7,7 @@
 //! of the QP (the flow entropy mlx5 and rxe put there for ECMP), and the receiver never
 //! depends on it. The sending sockets set don't-fragment, so the kernel puts identification
 //! 0 in the IPv4 header of a datagram sent alone, and the ICRC (which covers it, see
-//! [`roce`](crate::roce)) is known before the datagram leaves.
+//! [`roce`]) is known before the datagram leaves.
 //!
 //! Datagrams go out at the end of each round of progress, in batches (`sendmmsg`), and runs of
 //! same-sized packets to one destination (the middle packets of a message) as one GSO send

@@ -3,7 +3,7 @@
 
 use ibverbs_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode};
 
-use super::{InMsg, Qp, Transport};
+use super::{InMsg, Payload, Qp, SendWqe, Transport};
 use crate::abi::Wc;
 use crate::cq::Reclaim;
 use crate::srq::RecvWqe;
@@ -73,7 +73,16 @@ impl Qp {
         };
         let rd_atomic = wqe.is_rd_atomic() && wqe.started;
         let (wr_id, opcode, len, signaled) = (wqe.wr_id, wqe.opcode, wqe.len, wqe.signaled);
-        self.sq.wqes.pop_front();
+        // The usual WQE, whose SGEs are held inline, has nothing to free: it is forgotten rather
+        // than dropped (a call per packet); any other is dropped.
+        if let Some(SendWqe {
+            payload: Payload::Sges(sges),
+            ..
+        }) = self.sq.wqes.pop_front()
+            && !sges.spilled()
+        {
+            std::mem::forget(sges);
+        }
         if rd_atomic {
             self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
         }
