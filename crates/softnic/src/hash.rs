@@ -50,10 +50,10 @@ impl Hasher for FastHasher {
 const FRONT: usize = 256;
 
 /// A map of the numbers softnic hands out (QP numbers, memory key indices) to ids, looked up
-/// on every packet: a direct-mapped front, whose slot `n % 256` holds one live entry with a key
-/// `n` of that remainder, answers without the hash; the map behind it holds every entry.
-/// (Numbers given out in sequence, as QP numbers are, fill distinct slots: a device's first
-/// 256 live QPs are all found in front.)
+/// on every packet: a direct-mapped front, whose slot `n % 256` holds the live key of that
+/// remainder inserted last (until it is removed), answers without the hash; the map behind it
+/// holds every entry. (Numbers given out in sequence, as QP numbers are, fill distinct slots:
+/// 256 QPs created one after the other are all found in front.)
 #[derive(Debug)]
 pub(crate) struct NumberMap {
     /// Slot `s`: `(key, id)` of a live entry, or, empty, `(s + 1, 0)`: a key no look-up in

@@ -149,7 +149,7 @@ pub(crate) unsafe fn poll_stamped(
         found.fabric.wake_sleeper();
         return 0;
     }
-    // SAFETY: as this function's contract.
+    // SAFETY: as this function's contract; `num >= 0` was checked above.
     unsafe { poll_locked(&found, num, wc, stamps) }
 }
 
@@ -157,7 +157,8 @@ pub(crate) unsafe fn poll_stamped(
 /// Out of line, so that an empty poll does not pay for what it skips.
 ///
 /// # Safety
-/// As [`poll_stamped`]; `found` is the CQ at its `cq`, and `num` is not negative.
+/// `found` is a CQ of softnic's; `num` is not negative, `wc` has room for `num` completions,
+/// and `stamps` is null or has room for `num` stamps.
 #[inline(never)]
 unsafe fn poll_locked(
     found: &abi::Found,

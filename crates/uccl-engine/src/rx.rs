@@ -303,16 +303,19 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
-        /// Chunks arriving in any order within the window, some twice, in runs in order and
-        /// out of it: every message is delivered once, in order, with its bytes, and the ACK's
-        /// point and bitmap are what arrived.
+        /// Chunks arriving in any order within the window, some twice, some too early (beyond
+        /// the window, refused) before they come again, in runs in order and out of it: every
+        /// message is delivered once, in order, with its bytes, and the ACK's point and bitmap
+        /// are what arrived.
         #[test]
         fn any_arrival_order_delivers_every_message_once_in_order(
             seed in proptest::prelude::any::<u64>(),
             spread in 1usize..WINDOW,
         ) {
             // 2 300 chunks (the CSN space wraps), message `m` of `m % 3 + 1` chunks: chunk `i`
-            // arrives `i` plus up to `spread` steps in, every seventh twice.
+            // arrives `i` plus up to `spread` steps in, every seventh twice, and every eleventh
+            // (from the 300th) also once too early, at step `i - WINDOW - 1 - r` (r < 32), when
+            // fewer than `i - WINDOW` chunks have arrived.
             let mut rng = seed;
             let mut next = || {
                 rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -332,7 +335,8 @@ mod tests {
                 .flat_map(|i| {
                     let at = i + next() % spread;
                     let again = (i % 7 == 0).then(|| (at + next() % spread, i));
-                    std::iter::once((at, i)).chain(again)
+                    let early = (i % 11 == 5 && i >= 300).then(|| (i - WINDOW - 1 - next() % 32, i));
+                    std::iter::once((at, i)).chain(again).chain(early)
                 })
                 .collect();
             order.sort();
@@ -340,8 +344,10 @@ mod tests {
             let mut got = Vec::new();
             let mut arrived = vec![false; chunks.len()];
             let csn_of = |i: usize| (i % CSN_SPACE as usize) as u16;
+            // The model's cumulative point: every chunk before it arrived.
+            let mut cum = 0;
+            let mut too_early = 0;
             for (n, (_, i)) in order.into_iter().enumerate() {
-                let cum = usize::from(rx.ack(0, 0, 0).cum);
                 let csn = csn_of(i);
                 let (rid, last) = chunks[i];
                 let a = rx.on_chunk(Imm { fid: 0, rid, csn, last }, 100, (0, false, 0), |d| got.push(d));
@@ -354,7 +360,10 @@ mod tests {
                 };
                 proptest::prop_assert_eq!(a, want, "chunk {}", i);
                 arrived[i] |= want == Arrival::New;
-                let cum = arrived.iter().position(|a| !a).unwrap_or(arrived.len());
+                too_early += usize::from(want == Arrival::OutOfWindow);
+                while cum < arrived.len() && arrived[cum] {
+                    cum += 1;
+                }
                 let ack = rx.ack(0, 0, 0);
                 proptest::prop_assert_eq!(usize::from(ack.cum), cum);
                 if n % 8 == 0 {
@@ -363,16 +372,8 @@ mod tests {
                     }
                 }
             }
-            // The chunks that came beyond the window come again, in order.
-            for i in 0..chunks.len() {
-                if !arrived[i] {
-                    let (rid, last) = chunks[i];
-                    let csn = csn_of(i);
-                    let a = rx.on_chunk(Imm { fid: 0, rid, csn, last }, 100, (0, false, 0), |d| got.push(d));
-                    proptest::prop_assert_eq!(a, Arrival::New);
-                    arrived[i] = true;
-                }
-            }
+            proptest::prop_assert_eq!(too_early, (300..chunks.len()).filter(|i| i % 11 == 5).count());
+            proptest::prop_assert_eq!(cum, chunks.len());
             proptest::prop_assert_eq!(got, msgs);
         }
     }

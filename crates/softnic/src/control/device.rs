@@ -399,7 +399,8 @@ pub(super) unsafe extern "C" fn get_async_event(
         };
         let fd = match taken {
             Ok(()) => return 0,
-            // The object of the event taken is gone (the context too: the look-up fails).
+            // The object of the event taken is gone (or the context: the next look-up fails,
+            // or finds the context now at that address).
             Err(None) => continue,
             Err(Some(fd)) => fd,
         };

@@ -66,8 +66,7 @@ impl Qp {
     /// Completes the oldest send WQE with `status` (see [`complete_send`](Self::complete_send)).
     #[inline(always)]
     fn complete_front(&mut self, w: &mut World, status: ibv_wc_status::Type) -> bool {
-        // What the completion needs is read in place: the WQE is then dropped where it lies
-        // (moving it out would copy all of it).
+        // What the completion needs is read in place, before the WQE is taken off the queue.
         let Some(wqe) = self.sq.wqes.front() else {
             return true;
         };

@@ -51,6 +51,10 @@ pub(crate) enum Transport {
 /// The SGEs of a WR: up to two held inline, so a usual post allocates nothing.
 pub(crate) type SgeList = smallvec::SmallVec<[ibv_sge; 2]>;
 
+// A list that did not spill owns nothing: a sent WQE's is forgotten, not dropped
+// (`Qp::complete_front`).
+const _: () = assert!(!std::mem::needs_drop::<ibv_sge>());
+
 /// Where a send WR's data comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum Payload {
