@@ -174,11 +174,14 @@ impl Keys {
 
     /// Gives `key` up: its index is free again.
     pub(crate) fn remove(&mut self, key: u32) -> Option<Region> {
-        self.entry_mut(key)?;
         let slot = self.slots.get(key >> 8)?;
+        let entry = &mut self.regions[slot as usize];
+        if entry.as_ref().is_none_or(|(k, _)| *k != key) {
+            return None;
+        }
         self.slots.remove(key >> 8);
         self.free.push(slot);
-        self.regions[slot as usize].take().map(|(_, r)| r)
+        entry.take().map(|(_, r)| r)
     }
 
     /// Replaces `key`'s tag with `tag`: the old key is dead, the new one returned. `None` if
