@@ -105,7 +105,9 @@ pub(crate) struct Keys {
     pub(crate) counter: u32,
     /// Index -> slot in `regions` of each live key.
     slots: NumberMap,
-    /// The live keys, whole, and what they name; `None` where a key was given up.
+    /// The live keys, whole, and what they name; `None` where a key was given up. (Not a
+    /// [`Table`](crate::table::Table): a device may have more keys than a table has slots,
+    /// and only `slots` names a slot here, never one given up, so slots need no generations.)
     regions: Vec<Option<(u32, Region)>>,
     /// Slots of `regions` given up, to be taken again.
     free: Vec<u32>,
