@@ -114,17 +114,18 @@ impl<T> ObjectPool<T> {
     #[inline(always)]
     pub fn get(&self, h: Handle) -> Result<&T, PoolError> {
         let i = self.check(h.0)?;
-        // SAFETY: the only `&mut T` to an element comes from `get_mut(&mut self)`, which cannot
-        // coexist with this `&self` borrow; raw pointers from `as_ptr` are the caller's
-        // responsibility under their own `unsafe`.
-        Ok(unsafe { &*self.elems[i].get() })
+        // SAFETY: `i` is in bounds (`check`). The only `&mut T` to an element comes from
+        // `get_mut(&mut self)`, which cannot coexist with this `&self` borrow; raw pointers
+        // from `as_ptr` are the caller's responsibility under their own `unsafe`.
+        Ok(unsafe { &*self.elems.get_unchecked(i).get() })
     }
 
     /// The handed-out element `h`, mutably.
     #[inline(always)]
     pub fn get_mut(&mut self, h: Handle) -> Result<&mut T, PoolError> {
         let i = self.check(h.0)?;
-        Ok(self.elems[i].get_mut())
+        // SAFETY: `i` is in bounds (`check`); `&mut self` excludes every other borrow.
+        Ok(unsafe { self.elems.get_unchecked_mut(i) }.get_mut())
     }
 
     /// Every element, handed out or free, by index ([`Handle::index`]): for code that addresses
@@ -169,8 +170,10 @@ impl<T> ObjectPool<T> {
         self.slots.is_empty()
     }
 
-    /// `index` as a `usize` if it is handed out (then it is inside the pool).
-    #[inline]
+    /// `index` as a `usize` if it is handed out: then it is inside the pool, as the slots
+    /// (one an element, built together in [`new`](Self::new)) hand out only their own indices,
+    /// so `elems[index]` needs no bounds check of its own.
+    #[inline(always)]
     fn check(&self, index: u32) -> Result<usize, PoolError> {
         if self.slots.is_allocated(index) {
             Ok(index as usize)
@@ -215,6 +218,11 @@ mod tests {
         };
         assert!(pool.get(Handle(9)).is_err_and(foreign));
         assert!(pool.get_mut(Handle(9)).is_err_and(foreign));
+        // Just past the end, and as far as an index goes: refused, never read.
+        for i in [4, u32::MAX] {
+            assert!(pool.get(Handle(i)).is_err());
+            assert!(pool.get_mut(Handle(i)).is_err());
+        }
         assert!(pool.as_ptr(Handle(9)).is_err_and(foreign));
         assert!(pool.handle_from_wr_id(9).is_err_and(foreign));
         let h = pool.alloc().unwrap();

@@ -106,16 +106,17 @@ impl Engine {
                 return self.malformed(ci, now);
             }
         }
-        let mut delivered = std::mem::take(&mut self.scratch.delivered);
-        delivered.clear();
         // The chunk may have waited for this end since its last look: the ACK says it was held
         // from then, so that the sender's RTT sample leaves this host's delays out.
-        let seen = self.scratch.seen_since;
-        let c = self.conns[usize::from(ci)].as_mut().expect("checked");
+        let Engine { conns, scratch, .. } = self;
+        let delivered = &mut scratch.delivered;
+        delivered.clear();
+        let c = conns[usize::from(ci)].as_mut().expect("checked");
         c.heard = now;
-        let a = c.rx.on_chunk(imm, len, (lane, copy.is_some(), seen), |d| {
-            delivered.push(d)
-        });
+        let a =
+            c.rx.on_chunk(imm, len, (lane, copy.is_some(), scratch.seen_since), |d| {
+                delivered.push(d)
+            });
         match a {
             Arrival::New => {
                 self.stats.chunks_received += 1;
@@ -131,7 +132,6 @@ impl Engine {
         self.took_buffer(ci, taken, now);
         let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
             // Failed for it: what it delivered goes with the connection's requests.
-            self.scratch.delivered = delivered;
             return;
         };
         // An ACK now once it covers enough; this round if the sender needs the news (a
@@ -139,7 +139,8 @@ impl Engine {
         // more chunks to cover (a gap is no hurry: chunks of several paths interleave, and a
         // loss still shows within `ack_delay_us`).
         let (chunks, bytes) = c.rx.since_ack();
-        let urgent = self.cfg.ack_delay_us == 0 || a != Arrival::New || !delivered.is_empty();
+        let urgent =
+            self.cfg.ack_delay_us == 0 || a != Arrival::New || !self.scratch.delivered.is_empty();
         if chunks >= self.cfg.ack_every || bytes >= u64::from(self.cfg.ack_bytes) {
             self.stage_ack(ci, now);
         } else if urgent {
@@ -152,10 +153,12 @@ impl Engine {
             c.ack_due = Some(due);
             self.scratch.delayed.push_back((due, ci));
         }
-        for &d in &delivered {
+        // (By index: delivering needs the engine, and adds nothing to the list.)
+        let mut k = 0;
+        while let Some(&d) = self.scratch.delivered.get(k) {
             self.deliver(ci, d);
+            k += 1;
         }
-        self.scratch.delivered = delivered;
     }
 
     /// Tells the peer of connection `ci` that its retransmitted chunk `csn` named memory this

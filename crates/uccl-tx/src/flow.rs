@@ -306,19 +306,18 @@ impl Flow {
         }
     }
 
-    /// Appends chunk `csn` to the list of `lane` (its latest transmission went there).
-    pub(crate) fn link(&mut self, lane: u16, csn: u16) {
-        let tail = self.lanes[usize::from(lane)].tail;
-        if let Some(t) = self.track.get_mut(csn) {
-            t.prev = tail;
-            t.next = NIL;
-        }
+    /// Appends chunk `csn` to the list of `lane` (its latest transmission went there), the
+    /// chunk's own links already set by the caller: `prev` to the lane's tail (as it was
+    /// before this call), `next` to [`NIL`].
+    pub(crate) fn append(&mut self, lane: u16, csn: u16) {
+        let Flow { lanes, track, .. } = self;
+        let l = &mut lanes[usize::from(lane)];
+        let tail = std::mem::replace(&mut l.tail, csn);
         if tail == NIL {
-            self.lanes[usize::from(lane)].head = csn;
-        } else if let Some(t) = self.track.get_mut(tail) {
+            l.head = csn;
+        } else if let Some(t) = track.get_mut(tail) {
             t.next = csn;
         }
-        self.lanes[usize::from(lane)].tail = csn;
     }
 
     /// Takes a chunk with neighbours `prev` and `next` out of the list of `lane`.

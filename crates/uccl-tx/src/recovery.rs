@@ -19,10 +19,12 @@
 //! With `TxConfig::ack_requests` neither timer resends by itself: it asks the peer, and the
 //! answer declares the losses (`asks.rs`).
 
+use std::collections::VecDeque;
+
 use crate::bits::Bits256;
 use crate::error::TxError;
 use crate::events::Event;
-use crate::flow::{IDLE, Status, open_mut};
+use crate::flow::{Flow, IDLE, Status, open_mut};
 use crate::path::PathId;
 use crate::timers::{PATHS, PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
@@ -32,6 +34,58 @@ use crate::wire::{ANSWER_PATH, AckRepr, csn_add};
 /// `a` was sent before `b` on the same path (sequence numbers modulo 2^32).
 pub(crate) fn before(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
+}
+
+/// The part of acknowledging chunk `t` of flow `fid` (as it was before this ACK) that is the
+/// flow's own: out of its lane's list if it was in flight, its message told (settled when
+/// every chunk cut so far is acknowledged, into `events`), and its transmission marked as
+/// delivered (into `marks`). `None` if it was acknowledged already; else the path it was in
+/// flight on, if it was (for [`Tx::acknowledged`](Tx) to free).
+#[inline(always)]
+fn acknowledge_in(
+    f: &mut Flow,
+    fid: u16,
+    t: &Track,
+    events: &mut VecDeque<Event>,
+    marks: &mut Vec<u16>,
+) -> Option<Option<usize>> {
+    if t.state == State::Acked {
+        return None;
+    }
+    let in_flight = t.state == State::InFlight;
+    let lane_path = f.lanes[usize::from(t.last.lane)].path;
+    if in_flight {
+        f.unlink(t.last.lane, t.prev, t.next);
+        f.inflight -= 1;
+    }
+    if let Some(m) = f.msgs.get_mut(t.msg) {
+        m.acked += 1;
+        // Only a message whose every chunk cut so far is acknowledged may be done.
+        if m.acked == m.chunks {
+            f.msgs.settle(t.msg, fid, None, events);
+        }
+    }
+    // Sent once: that transmission arrived. Sent several times on one lane: one of them
+    // arrived, so at least the first one's place in that lane was passed.
+    if t.sends == 1 || !t.moved {
+        mark_lane(f, t.first, marks);
+    }
+    Some(in_flight.then_some(usize::from(lane_path.0)))
+}
+
+/// Transmission `sent` of flow `f` was delivered: remembers it for the loss walk after this
+/// ACK (its lane into `marks` the first time); returns its path.
+fn mark_lane(f: &mut Flow, sent: Sent, marks: &mut Vec<u16>) -> Option<PathId> {
+    let lane = f.lanes.get_mut(usize::from(sent.lane))?;
+    match lane.mark {
+        None => {
+            lane.mark = Some(sent.seq);
+            marks.push(sent.lane);
+        }
+        Some(m) if before(m, sent.seq) => lane.mark = Some(sent.seq),
+        Some(_) => {}
+    }
+    Some(lane.path)
 }
 
 impl Tx {
@@ -89,9 +143,8 @@ impl Tx {
         });
         let mut acked = 0u32;
         for _ in 0..ahead {
-            let f = self.open_flow_mut(fid).expect("checked");
-            let (_, t) = f.track.take_base().expect("within the span");
-            acked += u32::from(self.acknowledge(fid, &t));
+            let base = |f: &mut Flow| f.track.take_base().expect("within the span").1;
+            acked += u32::from(self.acknowledge(fid, base));
         }
         let f = self.open_flow_mut(fid).expect("checked");
         f.track.sacked_passed(ahead);
@@ -110,7 +163,7 @@ impl Tx {
             let before = *t;
             t.state = State::Acked;
             f.track.sacked.set(off);
-            acked += u32::from(self.acknowledge(fid, &before));
+            acked += u32::from(self.acknowledge(fid, |_| before));
         }
         if let Some((sent, sample)) = echo {
             let p = self.mark(fid, sent);
@@ -189,37 +242,36 @@ impl Tx {
         }
     }
 
-    /// A chunk (`t` as it was before this ACK) was acknowledged; whether that is news.
+    /// A chunk of flow `fid` was acknowledged: the one `take` gives, as it was before this
+    /// ACK (taken out of the tracking, or a copy). Whether that is news.
     #[inline(always)]
-    fn acknowledge(&mut self, fid: u16, t: &Track) -> bool {
-        if t.state == State::Acked {
+    fn acknowledge(&mut self, fid: u16, take: impl FnOnce(&mut Flow) -> Track) -> bool {
+        let Tx {
+            flows,
+            events,
+            marks,
+            ..
+        } = self;
+        let f = open_mut(flows, fid).expect("checked");
+        let t = take(f);
+        let done = acknowledge_in(f, fid, &t, events, marks);
+        self.acknowledged(done)
+    }
+
+    /// The engine-wide part of acknowledging a chunk, after [`acknowledge_in`]'s (`done`): it
+    /// leaves the engine window, and frees its place on the path it was in flight on.
+    /// Whether the chunk was newly acknowledged.
+    fn acknowledged(&mut self, done: Option<Option<usize>>) -> bool {
+        let Some(in_flight_on) = done else {
             return false;
-        }
+        };
         #[cfg(test)]
         {
             self.work += 1;
         }
-        let f = open_mut(&mut self.flows, fid).expect("checked");
-        let lane_path = f.lanes[usize::from(t.last.lane)].path;
-        if t.state == State::InFlight {
-            f.unlink(t.last.lane, t.prev, t.next);
-            f.inflight -= 1;
-        }
-        if let Some(m) = f.msgs.get_mut(t.msg) {
-            m.acked += 1;
-            // Only a message whose every chunk cut so far is acknowledged may be done.
-            if m.acked == m.chunks {
-                f.msgs.settle(t.msg, fid, None, &mut self.events);
-            }
-        }
         self.unacked -= 1;
-        if t.state == State::InFlight {
-            self.path_resolved(usize::from(lane_path.0));
-        }
-        // Sent once: that transmission arrived. Sent several times on one lane: one of them
-        // arrived, so at least the first one's place in that lane was passed.
-        if t.sends == 1 || !t.moved {
-            self.mark(fid, t.first);
+        if let Some(p) = in_flight_on {
+            self.path_resolved(p);
         }
         true
     }
@@ -227,17 +279,8 @@ impl Tx {
     /// Transmission `sent` of flow `fid` was delivered: remembers it for the loss walk after
     /// this ACK; returns its path.
     fn mark(&mut self, fid: u16, sent: Sent) -> Option<PathId> {
-        let f = open_mut(&mut self.flows, fid)?;
-        let lane = f.lanes.get_mut(usize::from(sent.lane))?;
-        match lane.mark {
-            None => {
-                lane.mark = Some(sent.seq);
-                self.marks.push(sent.lane);
-            }
-            Some(m) if before(m, sent.seq) => lane.mark = Some(sent.seq),
-            Some(_) => {}
-        }
-        Some(lane.path)
+        let Tx { flows, marks, .. } = self;
+        mark_lane(open_mut(flows, fid)?, sent, marks)
     }
 
     /// For each lane a delivery was credited to: the path works (its back-off resets), and

@@ -4,13 +4,13 @@
 
 use verbs_safe::sys::{ibv_send_wr, ibv_sge, ibv_wr_opcode};
 
-use crate::flow::Status;
-use crate::path::PathId;
+use crate::flow::{Flow, open_mut};
+use crate::path::{Path, PathId};
 use crate::tracking::{Cause, NIL, State, Track};
 use crate::transmit::Transmit;
-use crate::tx::Tx;
+use crate::tx::{Tx, xorshift};
 use crate::wire::{Imm, RETR_HDR_LEN, RetrHdrRepr};
-use crate::wr::{Kind, WrId};
+use crate::wr::{Kind, WrEx, WrId};
 
 /// What one staging attempt for a flow came to.
 enum Outcome {
@@ -22,6 +22,8 @@ enum Outcome {
     Idle,
     /// A pool ran dry: stop for this call; the flow stays first in line.
     Stop,
+    /// The flow is closed, or its id names a later flow: its entry is dropped.
+    Gone,
 }
 
 /// Why no path can take a WR of a flow now.
@@ -53,13 +55,7 @@ impl Tx {
             {
                 self.work += 1;
             }
-            if !self
-                .flow(fid)
-                .is_some_and(|f| f.status == Status::Open && f.epoch == epoch)
-            {
-                continue;
-            }
-            match self.stage_one(fid) {
+            match self.stage_one(fid, epoch) {
                 Outcome::Staged => self.active.push_back((fid, epoch)),
                 Outcome::Idle => {
                     if let Some(f) = self.open_flow_mut(fid) {
@@ -70,6 +66,7 @@ impl Tx {
                     self.active.push_front((fid, epoch));
                     break;
                 }
+                Outcome::Gone => {}
             }
         }
         self.stage_signals();
@@ -118,14 +115,16 @@ impl Tx {
         }
     }
 
-    /// Tries to stage one WR of flow `fid`.
-    fn stage_one(&mut self, fid: u16) -> Outcome {
+    /// Tries to stage one WR of flow `fid` of generation `epoch`.
+    fn stage_one(&mut self, fid: u16, epoch: u32) -> Outcome {
         let (flow_window, engine_window) =
             (u32::from(self.cfg.flow_window), self.cfg.engine_window);
         let unacked = self.unacked;
         let congestion = self.cfg.target_delay_us > 0;
         let (pacing, now) = (congestion && self.cfg.pacing, self.now);
-        let f = self.open_flow_mut(fid).expect("caller checked");
+        let Some(f) = open_mut(&mut self.flows, fid).filter(|f| f.epoch == epoch) else {
+            return Outcome::Gone;
+        };
         // Entries of chunks acknowledged since they were queued are stale.
         while let Some(&csn) = f.retx.front() {
             if f.track.get(csn).is_some_and(|t| t.state == State::Queued) {
@@ -156,6 +155,8 @@ impl Tx {
             }
             return Outcome::Idle;
         }
+        // (Staging leaves the window as it is: whether it paces is known now.)
+        let paced = pacing && f.cc.paced();
         if matches!(what, Send::New) && unacked >= engine_window {
             if !f.waits_engine {
                 f.waits_engine = true;
@@ -201,7 +202,7 @@ impl Tx {
             return Outcome::Stop;
         }
         // Only a window below one chunk paces (the path's RTT is looked up only then).
-        if pacing && self.flow(fid).is_some_and(|f| f.cc.paced()) {
+        if paced {
             let srtt = self.lane_srtt(fid, lane);
             if let Some(f) = self.open_flow_mut(fid) {
                 f.cc.on_send(now, srtt);
@@ -227,55 +228,27 @@ impl Tx {
     /// timeout since the path's last delivery; then more room), which starts a burst. Only
     /// when neither can take a WR are the flow's other paths looked at.
     fn pick_lane(&mut self, fid: u16) -> Result<u16, NoPath> {
-        let f = self.flow(fid).expect("caller checked");
+        let Tx {
+            flows,
+            paths,
+            rng,
+            cfg,
+            calls,
+            burst,
+            ..
+        } = self;
+        let f = open_mut(flows, fid).expect("caller checked");
         let (lane, left, call) = f.burst;
-        if left > 0 && call == self.calls {
+        if left > 0 && call == *calls {
             let p = f.path_of(lane);
-            if self.paths[p].usable() {
-                self.open_flow_mut(fid).expect("checked").burst.1 = left - 1;
+            if paths[p].usable() {
+                f.burst.1 = left - 1;
                 return Ok(lane);
             }
         }
-        let lane = self.choose_lane(fid)?;
-        let burst = self.cfg.burst_chunks();
-        let call = self.calls;
-        self.open_flow_mut(fid).expect("checked").burst = (lane, burst - 1, call);
+        let lane = choose_lane(f, paths, rng, cfg.rto_initial_us * 1000)?;
+        f.burst = (lane, *burst - 1, *calls);
         Ok(lane)
-    }
-
-    /// Power of two choices (see [`Tx::pick_lane`]).
-    fn choose_lane(&mut self, fid: u16) -> Result<u16, NoPath> {
-        let n = self.flow(fid).map_or(0, |f| f.live.len());
-        if n == 0 {
-            return Err(NoPath::None);
-        }
-        let (i, j) = if n <= 2 {
-            (0, n - 1)
-        } else {
-            let i = (self.rand() % n as u64) as usize;
-            let j = (self.rand() % (n as u64 - 1)) as usize;
-            (i, if j >= i { j + 1 } else { j })
-        };
-        let init = self.cfg.rto_initial_us * 1000;
-        let f = self.flow(fid).expect("checked");
-        let path_of = |k: usize| usize::from(f.lanes[usize::from(f.live[k])].path.0);
-        let ok = |k: usize| self.paths[path_of(k)].usable();
-        let rank = |k: usize| self.paths[path_of(k)].rank(init);
-        let best = match (ok(i), ok(j)) {
-            (true, true) => Some(if rank(j) < rank(i) { j } else { i }),
-            (true, false) => Some(i),
-            (false, true) => Some(j),
-            (false, false) => (0..n).filter(|&k| ok(k)).min_by_key(|&k| rank(k)),
-        };
-        if let Some(k) = best {
-            return Ok(f.live[k]);
-        }
-        // A full path has a completion coming; a suspect one the outcome of its probe.
-        (0..n)
-            .map(path_of)
-            .find(|&p| self.paths[p].room() == 0)
-            .or_else(|| (0..n).map(path_of).find(|&p| self.paths[p].inflight > 0))
-            .map_or(Err(NoPath::None), |p| Err(NoPath::Wait(p)))
     }
 
     /// Cuts the next chunk of flow `fid` into WR `h` on `lane`.
@@ -318,7 +291,7 @@ impl Tx {
         f.inflight += 1;
         let (epoch, p) = (f.epoch, f.path_of(lane));
         self.unacked += 1;
-        let e = self.wrs.get_mut(h).expect("fresh handle");
+        let e = self.stage_chunk(p, h, false);
         (e.kind, e.fid, e.epoch, e.lane, e.csn, e.msg, e.hdr) =
             (Kind::Chunk, fid, epoch, lane, csn, id, None);
         write_imm(&mut e.slot.wr, imm, remote + offset, rkey);
@@ -328,7 +301,6 @@ impl Tx {
             lkey,
         };
         e.slot.point_sges(usize::from(len > 0));
-        self.stage_chunk(p, h, false);
         true
     }
 
@@ -397,16 +369,17 @@ impl Tx {
         true
     }
 
-    /// Stages chunk WR `h` on path `p` (its lane's).
+    /// Stages chunk WR `h` on path `p` (its lane's): see [`stage_wr`](Self::stage_wr).
     #[inline(always)]
-    fn stage_chunk(&mut self, p: usize, h: bufpool::Handle, signal: bool) {
+    fn stage_chunk(&mut self, p: usize, h: bufpool::Handle, signal: bool) -> &mut WrEx {
         self.paths[p].inflight += 1;
-        self.stage_wr(p, h, signal);
+        self.stage_wr(p, h, signal)
     }
 
-    /// Gives WR `h` the next slot of path `p` and appends it to the path's staged WRs.
+    /// Gives WR `h` the next slot of path `p` and appends it to the path's staged WRs; returns
+    /// it, with its id, link and signaled flag set, for the rest to be filled in.
     #[inline(always)]
-    fn stage_wr(&mut self, p: usize, h: bufpool::Handle, signal: bool) {
+    fn stage_wr(&mut self, p: usize, h: bufpool::Handle, signal: bool) -> &mut WrEx {
         let every = u64::from(self.cfg.signal_every);
         let path = &mut self.paths[p];
         let seq = path.take(h);
@@ -427,7 +400,52 @@ impl Tx {
             seq: seq as u32,
         }
         .to_raw();
-        e.set_signaled(signal || (seq + 1).is_multiple_of(every));
+        e.set_signaled(signal || below(seq + 1, every) == 0);
+        e
+    }
+}
+
+/// Power of two choices (see [`Tx::pick_lane`]) among the live lanes of `f`, drawing from
+/// `rng`; `init` is the initial RTO, a path's rank before it has an RTT sample.
+fn choose_lane(f: &Flow, paths: &[Path], rng: &mut u64, init: u64) -> Result<u16, NoPath> {
+    let n = f.live.len();
+    if n == 0 {
+        return Err(NoPath::None);
+    }
+    let (i, j) = if n <= 2 {
+        (0, n - 1)
+    } else {
+        let i = below(xorshift(rng), n as u64) as usize;
+        let j = below(xorshift(rng), n as u64 - 1) as usize;
+        (i, if j >= i { j + 1 } else { j })
+    };
+    let path_of = |k: usize| usize::from(f.lanes[usize::from(f.live[k])].path.0);
+    let ok = |k: usize| paths[path_of(k)].usable();
+    let rank = |k: usize| paths[path_of(k)].rank(init);
+    let best = match (ok(i), ok(j)) {
+        (true, true) => Some(if rank(j) < rank(i) { j } else { i }),
+        (true, false) => Some(i),
+        (false, true) => Some(j),
+        (false, false) => (0..n).filter(|&k| ok(k)).min_by_key(|&k| rank(k)),
+    };
+    if let Some(k) = best {
+        return Ok(f.live[k]);
+    }
+    // A full path has a completion coming; a suspect one the outcome of its probe.
+    (0..n)
+        .map(path_of)
+        .find(|&p| paths[p].room() == 0)
+        .or_else(|| (0..n).map(path_of).find(|&p| paths[p].inflight > 0))
+        .map_or(Err(NoPath::None), |p| Err(NoPath::Wait(p)))
+}
+
+/// `x % n` (`n` > 0), without a division when `n` is a power of two.
+#[inline(always)]
+pub(crate) fn below(x: u64, n: u64) -> u64 {
+    if n.is_power_of_two() {
+        x & (n - 1)
+    } else {
+        x % n
     }
 }
 
@@ -437,4 +455,19 @@ fn write_imm(wr: &mut ibv_send_wr, imm: u32, remote: u64, rkey: u32) {
     wr.__bindgen_anon_1.imm_data = imm.to_be();
     wr.wr.rdma.remote_addr = remote;
     wr.wr.rdma.rkey = rkey;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn below_is_the_remainder_with_or_without_a_division() {
+        let xs = [0, 1, 2, 7, 8, 63, 64, 1 << 40, u64::MAX - 1, u64::MAX];
+        for n in (1..=70).chain([1 << 20, (1 << 20) + 1, u64::MAX]) {
+            for x in xs {
+                assert_eq!(below(x, n), x % n, "{x} % {n}");
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@ use verbs_safe::sys::{ibv_send_wr, ibv_wr_opcode};
 use crate::flow::{IDLE, open_mut};
 use crate::path::{PathId, Staged};
 use crate::timers::{PROBE, SILENCE};
-use crate::tracking::{Cause, Sent, State};
+use crate::tracking::{Cause, NIL, Sent, State};
 use crate::tx::Tx;
 use crate::wire::{RETR_HDR_LEN, RetrHdr, RetrHdrRepr};
 use crate::wr::{Kind, WrEx, WrId};
@@ -258,9 +258,7 @@ impl Tx {
         let timeouts = (rto, self.pto(PathId(p as u16), rto));
         let mut h = Some(first);
         for _ in 0..n {
-            let cur = h.expect("counted");
-            h = self.wrs.get(cur).expect("staged").next;
-            self.commit(cur, p, timeouts);
+            h = self.commit(h.expect("counted"), p, timeouts);
         }
         if n < len {
             self.take_back(p, h.expect("counted"), len - n);
@@ -268,25 +266,26 @@ impl Tx {
     }
 
     /// WR `h` was posted on path `p`: its chunk is in flight from now on, with the path's
-    /// retransmission and probe timeouts `(rto, pto)`.
-    fn commit(&mut self, h: Handle, p: usize, (rto, pto): (u64, Option<u64>)) {
+    /// retransmission and probe timeouts `(rto, pto)`. Returns the WR staged after it.
+    fn commit(&mut self, h: Handle, p: usize, (rto, pto): (u64, Option<u64>)) -> Option<Handle> {
         let e = self.wrs.get(h).expect("staged");
         let (kind, fid, epoch, lane, csn) = (e.kind, e.fid, e.epoch, e.lane, e.csn);
-        let seq = WrId::from_raw(e.slot.wr.wr_id).seq;
+        let (seq, next) = (WrId::from_raw(e.slot.wr.wr_id).seq, e.next);
         self.stats.wrs += 1;
         if self.cfg.nic_probe_us > 0 {
             self.nic_probe_posted(p);
         }
         if kind == Kind::Signal {
             self.stats.signals += 1;
-            return;
+            return next;
         }
         let (now, silence) = (self.now, self.cfg.max_silence_us * 1000);
         let Some(f) = open_mut(&mut self.flows, fid).filter(|f| f.epoch == epoch) else {
-            return;
+            return next;
         };
+        let tail = f.lanes[usize::from(lane)].tail;
         let Some(t) = f.track.get_mut(csn).filter(|t| t.state == State::Staged) else {
-            return;
+            return next;
         };
         let sent = Sent { lane, seq, at: now };
         // A probe is not probed again, nor is a timeout's retransmission (the path is backed
@@ -307,7 +306,8 @@ impl Tx {
         t.last = sent;
         t.sends += 1;
         t.state = State::InFlight;
-        f.link(lane, csn);
+        (t.prev, t.next) = (tail, NIL);
+        f.append(lane, csn);
         if f.last_progress == IDLE {
             f.last_progress = now;
         }
@@ -327,6 +327,7 @@ impl Tx {
             self.timers
                 .arm_by(&mut l.probe, now + pto, fid, lane | PROBE);
         }
+        next
     }
 
     /// Arms the probe timer of `lane` of flow `fid` at `at`, unless it is armed earlier

@@ -75,7 +75,9 @@ pub struct Tx {
     pub(crate) events: VecDeque<Event>,
     /// Chunks of all flows sent and not acknowledged (the engine window in use).
     pub(crate) unacked: u32,
-    rng: u64,
+    pub(crate) rng: u64,
+    /// Chunks of a flow per path choice ([`TxConfig::burst_chunks`], worked out once).
+    pub(crate) burst: u32,
     /// Paths with WRs staged by the current `poll_transmit`, in staging order.
     pub(crate) staged_paths: Vec<u16>,
     /// Paths that owe a signaled WR.
@@ -132,6 +134,7 @@ impl Tx {
         })?;
         Ok(Tx {
             rng: cfg.seed | 1,
+            burst: cfg.burst_chunks(),
             cfg,
             wrs,
             hdrs,
@@ -552,16 +555,15 @@ impl Tx {
                 f.msgs.settle(msg, fid, f.error.as_ref(), &mut self.events);
             }
         }
-        self.drop_if_drained(fid);
+        if drained(f) {
+            self.flows[usize::from(fid)] = None;
+        }
     }
 
     /// Frees the slot of a closed flow once nothing of it is outstanding.
     fn drop_if_drained(&mut self, fid: u16) {
         let slot = &mut self.flows[usize::from(fid)];
-        if slot
-            .as_ref()
-            .is_some_and(|f| f.status == Status::Closed && f.msgs.is_empty())
-        {
+        if slot.as_ref().is_some_and(drained) {
             *slot = None;
         }
     }
@@ -655,11 +657,17 @@ impl Tx {
             .saturating_add(self.cfg.peer_ack_delay_us * 1000);
         Some(pto.min(rto))
     }
+}
 
-    pub(crate) fn rand(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
-    }
+/// Whether `f` is closed with nothing of it outstanding (its slot may go).
+fn drained(f: &Flow) -> bool {
+    f.status == Status::Closed && f.msgs.is_empty()
+}
+
+/// The next number of the xorshift generator whose state is `rng` (never 0).
+pub(crate) fn xorshift(rng: &mut u64) -> u64 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    *rng
 }
