@@ -74,7 +74,8 @@ impl IndexPool for LocalPool {
 
     #[inline]
     fn is_allocated(&self, index: u32) -> bool {
-        // One flag a slot: an index outside the pool has none.
+        // One flag a slot: an index outside the pool has none. `ObjectPool` relies on this
+        // for soundness: an index this answers true for is below `capacity()`.
         self.allocated.get(index as usize).is_some_and(Cell::get)
     }
 

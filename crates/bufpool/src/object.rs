@@ -67,6 +67,8 @@ impl<T: Default> ObjectPool<T> {
         for (i, e) in elems.iter_mut().enumerate() {
             init(i, e.get_mut());
         }
+        // `check` relies on this: an index the slots hand out is an element's.
+        debug_assert_eq!(elems.len(), slots.capacity());
         Ok(Self { elems, slots })
     }
 }

@@ -313,6 +313,12 @@ impl Flow {
         let Flow { lanes, track, .. } = self;
         let l = &mut lanes[usize::from(lane)];
         let tail = std::mem::replace(&mut l.tail, csn);
+        debug_assert!(
+            track
+                .get(csn)
+                .is_none_or(|t| (t.prev, t.next) == (tail, NIL)),
+            "chunk {csn}'s own links are set before it is appended"
+        );
         if tail == NIL {
             l.head = csn;
         } else if let Some(t) = track.get_mut(tail) {

@@ -40,7 +40,7 @@ pub(crate) fn before(a: u32, b: u32) -> bool {
 /// flow's own: out of its lane's list if it was in flight, its message told (settled when
 /// every chunk cut so far is acknowledged, into `events`), and its transmission marked as
 /// delivered (into `marks`). `None` if it was acknowledged already; else the path it was in
-/// flight on, if it was (for [`Tx::acknowledged`](Tx) to free).
+/// flight on, if it was (for [`acknowledged`](Tx::acknowledged) to free).
 #[inline(always)]
 fn acknowledge_in(
     f: &mut Flow,
