@@ -145,7 +145,26 @@ impl Engine {
         let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
             return;
         };
-        match c.police.took(t, now, rto_min) {
+        let verdict = c.police.took(t, now, rto_min);
+        self.judged(ci, verdict, now);
+    }
+
+    /// Acts on the verdict of open connection `ci`'s police on a buffer it took.
+    #[inline(always)]
+    pub(crate) fn judged(&mut self, ci: u16, verdict: Verdict, now: u64) {
+        if verdict != Verdict::Fine {
+            self.punish(ci, verdict, now);
+        }
+    }
+
+    /// [`judged`](Self::judged) for a verdict that is not [`Verdict::Fine`].
+    #[cold]
+    #[inline(never)]
+    fn punish(&mut self, ci: u16, verdict: Verdict, now: u64) {
+        let Some(c) = self.conns[usize::from(ci)].as_ref() else {
+            return;
+        };
+        match verdict {
             Verdict::Fine => {}
             Verdict::Throttle => {
                 self.stats.throttled += 1;

@@ -108,7 +108,14 @@ impl Engine {
         }
         // The chunk may have waited for this end since its last look: the ACK says it was held
         // from then, so that the sender's RTT sample leaves this host's delays out.
-        let Engine { conns, scratch, .. } = self;
+        let Engine {
+            conns,
+            scratch,
+            stats,
+            credits,
+            cfg,
+            ..
+        } = self;
         let delivered = &mut scratch.delivered;
         delivered.clear();
         let c = conns[usize::from(ci)].as_mut().expect("checked");
@@ -117,19 +124,24 @@ impl Engine {
             c.rx.on_chunk(imm, len, (lane, copy.is_some(), scratch.seen_since), |d| {
                 delivered.push(d)
             });
-        match a {
-            Arrival::New => {
-                self.stats.chunks_received += 1;
-                self.credits.arrived(ci, now);
-            }
-            Arrival::Duplicate => self.stats.dropped_duplicate += 1,
-            Arrival::OutOfWindow => self.stats.dropped_out_of_window += 1,
-        }
         let taken = match a {
-            Arrival::New => Taken::New(imm.csn),
-            Arrival::Duplicate | Arrival::OutOfWindow => Taken::Waste,
+            Arrival::New => {
+                stats.chunks_received += 1;
+                credits.arrived(ci, now);
+                Taken::New(imm.csn)
+            }
+            Arrival::Duplicate => {
+                stats.dropped_duplicate += 1;
+                Taken::Waste
+            }
+            Arrival::OutOfWindow => {
+                stats.dropped_out_of_window += 1;
+                Taken::Waste
+            }
         };
-        self.took_buffer(ci, taken, now);
+        // The buffer it took, judged (as `took_buffer` does, with the connection at hand).
+        let verdict = c.police.took(taken, now, cfg.tx.rto_min_us * 1000);
+        self.judged(ci, verdict, now);
         let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
             // Failed for it: what it delivered goes with the connection's requests.
             return;

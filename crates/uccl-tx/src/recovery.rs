@@ -143,7 +143,7 @@ impl Tx {
         });
         let mut acked = 0u32;
         for _ in 0..ahead {
-            let base = |f: &mut Flow| f.track.take_base().expect("within the span").1;
+            let base = |f: &mut Flow| Some(f.track.take_base().expect("within the span").1);
             acked += u32::from(self.acknowledge(fid, base));
         }
         let f = self.open_flow_mut(fid).expect("checked");
@@ -155,15 +155,17 @@ impl Tx {
             .and(Bits256::low(span))
             .and_not(f.track.sacked);
         for off in fresh.ones() {
-            let f = self.open_flow_mut(fid).expect("checked");
-            let csn = csn_add(base, off);
-            let Some(t) = f.track.get_mut(csn).filter(|t| t.sends > 0) else {
-                continue;
+            let sacked = |f: &mut Flow| {
+                let t = f
+                    .track
+                    .get_mut(csn_add(base, off))
+                    .filter(|t| t.sends > 0)?;
+                let before = *t;
+                t.state = State::Acked;
+                f.track.sacked.set(off);
+                Some(before)
             };
-            let before = *t;
-            t.state = State::Acked;
-            f.track.sacked.set(off);
-            acked += u32::from(self.acknowledge(fid, |_| before));
+            acked += u32::from(self.acknowledge(fid, sacked));
         }
         if let Some((sent, sample)) = echo {
             let p = self.mark(fid, sent);
@@ -243,9 +245,9 @@ impl Tx {
     }
 
     /// A chunk of flow `fid` was acknowledged: the one `take` gives, as it was before this
-    /// ACK (taken out of the tracking, or a copy). Whether that is news.
+    /// ACK (taken out of the tracking, or a copy), if any. Whether that is news.
     #[inline(always)]
-    fn acknowledge(&mut self, fid: u16, take: impl FnOnce(&mut Flow) -> Track) -> bool {
+    fn acknowledge(&mut self, fid: u16, take: impl FnOnce(&mut Flow) -> Option<Track>) -> bool {
         let Tx {
             flows,
             events,
@@ -253,8 +255,7 @@ impl Tx {
             ..
         } = self;
         let f = open_mut(flows, fid).expect("checked");
-        let t = take(f);
-        let done = acknowledge_in(f, fid, &t, events, marks);
+        let done = take(f).and_then(|t| acknowledge_in(f, fid, &t, events, marks));
         self.acknowledged(done)
     }
 
