@@ -22,7 +22,7 @@ pub(crate) const CLOSED_HERE: &str = "closed by this end";
 
 impl Engine {
     /// A SEND on connection `ci`'s control QP: its messages, in order (see
-    /// [`CTL_PACK`](crate::proto::CTL_PACK)).
+    /// [`CTL_PACK`]).
     pub(crate) fn on_ctl(&mut self, ci: u16, slot: u32, e: Cqe, now: u64) {
         let Some(c) = self.conns.get_mut(usize::from(ci)).and_then(Option::as_mut) else {
             return;

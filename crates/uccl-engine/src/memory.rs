@@ -2,7 +2,7 @@
 //!
 //! - A [`Buffer`] is registered once and pinned once, to the one pin table every data QP of the
 //!   engine shares (O(log n), whatever the number of connections). Its own region grants peers
-//!   nothing (with [`RecvKeys::Window`](crate::RecvKeys::Window)): they reach it only through
+//!   nothing (with [`RecvKeys::Window`]): they reach it only through
 //!   the keys below.
 //! - It is given back by [`Engine::deregister`] (which withdraws its exports at once), or when
 //!   its last handle is dropped (then its exports keep it until they are withdrawn): from then
