@@ -172,9 +172,9 @@ impl<T> ObjectPool<T> {
         self.slots.is_empty()
     }
 
-    /// `index` as a `usize` if it is handed out: then it is inside the pool, as the slots
-    /// (one an element, built together in [`new`](Self::new)) hand out only their own indices,
-    /// so `elems[index]` needs no bounds check of its own.
+    /// `index` as a `usize` if it is handed out: then it is inside the pool (the slots, one
+    /// for each element, built together in [`new`](Self::new), hand out only their own
+    /// indices), so `elems[index]` needs no bounds check of its own.
     #[inline(always)]
     fn check(&self, index: u32) -> Result<usize, PoolError> {
         if self.slots.is_allocated(index) {

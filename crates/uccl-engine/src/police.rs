@@ -165,7 +165,7 @@ impl Engine {
             return;
         };
         match verdict {
-            Verdict::Fine => {}
+            Verdict::Fine => {} // (`judged` sends no such verdict here)
             Verdict::Throttle => {
                 self.stats.throttled += 1;
                 tracing::warn!(

@@ -139,7 +139,8 @@ impl Engine {
                 Taken::Waste
             }
         };
-        // The buffer it took, judged (as `took_buffer` does, with the connection at hand).
+        // The buffer it took, judged as `took_buffer` judges it, with the connection at hand
+        // (open: checked on the way in, and nothing since closes it).
         let verdict = c.police.took(taken, now, cfg.tx.rto_min_us * 1000);
         self.judged(ci, verdict, now);
         let Some(c) = self.conns[usize::from(ci)].as_mut().filter(|c| c.is_open()) else {
