@@ -153,20 +153,23 @@ impl Keys {
     /// What `key` (all 32 bits of it) names.
     #[inline(always)]
     pub(crate) fn get(&self, key: u32) -> Option<&Region> {
-        let (k, r) = self.entry(key)?;
-        (*k == key).then_some(r)
+        self.regions[self.slot(key)?].as_ref().map(|(_, r)| r)
     }
 
-    /// The live entry of `key`'s index (whatever its tag).
+    /// The slot of `key`: that of its index, if the key living there has `key`'s tag.
     #[inline(always)]
-    fn entry(&self, key: u32) -> Option<&(u32, Region)> {
-        self.regions[self.slots.get(key >> 8)? as usize].as_ref()
+    fn slot(&self, key: u32) -> Option<usize> {
+        let slot = self.slots.get(key >> 8)? as usize;
+        self.regions[slot]
+            .as_ref()
+            .is_some_and(|(k, _)| *k == key)
+            .then_some(slot)
     }
 
-    /// The live entry of `key`'s index, to change it, if its tag is `key`'s.
+    /// The live entry of `key`, to change it.
     fn entry_mut(&mut self, key: u32) -> Option<&mut (u32, Region)> {
-        let slot = self.slots.get(key >> 8)? as usize;
-        self.regions[slot].as_mut().filter(|(k, _)| *k == key)
+        let slot = self.slot(key)?;
+        self.regions[slot].as_mut()
     }
 
     /// What `key` names, to change it.
@@ -176,14 +179,10 @@ impl Keys {
 
     /// Gives `key` up: its index is free again.
     pub(crate) fn remove(&mut self, key: u32) -> Option<Region> {
-        let slot = self.slots.get(key >> 8)?;
-        let entry = &mut self.regions[slot as usize];
-        if entry.as_ref().is_none_or(|(k, _)| *k != key) {
-            return None;
-        }
+        let slot = self.slot(key)?;
         self.slots.remove(key >> 8);
-        self.free.push(slot);
-        entry.take().map(|(_, r)| r)
+        self.free.push(slot as u32);
+        self.regions[slot].take().map(|(_, r)| r)
     }
 
     /// Replaces `key`'s tag with `tag`: the old key is dead, the new one returned. `None` if
