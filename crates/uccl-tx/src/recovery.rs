@@ -25,7 +25,7 @@ use crate::bits::Bits256;
 use crate::error::TxError;
 use crate::events::Event;
 use crate::flow::{Flow, IDLE, Status, open_mut};
-use crate::path::PathId;
+use crate::path::{Path, PathId};
 use crate::timers::{PATHS, PROBE, SILENCE};
 use crate::tracking::{Cause, NIL, Sent, State, Track};
 use crate::tx::Tx;
@@ -71,6 +71,31 @@ fn acknowledge_in(
         mark_lane(f, t.first, marks);
     }
     Some(in_flight.then_some(usize::from(lane_path.0)))
+}
+
+/// The engine-wide part of acknowledging a chunk, after [`acknowledge_in`]'s (`done`): it
+/// leaves the engine window (`unacked`), and frees its place on the path it was in flight on;
+/// a path in back-off that this leaves with nothing in flight goes into `emptied`, for
+/// [`Tx::wake_emptied`] to wake its waiters. Whether the chunk was newly acknowledged.
+#[inline(always)]
+fn acknowledged_in(
+    paths: &mut [Path],
+    unacked: &mut u32,
+    emptied: &mut Vec<u16>,
+    done: Option<Option<usize>>,
+) -> bool {
+    let Some(in_flight_on) = done else {
+        return false;
+    };
+    *unacked -= 1;
+    if let Some(p) = in_flight_on {
+        let path = &mut paths[p];
+        path.inflight -= 1;
+        if path.backoff > 0 && path.inflight == 0 {
+            emptied.push(p as u16);
+        }
+    }
+    true
 }
 
 /// Transmission `sent` of flow `f` was delivered: remembers it for the loss walk after this
@@ -141,13 +166,30 @@ impl Tx {
             (sent.lane == ack.path && (exact || !t.moved))
                 .then_some((sent, exact && t.state != State::Acked))
         });
+        // The chunks the cumulative ACK passed, oldest first, with the flow looked up once.
         let mut acked = 0u32;
+        let Tx {
+            flows,
+            events,
+            marks,
+            paths,
+            unacked,
+            emptied,
+            ..
+        } = self;
+        let f = open_mut(flows, fid).expect("checked");
         for _ in 0..ahead {
-            let base = |f: &mut Flow| Some(f.track.take_base().expect("within the span").1);
-            acked += u32::from(self.acknowledge(fid, base));
+            let t = f.track.take_base().expect("within the span").1;
+            let done = acknowledge_in(f, fid, &t, events, marks);
+            acked += u32::from(acknowledged_in(paths, unacked, emptied, done));
+        }
+        f.track.sacked_passed(ahead);
+        self.wake_emptied();
+        #[cfg(test)]
+        {
+            self.work += u64::from(acked);
         }
         let f = self.open_flow_mut(fid).expect("checked");
-        f.track.sacked_passed(ahead);
         let (base, span) = (f.track.base, f.track.span());
         // SACK bit i is CSN cum + 1 + i, i.e. bit i + 1 of the bitmap aligned at base (= cum).
         let fresh = Bits256::from_lsb_bytes(&ack.sack)
@@ -259,22 +301,33 @@ impl Tx {
         self.acknowledged(done)
     }
 
-    /// The engine-wide part of acknowledging a chunk, after [`acknowledge_in`]'s (`done`): it
-    /// leaves the engine window, and frees its place on the path it was in flight on.
-    /// Whether the chunk was newly acknowledged.
+    /// The engine-wide part of acknowledging a chunk, after [`acknowledge_in`]'s (`done`): see
+    /// [`acknowledged_in`]. Whether the chunk was newly acknowledged.
     fn acknowledged(&mut self, done: Option<Option<usize>>) -> bool {
-        let Some(in_flight_on) = done else {
-            return false;
-        };
+        let Tx {
+            paths,
+            unacked,
+            emptied,
+            ..
+        } = self;
+        let news = acknowledged_in(paths, unacked, emptied, done);
+        self.wake_emptied();
         #[cfg(test)]
         {
-            self.work += 1;
+            self.work += u64::from(news);
         }
-        self.unacked -= 1;
-        if let Some(p) = in_flight_on {
-            self.path_resolved(p);
+        news
+    }
+
+    /// Wakes the flows waiting for the paths [`acknowledged_in`] emptied (in the order it
+    /// emptied them), as [`path_resolved`](Self::path_resolved) does for one.
+    fn wake_emptied(&mut self) {
+        let mut i = 0;
+        while let Some(&p) = self.emptied.get(i) {
+            self.path_changed(usize::from(p));
+            i += 1;
         }
-        true
+        self.emptied.clear();
     }
 
     /// Transmission `sent` of flow `fid` was delivered: remembers it for the loss walk after

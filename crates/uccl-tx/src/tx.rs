@@ -84,6 +84,9 @@ pub struct Tx {
     pub(crate) owing: Vec<u16>,
     /// Lanes given a delivery mark by the ACK being processed.
     pub(crate) marks: Vec<u16>,
+    /// Paths in back-off that the ACK being processed left with nothing in flight, whose
+    /// waiters it wakes once its chunks are acknowledged.
+    pub(crate) emptied: Vec<u16>,
     /// The time of the current `poll_transmit`.
     pub(crate) now: u64,
     /// Calls of `poll_transmit` so far (wrapping): a flow's burst lasts one call at most.
@@ -149,6 +152,7 @@ impl Tx {
             staged_paths: Vec::new(),
             owing: Vec::new(),
             marks: Vec::new(),
+            emptied: Vec::new(),
             now: 0,
             calls: 0,
             stats: TxStats::default(),
