@@ -15,22 +15,30 @@ use crate::state::World;
 /// A chain longer than this is taken to be a cycle.
 const MAX_CHAIN: usize = 1 << 20;
 
-/// The SGEs of a WR.
+/// The SGEs of a WR, and how many bytes they name together.
 ///
 /// # Safety
 /// `list` must point to `n` readable `ibv_sge`s when `n > 0`.
-unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<SgeList, i32> {
+unsafe fn sges(list: *mut ibv_sge, n: i32) -> Result<(SgeList, u64), i32> {
     match n {
-        0 => Ok(SgeList::new()),
+        0 => Ok((SgeList::new(), 0)),
         n if n < 0 || list.is_null() => Err(libc::EINVAL),
         n => {
             // SAFETY: the caller guarantees `n` readable SGEs at `list`, which this copies
             // before returning.
             let sges = unsafe { std::slice::from_raw_parts(list, n as usize) };
-            // One SGE (most WRs) is pushed, not copied through a `memcpy` call.
+            // One SGE (most WRs) is pushed, not copied through a `memcpy` call, and its length
+            // is the total.
             Ok(match sges {
-                [one] => SgeList::from_buf_and_len([*one, *one], 1), // (the second unused)
-                _ => SgeList::from_slice(sges),
+                // (The second unused.)
+                [one] => (
+                    SgeList::from_buf_and_len([*one, *one], 1),
+                    u64::from(one.length),
+                ),
+                _ => (
+                    SgeList::from_slice(sges),
+                    sges.iter().map(|s| u64::from(s.length)).sum(),
+                ),
             })
         }
     }
@@ -244,8 +252,7 @@ impl Qp {
             });
         }
         // SAFETY: the caller guarantees the SGE list.
-        let list = unsafe { sges(r.sg_list, r.num_sge) }?;
-        let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        let (list, len) = unsafe { sges(r.sg_list, r.num_sge) }?;
         let flags = r.send_flags;
         let inline = flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0;
         let is_atomic = matches!(op, IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD);
@@ -406,7 +413,7 @@ impl Qp {
                 return Err((libc::EINVAL, wr));
             }
             // SAFETY: as above, for the SGE list.
-            let sges = unsafe { sges(r.sg_list, r.num_sge) }.map_err(|e| (e, wr))?;
+            let (sges, _) = unsafe { sges(r.sg_list, r.num_sge) }.map_err(|e| (e, wr))?;
             if self.rq.wqes.len() + self.rq.unreclaimed as usize >= self.cap.max_recv_wr as usize {
                 return Err((libc::ENOMEM, wr));
             }
@@ -475,7 +482,7 @@ impl World {
                 return Err((libc::EINVAL, wr));
             }
             // SAFETY: as above, for the SGE list.
-            let sges = unsafe { sges(r.sg_list, r.num_sge) }.map_err(|e| (e, wr))?;
+            let (sges, _) = unsafe { sges(r.sg_list, r.num_sge) }.map_err(|e| (e, wr))?;
             if s.wqes.len() + s.unreclaimed as usize >= s.max_wr as usize {
                 return Err((libc::ENOMEM, wr));
             }
