@@ -75,6 +75,8 @@ pub(crate) struct Path {
     /// WRs before this one are covered by a completion.
     pub(crate) completed: u64,
     ring: Box<[Option<Handle>]>,
+    /// The ring's size less one (a power of two less one): a WR's slot is `seq & mask`.
+    mask: u64,
     pub(crate) failed: bool,
     pub(crate) rtt: RttEstimator,
     /// Timeouts on this path since a delivery was last credited to it: its RTO is doubled
@@ -112,11 +114,13 @@ impl Path {
     /// A path whose send queue holds `depth` WRs, numbered from `first_seq`, `spare` of the
     /// slots kept for NIC probes.
     pub(crate) fn new(depth: u32, first_seq: u64, spare: u32) -> Self {
+        let size = depth.next_power_of_two();
         Path {
             depth,
             posted: first_seq,
             completed: first_seq,
-            ring: vec![None; depth.next_power_of_two() as usize].into_boxed_slice(),
+            ring: vec![None; size as usize].into_boxed_slice(),
+            mask: u64::from(size) - 1,
             failed: false,
             rtt: RttEstimator::default(),
             backoff: 0,
@@ -135,7 +139,7 @@ impl Path {
     }
 
     fn slot(&self, seq: u64) -> usize {
-        (seq & (self.ring.len() as u64 - 1)) as usize
+        (seq & self.mask) as usize
     }
 
     /// Slots free for a flow's WR or the caller's (the spare ones left).

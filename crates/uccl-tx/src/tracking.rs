@@ -90,23 +90,26 @@ pub(crate) struct Tracking {
     /// Bit `i`: CSN `base + i` was selectively acknowledged.
     pub(crate) sacked: Bits256,
     slots: Box<[Track]>,
+    /// The ring's size less one (a power of two less one): a CSN's slot is `csn & mask`.
+    mask: usize,
 }
 
 impl Tracking {
     /// A ring for a window of `window` chunks (at most 256).
     pub(crate) fn new(window: u16) -> Self {
+        let size = usize::from(window.next_power_of_two());
         Tracking {
             base: 0,
             acked: 0,
             next: 0,
             sacked: Bits256::default(),
-            slots: vec![Track::default(); usize::from(window.next_power_of_two())]
-                .into_boxed_slice(),
+            slots: vec![Track::default(); size].into_boxed_slice(),
+            mask: size - 1,
         }
     }
 
     fn index(&self, csn: u16) -> usize {
-        usize::from(csn) & (self.slots.len() - 1)
+        usize::from(csn) & self.mask
     }
 
     /// CSNs from `base` to `next`.
