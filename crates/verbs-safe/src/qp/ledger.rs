@@ -132,33 +132,17 @@ impl Books {
         l.marks.reverse();
         let before = l.open.clone();
         let mut all = Deltas::new();
-        let mut marks = l.marks.iter().peekable();
-        // Consecutive WRs mostly name the same pin (one buffer): a run of them is counted at
-        // once, when the pin changes or at a mark.
-        let mut run: Option<(u32, u32)> = None;
-        let count = |run: &mut Option<(u32, u32)>, open: &mut Deltas, all: &mut Deltas| {
-            if let Some((p, n)) = run.take() {
-                add_delta(open, p, n);
-                add_delta(all, p, n);
-            }
-        };
-        for k in 0..order.len() {
-            let (a, b) = l.spans[k];
-            for &p in &l.named[a as usize..b as usize] {
-                match &mut run {
-                    Some((q, n)) if *q == p => *n += 1,
-                    _ => {
-                        count(&mut run, &mut l.open, &mut all);
-                        run = Some((p, 1));
-                    }
-                }
-            }
-            if let Some(&(_, key, _)) = marks.next_if(|m| m.0 == k) {
-                count(&mut run, &mut l.open, &mut all);
-                l.fills.push((key, std::mem::take(&mut l.open)));
-            }
+        // `link` saw the WRs last to first, so the pins of WRs `i..=j` are one slice of
+        // `named`: from WR `j`'s first to WR `i`'s last. Each mark takes the WRs since the one
+        // before it, and `open` those after the last.
+        let mut end = l.named.len();
+        for &(k, key, _) in &l.marks {
+            let start = l.spans[k].0 as usize;
+            count_runs(&l.named[start..end], &mut l.open, &mut all);
+            l.fills.push((key, std::mem::take(&mut l.open)));
+            end = start;
         }
-        count(&mut run, &mut l.open, &mut all);
+        count_runs(&l.named[..end], &mut l.open, &mut all);
         tracker.fill_marks(&mut l.fills);
         // Counted under the table's read lock: no unpin releases anything named in between.
         pins.count(&all);
@@ -239,6 +223,26 @@ impl Books {
         self.pins.retire(&std::mem::take(&mut l.open));
         self.pins.retire(&std::mem::take(&mut l.held));
     }
+}
+
+/// Adds the uses of the pins `named` names to `open` and to `all`. Consecutive WRs mostly name
+/// the same pin (one buffer): a run of one pin is counted at once.
+fn count_runs(named: &[u32], open: &mut Deltas, all: &mut Deltas) {
+    let Some((&first, rest)) = named.split_first() else {
+        return;
+    };
+    let (mut pin, mut n) = (first, 1);
+    for &p in rest {
+        if p == pin {
+            n += 1;
+        } else {
+            add_delta(open, pin, n);
+            add_delta(all, pin, n);
+            (pin, n) = (p, 1);
+        }
+    }
+    add_delta(open, pin, n);
+    add_delta(all, pin, n);
 }
 
 /// Gives the slot at position `k` its caller's `wr_id` back (the post has read it). `as_mut` is

@@ -203,6 +203,46 @@ fn each_signaled_wr_of_a_chain_retires_what_came_before_it() {
     assert!(wy.upgrade().is_none());
 }
 
+/// What the unsignaled WRs after a chain's last signaled one named is retired by the next
+/// post's first signaled WR, whatever the order the chain named its buffers in.
+#[test]
+fn unsignaled_wrs_at_a_chains_end_wait_for_the_next_signaled_one() {
+    let (_f, _v, a, b) = fabric();
+    let (qa, _qb) = rc_pair(&a, &b, QpCaps::default(), false);
+    let dst = dst(&b);
+    let (x, wx) = pinned_src(&a, qa.pins(), 1024);
+    let (y, wy) = pinned_src(&a, qa.pins(), 1024);
+    let (z, wz) = pinned_src(&a, qa.pins(), 1024);
+    // x y x [signaled] z y x, then z [signaled] alone.
+    let mut slots = writes(&x, &dst, 6);
+    for (i, s) in slots.iter_mut().enumerate() {
+        let buf = [&x, &y, &x, &z, &y, &x][i];
+        s.sges[0] = buf.sge(i * 64, 64).unwrap();
+        s.wr.send_flags = if i == 2 {
+            ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+    }
+    let order: Vec<u32> = (0..6).collect();
+    qa.post_slots(&mut slots, &order).unwrap();
+    let mut last = writes(&z, &dst, 1);
+    last[0].wr.wr_id = 6;
+    qa.post_slots(&mut last, &[0]).unwrap();
+    for (buf, name) in [(&x, "x"), (&y, "y"), (&z, "z")] {
+        assert!(qa.pins().unpin(buf), "{name} was pinned");
+    }
+    drop((x, y, z));
+    assert_eq!(drain(&a.cq, 1)[0].wr_id, 2);
+    // WRs 0-2 retired; WRs 3-5 (z, y, x) wait for WR 6.
+    assert!(wx.upgrade().is_some(), "WR 5 still names x");
+    assert!(wy.upgrade().is_some(), "WR 4 still names y");
+    assert!(wz.upgrade().is_some(), "WRs 3 and 6 still name z");
+    assert_eq!(drain(&a.cq, 1)[0].wr_id, 6);
+    assert!(wx.upgrade().is_none() && wy.upgrade().is_none() && wz.upgrade().is_none());
+    assert_eq!(qa.pins().retiring(), 0);
+}
+
 /// A region a receive slot names is held until the QP is reset or destroyed, whatever is
 /// unpinned meanwhile.
 #[test]
