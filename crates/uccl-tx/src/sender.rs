@@ -55,16 +55,18 @@ impl Tx {
             {
                 self.work += 1;
             }
-            let mut outcome = self.stage_one(fid, epoch);
             // The only flow with something to send takes its next turn at once: the same as
             // going to the back of an empty queue and coming out again, without the queue.
-            while matches!(outcome, Outcome::Staged) && self.active.is_empty() {
+            let outcome = loop {
+                let outcome = self.stage_one(fid, epoch);
+                if !matches!(outcome, Outcome::Staged) || !self.active.is_empty() {
+                    break outcome;
+                }
                 #[cfg(test)]
                 {
                     self.work += 1;
                 }
-                outcome = self.stage_one(fid, epoch);
-            }
+            };
             match outcome {
                 Outcome::Staged => self.active.push_back((fid, epoch)),
                 Outcome::Idle => {
