@@ -301,8 +301,10 @@ impl Engine {
         if n == 0 {
             return false;
         }
-        let cqes = std::mem::take(&mut self.scratch.cqes);
-        for &e in &cqes {
+        // Only `drain_cq` writes `scratch.cqes`, and no handler drains: each is read in place.
+        // (`n` counts the completions verbs-safe handled itself too.)
+        for i in 0..self.scratch.cqes.len() {
+            let e = self.scratch.cqes[i];
             match wrid::decode(e.wr_id) {
                 Some(Wr::Data) => {
                     self.tx.on_send_completion(e.wr_id, e.ok);
@@ -325,7 +327,6 @@ impl Engine {
                 None => self.stats.dropped_invalid += 1,
             }
         }
-        self.scratch.cqes = cqes;
         true
     }
 
