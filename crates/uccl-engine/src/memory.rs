@@ -60,12 +60,12 @@ struct Handle {
     id: BufferId,
     mem: Arc<DmaBuf>,
     /// Where the engine learns that the last handle went.
-    gone: Arc<SegQueue<BufferId>>,
+    ended: Arc<SegQueue<Ended>>,
 }
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.gone.push(self.id);
+        self.ended.push(Ended::Handles(self.id));
     }
 }
 
@@ -180,13 +180,21 @@ impl ReadRefusal {
 pub(crate) struct BufUse {
     id: BufferId,
     pub(crate) mem: Arc<DmaBuf>,
-    done: Arc<SegQueue<BufferId>>,
+    ended: Arc<SegQueue<Ended>>,
 }
 
 impl Drop for BufUse {
     fn drop(&mut self) {
-        self.done.push(self.id);
+        self.ended.push(Ended::Use(self.id));
     }
+}
+
+/// What ended on another thread, for the engine to take in at its next round.
+enum Ended {
+    /// A buffer's last handle was dropped.
+    Handles(BufferId),
+    /// A request's hold on a buffer ended.
+    Use(BufferId),
 }
 
 /// An export: its own region over the range, and the buffer it is part of.
@@ -226,10 +234,9 @@ pub(crate) struct Memory {
     free: Vec<u32>,
     /// The pin table of every data QP (and the retransmission headers).
     pub(crate) pins: Arc<Pins>,
-    /// Buffers whose last handle was dropped.
-    gone: Arc<SegQueue<BufferId>>,
-    /// Buffer uses that ended.
-    done: Arc<SegQueue<BufferId>>,
+    /// Buffers whose last handle was dropped and buffer uses that ended, in the order they
+    /// ended.
+    ended: Arc<SegQueue<Ended>>,
     /// Exports by rkey.
     exports: HashMap<u32, Export>,
     live: usize,
@@ -242,8 +249,7 @@ impl Memory {
             slots: Vec::new(),
             free: Vec::new(),
             pins: Pins::new(),
-            gone: Arc::default(),
-            done: Arc::default(),
+            ended: Arc::default(),
             exports: HashMap::new(),
             live: 0,
         }
@@ -288,13 +294,13 @@ impl Memory {
             return Err(ReadRefusal::NotReadable);
         }
         let id = x.buf;
-        let done = Arc::clone(&self.done);
+        let ended = Arc::clone(&self.ended);
         let e = self.live_slot(id).ok_or(ReadRefusal::NoExport)?;
         e.uses += 1;
         let mem = Arc::clone(&e.mem);
         // The buffer's own lkey: its region is pinned to every data QP (the export's is not).
         let lkey = mem.lkey();
-        Ok((BufUse { id, mem, done }, lkey))
+        Ok((BufUse { id, mem, ended }, lkey))
     }
 
     /// The live (not given back) entry of `buf`.
@@ -319,7 +325,7 @@ impl Memory {
         len: u64,
     ) -> Result<(BufUse, u64, u32)> {
         buf.check_range(offset, len)?;
-        let done = Arc::clone(&self.done);
+        let ended = Arc::clone(&self.ended);
         let e = self.entry(buf)?;
         e.uses += 1;
         let mem = Arc::clone(&e.mem);
@@ -327,7 +333,7 @@ impl Memory {
         let u = BufUse {
             id: buf.id(),
             mem,
-            done,
+            ended,
         };
         Ok((u, addr, lkey))
     }
@@ -340,33 +346,35 @@ impl Memory {
         BufUse {
             id: u.id,
             mem: Arc::clone(&u.mem),
-            done: Arc::clone(&self.done),
+            ended: Arc::clone(&self.ended),
         }
     }
 
     /// Whether no handle was dropped and no use ended since the last [`settle`](Self::settle).
     pub(crate) fn is_quiet(&self) -> bool {
-        self.done.is_empty() && self.gone.is_empty()
+        self.ended.is_empty()
     }
 
     /// Takes in the handles dropped and the uses ended since the last call: buffers given back
     /// with nothing in flight go. Whether there were any.
     pub(crate) fn settle(&mut self) -> bool {
-        // A round finds these queues empty almost always: `is_empty` costs two loads, where
-        // an empty `pop` costs a full fence.
+        // A round finds the queue empty almost always: `is_empty` costs two loads, where an
+        // empty `pop` costs a full fence.
         if self.is_quiet() {
             return false;
         }
-        while let Some(id) = self.done.pop() {
-            if let Some(e) = self.live_slot(id) {
-                e.uses -= 1;
-                if e.done() {
-                    self.finish(id);
+        while let Some(ended) = self.ended.pop() {
+            match ended {
+                Ended::Use(id) => {
+                    if let Some(e) = self.live_slot(id) {
+                        e.uses -= 1;
+                        if e.done() {
+                            self.finish(id);
+                        }
+                    }
                 }
+                Ended::Handles(id) => self.give_back(id, false),
             }
-        }
-        while let Some(id) = self.gone.pop() {
-            self.give_back(id, false);
         }
         true
     }
@@ -467,7 +475,7 @@ impl Engine {
                 engine: self.id,
                 id,
                 mem,
-                gone: Arc::clone(&m.gone),
+                ended: Arc::clone(&m.ended),
             }),
         })
     }
