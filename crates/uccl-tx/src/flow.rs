@@ -144,6 +144,12 @@ impl Msgs {
         (self.cutting < self.front + self.q.len() as u64).then_some(self.cutting)
     }
 
+    /// The message to cut the next chunk from, with its sequence number.
+    pub(crate) fn cutting_mut(&mut self) -> Option<(u64, &mut Msg)> {
+        let id = self.cutting;
+        Some((id, self.get_mut(id)?))
+    }
+
     /// The message being cut got its last chunk: the next one to cut is the one after it,
     /// or the first after that not cancelled.
     pub(crate) fn cut_done(&mut self) {

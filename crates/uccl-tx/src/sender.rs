@@ -268,8 +268,7 @@ impl Tx {
     fn fill_new(&mut self, fid: u16, lane: u16, h: bufpool::Handle) -> bool {
         let chunk = u64::from(self.cfg.chunk_size);
         let f = self.open_flow_mut(fid).expect("checked");
-        let id = f.msgs.to_cut().expect("checked");
-        let m = f.msgs.get_mut(id).expect("queued");
+        let (id, m) = f.msgs.cutting_mut().expect("checked");
         let offset = m.cut;
         let len = (m.len - offset).min(chunk);
         m.cut += len;
