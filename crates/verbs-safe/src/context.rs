@@ -298,7 +298,7 @@ impl Pd {
         self.raw
     }
 
-    /// "protection domain <handle> of <device>", for errors that name two of them.
+    /// "protection domain `<handle>` of `<device>`", for errors that name two of them.
     pub(crate) fn describe(&self) -> String {
         // SAFETY: a live PD's struct is readable, and the provider never changes its handle.
         let handle = unsafe { (*self.raw).handle };

@@ -1,5 +1,5 @@
 //! One-off work requests: [`SendWr`], [`UdSendWr`] and [`RecvWr`] own their SGEs and, for a
-//! safe post, what the NIC may touch (a [`Kept`](crate::kept::Kept)); posting them is safe when
+//! safe post, what the NIC may touch (a [`Kept`]); posting them is safe when
 //! every buffer came through the builders ([`Qp::post_send_bufs`](crate::Qp::post_send_bufs)
 //! and friends), `unsafe` when one is a raw SGE.
 
