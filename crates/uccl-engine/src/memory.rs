@@ -363,6 +363,9 @@ impl Memory {
         if self.is_quiet() {
             return false;
         }
+        // In the order they ended. (Taken in another order, each buffer would end up the same:
+        // given back, its uses counted down, gone once both; only the order in which the slots
+        // of buffers that went return to `free`, so which index a later one gets, would differ.)
         while let Some(ended) = self.ended.pop() {
             match ended {
                 Ended::Use(id) => {

@@ -159,6 +159,14 @@ impl Path {
         self.posted == self.completed && self.reserved == 0 && self.staged.len == 0
     }
 
+    /// One transmission on this path was resolved (acknowledged or lost): whether that made
+    /// a suspect path usable again (nothing of unknown outcome left on it), which wakes the
+    /// flows waiting for it.
+    pub(crate) fn resolve_one(&mut self) -> bool {
+        self.inflight -= 1;
+        self.backoff > 0 && self.inflight == 0
+    }
+
     /// Whether a WR may be staged on this path now: not failed, room in its send queue, and
     /// if it is suspect, no transmission of unknown outcome on it.
     pub(crate) fn usable(&self) -> bool {

@@ -88,12 +88,10 @@ fn acknowledged_in(
         return false;
     };
     *unacked -= 1;
-    if let Some(p) = in_flight_on {
-        let path = &mut paths[p];
-        path.inflight -= 1;
-        if path.backoff > 0 && path.inflight == 0 {
-            emptied.push(p as u16);
-        }
+    if let Some(p) = in_flight_on
+        && paths[p].resolve_one()
+    {
+        emptied.push(p as u16);
     }
     true
 }
@@ -408,9 +406,7 @@ impl Tx {
 
     /// A transmission on path `p` was resolved (acknowledged or lost).
     fn path_resolved(&mut self, p: usize) {
-        let path = &mut self.paths[p];
-        path.inflight -= 1;
-        if path.backoff > 0 && path.inflight == 0 {
+        if self.paths[p].resolve_one() {
             self.path_changed(p);
         }
     }
