@@ -40,7 +40,7 @@ pub(crate) fn before(a: u32, b: u32) -> bool {
 /// flow's own: out of its lane's list if it was in flight, its message told (settled when
 /// every chunk cut so far is acknowledged, into `events`), and its transmission marked as
 /// delivered (into `marks`). `None` if it was acknowledged already; else the path it was in
-/// flight on, if it was (for [`acknowledged`](Tx::acknowledged) to free).
+/// flight on, if it was (for [`acknowledged_in`] to free).
 #[inline(always)]
 fn acknowledge_in(
     f: &mut Flow,
@@ -164,7 +164,8 @@ impl Tx {
             (sent.lane == ack.path && (exact || !t.moved))
                 .then_some((sent, exact && t.state != State::Acked))
         });
-        // The chunks the cumulative ACK passed, oldest first, with the flow looked up once.
+        // What the ACK acknowledges, with the flow looked up once: the chunks its cumulative
+        // point passed, oldest first, then those its bitmap newly names.
         let mut acked = 0u32;
         let Tx {
             flows,
@@ -182,12 +183,6 @@ impl Tx {
             acked += u32::from(acknowledged_in(paths, unacked, emptied, done));
         }
         f.track.sacked_passed(ahead);
-        self.wake_emptied();
-        #[cfg(test)]
-        {
-            self.work += u64::from(acked);
-        }
-        let f = self.open_flow_mut(fid).expect("checked");
         let (base, span) = (f.track.base, f.track.span());
         // SACK bit i is CSN cum + 1 + i, i.e. bit i + 1 of the bitmap aligned at base (= cum).
         let fresh = Bits256::from_lsb_bytes(&ack.sack)
@@ -195,17 +190,19 @@ impl Tx {
             .and(Bits256::low(span))
             .and_not(f.track.sacked);
         for off in fresh.ones() {
-            let sacked = |f: &mut Flow| {
-                let t = f
-                    .track
-                    .get_mut(csn_add(base, off))
-                    .filter(|t| t.sends > 0)?;
-                let before = *t;
-                t.state = State::Acked;
-                f.track.sacked.set(off);
-                Some(before)
+            let Some(t) = f.track.get_mut(csn_add(base, off)).filter(|t| t.sends > 0) else {
+                continue;
             };
-            acked += u32::from(self.acknowledge(fid, sacked));
+            let before = *t;
+            t.state = State::Acked;
+            f.track.sacked.set(off);
+            let done = acknowledge_in(f, fid, &before, events, marks);
+            acked += u32::from(acknowledged_in(paths, unacked, emptied, done));
+        }
+        self.wake_emptied();
+        #[cfg(test)]
+        {
+            self.work += u64::from(acked);
         }
         if let Some((sent, sample)) = echo {
             let p = self.mark(fid, sent);
@@ -282,39 +279,6 @@ impl Tx {
             }
             None => self.stats.host_delayed_samples += 1,
         }
-    }
-
-    /// A chunk of flow `fid` was acknowledged: the one `take` gives, as it was before this
-    /// ACK (taken out of the tracking, or a copy), if any. Whether that is news.
-    #[inline(always)]
-    fn acknowledge(&mut self, fid: u16, take: impl FnOnce(&mut Flow) -> Option<Track>) -> bool {
-        let Tx {
-            flows,
-            events,
-            marks,
-            ..
-        } = self;
-        let f = open_mut(flows, fid).expect("checked");
-        let done = take(f).and_then(|t| acknowledge_in(f, fid, &t, events, marks));
-        self.acknowledged(done)
-    }
-
-    /// The engine-wide part of acknowledging a chunk, after [`acknowledge_in`]'s (`done`): see
-    /// [`acknowledged_in`]. Whether the chunk was newly acknowledged.
-    fn acknowledged(&mut self, done: Option<Option<usize>>) -> bool {
-        let Tx {
-            paths,
-            unacked,
-            emptied,
-            ..
-        } = self;
-        let news = acknowledged_in(paths, unacked, emptied, done);
-        self.wake_emptied();
-        #[cfg(test)]
-        {
-            self.work += u64::from(news);
-        }
-        news
     }
 
     /// Wakes the flows waiting for the paths [`acknowledged_in`] emptied (in the order it
